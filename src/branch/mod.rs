@@ -1,0 +1,63 @@
+//! Branches: the sources of directory entries and file data.
+//!
+//! Owns: a branch's root descriptor and its identity (`BranchId`), and the
+//! rule that a branch's store directory is never part of its name space.
+//! Uses: `sys`. Must not know about FUSE, inode numbers or credentials.
+//! Every access below the root goes through `*at()` calls on descriptors
+//! held by the vfs, never by re-walking string paths.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use crate::sys;
+
+/// Index of a branch within a mount. Allocated when the mount is assembled
+/// and recorded in the inode map keys, so it must stay stable for a given
+/// branch across remounts (branch 0 is the first read-write directory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BranchId(pub u32);
+
+/// A plain directory used as a branch.
+pub struct DirBranch {
+    id: BranchId,
+    path: PathBuf,
+    root: OwnedFd,
+    /// A name in the root directory that belongs to chronofs (the store),
+    /// hidden from and refused to the mount's users.
+    reserved_root_name: Option<OsString>,
+}
+
+impl DirBranch {
+    /// Opens `path` as a branch. The descriptor is taken before the mount
+    /// is made, so SRC may even be the mount point itself.
+    pub fn open(id: BranchId, path: &Path, reserved_root_name: Option<OsString>) -> io::Result<Self> {
+        let cpath = sys::cstr(path.as_os_str())?;
+        let root = sys::openat(libc::AT_FDCWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        Ok(DirBranch {
+            id,
+            path: path.to_path_buf(),
+            root,
+            reserved_root_name,
+        })
+    }
+
+    pub fn id(&self) -> BranchId {
+        self.id
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn root_fd(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    /// Whether `name` in the branch root is chronofs's own and must stay
+    /// invisible through the mount.
+    pub fn is_reserved(&self, in_root: bool, name: &OsStr) -> bool {
+        in_root && self.reserved_root_name.as_deref() == Some(name)
+    }
+}

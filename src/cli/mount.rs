@@ -1,0 +1,385 @@
+//! `chronofs mount` and `chronofs umount`.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::{exit, MountOptions};
+use crate::branch::{BranchId, DirBranch};
+use crate::fuse::{AdapterConfig, ChronoFuse};
+use crate::store::Store;
+use crate::sys;
+use crate::vfs::{Vfs, VfsConfig};
+
+const STORE_DIR_NAME: &str = ".chronofs";
+
+/// Where things are, after validation.
+struct Plan {
+    src: PathBuf,
+    mnt: PathBuf,
+    store: PathBuf,
+    /// The store's name in SRC's root when it lives there (hidden).
+    reserved: Option<OsString>,
+}
+
+pub fn run(src: &Path, mnt: &Path, opts: MountOptions, foreground: bool) -> i32 {
+    let plan = match validate(src, mnt, &opts) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("chronofs: {e:#}");
+            return exit::FAILURE;
+        }
+    };
+    if foreground {
+        return match serve(&plan, &opts, None) {
+            Ok(()) => exit::OK,
+            Err(e) => {
+                eprintln!("chronofs: {e:#}");
+                exit::FAILURE
+            }
+        };
+    }
+    daemonize(&plan, &opts)
+}
+
+/// Forks; the parent returns only once the child reports the mount ready
+/// (exit 0) or failed (its one-line error, exit 1).
+fn daemonize(plan: &Plan, opts: &MountOptions) -> i32 {
+    let (mut reader, writer) = match sys::pipe() {
+        Ok((r, w)) => (std::fs::File::from(r), std::fs::File::from(w)),
+        Err(e) => {
+            eprintln!("chronofs: cannot create a pipe: {e}");
+            return exit::FAILURE;
+        }
+    };
+    match sys::fork() {
+        Err(e) => {
+            eprintln!("chronofs: cannot fork: {e}");
+            exit::FAILURE
+        }
+        Ok(sys::Forked::Parent(pid)) => {
+            drop(writer);
+            let mut report = String::new();
+            let _ = reader.read_to_string(&mut report);
+            if report == "ok" {
+                return exit::OK;
+            }
+            let msg = report.trim();
+            if msg.is_empty() {
+                let status = sys::waitpid(pid).unwrap_or(-1);
+                eprintln!("chronofs: the daemon exited before mounting (status {status})");
+            } else {
+                eprintln!("chronofs: {msg}");
+            }
+            exit::FAILURE
+        }
+        Ok(sys::Forked::Child) => {
+            drop(reader);
+            if let Err(e) = sys::setsid() {
+                let _ = writeln!(&writer, "cannot start a session: {e}");
+                return exit::FAILURE;
+            }
+            match serve(plan, opts, Some(writer)) {
+                Ok(()) => exit::OK,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    exit::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn is_enotconn(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOTCONN)
+}
+
+/// The file system type mounted on `path`, if `path` is a mount point.
+fn mount_type_at(path: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let target = path.as_os_str().as_bytes();
+    let mut found = None;
+    for line in info.lines() {
+        let (pre, post) = line.split_once(" - ")?;
+        let mount_point = pre.split(' ').nth(4)?;
+        if unescape_mountinfo(mount_point).as_slice() == target {
+            // Later lines are mounted on top of earlier ones.
+            found = post.split(' ').next().map(str::to_string);
+        }
+    }
+    found
+}
+
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() + 0 && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
+    if sys::geteuid() != 0 {
+        bail!("chronofs mount must run as root: it serves every user under their own identity");
+    }
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse does not exist: load the fuse kernel module (modprobe fuse)");
+    }
+    let src = std::fs::canonicalize(src)
+        .with_context(|| format!("source {}", src.display()))?;
+    let meta = std::fs::metadata(&src).with_context(|| format!("source {}", src.display()))?;
+    if !meta.is_dir() {
+        bail!("source {} is not a directory", src.display());
+    }
+    std::fs::read_dir(&src).with_context(|| format!("source {} is not readable", src.display()))?;
+
+    if let Err(e) = std::fs::metadata(mnt) {
+        if is_enotconn(&e) {
+            clear_dead_mount(mnt)?;
+        }
+    }
+    let mnt = std::fs::canonicalize(mnt)
+        .with_context(|| format!("mount point {}", mnt.display()))?;
+    if !std::fs::metadata(&mnt)?.is_dir() {
+        bail!("mount point {} is not a directory", mnt.display());
+    }
+    if let Some(fstype) = mount_type_at(&mnt) {
+        if fstype.starts_with("fuse") {
+            bail!("{} is already mounted ({fstype})", mnt.display());
+        }
+    }
+    if src != mnt && src.starts_with(&mnt) {
+        bail!("source {} is inside mount point {}", src.display(), mnt.display());
+    }
+    if src != mnt && mnt.starts_with(&src) {
+        bail!(
+            "mount point {} is inside source {}: the mount would contain itself",
+            mnt.display(),
+            src.display()
+        );
+    }
+    let (store, reserved) = match &opts.store {
+        None => (src.join(STORE_DIR_NAME), Some(OsString::from(STORE_DIR_NAME))),
+        Some(dir) => {
+            let dir = absolute(dir)?;
+            if dir.starts_with(&src) && dir != src.join(STORE_DIR_NAME) {
+                bail!(
+                    "store {} is inside source {}: it would be visible through the mount (use {}/{STORE_DIR_NAME} or a directory outside)",
+                    dir.display(),
+                    src.display(),
+                    src.display()
+                );
+            }
+            if dir.starts_with(&mnt) {
+                bail!("store {} is inside mount point {}", dir.display(), mnt.display());
+            }
+            let reserved = (dir == src.join(STORE_DIR_NAME)).then(|| OsString::from(STORE_DIR_NAME));
+            (dir, reserved)
+        }
+    };
+    Ok(Plan { src, mnt, store, reserved })
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    if p.is_absolute() {
+        Ok(p.to_path_buf())
+    } else {
+        Ok(std::env::current_dir()?.join(p))
+    }
+}
+
+/// A FUSE mount whose daemon died answers every call with ENOTCONN; it
+/// would block the new mount, so it is detached first.
+fn clear_dead_mount(mnt: &Path) -> Result<()> {
+    let c = sys::cstr(mnt.as_os_str())?;
+    sys::umount2(&c, libc::MNT_DETACH)
+        .with_context(|| format!("cannot clear the dead mount at {}", mnt.display()))?;
+    eprintln!("chronofs: cleared a dead mount at {}", mnt.display());
+    Ok(())
+}
+
+fn init_logging(opts: &MountOptions, daemon: bool) -> Result<()> {
+    let default = if opts.debug { "chronofs=debug" } else { "chronofs=info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CHRONOFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    match (&opts.log_file, daemon) {
+        (Some(path), _) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("log file {}", path.display()))?;
+            builder.with_ansi(false).with_writer(std::sync::Mutex::new(file)).init();
+        }
+        (None, true) => builder.with_ansi(false).with_writer(std::io::sink).init(),
+        (None, false) => builder.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
+}
+
+fn kernel_options(plan: &Plan, opts: &MountOptions) -> Vec<fuser::MountOption> {
+    use fuser::MountOption as M;
+    let fsname = opts
+        .fsname
+        .clone()
+        .unwrap_or_else(|| plan.src.to_string_lossy().into_owned());
+    let mut out = vec![
+        M::FSName(fsname),
+        M::Subtype("chronofs".into()),
+        M::DefaultPermissions,
+    ];
+    let has = |k: &str| opts.kernel.iter().any(|o| o == k);
+    // Files in SRC may carry set-id bits and device nodes natively, so the
+    // root-run mount behaves the same unless told otherwise.
+    if !has("nosuid") {
+        out.push(M::Suid);
+    }
+    if !has("nodev") {
+        out.push(M::Dev);
+    }
+    for k in &opts.kernel {
+        out.push(match k.as_str() {
+            "ro" => M::RO,
+            "rw" => M::RW,
+            "suid" => continue,
+            "dev" => continue,
+            "nosuid" => M::NoSuid,
+            "nodev" => M::NoDev,
+            "exec" => M::Exec,
+            "noexec" => M::NoExec,
+            "atime" => M::Atime,
+            "noatime" => M::NoAtime,
+            "sync" => M::Sync,
+            "async" => M::Async,
+            "dirsync" => M::DirSync,
+            other => M::CUSTOM(other.to_string()),
+        });
+    }
+    out
+}
+
+/// Mounts and serves until unmounted. `ready` (daemon mode) receives "ok"
+/// once mounted, or the error.
+fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Result<()> {
+    let daemon = ready.is_some();
+    let report = |ready: &Option<std::fs::File>, msg: &str| {
+        if let Some(mut w) = ready.as_ref() {
+            let _ = w.write_all(msg.as_bytes());
+        }
+    };
+    let session = match prepare(plan, opts, daemon) {
+        Ok(s) => s,
+        Err(e) => {
+            report(&ready, &format!("{e:#}"));
+            return Err(e);
+        }
+    };
+    let mut session = session;
+    let mut unmounter = session.unmount_callable();
+    let signals = sys::SignalWaiter::block_termination_signals()?;
+    let mnt = plan.mnt.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                tracing::info!("signal {sig}: unmounting {}", mnt.display());
+                if let Err(e) = unmounter.unmount() {
+                    tracing::error!("unmount on signal failed: {e}");
+                }
+            }
+        })?;
+    if daemon {
+        detach_stdio()?;
+    }
+    report(&ready, "ok");
+    drop(ready);
+    tracing::info!("mounted {} at {}", plan.src.display(), plan.mnt.display());
+    session.run().context("FUSE session failed")?;
+    tracing::info!("unmounted {}", plan.mnt.display());
+    Ok(())
+}
+
+fn detach_stdio() -> Result<()> {
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    use std::os::fd::AsFd;
+    sys::redirect_stdio(null.as_fd(), null.as_fd())?;
+    Ok(())
+}
+
+fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<fuser::Session<ChronoFuse>> {
+    init_logging(opts, daemon)?;
+    if let Err(e) = sys::raise_fd_limit() {
+        tracing::warn!("cannot raise the open-file limit: {e}");
+    }
+    // The daemon's own supplementary groups must not leak into requests
+    // made under a caller's identity. Done while still single-threaded.
+    nix_free_setgroups_empty()?;
+    let branch = DirBranch::open(BranchId(0), &plan.src, plan.reserved.clone())
+        .with_context(|| format!("source {}", plan.src.display()))?;
+    let store = Store::open(&plan.store)?;
+    let inomap = store.inode_map()?;
+    let vfs_cfg = VfsConfig {
+        entry_timeout: opts.entry_timeout,
+        attr_timeout: opts.attr_timeout,
+        negative_timeout: opts.negative_timeout,
+        writeback: false,
+    };
+    let vfs = Vfs::new(branch, inomap, vfs_cfg).map_err(|e| anyhow!("{e}"))?;
+    if !opts.plain {
+        tracing::info!("versioning is not implemented yet: serving in plain mode");
+    }
+    let fs = ChronoFuse::new(
+        vfs,
+        AdapterConfig {
+            passthrough: opts.passthrough,
+            writeback: opts.writeback,
+        },
+    );
+    let mut config = fuser::Config::default();
+    config.mount_options = kernel_options(plan, opts);
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    let threads = opts.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).max(4))
+    });
+    config.n_threads = Some(threads);
+    config.clone_fd = true;
+    let session = fuser::Session::new(fs, &plan.mnt, &config)
+        .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
+    // Keep the store handle alive for the session's lifetime via the vfs.
+    drop(store);
+    Ok(session)
+}
+
+fn nix_free_setgroups_empty() -> Result<()> {
+    sys::creds::clear_process_groups().context("cannot clear supplementary groups")
+}
+
+pub fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
+    let c = sys::cstr(mnt.as_os_str())?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    match sys::umount2(&c, flags) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            Err(anyhow!("{} is busy (files open or a process inside it); use --lazy to detach anyway", mnt.display()))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(anyhow!("{} is not a mount point", mnt.display()))
+        }
+        Err(e) => Err(anyhow!("cannot unmount {}: {e}", mnt.display())),
+    }
+}

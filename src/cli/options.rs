@@ -1,0 +1,156 @@
+//! Parsing of `-o` mount options (command line and /etc/fstab).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything `chronofs mount` can be told with `-o`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MountOptions {
+    /// Unversioned mode: a plain stacked file system (the benchmark baseline).
+    pub plain: bool,
+    pub passthrough: bool,
+    pub writeback: bool,
+    pub entry_timeout: Duration,
+    pub attr_timeout: Duration,
+    pub negative_timeout: Duration,
+    pub threads: Option<usize>,
+    pub store: Option<PathBuf>,
+    pub allow_other: bool,
+    pub debug: bool,
+    pub log_file: Option<PathBuf>,
+    pub fsname: Option<String>,
+    /// Generic mount flags handed to the kernel (ro, nosuid, noexec...).
+    pub kernel: Vec<String>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            plain: false,
+            passthrough: true,
+            writeback: true,
+            entry_timeout: Duration::from_secs(1),
+            attr_timeout: Duration::from_secs(1),
+            negative_timeout: Duration::from_secs(1),
+            threads: None,
+            store: None,
+            allow_other: true,
+            debug: false,
+            log_file: None,
+            fsname: None,
+            kernel: Vec::new(),
+        }
+    }
+}
+
+/// Kernel mount flags passed through unchanged.
+const KERNEL_FLAGS: &[&str] = &[
+    "ro", "rw", "suid", "nosuid", "dev", "nodev", "exec", "noexec", "atime", "noatime",
+    "diratime", "nodiratime", "relatime", "norelatime", "strictatime", "sync", "async",
+    "dirsync",
+];
+
+/// Options meaningful only to mount(8) and fstab, accepted and ignored.
+fn is_fstab_only(opt: &str) -> bool {
+    matches!(
+        opt,
+        "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "nofail" | "_netdev"
+            | "owner" | "group"
+    ) || opt.starts_with("x-")
+        || opt.starts_with("comment=")
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "on" | "yes" | "true" | "1" => Ok(true),
+        "off" | "no" | "false" | "0" => Ok(false),
+        _ => Err(format!("option {key}={value}: expected on or off")),
+    }
+}
+
+fn parse_secs(key: &str, value: &str) -> Result<Duration, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("option {key}={value}: expected a number of seconds"))
+}
+
+impl MountOptions {
+    /// Applies a comma-separated option list (one `-o` argument).
+    pub fn apply(&mut self, list: &str) -> Result<(), String> {
+        for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            self.apply_one(opt)?;
+        }
+        Ok(())
+    }
+
+    fn apply_one(&mut self, opt: &str) -> Result<(), String> {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        fn need<'a>(key: &str, v: Option<&'a str>) -> Result<&'a str, String> {
+            v.ok_or_else(|| format!("option {key} needs a value"))
+        }
+        match (key, value) {
+            ("plain", None) => self.plain = true,
+            ("passthrough", v) => self.passthrough = v.map_or(Ok(true), |v| parse_bool(key, v))?,
+            ("nopassthrough", None) => self.passthrough = false,
+            ("writeback", v) => self.writeback = v.map_or(Ok(true), |v| parse_bool(key, v))?,
+            ("nowriteback", None) => self.writeback = false,
+            ("entry_timeout", v) => self.entry_timeout = parse_secs(key, need(key, v)?)?,
+            ("attr_timeout", v) => self.attr_timeout = parse_secs(key, need(key, v)?)?,
+            ("negative_timeout", v) => self.negative_timeout = parse_secs(key, need(key, v)?)?,
+            ("threads", v) => {
+                let n = need(key, v)?;
+                let n: usize = n
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=256).contains(n))
+                    .ok_or_else(|| format!("option threads={n}: expected 1 to 256"))?;
+                self.threads = Some(n);
+            }
+            ("store", v) => self.store = Some(PathBuf::from(need(key, v)?)),
+            ("allow_other", None) => self.allow_other = true,
+            ("noallow_other", None) => self.allow_other = false,
+            // Permission checks are always the kernel's (plus the backing
+            // file system's under the caller's identity).
+            ("default_permissions", None) => {}
+            ("debug", None) => self.debug = true,
+            ("log", v) => self.log_file = Some(PathBuf::from(need(key, v)?)),
+            ("fsname", v) => self.fsname = Some(need(key, v)?.to_string()),
+            (k, None) if KERNEL_FLAGS.contains(&k) => self.kernel.push(k.to_string()),
+            (k, _) if is_fstab_only(k) || is_fstab_only(opt) => {}
+            _ => return Err(format!("unknown mount option '{opt}'")),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_known_options() {
+        let mut o = MountOptions::default();
+        o.apply("plain,passthrough=off,attr_timeout=2.5,threads=3,ro,defaults,x-systemd.automount")
+            .unwrap();
+        assert!(o.plain);
+        assert!(!o.passthrough);
+        assert_eq!(o.attr_timeout, Duration::from_millis(2500));
+        assert_eq!(o.threads, Some(3));
+        assert_eq!(o.kernel, vec!["ro".to_string()]);
+    }
+
+    #[test]
+    fn rejects_unknown_and_malformed_options() {
+        for bad in ["bogus", "threads=0", "threads=x", "attr_timeout=-1", "passthrough=maybe", "store"] {
+            let mut o = MountOptions::default();
+            let e = o.apply(bad).unwrap_err();
+            assert!(!e.contains('\n'), "multi-line error for {bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,720 @@
+//! The FUSE adapter: decodes kernel requests, calls the vfs, replies.
+//!
+//! Owns: the kernel connection's negotiation (capabilities, passthrough,
+//! writeback cache), conversion between vfs and `fuser` types, and the
+//! passthrough backing ids (a `fuser` object) per open inode.
+//! Uses: `vfs`, `sys::creds`. Must not do file system work itself: every
+//! operation is one vfs call. No `fuser` type appears outside this module.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
+    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use crate::sys::creds::{self, Caller};
+use crate::sys::TimeSpec;
+use crate::vfs::{Attr, InodeNo as VIno, Opened, SetAttr, Vfs, VfsError, Xattr};
+
+/// How the adapter asks the kernel to behave.
+#[derive(Clone, Debug)]
+pub struct AdapterConfig {
+    /// Use FUSE passthrough for regular files when the kernel offers it.
+    pub passthrough: bool,
+    /// Use the writeback cache when passthrough is not in use.
+    pub writeback: bool,
+}
+
+pub struct ChronoFuse {
+    vfs: Arc<Vfs>,
+    cfg: AdapterConfig,
+    passthrough_active: AtomicBool,
+    /// One backing id per inode with passthrough opens, shared by all of
+    /// them (the kernel refuses two backing files for one inode), with the
+    /// number of open handles using it.
+    backing: Mutex<HashMap<VIno, (Arc<BackingId>, usize)>>,
+    /// Handles that hold a reference in `backing`.
+    passthrough_handles: Mutex<HashMap<u64, VIno>>,
+}
+
+impl ChronoFuse {
+    pub fn new(vfs: Arc<Vfs>, cfg: AdapterConfig) -> Self {
+        ChronoFuse {
+            vfs,
+            cfg,
+            passthrough_active: AtomicBool::new(false),
+            backing: Mutex::new(HashMap::new()),
+            passthrough_handles: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn passthrough_active(&self) -> bool {
+        self.passthrough_active.load(Ordering::Relaxed)
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn err(e: VfsError) -> Errno {
+    tracing::debug!("error: {e}");
+    Errno::from_i32(e.errno())
+}
+
+fn ino(i: INodeNo) -> VIno {
+    VIno(i.0)
+}
+
+fn time(secs: i64, nsecs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
+    }
+}
+
+fn file_type(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn to_file_attr(a: &Attr) -> FileAttr {
+    let st = &a.st;
+    FileAttr {
+        ino: INodeNo(a.ino.0),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: time(st.st_atime, st.st_atime_nsec),
+        mtime: time(st.st_mtime, st.st_mtime_nsec),
+        ctime: time(st.st_ctime, st.st_ctime_nsec),
+        crtime: UNIX_EPOCH,
+        kind: file_type(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+fn time_spec(t: TimeOrNow) -> TimeSpec {
+    match t {
+        TimeOrNow::Now => TimeSpec::Now,
+        TimeOrNow::SpecificTime(t) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => TimeSpec::At {
+                secs: d.as_secs() as i64,
+                nsecs: i64::from(d.subsec_nanos()),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let (mut secs, mut nsecs) = (-(d.as_secs() as i64), -i64::from(d.subsec_nanos()));
+                if nsecs < 0 {
+                    secs -= 1;
+                    nsecs += 1_000_000_000;
+                }
+                TimeSpec::At { secs, nsecs }
+            }
+        },
+    }
+}
+
+const GENERATION: Generation = Generation(0);
+
+impl ChronoFuse {
+    fn reply_entry(&self, reply: ReplyEntry, result: Result<crate::vfs::Entry, VfsError>) {
+        let cfg = self.vfs.config();
+        match result {
+            Ok(e) => reply.entry_with_ttls(
+                &cfg.attr_timeout,
+                &cfg.entry_timeout,
+                &to_file_attr(&e.attr),
+                GENERATION,
+            ),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    /// Attaches a passthrough backing file for `opened` if possible; returns
+    /// the backing id to hand to the kernel.
+    fn backing_for(
+        &self,
+        caller: &Caller,
+        ino: VIno,
+        opened: &Opened,
+        open_backing: impl Fn(std::os::fd::BorrowedFd<'_>) -> std::io::Result<BackingId>,
+    ) -> Option<Arc<BackingId>> {
+        if !opened.passthrough_ok || !self.passthrough_active() {
+            return None;
+        }
+        let mut backing = self.backing.lock();
+        if let Some((id, count)) = backing.get_mut(&ino) {
+            *count += 1;
+            self.passthrough_handles.lock().insert(opened.fh, ino);
+            return Some(id.clone());
+        }
+        // Registered under the opener's credentials: the kernel does the
+        // passthrough I/O with them, so set-id bits are cleared on write as
+        // they would be natively.
+        let id = self
+            .vfs
+            .with_file_fd(opened.fh, |fd| {
+                Ok(creds::as_caller(caller, || open_backing(fd))?)
+            })
+            .map_err(|e| tracing::warn!("passthrough unavailable for inode {}: {e}", ino.0))
+            .ok()?;
+        let id = Arc::new(id);
+        backing.insert(ino, (id.clone(), 1));
+        self.passthrough_handles.lock().insert(opened.fh, ino);
+        Some(id)
+    }
+
+    fn drop_backing(&self, fh: u64) {
+        let Some(ino) = self.passthrough_handles.lock().remove(&fh) else {
+            return;
+        };
+        let mut backing = self.backing.lock();
+        if let Some((_, count)) = backing.get_mut(&ino) {
+            *count -= 1;
+            if *count == 0 {
+                backing.remove(&ino);
+            }
+        }
+    }
+
+    fn open_flags(&self, passthrough: bool) -> FopenFlags {
+        if passthrough {
+            FopenFlags::empty()
+        } else {
+            // Our writes go straight to the backing file, so pages cached
+            // by an earlier open are still valid; external changes are
+            // caught by the kernel's mtime check (auto_inval_data).
+            FopenFlags::FOPEN_KEEP_CACHE
+        }
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, result: Result<Xattr, VfsError>) {
+    match result {
+        Ok(Xattr::Size(n)) => reply.size(n),
+        Ok(Xattr::Data(d)) => reply.data(&d),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, result: Result<(), VfsError>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(err(e)),
+    }
+}
+
+/// Capabilities asked of the kernel on top of fuser's defaults; each is
+/// optional, so one the kernel lacks is skipped.
+const WANTED: &[InitFlags] = &[
+    InitFlags::FUSE_ASYNC_READ,
+    InitFlags::FUSE_ATOMIC_O_TRUNC,
+    InitFlags::FUSE_BIG_WRITES,
+    InitFlags::FUSE_DONT_MASK,
+    InitFlags::FUSE_POSIX_ACL,
+    InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+    InitFlags::FUSE_PARALLEL_DIROPS,
+    InitFlags::FUSE_DO_READDIRPLUS,
+    InitFlags::FUSE_READDIRPLUS_AUTO,
+    InitFlags::FUSE_MAX_PAGES,
+    InitFlags::FUSE_CACHE_SYMLINKS,
+    InitFlags::FUSE_ASYNC_DIO,
+    InitFlags::FUSE_AUTO_INVAL_DATA,
+    InitFlags::FUSE_SPLICE_READ,
+    InitFlags::FUSE_SPLICE_WRITE,
+    InitFlags::FUSE_SPLICE_MOVE,
+];
+
+impl fuser::Filesystem for ChronoFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for flag in WANTED {
+            if let Err(missing) = config.add_capabilities(*flag) {
+                tracing::info!("kernel lacks {missing:?}");
+            }
+        }
+        let mut passthrough = false;
+        if self.cfg.passthrough && config.set_max_stack_depth(1).is_ok() {
+            passthrough = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok();
+        }
+        // The kernel refuses passthrough together with the writeback cache.
+        let writeback = !passthrough
+            && self.cfg.writeback
+            && config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE).is_ok();
+        if let Err(e) = config.set_max_write(1 << 20) {
+            tracing::info!("max_write limited to {e}");
+        }
+        if let Err(e) = config.set_max_readahead(1 << 20) {
+            tracing::debug!("max_readahead limited to {e}");
+        }
+        let _ = config.set_max_background(64);
+        self.passthrough_active.store(passthrough, Ordering::Relaxed);
+        self.vfs.set_writeback(writeback);
+        tracing::info!("kernel connection: passthrough={passthrough} writeback_cache={writeback}");
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.backing.lock().clear();
+        if let Err(e) = self.vfs.flush_store() {
+            tracing::error!("store flush at unmount failed: {e}");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.vfs.lookup(ino(parent), name) {
+            Err(e) if e.errno() == libc::ENOENT => {
+                let ttl = self.vfs.config().negative_timeout;
+                if ttl.is_zero() {
+                    reply.error(Errno::ENOENT);
+                } else {
+                    let mut attr = to_file_attr(&Attr {
+                        ino: VIno(0),
+                        st: crate::sys::zeroed_stat(),
+                    });
+                    attr.ino = INodeNo(0);
+                    reply.entry_with_ttls(&Duration::ZERO, &ttl, &attr, GENERATION);
+                }
+            }
+            other => self.reply_entry(reply, other),
+        }
+    }
+
+    fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
+        self.vfs.forget(ino(i), nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.vfs.getattr(ino(i), fh.map(|f| f.0)) {
+            Ok(a) => reply.attr(&self.vfs.config().attr_timeout, &to_file_attr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_spec),
+            mtime: mtime.map(time_spec),
+            fh: fh.map(|f| f.0),
+        };
+        match self.vfs.setattr(&caller(req), ino(i), set) {
+            Ok(a) => reply.attr(&self.vfs.config().attr_timeout, &to_file_attr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+        match self.vfs.readlink(ino(i)) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.vfs.mknod(&caller(req), ino(parent), name, mode, umask, rdev);
+        self.reply_entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.vfs.mkdir(&caller(req), ino(parent), name, mode, umask);
+        self.reply_entry(reply, r);
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.vfs.unlink(&caller(req), ino(parent), name));
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.vfs.rmdir(&caller(req), ino(parent), name));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self
+            .vfs
+            .symlink(&caller(req), ino(parent), link_name, target.as_os_str());
+        self.reply_entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.vfs.rename(
+            &caller(req),
+            ino(parent),
+            name,
+            ino(newparent),
+            newname,
+            flags.bits(),
+        );
+        reply_empty(reply, r);
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = self.vfs.link(&caller(req), ino(i), ino(newparent), newname);
+        self.reply_entry(reply, r);
+    }
+
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let who = caller(req);
+        let opened = match self.vfs.open(&who, ino(i), flags.0) {
+            Ok(o) => o,
+            Err(e) => return reply.error(err(e)),
+        };
+        match self.backing_for(&who, ino(i), &opened, |fd| reply.open_backing(fd)) {
+            Some(id) => reply.opened_passthrough(FileHandle(opened.fh), FopenFlags::empty(), &id),
+            None => reply.opened(FileHandle(opened.fh), self.open_flags(false)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.vfs.read(fh.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.vfs.write(&caller(req), fh.0, offset, data, kill) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.vfs.flush(fh.0));
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.drop_backing(fh.0);
+        reply_empty(reply, self.vfs.release(fh.0).map(drop));
+    }
+
+    fn fsync(&self, _req: &Request, _i: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        reply_empty(reply, self.vfs.fsync(fh.0, datasync));
+    }
+
+    fn opendir(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.vfs.opendir(&caller(req), ino(i), flags.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_CACHE_DIR),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.vfs.readdir(fh.0, offset as i64, |e| {
+            reply.add(
+                INodeNo(e.ino.0),
+                e.offset as u64,
+                file_type(e.kind),
+                e.name,
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let cfg = self.vfs.config();
+        let r = self.vfs.readdirplus(fh.0, offset as i64, |e, entry| {
+            let attr = match entry {
+                Some(entry) => to_file_attr(&entry.attr),
+                None => {
+                    let mut st = crate::sys::zeroed_stat();
+                    st.st_mode = e.kind;
+                    to_file_attr(&Attr { ino: e.ino, st })
+                }
+            };
+            reply.add(
+                INodeNo(e.ino.0),
+                e.offset as u64,
+                e.name,
+                &cfg.entry_timeout,
+                &attr,
+                GENERATION,
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.vfs.releasedir(fh.0));
+    }
+
+    fn fsyncdir(&self, _req: &Request, _i: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        reply_empty(reply, self.vfs.fsync(fh.0, datasync));
+    }
+
+    fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+        match self.vfs.statfs() {
+            Ok(s) => reply.statfs(
+                s.f_blocks,
+                s.f_bfree,
+                s.f_bavail,
+                s.f_files,
+                s.f_ffree,
+                s.f_bsize as u32,
+                s.f_namemax as u32,
+                s.f_frsize as u32,
+            ),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.vfs.setxattr(&caller(req), ino(i), name, value, flags));
+    }
+
+    fn getxattr(&self, req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        reply_xattr(reply, self.vfs.getxattr(&caller(req), ino(i), name, size));
+    }
+
+    fn listxattr(&self, req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        reply_xattr(reply, self.vfs.listxattr(&caller(req), ino(i), size));
+    }
+
+    fn removexattr(&self, req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.vfs.removexattr(&caller(req), ino(i), name));
+    }
+
+    fn access(&self, req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        reply_empty(reply, self.vfs.access(&caller(req), ino(i), mask.bits()));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let who = caller(req);
+        let (entry, opened) =
+            match self.vfs.create(&who, ino(parent), name, mode, umask, flags) {
+                Ok(r) => r,
+                Err(e) => return reply.error(err(e)),
+            };
+        let cfg = self.vfs.config();
+        let attr = to_file_attr(&entry.attr);
+        let fh = FileHandle(opened.fh);
+        match self.backing_for(&who, entry.attr.ino, &opened, |fd| reply.open_backing(fd)) {
+            Some(id) => reply.created_passthrough(
+                &cfg.entry_timeout,
+                &attr,
+                GENERATION,
+                fh,
+                FopenFlags::empty(),
+                &id,
+            ),
+            None => reply.created(&cfg.entry_timeout, &attr, GENERATION, fh, self.open_flags(false)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.vfs.fallocate(&caller(req), fh.0, offset, length, mode));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        match self.vfs.lseek(fh.0, offset, whence) {
+            Ok(off) => reply.offset(off),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self.vfs.copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The persistent inode map: (branch, backing device, backing inode) → the
+//! inode number chronofs shows.
+//!
+//! Numbers are allocated once and never reused while the map lives, so
+//! `st_ino` is stable across remounts and unique across branches (a union of
+//! two directories on one file system may hold equal backing numbers).
+//! New mappings are made visible at once in memory and written to the index
+//! in batches by a background thread (one durable commit per batch): a
+//! request never waits for an fsync. A crash can lose the newest, not yet
+//! committed mappings; those objects get fresh numbers at the next mount,
+//! which is safe because the kernel forgot every number with the crash.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use redb::{Database, ReadableDatabase, TableDefinition};
+
+use super::{index_error, StoreError};
+
+/// Key: branch id (u32) ‖ st_dev (u64) ‖ st_ino (u64), big-endian, so one
+/// branch's entries sort together.
+const INODES: TableDefinition<&[u8], u64> = TableDefinition::new("inode_map");
+const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+const NEXT_INO: &str = "next_ino";
+
+/// The kernel reserves 1 for the root; chronofs numbers start above it.
+pub const FIRST_INO: u64 = 2;
+
+/// Identity of a backing object: which branch, and its (st_dev, st_ino) there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BackingKey {
+    pub branch: u32,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl BackingKey {
+    fn encode(&self) -> [u8; 20] {
+        let mut k = [0u8; 20];
+        k[..4].copy_from_slice(&self.branch.to_be_bytes());
+        k[4..12].copy_from_slice(&self.dev.to_be_bytes());
+        k[12..].copy_from_slice(&self.ino.to_be_bytes());
+        k
+    }
+}
+
+struct Shared {
+    db: Arc<Database>,
+    /// Mappings allocated but not yet committed.
+    pending: Mutex<HashMap<BackingKey, u64>>,
+    wake: Condvar,
+    next: AtomicU64,
+    closing: std::sync::atomic::AtomicBool,
+}
+
+pub struct InodeMap {
+    shared: Arc<Shared>,
+    flusher: Option<std::thread::JoinHandle<()>>,
+}
+
+const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+
+impl InodeMap {
+    pub(super) fn open(db: Arc<Database>) -> Result<InodeMap, StoreError> {
+        let next = {
+            let txn = db.begin_read().map_err(index_error)?;
+            match txn.open_table(COUNTERS) {
+                Ok(t) => t.get(NEXT_INO).map_err(index_error)?.map(|v| v.value()),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(index_error(e)),
+            }
+        }
+        .unwrap_or(FIRST_INO);
+        let shared = Arc::new(Shared {
+            db,
+            pending: Mutex::new(HashMap::new()),
+            wake: Condvar::new(),
+            next: AtomicU64::new(next),
+            closing: std::sync::atomic::AtomicBool::new(false),
+        });
+        let bg = shared.clone();
+        let flusher = std::thread::Builder::new()
+            .name("inomap-flush".into())
+            .spawn(move || bg.flush_loop())
+            .map_err(|e| StoreError::Index(format!("cannot start flusher: {e}")))?;
+        Ok(InodeMap {
+            shared,
+            flusher: Some(flusher),
+        })
+    }
+
+    /// The number for `key`, allocating one on first sight.
+    pub fn get_or_assign(&self, key: BackingKey) -> Result<u64, StoreError> {
+        if let Some(ino) = self.shared.pending.lock().get(&key) {
+            return Ok(*ino);
+        }
+        if let Some(ino) = self.lookup_committed(&key)? {
+            return Ok(ino);
+        }
+        let mut pending = self.shared.pending.lock();
+        // Another thread may have assigned it while we read the index.
+        if let Some(ino) = pending.get(&key) {
+            return Ok(*ino);
+        }
+        let ino = self.shared.next.fetch_add(1, Ordering::Relaxed);
+        pending.insert(key, ino);
+        Ok(ino)
+    }
+
+    fn lookup_committed(&self, key: &BackingKey) -> Result<Option<u64>, StoreError> {
+        let txn = self.shared.db.begin_read().map_err(index_error)?;
+        let table = match txn.open_table(INODES) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(index_error(e)),
+        };
+        let encoded = key.encode();
+        Ok(table
+            .get(encoded.as_slice())
+            .map_err(index_error)?
+            .map(|v| v.value()))
+    }
+
+    /// Writes every pending mapping durably (used at unmount and by tests).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.shared.flush_once()
+    }
+}
+
+impl Shared {
+    fn flush_loop(&self) {
+        loop {
+            {
+                let mut pending = self.pending.lock();
+                if pending.is_empty() && !self.closing.load(Ordering::Acquire) {
+                    self.wake.wait_for(&mut pending, FLUSH_INTERVAL);
+                }
+            }
+            if let Err(e) = self.flush_once() {
+                tracing::error!("inode map flush failed (will retry): {e}");
+            }
+            if self.closing.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(FLUSH_INTERVAL);
+        }
+    }
+
+    fn flush_once(&self) -> Result<(), StoreError> {
+        let batch: Vec<(BackingKey, u64)> =
+            self.pending.lock().iter().map(|(k, v)| (*k, *v)).collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(index_error)?;
+        {
+            let mut table = txn.open_table(INODES).map_err(index_error)?;
+            for (key, ino) in &batch {
+                table
+                    .insert(key.encode().as_slice(), *ino)
+                    .map_err(index_error)?;
+            }
+            let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
+            counters
+                .insert(NEXT_INO, self.next.load(Ordering::Relaxed))
+                .map_err(index_error)?;
+        }
+        txn.commit().map_err(index_error)?;
+        let mut pending = self.pending.lock();
+        for (key, ino) in batch {
+            if pending.get(&key) == Some(&ino) {
+                pending.remove(&key);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for InodeMap {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::Release);
+        self.shared.wake.notify_all();
+        if let Some(handle) = self.flusher.take() {
+            if handle.join().is_err() {
+                tracing::error!("inode map flusher panicked");
+            }
+        }
+        if let Err(e) = self.shared.flush_once() {
+            tracing::error!("final inode map flush failed: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Store;
+    use super::*;
+
+    fn key(i: u64) -> BackingKey {
+        BackingKey { branch: 0, dev: 7, ino: i }
+    }
+
+    #[test]
+    fn numbers_are_stable_across_reopen_and_never_reused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = {
+            let store = Store::open(tmp.path()).unwrap();
+            let map = store.inode_map().unwrap();
+            let a = map.get_or_assign(key(100)).unwrap();
+            let b = map.get_or_assign(key(200)).unwrap();
+            assert_ne!(a, b);
+            assert_eq!(map.get_or_assign(key(100)).unwrap(), a);
+            (a, b)
+        };
+        let store = Store::open(tmp.path()).unwrap();
+        let map = store.inode_map().unwrap();
+        assert_eq!(map.get_or_assign(key(200)).unwrap(), b);
+        assert_eq!(map.get_or_assign(key(100)).unwrap(), a);
+        let c = map.get_or_assign(key(300)).unwrap();
+        assert!(c > a.max(b), "new number {c} reuses an old one");
+    }
+
+    #[test]
+    fn branches_with_equal_backing_numbers_get_distinct_inodes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let map = store.inode_map().unwrap();
+        let a = map.get_or_assign(BackingKey { branch: 0, dev: 1, ino: 5 }).unwrap();
+        let b = map.get_or_assign(BackingKey { branch: 1, dev: 1, ino: 5 }).unwrap();
+        assert_ne!(a, b);
+        assert!(a >= FIRST_INO && b >= FIRST_INO);
+    }
+
+    #[test]
+    fn concurrent_assignment_gives_one_number_per_key() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let map = Arc::new(store.inode_map().unwrap());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let map = map.clone();
+                std::thread::spawn(move || {
+                    (0..500).map(|i| map.get_or_assign(key(i)).unwrap()).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let results: Vec<Vec<u64>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        for r in &results[1..] {
+            assert_eq!(r, &results[0]);
+        }
+        let mut uniq = results[0].clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        assert_eq!(uniq.len(), 500);
+    }
+}

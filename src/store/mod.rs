@@ -1,0 +1,196 @@
+//! The store: the persistent, crash-safe state of a chronofs mount.
+//!
+//! Owns: the on-disk store directory (by default `SRC/.chronofs`), its format
+//! version, and the embedded key-value index (redb). Today it holds the
+//! persistent inode map; the history index and chunk packs join it later.
+//! Uses: nothing of chronofs but `sys`-free std I/O. Must not know about
+//! FUSE, paths inside the mount, or credentials.
+
+pub mod inomap;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, TableDefinition};
+
+pub use inomap::{BackingKey, InodeMap};
+
+/// The format written by this build. Bump on any incompatible change to a
+/// key or value layout, and record it in docs/FORMAT.md.
+pub const FORMAT_VERSION: u32 = 1;
+
+const INDEX_FILE: &str = "index.redb";
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const META_FORMAT: &str = "format_version";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("store {path} is in use by another chronofs process")]
+    InUse { path: PathBuf },
+    #[error("store {path} has format version {found}; this chronofs reads version {supported}")]
+    UnsupportedFormat {
+        path: PathBuf,
+        found: u64,
+        supported: u32,
+    },
+    #[error("store index {path} is damaged or not a chronofs index: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("store index write failed: {0}")]
+    Index(String),
+}
+
+impl StoreError {
+    /// The errno a file system call reports when the store fails under it.
+    pub fn errno(&self) -> i32 {
+        match self {
+            StoreError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            StoreError::InUse { .. } => libc::EBUSY,
+            StoreError::UnsupportedFormat { .. } => libc::EPROTO,
+            StoreError::Corrupt { .. } => libc::EUCLEAN,
+            StoreError::Index(_) => libc::EIO,
+        }
+    }
+}
+
+fn index_error(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Index(e.to_string())
+}
+
+/// An open store directory.
+pub struct Store {
+    dir: PathBuf,
+    db: Arc<Database>,
+}
+
+impl Store {
+    /// Opens the store in `dir`, creating it (mode 0700) if it does not exist.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let io_err = |source| StoreError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(io_err)?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(io_err)?;
+        }
+        let path = dir.join(INDEX_FILE);
+        let db = Database::create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path: path.clone() },
+            redb::DatabaseError::Storage(redb::StorageError::Io(source)) => StoreError::Io {
+                path: path.clone(),
+                source,
+            },
+            other => StoreError::Corrupt {
+                path: path.clone(),
+                detail: other.to_string(),
+            },
+        })?;
+        let store = Store {
+            dir: dir.to_path_buf(),
+            db: Arc::new(db),
+        };
+        store.check_format(&path)?;
+        Ok(store)
+    }
+
+    fn check_format(&self, path: &Path) -> Result<(), StoreError> {
+        let found = {
+            let txn = self.db.begin_read().map_err(index_error)?;
+            match txn.open_table(META) {
+                Ok(table) => table
+                    .get(META_FORMAT)
+                    .map_err(index_error)?
+                    .map(|v| v.value()),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(index_error(e)),
+            }
+        };
+        match found {
+            Some(v) if v == u64::from(FORMAT_VERSION) => Ok(()),
+            Some(v) => Err(StoreError::UnsupportedFormat {
+                path: path.to_path_buf(),
+                found: v,
+                supported: FORMAT_VERSION,
+            }),
+            None => {
+                let txn = self.db.begin_write().map_err(index_error)?;
+                {
+                    let mut table = txn.open_table(META).map_err(index_error)?;
+                    table
+                        .insert(META_FORMAT, u64::from(FORMAT_VERSION))
+                        .map_err(index_error)?;
+                }
+                txn.commit().map_err(index_error)
+            }
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The persistent inode map kept in this store.
+    pub fn inode_map(&self) -> Result<InodeMap, StoreError> {
+        InodeMap::open(self.db.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reopen_keeps_format_and_rejects_unknown_versions() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        drop(Store::open(&dir).unwrap());
+        let store = Store::open(&dir).unwrap();
+        {
+            let txn = store.db.begin_write().unwrap();
+            txn.open_table(META).unwrap().insert(META_FORMAT, 99).unwrap();
+            txn.commit().unwrap();
+        }
+        drop(store);
+        match Store::open(&dir) {
+            Err(StoreError::UnsupportedFormat { found: 99, .. }) => {}
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("a store of format 99 opened"),
+        }
+    }
+
+    #[test]
+    fn garbage_index_is_reported_not_panicked() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(INDEX_FILE), b"not a database at all").unwrap();
+        match Store::open(tmp.path()) {
+            Err(StoreError::Corrupt { .. }) | Err(StoreError::Io { .. }) => {}
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("garbage opened as a store"),
+        }
+    }
+
+    #[test]
+    fn errno_mapping_is_specific() {
+        let p = PathBuf::from("/x");
+        assert_eq!(StoreError::InUse { path: p.clone() }.errno(), libc::EBUSY);
+        assert_eq!(
+            StoreError::UnsupportedFormat { path: p.clone(), found: 2, supported: 1 }.errno(),
+            libc::EPROTO
+        );
+        assert_eq!(
+            StoreError::Corrupt { path: p.clone(), detail: String::new() }.errno(),
+            libc::EUCLEAN
+        );
+        assert_eq!(StoreError::Index(String::new()).errno(), libc::EIO);
+        let io = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        assert_eq!(StoreError::Io { path: p, source: io }.errno(), libc::ENOSPC);
+    }
+}

@@ -1,0 +1,605 @@
+//! Raw system calls: the one place in chronofs with `unsafe`.
+//!
+//! Owns: thin, safe wrappers over the Linux calls that neither `std` nor
+//! `libc`'s safe surface offer — per-thread credential switching, `*at()`
+//! calls on directory descriptors, `getdents64`, xattrs, `renameat2`,
+//! `copy_file_range`, `fallocate`, `lseek` with `SEEK_DATA`/`SEEK_HOLE`.
+//! Uses: nothing of chronofs. Must not know about FUSE, inodes or the store.
+//!
+//! Every wrapper returns `io::Result` carrying the raw errno, so callers can
+//! hand the kernel exactly the error the backing file system gave.
+#![allow(unsafe_code)]
+
+pub mod creds;
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// Converts a `-1`-on-error return into `io::Result`.
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_size(ret: libc::ssize_t) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// A name from the kernel or the user as a C string; an interior NUL can
+/// never be a valid file name, so it is `EINVAL`.
+pub fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// The path through which an O_PATH descriptor can be re-opened or used
+/// where the kernel offers no fd-relative form. Resolving it never walks a
+/// user-controlled string path.
+pub fn proc_fd_path(fd: BorrowedFd<'_>) -> CString {
+    // The formatted string never contains a NUL byte.
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+}
+
+pub type Stat = libc::stat;
+
+pub fn zeroed_stat() -> Stat {
+    // SAFETY: `struct stat` is plain old data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// `fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW)`; an empty name stats `dirfd` itself.
+pub fn fstatat(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
+    let mut st = zeroed_stat();
+    let flags = libc::AT_SYMLINK_NOFOLLOW
+        | if name.is_empty() {
+            libc::AT_EMPTY_PATH
+        } else {
+            0
+        };
+    // SAFETY: valid fd, NUL-terminated name, and `st` is a writable stat buffer.
+    check(unsafe { libc::fstatat(dirfd.as_raw_fd(), name.as_ptr(), &mut st, flags) })?;
+    Ok(st)
+}
+
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    fstatat(fd, c"")
+}
+
+/// `openat(dirfd, name, flags, mode)` returning an owned descriptor.
+pub fn openat(dirfd: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: NUL-terminated name; the returned fd is fresh and owned by us.
+    let fd = check(unsafe {
+        libc::openat(
+            dirfd,
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    })?;
+    // SAFETY: `fd` was just returned by openat and is not owned elsewhere.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens `name` below `dirfd` as an O_PATH handle without following a
+/// trailing symlink, so a symlink in the backing tree can never lead out.
+pub fn open_path(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    openat(
+        dirfd.as_raw_fd(),
+        name,
+        libc::O_PATH | libc::O_NOFOLLOW,
+        0,
+    )
+}
+
+/// Re-opens an O_PATH handle with real access flags.
+pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+    let path = proc_fd_path(fd);
+    openat(libc::AT_FDCWD, &path, flags & !libc::O_NOFOLLOW, 0)
+}
+
+pub fn mkdirat(dirfd: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: valid fd and NUL-terminated name.
+    check(unsafe { libc::mkdirat(dirfd.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+}
+
+pub fn mknodat(dirfd: BorrowedFd<'_>, name: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
+    // SAFETY: valid fd and NUL-terminated name.
+    check(unsafe { libc::mknodat(dirfd.as_raw_fd(), name.as_ptr(), mode, rdev) }).map(drop)
+}
+
+pub fn symlinkat(target: &CStr, dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: NUL-terminated strings and a valid fd.
+    check(unsafe { libc::symlinkat(target.as_ptr(), dirfd.as_raw_fd(), name.as_ptr()) }).map(drop)
+}
+
+/// Hard-links the object behind an O_PATH handle. Going through the
+/// `/proc/self/fd` link (with AT_SYMLINK_FOLLOW) needs no CAP_DAC_READ_SEARCH,
+/// so it works under the caller's credentials.
+pub fn link_fd(fd: BorrowedFd<'_>, newdir: BorrowedFd<'_>, newname: &CStr) -> io::Result<()> {
+    let path = proc_fd_path(fd);
+    // SAFETY: NUL-terminated strings and valid fds.
+    check(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            newdir.as_raw_fd(),
+            newname.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+pub fn unlinkat(dirfd: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<()> {
+    // SAFETY: valid fd and NUL-terminated name.
+    check(unsafe { libc::unlinkat(dirfd.as_raw_fd(), name.as_ptr(), flags) }).map(drop)
+}
+
+pub fn renameat2(
+    olddir: BorrowedFd<'_>,
+    oldname: &CStr,
+    newdir: BorrowedFd<'_>,
+    newname: &CStr,
+    flags: u32,
+) -> io::Result<()> {
+    // SAFETY: valid fds and NUL-terminated names.
+    check(unsafe {
+        libc::renameat2(
+            olddir.as_raw_fd(),
+            oldname.as_ptr(),
+            newdir.as_raw_fd(),
+            newname.as_ptr(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+pub fn readlink_fd(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: empty path with an O_PATH fd reads the link itself; buf is writable.
+    let n = check_size(unsafe {
+        libc::readlinkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    })?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// chmod of the object behind an O_PATH handle (not a symlink).
+pub fn chmod_fd(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    let path = proc_fd_path(fd);
+    // SAFETY: NUL-terminated path.
+    check(unsafe { libc::chmod(path.as_ptr(), mode) }).map(drop)
+}
+
+/// chown of the object behind an O_PATH handle, symlinks included.
+/// `u32::MAX` leaves the id unchanged, as chown(2) does with -1.
+pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: valid fd; AT_EMPTY_PATH operates on the fd itself.
+    check(unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+pub fn truncate_fd_path(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
+    let path = proc_fd_path(fd);
+    // SAFETY: NUL-terminated path.
+    check(unsafe { libc::truncate(path.as_ptr(), size as libc::off_t) }).map(drop)
+}
+
+pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
+    // SAFETY: valid fd.
+    check(unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) }).map(drop)
+}
+
+/// A time for `utimensat`: `None` means UTIME_OMIT.
+#[derive(Clone, Copy, Debug)]
+pub enum TimeSpec {
+    Omit,
+    Now,
+    At { secs: i64, nsecs: i64 },
+}
+
+impl TimeSpec {
+    fn to_timespec(self) -> libc::timespec {
+        match self {
+            TimeSpec::Omit => libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            TimeSpec::Now => libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_NOW,
+            },
+            TimeSpec::At { secs, nsecs } => libc::timespec {
+                tv_sec: secs,
+                tv_nsec: nsecs,
+            },
+        }
+    }
+}
+
+/// utimensat on the object behind an O_PATH handle, symlinks included.
+pub fn utimens_fd(fd: BorrowedFd<'_>, atime: TimeSpec, mtime: TimeSpec) -> io::Result<()> {
+    let times = [atime.to_timespec(), mtime.to_timespec()];
+    // SAFETY: valid fd and a two-element timespec array.
+    check(unsafe {
+        libc::utimensat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            times.as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of `buf`.
+        let n = check_size(unsafe {
+            libc::pread64(
+                fd.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off64_t,
+            )
+        });
+        match n {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) if done > 0 => {
+                tracing::debug!("short read after error: {e}");
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+pub fn pwrite(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the pointer and length describe the unwritten tail of `buf`.
+        let n = check_size(unsafe {
+            libc::pwrite64(
+                fd.as_raw_fd(),
+                buf[done..].as_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off64_t,
+            )
+        });
+        match n {
+            Ok(n) => done += n,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
+    // SAFETY: valid fd.
+    let ret = unsafe {
+        if datasync {
+            libc::fdatasync(fd.as_raw_fd())
+        } else {
+            libc::fsync(fd.as_raw_fd())
+        }
+    };
+    check(ret).map(drop)
+}
+
+pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: valid fd.
+    check(unsafe {
+        libc::fallocate64(
+            fd.as_raw_fd(),
+            mode,
+            offset as libc::off64_t,
+            len as libc::off64_t,
+        )
+    })
+    .map(drop)
+}
+
+pub fn lseek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> io::Result<i64> {
+    // SAFETY: valid fd.
+    let ret = unsafe { libc::lseek64(fd.as_raw_fd(), offset, whence) };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn copy_file_range(
+    fd_in: BorrowedFd<'_>,
+    off_in: u64,
+    fd_out: BorrowedFd<'_>,
+    off_out: u64,
+    len: u64,
+) -> io::Result<usize> {
+    let mut off_in = off_in as libc::loff_t;
+    let mut off_out = off_out as libc::loff_t;
+    // SAFETY: valid fds and pointers to live offset variables.
+    check_size(unsafe {
+        libc::copy_file_range(
+            fd_in.as_raw_fd(),
+            &mut off_in,
+            fd_out.as_raw_fd(),
+            &mut off_out,
+            len as usize,
+            0,
+        )
+    })
+}
+
+pub type StatFs = libc::statvfs;
+
+pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<StatFs> {
+    // SAFETY: zeroed statvfs is valid POD and the fd is valid.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and writable buffer.
+    check(unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
+/// One entry of a `getdents64` buffer.
+pub struct DirEntry {
+    pub ino: u64,
+    /// The cookie that resumes reading after this entry.
+    pub next_offset: i64,
+    pub dtype: u8,
+    pub name: Vec<u8>,
+}
+
+/// Reads the next batch of entries of an open directory.
+/// An empty result means the end of the directory.
+pub fn getdents(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Vec<DirEntry>> {
+    // SAFETY: buf is writable for its whole length.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            fd.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut entries = Vec::new();
+    let mut pos = 0usize;
+    let end = n as usize;
+    // Layout of struct linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name.
+    while pos + 19 <= end {
+        let rec = &buf[pos..end];
+        let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap_or_default());
+        let off = i64::from_ne_bytes(rec[8..16].try_into().unwrap_or_default());
+        let reclen = u16::from_ne_bytes(rec[16..18].try_into().unwrap_or_default()) as usize;
+        if reclen == 0 || reclen > rec.len() {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let name_bytes = &rec[19..reclen];
+        let len = name_bytes
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(name_bytes.len());
+        entries.push(DirEntry {
+            ino,
+            next_offset: off,
+            dtype: rec[18],
+            name: name_bytes[..len].to_vec(),
+        });
+        pos += reclen;
+    }
+    Ok(entries)
+}
+
+fn xattr_len(ret: libc::ssize_t) -> io::Result<usize> {
+    check_size(ret)
+}
+
+/// getxattr on the object behind an O_PATH handle. `buf` empty asks the size.
+pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    let path = proc_fd_path(fd);
+    // SAFETY: NUL-terminated strings; buf pointer/len describe a writable region.
+    xattr_len(unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    })
+}
+
+pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    let path = proc_fd_path(fd);
+    // SAFETY: NUL-terminated strings; value pointer/len describe a readable region.
+    check(unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+pub fn listxattr_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    let path = proc_fd_path(fd);
+    // SAFETY: NUL-terminated path; buf pointer/len describe a writable region.
+    xattr_len(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    let path = proc_fd_path(fd);
+    // SAFETY: NUL-terminated strings.
+    check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+}
+
+/// access(2) with the effective (here: fs) ids of the calling thread.
+pub fn access_fd(fd: BorrowedFd<'_>, mask: i32) -> io::Result<()> {
+    let path = proc_fd_path(fd);
+    // SAFETY: NUL-terminated path.
+    check(unsafe { libc::faccessat(libc::AT_FDCWD, path.as_ptr(), mask, libc::AT_EACCESS) })
+        .map(drop)
+}
+
+/// Raises RLIMIT_NOFILE to its hard maximum: the daemon holds one O_PATH
+/// descriptor per inode the kernel remembers.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    // SAFETY: zeroed rlimit is valid POD.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: writable rlimit buffer.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
+    let mut want = lim.rlim_max;
+    if let Ok(text) = std::fs::read_to_string("/proc/sys/fs/nr_open") {
+        if let Ok(nr_open) = text.trim().parse::<u64>() {
+            want = want.max(nr_open);
+        }
+    }
+    let new = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: want,
+    };
+    // SAFETY: pointer to a valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+        return Ok(want);
+    }
+    let new = libc::rlimit {
+        rlim_cur: lim.rlim_max,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: pointer to a valid rlimit.
+    check(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) })?;
+    Ok(lim.rlim_max)
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// fork(2). Only called before any thread is started.
+pub enum Forked {
+    Parent(libc::pid_t),
+    Child,
+}
+
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: called while the process is single-threaded (before the
+    // session starts), so the child may run arbitrary code.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        p if p < 0 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        p => Ok(Forked::Parent(p)),
+    }
+}
+
+pub fn setsid() -> io::Result<()> {
+    // SAFETY: no pointers involved.
+    check(unsafe { libc::setsid() }).map(drop)
+}
+
+/// A pipe (read end, write end), both close-on-exec.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a two-element array.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Points stdin, stdout and stderr at `fd` (used when daemonizing).
+pub fn redirect_stdio(fd: BorrowedFd<'_>, stdin_null: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid source fds; targets are the standard descriptors.
+    unsafe {
+        check(libc::dup2(stdin_null.as_raw_fd(), 0))?;
+        check(libc::dup2(fd.as_raw_fd(), 1))?;
+        check(libc::dup2(fd.as_raw_fd(), 2))?;
+    }
+    Ok(())
+}
+
+/// umount2(path, flags) — used to clear a dead mount left by a crashed daemon.
+pub fn umount2(path: &CStr, flags: i32) -> io::Result<()> {
+    // SAFETY: NUL-terminated path.
+    check(unsafe { libc::umount2(path.as_ptr(), flags) }).map(drop)
+}
+
+/// Blocks the termination signals in the calling thread (and threads it
+/// starts later) and returns a waiter that receives them synchronously.
+pub struct SignalWaiter {
+    set: libc::sigset_t,
+}
+
+impl SignalWaiter {
+    pub fn block_termination_signals() -> io::Result<Self> {
+        // SAFETY: sigset_t is POD; the sig* calls only touch `set`.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, sig);
+            }
+            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            if rc != 0 {
+                return Err(io::Error::from_raw_os_error(rc));
+            }
+            Ok(SignalWaiter { set })
+        }
+    }
+
+    /// Waits for one of the blocked signals and returns its number.
+    pub fn wait(&self) -> io::Result<i32> {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: valid sigset and output pointer.
+        let rc = unsafe { libc::sigwait(&self.set, &mut sig) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(sig)
+    }
+}
+
+pub fn kill(pid: libc::pid_t, sig: i32) -> io::Result<()> {
+    // SAFETY: no pointers involved.
+    check(unsafe { libc::kill(pid, sig) }).map(drop)
+}
+
+pub fn waitpid(pid: libc::pid_t) -> io::Result<i32> {
+    let mut status = 0;
+    // SAFETY: status is a valid output pointer.
+    check(unsafe { libc::waitpid(pid, &mut status, 0) })?;
+    Ok(status)
+}

@@ -1,0 +1,165 @@
+//! Attribute operations: getattr, setattr, readlink, xattrs, access, statfs.
+
+use std::ffi::OsStr;
+use std::os::fd::AsFd;
+
+use super::inodes::Handle;
+use super::{errno, Attr, Caller, InodeNo, Result, Vfs};
+use crate::sys::{self, creds, TimeSpec};
+
+/// The changes a setattr asks for; `None` leaves a field alone.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSpec>,
+    pub mtime: Option<TimeSpec>,
+    /// An open handle the change came through (ftruncate, fchmod...).
+    pub fh: Option<u64>,
+}
+
+pub type StatFs = sys::StatFs;
+
+/// An xattr answer: the length alone when the caller asked with size 0.
+#[derive(Debug)]
+pub enum Xattr {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+impl Xattr {
+    fn sized(mut buf: Vec<u8>, asked: u32, len: usize) -> Xattr {
+        if asked == 0 {
+            Xattr::Size(len as u32)
+        } else {
+            buf.truncate(len);
+            Xattr::Data(buf)
+        }
+    }
+}
+
+impl Vfs {
+    pub fn getattr(&self, ino: InodeNo, fh: Option<u64>) -> Result<Attr> {
+        let st = match fh.map(|fh| self.handles.get(fh)) {
+            Some(Ok(handle)) => match &*handle {
+                Handle::File { fd, .. } => sys::fstat(fd.as_fd())?,
+                Handle::Dir { .. } => sys::fstat(self.inodes.get(ino)?.fd())?,
+            },
+            _ => sys::fstat(self.inodes.get(ino)?.fd())?,
+        };
+        Ok(Attr { ino, st })
+    }
+
+    pub fn setattr(&self, caller: &Caller, ino: InodeNo, set: SetAttr) -> Result<Attr> {
+        let inode = self.inodes.get(ino)?;
+        let fd = inode.fd();
+        let is_symlink = inode.kind == libc::S_IFLNK;
+        if let Some(mode) = set.mode {
+            if is_symlink {
+                return Err(errno(libc::EOPNOTSUPP));
+            }
+            creds::as_caller(caller, || sys::chmod_fd(fd, mode & 0o7777))?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            let uid = set.uid.unwrap_or(u32::MAX);
+            let gid = set.gid.unwrap_or(u32::MAX);
+            creds::as_caller(caller, || sys::chown_fd(fd, uid, gid))?;
+        }
+        if let Some(size) = set.size {
+            let handle = set.fh.and_then(|fh| self.handles.get(fh).ok());
+            match handle.as_deref() {
+                Some(Handle::File { fd: hfd, .. }) => {
+                    creds::as_caller(caller, || sys::ftruncate(hfd.as_fd(), size))?
+                }
+                _ => {
+                    if inode.is_dir() {
+                        return Err(errno(libc::EISDIR));
+                    }
+                    creds::as_caller(caller, || sys::truncate_fd_path(fd, size))?
+                }
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            let atime = set.atime.unwrap_or(TimeSpec::Omit);
+            let mtime = set.mtime.unwrap_or(TimeSpec::Omit);
+            creds::as_caller(caller, || sys::utimens_fd(fd, atime, mtime))?;
+        }
+        self.getattr(ino, set.fh)
+    }
+
+    pub fn readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
+        let inode = self.inodes.get(ino)?;
+        if inode.kind != libc::S_IFLNK {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(sys::readlink_fd(inode.fd())?)
+    }
+
+    /// The kernel cannot reach xattrs of a symlink through /proc; user.*
+    /// xattrs are not allowed on symlinks anyway, so report none.
+    fn xattr_target(&self, ino: InodeNo) -> Result<std::sync::Arc<super::inodes::Inode>> {
+        let inode = self.inodes.get(ino)?;
+        if inode.kind == libc::S_IFLNK {
+            return Err(errno(libc::EOPNOTSUPP));
+        }
+        Ok(inode)
+    }
+
+    /// Reads xattr `name`; `size` 0 asks only for the value's length.
+    pub fn getxattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr, size: u32) -> Result<Xattr> {
+        let inode = match self.xattr_target(ino) {
+            Err(e) if e.errno_is(libc::EOPNOTSUPP) => return Err(errno(libc::ENODATA)),
+            other => other?,
+        };
+        let cname = sys::cstr(name)?;
+        let mut buf = vec![0u8; size as usize];
+        let n = creds::as_caller(caller, || sys::getxattr_fd(inode.fd(), &cname, &mut buf))?;
+        Ok(Xattr::sized(buf, size, n))
+    }
+
+    pub fn setxattr(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
+        let inode = self.xattr_target(ino)?;
+        let cname = sys::cstr(name)?;
+        creds::as_caller(caller, || sys::setxattr_fd(inode.fd(), &cname, value, flags))?;
+        Ok(())
+    }
+
+    pub fn listxattr(&self, caller: &Caller, ino: InodeNo, size: u32) -> Result<Xattr> {
+        let inode = match self.xattr_target(ino) {
+            Err(e) if e.errno_is(libc::EOPNOTSUPP) => return Ok(Xattr::sized(Vec::new(), size, 0)),
+            other => other?,
+        };
+        let mut buf = vec![0u8; size as usize];
+        let n = creds::as_caller(caller, || sys::listxattr_fd(inode.fd(), &mut buf))?;
+        Ok(Xattr::sized(buf, size, n))
+    }
+
+    pub fn removexattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr) -> Result<()> {
+        let inode = self.xattr_target(ino)?;
+        let cname = sys::cstr(name)?;
+        creds::as_caller(caller, || sys::removexattr_fd(inode.fd(), &cname))?;
+        Ok(())
+    }
+
+    pub fn access(&self, caller: &Caller, ino: InodeNo, mask: i32) -> Result<()> {
+        let inode = self.inodes.get(ino)?;
+        if inode.kind == libc::S_IFLNK {
+            return Ok(());
+        }
+        creds::as_caller(caller, || sys::access_fd(inode.fd(), mask))?;
+        Ok(())
+    }
+
+    pub fn statfs(&self) -> Result<StatFs> {
+        Ok(sys::fstatvfs(self.branch.root_fd())?)
+    }
+}

@@ -1,0 +1,186 @@
+//! Open files: open, create, read, write, flush, release, fsync,
+//! fallocate, lseek, copy_file_range.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+
+use super::inodes::Handle;
+use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
+use crate::sys::{self, creds};
+
+/// An opened file: the handle number given to the kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct Opened {
+    pub fh: u64,
+    /// The backing file is a regular file whose I/O the kernel may do
+    /// itself (FUSE passthrough) if the adapter chooses to.
+    pub passthrough_ok: bool,
+}
+
+/// Flags the kernel handles itself or that make no sense on re-open.
+const DROPPED_OPEN_FLAGS: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY;
+
+impl Vfs {
+    fn backing_open_flags(&self, flags: i32) -> i32 {
+        let mut f = flags & !DROPPED_OPEN_FLAGS;
+        if self.cfg.read().writeback {
+            // The kernel may read pages of a write-only file to fill partial
+            // pages, and it positions O_APPEND writes itself.
+            if f & libc::O_ACCMODE == libc::O_WRONLY {
+                f = (f & !libc::O_ACCMODE) | libc::O_RDWR;
+            }
+            f &= !libc::O_APPEND;
+        }
+        f
+    }
+
+    fn open_as_caller(
+        &self,
+        caller: &Caller,
+        open: impl Fn(i32) -> std::io::Result<std::os::fd::OwnedFd>,
+        requested: i32,
+    ) -> Result<std::os::fd::OwnedFd> {
+        let flags = self.backing_open_flags(requested);
+        match creds::as_caller(caller, || open(flags)) {
+            // A write-only file may refuse the read access writeback adds.
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) && flags != requested & !DROPPED_OPEN_FLAGS => {
+                let plain = requested & !DROPPED_OPEN_FLAGS & !libc::O_APPEND;
+                Ok(creds::as_caller(caller, || open(plain))?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    pub fn open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
+        let inode = self.inodes.get(ino)?;
+        match inode.kind {
+            libc::S_IFDIR => return Err(errno(libc::EISDIR)),
+            libc::S_IFLNK => return Err(errno(libc::ELOOP)),
+            _ => {}
+        }
+        let fd = self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags)?;
+        let fh = self.handles.insert(Handle::File { ino, fd });
+        Ok(Opened {
+            fh,
+            passthrough_ok: inode.kind == libc::S_IFREG,
+        })
+    }
+
+    pub fn create(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(Entry, Opened)> {
+        self.check_name(parent, name)?;
+        let dir = self.inodes.get(parent)?;
+        let cname = sys::cstr(name)?;
+        let excl = flags & libc::O_EXCL;
+        creds::set_thread_umask(umask)?;
+        let fd = self.open_as_caller(
+            caller,
+            |f| {
+                sys::openat(
+                    dir.fd().as_raw_fd(),
+                    &cname,
+                    f | libc::O_CREAT | excl | libc::O_NOFOLLOW,
+                    mode,
+                )
+            },
+            flags,
+        )?;
+        let st = sys::fstat(fd.as_fd())?;
+        let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
+        let inode = self.inodes.acquire_new(path_fd, &st)?;
+        let fh = self.handles.insert(Handle::File { ino: inode.ino, fd });
+        Ok((
+            Entry {
+                attr: Attr { ino: inode.ino, st },
+            },
+            Opened {
+                fh,
+                passthrough_ok: true,
+            },
+        ))
+    }
+
+    /// Runs `f` with the backing descriptor of an open file.
+    pub fn with_file_fd<T>(&self, fh: u64, f: impl FnOnce(BorrowedFd<'_>) -> Result<T>) -> Result<T> {
+        let handle = self.handles.get(fh)?;
+        match &*handle {
+            Handle::File { fd, .. } => f(fd.as_fd()),
+            Handle::Dir { .. } => Err(errno(libc::EISDIR)),
+        }
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.with_file_fd(fh, |fd| {
+            let mut buf = vec![0u8; size as usize];
+            let n = sys::pread(fd, &mut buf, offset)?;
+            buf.truncate(n);
+            Ok(buf)
+        })
+    }
+
+    /// Writes at `offset`. `kill_priv` asks to clear set-id bits as an
+    /// unprivileged write would: the write then runs as the caller.
+    pub fn write(&self, caller: &Caller, fh: u64, offset: u64, data: &[u8], kill_priv: bool) -> Result<usize> {
+        self.with_file_fd(fh, |fd| {
+            if kill_priv {
+                Ok(creds::as_caller(caller, || sys::pwrite(fd, data, offset))?)
+            } else {
+                Ok(sys::pwrite(fd, data, offset)?)
+            }
+        })
+    }
+
+    pub fn flush(&self, fh: u64) -> Result<()> {
+        // Data is written through on every request; nothing is buffered
+        // here, and locks are the kernel's own, so close has no work.
+        self.handles.get(fh).map(drop)
+    }
+
+    /// Closes a handle; returns the inode it belonged to.
+    pub fn release(&self, fh: u64) -> Result<InodeNo> {
+        Ok(self.handles.remove(fh)?.ino())
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        let handle = self.handles.get(fh)?;
+        match &*handle {
+            Handle::File { fd, .. } => sys::fsync(fd.as_fd(), datasync)?,
+            Handle::Dir { stream, .. } => sys::fsync(stream.lock().fd(), datasync)?,
+        }
+        Ok(())
+    }
+
+    pub fn fallocate(&self, caller: &Caller, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        self.with_file_fd(fh, |fd| {
+            Ok(creds::as_caller(caller, || sys::fallocate(fd, mode, offset, len))?)
+        })
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        self.with_file_fd(fh, |fd| Ok(sys::lseek(fd, offset, whence)?))
+    }
+
+    pub fn copy_file_range(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<usize> {
+        let input = self.handles.get(fh_in)?;
+        let Handle::File { fd: fd_in, .. } = &*input else {
+            return Err(VfsError::WrongKind);
+        };
+        self.with_file_fd(fh_out, |fd_out| {
+            Ok(sys::copy_file_range(fd_in.as_fd(), off_in, fd_out, off_out, len)?)
+        })
+    }
+}

@@ -1,0 +1,188 @@
+//! The vfs: inode and handle tables over a branch, and every file system
+//! operation expressed without FUSE types.
+//!
+//! Owns: the mapping between the numbers the kernel holds (inodes with their
+//! lookup counts, open handles) and backing objects; permission-relevant
+//! execution of each operation under the caller's identity; the rule that
+//! the store stays invisible. Uses: `branch`, `store` (inode map), `sys`.
+//! Must not use `fuse` or any `fuser` type: the adapter translates, and tests
+//! can drive the vfs without mounting.
+//!
+//! Where a system call is handled: `namespace.rs` (lookup, create, mkdir,
+//! mknod, symlink, link, unlink, rmdir, rename), `attr.rs` (getattr,
+//! setattr, readlink, xattrs, access, statfs), `file.rs` (open, read, write,
+//! flush, release, fsync, fallocate, lseek, copy_file_range), `dir.rs`
+//! (opendir, readdir, readdirplus, releasedir, fsyncdir).
+
+mod attr;
+mod dir;
+mod file;
+mod inodes;
+mod namespace;
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use crate::sys::creds::Caller;
+pub use crate::sys::Stat;
+pub use attr::{SetAttr, Xattr};
+pub use file::Opened;
+pub use inodes::InodeNo;
+
+use crate::branch::DirBranch;
+use crate::store::{InodeMap, StoreError};
+use crate::sys;
+use inodes::{HandleTable, InodeTable};
+
+/// Errors of vfs operations. Each maps to one errno, chosen by the variant;
+/// an `io::Error` keeps the backing file system's own errno.
+#[derive(Debug, thiserror::Error)]
+pub enum VfsError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error("inode {0} is not known (stale handle)")]
+    UnknownInode(u64),
+    #[error("file handle {0} is not open")]
+    UnknownHandle(u64),
+    #[error("the name {0:?} is reserved for the chronofs store")]
+    Reserved(std::ffi::OsString),
+    #[error("operation not valid on this kind of file")]
+    WrongKind,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl VfsError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            VfsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            VfsError::UnknownInode(_) => libc::ESTALE,
+            VfsError::UnknownHandle(_) => libc::EBADF,
+            VfsError::Reserved(_) => libc::EPERM,
+            VfsError::WrongKind => libc::EINVAL,
+            VfsError::Store(e) => e.errno(),
+        }
+    }
+
+    fn errno_is(&self, errno: i32) -> bool {
+        self.errno() == errno
+    }
+}
+
+pub type Result<T> = std::result::Result<T, VfsError>;
+
+fn errno(code: i32) -> VfsError {
+    VfsError::Io(io::Error::from_raw_os_error(code))
+}
+
+/// Tunables of a mount that the vfs acts on.
+#[derive(Clone, Debug)]
+pub struct VfsConfig {
+    pub entry_timeout: Duration,
+    pub attr_timeout: Duration,
+    pub negative_timeout: Duration,
+    /// Whether the kernel's writeback cache is on: then O_WRONLY opens must
+    /// be readable (the kernel reads partial pages) and O_APPEND is handled
+    /// by the kernel.
+    pub writeback: bool,
+}
+
+impl Default for VfsConfig {
+    fn default() -> Self {
+        VfsConfig {
+            entry_timeout: Duration::from_secs(1),
+            attr_timeout: Duration::from_secs(1),
+            negative_timeout: Duration::from_secs(1),
+            writeback: false,
+        }
+    }
+}
+
+/// Attributes of an object as the kernel should see them.
+#[derive(Clone, Copy, Debug)]
+pub struct Attr {
+    pub ino: InodeNo,
+    pub st: Stat,
+}
+
+impl Attr {
+    pub fn kind(&self) -> u32 {
+        self.st.st_mode & libc::S_IFMT
+    }
+}
+
+/// A looked-up object: the kernel now holds one more reference to `attr.ino`.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub attr: Attr,
+}
+
+pub struct Vfs {
+    branch: DirBranch,
+    inodes: InodeTable,
+    handles: HandleTable,
+    cfg: parking_lot::RwLock<VfsConfig>,
+}
+
+impl Vfs {
+    pub fn new(branch: DirBranch, inomap: InodeMap, cfg: VfsConfig) -> Result<Arc<Vfs>> {
+        let root_fd = sys::reopen(branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
+        let root_st = sys::fstat(root_fd.as_fd())?;
+        let inodes = InodeTable::new(branch.id(), inomap, root_fd, &root_st);
+        Ok(Arc::new(Vfs {
+            branch,
+            inodes,
+            handles: HandleTable::default(),
+            cfg: parking_lot::RwLock::new(cfg),
+        }))
+    }
+
+    pub fn config(&self) -> VfsConfig {
+        self.cfg.read().clone()
+    }
+
+    /// Called once the kernel connection is negotiated.
+    pub fn set_writeback(&self, on: bool) {
+        self.cfg.write().writeback = on;
+    }
+
+    fn check_name(&self, parent: InodeNo, name: &OsStr) -> Result<()> {
+        if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
+            return Err(VfsError::Reserved(name.to_os_string()));
+        }
+        if name.len() > 255 {
+            return Err(errno(libc::ENAMETOOLONG));
+        }
+        Ok(())
+    }
+
+    /// Number of inodes the kernel currently references (root included).
+    pub fn live_inodes(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// Writes pending inode-map entries durably.
+    pub fn flush_store(&self) -> Result<()> {
+        Ok(self.inodes.flush()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_own_errno() {
+        let io = VfsError::Io(io::Error::from_raw_os_error(libc::EXDEV));
+        assert_eq!(io.errno(), libc::EXDEV);
+        assert_eq!(VfsError::UnknownInode(9).errno(), libc::ESTALE);
+        assert_eq!(VfsError::UnknownHandle(9).errno(), libc::EBADF);
+        assert_eq!(VfsError::Reserved(".chronofs".into()).errno(), libc::EPERM);
+        assert_eq!(VfsError::WrongKind.errno(), libc::EINVAL);
+        let store = VfsError::Store(StoreError::Index("x".into()));
+        assert_eq!(store.errno(), libc::EIO);
+    }
+}

@@ -1,0 +1,153 @@
+//! Name space operations: lookup, forget, mkdir, mknod, symlink, link,
+//! unlink, rmdir, rename.
+
+use std::ffi::OsStr;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use super::inodes::Inode;
+use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
+use crate::sys::{self, creds};
+
+impl Vfs {
+    /// Looks `name` up in `parent` and takes a kernel reference on it.
+    /// Runs as the daemon: with `default_permissions` the kernel has already
+    /// checked search permission on `parent`.
+    pub fn lookup(&self, parent: InodeNo, name: &OsStr) -> Result<Entry> {
+        if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
+            return Err(errno(libc::ENOENT));
+        }
+        let dir = self.inodes.get(parent)?;
+        self.lookup_in(&dir, name)
+    }
+
+    pub(super) fn lookup_in(&self, dir: &Inode, name: &OsStr) -> Result<Entry> {
+        let cname = sys::cstr(name)?;
+        let st = sys::fstatat(dir.fd(), &cname)?;
+        if let Some(inode) = self.inodes.acquire_known(&self.inodes.key_of(&st)) {
+            return Ok(Entry {
+                attr: Attr { ino: inode.ino, st },
+            });
+        }
+        let fd = sys::open_path(dir.fd(), &cname)?;
+        // Stat the descriptor itself: the name may have been replaced since.
+        let st = sys::fstat(fd.as_fd())?;
+        let inode = self.inodes.acquire_new(fd, &st)?;
+        Ok(Entry {
+            attr: Attr { ino: inode.ino, st },
+        })
+    }
+
+    pub fn forget(&self, ino: InodeNo, nlookup: u64) {
+        self.inodes.forget(ino, nlookup);
+    }
+
+    /// After a creating call succeeded, registers the new object.
+    fn register_created(&self, dir: &Inode, name: &OsStr) -> Result<Entry> {
+        self.lookup_in(dir, name)
+    }
+
+    pub fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> Result<Entry> {
+        self.check_name(parent, name)?;
+        let dir = self.inodes.get(parent)?;
+        let cname = sys::cstr(name)?;
+        creds::as_caller_with_umask(caller, umask, || sys::mkdirat(dir.fd(), &cname, mode))?;
+        self.register_created(&dir, name)
+    }
+
+    pub fn mknod(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<Entry> {
+        self.check_name(parent, name)?;
+        let dir = self.inodes.get(parent)?;
+        let cname = sys::cstr(name)?;
+        creds::as_caller_with_umask(caller, umask, || {
+            sys::mknodat(dir.fd(), &cname, mode, u64::from(rdev))
+        })?;
+        self.register_created(&dir, name)
+    }
+
+    pub fn symlink(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        target: &OsStr,
+    ) -> Result<Entry> {
+        self.check_name(parent, name)?;
+        let dir = self.inodes.get(parent)?;
+        let cname = sys::cstr(name)?;
+        let ctarget = sys::cstr(target)?;
+        creds::as_caller(caller, || sys::symlinkat(&ctarget, dir.fd(), &cname))?;
+        self.register_created(&dir, name)
+    }
+
+    pub fn link(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        newparent: InodeNo,
+        newname: &OsStr,
+    ) -> Result<Entry> {
+        self.check_name(newparent, newname)?;
+        let inode = self.inodes.get(ino)?;
+        let dir = self.inodes.get(newparent)?;
+        let cname = sys::cstr(newname)?;
+        creds::as_caller(caller, || sys::link_fd(inode.fd(), dir.fd(), &cname))?;
+        self.register_created(&dir, newname)
+    }
+
+    pub fn unlink(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<()> {
+        self.remove(caller, parent, name, 0)
+    }
+
+    pub fn rmdir(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<()> {
+        self.remove(caller, parent, name, libc::AT_REMOVEDIR)
+    }
+
+    fn remove(&self, caller: &Caller, parent: InodeNo, name: &OsStr, flags: i32) -> Result<()> {
+        if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
+            return Err(errno(libc::ENOENT));
+        }
+        let dir = self.inodes.get(parent)?;
+        let cname = sys::cstr(name)?;
+        creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        newparent: InodeNo,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
+            return Err(errno(libc::ENOENT));
+        }
+        self.check_name(newparent, newname)?;
+        let olddir = self.inodes.get(parent)?;
+        let newdir: Arc<Inode> = self.inodes.get(newparent)?;
+        let old = sys::cstr(name)?;
+        let new = sys::cstr(newname)?;
+        creds::as_caller(caller, || {
+            sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
+        })
+        .map_err(VfsError::from)
+    }
+}
