@@ -9,7 +9,7 @@
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::sys;
 
@@ -22,7 +22,6 @@ pub struct BranchId(pub u32);
 /// A plain directory used as a branch.
 pub struct DirBranch {
     id: BranchId,
-    path: PathBuf,
     root: OwnedFd,
     /// A name in the root directory that belongs to chronofs (the store),
     /// hidden from and refused to the mount's users.
@@ -32,12 +31,15 @@ pub struct DirBranch {
 impl DirBranch {
     /// Opens `path` as a branch. The descriptor is taken before the mount
     /// is made, so SRC may even be the mount point itself.
-    pub fn open(id: BranchId, path: &Path, reserved_root_name: Option<OsString>) -> io::Result<Self> {
+    pub fn open(
+        id: BranchId,
+        path: &Path,
+        reserved_root_name: Option<OsString>,
+    ) -> io::Result<Self> {
         let cpath = sys::cstr(path.as_os_str())?;
         let root = sys::openat(libc::AT_FDCWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)?;
         Ok(DirBranch {
             id,
-            path: path.to_path_buf(),
             root,
             reserved_root_name,
         })
@@ -45,10 +47,6 @@ impl DirBranch {
 
     pub fn id(&self) -> BranchId {
         self.id
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     pub fn root_fd(&self) -> BorrowedFd<'_> {

@@ -25,7 +25,11 @@ pub mod exit {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "chronofs", version, about = "A versioning FUSE file system stacked on plain directories")]
+#[command(
+    name = "chronofs",
+    version,
+    about = "A versioning FUSE file system stacked on plain directories"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,7 +70,11 @@ const VERBS: &[&str] = &["mount", "umount", "help", "--help", "-h", "--version",
 fn normalize_args(mut args: Vec<OsString>) -> Vec<OsString> {
     let argv0 = args
         .first()
-        .and_then(|a| PathBuf::from(a).file_name().map(|n| n.to_string_lossy().into_owned()))
+        .and_then(|a| {
+            PathBuf::from(a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
         .unwrap_or_default();
     let helper = argv0.starts_with("mount.");
     let first = args.get(1).map(|a| a.to_string_lossy().into_owned());
@@ -86,7 +94,11 @@ pub fn main() -> i32 {
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() { exit::USAGE } else { exit::OK };
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
             let _ = e.print();
             return code;
         }
@@ -130,7 +142,14 @@ mod tests {
     #[test]
     fn helper_forms_become_mount() {
         assert_eq!(
-            normalize_args(args(&["/sbin/mount.fuse.chronofs", "/a", "/b", "-o", "rw", "-n"])),
+            normalize_args(args(&[
+                "/sbin/mount.fuse.chronofs",
+                "/a",
+                "/b",
+                "-o",
+                "rw",
+                "-n"
+            ])),
             args(&["/sbin/mount.fuse.chronofs", "mount", "/a", "/b", "-o", "rw"])
         );
         assert_eq!(

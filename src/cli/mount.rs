@@ -118,7 +118,10 @@ fn unescape_mountinfo(s: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() + 0 && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -137,8 +140,7 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse does not exist: load the fuse kernel module (modprobe fuse)");
     }
-    let src = std::fs::canonicalize(src)
-        .with_context(|| format!("source {}", src.display()))?;
+    let src = std::fs::canonicalize(src).with_context(|| format!("source {}", src.display()))?;
     let meta = std::fs::metadata(&src).with_context(|| format!("source {}", src.display()))?;
     if !meta.is_dir() {
         bail!("source {} is not a directory", src.display());
@@ -150,8 +152,8 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
             clear_dead_mount(mnt)?;
         }
     }
-    let mnt = std::fs::canonicalize(mnt)
-        .with_context(|| format!("mount point {}", mnt.display()))?;
+    let mnt =
+        std::fs::canonicalize(mnt).with_context(|| format!("mount point {}", mnt.display()))?;
     if !std::fs::metadata(&mnt)?.is_dir() {
         bail!("mount point {} is not a directory", mnt.display());
     }
@@ -161,7 +163,11 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
         }
     }
     if src != mnt && src.starts_with(&mnt) {
-        bail!("source {} is inside mount point {}", src.display(), mnt.display());
+        bail!(
+            "source {} is inside mount point {}",
+            src.display(),
+            mnt.display()
+        );
     }
     if src != mnt && mnt.starts_with(&src) {
         bail!(
@@ -171,7 +177,10 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
         );
     }
     let (store, reserved) = match &opts.store {
-        None => (src.join(STORE_DIR_NAME), Some(OsString::from(STORE_DIR_NAME))),
+        None => (
+            src.join(STORE_DIR_NAME),
+            Some(OsString::from(STORE_DIR_NAME)),
+        ),
         Some(dir) => {
             let dir = absolute(dir)?;
             if dir.starts_with(&src) && dir != src.join(STORE_DIR_NAME) {
@@ -183,13 +192,23 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
                 );
             }
             if dir.starts_with(&mnt) {
-                bail!("store {} is inside mount point {}", dir.display(), mnt.display());
+                bail!(
+                    "store {} is inside mount point {}",
+                    dir.display(),
+                    mnt.display()
+                );
             }
-            let reserved = (dir == src.join(STORE_DIR_NAME)).then(|| OsString::from(STORE_DIR_NAME));
+            let reserved =
+                (dir == src.join(STORE_DIR_NAME)).then(|| OsString::from(STORE_DIR_NAME));
             (dir, reserved)
         }
     };
-    Ok(Plan { src, mnt, store, reserved })
+    Ok(Plan {
+        src,
+        mnt,
+        store,
+        reserved,
+    })
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {
@@ -211,10 +230,16 @@ fn clear_dead_mount(mnt: &Path) -> Result<()> {
 }
 
 fn init_logging(opts: &MountOptions, daemon: bool) -> Result<()> {
-    let default = if opts.debug { "chronofs=debug" } else { "chronofs=info" };
+    let default = if opts.debug {
+        "chronofs=debug"
+    } else {
+        "chronofs=info"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("CHRONOFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
     match (&opts.log_file, daemon) {
         (Some(path), _) => {
             let file = std::fs::OpenOptions::new()
@@ -222,7 +247,10 @@ fn init_logging(opts: &MountOptions, daemon: bool) -> Result<()> {
                 .append(true)
                 .open(path)
                 .with_context(|| format!("log file {}", path.display()))?;
-            builder.with_ansi(false).with_writer(std::sync::Mutex::new(file)).init();
+            builder
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .init();
         }
         (None, true) => builder.with_ansi(false).with_writer(std::io::sink).init(),
         (None, false) => builder.with_writer(std::io::stderr).init(),
@@ -313,7 +341,10 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
 }
 
 fn detach_stdio() -> Result<()> {
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     use std::os::fd::AsFd;
     sys::redirect_stdio(null.as_fd(), null.as_fd())?;
     Ok(())
@@ -374,9 +405,10 @@ pub fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     match sys::umount2(&c, flags) {
         Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-            Err(anyhow!("{} is busy (files open or a process inside it); use --lazy to detach anyway", mnt.display()))
-        }
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Err(anyhow!(
+            "{} is busy (files open or a process inside it); use --lazy to detach anyway",
+            mnt.display()
+        )),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             Err(anyhow!("{} is not a mount point", mnt.display()))
         }

@@ -45,8 +45,23 @@ impl Default for MountOptions {
 
 /// Kernel mount flags passed through unchanged.
 const KERNEL_FLAGS: &[&str] = &[
-    "ro", "rw", "suid", "nosuid", "dev", "nodev", "exec", "noexec", "atime", "noatime",
-    "diratime", "nodiratime", "relatime", "norelatime", "strictatime", "sync", "async",
+    "ro",
+    "rw",
+    "suid",
+    "nosuid",
+    "dev",
+    "nodev",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "diratime",
+    "nodiratime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "sync",
+    "async",
     "dirsync",
 ];
 
@@ -54,8 +69,16 @@ const KERNEL_FLAGS: &[&str] = &[
 fn is_fstab_only(opt: &str) -> bool {
     matches!(
         opt,
-        "defaults" | "auto" | "noauto" | "user" | "nouser" | "users" | "nofail" | "_netdev"
-            | "owner" | "group"
+        "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "nouser"
+            | "users"
+            | "nofail"
+            | "_netdev"
+            | "owner"
+            | "group"
     ) || opt.starts_with("x-")
         || opt.starts_with("comment=")
 }
@@ -147,7 +170,14 @@ mod tests {
 
     #[test]
     fn rejects_unknown_and_malformed_options() {
-        for bad in ["bogus", "threads=0", "threads=x", "attr_timeout=-1", "passthrough=maybe", "store"] {
+        for bad in [
+            "bogus",
+            "threads=0",
+            "threads=x",
+            "attr_timeout=-1",
+            "passthrough=maybe",
+            "store",
+        ] {
             let mut o = MountOptions::default();
             let e = o.apply(bad).unwrap_err();
             assert!(!e.contains('\n'), "multi-line error for {bad}: {e}");

@@ -14,11 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
-    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -267,7 +266,9 @@ impl fuser::Filesystem for ChronoFuse {
         // The kernel refuses passthrough together with the writeback cache.
         let writeback = !passthrough
             && self.cfg.writeback
-            && config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE).is_ok();
+            && config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .is_ok();
         if let Err(e) = config.set_max_write(1 << 20) {
             tracing::info!("max_write limited to {e}");
         }
@@ -275,7 +276,8 @@ impl fuser::Filesystem for ChronoFuse {
             tracing::debug!("max_readahead limited to {e}");
         }
         let _ = config.set_max_background(64);
-        self.passthrough_active.store(passthrough, Ordering::Relaxed);
+        self.passthrough_active
+            .store(passthrough, Ordering::Relaxed);
         self.vfs.set_writeback(writeback);
         tracing::info!("kernel connection: passthrough={passthrough} writeback_cache={writeback}");
         Ok(())
@@ -368,7 +370,9 @@ impl fuser::Filesystem for ChronoFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.vfs.mknod(&caller(req), ino(parent), name, mode, umask, rdev);
+        let r = self
+            .vfs
+            .mknod(&caller(req), ino(parent), name, mode, umask, rdev);
         self.reply_entry(reply, r);
     }
 
@@ -513,7 +517,14 @@ impl fuser::Filesystem for ChronoFuse {
         reply_empty(reply, self.vfs.release(fh.0).map(drop));
     }
 
-    fn fsync(&self, _req: &Request, _i: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         reply_empty(reply, self.vfs.fsync(fh.0, datasync));
     }
 
@@ -533,12 +544,7 @@ impl fuser::Filesystem for ChronoFuse {
         mut reply: ReplyDirectory,
     ) {
         let r = self.vfs.readdir(fh.0, offset as i64, |e| {
-            reply.add(
-                INodeNo(e.ino.0),
-                e.offset as u64,
-                file_type(e.kind),
-                e.name,
-            )
+            reply.add(INodeNo(e.ino.0), e.offset as u64, file_type(e.kind), e.name)
         });
         match r {
             Ok(()) => reply.ok(),
@@ -590,7 +596,14 @@ impl fuser::Filesystem for ChronoFuse {
         reply_empty(reply, self.vfs.releasedir(fh.0));
     }
 
-    fn fsyncdir(&self, _req: &Request, _i: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         reply_empty(reply, self.vfs.fsync(fh.0, datasync));
     }
 
@@ -620,7 +633,10 @@ impl fuser::Filesystem for ChronoFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.vfs.setxattr(&caller(req), ino(i), name, value, flags));
+        reply_empty(
+            reply,
+            self.vfs.setxattr(&caller(req), ino(i), name, value, flags),
+        );
     }
 
     fn getxattr(&self, req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -650,11 +666,10 @@ impl fuser::Filesystem for ChronoFuse {
         reply: ReplyCreate,
     ) {
         let who = caller(req);
-        let (entry, opened) =
-            match self.vfs.create(&who, ino(parent), name, mode, umask, flags) {
-                Ok(r) => r,
-                Err(e) => return reply.error(err(e)),
-            };
+        let (entry, opened) = match self.vfs.create(&who, ino(parent), name, mode, umask, flags) {
+            Ok(r) => r,
+            Err(e) => return reply.error(err(e)),
+        };
         let cfg = self.vfs.config();
         let attr = to_file_attr(&entry.attr);
         let fh = FileHandle(opened.fh);
@@ -667,7 +682,13 @@ impl fuser::Filesystem for ChronoFuse {
                 FopenFlags::empty(),
                 &id,
             ),
-            None => reply.created(&cfg.entry_timeout, &attr, GENERATION, fh, self.open_flags(false)),
+            None => reply.created(
+                &cfg.entry_timeout,
+                &attr,
+                GENERATION,
+                fh,
+                self.open_flags(false),
+            ),
         }
     }
 
@@ -681,7 +702,10 @@ impl fuser::Filesystem for ChronoFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.vfs.fallocate(&caller(req), fh.0, offset, length, mode));
+        reply_empty(
+            reply,
+            self.vfs.fallocate(&caller(req), fh.0, offset, length, mode),
+        );
     }
 
     fn lseek(
@@ -712,7 +736,10 @@ impl fuser::Filesystem for ChronoFuse {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        match self.vfs.copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len) {
+        match self
+            .vfs
+            .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+        {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }

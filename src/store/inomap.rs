@@ -200,7 +200,11 @@ mod tests {
     use super::*;
 
     fn key(i: u64) -> BackingKey {
-        BackingKey { branch: 0, dev: 7, ino: i }
+        BackingKey {
+            branch: 0,
+            dev: 7,
+            ino: i,
+        }
     }
 
     #[test]
@@ -228,8 +232,20 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path()).unwrap();
         let map = store.inode_map().unwrap();
-        let a = map.get_or_assign(BackingKey { branch: 0, dev: 1, ino: 5 }).unwrap();
-        let b = map.get_or_assign(BackingKey { branch: 1, dev: 1, ino: 5 }).unwrap();
+        let a = map
+            .get_or_assign(BackingKey {
+                branch: 0,
+                dev: 1,
+                ino: 5,
+            })
+            .unwrap();
+        let b = map
+            .get_or_assign(BackingKey {
+                branch: 1,
+                dev: 1,
+                ino: 5,
+            })
+            .unwrap();
         assert_ne!(a, b);
         assert!(a >= FIRST_INO && b >= FIRST_INO);
     }
@@ -243,7 +259,9 @@ mod tests {
             .map(|_| {
                 let map = map.clone();
                 std::thread::spawn(move || {
-                    (0..500).map(|i| map.get_or_assign(key(i)).unwrap()).collect::<Vec<_>>()
+                    (0..500)
+                        .map(|i| map.get_or_assign(key(i)).unwrap())
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();

@@ -64,7 +64,6 @@ fn index_error(e: impl std::fmt::Display) -> StoreError {
 
 /// An open store directory.
 pub struct Store {
-    dir: PathBuf,
     db: Arc<Database>,
 }
 
@@ -93,10 +92,7 @@ impl Store {
                 detail: other.to_string(),
             },
         })?;
-        let store = Store {
-            dir: dir.to_path_buf(),
-            db: Arc::new(db),
-        };
+        let store = Store { db: Arc::new(db) };
         store.check_format(&path)?;
         Ok(store)
     }
@@ -133,10 +129,6 @@ impl Store {
         }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The persistent inode map kept in this store.
     pub fn inode_map(&self) -> Result<InodeMap, StoreError> {
         InodeMap::open(self.db.clone())
@@ -155,7 +147,10 @@ mod tests {
         let store = Store::open(&dir).unwrap();
         {
             let txn = store.db.begin_write().unwrap();
-            txn.open_table(META).unwrap().insert(META_FORMAT, 99).unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(META_FORMAT, 99)
+                .unwrap();
             txn.commit().unwrap();
         }
         drop(store);
@@ -182,15 +177,31 @@ mod tests {
         let p = PathBuf::from("/x");
         assert_eq!(StoreError::InUse { path: p.clone() }.errno(), libc::EBUSY);
         assert_eq!(
-            StoreError::UnsupportedFormat { path: p.clone(), found: 2, supported: 1 }.errno(),
+            StoreError::UnsupportedFormat {
+                path: p.clone(),
+                found: 2,
+                supported: 1
+            }
+            .errno(),
             libc::EPROTO
         );
         assert_eq!(
-            StoreError::Corrupt { path: p.clone(), detail: String::new() }.errno(),
+            StoreError::Corrupt {
+                path: p.clone(),
+                detail: String::new()
+            }
+            .errno(),
             libc::EUCLEAN
         );
         assert_eq!(StoreError::Index(String::new()).errno(), libc::EIO);
         let io = std::io::Error::from_raw_os_error(libc::ENOSPC);
-        assert_eq!(StoreError::Io { path: p, source: io }.errno(), libc::ENOSPC);
+        assert_eq!(
+            StoreError::Io {
+                path: p,
+                source: io
+            }
+            .errno(),
+            libc::ENOSPC
+        );
     }
 }

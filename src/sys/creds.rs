@@ -18,14 +18,6 @@ pub struct Caller {
     pub pid: u32,
 }
 
-impl Caller {
-    pub const ROOT: Caller = Caller {
-        uid: 0,
-        gid: 0,
-        pid: 0,
-    };
-}
-
 thread_local! {
     static FS_UNSHARED: Cell<bool> = const { Cell::new(false) };
 }

@@ -91,12 +91,7 @@ pub fn openat(dirfd: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<Ow
 /// Opens `name` below `dirfd` as an O_PATH handle without following a
 /// trailing symlink, so a symlink in the backing tree can never lead out.
 pub fn open_path(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
-    openat(
-        dirfd.as_raw_fd(),
-        name,
-        libc::O_PATH | libc::O_NOFOLLOW,
-        0,
-    )
+    openat(dirfd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)
 }
 
 /// Re-opens an O_PATH handle with real access flags.
@@ -590,11 +585,6 @@ impl SignalWaiter {
         }
         Ok(sig)
     }
-}
-
-pub fn kill(pid: libc::pid_t, sig: i32) -> io::Result<()> {
-    // SAFETY: no pointers involved.
-    check(unsafe { libc::kill(pid, sig) }).map(drop)
 }
 
 pub fn waitpid(pid: libc::pid_t) -> io::Result<i32> {

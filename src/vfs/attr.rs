@@ -108,7 +108,13 @@ impl Vfs {
     }
 
     /// Reads xattr `name`; `size` 0 asks only for the value's length.
-    pub fn getxattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr, size: u32) -> Result<Xattr> {
+    pub fn getxattr(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        name: &OsStr,
+        size: u32,
+    ) -> Result<Xattr> {
         let inode = match self.xattr_target(ino) {
             Err(e) if e.errno_is(libc::EOPNOTSUPP) => return Err(errno(libc::ENODATA)),
             other => other?,
@@ -129,7 +135,9 @@ impl Vfs {
     ) -> Result<()> {
         let inode = self.xattr_target(ino)?;
         let cname = sys::cstr(name)?;
-        creds::as_caller(caller, || sys::setxattr_fd(inode.fd(), &cname, value, flags))?;
+        creds::as_caller(caller, || {
+            sys::setxattr_fd(inode.fd(), &cname, value, flags)
+        })?;
         Ok(())
     }
 

@@ -136,8 +136,17 @@ impl Vfs {
             let name = OsStr::from_bytes(&e.name);
             let kind = dtype_to_kind(e.dtype);
             if is_dot(&e.name) {
-                let ino = if e.name == b"." { dir_ino } else { InodeNo::ROOT };
-                let dirent = DirEntry { ino, offset: e.next_offset, kind, name };
+                let ino = if e.name == b"." {
+                    dir_ino
+                } else {
+                    InodeNo::ROOT
+                };
+                let dirent = DirEntry {
+                    ino,
+                    offset: e.next_offset,
+                    kind,
+                    name,
+                };
                 return Ok(add(&dirent, None));
             }
             let entry = match vfs.lookup(dir_ino, name) {
@@ -185,13 +194,22 @@ impl Vfs {
 
     /// d_ino for an entry: the number stat would show. getdents gives no
     /// device, so the entry is taken to be on its directory's device.
-    fn dirent_ino(&self, dir: InodeNo, mut key: crate::store::BackingKey, name: &[u8]) -> Result<InodeNo> {
+    fn dirent_ino(
+        &self,
+        dir: InodeNo,
+        mut key: crate::store::BackingKey,
+        name: &[u8],
+    ) -> Result<InodeNo> {
         let dir_inode = self.inodes.get(dir)?;
         if name == b"." {
             return Ok(dir);
         }
         if name == b".." {
-            return Ok(if dir == InodeNo::ROOT { InodeNo::ROOT } else { self.parent_hint(&dir_inode) });
+            return Ok(if dir == InodeNo::ROOT {
+                InodeNo::ROOT
+            } else {
+                self.parent_hint(&dir_inode)
+            });
         }
         key.dev = dir_inode.key.dev;
         Ok(self.inodes.number_for(key)?)

@@ -43,7 +43,10 @@ impl Vfs {
         let flags = self.backing_open_flags(requested);
         match creds::as_caller(caller, || open(flags)) {
             // A write-only file may refuse the read access writeback adds.
-            Err(e) if e.raw_os_error() == Some(libc::EACCES) && flags != requested & !DROPPED_OPEN_FLAGS => {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EACCES)
+                    && flags != requested & !DROPPED_OPEN_FLAGS =>
+            {
                 let plain = requested & !DROPPED_OPEN_FLAGS & !libc::O_APPEND;
                 Ok(creds::as_caller(caller, || open(plain))?)
             }
@@ -108,7 +111,11 @@ impl Vfs {
     }
 
     /// Runs `f` with the backing descriptor of an open file.
-    pub fn with_file_fd<T>(&self, fh: u64, f: impl FnOnce(BorrowedFd<'_>) -> Result<T>) -> Result<T> {
+    pub fn with_file_fd<T>(
+        &self,
+        fh: u64,
+        f: impl FnOnce(BorrowedFd<'_>) -> Result<T>,
+    ) -> Result<T> {
         let handle = self.handles.get(fh)?;
         match &*handle {
             Handle::File { fd, .. } => f(fd.as_fd()),
@@ -127,7 +134,14 @@ impl Vfs {
 
     /// Writes at `offset`. `kill_priv` asks to clear set-id bits as an
     /// unprivileged write would: the write then runs as the caller.
-    pub fn write(&self, caller: &Caller, fh: u64, offset: u64, data: &[u8], kill_priv: bool) -> Result<usize> {
+    pub fn write(
+        &self,
+        caller: &Caller,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_priv: bool,
+    ) -> Result<usize> {
         self.with_file_fd(fh, |fd| {
             if kill_priv {
                 Ok(creds::as_caller(caller, || sys::pwrite(fd, data, offset))?)
@@ -157,9 +171,18 @@ impl Vfs {
         Ok(())
     }
 
-    pub fn fallocate(&self, caller: &Caller, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(
+        &self,
+        caller: &Caller,
+        fh: u64,
+        offset: u64,
+        len: u64,
+        mode: i32,
+    ) -> Result<()> {
         self.with_file_fd(fh, |fd| {
-            Ok(creds::as_caller(caller, || sys::fallocate(fd, mode, offset, len))?)
+            Ok(creds::as_caller(caller, || {
+                sys::fallocate(fd, mode, offset, len)
+            })?)
         })
     }
 
@@ -180,7 +203,13 @@ impl Vfs {
             return Err(VfsError::WrongKind);
         };
         self.with_file_fd(fh_out, |fd_out| {
-            Ok(sys::copy_file_range(fd_in.as_fd(), off_in, fd_out, off_out, len)?)
+            Ok(sys::copy_file_range(
+                fd_in.as_fd(),
+                off_in,
+                fd_out,
+                off_out,
+                len,
+            )?)
         })
     }
 }

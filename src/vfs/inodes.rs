@@ -172,10 +172,6 @@ impl InodeTable {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.tables.read().by_ino.len()
-    }
-
     pub fn flush(&self) -> std::result::Result<(), StoreError> {
         self.map.flush()
     }

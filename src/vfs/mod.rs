@@ -159,11 +159,6 @@ impl Vfs {
         Ok(())
     }
 
-    /// Number of inodes the kernel currently references (root included).
-    pub fn live_inodes(&self) -> usize {
-        self.inodes.len()
-    }
-
     /// Writes pending inode-map entries durably.
     pub fn flush_store(&self) -> Result<()> {
         Ok(self.inodes.flush()?)
