@@ -204,14 +204,16 @@ impl ChronoFuse {
         }
     }
 
+    /// Open flags for a regular file. Writes reach the backing file before
+    /// each request returns, so close() has nothing to flush (NOFLUSH saves
+    /// a round trip per close). Without passthrough, pages cached by an
+    /// earlier open stay valid (our writes go through the kernel's cache;
+    /// external changes are caught by the mtime check of auto_inval_data).
     fn open_flags(&self, passthrough: bool) -> FopenFlags {
         if passthrough {
-            FopenFlags::empty()
+            FopenFlags::FOPEN_NOFLUSH
         } else {
-            // Our writes go straight to the backing file, so pages cached
-            // by an earlier open are still valid; external changes are
-            // caught by the kernel's mtime check (auto_inval_data).
-            FopenFlags::FOPEN_KEEP_CACHE
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
         }
     }
 }
@@ -451,7 +453,7 @@ impl fuser::Filesystem for ChronoFuse {
             Err(e) => return reply.error(err(e)),
         };
         match self.backing_for(&who, ino(i), &opened, |fd| reply.open_backing(fd)) {
-            Some(id) => reply.opened_passthrough(FileHandle(opened.fh), FopenFlags::empty(), &id),
+            Some(id) => reply.opened_passthrough(FileHandle(opened.fh), self.open_flags(true), &id),
             None => reply.opened(FileHandle(opened.fh), self.open_flags(false)),
         }
     }
@@ -500,7 +502,13 @@ impl fuser::Filesystem for ChronoFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.vfs.flush(fh.0));
+        // Only sent with the writeback cache (NOFLUSH covers the rest), after
+        // the kernel wrote its dirty pages. ENOSYS tells it never to send
+        // another: close() then costs no round trip.
+        match self.vfs.flush(fh.0) {
+            Ok(()) => reply.error(Errno::ENOSYS),
+            Err(e) => reply.error(err(e)),
+        }
     }
 
     fn release(
@@ -679,7 +687,7 @@ impl fuser::Filesystem for ChronoFuse {
                 &attr,
                 GENERATION,
                 fh,
-                FopenFlags::empty(),
+                self.open_flags(true),
                 &id,
             ),
             None => reply.created(

@@ -22,6 +22,9 @@ pub const FORMAT_VERSION: u32 = 1;
 const INDEX_FILE: &str = "index.redb";
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_FORMAT: &str = "format_version";
+/// How long to wait for another process (typically a daemon that is just
+/// exiting after an unmount) to release the index.
+const INUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -81,20 +84,38 @@ impl Store {
                 .map_err(io_err)?;
         }
         let path = dir.join(INDEX_FILE);
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path: path.clone() },
-            redb::DatabaseError::Storage(redb::StorageError::Io(source)) => StoreError::Io {
-                path: path.clone(),
-                source,
-            },
-            other => StoreError::Corrupt {
-                path: path.clone(),
-                detail: other.to_string(),
-            },
-        })?;
+        let db = Self::open_index(&path)?;
         let store = Store { db: Arc::new(db) };
         store.check_format(&path)?;
         Ok(store)
+    }
+
+    /// Opens the index, waiting a little for a daemon that was just
+    /// unmounted to finish its last commit and release the file lock.
+    fn open_index(path: &Path) -> Result<Database, StoreError> {
+        let deadline = std::time::Instant::now() + INUSE_WAIT;
+        loop {
+            match Self::try_open_index(path) {
+                Err(StoreError::InUse { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn try_open_index(path: &Path) -> Result<Database, StoreError> {
+        let path = path.to_path_buf();
+        Database::create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path },
+            redb::DatabaseError::Storage(redb::StorageError::Io(source)) => {
+                StoreError::Io { path, source }
+            }
+            other => StoreError::Corrupt {
+                path,
+                detail: other.to_string(),
+            },
+        })
     }
 
     fn check_format(&self, path: &Path) -> Result<(), StoreError> {
