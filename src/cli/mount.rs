@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::{exit, MountOptions};
 use crate::branch::{BranchId, DirBranch};
-use crate::fuse::{AdapterConfig, ChronoFuse};
+use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
 use crate::store::Store;
 use crate::sys;
 use crate::vfs::{Vfs, VfsConfig};
@@ -258,47 +258,6 @@ fn init_logging(opts: &MountOptions, daemon: bool) -> Result<()> {
     Ok(())
 }
 
-fn kernel_options(plan: &Plan, opts: &MountOptions) -> Vec<fuser::MountOption> {
-    use fuser::MountOption as M;
-    let fsname = opts
-        .fsname
-        .clone()
-        .unwrap_or_else(|| plan.src.to_string_lossy().into_owned());
-    let mut out = vec![
-        M::FSName(fsname),
-        M::Subtype("chronofs".into()),
-        M::DefaultPermissions,
-    ];
-    let has = |k: &str| opts.kernel.iter().any(|o| o == k);
-    // Files in SRC may carry set-id bits and device nodes natively, so the
-    // root-run mount behaves the same unless told otherwise.
-    if !has("nosuid") {
-        out.push(M::Suid);
-    }
-    if !has("nodev") {
-        out.push(M::Dev);
-    }
-    for k in &opts.kernel {
-        out.push(match k.as_str() {
-            "ro" => M::RO,
-            "rw" => M::RW,
-            "suid" => continue,
-            "dev" => continue,
-            "nosuid" => M::NoSuid,
-            "nodev" => M::NoDev,
-            "exec" => M::Exec,
-            "noexec" => M::NoExec,
-            "atime" => M::Atime,
-            "noatime" => M::NoAtime,
-            "sync" => M::Sync,
-            "async" => M::Async,
-            "dirsync" => M::DirSync,
-            other => M::CUSTOM(other.to_string()),
-        });
-    }
-    out
-}
-
 /// Mounts and serves until unmounted. `ready` (daemon mode) receives "ok"
 /// once mounted, or the error.
 fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Result<()> {
@@ -316,7 +275,7 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
         }
     };
     let mut session = session;
-    let mut unmounter = session.unmount_callable();
+    let mut unmounter = session.unmounter();
     let signals = sys::SignalWaiter::block_termination_signals()?;
     let mnt = plan.mnt.clone();
     std::thread::Builder::new()
@@ -350,7 +309,7 @@ fn detach_stdio() -> Result<()> {
     Ok(())
 }
 
-fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<fuser::Session<ChronoFuse>> {
+fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
     init_logging(opts, daemon)?;
     if let Err(e) = sys::raise_fd_limit() {
         tracing::warn!("cannot raise the open-file limit: {e}");
@@ -379,17 +338,18 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<fuser::Sess
             writeback: opts.writeback,
         },
     );
-    let mut config = fuser::Config::default();
-    config.mount_options = kernel_options(plan, opts);
-    if opts.allow_other {
-        config.acl = fuser::SessionACL::All;
-    }
-    let threads = opts.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).max(4))
-    });
-    config.n_threads = Some(threads);
-    config.clone_fd = true;
-    let session = fuser::Session::new(fs, &plan.mnt, &config)
+    let spec = MountSpec {
+        fsname: opts
+            .fsname
+            .clone()
+            .unwrap_or_else(|| plan.src.to_string_lossy().into_owned()),
+        kernel_flags: opts.kernel.clone(),
+        allow_other: opts.allow_other,
+        threads: opts.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).max(4))
+        }),
+    };
+    let session = Mounted::new(fs, &plan.mnt, &spec)
         .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
     // Keep the store handle alive for the session's lifetime via the vfs.
     drop(store);

@@ -25,6 +25,9 @@ use crate::sys::creds::{self, Caller};
 use crate::sys::TimeSpec;
 use crate::vfs::{Attr, InodeNo as VIno, Opened, SetAttr, Vfs, VfsError, Xattr};
 
+mod session;
+pub use session::{MountSpec, Mounted};
+
 /// How the adapter asks the kernel to behave.
 #[derive(Clone, Debug)]
 pub struct AdapterConfig {
