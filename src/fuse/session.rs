@@ -23,7 +23,9 @@ impl MountSpec {
     fn options(&self) -> Vec<M> {
         let mut out = vec![
             M::FSName(self.fsname.clone()),
-            M::Subtype("chronofs".into()),
+            // fuser passes Subtype only to fusermount; as root it mounts
+            // directly, so the kernel gets it as a plain option.
+            M::CUSTOM("subtype=chronofs".into()),
             M::DefaultPermissions,
         ];
         let has = |k: &str| self.kernel_flags.iter().any(|o| o == k);
