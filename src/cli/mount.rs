@@ -267,6 +267,9 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
             let _ = w.write_all(msg.as_bytes());
         }
     };
+    // Blocked before any thread exists, so every thread inherits the mask
+    // and only the waiter below ever receives these signals.
+    let signals = sys::SignalWaiter::block_termination_signals()?;
     let session = match prepare(plan, opts, daemon) {
         Ok(s) => s,
         Err(e) => {
@@ -276,7 +279,6 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
     };
     let mut session = session;
     let mut unmounter = session.unmounter();
-    let signals = sys::SignalWaiter::block_termination_signals()?;
     let mnt = plan.mnt.clone();
     std::thread::Builder::new()
         .name("signals".into())

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -47,6 +47,9 @@ pub struct ChronoFuse {
     backing: Mutex<HashMap<VIno, (Arc<BackingId>, usize)>>,
     /// Handles that hold a reference in `backing`.
     passthrough_handles: Mutex<HashMap<u64, VIno>>,
+    /// Set once the session exists; used to tell the kernel to drop
+    /// attributes it caches but can no longer trust.
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 impl ChronoFuse {
@@ -57,6 +60,21 @@ impl ChronoFuse {
             passthrough_active: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
             passthrough_handles: Mutex::new(HashMap::new()),
+            notifier: Arc::new(OnceLock::new()),
+        }
+    }
+
+    fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
+    }
+
+    /// Makes the kernel fetch the attributes of `ino` again on next use.
+    fn invalidate_attrs(&self, ino: INodeNo) {
+        if let Some(n) = self.notifier.get() {
+            // A negative offset invalidates attributes only, not pages.
+            if let Err(e) = n.inval_inode(ino, -1, 0) {
+                tracing::debug!("attribute invalidation of inode {} failed: {e}", ino.0);
+            }
         }
     }
 
@@ -131,15 +149,12 @@ fn time_spec(t: TimeOrNow) -> TimeSpec {
                 secs: d.as_secs() as i64,
                 nsecs: i64::from(d.subsec_nanos()),
             },
-            Err(e) => {
-                let d = e.duration();
-                let (mut secs, mut nsecs) = (-(d.as_secs() as i64), -i64::from(d.subsec_nanos()));
-                if nsecs < 0 {
-                    secs -= 1;
-                    nsecs += 1_000_000_000;
-                }
-                TimeSpec::At { secs, nsecs }
-            }
+            // fuser 0.18 decodes a kernel time (secs < 0, nsecs) as
+            // EPOCH - (-secs s + nsecs ns); undo exactly that.
+            Err(e) => TimeSpec::At {
+                secs: -(e.duration().as_secs() as i64),
+                nsecs: i64::from(e.duration().subsec_nanos()),
+            },
         },
     }
 }
@@ -528,15 +543,17 @@ impl fuser::Filesystem for ChronoFuse {
         reply_empty(reply, self.vfs.release(fh.0).map(drop));
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        _i: INodeNo,
-        fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        reply_empty(reply, self.vfs.fsync(fh.0, datasync));
+    fn fsync(&self, _req: &Request, i: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let result = self.vfs.fsync(fh.0, datasync);
+        let ok = result.is_ok();
+        reply_empty(reply, result);
+        // With the writeback cache the kernel wrote its dirty pages just
+        // before this fsync: the backing file's st_blocks changed behind the
+        // attributes the kernel caches. Invalidated after the reply, since
+        // the fsync caller holds the inode lock until then.
+        if ok && self.vfs.config().writeback {
+            self.invalidate_attrs(i);
+        }
     }
 
     fn opendir(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

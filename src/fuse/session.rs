@@ -83,7 +83,10 @@ impl Mounted {
         // One /dev/fuse descriptor per thread: requests are not funnelled
         // through a single queue lock.
         config.clone_fd = true;
+        let notifier = fs.notifier_slot();
         let session = fuser::Session::new(fs, mnt, &config)?;
+        // Only ever set here, once.
+        let _ = notifier.set(session.notifier());
         Ok(Mounted { session })
     }
 
