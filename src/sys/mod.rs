@@ -593,3 +593,88 @@ pub fn waitpid(pid: libc::pid_t) -> io::Result<i32> {
     check(unsafe { libc::waitpid(pid, &mut status, 0) })?;
     Ok(status)
 }
+
+/// Largest `struct file_handle` payload the kernel produces (MAX_HANDLE_SZ).
+const MAX_HANDLE_SZ: usize = 128;
+/// Size of `struct file_handle`'s header: handle_bytes (u32) + handle_type (i32).
+const HANDLE_HEADER: usize = 8;
+
+/// A persistent, kernel-issued identifier of a file (name_to_handle_at):
+/// it can be re-opened later without holding a descriptor, and fails with
+/// ESTALE once the object is gone — never silently opens another file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileHandle {
+    /// `struct file_handle` as the kernel laid it out, header included.
+    raw: Box<[u8]>,
+}
+
+/// The handle of the object behind `fd`, and the id of the mount it is on.
+pub fn name_to_handle(fd: BorrowedFd<'_>) -> io::Result<(FileHandle, i32)> {
+    // u32-aligned buffer holding the header and the largest payload.
+    let mut buf = vec![0u32; (HANDLE_HEADER + MAX_HANDLE_SZ) / 4];
+    buf[0] = MAX_HANDLE_SZ as u32;
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: buf is a writable, aligned file_handle with handle_bytes set to
+    // the payload room; mount_id is a valid output pointer.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr(),
+            &mut mount_id as *mut libc::c_int,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let payload = (buf[0] as usize).min(MAX_HANDLE_SZ);
+    let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    Ok((
+        FileHandle {
+            raw: bytes[..HANDLE_HEADER + payload].into(),
+        },
+        mount_id,
+    ))
+}
+
+/// Opens a handle (needs CAP_DAC_READ_SEARCH: call with root credentials).
+pub fn open_by_handle(
+    mount_fd: BorrowedFd<'_>,
+    handle: &FileHandle,
+    flags: i32,
+) -> io::Result<OwnedFd> {
+    // Copy into an aligned buffer: the kernel reads the header as u32s.
+    let mut buf = vec![0u32; handle.raw.len().div_ceil(4)];
+    for (i, chunk) in handle.raw.chunks(4).enumerate() {
+        let mut word = [0u8; 4];
+        word[..chunk.len()].copy_from_slice(chunk);
+        buf[i] = u32::from_ne_bytes(word);
+    }
+    // SAFETY: buf holds a complete file_handle as returned by the kernel.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            buf.as_ptr(),
+            flags | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh descriptor that nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The current soft limit on open files.
+pub fn fd_limit() -> u64 {
+    // SAFETY: zeroed rlimit is valid POD.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: writable rlimit buffer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}

@@ -45,15 +45,15 @@ impl Vfs {
         let st = match fh.map(|fh| self.handles.get(fh)) {
             Some(Ok(handle)) => match &*handle {
                 Handle::File { fd, .. } => sys::fstat(fd.as_fd())?,
-                Handle::Dir { .. } => sys::fstat(self.inodes.get(ino)?.fd())?,
+                Handle::Dir { .. } => sys::fstat(self.inodes.node(ino)?.fd())?,
             },
-            _ => sys::fstat(self.inodes.get(ino)?.fd())?,
+            _ => sys::fstat(self.inodes.node(ino)?.fd())?,
         };
         Ok(Attr { ino, st })
     }
 
     pub fn setattr(&self, caller: &Caller, ino: InodeNo, set: SetAttr) -> Result<Attr> {
-        let inode = self.inodes.get(ino)?;
+        let inode = self.inodes.node(ino)?;
         let fd = inode.fd();
         let is_symlink = inode.kind == libc::S_IFLNK;
         if let Some(mode) = set.mode {
@@ -99,7 +99,7 @@ impl Vfs {
     }
 
     pub fn readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
-        let inode = self.inodes.get(ino)?;
+        let inode = self.inodes.node(ino)?;
         if inode.kind != libc::S_IFLNK {
             return Err(errno(libc::EINVAL));
         }
@@ -108,8 +108,8 @@ impl Vfs {
 
     /// The kernel cannot reach xattrs of a symlink through /proc; user.*
     /// xattrs are not allowed on symlinks anyway, so report none.
-    fn xattr_target(&self, ino: InodeNo) -> Result<std::sync::Arc<super::inodes::Inode>> {
-        let inode = self.inodes.get(ino)?;
+    fn xattr_target(&self, ino: InodeNo) -> Result<super::inodes::Node> {
+        let inode = self.inodes.node(ino)?;
         if inode.kind == libc::S_IFLNK {
             return Err(errno(libc::EOPNOTSUPP));
         }
@@ -168,7 +168,7 @@ impl Vfs {
     }
 
     pub fn access(&self, caller: &Caller, ino: InodeNo, mask: i32) -> Result<()> {
-        let inode = self.inodes.get(ino)?;
+        let inode = self.inodes.node(ino)?;
         if inode.kind == libc::S_IFLNK {
             return Ok(());
         }

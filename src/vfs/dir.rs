@@ -81,7 +81,7 @@ fn is_dot(name: &[u8]) -> bool {
 
 impl Vfs {
     pub fn opendir(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<u64> {
-        let inode = self.inodes.get(ino)?;
+        let inode = self.inodes.node(ino)?;
         if !inode.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
@@ -200,7 +200,6 @@ impl Vfs {
         mut key: crate::store::BackingKey,
         name: &[u8],
     ) -> Result<InodeNo> {
-        let dir_inode = self.inodes.get(dir)?;
         if name == b"." {
             return Ok(dir);
         }
@@ -208,14 +207,14 @@ impl Vfs {
             return Ok(if dir == InodeNo::ROOT {
                 InodeNo::ROOT
             } else {
-                self.parent_hint(&dir_inode)
+                self.parent_hint(&self.inodes.node(dir)?)
             });
         }
-        key.dev = dir_inode.key.dev;
+        key.dev = self.inodes.get(dir)?.key.dev;
         Ok(self.inodes.number_for(key)?)
     }
 
-    fn parent_hint(&self, dir: &super::inodes::Inode) -> InodeNo {
+    fn parent_hint(&self, dir: &super::inodes::Node) -> InodeNo {
         let parent = sys::fstatat(dir.fd(), c"..").ok();
         parent
             .map(|st| self.inodes.key_of(&st))

@@ -55,7 +55,7 @@ impl Vfs {
     }
 
     pub fn open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
-        let inode = self.inodes.get(ino)?;
+        let inode = self.inodes.node(ino)?;
         match inode.kind {
             libc::S_IFDIR => return Err(errno(libc::EISDIR)),
             libc::S_IFLNK => return Err(errno(libc::ELOOP)),
@@ -79,7 +79,7 @@ impl Vfs {
         flags: i32,
     ) -> Result<(Entry, Opened)> {
         self.check_name(parent, name)?;
-        let dir = self.inodes.get(parent)?;
+        let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         let excl = flags & libc::O_EXCL;
         creds::set_thread_umask(umask)?;

@@ -1,8 +1,8 @@
 //! Inode and handle tables.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -10,6 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use super::{Result, Stat, VfsError};
 use crate::branch::BranchId;
 use crate::store::{BackingKey, InodeMap, StoreError};
+use crate::sys;
 
 /// The inode number the kernel and users see. Allocated by the persistent
 /// inode map on first sight of a backing object, never reused, and the same
@@ -22,24 +23,75 @@ impl InodeNo {
 }
 
 /// An object the kernel holds a reference to. Lives from the first lookup
-/// until the kernel forgets its last reference; the O_PATH descriptor pins
-/// the backing inode, so its backing number cannot be reused meanwhile.
+/// until the kernel forgets its last reference.
 pub struct Inode {
     pub ino: InodeNo,
-    pub fd: OwnedFd,
     pub key: BackingKey,
     /// S_IFMT bits; an inode never changes kind.
     pub kind: u32,
     nlookup: AtomicU64,
+    slot: FdSlot,
+}
+
+/// How the backing object is reached. Holding an O_PATH descriptor per
+/// inode would exhaust RLIMIT_NOFILE on large trees (the kernel may
+/// remember hundreds of thousands of inodes), so objects that have a file
+/// handle keep only the handle and a cached descriptor that can be dropped
+/// and re-opened at any time.
+enum FdSlot {
+    /// Held open for the inode's lifetime (the root, objects on file
+    /// systems or mounts without handle support).
+    Pinned(Arc<OwnedFd>),
+    Handle {
+        handle: sys::FileHandle,
+        cached: Mutex<Option<Arc<OwnedFd>>>,
+        /// Used since the last eviction pass (second-chance eviction).
+        referenced: AtomicBool,
+        /// Never evicted: the object was unlinked while the kernel still
+        /// knows it, and a handle may not re-open an unlinked file.
+        pinned: AtomicBool,
+        cache_count: Arc<AtomicUsize>,
+    },
+}
+
+/// An inode together with a descriptor of its backing object, held for
+/// the duration of one operation.
+pub struct Node {
+    pub inode: Arc<Inode>,
+    fd: Arc<OwnedFd>,
+}
+
+impl Node {
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl std::ops::Deref for Node {
+    type Target = Inode;
+    fn deref(&self) -> &Inode {
+        &self.inode
+    }
 }
 
 impl Inode {
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
     pub fn is_dir(&self) -> bool {
         self.kind == libc::S_IFDIR
+    }
+}
+
+impl Drop for Inode {
+    fn drop(&mut self) {
+        if let FdSlot::Handle {
+            cached,
+            cache_count,
+            ..
+        } = &self.slot
+        {
+            if cached.lock().take().is_some() {
+                cache_count.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -54,6 +106,13 @@ pub struct InodeTable {
     map: InodeMap,
     tables: RwLock<Tables>,
     root_key: BackingKey,
+    /// Descriptor used to re-open handles, and the mount it is on (`None`
+    /// when the backing file system has no file handles).
+    mount_fd: Option<Arc<OwnedFd>>,
+    mount_id: Option<i32>,
+    /// Cached descriptors currently open, and how many may be.
+    cache_count: Arc<AtomicUsize>,
+    cache_budget: usize,
 }
 
 impl InodeTable {
@@ -63,21 +122,46 @@ impl InodeTable {
             dev: root_st.st_dev,
             ino: root_st.st_ino,
         };
+        let mount_id = match sys::name_to_handle(root_fd.as_fd()) {
+            Ok((_, id)) => Some(id),
+            Err(e) => {
+                tracing::warn!(
+                    "the source file system has no file handles ({e}): one descriptor is \
+                     held per inode the kernel remembers"
+                );
+                None
+            }
+        };
+        // open_by_handle_at refuses an O_PATH descriptor as its mount
+        // reference, so a real (read-only) one of the root is kept.
+        let mount_fd = sys::reopen(root_fd.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY);
+        let (mount_id, mount_fd) = match (mount_id, mount_fd) {
+            (Some(id), Ok(fd)) => (Some(id), Some(Arc::new(fd))),
+            _ => (None, None),
+        };
+        let root_fd = Arc::new(root_fd);
         let root = Arc::new(Inode {
             ino: InodeNo::ROOT,
-            fd: root_fd,
             key: root_key,
             kind: libc::S_IFDIR,
             nlookup: AtomicU64::new(1),
+            slot: FdSlot::Pinned(root_fd.clone()),
         });
         let mut tables = Tables::default();
         tables.by_ino.insert(InodeNo::ROOT, root);
         tables.by_key.insert(root_key, InodeNo::ROOT);
+        // Half the descriptor limit for cached inode descriptors; the rest
+        // is for open files, directories and the store.
+        let cache_budget = (sys::fd_limit() / 2).clamp(256, 1 << 20) as usize;
         InodeTable {
             branch,
             map,
             tables: RwLock::new(tables),
             root_key,
+            mount_fd,
+            mount_id,
+            cache_count: Arc::new(AtomicUsize::new(0)),
+            cache_budget,
         }
     }
 
@@ -96,6 +180,109 @@ impl InodeTable {
             .get(&ino)
             .cloned()
             .ok_or(VfsError::UnknownInode(ino.0))
+    }
+
+    /// The inode `ino` with a descriptor of its backing object.
+    pub fn node(&self, ino: InodeNo) -> Result<Node> {
+        let inode = self.get(ino)?;
+        self.node_of(inode)
+    }
+
+    pub fn node_of(&self, inode: Arc<Inode>) -> Result<Node> {
+        let fd = self.fd(&inode)?;
+        Ok(Node { inode, fd })
+    }
+
+    /// An O_PATH descriptor of the inode's backing object, re-opened from
+    /// its handle if the cached one was evicted. Must be called with the
+    /// daemon's own credentials (re-opening a handle needs them).
+    pub fn fd(&self, inode: &Inode) -> Result<Arc<OwnedFd>> {
+        let FdSlot::Handle {
+            handle,
+            cached,
+            referenced,
+            ..
+        } = &inode.slot
+        else {
+            let FdSlot::Pinned(fd) = &inode.slot else {
+                unreachable!("FdSlot has two variants")
+            };
+            return Ok(fd.clone());
+        };
+        referenced.store(true, Ordering::Relaxed);
+        let mut slot = cached.lock();
+        if let Some(fd) = &*slot {
+            return Ok(fd.clone());
+        }
+        let mount_fd = self.mount_fd.as_ref().ok_or(VfsError::WrongKind)?;
+        let fd = Arc::new(sys::open_by_handle(
+            mount_fd.as_fd(),
+            handle,
+            libc::O_PATH | libc::O_NOFOLLOW,
+        )?);
+        *slot = Some(fd.clone());
+        drop(slot);
+        self.count_cached();
+        Ok(fd)
+    }
+
+    fn count_cached(&self) {
+        if self.cache_count.fetch_add(1, Ordering::Relaxed) + 1 > self.cache_budget {
+            self.evict();
+        }
+    }
+
+    /// Drops cached descriptors until a quarter of the budget is free,
+    /// sparing recently used ones on the first pass (second chance).
+    fn evict(&self) {
+        let target = self.cache_budget * 3 / 4;
+        let tables = self.tables.read();
+        for pass in 0..2 {
+            for inode in tables.by_ino.values() {
+                if self.cache_count.load(Ordering::Relaxed) <= target {
+                    return;
+                }
+                let FdSlot::Handle {
+                    cached,
+                    referenced,
+                    pinned,
+                    ..
+                } = &inode.slot
+                else {
+                    continue;
+                };
+                if pinned.load(Ordering::Relaxed)
+                    || (referenced.swap(false, Ordering::Relaxed) && pass == 0)
+                {
+                    continue;
+                }
+                if let Some(mut slot) = cached.try_lock() {
+                    if slot.take().is_some() {
+                        self.cache_count.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps the object with `key`, if the kernel knows it, reachable after
+    /// it loses its last name.
+    pub fn pin_if_known(&self, key: &BackingKey) -> Result<()> {
+        let known = {
+            let tables = self.tables.read();
+            tables
+                .by_key
+                .get(key)
+                .and_then(|ino| tables.by_ino.get(ino).cloned())
+        };
+        let Some(inode) = known else {
+            return Ok(());
+        };
+        if let FdSlot::Handle { pinned, .. } = &inode.slot {
+            self.fd(&inode)?;
+            pinned.store(true, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// The number shown for a backing object, whether or not the kernel
@@ -120,6 +307,22 @@ impl InodeTable {
         Some(inode)
     }
 
+    fn slot_for(&self, fd: OwnedFd) -> FdSlot {
+        let handle = match (self.mount_id, sys::name_to_handle(fd.as_fd())) {
+            (Some(root_mount), Ok((handle, mount))) if mount == root_mount => handle,
+            // Another mount below SRC, or no handle support: keep it open.
+            _ => return FdSlot::Pinned(Arc::new(fd)),
+        };
+        self.count_cached();
+        FdSlot::Handle {
+            handle,
+            cached: Mutex::new(Some(Arc::new(fd))),
+            referenced: AtomicBool::new(true),
+            pinned: AtomicBool::new(false),
+            cache_count: self.cache_count.clone(),
+        }
+    }
+
     /// Registers a newly opened backing object (or takes a reference on the
     /// existing one if another thread registered it first).
     pub fn acquire_new(&self, fd: OwnedFd, st: &Stat) -> Result<Arc<Inode>> {
@@ -128,6 +331,7 @@ impl InodeTable {
             return Ok(inode);
         }
         let ino = InodeNo(self.map.get_or_assign(key)?);
+        let slot = self.slot_for(fd);
         let mut tables = self.tables.write();
         if let Some(existing) = tables.by_key.get(&key).and_then(|i| tables.by_ino.get(i)) {
             existing.nlookup.fetch_add(1, Ordering::AcqRel);
@@ -135,10 +339,10 @@ impl InodeTable {
         }
         let inode = Arc::new(Inode {
             ino,
-            fd,
             key,
             kind: st.st_mode & libc::S_IFMT,
             nlookup: AtomicU64::new(1),
+            slot,
         });
         tables.by_ino.insert(ino, inode.clone());
         tables.by_key.insert(key, ino);

@@ -3,9 +3,8 @@
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
-use std::sync::Arc;
 
-use super::inodes::Inode;
+use super::inodes::Node;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::sys::{self, creds};
 
@@ -17,11 +16,11 @@ impl Vfs {
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
-        let dir = self.inodes.get(parent)?;
+        let dir = self.inodes.node(parent)?;
         self.lookup_in(&dir, name)
     }
 
-    pub(super) fn lookup_in(&self, dir: &Inode, name: &OsStr) -> Result<Entry> {
+    pub(super) fn lookup_in(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
         let cname = sys::cstr(name)?;
         let st = sys::fstatat(dir.fd(), &cname)?;
         if let Some(inode) = self.inodes.acquire_known(&self.inodes.key_of(&st)) {
@@ -43,7 +42,7 @@ impl Vfs {
     }
 
     /// After a creating call succeeded, registers the new object.
-    fn register_created(&self, dir: &Inode, name: &OsStr) -> Result<Entry> {
+    fn register_created(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
         self.lookup_in(dir, name)
     }
 
@@ -56,7 +55,7 @@ impl Vfs {
         umask: u32,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
-        let dir = self.inodes.get(parent)?;
+        let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         creds::as_caller_with_umask(caller, umask, || sys::mkdirat(dir.fd(), &cname, mode))?;
         self.register_created(&dir, name)
@@ -72,7 +71,7 @@ impl Vfs {
         rdev: u32,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
-        let dir = self.inodes.get(parent)?;
+        let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         creds::as_caller_with_umask(caller, umask, || {
             sys::mknodat(dir.fd(), &cname, mode, u64::from(rdev))
@@ -88,7 +87,7 @@ impl Vfs {
         target: &OsStr,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
-        let dir = self.inodes.get(parent)?;
+        let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         let ctarget = sys::cstr(target)?;
         creds::as_caller(caller, || sys::symlinkat(&ctarget, dir.fd(), &cname))?;
@@ -103,8 +102,8 @@ impl Vfs {
         newname: &OsStr,
     ) -> Result<Entry> {
         self.check_name(newparent, newname)?;
-        let inode = self.inodes.get(ino)?;
-        let dir = self.inodes.get(newparent)?;
+        let inode = self.inodes.node(ino)?;
+        let dir = self.inodes.node(newparent)?;
         let cname = sys::cstr(newname)?;
         creds::as_caller(caller, || sys::link_fd(inode.fd(), dir.fd(), &cname))?;
         self.register_created(&dir, newname)
@@ -122,10 +121,23 @@ impl Vfs {
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
-        let dir = self.inodes.get(parent)?;
+        let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
+        self.pin_victim(&dir, &cname)?;
         creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
         Ok(())
+    }
+
+    /// A name about to be removed or replaced may be the last one of an
+    /// object the kernel still holds (open-unlinked files): keep that
+    /// object reachable, since a file handle cannot re-open it afterwards.
+    fn pin_victim(&self, dir: &Node, name: &std::ffi::CStr) -> Result<()> {
+        match sys::fstatat(dir.fd(), name) {
+            Ok(st) if st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                self.inodes.pin_if_known(&self.inodes.key_of(&st))
+            }
+            _ => Ok(()),
+        }
     }
 
     pub fn rename(
@@ -141,10 +153,13 @@ impl Vfs {
             return Err(errno(libc::ENOENT));
         }
         self.check_name(newparent, newname)?;
-        let olddir = self.inodes.get(parent)?;
-        let newdir: Arc<Inode> = self.inodes.get(newparent)?;
+        let olddir = self.inodes.node(parent)?;
+        let newdir = self.inodes.node(newparent)?;
         let old = sys::cstr(name)?;
         let new = sys::cstr(newname)?;
+        if flags & libc::RENAME_EXCHANGE == 0 {
+            self.pin_victim(&newdir, &new)?;
+        }
         creds::as_caller(caller, || {
             sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
         })
