@@ -110,6 +110,16 @@ impl InodeMap {
         Ok(ino)
     }
 
+    /// A new number for `key`, replacing any earlier mapping: used for
+    /// objects just created (the backing number may be a deleted object's)
+    /// and for backing numbers found reused behind the mount's back.
+    pub fn assign_fresh(&self, key: BackingKey) -> u64 {
+        let mut pending = self.shared.pending.lock();
+        let ino = self.shared.next.fetch_add(1, Ordering::Relaxed);
+        pending.insert(key, ino);
+        ino
+    }
+
     fn lookup_committed(&self, key: &BackingKey) -> Result<Option<u64>, StoreError> {
         let txn = self.shared.db.begin_read().map_err(index_error)?;
         let table = match txn.open_table(INODES) {
@@ -225,6 +235,25 @@ mod tests {
         assert_eq!(map.get_or_assign(key(100)).unwrap(), a);
         let c = map.get_or_assign(key(300)).unwrap();
         assert!(c > a.max(b), "new number {c} reuses an old one");
+    }
+
+    #[test]
+    fn fresh_assignment_replaces_the_old_mapping_durably() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (old, fresh) = {
+            let store = Store::open(tmp.path()).unwrap();
+            let map = store.inode_map().unwrap();
+            let old = map.get_or_assign(key(1)).unwrap();
+            map.flush().unwrap();
+            let fresh = map.assign_fresh(key(1));
+            assert_ne!(old, fresh);
+            assert_eq!(map.get_or_assign(key(1)).unwrap(), fresh);
+            (old, fresh)
+        };
+        let store = Store::open(tmp.path()).unwrap();
+        let map = store.inode_map().unwrap();
+        assert_eq!(map.get_or_assign(key(1)).unwrap(), fresh);
+        assert!(map.get_or_assign(key(2)).unwrap() > old.max(fresh));
     }
 
     #[test]

@@ -610,6 +610,12 @@ pub struct FileHandle {
 
 /// The handle of the object behind `fd`, and the id of the mount it is on.
 pub fn name_to_handle(fd: BorrowedFd<'_>) -> io::Result<(FileHandle, i32)> {
+    name_to_handle_at(fd, c"")
+}
+
+/// The handle of `name` in directory `dirfd` (a trailing symlink is not
+/// followed); an empty name means `dirfd` itself.
+pub fn name_to_handle_at(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<(FileHandle, i32)> {
     // u32-aligned buffer holding the header and the largest payload.
     let mut buf = vec![0u32; (HANDLE_HEADER + MAX_HANDLE_SZ) / 4];
     buf[0] = MAX_HANDLE_SZ as u32;
@@ -619,11 +625,15 @@ pub fn name_to_handle(fd: BorrowedFd<'_>) -> io::Result<(FileHandle, i32)> {
     let ret = unsafe {
         libc::syscall(
             libc::SYS_name_to_handle_at,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
+            dirfd.as_raw_fd(),
+            name.as_ptr(),
             buf.as_mut_ptr(),
             &mut mount_id as *mut libc::c_int,
-            libc::AT_EMPTY_PATH,
+            if name.is_empty() {
+                libc::AT_EMPTY_PATH
+            } else {
+                0
+            },
         )
     };
     if ret < 0 {

@@ -81,23 +81,25 @@ impl Vfs {
         self.check_name(parent, name)?;
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
-        let excl = flags & libc::O_EXCL;
         creds::set_thread_umask(umask)?;
-        let fd = self.open_as_caller(
-            caller,
-            |f| {
-                sys::openat(
-                    dir.fd().as_raw_fd(),
-                    &cname,
-                    f | libc::O_CREAT | excl | libc::O_NOFOLLOW,
-                    mode,
-                )
-            },
-            flags,
-        )?;
+        let dirfd = dir.fd().as_raw_fd();
+        let cname = &cname;
+        let open_in_dir = |extra: i32| {
+            move |f: i32| sys::openat(dirfd, cname, f | extra | libc::O_NOFOLLOW, mode)
+        };
+        // Exclusive first, to know whether this call made the object (then
+        // it gets a new inode number without consulting the index).
+        let excl = libc::O_CREAT | libc::O_EXCL;
+        let (fd, created) = match self.open_as_caller(caller, open_in_dir(excl), flags) {
+            Ok(fd) => (fd, true),
+            Err(e) if e.errno_is(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
+                (self.open_as_caller(caller, open_in_dir(0), flags)?, false)
+            }
+            Err(e) => return Err(e),
+        };
         let st = sys::fstat(fd.as_fd())?;
         let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
-        let inode = self.inodes.acquire_new(path_fd, &st)?;
+        let inode = self.inodes.acquire_new(path_fd, &st, created)?;
         let fh = self.handles.insert(Handle::File { ino: inode.ino, fd });
         Ok((
             Entry {

@@ -323,19 +323,56 @@ impl InodeTable {
         }
     }
 
-    /// Registers a newly opened backing object (or takes a reference on the
-    /// existing one if another thread registered it first).
-    pub fn acquire_new(&self, fd: OwnedFd, st: &Stat) -> Result<Arc<Inode>> {
-        let key = self.key_of(st);
-        if let Some(inode) = self.acquire_known(&key) {
-            return Ok(inode);
+    /// Whether `name` in `dir` still names `inode`'s object. A backing
+    /// inode number can be reused after the object was deleted behind the
+    /// mount's back; the file handle carries the generation that tells the
+    /// two apart. (A pinned object cannot have its number reused.)
+    pub fn still_names(
+        &self,
+        inode: &Inode,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+    ) -> bool {
+        match &inode.slot {
+            FdSlot::Pinned(_) => true,
+            FdSlot::Handle { handle, .. } => {
+                matches!(sys::name_to_handle_at(dir, name), Ok((h, _)) if h == *handle)
+            }
         }
-        let ino = InodeNo(self.map.get_or_assign(key)?);
+    }
+
+    /// Forgets that `inode` is the object with its backing key (its number
+    /// was reused); the kernel's references to it stay valid until forgotten.
+    pub fn detach_key(&self, inode: &Inode) {
+        let mut tables = self.tables.write();
+        if tables.by_key.get(&inode.key) == Some(&inode.ino) {
+            tables.by_key.remove(&inode.key);
+        }
+    }
+
+    /// Registers a newly opened backing object (or takes a reference on the
+    /// existing one if another thread registered it first). `fresh`: the
+    /// object was just created (or its backing number found reused), so it
+    /// gets a new number and any entry under its key is stale.
+    pub fn acquire_new(&self, fd: OwnedFd, st: &Stat, fresh: bool) -> Result<Arc<Inode>> {
+        let key = self.key_of(st);
+        if !fresh {
+            if let Some(inode) = self.acquire_known(&key) {
+                return Ok(inode);
+            }
+        }
+        let ino = if fresh {
+            InodeNo(self.map.assign_fresh(key))
+        } else {
+            InodeNo(self.map.get_or_assign(key)?)
+        };
         let slot = self.slot_for(fd);
         let mut tables = self.tables.write();
-        if let Some(existing) = tables.by_key.get(&key).and_then(|i| tables.by_ino.get(i)) {
-            existing.nlookup.fetch_add(1, Ordering::AcqRel);
-            return Ok(existing.clone());
+        if !fresh {
+            if let Some(existing) = tables.by_key.get(&key).and_then(|i| tables.by_ino.get(i)) {
+                existing.nlookup.fetch_add(1, Ordering::AcqRel);
+                return Ok(existing.clone());
+            }
         }
         let inode = Arc::new(Inode {
             ino,

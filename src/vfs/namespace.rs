@@ -23,15 +23,30 @@ impl Vfs {
     pub(super) fn lookup_in(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
         let cname = sys::cstr(name)?;
         let st = sys::fstatat(dir.fd(), &cname)?;
+        let mut reused = false;
         if let Some(inode) = self.inodes.acquire_known(&self.inodes.key_of(&st)) {
-            return Ok(Entry {
-                attr: Attr { ino: inode.ino, st },
-            });
+            if self.inodes.still_names(&inode, dir.fd(), &cname) {
+                return Ok(Entry {
+                    attr: Attr { ino: inode.ino, st },
+                });
+            }
+            tracing::debug!(
+                "backing inode of inode {} was reused behind the mount",
+                inode.ino.0
+            );
+            self.inodes.forget(inode.ino, 1);
+            self.inodes.detach_key(&inode);
+            reused = true;
         }
-        let fd = sys::open_path(dir.fd(), &cname)?;
+        self.register(dir, &cname, reused)
+    }
+
+    /// Opens `name` in `dir` and registers it; `fresh` gives it a new number.
+    fn register(&self, dir: &Node, cname: &std::ffi::CStr, fresh: bool) -> Result<Entry> {
+        let fd = sys::open_path(dir.fd(), cname)?;
         // Stat the descriptor itself: the name may have been replaced since.
         let st = sys::fstat(fd.as_fd())?;
-        let inode = self.inodes.acquire_new(fd, &st)?;
+        let inode = self.inodes.acquire_new(fd, &st, fresh)?;
         Ok(Entry {
             attr: Attr { ino: inode.ino, st },
         })
@@ -41,9 +56,10 @@ impl Vfs {
         self.inodes.forget(ino, nlookup);
     }
 
-    /// After a creating call succeeded, registers the new object.
+    /// After a creating call succeeded, registers the new object under a
+    /// new number.
     fn register_created(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
-        self.lookup_in(dir, name)
+        self.register(dir, &sys::cstr(name)?, true)
     }
 
     pub fn mkdir(
@@ -106,7 +122,8 @@ impl Vfs {
         let dir = self.inodes.node(newparent)?;
         let cname = sys::cstr(newname)?;
         creds::as_caller(caller, || sys::link_fd(inode.fd(), dir.fd(), &cname))?;
-        self.register_created(&dir, newname)
+        // A new name for a known object, not a new object.
+        self.lookup_in(&dir, newname)
     }
 
     pub fn unlink(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<()> {
