@@ -197,17 +197,14 @@ impl InodeTable {
     /// its handle if the cached one was evicted. Must be called with the
     /// daemon's own credentials (re-opening a handle needs them).
     pub fn fd(&self, inode: &Inode) -> Result<Arc<OwnedFd>> {
-        let FdSlot::Handle {
-            handle,
-            cached,
-            referenced,
-            ..
-        } = &inode.slot
-        else {
-            let FdSlot::Pinned(fd) = &inode.slot else {
-                unreachable!("FdSlot has two variants")
-            };
-            return Ok(fd.clone());
+        let (handle, cached, referenced) = match &inode.slot {
+            FdSlot::Pinned(fd) => return Ok(fd.clone()),
+            FdSlot::Handle {
+                handle,
+                cached,
+                referenced,
+                ..
+            } => (handle, cached, referenced),
         };
         referenced.store(true, Ordering::Relaxed);
         let mut slot = cached.lock();

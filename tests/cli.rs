@@ -1,0 +1,496 @@
+//! The command line: bad input fails fast with one line on stderr and
+//! mounts nothing; signals unmount cleanly; stale mounts are recovered;
+//! daemonized mount + `chronofs umount`.
+
+#![deny(unsafe_code)]
+
+mod common;
+use common::*;
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Unmounts `mnt` on drop if something is (wrongly) mounted there.
+struct Guard(Vec<PathBuf>);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            for _ in 0..3 {
+                if !is_mounted(p) {
+                    break;
+                }
+                let _ = Command::new("fusermount3").arg("-u").arg(p).status();
+                if is_mounted(p) {
+                    let _ = Command::new("umount").arg("-l").arg(p).status();
+                }
+            }
+        }
+    }
+}
+
+/// Runs chronofs with `args` (bounded), returning (status, stderr, stdout).
+fn run_cli(args: &[OsString], tmp: &Path) -> (ExitStatus, String, String) {
+    let errf = tmp.join(format!("cli-stderr-{}", rand_suffix()));
+    let outf = tmp.join(format!("cli-stdout-{}", rand_suffix()));
+    let mut c = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&outf).unwrap())
+        .stderr(fs::File::create(&errf).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let st = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!(
+                "`chronofs {}` did not exit within 20s\nstderr: {}",
+                args.iter()
+                    .map(|a| a.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                fs::read_to_string(&errf).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (
+        st,
+        fs::read_to_string(&errf).unwrap_or_default(),
+        fs::read_to_string(&outf).unwrap_or_default(),
+    )
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn os(v: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<OsString> {
+    v.iter().map(|s| s.as_ref().to_os_string()).collect()
+}
+
+/// Asserts `chronofs mount SRC MNT [extra]` fails, both daemonizing and
+/// with -f: non-zero exit, exactly one non-empty line on stderr, and MNT
+/// has the same number of mounts as before.
+fn expect_mount_failure(src: &Path, mnt: &Path, extra: &[&str], tmp: &Path, what: &str) {
+    expect_mount_failure_lines(src, mnt, extra, tmp, what, true)
+}
+
+fn expect_mount_failure_lines(
+    src: &Path,
+    mnt: &Path,
+    extra: &[&str],
+    tmp: &Path,
+    what: &str,
+    single_line: bool,
+) {
+    let before = mount_count(mnt);
+    let _g = Guard(if before == 0 {
+        vec![mnt.to_path_buf()]
+    } else {
+        vec![]
+    });
+    for fg in [false, true] {
+        let mut args = os(&[&"mount", &src, &mnt]);
+        if fg {
+            args.push("-f".into());
+        }
+        args.extend(extra.iter().map(OsString::from));
+        let (st, err, _) = run_cli(&args, tmp);
+        let after = mount_count(mnt);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(
+            !st.success(),
+            "{what} (-f: {fg}): exit status {st}, expected failure; stderr: {err:?}"
+        );
+        assert_eq!(
+            after,
+            before,
+            "{what} (-f: {fg}): mount count at {} changed {before} -> {after}",
+            mnt.display()
+        );
+        if !single_line {
+            assert!(
+                !lines.is_empty() && !err.contains("panicked"),
+                "{what} (-f: {fg}): no usable error: {err:?}"
+            );
+            continue;
+        }
+        assert_eq!(
+            lines.len(),
+            1,
+            "{what} (-f: {fg}): expected exactly one line on stderr, got {}: {err:?}",
+            lines.len()
+        );
+        assert!(
+            lines[0].len() > 10,
+            "{what}: uninformative error {:?}",
+            lines[0]
+        );
+        assert!(
+            !lines[0].contains("panicked"),
+            "{what}: daemon panicked: {:?}",
+            lines[0]
+        );
+    }
+}
+
+fn mode_opts() -> Vec<String> {
+    vec!["-o".into(), first_mode()]
+}
+
+#[test]
+fn missing_src() {
+    let t = tempdir();
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let o = mode_opts();
+    let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
+    expect_mount_failure(
+        &t.path().join("does-not-exist"),
+        &mnt,
+        &o,
+        t.path(),
+        "missing SRC",
+    );
+}
+
+#[test]
+fn src_is_a_file() {
+    let t = tempdir();
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    write_file(&t.path().join("file"), b"x");
+    let o = mode_opts();
+    let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
+    expect_mount_failure(
+        &t.path().join("file"),
+        &mnt,
+        &o,
+        t.path(),
+        "SRC is a regular file",
+    );
+}
+
+#[test]
+fn mnt_not_a_directory() {
+    let t = tempdir();
+    let src = t.path().join("src");
+    fs::create_dir(&src).unwrap();
+    write_file(&t.path().join("mntfile"), b"x");
+    let o = mode_opts();
+    let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
+    expect_mount_failure(
+        &src,
+        &t.path().join("mntfile"),
+        &o,
+        t.path(),
+        "MNT is a regular file",
+    );
+    expect_mount_failure(
+        &src,
+        &t.path().join("no-such-mnt"),
+        &o,
+        t.path(),
+        "MNT missing",
+    );
+    assert!(!src.join(".chronofs").exists() || src.join(".chronofs").is_dir());
+}
+
+#[test]
+fn unknown_mount_option() {
+    let t = tempdir();
+    let src = t.path().join("src");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    expect_mount_failure(
+        &src,
+        &mnt,
+        &["-o", "definitely_not_an_option=1"],
+        t.path(),
+        "unknown -o option",
+    );
+    expect_mount_failure(
+        &src,
+        &mnt,
+        &["-o", &format!("{},bogus", first_mode())],
+        t.path(),
+        "unknown -o option after valid ones",
+    );
+    expect_mount_failure(
+        &src,
+        &mnt,
+        &["-o", "passthrough=maybe"],
+        t.path(),
+        "bad option value",
+    );
+    expect_mount_failure(
+        &src,
+        &mnt,
+        &["-o", "attr_timeout=-3"],
+        t.path(),
+        "negative attr_timeout",
+    );
+    // Argument-parser errors may come with a usage block.
+    expect_mount_failure_lines(
+        &src,
+        &mnt,
+        &["--no-such-flag"],
+        t.path(),
+        "unknown flag",
+        false,
+    );
+}
+
+#[test]
+fn src_inside_mnt() {
+    let t = tempdir();
+    let mnt = t.path().join("mnt");
+    let src = mnt.join("inner");
+    fs::create_dir_all(&src).unwrap();
+    let o = mode_opts();
+    let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
+    expect_mount_failure(&src, &mnt, &o, t.path(), "SRC inside MNT");
+    let deeper = src.join("a/b");
+    fs::create_dir_all(&deeper).unwrap();
+    expect_mount_failure(&deeper, &mnt, &o, t.path(), "SRC deep inside MNT");
+}
+
+#[test]
+fn mnt_already_mounted() {
+    let mut m = Mount::new(&first_mode());
+    write_file(&m.p("f"), b"still here");
+    let src2 = m.root().join("src2");
+    fs::create_dir(&src2).unwrap();
+    let o = mode_opts();
+    let o: Vec<&str> = o.iter().map(|s| s.as_str()).collect();
+    let mnt = m.mnt.clone();
+    let root = m.root().to_path_buf();
+    expect_mount_failure(&src2, &mnt, &o, &root, "MNT already mounted (other SRC)");
+    let src = m.src.clone();
+    expect_mount_failure(&src, &mnt, &o, &root, "MNT already mounted (same SRC)");
+    assert_eq!(mount_count(&mnt), 1);
+    assert_eq!(
+        fs::read(m.p("f")).unwrap(),
+        b"still here",
+        "original mount broken\n{}",
+        m.log_tail()
+    );
+    // The first daemon is unaffected and still unmounts cleanly.
+    m.unmount();
+}
+
+#[test]
+fn sigterm_unmounts_cleanly() {
+    signal_unmounts(libc::SIGTERM);
+}
+
+#[test]
+fn sigint_unmounts_cleanly() {
+    signal_unmounts(libc::SIGINT);
+}
+
+fn signal_unmounts(sig: i32) {
+    let mut m = Mount::new(&first_mode());
+    write_file(&m.p("before-signal"), b"data");
+    fs::create_dir(m.p("d")).unwrap();
+    let st = m.signal_and_wait(sig);
+    assert!(
+        st.success(),
+        "daemon exit status after signal {sig}: {st}\n{}",
+        m.log_tail()
+    );
+    let t0 = Instant::now();
+    while is_mounted(&m.mnt) && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !is_mounted(&m.mnt),
+        "still mounted after the daemon exited on signal {sig}"
+    );
+    assert_eq!(fs::read(m.src.join("before-signal")).unwrap(), b"data");
+    assert_eq!(
+        fs::metadata(&m.mnt).unwrap().dev(),
+        fs::metadata(m.root()).unwrap().dev()
+    );
+    // Mounts again fine afterwards.
+    m.start();
+    assert_eq!(fs::read(m.p("before-signal")).unwrap(), b"data");
+}
+
+#[test]
+fn stale_mount_after_kill9_is_recovered() {
+    let mut m = Mount::new(&first_mode());
+    write_file(&m.p("survivor"), b"abc");
+    m.kill9();
+    assert!(
+        is_mounted(&m.mnt),
+        "no stale mount left after kill -9 (test premise)"
+    );
+    assert_eq!(
+        stat(&m.mnt).err(),
+        Some(libc::ENOTCONN),
+        "stat of a dead FUSE mount"
+    );
+    // A new daemon on the same MNT must clean up the stale mount itself.
+    m.start();
+    assert_eq!(
+        mount_count(&m.mnt),
+        1,
+        "stale mount not removed (mounts stacked on MNT)"
+    );
+    assert_eq!(
+        fs::read(m.p("survivor")).unwrap(),
+        b"abc",
+        "{}",
+        m.log_tail()
+    );
+    write_file(&m.p("after"), b"ok");
+    m.unmount();
+    assert_eq!(mount_count(&m.mnt), 0);
+    assert_eq!(fs::read(m.src.join("after")).unwrap(), b"ok");
+    m.start();
+}
+
+fn daemon_pids_for(mnt: &Path) -> Vec<u32> {
+    let want = mnt.as_os_str().to_string_lossy().into_owned();
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|b| *b == 0)
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect();
+        if args.iter().any(|a| a == &want)
+            && args.iter().any(|a| a == "mount")
+            && args[0].contains("chronofs")
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn daemonized_mount_and_cli_umount() {
+    let t = tempdir();
+    let src = t.path().join("src");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    let _g = Guard(vec![mnt.clone()]);
+    let mut args = os(&[&"mount", &src, &mnt]);
+    args.extend(mode_opts().into_iter().map(OsString::from));
+    let (st, err, _) = run_cli(&args, t.path());
+    assert!(st.success(), "daemonizing mount failed: {st}: {err}");
+    // Ready on return: no polling allowed here.
+    let dev = fs::metadata(&mnt).map(|m| m.dev());
+    assert_ne!(
+        dev.ok(),
+        Some(fs::metadata(t.path()).unwrap().dev()),
+        "mount command returned before the mount was ready"
+    );
+    assert_eq!(mount_count(&mnt), 1);
+    write_file(&mnt.join("x"), b"daemonized");
+    let pids = daemon_pids_for(&mnt);
+    assert_eq!(
+        pids.len(),
+        1,
+        "expected one daemon process for {}, found {pids:?}",
+        mnt.display()
+    );
+    let (st, err, _) = run_cli(&os(&[&"umount", &mnt]), t.path());
+    assert!(st.success(), "chronofs umount failed: {st}: {err}");
+    assert_eq!(mount_count(&mnt), 0, "still mounted after chronofs umount");
+    let t0 = Instant::now();
+    while !daemon_pids_for(&mnt).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "daemon still running 10s after umount: {:?}",
+            daemon_pids_for(&mnt)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fs::read(src.join("x")).unwrap(), b"daemonized");
+    // umount of something not mounted fails with one line.
+    let (st, err, _) = run_cli(&os(&[&"umount", &mnt]), t.path());
+    assert!(!st.success(), "umount of an unmounted dir succeeded");
+    assert_eq!(
+        err.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "stderr: {err:?}"
+    );
+}
+
+#[test]
+fn unmount_while_file_open_is_refused_or_lazy_but_never_crashes() {
+    let mut m = Mount::new(&first_mode());
+    write_file(&m.p("open"), b"x");
+    let fd = Fd::open(&m.p("open"), libc::O_RDONLY, 0).unwrap();
+    // A plain fusermount3 -u of a busy mount fails with EBUSY and leaves it working.
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "fusermount3 -u of a busy mount succeeded"
+    );
+    assert_eq!(
+        fd.pread(1, 0).unwrap(),
+        b"x",
+        "mount unusable after refused unmount\n{}",
+        m.log_tail()
+    );
+    assert!(m.pid().is_some());
+    drop(fd);
+    m.unmount();
+}
+
+#[test]
+fn store_option_and_timeouts_are_honoured() {
+    let t = tempdir();
+    let store = t.path().join("elsewhere");
+    let opts = format!(
+        "{},store={},attr_timeout=0,entry_timeout=0",
+        first_mode(),
+        store.display()
+    );
+    let mut m = Mount::new(&opts);
+    write_file(&m.p("f"), b"with external store");
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"with external store");
+    m.unmount();
+    assert!(
+        !m.src.join(".chronofs").exists(),
+        "store=DIR given, yet SRC/.chronofs was created"
+    );
+    assert!(
+        store.is_dir() && fs::read_dir(&store).unwrap().count() > 0,
+        "store=DIR given, but {} is missing or empty",
+        store.display()
+    );
+    assert_eq!(fs::read(m.src.join("f")).unwrap(), b"with external store");
+    m.start();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"with external store");
+}
