@@ -338,6 +338,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
         AdapterConfig {
             passthrough: opts.passthrough,
             writeback: opts.writeback,
+            readdirplus: opts.readdirplus,
         },
     );
     let spec = MountSpec {

@@ -1,6 +1,8 @@
 //! Parsing of `-o` mount options (command line and /etc/fstab).
 
 use std::path::PathBuf;
+
+pub use crate::fuse::ReaddirPlus;
 use std::time::Duration;
 
 /// Everything `chronofs mount` can be told with `-o`.
@@ -10,6 +12,7 @@ pub struct MountOptions {
     pub plain: bool,
     pub passthrough: bool,
     pub writeback: bool,
+    pub readdirplus: ReaddirPlus,
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
     pub negative_timeout: Duration,
@@ -29,6 +32,7 @@ impl Default for MountOptions {
             plain: false,
             passthrough: true,
             writeback: true,
+            readdirplus: ReaddirPlus::Auto,
             entry_timeout: Duration::from_secs(1),
             attr_timeout: Duration::from_secs(1),
             negative_timeout: Duration::from_secs(1),
@@ -123,6 +127,18 @@ impl MountOptions {
             ("nopassthrough", None) => self.passthrough = false,
             ("writeback", v) => self.writeback = v.map_or(Ok(true), |v| parse_bool(key, v))?,
             ("nowriteback", None) => self.writeback = false,
+            ("readdirplus", v) => {
+                self.readdirplus = match need(key, v)? {
+                    "auto" => ReaddirPlus::Auto,
+                    "on" | "always" => ReaddirPlus::Always,
+                    "off" | "never" => ReaddirPlus::Never,
+                    other => {
+                        return Err(format!(
+                            "option readdirplus={other}: expected auto, on or off"
+                        ))
+                    }
+                }
+            }
             ("entry_timeout", v) => self.entry_timeout = parse_secs(key, need(key, v)?)?,
             ("attr_timeout", v) => self.attr_timeout = parse_secs(key, need(key, v)?)?,
             ("negative_timeout", v) => self.negative_timeout = parse_secs(key, need(key, v)?)?,

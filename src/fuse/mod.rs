@@ -35,6 +35,17 @@ pub struct AdapterConfig {
     pub passthrough: bool,
     /// Use the writeback cache when passthrough is not in use.
     pub writeback: bool,
+    pub readdirplus: ReaddirPlus,
+}
+
+/// When directory listings carry attributes (saving a LOOKUP per entry for
+/// `ls -l`, `du`, `rm -r`, at the cost of looking every entry up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReaddirPlus {
+    /// The kernel decides per listing (plus when entries get stat'ed).
+    Auto,
+    Always,
+    Never,
 }
 
 pub struct ChronoFuse {
@@ -261,8 +272,6 @@ const WANTED: &[InitFlags] = &[
     InitFlags::FUSE_POSIX_ACL,
     InitFlags::FUSE_HANDLE_KILLPRIV_V2,
     InitFlags::FUSE_PARALLEL_DIROPS,
-    InitFlags::FUSE_DO_READDIRPLUS,
-    InitFlags::FUSE_READDIRPLUS_AUTO,
     InitFlags::FUSE_MAX_PAGES,
     InitFlags::FUSE_CACHE_SYMLINKS,
     InitFlags::FUSE_ASYNC_DIO,
@@ -275,6 +284,19 @@ const WANTED: &[InitFlags] = &[
 impl fuser::Filesystem for ChronoFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         for flag in WANTED {
+            if let Err(missing) = config.add_capabilities(*flag) {
+                tracing::info!("kernel lacks {missing:?}");
+            }
+        }
+        let plus: &[InitFlags] = match self.cfg.readdirplus {
+            ReaddirPlus::Auto => &[
+                InitFlags::FUSE_DO_READDIRPLUS,
+                InitFlags::FUSE_READDIRPLUS_AUTO,
+            ],
+            ReaddirPlus::Always => &[InitFlags::FUSE_DO_READDIRPLUS],
+            ReaddirPlus::Never => &[],
+        };
+        for flag in plus {
             if let Err(missing) = config.add_capabilities(*flag) {
                 tracing::info!("kernel lacks {missing:?}");
             }

@@ -47,10 +47,47 @@ impl BackingKey {
     }
 }
 
+/// In-memory part of the map.
+#[derive(Default)]
+struct MapState {
+    /// Mappings allocated but not yet committed.
+    pending: HashMap<BackingKey, u64>,
+    /// Committed mappings seen recently (a cache in front of the index:
+    /// the kernel forgets inodes under memory pressure and looks them up
+    /// again). Emptied when it reaches `RECENT_CAP`.
+    recent: HashMap<BackingKey, u64>,
+}
+
+/// Bound of the recent-mappings cache (about 50 bytes per entry).
+const RECENT_CAP: usize = 256 * 1024;
+
+impl MapState {
+    fn get(&self, key: &BackingKey) -> Option<u64> {
+        self.pending
+            .get(key)
+            .or_else(|| self.recent.get(key))
+            .copied()
+    }
+
+    fn remember(&mut self, key: BackingKey, ino: u64) {
+        if self.recent.len() >= RECENT_CAP {
+            self.recent.clear();
+        }
+        self.recent.insert(key, ino);
+    }
+
+    /// Allocates a number for `key` (pending until the next commit).
+    fn assign(&mut self, key: BackingKey, next: &AtomicU64) -> u64 {
+        let ino = next.fetch_add(1, Ordering::Relaxed);
+        self.recent.remove(&key);
+        self.pending.insert(key, ino);
+        ino
+    }
+}
+
 struct Shared {
     db: Arc<Database>,
-    /// Mappings allocated but not yet committed.
-    pending: Mutex<HashMap<BackingKey, u64>>,
+    state: Mutex<MapState>,
     wake: Condvar,
     next: AtomicU64,
     closing: std::sync::atomic::AtomicBool,
@@ -76,7 +113,7 @@ impl InodeMap {
         .unwrap_or(FIRST_INO);
         let shared = Arc::new(Shared {
             db,
-            pending: Mutex::new(HashMap::new()),
+            state: Mutex::new(MapState::default()),
             wake: Condvar::new(),
             next: AtomicU64::new(next),
             closing: std::sync::atomic::AtomicBool::new(false),
@@ -94,30 +131,75 @@ impl InodeMap {
 
     /// The number for `key`, allocating one on first sight.
     pub fn get_or_assign(&self, key: BackingKey) -> Result<u64, StoreError> {
-        if let Some(ino) = self.shared.pending.lock().get(&key) {
-            return Ok(*ino);
-        }
-        if let Some(ino) = self.lookup_committed(&key)? {
+        if let Some(ino) = self.shared.state.lock().get(&key) {
             return Ok(ino);
         }
-        let mut pending = self.shared.pending.lock();
+        let committed = self.lookup_committed(&key)?;
+        let mut state = self.shared.state.lock();
         // Another thread may have assigned it while we read the index.
-        if let Some(ino) = pending.get(&key) {
-            return Ok(*ino);
+        if let Some(ino) = state.get(&key) {
+            return Ok(ino);
         }
-        let ino = self.shared.next.fetch_add(1, Ordering::Relaxed);
-        pending.insert(key, ino);
-        Ok(ino)
+        Ok(match committed {
+            Some(ino) => {
+                state.remember(key, ino);
+                ino
+            }
+            None => state.assign(key, &self.shared.next),
+        })
+    }
+
+    /// Numbers for many keys at once, with one index transaction: what a
+    /// directory listing needs for its entries' `d_ino`.
+    pub fn get_or_assign_many(&self, keys: &[BackingKey]) -> Result<Vec<u64>, StoreError> {
+        let mut out = vec![0u64; keys.len()];
+        let mut missing = Vec::new();
+        {
+            let state = self.shared.state.lock();
+            for (i, key) in keys.iter().enumerate() {
+                match state.get(key) {
+                    Some(ino) => out[i] = ino,
+                    None => missing.push(i),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let mut found = Vec::new();
+        {
+            let txn = self.shared.db.begin_read().map_err(index_error)?;
+            match txn.open_table(INODES) {
+                Ok(table) => {
+                    for &i in &missing {
+                        let encoded = keys[i].encode();
+                        if let Some(v) = table.get(encoded.as_slice()).map_err(index_error)? {
+                            found.push((i, v.value()));
+                        }
+                    }
+                }
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(index_error(e)),
+            }
+        }
+        let mut state = self.shared.state.lock();
+        for (i, ino) in found {
+            state.remember(keys[i], ino);
+        }
+        for i in missing {
+            out[i] = match state.get(&keys[i]) {
+                Some(ino) => ino,
+                None => state.assign(keys[i], &self.shared.next),
+            };
+        }
+        Ok(out)
     }
 
     /// A new number for `key`, replacing any earlier mapping: used for
     /// objects just created (the backing number may be a deleted object's)
     /// and for backing numbers found reused behind the mount's back.
     pub fn assign_fresh(&self, key: BackingKey) -> u64 {
-        let mut pending = self.shared.pending.lock();
-        let ino = self.shared.next.fetch_add(1, Ordering::Relaxed);
-        pending.insert(key, ino);
-        ino
+        self.shared.state.lock().assign(key, &self.shared.next)
     }
 
     fn lookup_committed(&self, key: &BackingKey) -> Result<Option<u64>, StoreError> {
@@ -144,9 +226,9 @@ impl Shared {
     fn flush_loop(&self) {
         loop {
             {
-                let mut pending = self.pending.lock();
-                if pending.is_empty() && !self.closing.load(Ordering::Acquire) {
-                    self.wake.wait_for(&mut pending, FLUSH_INTERVAL);
+                let mut state = self.state.lock();
+                if state.pending.is_empty() && !self.closing.load(Ordering::Acquire) {
+                    self.wake.wait_for(&mut state, FLUSH_INTERVAL);
                 }
             }
             if let Err(e) = self.flush_once() {
@@ -160,8 +242,13 @@ impl Shared {
     }
 
     fn flush_once(&self) -> Result<(), StoreError> {
-        let batch: Vec<(BackingKey, u64)> =
-            self.pending.lock().iter().map(|(k, v)| (*k, *v)).collect();
+        let batch: Vec<(BackingKey, u64)> = self
+            .state
+            .lock()
+            .pending
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
         if batch.is_empty() {
             return Ok(());
         }
@@ -179,10 +266,11 @@ impl Shared {
                 .map_err(index_error)?;
         }
         txn.commit().map_err(index_error)?;
-        let mut pending = self.pending.lock();
+        let mut state = self.state.lock();
         for (key, ino) in batch {
-            if pending.get(&key) == Some(&ino) {
-                pending.remove(&key);
+            if state.pending.get(&key) == Some(&ino) {
+                state.pending.remove(&key);
+                state.remember(key, ino);
             }
         }
         Ok(())
@@ -235,6 +323,23 @@ mod tests {
         assert_eq!(map.get_or_assign(key(100)).unwrap(), a);
         let c = map.get_or_assign(key(300)).unwrap();
         assert!(c > a.max(b), "new number {c} reuses an old one");
+    }
+
+    #[test]
+    fn batch_assignment_agrees_with_single_lookups() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let map = store.inode_map().unwrap();
+        let committed = map.get_or_assign(key(1)).unwrap();
+        map.flush().unwrap();
+        let pending = map.get_or_assign(key(2)).unwrap();
+        let keys = [key(1), key(2), key(3), key(3)];
+        let got = map.get_or_assign_many(&keys).unwrap();
+        assert_eq!(got[0], committed);
+        assert_eq!(got[1], pending);
+        assert_eq!(got[2], got[3], "one key, one number");
+        assert_eq!(map.get_or_assign(key(3)).unwrap(), got[2]);
+        assert!(got[2] != committed && got[2] != pending);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use parking_lot::Mutex;
 
 use super::inodes::Handle;
-use super::{errno, Caller, Entry, InodeNo, Result, Vfs};
+use super::{errno, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::sys::{self, creds};
 
 const GETDENTS_BUF: usize = 64 * 1024;
@@ -20,7 +20,7 @@ pub struct DirStream {
     fd: OwnedFd,
     /// Offset of the first entry in `pending`.
     pos: i64,
-    pending: VecDeque<sys::DirEntry>,
+    pending: VecDeque<Dirent>,
     buf: Vec<u8>,
 }
 
@@ -38,20 +38,39 @@ impl DirStream {
         Ok(())
     }
 
-    fn peek(&mut self) -> Result<Option<&sys::DirEntry>> {
+    /// The next entry, reading a new batch when needed. `numbers`, if
+    /// given, maps a fresh batch to each entry's `d_ino` in one go.
+    fn peek(&mut self, numbers: Option<&NumberBatch<'_>>) -> Result<Option<&Dirent>> {
         if self.pending.is_empty() {
             let entries = sys::getdents(self.fd.as_fd(), &mut self.buf)?;
-            self.pending.extend(entries);
+            let inos = match numbers {
+                Some(resolve) => resolve(&entries)?,
+                None => vec![InodeNo(0); entries.len()],
+            };
+            self.pending.extend(
+                entries
+                    .into_iter()
+                    .zip(inos)
+                    .map(|(e, ino)| Dirent { e, ino }),
+            );
         }
         Ok(self.pending.front())
     }
 
     fn advance(&mut self) {
-        if let Some(e) = self.pending.pop_front() {
-            self.pos = e.next_offset;
+        if let Some(d) = self.pending.pop_front() {
+            self.pos = d.e.next_offset;
         }
     }
 }
+
+/// A raw entry and, for plain readdir, the inode number shown for it.
+struct Dirent {
+    e: sys::DirEntry,
+    ino: InodeNo,
+}
+
+type NumberBatch<'a> = dyn Fn(&[sys::DirEntry]) -> Result<Vec<InodeNo>> + 'a;
 
 /// One directory entry for the kernel. `offset` resumes after it.
 pub struct DirEntry<'a> {
@@ -107,18 +126,16 @@ impl Vfs {
         offset: i64,
         mut add: impl FnMut(&DirEntry<'_>) -> bool,
     ) -> Result<()> {
-        self.walk_dir(fh, offset, |vfs, dir_ino, e| {
-            let key = crate::store::BackingKey {
-                branch: vfs.branch.id().0,
-                dev: 0,
-                ino: e.ino,
-            };
-            let ino = vfs.dirent_ino(dir_ino, key, &e.name)?;
+        let handle = self.handles.get(fh)?;
+        let dir = handle.ino();
+        let dev = self.inodes.get(dir)?.key.dev;
+        let resolve = |batch: &[sys::DirEntry]| self.dirent_inos(dir, dev, batch);
+        self.walk_dir(fh, offset, Some(&resolve), |_, _, d| {
             Ok(add(&DirEntry {
-                ino,
-                offset: e.next_offset,
-                kind: dtype_to_kind(e.dtype),
-                name: OsStr::from_bytes(&e.name),
+                ino: d.ino,
+                offset: d.e.next_offset,
+                kind: dtype_to_kind(d.e.dtype),
+                name: OsStr::from_bytes(&d.e.name),
             }))
         })
     }
@@ -132,7 +149,8 @@ impl Vfs {
         offset: i64,
         mut add: impl FnMut(&DirEntry<'_>, Option<&Entry>) -> bool,
     ) -> Result<()> {
-        self.walk_dir(fh, offset, |vfs, dir_ino, e| {
+        self.walk_dir(fh, offset, None, |vfs, dir_ino, d| {
+            let e = &d.e;
             let name = OsStr::from_bytes(&e.name);
             let kind = dtype_to_kind(e.dtype);
             if is_dot(&e.name) {
@@ -173,7 +191,8 @@ impl Vfs {
         &self,
         fh: u64,
         offset: i64,
-        mut each: impl FnMut(&Vfs, InodeNo, &sys::DirEntry) -> Result<bool>,
+        numbers: Option<&NumberBatch<'_>>,
+        mut each: impl FnMut(&Vfs, InodeNo, &Dirent) -> Result<bool>,
     ) -> Result<()> {
         let handle = self.handles.get(fh)?;
         let Handle::Dir { ino, stream } = &*handle else {
@@ -182,9 +201,11 @@ impl Vfs {
         let mut stream = stream.lock();
         stream.seek(offset)?;
         let in_root = *ino == InodeNo::ROOT;
-        while let Some(e) = stream.peek()? {
-            let hidden = self.branch.is_reserved(in_root, OsStr::from_bytes(&e.name));
-            if !hidden && each(self, *ino, e)? {
+        while let Some(d) = stream.peek(numbers)? {
+            let hidden = self
+                .branch
+                .is_reserved(in_root, OsStr::from_bytes(&d.e.name));
+            if !hidden && each(self, *ino, d)? {
                 break;
             }
             stream.advance();
@@ -192,26 +213,26 @@ impl Vfs {
         Ok(())
     }
 
-    /// d_ino for an entry: the number stat would show. getdents gives no
-    /// device, so the entry is taken to be on its directory's device.
-    fn dirent_ino(
-        &self,
-        dir: InodeNo,
-        mut key: crate::store::BackingKey,
-        name: &[u8],
-    ) -> Result<InodeNo> {
-        if name == b"." {
-            return Ok(dir);
-        }
-        if name == b".." {
-            return Ok(if dir == InodeNo::ROOT {
-                InodeNo::ROOT
-            } else {
-                self.parent_hint(&self.inodes.node(dir)?)
+    /// d_ino for a batch of entries: the numbers stat would show. getdents
+    /// gives no device, so entries are taken to be on their directory's.
+    fn dirent_inos(&self, dir: InodeNo, dev: u64, batch: &[sys::DirEntry]) -> Result<Vec<InodeNo>> {
+        let key = |e: &sys::DirEntry| crate::store::BackingKey {
+            branch: self.branch.id().0,
+            dev,
+            ino: e.ino,
+        };
+        let keys: Vec<_> = batch.iter().filter(|e| !is_dot(&e.name)).map(key).collect();
+        let mut mapped = self.inodes.numbers_for(&keys)?.into_iter();
+        let mut inos = Vec::with_capacity(batch.len());
+        for e in batch {
+            inos.push(match e.name.as_slice() {
+                b"." => dir,
+                b".." if dir == InodeNo::ROOT => InodeNo::ROOT,
+                b".." => self.parent_hint(&self.inodes.node(dir)?),
+                _ => mapped.next().ok_or(VfsError::WrongKind)?,
             });
         }
-        key.dev = self.inodes.get(dir)?.key.dev;
-        Ok(self.inodes.number_for(key)?)
+        Ok(inos)
     }
 
     fn parent_hint(&self, dir: &super::inodes::Node) -> InodeNo {

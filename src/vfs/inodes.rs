@@ -294,6 +294,34 @@ impl InodeTable {
         self.map.get_or_assign(key).map(InodeNo)
     }
 
+    /// [`InodeTable::number_for`] for a batch of keys, with one index read.
+    pub fn numbers_for(
+        &self,
+        keys: &[BackingKey],
+    ) -> std::result::Result<Vec<InodeNo>, StoreError> {
+        let mut out = vec![InodeNo(0); keys.len()];
+        let mut unknown = Vec::new();
+        {
+            let tables = self.tables.read();
+            for (i, key) in keys.iter().enumerate() {
+                match tables.by_key.get(key) {
+                    Some(ino) => out[i] = *ino,
+                    None => unknown.push(i),
+                }
+            }
+        }
+        if !unknown.is_empty() {
+            let wanted: Vec<BackingKey> = unknown.iter().map(|&i| keys[i]).collect();
+            for (i, ino) in unknown
+                .into_iter()
+                .zip(self.map.get_or_assign_many(&wanted)?)
+            {
+                out[i] = InodeNo(ino);
+            }
+        }
+        Ok(out)
+    }
+
     /// Takes one more kernel reference on the object with `key` if it is
     /// already known.
     pub fn acquire_known(&self, key: &BackingKey) -> Option<Arc<Inode>> {
