@@ -39,20 +39,28 @@ impl DirStream {
     }
 
     /// The next entry, reading a new batch when needed. `numbers`, if
-    /// given, maps a fresh batch to each entry's `d_ino` in one go.
+    /// given, maps entries to their `d_ino` a batch at a time (entries read
+    /// for a readdirplus request carry none yet).
     fn peek(&mut self, numbers: Option<&NumberBatch<'_>>) -> Result<Option<&Dirent>> {
         if self.pending.is_empty() {
             let entries = sys::getdents(self.fd.as_fd(), &mut self.buf)?;
-            let inos = match numbers {
-                Some(resolve) => resolve(&entries)?,
-                None => vec![InodeNo(0); entries.len()],
-            };
-            self.pending.extend(
-                entries
-                    .into_iter()
-                    .zip(inos)
-                    .map(|(e, ino)| Dirent { e, ino }),
-            );
+            self.pending
+                .extend(entries.into_iter().map(|e| Dirent { e, ino: None }));
+        }
+        if let Some(resolve) = numbers {
+            if self.pending.front().is_some_and(|d| d.ino.is_none()) {
+                let raw: Vec<&sys::DirEntry> = self
+                    .pending
+                    .iter()
+                    .filter(|d| d.ino.is_none())
+                    .map(|d| &d.e)
+                    .collect();
+                let inos = resolve(&raw)?;
+                let unresolved = self.pending.iter_mut().filter(|d| d.ino.is_none());
+                for (d, ino) in unresolved.zip(inos) {
+                    d.ino = Some(ino);
+                }
+            }
         }
         Ok(self.pending.front())
     }
@@ -67,10 +75,10 @@ impl DirStream {
 /// A raw entry and, for plain readdir, the inode number shown for it.
 struct Dirent {
     e: sys::DirEntry,
-    ino: InodeNo,
+    ino: Option<InodeNo>,
 }
 
-type NumberBatch<'a> = dyn Fn(&[sys::DirEntry]) -> Result<Vec<InodeNo>> + 'a;
+type NumberBatch<'a> = dyn Fn(&[&sys::DirEntry]) -> Result<Vec<InodeNo>> + 'a;
 
 /// One directory entry for the kernel. `offset` resumes after it.
 pub struct DirEntry<'a> {
@@ -129,10 +137,10 @@ impl Vfs {
         let handle = self.handles.get(fh)?;
         let dir = handle.ino();
         let dev = self.inodes.get(dir)?.key.dev;
-        let resolve = |batch: &[sys::DirEntry]| self.dirent_inos(dir, dev, batch);
+        let resolve = |batch: &[&sys::DirEntry]| self.dirent_inos(dir, dev, batch);
         self.walk_dir(fh, offset, Some(&resolve), |_, _, d| {
             Ok(add(&DirEntry {
-                ino: d.ino,
+                ino: d.ino.ok_or(VfsError::WrongKind)?,
                 offset: d.e.next_offset,
                 kind: dtype_to_kind(d.e.dtype),
                 name: OsStr::from_bytes(&d.e.name),
@@ -215,8 +223,13 @@ impl Vfs {
 
     /// d_ino for a batch of entries: the numbers stat would show. getdents
     /// gives no device, so entries are taken to be on their directory's.
-    fn dirent_inos(&self, dir: InodeNo, dev: u64, batch: &[sys::DirEntry]) -> Result<Vec<InodeNo>> {
-        let key = |e: &sys::DirEntry| crate::store::BackingKey {
+    fn dirent_inos(
+        &self,
+        dir: InodeNo,
+        dev: u64,
+        batch: &[&sys::DirEntry],
+    ) -> Result<Vec<InodeNo>> {
+        let key = |e: &&sys::DirEntry| crate::store::BackingKey {
             branch: self.branch.id().0,
             dev,
             ino: e.ino,
