@@ -211,11 +211,20 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
     })
 }
 
+/// `p` made absolute with symlinks and `..` resolved, as far as it exists
+/// (the store directory itself may not exist yet).
 fn absolute(p: &Path) -> Result<PathBuf> {
-    if p.is_absolute() {
-        Ok(p.to_path_buf())
+    let p = if p.is_absolute() {
+        p.to_path_buf()
     } else {
-        Ok(std::env::current_dir()?.join(p))
+        std::env::current_dir()?.join(p)
+    };
+    if let Ok(real) = std::fs::canonicalize(&p) {
+        return Ok(real);
+    }
+    match (p.parent(), p.file_name()) {
+        (Some(parent), Some(name)) => Ok(absolute(parent)?.join(name)),
+        _ => Ok(p),
     }
 }
 
@@ -277,19 +286,10 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
             return Err(e);
         }
     };
-    let mut session = session;
-    let mut unmounter = session.unmounter();
     let mnt = plan.mnt.clone();
     std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || {
-            if let Ok(sig) = signals.wait() {
-                tracing::info!("signal {sig}: unmounting {}", mnt.display());
-                if let Err(e) = unmounter.unmount() {
-                    tracing::error!("unmount on signal failed: {e}");
-                }
-            }
-        })?;
+        .spawn(move || unmount_on_signals(&signals, &mnt))?;
     if daemon {
         detach_stdio()?;
     }
@@ -299,6 +299,22 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
     session.run().context("FUSE session failed")?;
     tracing::info!("unmounted {}", plan.mnt.display());
     Ok(())
+}
+
+/// Unmounts when asked to stop. If the mount is busy, the next signal
+/// detaches it lazily (the session ends once the last user leaves).
+fn unmount_on_signals(signals: &sys::SignalWaiter, mnt: &Path) {
+    let mut lazy = false;
+    while let Ok(sig) = signals.wait() {
+        tracing::info!("signal {sig}: unmounting {}", mnt.display());
+        match unmount(mnt, lazy) {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!("{e:#}; the next signal detaches it lazily");
+                lazy = true;
+            }
+        }
+    }
 }
 
 fn detach_stdio() -> Result<()> {
@@ -319,6 +335,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
     // The daemon's own supplementary groups must not leak into requests
     // made under a caller's identity. Done while still single-threaded.
     nix_free_setgroups_empty()?;
+    sys::creds::verify_switching()?;
     let branch = DirBranch::open(BranchId(0), &plan.src, plan.reserved.clone())
         .with_context(|| format!("source {}", plan.src.display()))?;
     let store = Store::open(&plan.store)?;
@@ -341,12 +358,26 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
             readdirplus: opts.readdirplus,
         },
     );
+    let mut kernel_flags = opts.kernel.clone();
+    // A mount must not revive set-id files or device nodes that SRC's own
+    // mount disables.
+    match sys::statvfs_flags(&plan.src) {
+        Ok(flags) => {
+            if flags & libc::ST_NOSUID != 0 && !kernel_flags.iter().any(|f| f == "nosuid") {
+                kernel_flags.push("nosuid".into());
+            }
+            if flags & libc::ST_NODEV != 0 && !kernel_flags.iter().any(|f| f == "nodev") {
+                kernel_flags.push("nodev".into());
+            }
+        }
+        Err(e) => tracing::warn!("cannot read the mount flags of {}: {e}", plan.src.display()),
+    }
     let spec = MountSpec {
         fsname: opts
             .fsname
             .clone()
             .unwrap_or_else(|| plan.src.to_string_lossy().into_owned()),
-        kernel_flags: opts.kernel.clone(),
+        kernel_flags,
         allow_other: opts.allow_other,
         threads: opts.threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).max(4))

@@ -49,24 +49,8 @@ impl Default for MountOptions {
 
 /// Kernel mount flags passed through unchanged.
 const KERNEL_FLAGS: &[&str] = &[
-    "ro",
-    "rw",
-    "suid",
-    "nosuid",
-    "dev",
-    "nodev",
-    "exec",
-    "noexec",
-    "atime",
-    "noatime",
-    "diratime",
-    "nodiratime",
-    "relatime",
-    "norelatime",
-    "strictatime",
-    "sync",
-    "async",
-    "dirsync",
+    "ro", "rw", "suid", "nosuid", "dev", "nodev", "exec", "noexec", "atime", "noatime", "sync",
+    "async", "dirsync",
 ];
 
 /// Options meaningful only to mount(8) and fstab, accepted and ignored.
@@ -83,6 +67,8 @@ fn is_fstab_only(opt: &str) -> bool {
             | "_netdev"
             | "owner"
             | "group"
+            // The kernel's default for every mount; FUSE takes no option for it.
+            | "relatime"
     ) || opt.starts_with("x-")
         || opt.starts_with("comment=")
 }

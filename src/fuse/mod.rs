@@ -112,11 +112,16 @@ fn ino(i: INodeNo) -> VIno {
 }
 
 fn time(secs: i64, nsecs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    let nanos = Duration::from_nanos(nsecs.clamp(0, 999_999_999) as u64);
+    let moved = if secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(secs as u64) + nanos)
     } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
-    }
+        UNIX_EPOCH
+            .checked_sub(Duration::from_secs(secs.unsigned_abs()))
+            .and_then(|t| t.checked_add(nanos))
+    };
+    // Beyond what SystemTime can hold: the epoch rather than a panic.
+    moved.unwrap_or(UNIX_EPOCH)
 }
 
 fn file_type(mode: u32) -> FileType {
@@ -210,7 +215,7 @@ impl ChronoFuse {
         let id = self
             .vfs
             .with_file_fd(opened.fh, |fd| {
-                Ok(creds::as_caller(caller, || open_backing(fd))?)
+                Ok(creds::as_caller_with_admin(caller, || open_backing(fd))?)
             })
             .map_err(|e| tracing::warn!("passthrough unavailable for inode {}: {e}", ino.0))
             .ok()?;
@@ -744,7 +749,7 @@ impl fuser::Filesystem for ChronoFuse {
 
     fn fallocate(
         &self,
-        req: &Request,
+        _req: &Request,
         _i: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -752,10 +757,7 @@ impl fuser::Filesystem for ChronoFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply_empty(
-            reply,
-            self.vfs.fallocate(&caller(req), fh.0, offset, length, mode),
-        );
+        reply_empty(reply, self.vfs.fallocate(fh.0, offset, length, mode));
     }
 
     fn lseek(

@@ -63,15 +63,6 @@ pub struct Mounted {
     session: fuser::Session<ChronoFuse>,
 }
 
-/// Unmounts the session from another thread (signal handling).
-pub struct Unmounter(fuser::SessionUnmounter);
-
-impl Unmounter {
-    pub fn unmount(&mut self) -> io::Result<()> {
-        self.0.unmount()
-    }
-}
-
 impl Mounted {
     pub fn new(fs: ChronoFuse, mnt: &Path, spec: &MountSpec) -> io::Result<Mounted> {
         let mut config = fuser::Config::default();
@@ -88,10 +79,6 @@ impl Mounted {
         // Only ever set here, once.
         let _ = notifier.set(session.notifier());
         Ok(Mounted { session })
-    }
-
-    pub fn unmounter(&mut self) -> Unmounter {
-        Unmounter(self.session.unmount_callable())
     }
 
     /// Serves requests until the file system is unmounted.

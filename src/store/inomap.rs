@@ -88,6 +88,9 @@ impl MapState {
 struct Shared {
     db: Arc<Database>,
     state: Mutex<MapState>,
+    /// Count of commits, so a reader can tell whether one happened (and
+    /// moved a mapping out of `pending`) while it read the index.
+    commits: AtomicU64,
     wake: Condvar,
     next: AtomicU64,
     closing: std::sync::atomic::AtomicBool,
@@ -114,6 +117,7 @@ impl InodeMap {
         let shared = Arc::new(Shared {
             db,
             state: Mutex::new(MapState::default()),
+            commits: AtomicU64::new(0),
             wake: Condvar::new(),
             next: AtomicU64::new(next),
             closing: std::sync::atomic::AtomicBool::new(false),
@@ -134,12 +138,19 @@ impl InodeMap {
         if let Some(ino) = self.shared.state.lock().get(&key) {
             return Ok(ino);
         }
-        let committed = self.lookup_committed(&key)?;
-        let mut state = self.shared.state.lock();
-        // Another thread may have assigned it while we read the index.
-        if let Some(ino) = state.get(&key) {
-            return Ok(ino);
-        }
+        let (committed, mut state) = loop {
+            let before = self.shared.commits.load(Ordering::Acquire);
+            let committed = self.lookup_committed(&key)?;
+            let state = self.shared.state.lock();
+            // Another thread may have assigned it while we read the index.
+            if let Some(ino) = state.get(&key) {
+                return Ok(ino);
+            }
+            // A commit in between may have moved it out of memory: read again.
+            if committed.is_some() || self.shared.commits.load(Ordering::Acquire) == before {
+                break (committed, state);
+            }
+        };
         Ok(match committed {
             Some(ino) => {
                 state.remember(key, ino);
@@ -167,6 +178,7 @@ impl InodeMap {
             return Ok(out);
         }
         let mut found = Vec::new();
+        let before = self.shared.commits.load(Ordering::Acquire);
         {
             let txn = self.shared.db.begin_read().map_err(index_error)?;
             match txn.open_table(INODES) {
@@ -186,11 +198,22 @@ impl InodeMap {
         for (i, ino) in found {
             state.remember(keys[i], ino);
         }
+        let raced = self.shared.commits.load(Ordering::Acquire) != before;
+        let mut recheck = Vec::new();
         for i in missing {
             out[i] = match state.get(&keys[i]) {
                 Some(ino) => ino,
+                // A commit during the read may have moved it out of memory.
+                None if raced => {
+                    recheck.push(i);
+                    continue;
+                }
                 None => state.assign(keys[i], &self.shared.next),
             };
+        }
+        drop(state);
+        for i in recheck {
+            out[i] = self.get_or_assign(keys[i])?;
         }
         Ok(out)
     }
@@ -267,6 +290,7 @@ impl Shared {
         }
         txn.commit().map_err(index_error)?;
         let mut state = self.state.lock();
+        self.commits.fetch_add(1, Ordering::Release);
         for (key, ino) in batch {
             if state.pending.get(&key) == Some(&ino) {
                 state.pending.remove(&key);

@@ -77,6 +77,13 @@ impl Store {
             path: dir.to_path_buf(),
             source,
         };
+        if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            // Whoever can write SRC's root could otherwise point the store,
+            // written by root, anywhere.
+            return Err(io_err(std::io::Error::other(
+                "is a symbolic link; refusing to follow it",
+            )));
+        }
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(io_err)?;
             use std::os::unix::fs::PermissionsExt;

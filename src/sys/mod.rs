@@ -688,3 +688,13 @@ pub fn fd_limit() -> u64 {
     }
     lim.rlim_cur
 }
+
+/// The mount flags (ST_*) of the file system holding `path`.
+pub fn statvfs_flags(path: &std::path::Path) -> io::Result<u64> {
+    let c = cstr(path.as_os_str())?;
+    // SAFETY: zeroed statvfs is valid POD.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: NUL-terminated path and a writable buffer.
+    check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    Ok(st.f_flag)
+}

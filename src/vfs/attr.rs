@@ -60,7 +60,10 @@ impl Vfs {
             if is_symlink {
                 return Err(errno(libc::EOPNOTSUPP));
             }
-            creds::as_caller(caller, || sys::chmod_fd(fd, mode & 0o7777))?;
+            // The kernel has checked ownership and already cleared the
+            // set-group-ID bit if the caller may not set it (it knows all of
+            // the caller's groups); the mode it sends is applied as is.
+            sys::chmod_fd(fd, mode & 0o7777)?;
         }
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(u32::MAX);
@@ -144,9 +147,14 @@ impl Vfs {
     ) -> Result<()> {
         let inode = self.xattr_target(ino)?;
         let cname = sys::cstr(name)?;
-        creds::as_caller(caller, || {
-            sys::setxattr_fd(inode.fd(), &cname, value, flags)
-        })?;
+        // Setting an access ACL may clear the set-group-ID bit for a caller
+        // outside the file's group: membership must be known up front.
+        let set = || sys::setxattr_fd(inode.fd(), &cname, value, flags);
+        if name.as_encoded_bytes() == b"system.posix_acl_access" {
+            creds::as_caller_with_groups(caller, set)?;
+        } else {
+            creds::as_caller(caller, set)?;
+        }
         Ok(())
     }
 

@@ -157,15 +157,19 @@ impl Vfs {
         offset: i64,
         mut add: impl FnMut(&DirEntry<'_>, Option<&Entry>) -> bool,
     ) -> Result<()> {
-        self.walk_dir(fh, offset, None, |vfs, dir_ino, d| {
+        let mut added = 0usize;
+        // An entry that cannot be looked up ends the reply early: the
+        // entries already in it carry references the kernel must receive.
+        let mut deferred: Option<VfsError> = None;
+        let result = self.walk_dir(fh, offset, None, |vfs, dir_ino, d| {
             let e = &d.e;
             let name = OsStr::from_bytes(&e.name);
             let kind = dtype_to_kind(e.dtype);
             if is_dot(&e.name) {
-                let ino = if e.name == b"." {
-                    dir_ino
-                } else {
-                    InodeNo::ROOT
+                let ino = match e.name.as_slice() {
+                    b"." => dir_ino,
+                    _ if dir_ino == InodeNo::ROOT => InodeNo::ROOT,
+                    _ => vfs.parent_hint(&vfs.inodes.node(dir_ino)?),
                 };
                 let dirent = DirEntry {
                     ino,
@@ -173,12 +177,18 @@ impl Vfs {
                     kind,
                     name,
                 };
-                return Ok(add(&dirent, None));
+                let full = add(&dirent, None);
+                added += usize::from(!full);
+                return Ok(full);
             }
             let entry = match vfs.lookup(dir_ino, name) {
                 Ok(entry) => entry,
                 // Removed since getdents saw it: skip, as a fresh read would.
                 Err(err) if err.errno_is(libc::ENOENT) => return Ok(false),
+                Err(err) if added > 0 => {
+                    deferred = Some(err);
+                    return Ok(true);
+                }
                 Err(err) => return Err(err),
             };
             let dirent = DirEntry {
@@ -190,9 +200,15 @@ impl Vfs {
             let full = add(&dirent, Some(&entry));
             if full {
                 vfs.forget(entry.attr.ino, 1);
+            } else {
+                added += 1;
             }
             Ok(full)
-        })
+        });
+        if let Some(err) = deferred {
+            tracing::debug!("readdirplus stopped early: {err}");
+        }
+        result
     }
 
     fn walk_dir(

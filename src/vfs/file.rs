@@ -39,16 +39,25 @@ impl Vfs {
         caller: &Caller,
         open: impl Fn(i32) -> std::io::Result<std::os::fd::OwnedFd>,
         requested: i32,
+        mode: u32,
     ) -> Result<std::os::fd::OwnedFd> {
         let flags = self.backing_open_flags(requested);
-        match creds::as_caller(caller, || open(flags)) {
+        let attempt = |f: i32| {
+            if mode & libc::S_ISGID != 0 {
+                // Creating a set-group-ID file: membership decides, silently.
+                creds::as_caller_with_groups(caller, || open(f))
+            } else {
+                creds::as_caller(caller, || open(f))
+            }
+        };
+        match attempt(flags) {
             // A write-only file may refuse the read access writeback adds.
             Err(e)
                 if e.raw_os_error() == Some(libc::EACCES)
                     && flags != requested & !DROPPED_OPEN_FLAGS =>
             {
                 let plain = requested & !DROPPED_OPEN_FLAGS & !libc::O_APPEND;
-                Ok(creds::as_caller(caller, || open(plain))?)
+                Ok(attempt(plain)?)
             }
             other => Ok(other?),
         }
@@ -61,8 +70,12 @@ impl Vfs {
             libc::S_IFLNK => return Err(errno(libc::ELOOP)),
             _ => {}
         }
-        let fd = self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags)?;
-        let fh = self.handles.insert(Handle::File { ino, fd });
+        let fd = self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags, 0)?;
+        let fh = self.handles.insert(Handle::File {
+            ino,
+            fd,
+            opener: *caller,
+        });
         Ok(Opened {
             fh,
             passthrough_ok: inode.kind == libc::S_IFREG,
@@ -90,17 +103,22 @@ impl Vfs {
         // Exclusive first, to know whether this call made the object (then
         // it gets a new inode number without consulting the index).
         let excl = libc::O_CREAT | libc::O_EXCL;
-        let (fd, created) = match self.open_as_caller(caller, open_in_dir(excl), flags) {
+        let (fd, created) = match self.open_as_caller(caller, open_in_dir(excl), flags, mode) {
             Ok(fd) => (fd, true),
-            Err(e) if e.errno_is(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
-                (self.open_as_caller(caller, open_in_dir(0), flags)?, false)
-            }
+            Err(e) if e.errno_is(libc::EEXIST) && flags & libc::O_EXCL == 0 => (
+                self.open_as_caller(caller, open_in_dir(0), flags, 0)?,
+                false,
+            ),
             Err(e) => return Err(e),
         };
         let st = sys::fstat(fd.as_fd())?;
         let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
         let inode = self.inodes.acquire_new(path_fd, &st, created)?;
-        let fh = self.handles.insert(Handle::File { ino: inode.ino, fd });
+        let fh = self.handles.insert(Handle::File {
+            ino: inode.ino,
+            fd,
+            opener: *caller,
+        });
         Ok((
             Entry {
                 attr: Attr { ino: inode.ino, st },
@@ -118,9 +136,18 @@ impl Vfs {
         fh: u64,
         f: impl FnOnce(BorrowedFd<'_>) -> Result<T>,
     ) -> Result<T> {
+        self.with_file(fh, |fd, _| f(fd))
+    }
+
+    /// Runs `f` with the backing descriptor of an open file and its opener.
+    fn with_file<T>(
+        &self,
+        fh: u64,
+        f: impl FnOnce(BorrowedFd<'_>, &Caller) -> Result<T>,
+    ) -> Result<T> {
         let handle = self.handles.get(fh)?;
         match &*handle {
-            Handle::File { fd, .. } => f(fd.as_fd()),
+            Handle::File { fd, opener, .. } => f(fd.as_fd(), opener),
             Handle::Dir { .. } => Err(errno(libc::EISDIR)),
         }
     }
@@ -134,8 +161,9 @@ impl Vfs {
         })
     }
 
-    /// Writes at `offset`. `kill_priv` asks to clear set-id bits as an
-    /// unprivileged write would: the write then runs as the caller.
+    /// Writes at `offset`, with the opener's identity. `kill_priv` (the
+    /// kernel's request to clear set-id bits, as an unprivileged writer
+    /// would) makes an unprivileged writer's own identity count instead.
     pub fn write(
         &self,
         caller: &Caller,
@@ -144,12 +172,13 @@ impl Vfs {
         data: &[u8],
         kill_priv: bool,
     ) -> Result<usize> {
-        self.with_file_fd(fh, |fd| {
-            if kill_priv {
-                Ok(creds::as_caller(caller, || sys::pwrite(fd, data, offset))?)
+        self.with_file(fh, |fd, opener| {
+            let who = if kill_priv && caller.uid != 0 {
+                caller
             } else {
-                Ok(sys::pwrite(fd, data, offset)?)
-            }
+                opener
+            };
+            Ok(creds::as_caller(who, || sys::pwrite(fd, data, offset))?)
         })
     }
 
@@ -173,16 +202,9 @@ impl Vfs {
         Ok(())
     }
 
-    pub fn fallocate(
-        &self,
-        caller: &Caller,
-        fh: u64,
-        offset: u64,
-        len: u64,
-        mode: i32,
-    ) -> Result<()> {
-        self.with_file_fd(fh, |fd| {
-            Ok(creds::as_caller(caller, || {
+    pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        self.with_file(fh, |fd, opener| {
+            Ok(creds::as_caller(opener, || {
                 sys::fallocate(fd, mode, offset, len)
             })?)
         })
@@ -204,14 +226,10 @@ impl Vfs {
         let Handle::File { fd: fd_in, .. } = &*input else {
             return Err(VfsError::WrongKind);
         };
-        self.with_file_fd(fh_out, |fd_out| {
-            Ok(sys::copy_file_range(
-                fd_in.as_fd(),
-                off_in,
-                fd_out,
-                off_out,
-                len,
-            )?)
+        self.with_file(fh_out, |fd_out, opener| {
+            Ok(creds::as_caller(opener, || {
+                sys::copy_file_range(fd_in.as_fd(), off_in, fd_out, off_out, len)
+            })?)
         })
     }
 }

@@ -211,16 +211,20 @@ impl InodeTable {
         if let Some(fd) = &*slot {
             return Ok(fd.clone());
         }
-        let mount_fd = self.mount_fd.as_ref().ok_or(VfsError::WrongKind)?;
-        let fd = Arc::new(sys::open_by_handle(
-            mount_fd.as_fd(),
-            handle,
-            libc::O_PATH | libc::O_NOFOLLOW,
-        )?);
+        let fd = Arc::new(self.open_handle(handle)?);
         *slot = Some(fd.clone());
         drop(slot);
         self.count_cached();
         Ok(fd)
+    }
+
+    fn open_handle(&self, handle: &sys::FileHandle) -> Result<OwnedFd> {
+        let mount_fd = self.mount_fd.as_ref().ok_or(VfsError::WrongKind)?;
+        Ok(sys::open_by_handle(
+            mount_fd.as_fd(),
+            handle,
+            libc::O_PATH | libc::O_NOFOLLOW,
+        )?)
     }
 
     fn count_cached(&self) {
@@ -254,6 +258,9 @@ impl InodeTable {
                     continue;
                 }
                 if let Some(mut slot) = cached.try_lock() {
+                    if pinned.load(Ordering::Relaxed) {
+                        continue;
+                    }
                     if slot.take().is_some() {
                         self.cache_count.fetch_sub(1, Ordering::Relaxed);
                     }
@@ -275,10 +282,25 @@ impl InodeTable {
         let Some(inode) = known else {
             return Ok(());
         };
-        if let FdSlot::Handle { pinned, .. } = &inode.slot {
-            self.fd(&inode)?;
-            pinned.store(true, Ordering::Relaxed);
+        let FdSlot::Handle {
+            handle,
+            cached,
+            pinned,
+            ..
+        } = &inode.slot
+        else {
+            return Ok(());
+        };
+        // Marked under the slot lock, which eviction re-checks under the
+        // same lock: the descriptor loaded here can never be dropped.
+        let mut slot = cached.lock();
+        pinned.store(true, Ordering::Relaxed);
+        if slot.is_some() {
+            return Ok(());
         }
+        *slot = Some(Arc::new(self.open_handle(handle)?));
+        drop(slot);
+        self.count_cached();
         Ok(())
     }
 
@@ -448,6 +470,10 @@ pub enum Handle {
     File {
         ino: InodeNo,
         fd: OwnedFd,
+        /// Who opened it: data written through the handle is written with
+        /// this identity (quota, reserved blocks, set-id clearing), as a
+        /// descriptor carries its opener's credentials natively.
+        opener: super::Caller,
     },
     Dir {
         ino: InodeNo,

@@ -73,7 +73,7 @@ impl Vfs {
         self.check_name(parent, name)?;
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
-        creds::as_caller_with_umask(caller, umask, || sys::mkdirat(dir.fd(), &cname, mode))?;
+        creds::as_caller_with_umask(caller, umask, mode, || sys::mkdirat(dir.fd(), &cname, mode))?;
         self.register_created(&dir, name)
     }
 
@@ -89,7 +89,7 @@ impl Vfs {
         self.check_name(parent, name)?;
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
-        creds::as_caller_with_umask(caller, umask, || {
+        creds::as_caller_with_umask(caller, umask, mode, || {
             sys::mknodat(dir.fd(), &cname, mode, u64::from(rdev))
         })?;
         self.register_created(&dir, name)
@@ -149,11 +149,10 @@ impl Vfs {
     /// object the kernel still holds (open-unlinked files): keep that
     /// object reachable, since a file handle cannot re-open it afterwards.
     fn pin_victim(&self, dir: &Node, name: &std::ffi::CStr) -> Result<()> {
+        // Any link count: two hard links may be removed concurrently.
         match sys::fstatat(dir.fd(), name) {
-            Ok(st) if st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
-                self.inodes.pin_if_known(&self.inodes.key_of(&st))
-            }
-            _ => Ok(()),
+            Ok(st) => self.inodes.pin_if_known(&self.inodes.key_of(&st)),
+            Err(_) => Ok(()),
         }
     }
 
