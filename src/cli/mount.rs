@@ -357,7 +357,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
             writeback: opts.writeback,
             readdirplus: opts.readdirplus,
         },
-    );
+    )?;
     let mut kernel_flags = opts.kernel.clone();
     // A mount must not revive set-id files or device nodes that SRC's own
     // mount disables.
@@ -380,7 +380,11 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
         kernel_flags,
         allow_other: opts.allow_other,
         threads: opts.threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(4, |n| (n.get() * 2).max(4))
+            // One per core: more threads on a small machine cost context
+            // switches for single-stream work (measured: rm -rf of a tree
+            // 0.18 s with 2 threads, 0.30 s with 4, on 2 cores); slow
+            // fsyncs run on their own pool.
+            std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
         }),
     };
     let session = Mounted::new(fs, &plan.mnt, &spec)

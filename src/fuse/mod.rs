@@ -25,6 +25,7 @@ use crate::sys::creds::{self, Caller};
 use crate::sys::TimeSpec;
 use crate::vfs::{Attr, InodeNo as VIno, Opened, SetAttr, Vfs, VfsError, Xattr};
 
+mod blocking;
 mod session;
 pub use session::{MountSpec, Mounted};
 
@@ -61,34 +62,42 @@ pub struct ChronoFuse {
     /// Set once the session exists; used to tell the kernel to drop
     /// attributes it caches but can no longer trust.
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Where fsync runs, so a slow flush does not hold a request thread.
+    blocking: blocking::BlockingPool,
 }
 
 impl ChronoFuse {
-    pub fn new(vfs: Arc<Vfs>, cfg: AdapterConfig) -> Self {
-        ChronoFuse {
+    pub fn new(vfs: Arc<Vfs>, cfg: AdapterConfig) -> std::io::Result<Self> {
+        Ok(ChronoFuse {
             vfs,
             cfg,
             passthrough_active: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
             passthrough_handles: Mutex::new(HashMap::new()),
             notifier: Arc::new(OnceLock::new()),
-        }
+            blocking: blocking::BlockingPool::new(FSYNC_WORKERS)?,
+        })
     }
 
     fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
         self.notifier.clone()
     }
+}
 
-    /// Makes the kernel fetch the attributes of `ino` again on next use.
-    fn invalidate_attrs(&self, ino: INodeNo) {
-        if let Some(n) = self.notifier.get() {
-            // A negative offset invalidates attributes only, not pages.
-            if let Err(e) = n.inval_inode(ino, -1, 0) {
-                tracing::debug!("attribute invalidation of inode {} failed: {e}", ino.0);
-            }
+/// Makes the kernel fetch the attributes of `ino` again on next use.
+fn invalidate_attrs(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo) {
+    if let Some(n) = notifier.get() {
+        // A negative offset invalidates attributes only, not pages.
+        if let Err(e) = n.inval_inode(ino, -1, 0) {
+            tracing::debug!("attribute invalidation of inode {} failed: {e}", ino.0);
         }
     }
+}
 
+/// Threads for fsync; more concurrent flushes queue behind them.
+const FSYNC_WORKERS: usize = 8;
+
+impl ChronoFuse {
     pub fn passthrough_active(&self) -> bool {
         self.passthrough_active.load(Ordering::Relaxed)
     }
@@ -571,16 +580,20 @@ impl fuser::Filesystem for ChronoFuse {
     }
 
     fn fsync(&self, _req: &Request, i: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        let result = self.vfs.fsync(fh.0, datasync);
-        let ok = result.is_ok();
-        reply_empty(reply, result);
-        // With the writeback cache the kernel wrote its dirty pages just
-        // before this fsync: the backing file's st_blocks changed behind the
-        // attributes the kernel caches. Invalidated after the reply, since
-        // the fsync caller holds the inode lock until then.
-        if ok && self.vfs.config().writeback {
-            self.invalidate_attrs(i);
-        }
+        let vfs = self.vfs.clone();
+        let notifier = self.notifier.clone();
+        self.blocking.run(move || {
+            let result = vfs.fsync(fh.0, datasync);
+            let ok = result.is_ok();
+            reply_empty(reply, result);
+            // With the writeback cache the kernel wrote its dirty pages just
+            // before this fsync: the backing file's st_blocks changed behind
+            // the attributes it caches. Invalidated after the reply, since
+            // the fsync caller holds the inode lock until then.
+            if ok && vfs.config().writeback {
+                invalidate_attrs(&notifier, i);
+            }
+        });
     }
 
     fn opendir(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -659,7 +672,9 @@ impl fuser::Filesystem for ChronoFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.vfs.fsync(fh.0, datasync));
+        let vfs = self.vfs.clone();
+        self.blocking
+            .run(move || reply_empty(reply, vfs.fsync(fh.0, datasync)));
     }
 
     fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
