@@ -267,6 +267,29 @@ mount_fs() {
 # run_pjdfstest DIR OUT: run the suite in DIR; OUT gets raw output, OUT.res
 # one "name status" line per test (status: ok, FAILED, skipped).
 # Returns 1 if the run did not complete (no Summary line).
+# Runs each natively passing test that failed on the mount once more, alone,
+# on the same mount. A test that passes then is counted as passed but
+# reported as FLAKY with the first run's output kept, never hidden; one that
+# fails again stays failed. At most 5 retries per mode.
+retry_failures() {
+    local dir=$1 out=$2 t n=0
+    local -a args=(-c "$PJDFSTEST_CONFIG" -p "$dir")
+    [ -n "$SECONDARY" ] && args+=(-s "$SECONDARY")
+    for t in $(awk 'NR == FNR { if ($2 == "ok") nat[$1] = 1; next }
+                    $2 == "FAILED" && ($1 in nat) { print $1 }' "$NATIVE_OUT.res" "$out.res"); do
+        n=$((n + 1))
+        [ "$n" -le 5 ] || break
+        # A name is a substring pattern; only its own line is read back.
+        (cd "$dir" && NO_COLOR=1 timeout -k 10 120 "$PJDFSTEST" "${args[@]}" -- "$t") \
+            </dev/null 2>&1 | sed -E 's/\x1b\[[0-9;]*m//g' >"$out.retry" || true
+        if awk -v t="$t" '$1 == t && $NF == "ok" { found = 1 } END { exit !found }' "$out.retry"; then
+            awk -v t="$t" '$1 == t { $2 = "ok" } { print }' "$out.res" >"$out.res.tmp" &&
+                mv "$out.res.tmp" "$out.res"
+            say "  FLAKY: $t failed, then passed on retry (first run: $out)"
+        fi
+    done
+}
+
 run_pjdfstest() {
     local dir=$1 out=$2 rc=0 t0 t1
     local -a args=(-c "$PJDFSTEST_CONFIG" -p "$dir")
@@ -394,6 +417,7 @@ for mode in "${MODES[@]}"; do
     completed=1
     run_pjdfstest "$mnt" "$out" || completed=0
     secs=$RUN_SECONDS
+    [ "$completed" = 1 ] && retry_failures "$mnt" "$out"
     unmount_fs "$mnt" "$CUR_PID"
     CUR_MNT=""
     CUR_PID=""
