@@ -263,10 +263,6 @@ mount_fs() {
     return 1
 }
 
-# ------------------------------------------------------------------ pjdfstest
-# run_pjdfstest DIR OUT: run the suite in DIR; OUT gets raw output, OUT.res
-# one "name status" line per test (status: ok, FAILED, skipped).
-# Returns 1 if the run did not complete (no Summary line).
 # Runs each natively passing test that failed on the mount once more, alone,
 # on the same mount. A test that passes then is counted as passed but
 # reported as FLAKY with the first run's output kept, never hidden; one that
@@ -290,6 +286,10 @@ retry_failures() {
     done
 }
 
+# ------------------------------------------------------------------ pjdfstest
+# run_pjdfstest DIR OUT: run the suite in DIR; OUT gets raw output, OUT.res
+# one "name status" line per test (status: ok, FAILED, skipped).
+# Returns 1 if the run did not complete (no Summary line).
 run_pjdfstest() {
     local dir=$1 out=$2 rc=0 t0 t1
     local -a args=(-c "$PJDFSTEST_CONFIG" -p "$dir")
