@@ -276,6 +276,40 @@ fn reply_empty(reply: ReplyEmpty, result: Result<(), VfsError>) {
     }
 }
 
+impl ChronoFuse {
+    fn reply_created(
+        &self,
+        who: &Caller,
+        reply: ReplyCreate,
+        result: Result<(crate::vfs::Entry, Opened), VfsError>,
+    ) {
+        let (entry, opened) = match result {
+            Ok(r) => r,
+            Err(e) => return reply.error(err(e)),
+        };
+        let cfg = self.vfs.config();
+        let attr = to_file_attr(&entry.attr);
+        let fh = FileHandle(opened.fh);
+        match self.backing_for(who, entry.attr.ino, &opened, |fd| reply.open_backing(fd)) {
+            Some(id) => reply.created_passthrough(
+                &cfg.entry_timeout,
+                &attr,
+                GENERATION,
+                fh,
+                self.open_flags(true),
+                &id,
+            ),
+            None => reply.created(
+                &cfg.entry_timeout,
+                &attr,
+                GENERATION,
+                fh,
+                self.open_flags(false),
+            ),
+        }
+    }
+}
+
 /// Capabilities asked of the kernel on top of fuser's defaults; each is
 /// optional, so one the kernel lacks is skipped.
 const WANTED: &[InitFlags] = &[
@@ -736,30 +770,22 @@ impl fuser::Filesystem for ChronoFuse {
         reply: ReplyCreate,
     ) {
         let who = caller(req);
-        let (entry, opened) = match self.vfs.create(&who, ino(parent), name, mode, umask, flags) {
-            Ok(r) => r,
-            Err(e) => return reply.error(err(e)),
-        };
-        let cfg = self.vfs.config();
-        let attr = to_file_attr(&entry.attr);
-        let fh = FileHandle(opened.fh);
-        match self.backing_for(&who, entry.attr.ino, &opened, |fd| reply.open_backing(fd)) {
-            Some(id) => reply.created_passthrough(
-                &cfg.entry_timeout,
-                &attr,
-                GENERATION,
-                fh,
-                self.open_flags(true),
-                &id,
-            ),
-            None => reply.created(
-                &cfg.entry_timeout,
-                &attr,
-                GENERATION,
-                fh,
-                self.open_flags(false),
-            ),
-        }
+        let result = self.vfs.create(&who, ino(parent), name, mode, umask, flags);
+        self.reply_created(&who, reply, result);
+    }
+
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let who = caller(req);
+        let result = self.vfs.tmpfile(&who, ino(parent), mode, umask, flags);
+        self.reply_created(&who, reply, result);
     }
 
     fn fallocate(

@@ -130,6 +130,47 @@ impl Vfs {
         ))
     }
 
+    /// open(dir, O_TMPFILE): an unnamed file in `parent`, opened; linkat
+    /// can give it a name later (unless the caller asked for O_EXCL).
+    pub fn tmpfile(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(Entry, Opened)> {
+        let dir = self.inodes.node(parent)?;
+        creds::set_thread_umask(umask)?;
+        let dirfd = dir.fd().as_raw_fd();
+        // O_EXCL means "never linkable" here; the rest is handled as for open.
+        let keep = (flags & libc::O_EXCL) | libc::O_TMPFILE;
+        let requested = flags & !libc::O_TMPFILE;
+        let fd = self.open_as_caller(
+            caller,
+            |f| sys::openat(dirfd, c".", f | keep, mode),
+            requested,
+            mode,
+        )?;
+        let st = sys::fstat(fd.as_fd())?;
+        let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
+        let inode = self.inodes.acquire_unnamed(path_fd, &st)?;
+        let fh = self.handles.insert(Handle::File {
+            ino: inode.ino,
+            fd,
+            opener: *caller,
+        });
+        Ok((
+            Entry {
+                attr: Attr { ino: inode.ino, st },
+            },
+            Opened {
+                fh,
+                passthrough_ok: true,
+            },
+        ))
+    }
+
     /// Runs `f` with the backing descriptor of an open file.
     pub fn with_file_fd<T>(
         &self,

@@ -402,6 +402,16 @@ impl InodeTable {
     /// object was just created (or its backing number found reused), so it
     /// gets a new number and any entry under its key is stale.
     pub fn acquire_new(&self, fd: OwnedFd, st: &Stat, fresh: bool) -> Result<Arc<Inode>> {
+        self.acquire(fd, st, fresh, false)
+    }
+
+    /// Registers an object that has no name (O_TMPFILE): a handle could
+    /// never re-open it, so its descriptor is held for its lifetime.
+    pub fn acquire_unnamed(&self, fd: OwnedFd, st: &Stat) -> Result<Arc<Inode>> {
+        self.acquire(fd, st, true, true)
+    }
+
+    fn acquire(&self, fd: OwnedFd, st: &Stat, fresh: bool, pin: bool) -> Result<Arc<Inode>> {
         let key = self.key_of(st);
         if !fresh {
             if let Some(inode) = self.acquire_known(&key) {
@@ -413,7 +423,11 @@ impl InodeTable {
         } else {
             InodeNo(self.map.get_or_assign(key)?)
         };
-        let slot = self.slot_for(fd);
+        let slot = if pin {
+            FdSlot::Pinned(Arc::new(fd))
+        } else {
+            self.slot_for(fd)
+        };
         let mut tables = self.tables.write();
         if !fresh {
             if let Some(existing) = tables.by_key.get(&key).and_then(|i| tables.by_ino.get(i)) {
