@@ -2241,3 +2241,27 @@ fn st_blocks_counts_unflushed_data() {
         );
     });
 }
+
+/// A symlink's own xattrs (l*xattr): trusted.* works for root, user.* is
+/// refused with EPERM, removal works — as natively.
+#[test]
+fn symlink_xattrs() {
+    each_mode(|m| {
+        m.compare_in("slx", |d| {
+            let link = d.join("link");
+            std::os::unix::fs::symlink("target-that-does-not-exist", &link).unwrap();
+            vec![
+                format!("set trusted: {:?}", set_xattr(&link, "trusted.t", b"v", 0)),
+                format!("set user: {:?}", set_xattr(&link, "user.u", b"v", 0)),
+                format!("list: {:?}", list_xattr(&link)),
+                format!("get: {:?}", get_xattr(&link, "trusted.t")),
+                format!("get missing: {:?}", get_xattr(&link, "trusted.none")),
+                format!(
+                    "remove: {:?}",
+                    sys::lremovexattr(&cstr(&link), &cstr("trusted.t"))
+                ),
+                format!("list after: {:?}", list_xattr(&link)),
+            ]
+        });
+    });
+}

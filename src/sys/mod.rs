@@ -420,7 +420,9 @@ fn xattr_len(ret: libc::ssize_t) -> io::Result<usize> {
     check_size(ret)
 }
 
-/// getxattr on the object behind an O_PATH handle. `buf` empty asks the size.
+/// getxattr on the object behind an O_PATH handle — symlinks included: the
+/// /proc link resolves to the object itself, never through it. `buf` empty
+/// asks the size.
 pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     let path = proc_fd_path(fd);
     // SAFETY: NUL-terminated strings; buf pointer/len describe a writable region.
