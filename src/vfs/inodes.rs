@@ -388,6 +388,17 @@ impl InodeTable {
         }
     }
 
+    /// Whether the open descriptor `fd` is `inode`'s object (same backing
+    /// key is given; the handle's generation tells a reused number apart).
+    fn is_same_object(&self, inode: &Inode, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+        match &inode.slot {
+            FdSlot::Pinned(_) => true,
+            FdSlot::Handle { handle, .. } => {
+                matches!(sys::name_to_handle(fd), Ok((h, _)) if h == *handle)
+            }
+        }
+    }
+
     /// Forgets that `inode` is the object with its backing key (its number
     /// was reused); the kernel's references to it stay valid until forgotten.
     pub fn detach_key(&self, inode: &Inode) {
@@ -413,9 +424,16 @@ impl InodeTable {
 
     fn acquire(&self, fd: OwnedFd, st: &Stat, fresh: bool, pin: bool) -> Result<Arc<Inode>> {
         let key = self.key_of(st);
+        let mut fresh = fresh;
         if !fresh {
             if let Some(inode) = self.acquire_known(&key) {
-                return Ok(inode);
+                if self.is_same_object(&inode, fd.as_fd()) {
+                    return Ok(inode);
+                }
+                // The backing number was reused for another object.
+                self.forget(inode.ino, 1);
+                self.detach_key(&inode);
+                fresh = true;
             }
         }
         let ino = if fresh {
