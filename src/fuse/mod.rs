@@ -618,15 +618,15 @@ impl fuser::Filesystem for ChronoFuse {
         let notifier = self.notifier.clone();
         self.blocking.run(move || {
             let result = vfs.fsync(fh.0, datasync);
-            let ok = result.is_ok();
-            reply_empty(reply, result);
             // With the writeback cache the kernel wrote its dirty pages just
             // before this fsync: the backing file's st_blocks changed behind
-            // the attributes it caches. Invalidated after the reply, since
-            // the fsync caller holds the inode lock until then.
-            if ok && vfs.config().writeback {
+            // the attributes it caches. Invalidated before the reply, so a
+            // stat right after fsync returns sees the new count; an
+            // attributes-only invalidation takes no lock the caller holds.
+            if result.is_ok() && vfs.config().writeback {
                 invalidate_attrs(&notifier, i);
             }
+            reply_empty(reply, result);
         });
     }
 
