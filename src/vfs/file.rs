@@ -2,7 +2,7 @@
 //! fallocate, lseek, copy_file_range.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use super::inodes::Handle;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
@@ -15,6 +15,16 @@ pub struct Opened {
     /// The backing file is a regular file whose I/O the kernel may do
     /// itself (FUSE passthrough) if the adapter chooses to.
     pub passthrough_ok: bool,
+}
+
+/// How the object behind a freshly opened descriptor came to be.
+enum Made {
+    /// This call created it: it gets a new inode number.
+    New,
+    /// It already existed (O_CREAT without O_EXCL found it).
+    Existing,
+    /// O_TMPFILE: no name, so it is pinned.
+    Unnamed,
 }
 
 /// Flags the kernel handles itself or that make no sense on re-open.
@@ -111,23 +121,7 @@ impl Vfs {
             ),
             Err(e) => return Err(e),
         };
-        let st = sys::fstat(fd.as_fd())?;
-        let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
-        let inode = self.inodes.acquire_new(path_fd, &st, created)?;
-        let fh = self.handles.insert(Handle::File {
-            ino: inode.ino,
-            fd,
-            opener: *caller,
-        });
-        Ok((
-            Entry {
-                attr: Attr { ino: inode.ino, st },
-            },
-            Opened {
-                fh,
-                passthrough_ok: true,
-            },
-        ))
+        self.register_opened(caller, fd, if created { Made::New } else { Made::Existing })
     }
 
     /// open(dir, O_TMPFILE): an unnamed file in `parent`, opened; linkat
@@ -152,18 +146,29 @@ impl Vfs {
             requested,
             mode,
         )?;
+        self.register_opened(caller, fd, Made::Unnamed)
+    }
+
+    /// Registers the regular file behind a descriptor create or tmpfile
+    /// just opened, and opens a handle on it.
+    fn register_opened(&self, caller: &Caller, fd: OwnedFd, made: Made) -> Result<(Entry, Opened)> {
         let st = sys::fstat(fd.as_fd())?;
         let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
-        let inode = self.inodes.acquire_unnamed(path_fd, &st)?;
+        let inode = match made {
+            Made::New => self.inodes.acquire_new(path_fd, &st, true)?,
+            Made::Existing => self.inodes.acquire_new(path_fd, &st, false)?,
+            Made::Unnamed => self.inodes.acquire_unnamed(path_fd, &st)?,
+        };
         let fh = self.handles.insert(Handle::File {
             ino: inode.ino,
             fd,
             opener: *caller,
         });
+        let entry = Entry {
+            attr: Attr { ino: inode.ino, st },
+        };
         Ok((
-            Entry {
-                attr: Attr { ino: inode.ino, st },
-            },
+            entry,
             Opened {
                 fh,
                 passthrough_ok: true,
