@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use redb::{Database, ReadableDatabase, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::{index_error, StoreError};
 
@@ -47,11 +47,17 @@ impl BackingKey {
     }
 }
 
+/// A backing key and the inode number it maps to.
+type Mapping = (BackingKey, u64);
+
 /// In-memory part of the map.
 #[derive(Default)]
 struct MapState {
     /// Mappings allocated but not yet committed.
     pending: HashMap<BackingKey, u64>,
+    /// Mappings of objects that no longer exist, to delete at the next
+    /// commit if the key still maps to that number then.
+    retired: Vec<Mapping>,
     /// Committed mappings seen recently (a cache in front of the index:
     /// the kernel forgets inodes under memory pressure and looks them up
     /// again). Emptied when it reaches `RECENT_CAP`.
@@ -88,6 +94,9 @@ impl MapState {
 struct Shared {
     db: Arc<Database>,
     state: Mutex<MapState>,
+    /// Held for a whole flush (snapshot, commit, bookkeeping): two flushes
+    /// interleaving could let an older snapshot re-insert a retired mapping.
+    flush_lock: Mutex<()>,
     /// Count of commits, so a reader can tell whether one happened (and
     /// moved a mapping out of `pending`) while it read the index.
     commits: AtomicU64,
@@ -117,6 +126,7 @@ impl InodeMap {
         let shared = Arc::new(Shared {
             db,
             state: Mutex::new(MapState::default()),
+            flush_lock: Mutex::new(()),
             commits: AtomicU64::new(0),
             wake: Condvar::new(),
             next: AtomicU64::new(next),
@@ -218,6 +228,30 @@ impl InodeMap {
         Ok(out)
     }
 
+    /// The number `key` maps to, if any, without assigning one.
+    pub fn get(&self, key: &BackingKey) -> Result<Option<u64>, StoreError> {
+        if let Some(ino) = self.shared.state.lock().get(key) {
+            return Ok(Some(ino));
+        }
+        self.lookup_committed(key)
+    }
+
+    /// Drops the mapping `key` → `ino` because its object is gone (its last
+    /// name was removed), so the index does not grow with every file ever
+    /// seen. Only that exact mapping goes: if the backing number has been
+    /// given to a new object meanwhile, its new mapping stays.
+    pub fn retire(&self, key: BackingKey, ino: u64) {
+        let mut state = self.shared.state.lock();
+        if state.pending.get(&key) == Some(&ino) {
+            state.pending.remove(&key);
+        }
+        if state.recent.get(&key) == Some(&ino) {
+            state.recent.remove(&key);
+        }
+        state.retired.push((key, ino));
+        self.shared.wake.notify_one();
+    }
+
     /// A new number for `key`, replacing any earlier mapping: used for
     /// objects just created (the backing number may be a deleted object's)
     /// and for backing numbers found reused behind the mount's back.
@@ -250,7 +284,10 @@ impl Shared {
         loop {
             {
                 let mut state = self.state.lock();
-                if state.pending.is_empty() && !self.closing.load(Ordering::Acquire) {
+                if state.pending.is_empty()
+                    && state.retired.is_empty()
+                    && !self.closing.load(Ordering::Acquire)
+                {
                     self.wake.wait_for(&mut state, FLUSH_INTERVAL);
                 }
             }
@@ -265,14 +302,13 @@ impl Shared {
     }
 
     fn flush_once(&self) -> Result<(), StoreError> {
-        let batch: Vec<(BackingKey, u64)> = self
-            .state
-            .lock()
-            .pending
-            .iter()
-            .map(|(k, v)| (*k, *v))
-            .collect();
-        if batch.is_empty() {
+        let _serial = self.flush_lock.lock();
+        let (batch, retired): (Vec<Mapping>, Vec<Mapping>) = {
+            let mut state = self.state.lock();
+            let batch = state.pending.iter().map(|(k, v)| (*k, *v)).collect();
+            (batch, std::mem::take(&mut state.retired))
+        };
+        if batch.is_empty() && retired.is_empty() {
             return Ok(());
         }
         let txn = self.db.begin_write().map_err(index_error)?;
@@ -282,6 +318,16 @@ impl Shared {
                 table
                     .insert(key.encode().as_slice(), *ino)
                     .map_err(index_error)?;
+            }
+            for (key, ino) in &retired {
+                let encoded = key.encode();
+                let current = table
+                    .get(encoded.as_slice())
+                    .map_err(index_error)?
+                    .map(|v| v.value());
+                if current == Some(*ino) {
+                    table.remove(encoded.as_slice()).map_err(index_error)?;
+                }
             }
             let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
             counters
@@ -347,6 +393,29 @@ mod tests {
         assert_eq!(map.get_or_assign(key(100)).unwrap(), a);
         let c = map.get_or_assign(key(300)).unwrap();
         assert!(c > a.max(b), "new number {c} reuses an old one");
+    }
+
+    #[test]
+    fn retiring_removes_only_that_mapping() {
+        let tmp = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(tmp.path()).unwrap();
+            let map = store.inode_map().unwrap();
+            let gone = map.get_or_assign(key(1)).unwrap();
+            let reused_old = map.get_or_assign(key(2)).unwrap();
+            map.flush().unwrap();
+            map.retire(key(1), gone);
+            // key 2's backing number went to a new object before retiring.
+            let reused_new = map.assign_fresh(key(2));
+            map.retire(key(2), reused_old);
+            map.flush().unwrap();
+            assert_eq!(map.get(&key(1)).unwrap(), None);
+            assert_eq!(map.get(&key(2)).unwrap(), Some(reused_new));
+        }
+        let store = Store::open(tmp.path()).unwrap();
+        let map = store.inode_map().unwrap();
+        assert_eq!(map.get(&key(1)).unwrap(), None);
+        assert!(map.get(&key(2)).unwrap().is_some());
     }
 
     #[test]

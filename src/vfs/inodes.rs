@@ -304,6 +304,22 @@ impl InodeTable {
         Ok(())
     }
 
+    /// Drops the inode-map entry of a backing object that no longer exists.
+    pub fn retire(&self, key: &BackingKey) -> std::result::Result<(), StoreError> {
+        if *key == self.root_key {
+            return Ok(());
+        }
+        let known = self.tables.read().by_key.get(key).map(|ino| ino.0);
+        let mapped = match known {
+            Some(ino) => Some(ino),
+            None => self.map.get(key)?,
+        };
+        if let Some(ino) = mapped {
+            self.map.retire(*key, ino);
+        }
+        Ok(())
+    }
+
     /// The number shown for a backing object, whether or not the kernel
     /// holds it (used for readdir's d_ino).
     pub fn number_for(&self, key: BackingKey) -> std::result::Result<InodeNo, StoreError> {

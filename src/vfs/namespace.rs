@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 
 use super::inodes::Node;
-use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
+use super::{errno, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs};
 use crate::sys::{self, creds};
 
 impl Vfs {
@@ -140,19 +140,35 @@ impl Vfs {
         }
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
-        self.pin_victim(&dir, &cname)?;
+        let victim = self.pin_victim(&dir, &cname)?;
         creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
-        Ok(())
+        self.retire_if_last(victim)
+    }
+
+    /// After the name of `victim` was removed or replaced: if that was its
+    /// last name, its inode-map entry goes too (the index would otherwise
+    /// keep every file ever seen).
+    fn retire_if_last(&self, victim: Option<Stat>) -> Result<()> {
+        match victim {
+            Some(st) if st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                Ok(self.inodes.retire(&self.inodes.key_of(&st))?)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// A name about to be removed or replaced may be the last one of an
     /// object the kernel still holds (open-unlinked files): keep that
     /// object reachable, since a file handle cannot re-open it afterwards.
-    fn pin_victim(&self, dir: &Node, name: &std::ffi::CStr) -> Result<()> {
+    /// Returns the victim's attributes, if the name exists.
+    fn pin_victim(&self, dir: &Node, name: &std::ffi::CStr) -> Result<Option<Stat>> {
         // Any link count: two hard links may be removed concurrently.
         match sys::fstatat(dir.fd(), name) {
-            Ok(st) => self.inodes.pin_if_known(&self.inodes.key_of(&st)),
-            Err(_) => Ok(()),
+            Ok(st) => {
+                self.inodes.pin_if_known(&self.inodes.key_of(&st))?;
+                Ok(Some(st))
+            }
+            Err(_) => Ok(None),
         }
     }
 
@@ -173,12 +189,14 @@ impl Vfs {
         let newdir = self.inodes.node(newparent)?;
         let old = sys::cstr(name)?;
         let new = sys::cstr(newname)?;
-        if flags & libc::RENAME_EXCHANGE == 0 {
-            self.pin_victim(&newdir, &new)?;
-        }
+        let victim = if flags & libc::RENAME_EXCHANGE == 0 {
+            self.pin_victim(&newdir, &new)?
+        } else {
+            None
+        };
         creds::as_caller(caller, || {
             sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
-        })
-        .map_err(VfsError::from)
+        })?;
+        self.retire_if_last(victim)
     }
 }
