@@ -344,7 +344,6 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
         entry_timeout: opts.entry_timeout,
         attr_timeout: opts.attr_timeout,
         negative_timeout: opts.negative_timeout,
-        writeback: false,
     };
     let vfs = Vfs::new(branch, inomap, vfs_cfg).map_err(|e| anyhow!("{e}"))?;
     if !opts.plain {

@@ -623,7 +623,7 @@ impl fuser::Filesystem for ChronoFuse {
             // the attributes it caches. Invalidated before the reply, so a
             // stat right after fsync returns sees the new count; an
             // attributes-only invalidation takes no lock the caller holds.
-            if result.is_ok() && vfs.config().writeback {
+            if result.is_ok() && vfs.writeback() {
                 invalidate_attrs(&notifier, i);
             }
             reply_empty(reply, result);

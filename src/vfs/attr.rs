@@ -92,7 +92,7 @@ impl Vfs {
                 // turns touch(1)'s "now" into an explicit time, which only the
                 // owner may set. The kernel has already allowed the change
                 // (default_permissions), so it is applied as the daemon.
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) && self.cfg.read().writeback => {
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) && self.writeback() => {
                     sys::utimens_fd(fd, atime, mtime)?
                 }
                 other => other?,

@@ -33,7 +33,7 @@ const DROPPED_OPEN_FLAGS: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY;
 impl Vfs {
     fn backing_open_flags(&self, flags: i32) -> i32 {
         let mut f = flags & !DROPPED_OPEN_FLAGS;
-        if self.cfg.read().writeback {
+        if self.writeback() {
             // The kernel may read pages of a write-only file to fill partial
             // pages, and it positions O_APPEND writes itself.
             if f & libc::O_ACCMODE == libc::O_WRONLY {

@@ -23,6 +23,7 @@ mod namespace;
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,10 +85,6 @@ pub struct VfsConfig {
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
     pub negative_timeout: Duration,
-    /// Whether the kernel's writeback cache is on: then O_WRONLY opens must
-    /// be readable (the kernel reads partial pages) and O_APPEND is handled
-    /// by the kernel.
-    pub writeback: bool,
 }
 
 impl Default for VfsConfig {
@@ -96,7 +93,6 @@ impl Default for VfsConfig {
             entry_timeout: Duration::from_secs(1),
             attr_timeout: Duration::from_secs(1),
             negative_timeout: Duration::from_secs(1),
-            writeback: false,
         }
     }
 }
@@ -124,7 +120,11 @@ pub struct Vfs {
     branch: DirBranch,
     inodes: InodeTable,
     handles: HandleTable,
-    cfg: parking_lot::RwLock<VfsConfig>,
+    cfg: VfsConfig,
+    /// Whether the kernel's writeback cache is on (known once the kernel
+    /// connection is negotiated): then O_WRONLY opens must be readable (the
+    /// kernel reads partial pages) and O_APPEND is handled by the kernel.
+    writeback: AtomicBool,
 }
 
 impl Vfs {
@@ -136,17 +136,22 @@ impl Vfs {
             branch,
             inodes,
             handles: HandleTable::default(),
-            cfg: parking_lot::RwLock::new(cfg),
+            cfg,
+            writeback: AtomicBool::new(false),
         }))
     }
 
-    pub fn config(&self) -> VfsConfig {
-        self.cfg.read().clone()
+    pub fn config(&self) -> &VfsConfig {
+        &self.cfg
+    }
+
+    pub fn writeback(&self) -> bool {
+        self.writeback.load(Ordering::Relaxed)
     }
 
     /// Called once the kernel connection is negotiated.
     pub fn set_writeback(&self, on: bool) {
-        self.cfg.write().writeback = on;
+        self.writeback.store(on, Ordering::Relaxed);
     }
 
     fn check_name(&self, parent: InodeNo, name: &OsStr) -> Result<()> {
