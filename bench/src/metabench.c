@@ -87,6 +87,20 @@ static long count_dir(const char *dir)
 	return n;
 }
 
+/* fstatat every file of the create loop; prints one JSON member. */
+static void stat_all(int dfd, long n, const char *label)
+{
+	char name[32];
+	struct stat st;
+	double t0 = now();
+	for (long i = 0; i < n; i++) {
+		snprintf(name, sizeof(name), "f%07ld", i);
+		if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			die("stat", name);
+	}
+	printf(", \"%s\": {\"ops\": %ld, \"secs\": %.6f}", label, n, now() - t0);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
@@ -97,7 +111,6 @@ int main(int argc, char **argv)
 	long n = atol(argv[2]);
 	int reps = atoi(argv[3]);
 	char name[32], name2[32];
-	struct stat st;
 	double t0, t;
 	int dfd = open(dir, O_RDONLY | O_DIRECTORY);
 	if (dfd < 0)
@@ -116,28 +129,14 @@ int main(int argc, char **argv)
 	t = now() - t0;
 	printf("\"create\": {\"ops\": %ld, \"secs\": %.6f}", n, t);
 
-	t0 = now();
-	for (long i = 0; i < n; i++) {
-		snprintf(name, sizeof(name), "f%07ld", i);
-		if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			die("stat", name);
-	}
-	t = now() - t0;
-	printf(", \"stat_warm\": {\"ops\": %ld, \"secs\": %.6f}", n, t);
+	stat_all(dfd, n, "stat_warm");
 
 	close(dfd);
 	if (drop_dentries() == 0) {
 		dfd = open(dir, O_RDONLY | O_DIRECTORY);
 		if (dfd < 0)
 			die("open", dir);
-		t0 = now();
-		for (long i = 0; i < n; i++) {
-			snprintf(name, sizeof(name), "f%07ld", i);
-			if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-				die("stat", name);
-		}
-		t = now() - t0;
-		printf(", \"stat_cold\": {\"ops\": %ld, \"secs\": %.6f}", n, t);
+		stat_all(dfd, n, "stat_cold");
 	} else {
 		dfd = open(dir, O_RDONLY | O_DIRECTORY);
 		if (dfd < 0)
