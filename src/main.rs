@@ -3,8 +3,11 @@
 #![deny(unsafe_code)]
 
 mod branch;
+mod capture;
 mod cli;
+mod control;
 mod fuse;
+mod history;
 mod store;
 mod sys;
 mod vfs;

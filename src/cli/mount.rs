@@ -9,10 +9,13 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::{exit, MountOptions};
 use crate::branch::{BranchId, DirBranch};
+use crate::capture::{Capture, CaptureConfig};
 use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
+use crate::history::{History, HistoryHandle};
 use crate::store::Store;
 use crate::sys;
 use crate::vfs::{Vfs, VfsConfig};
+use std::sync::Arc;
 
 const STORE_DIR_NAME: &str = ".chronofs";
 
@@ -279,7 +282,7 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
     // Blocked before any thread exists, so every thread inherits the mask
     // and only the waiter below ever receives these signals.
     let signals = sys::SignalWaiter::block_termination_signals()?;
-    let session = match prepare(plan, opts, daemon) {
+    let (session, history) = match prepare(plan, opts, daemon) {
         Ok(s) => s,
         Err(e) => {
             report(&ready, &format!("{e:#}"));
@@ -296,7 +299,10 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
     report(&ready, "ok");
     drop(ready);
     tracing::info!("mounted {} at {}", plan.src.display(), plan.mnt.display());
-    session.run().context("FUSE session failed")?;
+    let result = session.run().context("FUSE session failed");
+    // The session (and with it capture) is gone; record what is queued.
+    drop(history);
+    result?;
     tracing::info!("unmounted {}", plan.mnt.display());
     Ok(())
 }
@@ -327,7 +333,11 @@ fn detach_stdio() -> Result<()> {
     Ok(())
 }
 
-fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
+fn prepare(
+    plan: &Plan,
+    opts: &MountOptions,
+    daemon: bool,
+) -> Result<(Mounted, Option<HistoryHandle>)> {
     init_logging(opts, daemon)?;
     if let Err(e) = sys::raise_fd_limit() {
         tracing::warn!("cannot raise the open-file limit: {e}");
@@ -339,20 +349,33 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
     let branch = DirBranch::open(BranchId(0), &plan.src, plan.reserved.clone())
         .with_context(|| format!("source {}", plan.src.display()))?;
     let store = Store::open(&plan.store)?;
+    // History first: its replay may restore inode-map entries.
+    let history = if opts.plain {
+        None
+    } else {
+        Some(History::open(&store, true).map_err(|e| anyhow!("{e}"))?)
+    };
     let inomap = store.inode_map()?;
+    let capture = history.as_ref().map(|h| {
+        Capture::new(
+            Arc::clone(h),
+            CaptureConfig {
+                interval: opts.capture_interval,
+                every_write: opts.every_write,
+            },
+        )
+    });
     let vfs_cfg = VfsConfig {
         entry_timeout: opts.entry_timeout,
         attr_timeout: opts.attr_timeout,
         negative_timeout: opts.negative_timeout,
     };
-    let vfs = Vfs::new(branch, inomap, vfs_cfg).map_err(|e| anyhow!("{e}"))?;
-    if !opts.plain {
-        tracing::info!("versioning is not implemented yet: serving in plain mode");
-    }
+    let vfs = Vfs::new(branch, inomap, vfs_cfg, capture).map_err(|e| anyhow!("{e}"))?;
     let fs = ChronoFuse::new(
         vfs,
         AdapterConfig {
-            passthrough: opts.passthrough,
+            // every-write needs to see each write, so the daemon does them.
+            passthrough: opts.passthrough && !opts.every_write,
             writeback: opts.writeback,
             readdirplus: opts.readdirplus,
         },
@@ -390,7 +413,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Mounted> {
         .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
     // Keep the store handle alive for the session's lifetime via the vfs.
     drop(store);
-    Ok(session)
+    Ok((session, history))
 }
 
 fn nix_free_setgroups_empty() -> Result<()> {

@@ -24,6 +24,10 @@ pub struct MountOptions {
     pub fsname: Option<String>,
     /// Generic mount flags handed to the kernel (ro, nosuid, noexec...).
     pub kernel: Vec<String>,
+    /// A file held open for writing gets a version at least this often.
+    pub capture_interval: Duration,
+    /// Every write() is its own version (forces the daemon's write path).
+    pub every_write: bool,
 }
 
 impl Default for MountOptions {
@@ -43,6 +47,8 @@ impl Default for MountOptions {
             log_file: None,
             fsname: None,
             kernel: Vec::new(),
+            capture_interval: Duration::from_secs(60),
+            every_write: false,
         }
     }
 }
@@ -109,6 +115,14 @@ impl MountOptions {
         }
         match (key, value) {
             ("plain", None) => self.plain = true,
+            ("every-write", None) => self.every_write = true,
+            ("capture-interval", v) => {
+                let d = parse_secs(key, need(key, v)?)?;
+                if d < Duration::from_secs(1) {
+                    return Err(format!("option {opt}: at least 1 second"));
+                }
+                self.capture_interval = d;
+            }
             ("passthrough", v) => self.passthrough = v.map_or(Ok(true), |v| parse_bool(key, v))?,
             ("nopassthrough", None) => self.passthrough = false,
             ("writeback", v) => self.writeback = v.map_or(Ok(true), |v| parse_bool(key, v))?,

@@ -38,7 +38,7 @@ pub struct BackingKey {
 }
 
 impl BackingKey {
-    fn encode(&self) -> [u8; 20] {
+    pub fn encode(&self) -> [u8; 20] {
         let mut k = [0u8; 20];
         k[..4].copy_from_slice(&self.branch.to_be_bytes());
         k[4..12].copy_from_slice(&self.dev.to_be_bytes());
@@ -277,6 +277,49 @@ impl InodeMap {
     pub fn flush(&self) -> Result<(), StoreError> {
         self.shared.flush_once()
     }
+}
+
+/// Writes mappings inside another layer's transaction. The history journals
+/// the mapping of every object it versions and replays it with the history
+/// after a crash, so an object never loses its number (and with it the link
+/// to its history) while the inode map's own batch was still in memory.
+/// Runs before the map is opened, so the counter it raises is the one the
+/// map starts from.
+pub fn write_bindings(
+    txn: &redb::WriteTransaction,
+    bind: &[(BackingKey, u64)],
+    unbind: &[(BackingKey, u64)],
+) -> Result<(), StoreError> {
+    let mut table = txn.open_table(INODES).map_err(index_error)?;
+    let mut top = 0;
+    for (key, ino) in bind {
+        table
+            .insert(key.encode().as_slice(), *ino)
+            .map_err(index_error)?;
+        top = top.max(*ino);
+    }
+    for (key, ino) in unbind {
+        let encoded = key.encode();
+        let current = table
+            .get(encoded.as_slice())
+            .map_err(index_error)?
+            .map(|v| v.value());
+        if current == Some(*ino) {
+            table.remove(encoded.as_slice()).map_err(index_error)?;
+        }
+    }
+    drop(table);
+    if top > 0 {
+        let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
+        let next = counters
+            .get(NEXT_INO)
+            .map_err(index_error)?
+            .map_or(FIRST_INO, |v| v.value());
+        if next <= top {
+            counters.insert(NEXT_INO, top + 1).map_err(index_error)?;
+        }
+    }
+    Ok(())
 }
 
 impl Shared {

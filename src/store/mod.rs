@@ -6,21 +6,32 @@
 //! Uses: nothing of chronofs but `sys`-free std I/O. Must not know about
 //! FUSE, paths inside the mount, or credentials.
 
+pub mod chunks;
 pub mod inomap;
+pub mod journal;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
+pub use chunks::{ChunkStore, Hash};
 pub use inomap::{BackingKey, InodeMap};
+pub use journal::Journal;
+pub use redb;
 
 /// The format written by this build. Bump on any incompatible change to a
 /// key or value layout, and record it in docs/FORMAT.md.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// Older formats this build upgrades in place (format 1 had no history
+/// tables; they are created on first use, so the upgrade only rewrites the
+/// version number).
+const UPGRADABLE: &[u64] = &[1];
 
 const INDEX_FILE: &str = "index.redb";
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const PACK_DIR: &str = "packs";
+const JOURNAL_FILES: [&str; 2] = ["journal-0", "journal-1"];
+pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_FORMAT: &str = "format_version";
 /// How long to wait for another process (typically a daemon that is just
 /// exiting after an unmount) to release the index.
@@ -46,6 +57,10 @@ pub enum StoreError {
     Corrupt { path: PathBuf, detail: String },
     #[error("store index write failed: {0}")]
     Index(String),
+    #[error("chunk {0} is referenced but missing from the store")]
+    MissingChunk(String),
+    #[error("chunk {hash} is damaged: {detail}")]
+    CorruptChunk { hash: String, detail: String },
 }
 
 impl StoreError {
@@ -57,16 +72,18 @@ impl StoreError {
             StoreError::UnsupportedFormat { .. } => libc::EPROTO,
             StoreError::Corrupt { .. } => libc::EUCLEAN,
             StoreError::Index(_) => libc::EIO,
+            StoreError::MissingChunk(_) | StoreError::CorruptChunk { .. } => libc::EIO,
         }
     }
 }
 
-fn index_error(e: impl std::fmt::Display) -> StoreError {
+pub fn index_error(e: impl std::fmt::Display) -> StoreError {
     StoreError::Index(e.to_string())
 }
 
 /// An open store directory.
 pub struct Store {
+    dir: PathBuf,
     db: Arc<Database>,
 }
 
@@ -92,7 +109,10 @@ impl Store {
         }
         let path = dir.join(INDEX_FILE);
         let db = Self::open_index(&path)?;
-        let store = Store { db: Arc::new(db) };
+        let store = Store {
+            dir: dir.to_path_buf(),
+            db: Arc::new(db),
+        };
         store.check_format(&path)?;
         Ok(store)
     }
@@ -139,22 +159,51 @@ impl Store {
         };
         match found {
             Some(v) if v == u64::from(FORMAT_VERSION) => Ok(()),
+            Some(v) if UPGRADABLE.contains(&v) => self.write_format(),
             Some(v) => Err(StoreError::UnsupportedFormat {
                 path: path.to_path_buf(),
                 found: v,
                 supported: FORMAT_VERSION,
             }),
-            None => {
-                let txn = self.db.begin_write().map_err(index_error)?;
-                {
-                    let mut table = txn.open_table(META).map_err(index_error)?;
-                    table
-                        .insert(META_FORMAT, u64::from(FORMAT_VERSION))
-                        .map_err(index_error)?;
-                }
-                txn.commit().map_err(index_error)
-            }
+            None => self.write_format(),
         }
+    }
+
+    fn write_format(&self) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(index_error)?;
+        {
+            let mut table = txn.open_table(META).map_err(index_error)?;
+            table
+                .insert(META_FORMAT, u64::from(FORMAT_VERSION))
+                .map_err(index_error)?;
+        }
+        txn.commit().map_err(index_error)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The index database, for the layers that define their own tables.
+    pub fn index(&self) -> Arc<Database> {
+        self.db.clone()
+    }
+
+    /// The chunk store (pack files in `packs/`).
+    pub fn chunk_store(&self) -> Result<ChunkStore, StoreError> {
+        let dir = self.dir.join(PACK_DIR);
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        ChunkStore::open(dir, self.db.clone())
+    }
+
+    /// Opens journal `which` (0 or 1; the history alternates between two
+    /// so that emptying one never races with appending); returns it with
+    /// the records it still holds.
+    pub fn journal(&self, which: usize) -> Result<(Journal, Vec<Vec<u8>>), StoreError> {
+        Journal::open(&self.dir.join(JOURNAL_FILES[which % 2]))
     }
 
     /// The persistent inode map kept in this store.

@@ -700,3 +700,92 @@ pub fn statvfs_flags(path: &std::path::Path) -> io::Result<u64> {
     check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
     Ok(st.f_flag)
 }
+
+/// Every extended attribute of the object behind `fd` (ACLs included),
+/// names sorted. Retries when the set grows between the size query and the
+/// read.
+pub fn xattrs_of(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut names = vec![0u8; 256];
+    let len = loop {
+        match listxattr_fd(fd, &mut names) {
+            Ok(n) => break n,
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => {
+                let need = listxattr_fd(fd, &mut [])?;
+                names.resize(need.max(names.len() * 2), 0);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        }
+    };
+    let mut out = Vec::new();
+    for name in names[..len].split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let cname = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let mut value = vec![0u8; 256];
+        let n = loop {
+            match getxattr_fd(fd, &cname, &mut value) {
+                Ok(n) => break Some(n),
+                Err(e) if e.raw_os_error() == Some(libc::ERANGE) => {
+                    let need = getxattr_fd(fd, &cname, &mut [])?;
+                    value.resize(need.max(value.len() * 2), 0);
+                }
+                // Removed between list and read.
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => break None,
+                Err(e) => return Err(e),
+            }
+        };
+        if let Some(n) = n {
+            value.truncate(n);
+            out.push((name.to_vec(), value));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub fn getegid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// Credentials of the process at the other end of a Unix socket.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+pub fn peer_credentials(sock: &impl std::os::fd::AsRawFd) -> io::Result<Peer> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred/len describe a writable ucred of the size passed.
+    check(unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(Peer {
+        uid: cred.uid,
+        gid: cred.gid,
+        pid: cred.pid as u32,
+    })
+}
+
+/// Whether process `pid` has `gid` among its supplementary groups.
+pub fn in_group(pid: u32, gid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+}

@@ -5,6 +5,7 @@ use std::os::fd::AsFd;
 
 use super::inodes::Handle;
 use super::{errno, Attr, Caller, InodeNo, Result, Vfs};
+use crate::history::Cause;
 use crate::sys::{self, creds, TimeSpec};
 
 /// The changes a setattr asks for; `None` leaves a field alone.
@@ -53,6 +54,24 @@ impl Vfs {
     }
 
     pub fn setattr(&self, caller: &Caller, ino: InodeNo, set: SetAttr) -> Result<Attr> {
+        let cause = if set.size.is_some() {
+            Cause::Truncate
+        } else if set.uid.is_some() || set.gid.is_some() {
+            Cause::Chown
+        } else if set.mode.is_some() {
+            Cause::Chmod
+        } else if set.atime.is_some() || set.mtime.is_some() {
+            Cause::Utimes
+        } else {
+            return self.getattr(ino, set.fh);
+        };
+        self.before_change(ino)?;
+        let attr = self.apply_setattr(caller, ino, &set)?;
+        self.after_change(caller, ino, cause);
+        Ok(attr)
+    }
+
+    fn apply_setattr(&self, caller: &Caller, ino: InodeNo, set: &SetAttr) -> Result<Attr> {
         let inode = self.inodes.node(ino)?;
         let fd = inode.fd();
         let is_symlink = inode.kind == libc::S_IFLNK;
@@ -132,6 +151,7 @@ impl Vfs {
         value: &[u8],
         flags: i32,
     ) -> Result<()> {
+        self.before_change(ino)?;
         let inode = self.inodes.node(ino)?;
         let cname = sys::cstr(name)?;
         // Setting an access ACL may clear the set-group-ID bit for a caller
@@ -142,6 +162,7 @@ impl Vfs {
         } else {
             creds::as_caller(caller, set)?;
         }
+        self.after_change(caller, ino, Cause::Xattr);
         Ok(())
     }
 
@@ -153,9 +174,11 @@ impl Vfs {
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr) -> Result<()> {
+        self.before_change(ino)?;
         let inode = self.inodes.node(ino)?;
         let cname = sys::cstr(name)?;
         creds::as_caller(caller, || sys::removexattr_fd(inode.fd(), &cname))?;
+        self.after_change(caller, ino, Cause::Xattr);
         Ok(())
     }
 

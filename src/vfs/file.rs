@@ -5,6 +5,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use super::inodes::Handle;
+use super::versioning::writes;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::sys::{self, creds};
 
@@ -80,11 +81,17 @@ impl Vfs {
             libc::S_IFLNK => return Err(errno(libc::ELOOP)),
             _ => {}
         }
+        let versioned = self.capture.is_some() && inode.kind == libc::S_IFREG && writes(flags);
+        if versioned {
+            self.before_write_open(ino)?;
+        }
         let fd = self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags, 0)?;
+        let session = versioned && self.after_write_open(caller, ino)?;
         let fh = self.handles.insert(Handle::File {
             ino,
             fd,
             opener: *caller,
+            session,
         });
         Ok(Opened {
             fh,
@@ -113,15 +120,77 @@ impl Vfs {
         // Exclusive first, to know whether this call made the object (then
         // it gets a new inode number without consulting the index).
         let excl = libc::O_CREAT | libc::O_EXCL;
+        if self.capture.is_some() {
+            self.before_dir_change(parent)?;
+        }
         let (fd, created) = match self.open_as_caller(caller, open_in_dir(excl), flags, mode) {
             Ok(fd) => (fd, true),
-            Err(e) if e.errno_is(libc::EEXIST) && flags & libc::O_EXCL == 0 => (
-                self.open_as_caller(caller, open_in_dir(0), flags, 0)?,
-                false,
-            ),
+            Err(e) if e.errno_is(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
+                // With history on, an existing file's content must be
+                // secured before O_TRUNC empties it: open without it and
+                // truncate once the file is registered.
+                let open_flags = if self.capture.is_some() {
+                    flags & !libc::O_TRUNC
+                } else {
+                    flags
+                };
+                (
+                    self.open_as_caller(caller, open_in_dir(0), open_flags, 0)?,
+                    false,
+                )
+            }
             Err(e) => return Err(e),
         };
-        self.register_opened(caller, fd, if created { Made::New } else { Made::Existing })
+        let made = if created { Made::New } else { Made::Existing };
+        let (entry, opened) = self.register_opened(caller, fd, made)?;
+        if created {
+            self.after_create(caller, parent, name, entry.attr.ino, &entry.attr.st);
+        } else if let Ok(inode) = self.inodes.get(entry.attr.ino) {
+            inode.set_name(parent, name.as_encoded_bytes());
+        }
+        if let Err(e) = self.start_session(caller, &entry, &opened, flags, created) {
+            let _ = self.release(opened.fh);
+            self.forget(entry.attr.ino, 1);
+            return Err(e);
+        }
+        Ok((self.refresh(entry, opened.fh)?, opened))
+    }
+
+    /// With history on: a handle create opened for writing starts a write
+    /// session (after securing an existing file's content and applying the
+    /// O_TRUNC deferred for that).
+    fn start_session(
+        &self,
+        caller: &Caller,
+        entry: &Entry,
+        opened: &Opened,
+        flags: i32,
+        created: bool,
+    ) -> Result<()> {
+        if self.capture.is_none() || entry.attr.kind() != libc::S_IFREG || !writes(flags) {
+            return Ok(());
+        }
+        let ino = entry.attr.ino;
+        if !created {
+            self.before_write_open(ino)?;
+            if flags & libc::O_TRUNC != 0 {
+                self.with_file(opened.fh, |fd, _| {
+                    Ok(creds::as_caller(caller, || sys::ftruncate(fd, 0))?)
+                })?;
+            }
+        }
+        if self.after_write_open(caller, ino)? {
+            self.handles.mark_session(opened.fh);
+        }
+        Ok(())
+    }
+
+    /// Attributes after a deferred truncation.
+    fn refresh(&self, mut entry: Entry, fh: u64) -> Result<Entry> {
+        if self.capture.is_some() {
+            entry.attr.st = self.with_file_fd(fh, |fd| Ok(sys::fstat(fd)?))?;
+        }
+        Ok(entry)
     }
 
     /// open(dir, O_TMPFILE): an unnamed file in `parent`, opened; linkat
@@ -146,7 +215,14 @@ impl Vfs {
             requested,
             mode,
         )?;
-        self.register_opened(caller, fd, Made::Unnamed)
+        let (entry, opened) = self.register_opened(caller, fd, Made::Unnamed)?;
+        if self.capture.is_some()
+            && writes(flags)
+            && self.after_write_open(caller, entry.attr.ino)?
+        {
+            self.handles.mark_session(opened.fh);
+        }
+        Ok((entry, opened))
     }
 
     /// Registers the regular file behind a descriptor create or tmpfile
@@ -163,6 +239,7 @@ impl Vfs {
             ino: inode.ino,
             fd,
             opener: *caller,
+            session: false,
         });
         let entry = Entry {
             attr: Attr { ino: inode.ino, st },
@@ -226,6 +303,15 @@ impl Vfs {
             };
             Ok(creds::as_caller(who, || sys::pwrite(fd, data, offset))?)
         })
+        .and_then(|n| {
+            if let Some(c) = self.capture() {
+                if c.config().every_write {
+                    let ino = self.handles.get(fh)?.ino();
+                    c.wrote(ino.0)?;
+                }
+            }
+            Ok(n)
+        })
     }
 
     pub fn flush(&self, fh: u64) -> Result<()> {
@@ -236,13 +322,29 @@ impl Vfs {
 
     /// Closes a handle; returns the inode it belonged to.
     pub fn release(&self, fh: u64) -> Result<InodeNo> {
-        Ok(self.handles.remove(fh)?.ino())
+        let handle = self.handles.remove(fh)?;
+        if let Handle::File {
+            ino, session: true, ..
+        } = &*handle
+        {
+            self.session_closed(*ino);
+        }
+        Ok(handle.ino())
     }
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
         let handle = self.handles.get(fh)?;
         match &*handle {
-            Handle::File { fd, .. } => sys::fsync(fd.as_fd(), datasync)?,
+            Handle::File {
+                fd, session, ino, ..
+            } => {
+                sys::fsync(fd.as_fd(), datasync)?;
+                if *session {
+                    if let Some(c) = self.capture() {
+                        c.fsync(ino.0)?;
+                    }
+                }
+            }
             Handle::Dir { stream, .. } => sys::fsync(stream.lock().fd(), datasync)?,
         }
         Ok(())

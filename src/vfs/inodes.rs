@@ -31,6 +31,9 @@ pub struct Inode {
     pub kind: u32,
     nlookup: AtomicU64,
     slot: FdSlot,
+    /// The (parent, name) the kernel last reached this object by: where
+    /// history records it if it was never recorded before.
+    name: Mutex<Option<(InodeNo, Vec<u8>)>>,
 }
 
 /// How the backing object is reached. Holding an O_PATH descriptor per
@@ -77,6 +80,17 @@ impl std::ops::Deref for Node {
 impl Inode {
     pub fn is_dir(&self) -> bool {
         self.kind == libc::S_IFDIR
+    }
+
+    pub fn set_name(&self, parent: InodeNo, name: &[u8]) {
+        let mut slot = self.name.lock();
+        if slot.as_ref().is_none_or(|(p, n)| *p != parent || n != name) {
+            *slot = Some((parent, name.to_vec()));
+        }
+    }
+
+    pub fn name(&self) -> Option<(InodeNo, Vec<u8>)> {
+        self.name.lock().clone()
     }
 }
 
@@ -146,6 +160,7 @@ impl InodeTable {
             kind: libc::S_IFDIR,
             nlookup: AtomicU64::new(1),
             slot: FdSlot::Pinned(root_fd.clone()),
+            name: Mutex::new(None),
         });
         let mut tables = Tables::default();
         tables.by_ino.insert(InodeNo::ROOT, root);
@@ -475,6 +490,7 @@ impl InodeTable {
             kind: st.st_mode & libc::S_IFMT,
             nlookup: AtomicU64::new(1),
             slot,
+            name: Mutex::new(None),
         });
         tables.by_ino.insert(ino, inode.clone());
         tables.by_key.insert(key, ino);
@@ -522,6 +538,9 @@ pub enum Handle {
         /// this identity (quota, reserved blocks, set-id clearing), as a
         /// descriptor carries its opener's credentials natively.
         opener: super::Caller,
+        /// Opened for writing while history is captured: its close ends a
+        /// write session.
+        session: bool,
     },
     Dir {
         ino: InodeNo,
@@ -565,6 +584,16 @@ impl HandleTable {
             .get(&fh)
             .cloned()
             .ok_or(VfsError::UnknownHandle(fh))
+    }
+
+    /// Marks a file handle as ending a write session when closed.
+    pub fn mark_session(&self, fh: u64) {
+        let mut handles = self.handles.write();
+        if let Some(h) = handles.get_mut(&fh) {
+            if let Some(Handle::File { session, .. }) = Arc::get_mut(h) {
+                *session = true;
+            }
+        }
     }
 
     pub fn remove(&self, fh: u64) -> Result<Arc<Handle>> {

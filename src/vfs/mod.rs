@@ -19,6 +19,7 @@ mod dir;
 mod file;
 mod inodes;
 mod namespace;
+mod versioning;
 
 use std::ffi::OsStr;
 use std::io;
@@ -34,6 +35,7 @@ pub use file::Opened;
 pub use inodes::InodeNo;
 
 use crate::branch::DirBranch;
+use crate::capture::Capture;
 use crate::store::{InodeMap, StoreError};
 use crate::sys;
 use inodes::{HandleTable, InodeTable};
@@ -125,10 +127,17 @@ pub struct Vfs {
     /// connection is negotiated): then O_WRONLY opens must be readable (the
     /// kernel reads partial pages) and O_APPEND is handled by the kernel.
     writeback: AtomicBool,
+    /// History capture; `None` for `-o plain`.
+    capture: Option<Arc<Capture>>,
 }
 
 impl Vfs {
-    pub fn new(branch: DirBranch, inomap: InodeMap, cfg: VfsConfig) -> Result<Arc<Vfs>> {
+    pub fn new(
+        branch: DirBranch,
+        inomap: InodeMap,
+        cfg: VfsConfig,
+        capture: Option<Arc<Capture>>,
+    ) -> Result<Arc<Vfs>> {
         let root_fd = sys::reopen(branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
         let root_st = sys::fstat(root_fd.as_fd())?;
         let inodes = InodeTable::new(branch.id(), inomap, root_fd, &root_st);
@@ -138,6 +147,7 @@ impl Vfs {
             handles: HandleTable::default(),
             cfg,
             writeback: AtomicBool::new(false),
+            capture,
         }))
     }
 

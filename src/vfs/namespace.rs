@@ -6,6 +6,7 @@ use std::os::fd::AsFd;
 
 use super::inodes::Node;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs};
+use crate::history::Cause;
 use crate::sys::{self, creds};
 
 impl Vfs {
@@ -17,7 +18,13 @@ impl Vfs {
             return Err(errno(libc::ENOENT));
         }
         let dir = self.inodes.node(parent)?;
-        self.lookup_in(&dir, name)
+        let entry = self.lookup_in(&dir, name)?;
+        if self.capture.is_some() {
+            if let Ok(inode) = self.inodes.get(entry.attr.ino) {
+                inode.set_name(parent, name.as_encoded_bytes());
+            }
+        }
+        Ok(entry)
     }
 
     pub(super) fn lookup_in(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
@@ -58,8 +65,10 @@ impl Vfs {
 
     /// After a creating call succeeded, registers the new object under a
     /// new number.
-    fn register_created(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
-        self.register(dir, &sys::cstr(name)?, true)
+    fn register_created(&self, caller: &Caller, dir: &Node, name: &OsStr) -> Result<Entry> {
+        let entry = self.register(dir, &sys::cstr(name)?, true)?;
+        self.after_create(caller, dir.ino, name, entry.attr.ino, &entry.attr.st);
+        Ok(entry)
     }
 
     pub fn mkdir(
@@ -71,10 +80,11 @@ impl Vfs {
         umask: u32,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
+        self.before_dir_change(parent)?;
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         creds::as_caller_with_umask(caller, umask, mode, || sys::mkdirat(dir.fd(), &cname, mode))?;
-        self.register_created(&dir, name)
+        self.register_created(caller, &dir, name)
     }
 
     pub fn mknod(
@@ -87,12 +97,13 @@ impl Vfs {
         rdev: u32,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
+        self.before_dir_change(parent)?;
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         creds::as_caller_with_umask(caller, umask, mode, || {
             sys::mknodat(dir.fd(), &cname, mode, u64::from(rdev))
         })?;
-        self.register_created(&dir, name)
+        self.register_created(caller, &dir, name)
     }
 
     pub fn symlink(
@@ -103,11 +114,12 @@ impl Vfs {
         target: &OsStr,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
+        self.before_dir_change(parent)?;
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         let ctarget = sys::cstr(target)?;
         creds::as_caller(caller, || sys::symlinkat(&ctarget, dir.fd(), &cname))?;
-        self.register_created(&dir, name)
+        self.register_created(caller, &dir, name)
     }
 
     pub fn link(
@@ -118,12 +130,17 @@ impl Vfs {
         newname: &OsStr,
     ) -> Result<Entry> {
         self.check_name(newparent, newname)?;
+        self.before_dir_change(newparent)?;
+        self.before_change(ino)?;
         let inode = self.inodes.node(ino)?;
         let dir = self.inodes.node(newparent)?;
         let cname = sys::cstr(newname)?;
         creds::as_caller(caller, || sys::link_fd(inode.fd(), dir.fd(), &cname))?;
         // A new name for a known object, not a new object.
-        self.lookup_in(&dir, newname)
+        let entry = self.lookup_in(&dir, newname)?;
+        inode.set_name(newparent, newname.as_encoded_bytes());
+        self.after_link(caller, newparent, newname, entry.attr.ino);
+        Ok(entry)
     }
 
     pub fn unlink(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<()> {
@@ -138,10 +155,37 @@ impl Vfs {
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
+        self.before_dir_change(parent)?;
+        let held = self.hold_named(parent, name)?;
+        let result = self.remove_held(caller, parent, name, flags, held);
+        self.release_held(held);
+        result
+    }
+
+    fn remove_held(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        flags: i32,
+        held: Option<InodeNo>,
+    ) -> Result<()> {
+        if let Some(victim) = held {
+            self.before_change(victim)?;
+        }
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         let victim = self.pin_victim(&dir, &cname)?;
         creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
+        if let (Some(ino), Some(st)) = (held, victim) {
+            let cause = if flags & libc::AT_REMOVEDIR != 0 {
+                Cause::Rmdir
+            } else {
+                Cause::Unlink
+            };
+            let binding = self.binding_of(ino);
+            self.after_remove(caller, parent, name, ino, binding, is_last_name(&st), cause);
+        }
         self.retire_if_last(victim)
     }
 
@@ -150,9 +194,7 @@ impl Vfs {
     /// keep every file ever seen).
     fn retire_if_last(&self, victim: Option<Stat>) -> Result<()> {
         match victim {
-            Some(st) if st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
-                Ok(self.inodes.retire(&self.inodes.key_of(&st))?)
-            }
+            Some(st) if is_last_name(&st) => Ok(self.inodes.retire(&self.inodes.key_of(&st))?),
             _ => Ok(()),
         }
     }
@@ -185,11 +227,47 @@ impl Vfs {
             return Err(errno(libc::ENOENT));
         }
         self.check_name(newparent, newname)?;
+        self.before_dir_change(parent)?;
+        if newparent != parent {
+            self.before_dir_change(newparent)?;
+        }
+        let moved = self.hold_named(parent, name)?;
+        let target = match self.hold_named(newparent, newname) {
+            Ok(t) => t,
+            Err(e) => {
+                self.release_held(moved);
+                return Err(e);
+            }
+        };
+        let result = self.rename_held(
+            caller,
+            (parent, name),
+            (newparent, newname),
+            flags,
+            (moved, target),
+        );
+        self.release_held(moved);
+        self.release_held(target);
+        result
+    }
+
+    fn rename_held(
+        &self,
+        caller: &Caller,
+        (parent, name): (InodeNo, &OsStr),
+        (newparent, newname): (InodeNo, &OsStr),
+        flags: u32,
+        (moved, target): (Option<InodeNo>, Option<InodeNo>),
+    ) -> Result<()> {
+        for held in [moved, target].into_iter().flatten() {
+            self.before_change(held)?;
+        }
         let olddir = self.inodes.node(parent)?;
         let newdir = self.inodes.node(newparent)?;
         let old = sys::cstr(name)?;
         let new = sys::cstr(newname)?;
-        let victim = if flags & libc::RENAME_EXCHANGE == 0 {
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let victim = if !exchange {
             self.pin_victim(&newdir, &new)?
         } else {
             None
@@ -197,6 +275,27 @@ impl Vfs {
         creds::as_caller(caller, || {
             sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
         })?;
+        // Renaming a name onto another name of the same object changes nothing.
+        if let Some(obj) = moved.filter(|m| Some(*m) != target) {
+            let victim_info = target.map(|t| {
+                let gone = exchange || victim.as_ref().is_some_and(is_last_name);
+                (t, self.binding_of(t), gone && !exchange)
+            });
+            self.after_rename(
+                caller,
+                (parent, name),
+                (newparent, newname),
+                obj,
+                victim_info,
+                exchange,
+            );
+        }
         self.retire_if_last(victim)
     }
+}
+
+/// Whether removing one name of the object with these attributes removes
+/// the object (a directory has only one name).
+fn is_last_name(st: &Stat) -> bool {
+    st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }

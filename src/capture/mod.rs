@@ -1,0 +1,692 @@
+//! Capture: turns changes made through the mount into versions.
+//!
+//! Owns: the rule of what makes a version (one per open→close write
+//! session, one per metadata change, the final state at unlink, both sides
+//! of a rename), copy-on-change (identical content makes no version), lazy
+//! baselines (an object that predates history is recorded just before its
+//! first change, a directory together with its whole listing), detection
+//! of changes made behind the mount's back, and the ingest worker that
+//! builds a session's version after close, off the caller's path.
+//! Uses: `history`, `store` (through history), `sys` (reading files,
+//! xattrs, process names). Must not use the vfs: the vfs hands in a `Tree`
+//! to reach live objects.
+
+mod state;
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::history::content::{self, PositionalReader};
+use crate::history::{
+    Attrs, Binding, Cause, Content, Dirent, Draft, History, HistoryError, Manifest, ObjectId, Time,
+    Version, Who, ROOT,
+};
+use crate::sys::{self, Stat};
+pub use state::Known;
+use state::{Job, Session};
+
+pub type Result<T> = std::result::Result<T, CaptureError>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(transparent)]
+    History(#[from] HistoryError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl CaptureError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            CaptureError::History(e) => e.errno(),
+            CaptureError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+/// The live objects capture reads from, as the vfs sees them.
+pub trait Tree {
+    fn stat(&self, obj: ObjectId) -> io::Result<Stat>;
+    /// A descriptor for reading the object's content (as the daemon).
+    fn open_read(&self, obj: ObjectId) -> io::Result<OwnedFd>;
+    fn readlink(&self, obj: ObjectId) -> io::Result<Vec<u8>>;
+    fn xattrs(&self, obj: ObjectId) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// The name the object was last reached by: (parent, name).
+    fn parent_of(&self, obj: ObjectId) -> Option<(ObjectId, Vec<u8>)>;
+    /// The live entries of a directory with their object ids and bindings.
+    fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>>;
+    fn binding(&self, obj: ObjectId) -> Option<Binding>;
+}
+
+/// Capture settings (mount options).
+#[derive(Clone, Debug)]
+pub struct CaptureConfig {
+    /// A file held open for writing gets a version at least this often.
+    pub interval: Duration,
+    /// Every write() is its own version (Wayback's comprehensive mode).
+    pub every_write: bool,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            interval: Duration::from_secs(60),
+            every_write: false,
+        }
+    }
+}
+
+pub struct Capture {
+    history: Arc<History>,
+    cfg: CaptureConfig,
+    state: Mutex<state::Objects>,
+    /// Signalled when an object's queued ingests finish.
+    idle: Condvar,
+    jobs: state::JobQueue,
+    /// Serializes baselines so one directory is never listed twice.
+    baseline_lock: Mutex<()>,
+    comms: Mutex<HashMap<u32, String>>,
+}
+
+/// Converts a stat into recorded attributes.
+pub fn attrs_of(st: &Stat) -> Attrs {
+    let t = |sec: i64, nsec: i64| Time {
+        sec,
+        nsec: nsec as u32,
+    };
+    Attrs {
+        mode: st.st_mode,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: st.st_size as u64,
+        nlink: st.st_nlink as u32,
+        rdev: st.st_rdev,
+        atime: t(st.st_atime, st.st_atime_nsec),
+        mtime: t(st.st_mtime, st.st_mtime_nsec),
+        ctime: t(st.st_ctime, st.st_ctime_nsec),
+        backing_dev: st.st_dev,
+        backing_ino: st.st_ino,
+    }
+}
+
+fn empty_manifest() -> Manifest {
+    Manifest::default()
+}
+
+impl Capture {
+    pub fn new(history: Arc<History>, cfg: CaptureConfig) -> Arc<Capture> {
+        let capture = Arc::new(Capture {
+            history,
+            cfg,
+            state: Mutex::new(state::Objects::default()),
+            idle: Condvar::new(),
+            jobs: state::JobQueue::default(),
+            baseline_lock: Mutex::new(()),
+            comms: Mutex::new(HashMap::new()),
+        });
+        let worker = Arc::downgrade(&capture);
+        let spawned = std::thread::Builder::new()
+            .name("capture-ingest".into())
+            .spawn(move || state::worker_loop(worker));
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the ingest worker ({e}); sessions are ingested at close");
+            capture.jobs.disable();
+        }
+        capture
+    }
+
+    pub fn history(&self) -> &Arc<History> {
+        &self.history
+    }
+
+    pub fn config(&self) -> &CaptureConfig {
+        &self.cfg
+    }
+
+    /// Who is making a change: the caller and its process name.
+    pub fn who(&self, uid: u32, gid: u32, pid: u32) -> Who {
+        let comm = {
+            let mut comms = self.comms.lock();
+            if comms.len() > 4096 {
+                comms.clear();
+            }
+            comms
+                .entry(pid)
+                .or_insert_with(|| {
+                    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .map(|s| s.trim_end().to_string())
+                        .unwrap_or_default()
+                })
+                .clone()
+        };
+        Who {
+            uid,
+            gid,
+            pid,
+            comm,
+        }
+    }
+
+    /// What history holds as the newest state of `obj`, cached.
+    fn known(&self, obj: ObjectId) -> Result<Option<Arc<Known>>> {
+        if let Some(k) = self.state.lock().known(obj) {
+            return Ok(Some(k));
+        }
+        let Some((seq, v)) = self.history.latest(obj)? else {
+            return Ok(None);
+        };
+        let k = Arc::new(Known::from_version(seq, &v));
+        self.state.lock().remember(obj, k.clone());
+        Ok(Some(k))
+    }
+
+    fn commit(&self, draft: Draft) -> Result<()> {
+        let mut remembered = Vec::new();
+        for (obj, v) in &draft.versions {
+            remembered.push((*obj, v.clone()));
+        }
+        let seq = self.history.commit(draft)?;
+        let mut st = self.state.lock();
+        for (obj, v) in remembered {
+            if v.gone {
+                st.forget(obj);
+            } else {
+                st.remember(obj, Arc::new(Known::from_version(seq, &v)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Before `obj` changes: make sure history holds its current state
+    /// (its baseline if history never saw it, or what changed behind the
+    /// mount's back), so the change can never lose it.
+    pub fn before_change(&self, tree: &dyn Tree, obj: ObjectId) -> Result<()> {
+        self.wait_ingests(obj);
+        if self.state.lock().has_writers(obj) {
+            // The session's opening already secured the prior state.
+            return Ok(());
+        }
+        let st = tree.stat(obj)?;
+        let attrs = attrs_of(&st);
+        match self.known(obj)? {
+            Some(k) if k.verified.same_state(&attrs) || k.attrs.same_state(&attrs) => Ok(()),
+            Some(_) => self.record_state(tree, obj, &st, Cause::External, &Who::default(), true),
+            None => self.baseline(tree, obj, &st),
+        }
+    }
+
+    /// Before an entry of directory `dir` is added, removed or renamed:
+    /// the directory's listing must be in history.
+    pub fn before_dir_change(&self, tree: &dyn Tree, dir: ObjectId) -> Result<()> {
+        if self.known(dir)?.is_some() {
+            return Ok(());
+        }
+        let _one = self.baseline_lock.lock();
+        self.baseline_dir(tree, dir, 0)
+    }
+
+    fn baseline(&self, tree: &dyn Tree, obj: ObjectId, st: &Stat) -> Result<()> {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return self.before_dir_change(tree, obj);
+        }
+        let _one = self.baseline_lock.lock();
+        if self.known(obj)?.is_some() {
+            return Ok(());
+        }
+        let mut draft = Draft::default();
+        if let Some((parent, name)) = tree.parent_of(obj) {
+            self.baseline_dir(tree, parent, 0)?;
+            if self.history.current_dirent(parent, &name)? != Some(Some(obj)) {
+                draft.dirents.push(Dirent {
+                    parent,
+                    name,
+                    child: Some(obj),
+                });
+            }
+        }
+        let v = self.snapshot(tree, obj, st, Cause::Baseline, &Who::default(), &mut draft)?;
+        draft.versions.push((obj, v));
+        draft.bind.extend(tree.binding(obj));
+        self.commit(draft)
+    }
+
+    /// Records `dir` with its whole listing, after its ancestors.
+    fn baseline_dir(&self, tree: &dyn Tree, dir: ObjectId, depth: usize) -> Result<()> {
+        if self.known(dir)?.is_some() {
+            return Ok(());
+        }
+        if depth > 4096 {
+            return Err(HistoryError::Corrupt("directory nesting too deep".into()).into());
+        }
+        let mut draft = Draft::default();
+        if dir != ROOT {
+            if let Some((parent, name)) = tree.parent_of(dir) {
+                self.baseline_dir(tree, parent, depth + 1)?;
+                if self.history.current_dirent(parent, &name)? != Some(Some(dir)) {
+                    draft.dirents.push(Dirent {
+                        parent,
+                        name,
+                        child: Some(dir),
+                    });
+                }
+            }
+        }
+        let st = tree.stat(dir)?;
+        for (name, binding) in tree.list(dir)? {
+            draft.dirents.push(Dirent {
+                parent: dir,
+                name,
+                child: Some(binding.object),
+            });
+            draft.bind.push(binding);
+        }
+        let v = self.snapshot(tree, dir, &st, Cause::Baseline, &Who::default(), &mut draft)?;
+        draft.versions.push((dir, v));
+        draft.bind.extend(tree.binding(dir));
+        self.commit(draft)
+    }
+
+    /// The full state of `obj` now, as a version (file content ingested).
+    fn snapshot(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        st: &Stat,
+        cause: Cause,
+        who: &Who,
+        draft: &mut Draft,
+    ) -> Result<Version> {
+        let content = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                let fd = tree.open_read(obj)?;
+                self.ingest_fd(&fd, draft)?
+            }
+            libc::S_IFDIR => Content::Dir,
+            libc::S_IFLNK => Content::Symlink {
+                target: tree.readlink(obj)?,
+            },
+            _ => Content::Special,
+        };
+        Ok(Version {
+            time_ns: 0,
+            who: who.clone(),
+            cause,
+            attrs: attrs_of(st),
+            content,
+            xattrs: tree.xattrs(obj).unwrap_or_default(),
+            gone: false,
+        })
+    }
+
+    fn ingest_fd(&self, fd: &OwnedFd, draft: &mut Draft) -> Result<Content> {
+        let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
+        let reader = PositionalReader {
+            read_at: &read_at,
+            offset: 0,
+        };
+        let (manifest, _) = content::ingest(self.history.chunks(), reader)?;
+        Ok(self.content_of(manifest, draft))
+    }
+
+    fn content_of(&self, manifest: Manifest, draft: &mut Draft) -> Content {
+        let id = manifest.id();
+        draft.manifests.push((id, manifest.encode()));
+        Content::File { manifest: id }
+    }
+
+    /// Records `obj`'s current state with `cause` unless it equals what
+    /// history holds (copy-on-change). `read_content`: the file's bytes may
+    /// have changed and must be read again.
+    fn record_state(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        st: &Stat,
+        cause: Cause,
+        who: &Who,
+        read_content: bool,
+    ) -> Result<()> {
+        let known = self.known(obj)?;
+        let mut draft = Draft::default();
+        let v = match (&known, read_content) {
+            (Some(k), false) => Version {
+                time_ns: 0,
+                who: who.clone(),
+                cause,
+                attrs: attrs_of(st),
+                content: k.content.clone(),
+                xattrs: tree.xattrs(obj).unwrap_or_default(),
+                gone: false,
+            },
+            _ => self.snapshot(tree, obj, st, cause, who, &mut draft)?,
+        };
+        self.commit_unless_same(obj, known.as_deref(), v, draft)
+    }
+
+    /// Commits `v` unless it is the same state as `known` (then only
+    /// remembers the live attributes as verified).
+    fn commit_unless_same(
+        &self,
+        obj: ObjectId,
+        known: Option<&Known>,
+        v: Version,
+        mut draft: Draft,
+    ) -> Result<()> {
+        if let Some(k) = known {
+            if k.same_content_and_meta(&v) {
+                self.state.lock().verified(obj, v.attrs);
+                // Chunks written for an identical ingest are already stored.
+                draft.manifests.clear();
+                return Ok(());
+            }
+        }
+        draft.versions.push((obj, v));
+        self.commit(draft)
+    }
+
+    /// A new object was made in `parent` under `name`.
+    pub fn created(
+        &self,
+        tree: &dyn Tree,
+        parent: ObjectId,
+        name: &[u8],
+        obj: ObjectId,
+        st: &Stat,
+        who: &Who,
+    ) -> Result<()> {
+        let (cause, content) = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => (Cause::Create, None),
+            libc::S_IFDIR => (Cause::Mkdir, Some(Content::Dir)),
+            libc::S_IFLNK => (
+                Cause::Symlink,
+                Some(Content::Symlink {
+                    target: tree.readlink(obj)?,
+                }),
+            ),
+            _ => (Cause::Mknod, Some(Content::Special)),
+        };
+        let mut draft = Draft::default();
+        let content = match content {
+            Some(c) => c,
+            None => self.content_of(empty_manifest(), &mut draft),
+        };
+        draft.versions.push((
+            obj,
+            Version {
+                time_ns: 0,
+                who: who.clone(),
+                cause,
+                attrs: attrs_of(st),
+                content,
+                xattrs: Vec::new(),
+                gone: false,
+            },
+        ));
+        draft.dirents.push(Dirent {
+            parent,
+            name: name.to_vec(),
+            child: Some(obj),
+        });
+        draft.bind.extend(tree.binding(obj));
+        self.commit(draft)
+    }
+
+    /// `obj` got another name (link(2), or an O_TMPFILE file its first).
+    pub fn linked(
+        &self,
+        tree: &dyn Tree,
+        parent: ObjectId,
+        name: &[u8],
+        obj: ObjectId,
+        who: &Who,
+    ) -> Result<()> {
+        let st = tree.stat(obj)?;
+        let mut draft = Draft::default();
+        let v = match self.known(obj)? {
+            Some(k) => k.version(who, Cause::Link, attrs_of(&st)),
+            None => self.snapshot(tree, obj, &st, Cause::Link, who, &mut draft)?,
+        };
+        draft.versions.push((obj, v));
+        draft.dirents.push(Dirent {
+            parent,
+            name: name.to_vec(),
+            child: Some(obj),
+        });
+        draft.bind.extend(tree.binding(obj));
+        self.commit(draft)
+    }
+
+    /// `name` in `parent` (naming `obj`, whose state before the removal was
+    /// secured by `before_change`) was removed; `gone`: it was the last name.
+    pub fn removed(
+        &self,
+        parent: ObjectId,
+        name: &[u8],
+        obj: ObjectId,
+        binding: Option<Binding>,
+        gone: bool,
+        cause: Cause,
+        who: &Who,
+    ) -> Result<()> {
+        let mut draft = Draft::default();
+        draft.dirents.push(Dirent {
+            parent,
+            name: name.to_vec(),
+            child: None,
+        });
+        if let Some(k) = self.known(obj)? {
+            let mut v = k.version(who, cause, k.attrs);
+            v.gone = gone;
+            if !gone {
+                v.attrs.nlink = v.attrs.nlink.saturating_sub(1);
+            }
+            draft.versions.push((obj, v));
+        }
+        if gone {
+            draft.unbind.extend(binding);
+        }
+        self.commit(draft)
+    }
+
+    /// A rename happened: `obj` moved from (olddir, oldname) to (newdir,
+    /// newname); `victim` was the object it replaced (its state secured
+    /// before) and whether that was its last name. With `exchange`, the
+    /// victim moved the other way instead.
+    #[allow(clippy::too_many_arguments)]
+    pub fn renamed(
+        &self,
+        tree: &dyn Tree,
+        (olddir, oldname): (ObjectId, &[u8]),
+        (newdir, newname): (ObjectId, &[u8]),
+        obj: ObjectId,
+        victim: Option<(ObjectId, Option<Binding>, bool)>,
+        exchange: bool,
+        who: &Who,
+    ) -> Result<()> {
+        let mut draft = Draft::default();
+        let moved = |d: &mut Draft, o: ObjectId, k: Option<Arc<Known>>| -> Result<()> {
+            let st = tree.stat(o)?;
+            let v = match k {
+                Some(k) => k.version(who, Cause::Rename, attrs_of(&st)),
+                None => self.snapshot(tree, o, &st, Cause::Rename, who, d)?,
+            };
+            d.versions.push((o, v));
+            Ok(())
+        };
+        moved(&mut draft, obj, self.known(obj)?)?;
+        draft.dirents.push(Dirent {
+            parent: newdir,
+            name: newname.to_vec(),
+            child: Some(obj),
+        });
+        match victim {
+            Some((v, _, _)) if exchange => {
+                moved(&mut draft, v, self.known(v)?)?;
+                draft.dirents.push(Dirent {
+                    parent: olddir,
+                    name: oldname.to_vec(),
+                    child: Some(v),
+                });
+            }
+            other => {
+                draft.dirents.push(Dirent {
+                    parent: olddir,
+                    name: oldname.to_vec(),
+                    child: None,
+                });
+                if let Some((v, binding, gone)) = other {
+                    if let Some(k) = self.known(v)? {
+                        let mut ver = k.version(who, Cause::Overwritten, k.attrs);
+                        ver.gone = gone;
+                        draft.versions.push((v, ver));
+                    }
+                    if gone {
+                        draft.unbind.extend(binding);
+                    }
+                }
+            }
+        }
+        // A renamed object must keep its number after a crash.
+        draft.bind.extend(tree.binding(obj));
+        self.commit(draft)
+    }
+
+    /// Attributes or xattrs of `obj` changed (`cause` says which); a
+    /// truncate also changed content. During a write session the change
+    /// folds into the session's version.
+    pub fn changed(&self, tree: &dyn Tree, obj: ObjectId, cause: Cause, who: &Who) -> Result<()> {
+        if self.state.lock().mark_dirty(obj) {
+            return Ok(());
+        }
+        let st = tree.stat(obj)?;
+        let read = cause == Cause::Truncate;
+        self.record_state(tree, obj, &st, cause, who, read)
+    }
+
+    /// A handle that may write `obj` is being opened (before the backing
+    /// open, which may truncate): its prior state must be in history.
+    pub fn session_opening(&self, tree: &dyn Tree, obj: ObjectId) -> Result<()> {
+        self.before_change(tree, obj)
+    }
+
+    /// The handle is open: `reader` reads the file for its version.
+    pub fn session_opened(&self, obj: ObjectId, reader: OwnedFd, who: Who) {
+        self.state.lock().open_session(obj, reader, who);
+    }
+
+    /// A write through the daemon (not passthrough): in every-write mode
+    /// each one is a version.
+    pub fn wrote(&self, obj: ObjectId) -> Result<()> {
+        if !self.cfg.every_write {
+            return Ok(());
+        }
+        let job = self.state.lock().snapshot_job(obj, Cause::Write);
+        match job {
+            Some(job) => self.run_job(job),
+            None => Ok(()),
+        }
+    }
+
+    /// A write handle was closed. The session's version is built by the
+    /// ingest worker once the last writer closes.
+    pub fn session_closed(&self, obj: ObjectId) {
+        let job = self.state.lock().close_session(obj);
+        if let Some(job) = job {
+            if let Err(job) = self.jobs.push(job) {
+                // No worker: build it here.
+                if let Err(e) = self.run_job(*job) {
+                    tracing::error!("recording the version of inode {obj} failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// fsync on a file open for writing: its current state becomes a
+    /// version, durably.
+    pub fn fsync(&self, obj: ObjectId) -> Result<()> {
+        let job = self.state.lock().snapshot_job(obj, Cause::Fsync);
+        if let Some(job) = job {
+            self.run_job(job)?;
+        }
+        self.wait_ingests(obj);
+        Ok(self.history.sync()?)
+    }
+
+    fn wait_ingests(&self, obj: ObjectId) {
+        let mut st = self.state.lock();
+        while st.ingesting(obj) {
+            self.idle.wait(&mut st);
+        }
+    }
+
+    /// Waits until every queued ingest is recorded (before a query).
+    pub fn settle(&self) {
+        let mut st = self.state.lock();
+        while st.any_ingesting() {
+            self.idle.wait(&mut st);
+        }
+    }
+
+    /// Builds and commits the version of a session job.
+    fn run_job(&self, job: Job) -> Result<()> {
+        let result = self.ingest_job(&job);
+        self.state.lock().job_done(job.obj, job.queued);
+        self.idle.notify_all();
+        result
+    }
+
+    fn ingest_job(&self, job: &Job) -> Result<()> {
+        let st = sys::fstat(job.reader.as_fd())?;
+        let attrs = attrs_of(&st);
+        let known = self.known(job.obj)?;
+        if let Some(k) = &known {
+            if !job.dirty && (k.attrs.same_state(&attrs) || k.verified.same_state(&attrs)) {
+                return Ok(());
+            }
+        }
+        let mut draft = Draft::default();
+        let content = self.ingest_fd(&job.reader, &mut draft)?;
+        let xattrs = sys::xattrs_of(job.reader.as_fd()).unwrap_or_default();
+        let v = Version {
+            time_ns: 0,
+            who: job.who.clone(),
+            cause: job.cause,
+            attrs,
+            content,
+            xattrs,
+            gone: false,
+        };
+        self.commit_unless_same(job.obj, known.as_deref(), v, draft)
+    }
+
+    /// Files held open past the interval get a version (called by the
+    /// worker).
+    fn interval_jobs(&self) -> Vec<Job> {
+        self.state
+            .lock()
+            .due_sessions(Instant::now(), self.cfg.interval)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        while let Some(job) = self.jobs.pop() {
+            if let Err(e) = self.run_job(job) {
+                tracing::error!("recording a version at unmount failed: {e}");
+            }
+        }
+    }
+}
+
+/// Empty content, for tests and callers that record an empty file.
+pub fn empty_content(draft: &mut Draft) -> Content {
+    let m = empty_manifest();
+    let id = m.id();
+    draft.manifests.push((id, m.encode()));
+    Content::File { manifest: id }
+}

@@ -1,0 +1,278 @@
+//! Capture's in-memory state: open write sessions, queued ingests, and a
+//! bounded cache of what history holds as each object's newest state.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::Capture;
+use crate::history::{Attrs, Cause, Content, ObjectId, Seq, Version, Who};
+
+/// Cached objects before the cache is emptied (entries are cheap to reload).
+const KNOWN_LIMIT: usize = 200_000;
+
+/// What history holds as an object's newest state.
+#[derive(Clone, Debug)]
+pub struct Known {
+    pub seq: Seq,
+    pub attrs: Attrs,
+    pub content: Content,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Live attributes last found to hold the same state (an identical
+    /// rewrite changes mtime but makes no version).
+    pub verified: Attrs,
+}
+
+impl Known {
+    pub fn from_version(seq: Seq, v: &Version) -> Known {
+        Known {
+            seq,
+            attrs: v.attrs,
+            content: v.content.clone(),
+            xattrs: v.xattrs.clone(),
+            verified: v.attrs,
+        }
+    }
+
+    /// A new version with this content and the given attributes.
+    pub fn version(&self, who: &Who, cause: Cause, attrs: Attrs) -> Version {
+        Version {
+            time_ns: 0,
+            who: who.clone(),
+            cause,
+            attrs,
+            content: self.content.clone(),
+            xattrs: self.xattrs.clone(),
+            gone: false,
+        }
+    }
+
+    /// Whether `v` records nothing new: same bytes, same mode, owner and
+    /// xattrs (times alone do not make a version).
+    pub fn same_content_and_meta(&self, v: &Version) -> bool {
+        self.content == v.content
+            && self.xattrs == v.xattrs
+            && self.attrs.mode == v.attrs.mode
+            && self.attrs.uid == v.attrs.uid
+            && self.attrs.gid == v.attrs.gid
+            && self.attrs.size == v.attrs.size
+    }
+}
+
+/// Open write handles of one object.
+pub struct Session {
+    writers: u32,
+    reader: Arc<OwnedFd>,
+    who: Who,
+    /// Attributes changed during the session (fold into its version).
+    dirty: bool,
+    last_version: Instant,
+}
+
+/// A version to build from a file's current content.
+pub struct Job {
+    pub obj: ObjectId,
+    pub reader: Arc<OwnedFd>,
+    pub who: Who,
+    pub cause: Cause,
+    pub dirty: bool,
+    /// Counted in `ingesting` (queued for the worker).
+    pub queued: bool,
+}
+
+#[derive(Default)]
+pub struct Objects {
+    known: HashMap<ObjectId, Arc<Known>>,
+    sessions: HashMap<ObjectId, Session>,
+    ingesting: HashMap<ObjectId, u32>,
+}
+
+impl Objects {
+    pub fn known(&self, obj: ObjectId) -> Option<Arc<Known>> {
+        self.known.get(&obj).cloned()
+    }
+
+    pub fn remember(&mut self, obj: ObjectId, k: Arc<Known>) {
+        if self.known.len() >= KNOWN_LIMIT {
+            self.known.clear();
+        }
+        self.known.insert(obj, k);
+    }
+
+    pub fn forget(&mut self, obj: ObjectId) {
+        self.known.remove(&obj);
+    }
+
+    pub fn verified(&mut self, obj: ObjectId, attrs: Attrs) {
+        if let Some(k) = self.known.get_mut(&obj) {
+            Arc::make_mut(k).verified = attrs;
+        }
+    }
+
+    pub fn has_writers(&self, obj: ObjectId) -> bool {
+        self.sessions.contains_key(&obj)
+    }
+
+    /// Marks an open session dirty; false if there is none.
+    pub fn mark_dirty(&mut self, obj: ObjectId) -> bool {
+        match self.sessions.get_mut(&obj) {
+            Some(s) => {
+                s.dirty = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn open_session(&mut self, obj: ObjectId, reader: OwnedFd, who: Who) {
+        match self.sessions.get_mut(&obj) {
+            Some(s) => s.writers += 1,
+            None => {
+                self.sessions.insert(
+                    obj,
+                    Session {
+                        writers: 1,
+                        reader: Arc::new(reader),
+                        who,
+                        dirty: false,
+                        last_version: Instant::now(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// One writer closed; the ingest job if it was the last.
+    pub fn close_session(&mut self, obj: ObjectId) -> Option<Job> {
+        let s = self.sessions.get_mut(&obj)?;
+        s.writers -= 1;
+        if s.writers > 0 {
+            return None;
+        }
+        let s = self.sessions.remove(&obj)?;
+        *self.ingesting.entry(obj).or_default() += 1;
+        Some(Job {
+            obj,
+            reader: s.reader,
+            who: s.who,
+            cause: Cause::Write,
+            dirty: s.dirty,
+            queued: true,
+        })
+    }
+
+    /// A job capturing an open session's current state now.
+    pub fn snapshot_job(&mut self, obj: ObjectId, cause: Cause) -> Option<Job> {
+        let s = self.sessions.get_mut(&obj)?;
+        s.last_version = Instant::now();
+        let dirty = std::mem::take(&mut s.dirty);
+        Some(Job {
+            obj,
+            reader: s.reader.clone(),
+            who: s.who.clone(),
+            cause,
+            dirty,
+            queued: false,
+        })
+    }
+
+    pub fn due_sessions(&mut self, now: Instant, interval: Duration) -> Vec<Job> {
+        let due: Vec<ObjectId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| now.duration_since(s.last_version) >= interval)
+            .map(|(o, _)| *o)
+            .collect();
+        due.into_iter()
+            .filter_map(|o| self.snapshot_job(o, Cause::Interval))
+            .collect()
+    }
+
+    pub fn ingesting(&self, obj: ObjectId) -> bool {
+        self.ingesting.contains_key(&obj)
+    }
+
+    pub fn any_ingesting(&self) -> bool {
+        !self.ingesting.is_empty()
+    }
+
+    pub fn job_done(&mut self, obj: ObjectId, queued: bool) {
+        if !queued {
+            return;
+        }
+        if let Some(n) = self.ingesting.get_mut(&obj) {
+            *n -= 1;
+            if *n == 0 {
+                self.ingesting.remove(&obj);
+            }
+        }
+    }
+}
+
+/// The ingest queue between request threads and the worker.
+#[derive(Default)]
+pub struct JobQueue {
+    jobs: Mutex<(VecDeque<Job>, bool)>,
+    ready: Condvar,
+}
+
+impl JobQueue {
+    /// Queues a job, or hands it back if there is no worker.
+    pub fn push(&self, job: Job) -> Result<(), Box<Job>> {
+        let mut q = self.jobs.lock();
+        if q.1 {
+            return Err(Box::new(job));
+        }
+        q.0.push_back(job);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    pub fn pop(&self) -> Option<Job> {
+        self.jobs.lock().0.pop_front()
+    }
+
+    /// Waits up to `timeout` for a job.
+    pub fn pop_wait(&self, timeout: Duration) -> Option<Job> {
+        let mut q = self.jobs.lock();
+        if q.0.is_empty() {
+            self.ready.wait_for(&mut q, timeout);
+        }
+        q.0.pop_front()
+    }
+
+    /// No worker runs: jobs run where they are made.
+    pub fn disable(&self) {
+        self.jobs.lock().1 = true;
+    }
+}
+
+/// How often the worker looks for files held open past the interval.
+const INTERVAL_CHECK: Duration = Duration::from_secs(1);
+
+pub fn worker_loop(capture: Weak<Capture>) {
+    let mut last_check = Instant::now();
+    loop {
+        let Some(c) = capture.upgrade() else {
+            return;
+        };
+        if let Some(job) = c.jobs.pop_wait(Duration::from_millis(200)) {
+            let obj = job.obj;
+            if let Err(e) = c.run_job(job) {
+                tracing::error!("recording the version of inode {obj} failed: {e}");
+            }
+        }
+        if last_check.elapsed() >= INTERVAL_CHECK {
+            last_check = Instant::now();
+            for job in c.interval_jobs() {
+                let obj = job.obj;
+                if let Err(e) = c.run_job(job) {
+                    tracing::error!("interval version of inode {obj} failed: {e}");
+                }
+            }
+        }
+    }
+}

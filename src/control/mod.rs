@@ -1,0 +1,260 @@
+//! The control channel: a Unix socket per mount over which the CLI asks a
+//! running daemon about history (the daemon holds the store's lock), and
+//! the same requests answered directly from a store when nothing is
+//! mounted.
+//!
+//! Owns: the request/response protocol (versioned), the socket's location
+//! and peer-credential checks, and the answers (`service`). Uses:
+//! `history`, `store`, `branch`, `sys`.
+//!
+//! Protocol (version `PROTOCOL`): the client sends one JSON line, a
+//! `Request`. The server answers with frames `kind u8 ‖ length u32 (BE) ‖
+//! payload`: any number of `D` (raw data, e.g. file content), then exactly
+//! one `J` (the JSON result) or `E` (a one-line error).
+
+pub mod service;
+pub mod spec;
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use service::Service;
+pub use spec::At;
+
+pub const PROTOCOL: u32 = 1;
+
+/// A path inside the mount, as name components from its root.
+pub type Components = Vec<Vec<u8>>;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    Tags,
+    Tag {
+        name: String,
+        at: At,
+    },
+    Untag {
+        name: String,
+    },
+    /// The sequence number and time an instant means.
+    Resolve {
+        at: At,
+    },
+    Stat {
+        path: Components,
+        at: At,
+    },
+    List {
+        path: Components,
+        at: At,
+        deleted: bool,
+    },
+    Read {
+        path: Components,
+        at: At,
+        version: Option<i64>,
+    },
+    Log {
+        path: Components,
+        since: Option<At>,
+        until: Option<At>,
+        recursive: bool,
+    },
+    Fsck {
+        repair: bool,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Envelope {
+    pub protocol: u32,
+    pub request: Request,
+}
+
+/// Where a request's answer goes: data frames, then a result or an error.
+pub trait Reply {
+    fn data(&mut self, bytes: &[u8]) -> io::Result<()>;
+}
+
+struct FrameWriter<W: Write>(W);
+
+fn frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("frame too large"))?;
+    w.write_all(&[kind])?;
+    w.write_all(&len.to_be_bytes())?;
+    w.write_all(payload)
+}
+
+impl<W: Write> Reply for FrameWriter<W> {
+    fn data(&mut self, bytes: &[u8]) -> io::Result<()> {
+        for piece in bytes.chunks(1 << 20) {
+            frame(&mut self.0, b'D', piece)?;
+        }
+        Ok(())
+    }
+}
+
+/// The directory holding control sockets: `/run/chronofs` for root,
+/// `$XDG_RUNTIME_DIR/chronofs` (or `/tmp/chronofs-UID`) otherwise.
+pub fn socket_dir(uid: u32) -> PathBuf {
+    if uid == 0 {
+        return PathBuf::from("/run/chronofs");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) => PathBuf::from(d).join("chronofs"),
+        None => PathBuf::from(format!("/tmp/chronofs-{uid}")),
+    }
+}
+
+/// The socket of the mount with device `dev` ("major:minor").
+pub fn socket_name(dev: &str) -> String {
+    format!("{}.sock", dev.replace(':', "-"))
+}
+
+/// A running control server; removes its socket when dropped.
+pub struct Server {
+    path: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Listens at `path` (mode 0666: every user may ask; each request is
+/// checked against the peer's credentials) and answers on a thread per
+/// connection.
+pub fn serve(path: &Path, service: Arc<Service>) -> io::Result<Server> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let svc = service.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || handle(conn, &svc));
+                if let Err(e) = spawned {
+                    tracing::error!("control: cannot start a connection thread: {e}");
+                }
+            }
+        })?;
+    Ok(Server {
+        path: path.to_path_buf(),
+    })
+}
+
+fn handle(conn: UnixStream, svc: &Service) {
+    let peer = match crate::sys::peer_credentials(&conn) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("control: cannot read peer credentials: {e}");
+            return;
+        }
+    };
+    let mut line = String::new();
+    let mut reader = BufReader::new(match conn.try_clone() {
+        Ok(c) => c,
+        Err(_) => return,
+    });
+    if reader.read_line(&mut line).is_err() {
+        return;
+    }
+    let mut out = FrameWriter(io::BufWriter::new(conn));
+    let result = match serde_json::from_str::<Envelope>(&line) {
+        Ok(env) if env.protocol == PROTOCOL => svc.answer(&env.request, &peer, &mut out),
+        Ok(env) => Err(service::Error::Usage(format!(
+            "client speaks control protocol {}, this daemon {PROTOCOL}",
+            env.protocol
+        ))),
+        Err(e) => Err(service::Error::Usage(format!("malformed request: {e}"))),
+    };
+    let end = match result {
+        Ok(v) => frame(&mut out.0, b'J', v.to_string().as_bytes()),
+        Err(e) => frame(&mut out.0, b'E', e.to_string().as_bytes()),
+    };
+    if let Err(e) = end.and_then(|()| out.0.flush()) {
+        tracing::debug!("control: client went away: {e}");
+    }
+}
+
+/// Sends a request to the daemon at `socket`; data frames go to `data`.
+pub fn call(
+    socket: &Path,
+    request: &Request,
+    data: &mut dyn Write,
+) -> Result<serde_json::Value, String> {
+    let mut conn = UnixStream::connect(socket)
+        .map_err(|e| format!("cannot reach the daemon at {}: {e}", socket.display()))?;
+    let env = Envelope {
+        protocol: PROTOCOL,
+        request: request.clone(),
+    };
+    let mut line = serde_json::to_string(&env).map_err(|e| e.to_string())?;
+    line.push('\n');
+    conn.write_all(line.as_bytes())
+        .map_err(|e| format!("control socket: {e}"))?;
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut head = [0u8; 5];
+        reader
+            .read_exact(&mut head)
+            .map_err(|e| format!("the daemon closed the connection: {e}"))?;
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let mut payload = vec![0u8; len];
+        reader
+            .read_exact(&mut payload)
+            .map_err(|e| format!("the daemon closed the connection: {e}"))?;
+        match head[0] {
+            b'D' => data
+                .write_all(&payload)
+                .map_err(|e| format!("writing output: {e}"))?,
+            b'J' => {
+                return serde_json::from_slice(&payload)
+                    .map_err(|e| format!("malformed answer from the daemon: {e}"))
+            }
+            b'E' => return Err(String::from_utf8_lossy(&payload).into_owned()),
+            other => return Err(format!("unknown frame {other} from the daemon")),
+        }
+    }
+}
+
+/// Answers a request in this process (no daemon: the store was opened
+/// directly).
+pub fn call_local(
+    svc: &Service,
+    request: &Request,
+    data: &mut dyn Write,
+) -> Result<serde_json::Value, String> {
+    struct Direct<'a>(&'a mut dyn Write);
+    impl Reply for Direct<'_> {
+        fn data(&mut self, bytes: &[u8]) -> io::Result<()> {
+            self.0.write_all(bytes)
+        }
+    }
+    let me = crate::sys::Peer {
+        uid: crate::sys::geteuid(),
+        gid: crate::sys::getegid(),
+        pid: std::process::id(),
+    };
+    svc.answer(request, &me, &mut Direct(data))
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,187 @@
+//! Instants as users write them: ISO 8601 (`2026-11-21T10:00`, with or
+//! without seconds, fraction or zone; a date alone means its midnight),
+//! relative (`-10m`, `-2h`, `-3d`, `-1w`), `now`, `today 14:00`,
+//! `yesterday 14:00`, a sequence number (`1234` or `#1234`), or a tag name.
+//! A bare number is always a sequence number, never a year.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum At {
+    Now,
+    Seq(u64),
+    /// Nanoseconds since the epoch.
+    Time(i64),
+    Tag(String),
+}
+
+fn now_ns() -> i64 {
+    jiff::Timestamp::now().as_nanosecond() as i64
+}
+
+/// Parses an instant; `Err` is a one-line message.
+pub fn parse(s: &str) -> Result<At, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty time".into());
+    }
+    if s == "now" {
+        return Ok(At::Now);
+    }
+    let digits = s.strip_prefix('#').unwrap_or(s);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        return digits
+            .parse()
+            .map(At::Seq)
+            .map_err(|_| format!("sequence number {s} is too large"));
+    }
+    if let Some(rel) = s.strip_prefix('-') {
+        return relative(rel).map(|d| At::Time(now_ns() - d));
+    }
+    for (word, days) in [("today", 0), ("yesterday", 1)] {
+        if let Some(rest) = s.strip_prefix(word) {
+            return day_time(days, rest.trim()).map(At::Time);
+        }
+    }
+    if s.starts_with(|c: char| c.is_ascii_digit()) {
+        return absolute(s).map(At::Time);
+    }
+    if s.chars()
+        .all(|c| c.is_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ':'))
+    {
+        return Ok(At::Tag(s.to_string()));
+    }
+    Err(format!(
+        "cannot read '{s}' as a time, sequence number or tag"
+    ))
+}
+
+fn relative(rel: &str) -> Result<i64, String> {
+    let bad = || format!("cannot read '-{rel}' as a relative time (e.g. -10m, -2h, -3d)");
+    let split = rel
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .ok_or_else(bad)?;
+    let (num, unit) = rel.split_at(split);
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" | "sec" | "secs" => 1.0,
+        "m" | "min" | "mins" => 60.0,
+        "h" | "hour" | "hours" => 3600.0,
+        "d" | "day" | "days" => 86400.0,
+        "w" | "week" | "weeks" => 604800.0,
+        _ => return Err(bad()),
+    };
+    let ns = n * secs * 1e9;
+    if !ns.is_finite() || ns > 1e19 {
+        return Err(bad());
+    }
+    Ok(ns as i64)
+}
+
+fn day_time(days_back: i64, clock: &str) -> Result<i64, String> {
+    let tz = jiff::tz::TimeZone::system();
+    let today = jiff::Timestamp::now().to_zoned(tz.clone()).date();
+    let day = today
+        .checked_sub(jiff::Span::new().days(days_back))
+        .map_err(|e| e.to_string())?;
+    let time = if clock.is_empty() {
+        jiff::civil::Time::midnight()
+    } else {
+        parse_clock(clock)?
+    };
+    let ts = tz
+        .to_timestamp(day.to_datetime(time))
+        .map_err(|e| e.to_string())?;
+    Ok(ts.as_nanosecond() as i64)
+}
+
+fn parse_clock(clock: &str) -> Result<jiff::civil::Time, String> {
+    let full = if clock.matches(':').count() == 1 {
+        format!("{clock}:00")
+    } else {
+        clock.to_string()
+    };
+    full.parse::<jiff::civil::Time>()
+        .map_err(|_| format!("cannot read '{clock}' as a time of day (HH:MM)"))
+}
+
+fn absolute(s: &str) -> Result<i64, String> {
+    if let Ok(ts) = s.parse::<jiff::Timestamp>() {
+        return Ok(ts.as_nanosecond() as i64);
+    }
+    let tz = jiff::tz::TimeZone::system();
+    let civil = s
+        .parse::<jiff::civil::DateTime>()
+        .or_else(|_| {
+            // Without seconds: 2026-11-21T10:00 parses, but be lenient
+            // about a space instead of the T.
+            s.replacen(' ', "T", 1).parse::<jiff::civil::DateTime>()
+        })
+        .or_else(|_| {
+            s.parse::<jiff::civil::Date>()
+                .map(|d| d.to_datetime(jiff::civil::Time::midnight()))
+        })
+        .map_err(|_| format!("cannot read '{s}' as an ISO 8601 time"))?;
+    let ts = tz.to_timestamp(civil).map_err(|e| e.to_string())?;
+    Ok(ts.as_nanosecond() as i64)
+}
+
+/// Formats a time for humans (local zone, second precision).
+pub fn show(ns: i64) -> String {
+    match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
+        Ok(ts) => ts
+            .to_zoned(jiff::tz::TimeZone::system())
+            .strftime("%Y-%m-%d %H:%M:%S")
+            .to_string(),
+        Err(_) => format!("@{ns}"),
+    }
+}
+
+/// Formats a time as ISO 8601 with nanoseconds and offset (for --json).
+pub fn iso(ns: i64) -> String {
+    match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
+        Ok(ts) => ts.to_zoned(jiff::tz::TimeZone::system()).to_string(),
+        Err(_) => format!("@{ns}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_form() {
+        assert_eq!(parse("now"), Ok(At::Now));
+        assert_eq!(parse("42"), Ok(At::Seq(42)));
+        assert_eq!(parse("#42"), Ok(At::Seq(42)));
+        assert_eq!(parse("release-1.0"), Ok(At::Tag("release-1.0".into())));
+        let z = parse("2026-11-21T10:00:00Z").unwrap();
+        assert_eq!(z, At::Time(1_763_719_200_000_000_000));
+        for s in [
+            "2026-11-21T10:00",
+            "2026-11-21 10:00:00",
+            "2026-11-21",
+            "2026-11-21T10:00:00.5+01:00",
+            "-10m",
+            "-1.5h",
+            "yesterday 14:00",
+            "today",
+        ] {
+            assert!(matches!(parse(s), Ok(At::Time(_))), "{s}");
+        }
+        let ten_min = match parse("-10m") {
+            Ok(At::Time(t)) => now_ns() - t,
+            other => panic!("{other:?}"),
+        };
+        assert!((599_000_000_000..=601_000_000_000).contains(&ten_min));
+    }
+
+    #[test]
+    fn rejects_garbage_with_one_line() {
+        for s in ["", "-10x", "2026-13-45", "yesterday 25:99", "a b c", "-"] {
+            let e = parse(s).unwrap_err();
+            assert!(!e.contains('\n'), "{s}: {e}");
+        }
+    }
+}

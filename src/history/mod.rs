@@ -1,0 +1,380 @@
+//! The history: every recorded version of every object, and the queries
+//! over them (object at T, directory at T, versions in a range, the
+//! incarnations of a path, tags).
+//!
+//! Owns: the history tables of the index, the journal protocol that makes
+//! each recorded change survive a killed daemon, and file content as
+//! manifests of chunks. Uses: `store`. Must not know about FUSE, the vfs or
+//! credentials.
+//!
+//! Write path: `commit` gives a change its sequence number and time,
+//! appends it to the journal (one write(2)) and queues it; a background
+//! thread applies the queue to the index every `APPLY_INTERVAL` with one
+//! durable commit, then empties the journal. Queries first apply what is
+//! queued, so they always see every committed change. After a crash the
+//! journal's records beyond the last durable commit are applied again at
+//! open (applying is idempotent).
+
+pub mod content;
+pub mod model;
+pub mod query;
+mod tables;
+pub mod verify;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use redb::{Database, Durability, ReadableDatabase};
+
+pub use model::*;
+
+use crate::store::{self, index_error, ChunkStore, Journal, Store, StoreError};
+
+const APPLY_INTERVAL: Duration = Duration::from_millis(100);
+const META_DURABLE_SEQ: &str = "history_durable_seq";
+const META_NEXT_SEQ: &str = "history_next_seq";
+const META_LAST_TIME: &str = "history_last_time_ns";
+
+pub type Result<T> = std::result::Result<T, HistoryError>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the store's history is damaged: {0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    NotFound(String),
+}
+
+impl HistoryError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            HistoryError::Store(e) => e.errno(),
+            HistoryError::Corrupt(_) => libc::EUCLEAN,
+            HistoryError::NotFound(_) => libc::ENOENT,
+        }
+    }
+}
+
+/// A change being put together; `History::commit` records it.
+#[derive(Default, Debug)]
+pub struct Draft {
+    pub versions: Vec<(ObjectId, Version)>,
+    pub dirents: Vec<Dirent>,
+    pub manifests: Vec<(store::Hash, Vec<u8>)>,
+    pub bind: Vec<Binding>,
+    pub unbind: Vec<Binding>,
+    pub tags: Vec<(String, Option<Seq>)>,
+}
+
+impl Draft {
+    pub fn is_empty(&self) -> bool {
+        self.versions.is_empty()
+            && self.dirents.is_empty()
+            && self.tags.is_empty()
+            && self.bind.is_empty()
+            && self.unbind.is_empty()
+    }
+}
+
+struct WriteState {
+    next_seq: Seq,
+    last_time: i64,
+    journals: [Journal; 2],
+    active: usize,
+    queue: Vec<Op>,
+    /// Latest versions and directory entries of queued changes, for the
+    /// capture's hot-path questions (what is the newest version of X?).
+    latest: HashMap<ObjectId, (Seq, Arc<Version>)>,
+    dirents: HashMap<(ObjectId, Vec<u8>), Option<ObjectId>>,
+}
+
+pub struct History {
+    db: Arc<Database>,
+    chunks: Arc<ChunkStore>,
+    state: Mutex<WriteState>,
+    /// Serializes appliers (background thread and queries).
+    apply_lock: Mutex<()>,
+    wake: Condvar,
+    closing: AtomicBool,
+}
+
+pub struct HistoryHandle {
+    history: Arc<History>,
+    applier: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::ops::Deref for HistoryHandle {
+    type Target = Arc<History>;
+    fn deref(&self) -> &Arc<History> {
+        &self.history
+    }
+}
+
+impl Drop for HistoryHandle {
+    fn drop(&mut self) {
+        self.history.closing.store(true, Ordering::Release);
+        self.history.wake.notify_all();
+        if let Some(t) = self.applier.take() {
+            let _ = t.join();
+        }
+        if let Err(e) = self.history.apply(true) {
+            tracing::error!("final history commit failed: {e}");
+        }
+    }
+}
+
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+impl History {
+    /// Opens the history of `store`, applying journaled changes a crash
+    /// left unapplied. Must run before the inode map is opened (replay may
+    /// restore inode-map entries).
+    pub fn open(store: &Store, background: bool) -> Result<HistoryHandle> {
+        let db = store.index();
+        let chunks = Arc::new(store.chunk_store()?);
+        let (journal_a, recs_a) = store.journal(0)?;
+        let (journal_b, recs_b) = store.journal(1)?;
+        let durable = tables::meta_get(&db, META_DURABLE_SEQ)?.unwrap_or(0);
+        let mut replay = Vec::new();
+        for rec in recs_a.iter().chain(recs_b.iter()) {
+            let op = Op::decode(rec).map_err(HistoryError::Corrupt)?;
+            if op.seq > durable {
+                replay.push(op);
+            }
+        }
+        replay.sort_by_key(|op| op.seq);
+        if !replay.is_empty() {
+            tracing::info!("replaying {} journaled change(s)", replay.len());
+            tables::apply_ops(&db, &replay, Durability::Immediate)?;
+        }
+        let next_seq = tables::meta_get(&db, META_NEXT_SEQ)?.unwrap_or(1);
+        let last_time = tables::meta_get(&db, META_LAST_TIME)?.unwrap_or(0) as i64;
+        let mut journals = [journal_a, journal_b];
+        for j in &mut journals {
+            j.reset()?;
+        }
+        let history = Arc::new(History {
+            db,
+            chunks,
+            state: Mutex::new(WriteState {
+                next_seq,
+                last_time,
+                journals,
+                active: 0,
+                queue: Vec::new(),
+                latest: HashMap::new(),
+                dirents: HashMap::new(),
+            }),
+            apply_lock: Mutex::new(()),
+            wake: Condvar::new(),
+            closing: AtomicBool::new(false),
+        });
+        let applier = if background {
+            let bg = history.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("history-apply".into())
+                    .spawn(move || bg.apply_loop())
+                    .map_err(|e| StoreError::Index(format!("cannot start applier: {e}")))?,
+            )
+        } else {
+            None
+        };
+        Ok(HistoryHandle { history, applier })
+    }
+
+    pub fn chunks(&self) -> &Arc<ChunkStore> {
+        &self.chunks
+    }
+
+    /// Records a change; returns its sequence number. Once this returns,
+    /// the change survives a kill of the daemon.
+    pub fn commit(&self, draft: Draft) -> Result<Seq> {
+        let mut st = self.state.lock();
+        let seq = st.next_seq;
+        let time_ns = now_ns().max(st.last_time + 1);
+        let fresh = self.chunks.fresh_locations();
+        let mut op = Op {
+            seq,
+            time_ns,
+            versions: draft.versions,
+            dirents: draft.dirents,
+            manifests: draft.manifests,
+            chunks: fresh
+                .iter()
+                .map(|(h, l)| (*h, l.encode().to_vec()))
+                .collect(),
+            bind: draft.bind,
+            unbind: draft.unbind,
+            tags: draft.tags,
+        };
+        for (_, v) in &mut op.versions {
+            v.time_ns = time_ns;
+        }
+        let active = st.active;
+        st.journals[active].append(&op.encode())?;
+        self.chunks.committed(&fresh);
+        st.next_seq = seq + 1;
+        st.last_time = time_ns;
+        for (obj, v) in &op.versions {
+            st.latest.insert(*obj, (seq, Arc::new(v.clone())));
+        }
+        for d in &op.dirents {
+            st.dirents.insert((d.parent, d.name.clone()), d.child);
+        }
+        st.queue.push(op);
+        Ok(seq)
+    }
+
+    /// Makes every committed change durable (the journal too, for fsync).
+    pub fn sync(&self) -> Result<()> {
+        self.apply(true)
+    }
+
+    /// Applies queued changes to the index. Durable: also fsyncs packs and
+    /// the index, then empties the journal that held them.
+    fn apply(&self, durable: bool) -> Result<()> {
+        let _one = self.apply_lock.lock();
+        let (batch, retired_journal, last_seq) = {
+            let mut st = self.state.lock();
+            let batch = std::mem::take(&mut st.queue);
+            let retired = if durable {
+                let old = st.active;
+                st.active = 1 - old;
+                Some(old)
+            } else {
+                None
+            };
+            (batch, retired, st.next_seq - 1)
+        };
+        if batch.is_empty() && !durable {
+            return Ok(());
+        }
+        if durable {
+            self.chunks.sync()?;
+        }
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        let txn_result = tables::apply_ops_with(&self.db, &batch, durability, |txn| {
+            if durable {
+                tables::meta_put(txn, META_DURABLE_SEQ, last_seq)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = txn_result {
+            // Put the batch back: its changes are still journaled and must
+            // become visible once the index accepts writes again.
+            let mut st = self.state.lock();
+            let newer = std::mem::take(&mut st.queue);
+            st.queue = batch;
+            st.queue.extend(newer);
+            if let Some(old) = retired_journal {
+                st.active = old;
+            }
+            return Err(e);
+        }
+        let mut st = self.state.lock();
+        if let Some(last) = batch.last().map(|op| op.seq) {
+            st.latest.retain(|_, (seq, _)| *seq > last);
+            let pending: std::collections::HashSet<(ObjectId, Vec<u8>)> = st
+                .queue
+                .iter()
+                .flat_map(|op| op.dirents.iter().map(|d| (d.parent, d.name.clone())))
+                .collect();
+            st.dirents.retain(|k, _| pending.contains(k));
+        }
+        if let Some(old) = retired_journal {
+            st.journals[old].reset()?;
+        }
+        Ok(())
+    }
+
+    fn apply_loop(&self) {
+        loop {
+            {
+                let mut st = self.state.lock();
+                if !self.closing.load(Ordering::Acquire) {
+                    self.wake.wait_for(&mut st, APPLY_INTERVAL);
+                }
+            }
+            if self.closing.load(Ordering::Acquire) {
+                return;
+            }
+            let idle = self.state.lock().queue.is_empty();
+            if idle {
+                continue;
+            }
+            if let Err(e) = self.apply(true) {
+                tracing::error!("history commit failed (will retry): {e}");
+            }
+        }
+    }
+
+    /// Makes queued changes visible to index reads (not necessarily
+    /// durable: the journal still holds them until the next durable apply).
+    pub fn settle(&self) -> Result<()> {
+        if self.state.lock().queue.is_empty() {
+            return Ok(());
+        }
+        self.apply(false)
+    }
+
+    /// The newest version of `obj`, including queued changes.
+    pub fn latest(&self, obj: ObjectId) -> Result<Option<(Seq, Arc<Version>)>> {
+        if let Some(hit) = self.state.lock().latest.get(&obj) {
+            return Ok(Some(hit.clone()));
+        }
+        Ok(tables::version_at(&self.db, obj, Seq::MAX)?.map(|(s, v)| (s, Arc::new(v))))
+    }
+
+    /// What `name` in `parent` names now according to history: `None` if
+    /// history has no entry, `Some(None)` if it was removed.
+    pub fn current_dirent(
+        &self,
+        parent: ObjectId,
+        name: &[u8],
+    ) -> Result<Option<Option<ObjectId>>> {
+        if let Some(hit) = self.state.lock().dirents.get(&(parent, name.to_vec())) {
+            return Ok(Some(*hit));
+        }
+        tables::dirent_at(&self.db, parent, name, Seq::MAX)
+    }
+
+    /// The sequence number the next change will get.
+    pub fn next_seq(&self) -> Seq {
+        self.state.lock().next_seq
+    }
+
+    pub(crate) fn db(&self) -> &Arc<Database> {
+        &self.db
+    }
+}
+
+/// Reads a `u64` from the store's meta table.
+pub(crate) fn meta_value(db: &Database, key: &str) -> Result<Option<u64>> {
+    tables::meta_get(db, key)
+}
+
+impl From<redb::Error> for HistoryError {
+    fn from(e: redb::Error) -> Self {
+        HistoryError::Store(index_error(e))
+    }
+}
+
+/// Read transactions used by queries.
+pub(crate) fn read_txn(db: &Database) -> Result<redb::ReadTransaction> {
+    db.begin_read()
+        .map_err(|e| HistoryError::Store(index_error(e)))
+}

@@ -1,0 +1,277 @@
+//! The versioned data model: what one recorded version of an object holds,
+//! and the record of one change (an "op") as journaled and indexed.
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{BackingKey, Hash};
+
+/// A file's identity: the inode number chronofs shows for it, allocated
+/// once and never reused, so it is stable across renames and shared by
+/// hard links.
+pub type ObjectId = u64;
+/// The global order of changes: one number per recorded change.
+pub type Seq = u64;
+
+/// The mount root's object id (the kernel's root inode number).
+pub const ROOT: ObjectId = 1;
+
+/// Why a version was recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Cause {
+    /// The object's state when history first needed it: it existed before
+    /// the first mount (or was never changed through it) and is about to
+    /// change. A baseline is valid back to the object's first appearance.
+    Baseline,
+    /// Changed behind the mount's back (detected at the next lookup).
+    External,
+    Create,
+    Mkdir,
+    Mknod,
+    Symlink,
+    Link,
+    /// An open→close write session.
+    Write,
+    /// An fsync of a file held open.
+    Fsync,
+    /// The capture interval elapsed while a file was held open.
+    Interval,
+    Truncate,
+    Chmod,
+    Chown,
+    Utimes,
+    Xattr,
+    Unlink,
+    Rmdir,
+    Rename,
+    /// Replaced by a rename onto its name.
+    Overwritten,
+    Restore,
+    Revert,
+    Tag,
+}
+
+impl Cause {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Cause::Baseline => "baseline",
+            Cause::External => "external",
+            Cause::Create => "create",
+            Cause::Mkdir => "mkdir",
+            Cause::Mknod => "mknod",
+            Cause::Symlink => "symlink",
+            Cause::Link => "link",
+            Cause::Write => "write",
+            Cause::Fsync => "fsync",
+            Cause::Interval => "interval",
+            Cause::Truncate => "truncate",
+            Cause::Chmod => "chmod",
+            Cause::Chown => "chown",
+            Cause::Utimes => "utimes",
+            Cause::Xattr => "xattr",
+            Cause::Unlink => "unlink",
+            Cause::Rmdir => "rmdir",
+            Cause::Rename => "rename",
+            Cause::Overwritten => "overwritten",
+            Cause::Restore => "restore",
+            Cause::Revert => "revert",
+            Cause::Tag => "tag",
+        }
+    }
+}
+
+/// Who made a change.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Who {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    /// The process name (`comm`) at the time, if it could be read.
+    pub comm: String,
+}
+
+/// A timestamp: seconds and nanoseconds since the epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Time {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// An object's attributes at a version.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attrs {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u32,
+    pub rdev: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    /// The backing object's (st_dev, st_ino): a change of these, or of size,
+    /// mtime or ctime, at the next lookup means a change behind the mount.
+    pub backing_dev: u64,
+    pub backing_ino: u64,
+}
+
+impl Attrs {
+    pub fn kind(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.kind() == libc::S_IFDIR
+    }
+
+    /// Whether the backing object looks unchanged since these attributes
+    /// were taken (ctime covers every metadata change, mtime every data
+    /// change).
+    pub fn same_state(&self, other: &Attrs) -> bool {
+        self.size == other.size
+            && self.mtime == other.mtime
+            && self.ctime == other.ctime
+            && self.backing_ino == other.backing_ino
+            && self.backing_dev == other.backing_dev
+    }
+}
+
+/// What a version holds besides attributes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Content {
+    /// A directory: its entries live in the versioned directory-entry table.
+    Dir,
+    /// A regular file: the hash of its manifest.
+    File {
+        manifest: Hash,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+    /// Device nodes, FIFOs, sockets: attributes say everything.
+    Special,
+}
+
+/// One recorded version of an object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Version {
+    pub time_ns: i64,
+    pub who: Who,
+    pub cause: Cause,
+    pub attrs: Attrs,
+    pub content: Content,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The object lost its last name with this change (its incarnation
+    /// ended); the version keeps its final state.
+    pub gone: bool,
+}
+
+/// A piece of a file: `len` bytes that are either a stored chunk or a hole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub len: u32,
+    pub chunk: Option<Hash>,
+}
+
+/// A file's content as a list of extents in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub extents: Vec<Extent>,
+}
+
+impl Manifest {
+    pub fn size(&self) -> u64 {
+        self.extents.iter().map(|e| u64::from(e.len)).sum()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Manifest> {
+        postcard::from_bytes(bytes).ok()
+    }
+
+    pub fn id(&self) -> Hash {
+        crate::store::chunks::hash(&self.encode())
+    }
+}
+
+/// A directory entry change: `name` in `parent` now names `child`, or
+/// nothing (`child == None`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dirent {
+    pub parent: ObjectId,
+    pub name: Vec<u8>,
+    pub child: Option<ObjectId>,
+}
+
+/// An object id and the backing object it stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    pub branch: u32,
+    pub dev: u64,
+    pub ino: u64,
+    pub object: ObjectId,
+}
+
+impl Binding {
+    pub fn key(&self) -> BackingKey {
+        BackingKey {
+            branch: self.branch,
+            dev: self.dev,
+            ino: self.ino,
+        }
+    }
+}
+
+/// One recorded change, as journaled and then applied to the index: all
+/// of it becomes visible at once (a view never shows half of a rename).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Op {
+    pub seq: Seq,
+    pub time_ns: i64,
+    pub versions: Vec<(ObjectId, Version)>,
+    pub dirents: Vec<Dirent>,
+    pub manifests: Vec<(Hash, Vec<u8>)>,
+    /// Chunk locations (encoded) written for this op or before it.
+    pub chunks: Vec<(Hash, Vec<u8>)>,
+    pub bind: Vec<Binding>,
+    pub unbind: Vec<Binding>,
+    /// Tag name → sequence number, or removal.
+    pub tags: Vec<(String, Option<Seq>)>,
+}
+
+/// The journal record format (first byte of each record).
+pub const OP_FORMAT: u8 = 1;
+
+impl Op {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![OP_FORMAT];
+        out.extend(postcard::to_allocvec(self).unwrap_or_default());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Op, String> {
+        match bytes.split_first() {
+            Some((&OP_FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
+            Some((v, _)) => Err(format!("journal record of unknown format {v}")),
+            None => Err("empty journal record".into()),
+        }
+    }
+}
+
+/// A version value in the index: format byte ‖ postcard.
+pub const VERSION_FORMAT: u8 = 1;
+
+pub fn encode_version(v: &Version) -> Vec<u8> {
+    let mut out = vec![VERSION_FORMAT];
+    out.extend(postcard::to_allocvec(v).unwrap_or_default());
+    out
+}
+
+pub fn decode_version(bytes: &[u8]) -> Option<Version> {
+    match bytes.split_first() {
+        Some((&VERSION_FORMAT, rest)) => postcard::from_bytes(rest).ok(),
+        _ => None,
+    }
+}

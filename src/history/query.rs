@@ -1,0 +1,403 @@
+//! Queries over recorded history. Every query first makes queued changes
+//! visible (`settle`), so it sees everything committed before it.
+//!
+//! The one rule that makes lazy baselines exact: an object never changed
+//! through the mount has no versions, and its state at any past instant is
+//! its live state; an object whose first version is a `Baseline` had that
+//! state back to its first appearance, so a query before the baseline reads
+//! the baseline (at its sequence number).
+
+use redb::{ReadableTable, ReadableTableMetadata};
+
+use super::model::*;
+use super::tables::{self, DIRENTS, LINKS, MANIFESTS, SEQS, TAGS, TIMES, VERSIONS};
+use super::{read_txn, History, HistoryError, Result};
+use crate::store::Hash;
+
+fn err(e: impl std::fmt::Display) -> HistoryError {
+    HistoryError::Store(crate::store::index_error(e))
+}
+
+/// What a name in a directory was at an instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Found(ObjectId),
+    /// Did not exist then (the directory's listing is recorded).
+    Absent,
+    /// The directory's listing was never recorded at that instant: it had
+    /// not changed through the mount, so its live listing is its listing.
+    Live,
+}
+
+/// One binding of a name to an object, as seen from the object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub seq: Seq,
+    pub parent: ObjectId,
+    pub name: Vec<u8>,
+    pub bound: bool,
+}
+
+/// A recorded version with its sequence number.
+pub type Recorded = (Seq, Version);
+
+macro_rules! open_or_empty {
+    ($txn:expr, $def:expr, $empty:expr) => {
+        match $txn.open_table($def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok($empty),
+            Err(e) => return Err(err(e)),
+        }
+    };
+}
+
+impl History {
+    /// The last sequence number at or before `time_ns`, or `None` before
+    /// history began.
+    pub fn seq_at_time(&self, time_ns: i64) -> Result<Option<Seq>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, TIMES, None);
+        let mut r = t.range(..=time_ns).map_err(err)?;
+        Ok(match r.next_back() {
+            Some(e) => Some(e.map_err(err)?.1.value()),
+            None => None,
+        })
+    }
+
+    pub fn time_of_seq(&self, seq: Seq) -> Result<Option<i64>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, SEQS, None);
+        Ok(t.get(seq).map_err(err)?.map(|v| v.value()))
+    }
+
+    /// First and last recorded sequence numbers with their times.
+    pub fn bounds(&self) -> Result<Option<((Seq, i64), (Seq, i64))>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, SEQS, None);
+        let first = t.first().map_err(err)?.map(|(k, v)| (k.value(), v.value()));
+        let last = t.last().map_err(err)?.map(|(k, v)| (k.value(), v.value()));
+        Ok(first.zip(last))
+    }
+
+    pub fn tag(&self, name: &str) -> Result<Option<Seq>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, TAGS, None);
+        Ok(t.get(name).map_err(err)?.map(|v| v.value()))
+    }
+
+    pub fn tags(&self) -> Result<Vec<(String, Seq)>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, TAGS, Vec::new());
+        let mut out = Vec::new();
+        for e in t.iter().map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            out.push((k.value().to_string(), v.value()));
+        }
+        Ok(out)
+    }
+
+    /// All versions of `obj` with sequence numbers in `from..=to`.
+    pub fn versions(&self, obj: ObjectId, from: Seq, to: Seq) -> Result<Vec<Recorded>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, VERSIONS, Vec::new());
+        let lo = tables::version_key(obj, from);
+        let hi = tables::version_key(obj, to);
+        let mut out = Vec::new();
+        for e in t.range(lo.as_slice()..=hi.as_slice()).map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let seq = u64::from_be_bytes(
+                k.value()[8..16]
+                    .try_into()
+                    .map_err(|_| HistoryError::Corrupt("malformed version key".into()))?,
+            );
+            out.push((seq, tables::decode(v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// The sequence number at which to read `obj` for an instant `seq`:
+    /// `seq` itself, or the object's baseline if `seq` precedes it.
+    fn effective_seq(&self, obj: ObjectId, seq: Seq) -> Result<Seq> {
+        let first = self.versions_first(obj)?;
+        Ok(match first {
+            Some((s, Cause::Baseline)) if s > seq => s,
+            _ => seq,
+        })
+    }
+
+    fn versions_first(&self, obj: ObjectId) -> Result<Option<(Seq, Cause)>> {
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, VERSIONS, None);
+        let lo = tables::version_key(obj, 0);
+        let hi = tables::version_key(obj, Seq::MAX);
+        let mut r = t.range(lo.as_slice()..=hi.as_slice()).map_err(err)?;
+        match r.next() {
+            Some(e) => {
+                let (k, v) = e.map_err(err)?;
+                let seq = u64::from_be_bytes(k.value()[8..16].try_into().unwrap_or([0; 8]));
+                Ok(Some((seq, tables::decode(v.value())?.cause)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The state of `obj` at `seq` (see the module rule for baselines).
+    /// `None`: no version recorded by then (the object is unchanged since,
+    /// so its live state is its state then — or it did not exist).
+    pub fn object_at(&self, obj: ObjectId, seq: Seq) -> Result<Option<Recorded>> {
+        self.settle()?;
+        let seq = self.effective_seq(obj, seq)?;
+        tables::version_at(self.db(), obj, seq)
+    }
+
+    /// What `name` in directory `dir` was at `seq`.
+    pub fn lookup_at(&self, dir: ObjectId, name: &[u8], seq: Seq) -> Result<Lookup> {
+        self.settle()?;
+        let seq = self.effective_seq(dir, seq)?;
+        if tables::version_at(self.db(), dir, seq)?.is_none() {
+            return Ok(Lookup::Live);
+        }
+        Ok(match tables::dirent_at(self.db(), dir, name, seq)? {
+            Some(Some(obj)) => Lookup::Found(obj),
+            _ => Lookup::Absent,
+        })
+    }
+
+    /// The entries of directory `dir` at `seq`, sorted by name; `None` if
+    /// its listing was not recorded by then (read it live).
+    pub fn list_at(&self, dir: ObjectId, seq: Seq) -> Result<Option<Vec<(Vec<u8>, ObjectId)>>> {
+        self.settle()?;
+        let seq = self.effective_seq(dir, seq)?;
+        if tables::version_at(self.db(), dir, seq)?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.scan_dirents(dir, |s| s <= seq)?))
+    }
+
+    /// Every name ever recorded in `dir`, with the children it named.
+    pub fn names_ever(&self, dir: ObjectId) -> Result<Vec<(Vec<u8>, Seq, Option<ObjectId>)>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, DIRENTS, Vec::new());
+        let lo = dir.to_be_bytes();
+        let hi = (dir + 1).to_be_bytes();
+        let mut out = Vec::new();
+        for e in t.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let (name, seq) = tables::split_dirent_key(k.value())
+                .ok_or_else(|| HistoryError::Corrupt("malformed dirent key".into()))?;
+            out.push((name.to_vec(), seq, Some(v.value()).filter(|c| *c != 0)));
+        }
+        Ok(out)
+    }
+
+    /// Live entries of `dir` as of the last entry per name accepted by `keep`.
+    fn scan_dirents(
+        &self,
+        dir: ObjectId,
+        keep: impl Fn(Seq) -> bool,
+    ) -> Result<Vec<(Vec<u8>, ObjectId)>> {
+        let mut out: Vec<(Vec<u8>, ObjectId)> = Vec::new();
+        let mut current: Option<(Vec<u8>, Option<ObjectId>)> = None;
+        for (name, seq, child) in self.names_ever(dir)? {
+            if !keep(seq) {
+                continue;
+            }
+            match &mut current {
+                Some((n, c)) if *n == name => *c = child,
+                _ => {
+                    if let Some((n, Some(c))) = current.take() {
+                        out.push((n, c));
+                    }
+                    current = Some((name, child));
+                }
+            }
+        }
+        if let Some((n, Some(c))) = current {
+            out.push((n, c));
+        }
+        Ok(out)
+    }
+
+    /// Every binding and unbinding of a name to `obj`, oldest first.
+    pub fn links(&self, obj: ObjectId) -> Result<Vec<Link>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, LINKS, Vec::new());
+        let lo = obj.to_be_bytes();
+        let hi = (obj + 1).to_be_bytes();
+        let mut out = Vec::new();
+        for e in t.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let (seq, parent, name) = tables::split_link_key(k.value())
+                .ok_or_else(|| HistoryError::Corrupt("malformed link key".into()))?;
+            out.push(Link {
+                seq,
+                parent,
+                name: name.to_vec(),
+                bound: v.value() == 1,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A name `obj` had at `seq` (parent, name), if any was recorded.
+    pub fn name_at(&self, obj: ObjectId, seq: Seq) -> Result<Option<(ObjectId, Vec<u8>)>> {
+        let mut alive: Vec<(ObjectId, Vec<u8>)> = Vec::new();
+        for l in self.links(obj)? {
+            if l.seq > seq {
+                break;
+            }
+            let key = (l.parent, l.name);
+            if l.bound {
+                alive.push(key);
+            } else {
+                alive.retain(|k| *k != key);
+            }
+        }
+        Ok(alive.pop())
+    }
+
+    /// The path of `obj` at `seq` as name components from the root.
+    pub fn path_at(&self, obj: ObjectId, seq: Seq) -> Result<Option<Vec<Vec<u8>>>> {
+        let mut parts = Vec::new();
+        let mut cur = obj;
+        for _ in 0..4096 {
+            if cur == ROOT {
+                parts.reverse();
+                return Ok(Some(parts));
+            }
+            match self.name_at(cur, seq)? {
+                Some((parent, name)) => {
+                    parts.push(name);
+                    cur = parent;
+                }
+                None => return Ok(None),
+            }
+        }
+        Err(HistoryError::Corrupt("directory loop in history".into()))
+    }
+
+    pub fn manifest(&self, hash: &Hash) -> Result<Manifest> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = txn.open_table(MANIFESTS).map_err(err)?;
+        let v = t.get(hash.as_slice()).map_err(err)?.ok_or_else(|| {
+            HistoryError::Corrupt(format!(
+                "manifest {} is missing",
+                crate::store::chunks::hex(hash)
+            ))
+        })?;
+        Manifest::decode(v.value())
+            .ok_or_else(|| HistoryError::Corrupt("undecodable manifest".into()))
+    }
+
+    /// Every sequence number with its time in `from..=to`.
+    pub fn seqs_between(&self, from: Seq, to: Seq) -> Result<Vec<(Seq, i64)>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, SEQS, Vec::new());
+        let mut out = Vec::new();
+        for e in t.range(from..=to).map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            out.push((k.value(), v.value()));
+        }
+        Ok(out)
+    }
+
+    /// Counts for `status`.
+    pub fn counts(&self) -> Result<Counts> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let len = |r: std::result::Result<u64, redb::StorageError>| r.map_err(err);
+        let mut c = Counts::default();
+        if let Ok(t) = txn.open_table(VERSIONS) {
+            c.versions = len(t.len())?;
+        }
+        if let Ok(t) = txn.open_table(crate::store::chunks::CHUNKS) {
+            c.chunks = len(t.len())?;
+            for e in t.iter().map_err(err)? {
+                let (_, v) = e.map_err(err)?;
+                if let Some(loc) = crate::store::chunks::Location::decode(v.value()) {
+                    c.chunk_raw_bytes += u64::from(loc.raw_len);
+                    c.chunk_stored_bytes += u64::from(loc.stored_len);
+                }
+            }
+        }
+        if let Ok(t) = txn.open_table(SEQS) {
+            c.changes = len(t.len())?;
+        }
+        if let Ok(t) = txn.open_table(TAGS) {
+            c.tags = len(t.len())?;
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Counts {
+    pub versions: u64,
+    pub changes: u64,
+    pub chunks: u64,
+    pub chunk_raw_bytes: u64,
+    pub chunk_stored_bytes: u64,
+    pub tags: u64,
+}
+
+impl History {
+    /// Every change of `name` in `dir`: (seq, child or removal), oldest first.
+    pub fn name_history(&self, dir: ObjectId, name: &[u8]) -> Result<Vec<(Seq, Option<ObjectId>)>> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, DIRENTS, Vec::new());
+        let lo = tables::dirent_key(dir, name, 0);
+        let hi = tables::dirent_key(dir, name, Seq::MAX);
+        let mut out = Vec::new();
+        for e in t.range(lo.as_slice()..=hi.as_slice()).map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let (_, seq) = tables::split_dirent_key(k.value())
+                .ok_or_else(|| HistoryError::Corrupt("malformed dirent key".into()))?;
+            out.push((seq, Some(v.value()).filter(|c| *c != 0)));
+        }
+        Ok(out)
+    }
+
+    /// The first version of `obj` if it is a baseline (valid back to the
+    /// object's first appearance), with its sequence number.
+    pub fn baseline_seq(&self, obj: ObjectId) -> Result<Option<Seq>> {
+        self.settle()?;
+        Ok(match self.versions_first(obj)? {
+            Some((s, Cause::Baseline)) => Some(s),
+            _ => None,
+        })
+    }
+
+    /// Whether any version of `obj` exists.
+    pub fn has_versions(&self, obj: ObjectId) -> Result<bool> {
+        self.settle()?;
+        Ok(self.versions_first(obj)?.is_some())
+    }
+
+    /// Total logical size of all recorded file versions (for the dedup
+    /// ratio in `status`).
+    pub fn logical_bytes(&self) -> Result<u64> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = open_or_empty!(txn, VERSIONS, 0);
+        let mut total = 0u64;
+        for e in t.iter().map_err(err)? {
+            let (_, v) = e.map_err(err)?;
+            let v = tables::decode(v.value())?;
+            if matches!(v.content, Content::File { .. }) {
+                total += v.attrs.size;
+            }
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,271 @@
+//! The history tables and their key layouts (see docs/FORMAT.md). All
+//! integers in keys are big-endian so keys sort numerically; names end with
+//! a 0 byte (never part of a file name) so a name sorts before its
+//! extensions and a name's entries stay contiguous.
+
+use redb::{Database, Durability, ReadableTable, TableDefinition, WriteTransaction};
+
+use super::model::*;
+use super::{read_txn, HistoryError, Result};
+use crate::store::{self, index_error, inomap, META};
+
+/// object ‖ seq → encoded `Version`.
+pub const VERSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("versions");
+/// parent ‖ name ‖ 0 ‖ seq → child object (0 = the name was removed).
+pub const DIRENTS: TableDefinition<&[u8], u64> = TableDefinition::new("dirents");
+/// child ‖ seq ‖ parent ‖ name → 1 if the name was bound to the child at
+/// seq, 0 if it was removed: where an object has been, for its paths.
+pub const LINKS: TableDefinition<&[u8], u8> = TableDefinition::new("links");
+/// manifest hash → encoded `Manifest`.
+pub const MANIFESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("manifests");
+/// seq → time (ns since the epoch).
+pub const SEQS: TableDefinition<u64, i64> = TableDefinition::new("seqs");
+/// time (ns) → seq; times strictly increase with seq.
+pub const TIMES: TableDefinition<i64, u64> = TableDefinition::new("times");
+/// tag name → seq.
+pub const TAGS: TableDefinition<&str, u64> = TableDefinition::new("tags");
+
+pub fn version_key(obj: ObjectId, seq: Seq) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&obj.to_be_bytes());
+    k[8..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+pub fn dirent_prefix(parent: ObjectId, name: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17 + name.len());
+    k.extend_from_slice(&parent.to_be_bytes());
+    k.extend_from_slice(name);
+    k.push(0);
+    k
+}
+
+pub fn dirent_key(parent: ObjectId, name: &[u8], seq: Seq) -> Vec<u8> {
+    let mut k = dirent_prefix(parent, name);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// Splits a dirent key into (name, seq).
+pub fn split_dirent_key(key: &[u8]) -> Option<(&[u8], Seq)> {
+    if key.len() < 17 {
+        return None;
+    }
+    let name = &key[8..key.len() - 9];
+    let seq = u64::from_be_bytes(key[key.len() - 8..].try_into().ok()?);
+    Some((name, seq))
+}
+
+pub fn link_key(child: ObjectId, seq: Seq, parent: ObjectId, name: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(24 + name.len());
+    k.extend_from_slice(&child.to_be_bytes());
+    k.extend_from_slice(&seq.to_be_bytes());
+    k.extend_from_slice(&parent.to_be_bytes());
+    k.extend_from_slice(name);
+    k
+}
+
+/// Splits a link key into (seq, parent, name).
+pub fn split_link_key(key: &[u8]) -> Option<(Seq, ObjectId, &[u8])> {
+    if key.len() < 24 {
+        return None;
+    }
+    let seq = u64::from_be_bytes(key[8..16].try_into().ok()?);
+    let parent = u64::from_be_bytes(key[16..24].try_into().ok()?);
+    Some((seq, parent, &key[24..]))
+}
+
+fn err(e: impl std::fmt::Display) -> HistoryError {
+    HistoryError::Store(index_error(e))
+}
+
+pub fn meta_get(db: &Database, key: &str) -> Result<Option<u64>> {
+    let txn = read_txn(db)?;
+    match txn.open_table(META) {
+        Ok(t) => Ok(t.get(key).map_err(err)?.map(|v| v.value())),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(err(e)),
+    }
+}
+
+pub fn meta_put(txn: &WriteTransaction, key: &str, value: u64) -> Result<()> {
+    txn.open_table(META)
+        .map_err(err)?
+        .insert(key, value)
+        .map_err(err)?;
+    Ok(())
+}
+
+pub fn apply_ops(db: &Database, ops: &[Op], durability: Durability) -> Result<()> {
+    apply_ops_with(db, ops, durability, |_| Ok(()))
+}
+
+/// Writes `ops` into the index in one transaction, plus whatever `extra`
+/// adds. Idempotent: replaying an op already applied rewrites the same keys
+/// with the same values.
+pub fn apply_ops_with(
+    db: &Database,
+    ops: &[Op],
+    durability: Durability,
+    extra: impl FnOnce(&WriteTransaction) -> Result<()>,
+) -> Result<()> {
+    let mut txn = db.begin_write().map_err(err)?;
+    txn.set_durability(durability).map_err(err)?;
+    {
+        let mut versions = txn.open_table(VERSIONS).map_err(err)?;
+        let mut dirents = txn.open_table(DIRENTS).map_err(err)?;
+        let mut links = txn.open_table(LINKS).map_err(err)?;
+        let mut manifests = txn.open_table(MANIFESTS).map_err(err)?;
+        let mut chunks = txn.open_table(store::chunks::CHUNKS).map_err(err)?;
+        let mut seqs = txn.open_table(SEQS).map_err(err)?;
+        let mut times = txn.open_table(TIMES).map_err(err)?;
+        let mut tags = txn.open_table(TAGS).map_err(err)?;
+        for op in ops {
+            for (h, loc) in &op.chunks {
+                chunks.insert(h.as_slice(), loc.as_slice()).map_err(err)?;
+            }
+            for (h, m) in &op.manifests {
+                manifests.insert(h.as_slice(), m.as_slice()).map_err(err)?;
+            }
+            for (obj, v) in &op.versions {
+                let key = version_key(*obj, op.seq);
+                versions
+                    .insert(key.as_slice(), encode_version(v).as_slice())
+                    .map_err(err)?;
+            }
+            for d in &op.dirents {
+                let key = dirent_key(d.parent, &d.name, op.seq);
+                dirents
+                    .insert(key.as_slice(), d.child.unwrap_or(0))
+                    .map_err(err)?;
+            }
+            for d in &op.dirents {
+                // The child that lost the name is the one bound just before.
+                let (child, bound) = match d.child {
+                    Some(c) => (c, 1u8),
+                    None => match previous_child(&dirents, d, op.seq)? {
+                        Some(c) => (c, 0u8),
+                        None => continue,
+                    },
+                };
+                let key = link_key(child, op.seq, d.parent, &d.name);
+                links.insert(key.as_slice(), bound).map_err(err)?;
+            }
+            for (name, target) in &op.tags {
+                match target {
+                    Some(seq) => tags.insert(name.as_str(), *seq).map_err(err)?,
+                    None => tags.remove(name.as_str()).map_err(err)?,
+                };
+            }
+            seqs.insert(op.seq, op.time_ns).map_err(err)?;
+            times.insert(op.time_ns, op.seq).map_err(err)?;
+        }
+    }
+    if let Some(last) = ops.last() {
+        let bind: Vec<_> = ops
+            .iter()
+            .flat_map(|op| op.bind.iter().map(|b| (b.key(), b.object)))
+            .collect();
+        let unbind: Vec<_> = ops
+            .iter()
+            .flat_map(|op| op.unbind.iter().map(|b| (b.key(), b.object)))
+            .collect();
+        inomap::write_bindings(&txn, &bind, &unbind)?;
+        super::tables::meta_put(&txn, super::META_NEXT_SEQ, last.seq + 1)?;
+        super::tables::meta_put(&txn, super::META_LAST_TIME, last.time_ns as u64)?;
+    }
+    extra(&txn)?;
+    txn.commit().map_err(err)?;
+    Ok(())
+}
+
+fn previous_child(
+    dirents: &impl ReadableTable<&'static [u8], u64>,
+    d: &Dirent,
+    seq: Seq,
+) -> Result<Option<ObjectId>> {
+    let lo = dirent_key(d.parent, &d.name, 0);
+    let hi = dirent_key(d.parent, &d.name, seq);
+    let mut range = dirents.range(lo.as_slice()..hi.as_slice()).map_err(err)?;
+    match range.next_back() {
+        Some(entry) => {
+            let (_, v) = entry.map_err(err)?;
+            Ok(Some(v.value()).filter(|c| *c != 0))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The newest version of `obj` at or before `seq`.
+pub fn version_at(db: &Database, obj: ObjectId, seq: Seq) -> Result<Option<(Seq, Version)>> {
+    let txn = read_txn(db)?;
+    let table = match txn.open_table(VERSIONS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
+    version_at_in(&table, obj, seq)
+}
+
+pub fn version_at_in(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    obj: ObjectId,
+    seq: Seq,
+) -> Result<Option<(Seq, Version)>> {
+    let lo = version_key(obj, 0);
+    let hi = version_key(obj, seq);
+    let mut range = table.range(lo.as_slice()..=hi.as_slice()).map_err(err)?;
+    match range.next_back() {
+        Some(entry) => {
+            let (k, v) = entry.map_err(err)?;
+            Ok(Some((decode_seq(k.value())?, decode(v.value())?)))
+        }
+        None => Ok(None),
+    }
+}
+
+fn decode_seq(key: &[u8]) -> Result<Seq> {
+    key.get(8..16)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| HistoryError::Corrupt("malformed version key".into()))
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Version> {
+    decode_version(bytes).ok_or_else(|| HistoryError::Corrupt("undecodable version record".into()))
+}
+
+/// What `name` in `parent` named at `seq`: `None` if history has no entry
+/// for it yet, `Some(None)` if it was removed.
+pub fn dirent_at(
+    db: &Database,
+    parent: ObjectId,
+    name: &[u8],
+    seq: Seq,
+) -> Result<Option<Option<ObjectId>>> {
+    let txn = read_txn(db)?;
+    let table = match txn.open_table(DIRENTS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
+    dirent_at_in(&table, parent, name, seq)
+}
+
+pub fn dirent_at_in(
+    table: &impl ReadableTable<&'static [u8], u64>,
+    parent: ObjectId,
+    name: &[u8],
+    seq: Seq,
+) -> Result<Option<Option<ObjectId>>> {
+    let lo = dirent_key(parent, name, 0);
+    let hi = dirent_key(parent, name, seq);
+    let mut range = table.range(lo.as_slice()..=hi.as_slice()).map_err(err)?;
+    match range.next_back() {
+        Some(entry) => {
+            let (_, v) = entry.map_err(err)?;
+            Ok(Some(Some(v.value()).filter(|c| *c != 0)))
+        }
+        None => Ok(None),
+    }
+}

@@ -1,0 +1,407 @@
+//! The chunk store: content-addressed, compressed chunks appended to pack
+//! files, located through the `chunks` table of the index.
+//!
+//! A chunk is named by the BLAKE3 hash of its plain bytes, so identical data
+//! is stored once across files, versions and clones. Each daemon start
+//! appends to a new pack (an old pack's tail may hold a half-written chunk
+//! from a crash, which no index entry references); packs rotate at
+//! `PACK_LIMIT`. New chunk locations are held in memory until the history
+//! layer commits them with the versions that reference them (`take_new`).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use redb::{Database, ReadableDatabase, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::{index_error, StoreError};
+
+pub type Hash = [u8; 32];
+
+/// Key: BLAKE3 hash (32 bytes). Value: an encoded `Location`.
+pub const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
+
+pub const PACK_MAGIC: &[u8; 8] = b"CHRNPACK";
+pub const PACK_FORMAT: u32 = 1;
+const PACK_HEADER_LEN: u64 = 16;
+const ENTRY_MAGIC: u32 = 0x4348_4b31; // "CHK1"
+/// magic u32 ‖ encoding u8 ‖ raw length u32 ‖ stored length u32 ‖ hash.
+pub const ENTRY_HEADER_LEN: usize = 4 + 1 + 4 + 4 + 32;
+const PACK_LIMIT: u64 = 256 << 20;
+const ZSTD_LEVEL: i32 = 3;
+
+/// How a chunk's bytes are stored in its pack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum Encoding {
+    Raw = 0,
+    Zstd = 1,
+}
+
+impl Encoding {
+    fn from_u8(v: u8) -> Option<Encoding> {
+        match v {
+            0 => Some(Encoding::Raw),
+            1 => Some(Encoding::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// Where a chunk lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Location {
+    pub pack: u32,
+    /// Offset of the entry header in the pack.
+    pub offset: u64,
+    pub raw_len: u32,
+    pub stored_len: u32,
+    pub encoding: Encoding,
+}
+
+impl Location {
+    pub fn encode(&self) -> [u8; 21] {
+        let mut b = [0u8; 21];
+        b[..4].copy_from_slice(&self.pack.to_be_bytes());
+        b[4..12].copy_from_slice(&self.offset.to_be_bytes());
+        b[12..16].copy_from_slice(&self.raw_len.to_be_bytes());
+        b[16..20].copy_from_slice(&self.stored_len.to_be_bytes());
+        b[20] = self.encoding as u8;
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Location> {
+        if b.len() != 21 {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut off = [0u8; 8];
+        off.copy_from_slice(&b[4..12]);
+        Some(Location {
+            pack: u32_at(0),
+            offset: u64::from_be_bytes(off),
+            raw_len: u32_at(12),
+            stored_len: u32_at(16),
+            encoding: Encoding::from_u8(b[20])?,
+        })
+    }
+}
+
+struct Writer {
+    pack: u32,
+    file: File,
+    len: u64,
+}
+
+/// The chunk half of a store.
+pub struct ChunkStore {
+    dir: PathBuf,
+    db: Arc<Database>,
+    writer: Mutex<Option<Writer>>,
+    /// Chunks written to a pack but not yet committed to the index.
+    fresh: Mutex<HashMap<Hash, Location>>,
+    readers: RwLock<HashMap<u32, Arc<File>>>,
+    next_pack: Mutex<u32>,
+}
+
+pub fn hash(data: &[u8]) -> Hash {
+    *blake3::hash(data).as_bytes()
+}
+
+pub fn hex(h: &Hash) -> String {
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn pack_name(id: u32) -> String {
+    format!("{id:08}.pack")
+}
+
+/// Pack ids present in `dir`, sorted.
+pub fn pack_ids(dir: &Path) -> Result<Vec<u32>, StoreError> {
+    let io = |source| StoreError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut ids = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for e in entries {
+                let name = e.map_err(io)?.file_name();
+                let name = name.to_string_lossy();
+                if let Some(id) = name.strip_suffix(".pack").and_then(|n| n.parse().ok()) {
+                    ids.push(id);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+impl ChunkStore {
+    pub(super) fn open(dir: PathBuf, db: Arc<Database>) -> Result<ChunkStore, StoreError> {
+        let next = pack_ids(&dir)?.last().map_or(1, |id| id + 1);
+        Ok(ChunkStore {
+            dir,
+            db,
+            writer: Mutex::new(None),
+            fresh: Mutex::new(HashMap::new()),
+            readers: RwLock::new(HashMap::new()),
+            next_pack: Mutex::new(next),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn io_err(&self, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            path: self.dir.clone(),
+            source,
+        }
+    }
+
+    /// Stores `data` unless a chunk with its hash exists; returns the hash
+    /// and whether bytes were written.
+    pub fn put(&self, data: &[u8]) -> Result<(Hash, bool), StoreError> {
+        let h = hash(data);
+        if self.contains(&h)? {
+            return Ok((h, false));
+        }
+        let compressed = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(|e| self.io_err(e))?;
+        let (encoding, body) = if compressed.len() < data.len() {
+            (Encoding::Zstd, compressed.as_slice())
+        } else {
+            (Encoding::Raw, data)
+        };
+        let loc = self.append(&h, encoding, data.len(), body)?;
+        self.fresh.lock().insert(h, loc);
+        Ok((h, true))
+    }
+
+    pub fn contains(&self, h: &Hash) -> Result<bool, StoreError> {
+        Ok(self.locate(h)?.is_some())
+    }
+
+    pub fn locate(&self, h: &Hash) -> Result<Option<Location>, StoreError> {
+        if let Some(loc) = self.fresh.lock().get(h) {
+            return Ok(Some(*loc));
+        }
+        let txn = self.db.begin_read().map_err(index_error)?;
+        let table = match txn.open_table(CHUNKS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(index_error(e)),
+        };
+        match table.get(h.as_slice()).map_err(index_error)? {
+            Some(v) => Location::decode(v.value())
+                .map(Some)
+                .ok_or_else(|| StoreError::Index(format!("bad location for chunk {}", hex(h)))),
+            None => Ok(None),
+        }
+    }
+
+    fn append(
+        &self,
+        h: &Hash,
+        encoding: Encoding,
+        raw_len: usize,
+        body: &[u8],
+    ) -> Result<Location, StoreError> {
+        let too_big = || StoreError::Index("chunk larger than 4 GiB".into());
+        let raw_len = u32::try_from(raw_len).map_err(|_| too_big())?;
+        let stored_len = u32::try_from(body.len()).map_err(|_| too_big())?;
+        let mut entry = Vec::with_capacity(ENTRY_HEADER_LEN + body.len());
+        entry.extend_from_slice(&ENTRY_MAGIC.to_be_bytes());
+        entry.push(encoding as u8);
+        entry.extend_from_slice(&raw_len.to_be_bytes());
+        entry.extend_from_slice(&stored_len.to_be_bytes());
+        entry.extend_from_slice(h);
+        entry.extend_from_slice(body);
+        let mut guard = self.writer.lock();
+        if guard.as_ref().is_none_or(|w| w.len >= PACK_LIMIT) {
+            *guard = Some(self.new_pack()?);
+        }
+        let Some(w) = guard.as_mut() else {
+            return Err(StoreError::Index("no pack writer".into()));
+        };
+        let offset = w.len;
+        if let Err(e) = w.file.write_all(&entry) {
+            // Leave no partial entry in the middle of the pack.
+            let _ = w.file.set_len(offset);
+            return Err(self.io_err(e));
+        }
+        w.len += entry.len() as u64;
+        Ok(Location {
+            pack: w.pack,
+            offset,
+            raw_len,
+            stored_len,
+            encoding,
+        })
+    }
+
+    fn new_pack(&self) -> Result<Writer, StoreError> {
+        let mut next = self.next_pack.lock();
+        let id = *next;
+        let path = self.dir.join(pack_name(id));
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .read(true)
+            .open(&path)
+            .map_err(|e| self.io_err(e))?;
+        let mut header = Vec::with_capacity(PACK_HEADER_LEN as usize);
+        header.extend_from_slice(PACK_MAGIC);
+        header.extend_from_slice(&PACK_FORMAT.to_be_bytes());
+        header.extend_from_slice(&id.to_be_bytes());
+        file.write_all(&header).map_err(|e| self.io_err(e))?;
+        *next = id + 1;
+        Ok(Writer {
+            pack: id,
+            file,
+            len: PACK_HEADER_LEN,
+        })
+    }
+
+    /// Chunk locations written since the last call, for the caller to
+    /// commit to the index. They stay visible to `locate` until
+    /// `committed` is called with them.
+    pub fn fresh_locations(&self) -> Vec<(Hash, Location)> {
+        self.fresh.lock().iter().map(|(h, l)| (*h, *l)).collect()
+    }
+
+    /// The index now holds these locations.
+    pub fn committed(&self, done: &[(Hash, Location)]) {
+        let mut fresh = self.fresh.lock();
+        for (h, _) in done {
+            fresh.remove(h);
+        }
+    }
+
+    /// Makes every pack write so far durable.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        if let Some(w) = self.writer.lock().as_ref() {
+            w.file.sync_data().map_err(|e| self.io_err(e))?;
+        }
+        Ok(())
+    }
+
+    fn reader(&self, pack: u32) -> Result<Arc<File>, StoreError> {
+        if let Some(f) = self.readers.read().get(&pack) {
+            return Ok(f.clone());
+        }
+        let path = self.dir.join(pack_name(pack));
+        let file = File::open(&path).map_err(|source| StoreError::Io { path, source })?;
+        let file = Arc::new(file);
+        self.readers.write().insert(pack, file.clone());
+        Ok(file)
+    }
+
+    /// The plain bytes of a chunk, verified against its hash.
+    pub fn get(&self, h: &Hash) -> Result<Vec<u8>, StoreError> {
+        let loc = self
+            .locate(h)?
+            .ok_or_else(|| StoreError::MissingChunk(hex(h)))?;
+        self.read_at(h, &loc)
+    }
+
+    /// Reads and verifies the chunk at `loc`.
+    pub fn read_at(&self, h: &Hash, loc: &Location) -> Result<Vec<u8>, StoreError> {
+        let file = self.reader(loc.pack)?;
+        let mut buf = vec![0u8; ENTRY_HEADER_LEN + loc.stored_len as usize];
+        file.read_exact_at(&mut buf, loc.offset)
+            .map_err(|e| self.io_err(e))?;
+        let corrupt = |what: &str| StoreError::CorruptChunk {
+            hash: hex(h),
+            detail: what.to_string(),
+        };
+        if buf[..4] != ENTRY_MAGIC.to_be_bytes() || &buf[13..45] != h.as_slice() {
+            return Err(corrupt("pack entry header does not match the index"));
+        }
+        let body = &buf[ENTRY_HEADER_LEN..];
+        let data = match loc.encoding {
+            Encoding::Raw => body.to_vec(),
+            Encoding::Zstd => zstd::bulk::decompress(body, loc.raw_len as usize)
+                .map_err(|e| corrupt(&format!("cannot decompress: {e}")))?,
+        };
+        if data.len() != loc.raw_len as usize || hash(&data) != *h {
+            return Err(corrupt("content does not match its hash"));
+        }
+        Ok(data)
+    }
+
+    /// Bytes used by all pack files.
+    pub fn packs_size(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        for id in pack_ids(&self.dir)? {
+            let path = self.dir.join(pack_name(id));
+            total += std::fs::metadata(&path)
+                .map_err(|source| StoreError::Io { path, source })?
+                .len();
+        }
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(tmp: &Path) -> ChunkStore {
+        let db = Arc::new(Database::create(tmp.join("db")).unwrap());
+        ChunkStore::open(tmp.join("packs"), db).unwrap()
+    }
+
+    #[test]
+    fn put_get_dedup_and_verify() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("packs")).unwrap();
+        let store = open(tmp.path());
+        let text = b"hello hello hello hello hello hello hello".repeat(50);
+        let (h, new) = store.put(&text).unwrap();
+        assert!(new);
+        assert_eq!(store.put(&text).unwrap(), (h, false));
+        assert_eq!(store.get(&h).unwrap(), text);
+        let loc = store.locate(&h).unwrap().unwrap();
+        assert_eq!(loc.encoding, Encoding::Zstd);
+        let random: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let (h2, _) = store.put(&random).unwrap();
+        assert_eq!(store.get(&h2).unwrap(), random);
+        // Flip a stored byte: the read must fail, not return wrong data.
+        let path = tmp.path().join("packs").join(pack_name(loc.pack));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = loc.offset as usize + ENTRY_HEADER_LEN + 2;
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        let fresh = open(tmp.path());
+        fresh.fresh.lock().insert(h, loc);
+        assert!(matches!(
+            fresh.get(&h),
+            Err(StoreError::CorruptChunk { .. })
+        ));
+    }
+
+    #[test]
+    fn location_roundtrip() {
+        let loc = Location {
+            pack: 7,
+            offset: 1 << 40,
+            raw_len: 65536,
+            stored_len: 100,
+            encoding: Encoding::Zstd,
+        };
+        assert_eq!(Location::decode(&loc.encode()), Some(loc));
+        assert_eq!(Location::decode(&[0u8; 20]), None);
+    }
+}

@@ -1,0 +1,317 @@
+//! The vfs side of capture: the live tree capture reads from, and the
+//! hooks each operation calls before and after its change.
+//!
+//! Before-hooks secure the prior state in history and fail the operation
+//! if they cannot (a full store disk gives the caller ENOSPC, never a
+//! silent loss of history). After-hooks record the change; if one fails
+//! the change itself has happened, so it is logged, not reported: nothing
+//! is lost, because the next before-hook finds the live state differs from
+//! history and records it.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use super::{Caller, InodeNo, Result, Vfs, VfsError};
+use crate::capture::{Capture, CaptureError, Tree};
+use crate::history::{Binding, Cause, ObjectId, Who};
+use crate::sys::{self, Stat};
+
+impl From<CaptureError> for VfsError {
+    fn from(e: CaptureError) -> Self {
+        VfsError::Io(io::Error::from_raw_os_error(e.errno()))
+    }
+}
+
+/// The vfs's live objects as capture sees them.
+pub(super) struct Live<'a>(pub &'a Vfs);
+
+fn io_err(e: VfsError) -> io::Error {
+    io::Error::from_raw_os_error(e.errno())
+}
+
+impl Tree for Live<'_> {
+    fn stat(&self, obj: ObjectId) -> io::Result<Stat> {
+        let node = self.0.inodes.node(InodeNo(obj)).map_err(io_err)?;
+        sys::fstat(node.fd())
+    }
+
+    fn open_read(&self, obj: ObjectId) -> io::Result<OwnedFd> {
+        let node = self.0.inodes.node(InodeNo(obj)).map_err(io_err)?;
+        sys::reopen(node.fd(), libc::O_RDONLY | libc::O_NOATIME)
+            .or_else(|_| sys::reopen(node.fd(), libc::O_RDONLY))
+    }
+
+    fn readlink(&self, obj: ObjectId) -> io::Result<Vec<u8>> {
+        let node = self.0.inodes.node(InodeNo(obj)).map_err(io_err)?;
+        sys::readlink_fd(node.fd())
+    }
+
+    fn xattrs(&self, obj: ObjectId) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let node = self.0.inodes.node(InodeNo(obj)).map_err(io_err)?;
+        sys::xattrs_of(node.fd())
+    }
+
+    fn parent_of(&self, obj: ObjectId) -> Option<(ObjectId, Vec<u8>)> {
+        let inode = self.0.inodes.get(InodeNo(obj)).ok()?;
+        inode.name().map(|(p, n)| (p.0, n))
+    }
+
+    fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>> {
+        let node = self.0.inodes.node(InodeNo(dir)).map_err(io_err)?;
+        let fd = sys::reopen(node.fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let in_root = dir == InodeNo::ROOT.0;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut names = Vec::new();
+        let mut keys = Vec::new();
+        loop {
+            let batch = sys::getdents(fd.as_fd(), &mut buf)?;
+            if batch.is_empty() {
+                break;
+            }
+            for e in batch {
+                let name = OsStr::from_bytes(&e.name);
+                if e.name == b"." || e.name == b".." || self.0.branch.is_reserved(in_root, name) {
+                    continue;
+                }
+                // The entry's own device: a mount point below SRC differs.
+                let st = match sys::fstatat(fd.as_fd(), &sys::cstr(name)?) {
+                    Ok(st) => st,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                    Err(e) => return Err(e),
+                };
+                keys.push(self.0.inodes.key_of(&st));
+                names.push(e.name);
+            }
+        }
+        let numbers = self
+            .0
+            .inodes
+            .numbers_for(&keys)
+            .map_err(|e| io_err(e.into()))?;
+        Ok(names
+            .into_iter()
+            .zip(keys.iter().zip(numbers))
+            .map(|(name, (key, ino))| {
+                let binding = Binding {
+                    branch: key.branch,
+                    dev: key.dev,
+                    ino: key.ino,
+                    object: ino.0,
+                };
+                (name, binding)
+            })
+            .collect())
+    }
+
+    fn binding(&self, obj: ObjectId) -> Option<Binding> {
+        if obj == InodeNo::ROOT.0 {
+            return None;
+        }
+        let inode = self.0.inodes.get(InodeNo(obj)).ok()?;
+        Some(Binding {
+            branch: inode.key.branch,
+            dev: inode.key.dev,
+            ino: inode.key.ino,
+            object: obj,
+        })
+    }
+}
+
+/// Logs a failed after-hook (see the module comment).
+fn logged(what: &str, r: std::result::Result<(), CaptureError>) {
+    if let Err(e) = r {
+        tracing::error!("history: recording {what} failed: {e}");
+    }
+}
+
+impl Vfs {
+    pub(super) fn capture(&self) -> Option<&Capture> {
+        self.capture.as_deref()
+    }
+
+    pub(super) fn who(&self, c: &Capture, caller: &Caller) -> Who {
+        c.who(caller.uid, caller.gid, caller.pid)
+    }
+
+    /// Before `ino` changes.
+    pub(super) fn before_change(&self, ino: InodeNo) -> Result<()> {
+        if let Some(c) = self.capture() {
+            c.before_change(&Live(self), ino.0)?;
+        }
+        Ok(())
+    }
+
+    /// Before an entry of `dir` is added, removed or replaced.
+    pub(super) fn before_dir_change(&self, dir: InodeNo) -> Result<()> {
+        if let Some(c) = self.capture() {
+            c.before_dir_change(&Live(self), dir.0)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn after_create(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        ino: InodeNo,
+        st: &Stat,
+    ) {
+        if let Some(inode) = self.inodes.get(ino).ok() {
+            inode.set_name(parent, name.as_bytes());
+        }
+        if let Some(c) = self.capture() {
+            let who = self.who(c, caller);
+            logged(
+                "a creation",
+                c.created(&Live(self), parent.0, name.as_bytes(), ino.0, st, &who),
+            );
+        }
+    }
+
+    pub(super) fn after_link(&self, caller: &Caller, parent: InodeNo, name: &OsStr, ino: InodeNo) {
+        if let Some(c) = self.capture() {
+            let who = self.who(c, caller);
+            logged(
+                "a link",
+                c.linked(&Live(self), parent.0, name.as_bytes(), ino.0, &who),
+            );
+        }
+    }
+
+    /// The object `name` in `parent` names, registered for the duration of
+    /// an operation that will change or remove it (capture reads it through
+    /// the inode table). The caller must `forget` it afterwards.
+    pub(super) fn hold_named(&self, parent: InodeNo, name: &OsStr) -> Result<Option<InodeNo>> {
+        if self.capture.is_none() {
+            return Ok(None);
+        }
+        let dir = self.inodes.node(parent)?;
+        match self.lookup_in(&dir, name) {
+            Ok(e) => Ok(Some(e.attr.ino)),
+            Err(e) if e.errno_is(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) fn release_held(&self, held: Option<InodeNo>) {
+        if let Some(ino) = held {
+            self.inodes.forget(ino, 1);
+        }
+    }
+
+    pub(super) fn binding_of(&self, ino: InodeNo) -> Option<Binding> {
+        Live(self).binding(ino.0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn after_remove(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        victim: InodeNo,
+        binding: Option<Binding>,
+        gone: bool,
+        cause: Cause,
+    ) {
+        if let Some(c) = self.capture() {
+            let who = self.who(c, caller);
+            logged(
+                "a removal",
+                c.removed(
+                    parent.0,
+                    name.as_bytes(),
+                    victim.0,
+                    binding,
+                    gone,
+                    cause,
+                    &who,
+                ),
+            );
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn after_rename(
+        &self,
+        caller: &Caller,
+        old: (InodeNo, &OsStr),
+        new: (InodeNo, &OsStr),
+        moved: InodeNo,
+        victim: Option<(InodeNo, Option<Binding>, bool)>,
+        exchange: bool,
+    ) {
+        if let Ok(inode) = self.inodes.get(moved) {
+            inode.set_name(new.0, new.1.as_bytes());
+        }
+        if exchange {
+            if let Some((v, _, _)) = victim {
+                if let Ok(inode) = self.inodes.get(v) {
+                    inode.set_name(old.0, old.1.as_bytes());
+                }
+            }
+        }
+        if let Some(c) = self.capture() {
+            let who = self.who(c, caller);
+            logged(
+                "a rename",
+                c.renamed(
+                    &Live(self),
+                    (old.0 .0, old.1.as_bytes()),
+                    (new.0 .0, new.1.as_bytes()),
+                    moved.0,
+                    victim.map(|(v, b, g)| (v.0, b, g)),
+                    exchange,
+                    &who,
+                ),
+            );
+        }
+    }
+
+    pub(super) fn after_change(&self, caller: &Caller, ino: InodeNo, cause: Cause) {
+        if let Some(c) = self.capture() {
+            let who = self.who(c, caller);
+            logged("a change", c.changed(&Live(self), ino.0, cause, &who));
+        }
+    }
+
+    /// Opening `ino` for writing: secure its prior state first.
+    pub(super) fn before_write_open(&self, ino: InodeNo) -> Result<()> {
+        if let Some(c) = self.capture() {
+            c.session_opening(&Live(self), ino.0)?;
+        }
+        Ok(())
+    }
+
+    /// A write handle on `ino` is open: start (or join) its session.
+    pub(super) fn after_write_open(&self, caller: &Caller, ino: InodeNo) -> Result<bool> {
+        let Some(c) = self.capture() else {
+            return Ok(false);
+        };
+        let reader = Live(self).open_read(ino.0)?;
+        let who = self.who(c, caller);
+        c.session_opened(ino.0, reader, who);
+        Ok(true)
+    }
+
+    pub(super) fn session_closed(&self, ino: InodeNo) {
+        if let Some(c) = self.capture() {
+            c.session_closed(ino.0);
+        }
+    }
+
+    /// Every queued version is recorded (before a history query).
+    pub fn settle_capture(&self) {
+        if let Some(c) = self.capture() {
+            c.settle();
+        }
+    }
+}
+
+/// Whether open flags may change the file.
+pub(super) fn writes(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0
+}
