@@ -673,13 +673,16 @@ impl Capture {
     }
 }
 
-impl Drop for Capture {
-    fn drop(&mut self) {
+impl Capture {
+    /// At unmount: builds every queued version, then stops the worker.
+    pub fn finish(&self) {
+        self.jobs.disable();
         while let Some(job) = self.jobs.pop() {
             if let Err(e) = self.run_job(job) {
                 tracing::error!("recording a version at unmount failed: {e}");
             }
         }
+        self.settle();
     }
 }
 

@@ -5,6 +5,7 @@
 //! Uses: every layer below (it assembles the mount). The only place that
 //! uses `anyhow`.
 
+mod history;
 mod mount;
 mod options;
 
@@ -60,9 +61,134 @@ enum Command {
         #[arg(short = 'l', long)]
         lazy: bool,
     },
+    /// Versions of a file or directory across its incarnations.
+    Log {
+        path: PathBuf,
+        /// Every version of everything that ever existed under PATH.
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Write a past version of a file to standard output.
+    Cat {
+        path: PathBuf,
+        /// An instant: ISO 8601, -10m, "yesterday 14:00", a sequence number or a tag.
+        #[arg(long, value_name = "TIME", conflicts_with = "version")]
+        at: Option<String>,
+        /// Version N as `log` numbers them (0 = newest, -1 = the one before).
+        #[arg(long, value_name = "N", allow_negative_numbers = true)]
+        version: Option<i64>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List a directory as it was.
+    Ls {
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
+        /// List what had been deleted from DIR by then.
+        #[arg(long)]
+        deleted: bool,
+        #[arg(short = 'l')]
+        long: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Bring back a file or tree as of an instant (in place, or to DEST).
+    Restore {
+        path: PathBuf,
+        #[arg(long, value_name = "TIME")]
+        at: String,
+        #[arg(long, value_name = "DEST")]
+        to: Option<PathBuf>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Make a whole tree exactly as it was (undoable: it is itself versioned).
+    Revert {
+        dir: PathBuf,
+        #[arg(long, value_name = "TIME")]
+        at: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Bring back a deleted file or tree as it was just before its deletion.
+    Undelete {
+        path: PathBuf,
+        #[arg(long, value_name = "DEST")]
+        to: Option<PathBuf>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Differences of a file or tree between two instants (B defaults to now).
+    Diff {
+        path: PathBuf,
+        a: String,
+        b: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Name an instant (default: now); a tag works wherever a time does.
+    Tag {
+        name: String,
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
+        /// Remove the tag instead (root only).
+        #[arg(long)]
+        delete: bool,
+        /// A path in the mount (default: the current directory).
+        #[arg(long, default_value = ".")]
+        path: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List tags.
+    Tags {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Store size, dedup and compression, versions.
+    Status {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Verify every reference and chunk hash of a store.
+    Fsck {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        /// Re-index intact chunks and drop damaged index entries.
+        #[arg(long)]
+        repair: bool,
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
-const VERBS: &[&str] = &["mount", "umount", "help", "--help", "-h", "--version", "-V"];
+/// Options every history verb takes.
+#[derive(clap::Args, Debug)]
+struct Common {
+    /// Print machine-readable JSON.
+    #[arg(long)]
+    json: bool,
+    /// The store, when it is not SRC/.chronofs and nothing is mounted.
+    #[arg(long, value_name = "DIR")]
+    store: Option<PathBuf>,
+}
+
+const VERBS: &[&str] = &[
+    "mount", "umount", "log", "cat", "ls", "restore", "revert", "undelete", "diff", "tag", "tags",
+    "status", "fsck", "help", "--help", "-h", "--version", "-V",
+];
 
 /// Rewrites the argument list of the mount helper forms into `chronofs mount`:
 /// `mount.fuse.chronofs SRC MNT -o OPTS` (mount(8)) and
@@ -121,14 +247,101 @@ pub fn main() -> i32 {
             opts.debug |= debug;
             mount::run(&src, &mnt, opts, foreground || debug)
         }
-        Command::Umount { mnt, lazy } => match mount::unmount(&mnt, lazy) {
-            Ok(()) => exit::OK,
-            Err(e) => {
-                eprintln!("chronofs: {e:#}");
-                exit::FAILURE
-            }
-        },
+        Command::Umount { mnt, lazy } => report(mount::unmount(&mnt, lazy)),
+        other => report(run_history(other)),
     }
+}
+
+fn report(r: anyhow::Result<()>) -> i32 {
+    match r {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            // One line: the causes joined.
+            eprintln!("chronofs: {e:#}");
+            exit::FAILURE
+        }
+    }
+}
+
+fn run_history(cmd: Command) -> anyhow::Result<()> {
+    use history as h;
+    let tgt = |p: &PathBuf, c: &Common| h::target(p, c.store.as_deref());
+    match cmd {
+        Command::Log { path, recursive, since, until, common } => h::log(
+            &tgt(&path, &common)?,
+            since.as_deref(),
+            until.as_deref(),
+            recursive,
+            common.json,
+        ),
+        Command::Cat { path, at, version, common } => {
+            h::cat(&tgt(&path, &common)?, at.as_deref(), version)
+        }
+        Command::Ls { dir, at, deleted, long, common } => {
+            h::ls(&tgt(&dir, &common)?, at.as_deref(), deleted, long, common.json)
+        }
+        Command::Restore { path, at, to, common } => {
+            let t = tgt(&path, &common)?;
+            let at = h::parse_at(Some(&at))?;
+            let dest = match to {
+                Some(d) => h::absolutize(&d)?,
+                None => t.abs.clone(),
+            };
+            let n = h::restore(&t, &at, &dest, false)?;
+            if !common.json {
+                println!("restored {} ({n} object(s) written)", dest.display());
+            }
+            Ok(())
+        }
+        Command::Revert { dir, at, common } => {
+            let t = tgt(&dir, &common)?;
+            let at = h::parse_at(Some(&at))?;
+            let dest = t.abs.clone();
+            let n = h::restore(&t, &at, &dest, true)?;
+            println!("reverted {} ({n} object(s) changed)", dest.display());
+            Ok(())
+        }
+        Command::Undelete { path, to, common } => {
+            let t = tgt(&path, &common)?;
+            let at = h::before_deletion(&t)?;
+            let dest = match to {
+                Some(d) => h::absolutize(&d)?,
+                None => t.abs.clone(),
+            };
+            if to_exists(&dest) {
+                anyhow::bail!("{} exists; use --to DEST to undelete elsewhere", dest.display());
+            }
+            let n = h::restore(&t, &at, &dest, false)?;
+            println!("undeleted {} ({n} object(s))", dest.display());
+            Ok(())
+        }
+        Command::Diff { path, a, b, common } => {
+            let t = tgt(&path, &common)?;
+            let a = h::parse_at(Some(&a))?;
+            let b = h::parse_at(b.as_deref())?;
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            h::diff(&t, &a, &b, &mut out)?;
+            Ok(())
+        }
+        Command::Tag { name, at, delete, path, common } => {
+            h::tag(&tgt(&path, &common)?, &name, at.as_deref(), delete, common.json)
+        }
+        Command::Tags { path, common } => h::tags(&tgt(&path, &common)?, common.json),
+        Command::Status { path, common } => h::status(&tgt(&path, &common)?, common.json),
+        Command::Fsck { path, repair, common } => {
+            if h::fsck(&tgt(&path, &common)?, repair, common.json)? {
+                Ok(())
+            } else {
+                anyhow::bail!("fsck found problems")
+            }
+        }
+        Command::Mount { .. } | Command::Umount { .. } => Ok(()),
+    }
+}
+
+fn to_exists(p: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok()
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::{exit, MountOptions};
 use crate::branch::{BranchId, DirBranch};
 use crate::capture::{Capture, CaptureConfig};
+use crate::control;
 use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
 use crate::history::{History, HistoryHandle};
 use crate::store::Store;
@@ -300,8 +301,11 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
     drop(ready);
     tracing::info!("mounted {} at {}", plan.src.display(), plan.mnt.display());
     let result = session.run().context("FUSE session failed");
-    // The session (and with it capture) is gone; record what is queued.
-    drop(history);
+    // No request can come any more: record what is queued, durably.
+    if let Some(rec) = history {
+        rec.capture.finish();
+        drop(rec);
+    }
     result?;
     tracing::info!("unmounted {}", plan.mnt.display());
     Ok(())
@@ -337,7 +341,7 @@ fn prepare(
     plan: &Plan,
     opts: &MountOptions,
     daemon: bool,
-) -> Result<(Mounted, Option<HistoryHandle>)> {
+) -> Result<(Mounted, Option<Recording>)> {
     init_logging(opts, daemon)?;
     if let Err(e) = sys::raise_fd_limit() {
         tracing::warn!("cannot raise the open-file limit: {e}");
@@ -356,7 +360,7 @@ fn prepare(
         Some(History::open(&store, true).map_err(|e| anyhow!("{e}"))?)
     };
     let inomap = store.inode_map()?;
-    let capture = history.as_ref().map(|h| {
+    let capture: Option<Arc<Capture>> = history.as_ref().map(|h| {
         Capture::new(
             Arc::clone(h),
             CaptureConfig {
@@ -370,9 +374,9 @@ fn prepare(
         attr_timeout: opts.attr_timeout,
         negative_timeout: opts.negative_timeout,
     };
-    let vfs = Vfs::new(branch, inomap, vfs_cfg, capture).map_err(|e| anyhow!("{e}"))?;
+    let vfs = Vfs::new(branch, inomap, vfs_cfg, capture.clone()).map_err(|e| anyhow!("{e}"))?;
     let fs = ChronoFuse::new(
-        vfs,
+        vfs.clone(),
         AdapterConfig {
             // every-write needs to see each write, so the daemon does them.
             passthrough: opts.passthrough && !opts.every_write,
@@ -411,9 +415,72 @@ fn prepare(
     };
     let session = Mounted::new(fs, &plan.mnt, &spec)
         .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
+    let control = match &history {
+        Some(h) => start_control(plan, h, &vfs, &store)?,
+        None => None,
+    };
     // Keep the store handle alive for the session's lifetime via the vfs.
     drop(store);
+    let history = match (history, capture) {
+        (Some(h), Some(c)) => Some(Recording {
+            _history: h,
+            capture: c,
+            _control: control,
+        }),
+        _ => None,
+    };
     Ok((session, history))
+}
+
+/// What a versioned mount keeps running beside the session. Dropping it
+/// after `capture.finish()` makes the last changes durable.
+struct Recording {
+    // Declared first so its socket goes before the history closes.
+    _control: Option<control::Server>,
+    capture: Arc<Capture>,
+    _history: HistoryHandle,
+}
+
+/// Serves history requests for this mount on its control socket.
+fn start_control(
+    plan: &Plan,
+    history: &HistoryHandle,
+    vfs: &Arc<Vfs>,
+    store: &Store,
+) -> Result<Option<control::Server>> {
+    let canon = plan.mnt.canonicalize().unwrap_or_else(|_| plan.mnt.clone());
+    let Some(entry) = control::chronofs_mounts()
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == canon)
+    else {
+        tracing::warn!("cannot find this mount in mountinfo; history commands will not reach it");
+        return Ok(None);
+    };
+    let root = sys::openat(
+        libc::AT_FDCWD,
+        &sys::cstr(plan.src.as_os_str())?,
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+    )?;
+    let identify_vfs = Arc::downgrade(vfs);
+    let settle_vfs = Arc::downgrade(vfs);
+    let service = control::Service::new(
+        Arc::clone(history),
+        root,
+        plan.reserved.clone(),
+        Box::new(move |st| identify_vfs.upgrade().and_then(|v| v.object_of(st))),
+        Box::new(move || {
+            if let Some(v) = settle_vfs.upgrade() {
+                v.settle_capture();
+            }
+        }),
+        store.dir().to_path_buf(),
+    );
+    let path = control::socket_dir(sys::geteuid()).join(control::socket_name(&entry.dev));
+    let server = control::serve(&path, Arc::new(service))
+        .with_context(|| format!("cannot create the control socket {}", path.display()))?;
+    Ok(Some(server))
 }
 
 fn nix_free_setgroups_empty() -> Result<()> {

@@ -258,3 +258,70 @@ pub fn call_local(
     svc.answer(request, &me, &mut Direct(data))
         .map_err(|e| e.to_string())
 }
+
+/// A chronofs mount as /proc/self/mountinfo lists it.
+#[derive(Clone, Debug)]
+pub struct MountEntry {
+    pub mount_point: PathBuf,
+    /// "major:minor" of the mount's device.
+    pub dev: String,
+    pub source: String,
+}
+
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() {
+            if let Ok(v) = u8::from_str_radix(&field[i + 1..(i + 4).min(field.len())], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Every chronofs mount of this mount namespace, in mount order.
+pub fn chronofs_mounts() -> Vec<MountEntry> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let l: Vec<&str> = left.split(' ').collect();
+            let r: Vec<&str> = right.split(' ').collect();
+            if r.first() != Some(&"fuse.chronofs") || l.len() < 5 {
+                return None;
+            }
+            Some(MountEntry {
+                mount_point: PathBuf::from(unescape(l[4])),
+                dev: l[2].to_string(),
+                source: r.get(1).map(|s| unescape(s)).unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// The innermost chronofs mount containing `path` (absolute, normalized).
+pub fn mount_of(path: &Path) -> Option<MountEntry> {
+    chronofs_mounts()
+        .into_iter()
+        .filter(|m| path.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.components().count())
+}
+
+/// The control socket of a mount, for a client of uid `uid`: the daemon's
+/// directory for root mounts first, then the caller's own.
+pub fn socket_of(m: &MountEntry, uid: u32) -> Option<PathBuf> {
+    let name = socket_name(&m.dev);
+    [socket_dir(0), socket_dir(uid)]
+        .into_iter()
+        .map(|d| d.join(&name))
+        .find(|p| p.exists())
+}

@@ -132,6 +132,10 @@ impl Service {
         }
     }
 
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
     pub fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Value> {
         (self.settle)();
         match req {

@@ -789,3 +789,42 @@ pub fn in_group(pid: u32, gid: u32) -> bool {
         .find_map(|l| l.strip_prefix("Groups:"))
         .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
 }
+
+/// The login name of `uid`, from the passwd database.
+pub fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: zeroed passwd is a valid out-parameter.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
+    let rc = unsafe {
+        libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut result)
+    };
+    if rc != 0 || result.is_null() {
+        return None;
+    }
+    // SAFETY: on success pw_name points to a NUL-terminated string inside buf.
+    let name = unsafe { CStr::from_ptr(pwd.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+pub fn mkfifo(path: &std::path::Path, mode: u32) -> io::Result<()> {
+    let c = cstr(path.as_os_str())?;
+    // SAFETY: NUL-terminated path.
+    check(unsafe { libc::mkfifo(c.as_ptr(), mode) }).map(drop)
+}
+
+/// Sets atime and mtime (ns since the epoch) without following a symlink.
+pub fn set_times(path: &std::path::Path, atime_ns: i64, mtime_ns: i64) -> io::Result<()> {
+    let c = cstr(path.as_os_str())?;
+    let ts = |ns: i64| libc::timespec {
+        tv_sec: ns.div_euclid(1_000_000_000),
+        tv_nsec: ns.rem_euclid(1_000_000_000),
+    };
+    let times = [ts(atime_ns), ts(mtime_ns)];
+    // SAFETY: NUL-terminated path; times is an array of two timespecs.
+    check(unsafe {
+        libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+    })
+    .map(drop)
+}

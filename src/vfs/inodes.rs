@@ -188,6 +188,18 @@ impl InodeTable {
         }
     }
 
+    /// The number of a backing object without assigning one.
+    pub fn object_of(&self, st: &Stat) -> Option<u64> {
+        let key = self.key_of(st);
+        if key == self.root_key {
+            return Some(InodeNo::ROOT.0);
+        }
+        if let Some(ino) = self.tables.read().by_key.get(&key) {
+            return Some(ino.0);
+        }
+        self.map.get(&key).ok().flatten()
+    }
+
     pub fn get(&self, ino: InodeNo) -> Result<Arc<Inode>> {
         self.tables
             .read()

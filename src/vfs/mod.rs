@@ -174,6 +174,12 @@ impl Vfs {
         Ok(())
     }
 
+    /// The object id (inode number) of a live backing object, if it has
+    /// one; never assigns a number.
+    pub fn object_of(&self, st: &Stat) -> Option<u64> {
+        self.inodes.object_of(st)
+    }
+
     /// Writes pending inode-map entries durably.
     pub fn flush_store(&self) -> Result<()> {
         Ok(self.inodes.flush()?)
