@@ -27,8 +27,8 @@ use crate::history::{
     Version, Who, ROOT,
 };
 use crate::sys::{self, Stat};
+use state::Job;
 pub use state::Known;
-use state::{Job, Session};
 
 pub type Result<T> = std::result::Result<T, CaptureError>;
 
@@ -140,10 +140,6 @@ impl Capture {
         capture
     }
 
-    pub fn history(&self) -> &Arc<History> {
-        &self.history
-    }
-
     pub fn config(&self) -> &CaptureConfig {
         &self.cfg
     }
@@ -177,10 +173,10 @@ impl Capture {
         if let Some(k) = self.state.lock().known(obj) {
             return Ok(Some(k));
         }
-        let Some((seq, v)) = self.history.latest(obj)? else {
+        let Some((_, v)) = self.history.latest(obj)? else {
             return Ok(None);
         };
-        let k = Arc::new(Known::from_version(seq, &v));
+        let k = Arc::new(Known::from_version(&v));
         self.state.lock().remember(obj, k.clone());
         Ok(Some(k))
     }
@@ -190,13 +186,13 @@ impl Capture {
         for (obj, v) in &draft.versions {
             remembered.push((*obj, v.clone()));
         }
-        let seq = self.history.commit(draft)?;
+        self.history.commit(draft)?;
         let mut st = self.state.lock();
         for (obj, v) in remembered {
             if v.gone {
                 st.forget(obj);
             } else {
-                st.remember(obj, Arc::new(Known::from_version(seq, &v)));
+                st.remember(obj, Arc::new(Known::from_version(&v)));
             }
         }
         Ok(())
@@ -461,6 +457,7 @@ impl Capture {
         self.commit(draft)
     }
 
+    #[allow(clippy::too_many_arguments)]
     /// `name` in `parent` (naming `obj`, whose state before the removal was
     /// secured by `before_change`) was removed; `gone`: it was the last name.
     pub fn removed(
@@ -684,12 +681,4 @@ impl Capture {
         }
         self.settle();
     }
-}
-
-/// Empty content, for tests and callers that record an empty file.
-pub fn empty_content(draft: &mut Draft) -> Content {
-    let m = empty_manifest();
-    let id = m.id();
-    draft.manifests.push((id, m.encode()));
-    Content::File { manifest: id }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::Capture;
-use crate::history::{Attrs, Cause, Content, ObjectId, Seq, Version, Who};
+use crate::history::{Attrs, Cause, Content, ObjectId, Version, Who};
 
 /// Cached objects before the cache is emptied (entries are cheap to reload).
 const KNOWN_LIMIT: usize = 200_000;
@@ -17,7 +17,6 @@ const KNOWN_LIMIT: usize = 200_000;
 /// What history holds as an object's newest state.
 #[derive(Clone, Debug)]
 pub struct Known {
-    pub seq: Seq,
     pub attrs: Attrs,
     pub content: Content,
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
@@ -27,9 +26,8 @@ pub struct Known {
 }
 
 impl Known {
-    pub fn from_version(seq: Seq, v: &Version) -> Known {
+    pub fn from_version(v: &Version) -> Known {
         Known {
-            seq,
             attrs: v.attrs,
             content: v.content.clone(),
             xattrs: v.xattrs.clone(),

@@ -233,7 +233,13 @@ fn size_str(v: &Value) -> String {
     v.as_u64().map_or("-".into(), |n| n.to_string())
 }
 
-pub fn log(t: &Target, since: Option<&str>, until: Option<&str>, recursive: bool, json: bool) -> Result<()> {
+pub fn log(
+    t: &Target,
+    since: Option<&str>,
+    until: Option<&str>,
+    recursive: bool,
+    json: bool,
+) -> Result<()> {
     let req = Request::Log {
         path: t.path.clone(),
         since: since.map(|s| parse_at(Some(s))).transpose()?,
@@ -253,14 +259,24 @@ pub fn log(t: &Target, since: Option<&str>, until: Option<&str>, recursive: bool
     }
     let mut last_inc = 0;
     if recursive {
-        println!("{:>8}  {:<19}  {:<11} {:>10}  {:<8} {:<12} PATH", "SEQ", "TIME", "CAUSE", "SIZE", "USER", "PROCESS");
+        println!(
+            "{:>8}  {:<19}  {:<11} {:>10}  {:<8} {:<12} PATH",
+            "SEQ", "TIME", "CAUSE", "SIZE", "USER", "PROCESS"
+        );
     } else {
-        println!("{:>4} {:>8}  {:<19}  {:<11} {:>10}  {:<8} PROCESS", "#", "SEQ", "TIME", "CAUSE", "SIZE", "USER");
+        println!(
+            "{:>4} {:>8}  {:<19}  {:<11} {:>10}  {:<8} PROCESS",
+            "#", "SEQ", "TIME", "CAUSE", "SIZE", "USER"
+        );
     }
     for r in rows {
         let time = spec::show(r["time_ns"].as_i64().unwrap_or(0));
         let cause = r["cause"].as_str().unwrap_or("?");
-        let gone = if r["gone"].as_bool() == Some(true) { " (gone)" } else { "" };
+        let gone = if r["gone"].as_bool() == Some(true) {
+            " (gone)"
+        } else {
+            ""
+        };
         let user = user_name(r["uid"].as_u64().unwrap_or(0));
         let proc_ = match (r["process"].as_str(), r["pid"].as_u64()) {
             (_, Some(0)) | (_, None) => "-".to_string(),
@@ -271,7 +287,12 @@ pub fn log(t: &Target, since: Option<&str>, until: Option<&str>, recursive: bool
         if recursive {
             println!(
                 "{:>8}  {:<19}  {:<11} {:>10}  {:<8} {:<12} {}{gone}",
-                seq, time, cause, size_str(&r["size"]), user, proc_,
+                seq,
+                time,
+                cause,
+                size_str(&r["size"]),
+                user,
+                proc_,
                 r["path"].as_str().unwrap_or("")
             );
             continue;
@@ -283,7 +304,12 @@ pub fn log(t: &Target, since: Option<&str>, until: Option<&str>, recursive: bool
         }
         println!(
             "{:>4} {:>8}  {:<19}  {:<11} {:>10}  {:<8} {proc_}{gone}",
-            size_str(&r["n"]), seq, time, cause, size_str(&r["size"]), user
+            size_str(&r["n"]),
+            seq,
+            time,
+            cause,
+            size_str(&r["size"]),
+            user
         );
     }
     Ok(())
@@ -338,10 +364,16 @@ pub fn ls(t: &Target, at: Option<&str>, deleted: bool, long: bool, json: bool) -
             let name = e["name"].as_str().unwrap_or("?");
             if long {
                 let mtime = e["mtime_ns"].as_i64().unwrap_or(0);
-                let target = e["target"].as_str().map(|t| format!(" -> {t}")).unwrap_or_default();
+                let target = e["target"]
+                    .as_str()
+                    .map(|t| format!(" -> {t}"))
+                    .unwrap_or_default();
                 println!(
                     "{} {:>3} {:<8} {:>10} {} {name}{target}",
-                    mode_str(e["kind"].as_str().unwrap_or(""), e["mode"].as_u64().unwrap_or(0)),
+                    mode_str(
+                        e["kind"].as_str().unwrap_or(""),
+                        e["mode"].as_u64().unwrap_or(0)
+                    ),
                     e["nlink"].to_string(),
                     user_name(e["uid"].as_u64().unwrap_or(0)),
                     size_str(&e["size"]),
@@ -374,11 +406,23 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
     }
     let mib = |k: &str| v[k].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
     println!("store:        {}", v["store"].as_str().unwrap_or("?"));
-    println!("store size:   {:.1} MiB ({:.1} MiB in packs)", mib("store_bytes"), mib("pack_bytes"));
+    println!(
+        "store size:   {:.1} MiB ({:.1} MiB in packs)",
+        mib("store_bytes"),
+        mib("pack_bytes")
+    );
     println!("changes:      {}", v["changes"]);
     println!("versions:     {}", v["versions"]);
-    println!("chunks:       {} ({:.1} MiB, {:.1} MiB stored)", v["chunks"], mib("chunk_bytes"), mib("stored_bytes"));
-    println!("content:      {:.1} MiB across all versions", mib("logical_bytes"));
+    println!(
+        "chunks:       {} ({:.1} MiB, {:.1} MiB stored)",
+        v["chunks"],
+        mib("chunk_bytes"),
+        mib("stored_bytes")
+    );
+    println!(
+        "content:      {:.1} MiB across all versions",
+        mib("logical_bytes")
+    );
     println!(
         "dedup:        {:.2}x   compression: {:.2}x",
         v["dedup_ratio"].as_f64().unwrap_or(1.0),
@@ -458,8 +502,7 @@ fn same_as_live(node: &Value, live: &std::fs::Metadata) -> bool {
     kind_ok
         && node["size"].as_u64() == Some(live.size())
         && node["mode"].as_u64() == Some(u64::from(live.mode() & 0o7777))
-        && node["mtime_ns"].as_i64()
-            == Some(live.mtime() * 1_000_000_000 + live.mtime_nsec())
+        && node["mtime_ns"].as_i64() == Some(live.mtime() * 1_000_000_000 + live.mtime_nsec())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -496,15 +539,24 @@ fn restore_node(
                 .open(dest)
                 .with_context(|| format!("cannot write {}", dest.display()))?;
             let mut buf = std::io::BufWriter::with_capacity(1 << 20, &mut f);
-            let req = Request::Read { path: path.clone(), at: at.clone(), version: None };
+            let req = Request::Read {
+                path: path.clone(),
+                at: at.clone(),
+                version: None,
+            };
             t.call(&req, &mut buf)?;
             buf.flush()?;
         }
         "dir" => {
             if !dest.is_dir() {
-                std::fs::create_dir(dest).with_context(|| format!("cannot create {}", dest.display()))?;
+                std::fs::create_dir(dest)
+                    .with_context(|| format!("cannot create {}", dest.display()))?;
             }
-            let listing = t.query(&Request::List { path: path.clone(), at: at.clone(), deleted: false })?;
+            let listing = t.query(&Request::List {
+                path: path.clone(),
+                at: at.clone(),
+                deleted: false,
+            })?;
             let empty = Vec::new();
             let entries = listing["entries"].as_array().unwrap_or(&empty);
             let mut keep = std::collections::HashSet::new();
@@ -540,7 +592,10 @@ fn restore_node(
                 .with_context(|| format!("cannot create {}", dest.display()))?;
         }
         other => {
-            eprintln!("chronofs: skipping {} ({other} files are not restored)", dest.display());
+            eprintln!(
+                "chronofs: skipping {} ({other} files are not restored)",
+                dest.display()
+            );
             return Ok(());
         }
     }
@@ -605,24 +660,47 @@ pub fn before_deletion(t: &Target) -> Result<At> {
 /// Reads a file's bytes at `at` (for diff).
 fn read_bytes(t: &Target, path: &Components, at: &At) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
-    t.call(&Request::Read { path: path.clone(), at: at.clone(), version: None }, &mut buf)?;
+    t.call(
+        &Request::Read {
+            path: path.clone(),
+            at: at.clone(),
+            version: None,
+        },
+        &mut buf,
+    )?;
     Ok(buf)
 }
 
 fn show_components(p: &Components) -> String {
-    let parts: Vec<String> = p.iter().map(|c| String::from_utf8_lossy(c).into_owned()).collect();
+    let parts: Vec<String> = p
+        .iter()
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
     format!("/{}", parts.join("/"))
 }
 
 /// Diffs `t.path` between two instants; returns whether they differ.
 pub fn diff(t: &Target, a: &At, b: &At, out: &mut dyn Write) -> Result<bool> {
-    let na = t.query(&Request::Stat { path: t.path.clone(), at: a.clone() }).ok();
-    let nb = t.query(&Request::Stat { path: t.path.clone(), at: b.clone() }).ok();
+    let na = t
+        .query(&Request::Stat {
+            path: t.path.clone(),
+            at: a.clone(),
+        })
+        .ok();
+    let nb = t
+        .query(&Request::Stat {
+            path: t.path.clone(),
+            at: b.clone(),
+        })
+        .ok();
     diff_nodes(t, &t.path, a, b, na.as_ref(), nb.as_ref(), out)
 }
 
 fn same_version(x: &Value, y: &Value) -> bool {
-    x["obj"] == y["obj"] && x["seq"] == y["seq"] && x["source"] == y["source"] && !x["seq"].is_null()
+    x["obj"] == y["obj"]
+        && x["seq"] == y["seq"]
+        && x["source"] == y["source"]
+        && !x["seq"].is_null()
 }
 
 fn diff_nodes(
@@ -646,7 +724,10 @@ fn diff_nodes(
             Ok(true)
         }
         (Some(x), Some(y)) => {
-            let (kx, ky) = (x["kind"].as_str().unwrap_or(""), y["kind"].as_str().unwrap_or(""));
+            let (kx, ky) = (
+                x["kind"].as_str().unwrap_or(""),
+                y["kind"].as_str().unwrap_or(""),
+            );
             if kx != ky {
                 writeln!(out, "{shown}: {kx} in A, {ky} in B")?;
                 return Ok(true);
@@ -658,11 +739,20 @@ fn diff_nodes(
                 "dir" => diff_dirs(t, path, a, b, out),
                 "file" => diff_files(t, path, a, b, x, y, out),
                 "symlink" if x["target"] != y["target"] => {
-                    writeln!(out, "{shown}: symlink to {} in A, to {} in B", x["target"], y["target"])?;
+                    writeln!(
+                        out,
+                        "{shown}: symlink to {} in A, to {} in B",
+                        x["target"], y["target"]
+                    )?;
                     Ok(true)
                 }
                 _ if x["mode"] != y["mode"] => {
-                    writeln!(out, "{shown}: mode {:o} in A, {:o} in B", x["mode"].as_u64().unwrap_or(0), y["mode"].as_u64().unwrap_or(0))?;
+                    writeln!(
+                        out,
+                        "{shown}: mode {:o} in A, {:o} in B",
+                        x["mode"].as_u64().unwrap_or(0),
+                        y["mode"].as_u64().unwrap_or(0)
+                    )?;
                     Ok(true)
                 }
                 _ => Ok(false),
@@ -715,7 +805,11 @@ fn diff_files(
 
 fn diff_dirs(t: &Target, path: &Components, a: &At, b: &At, out: &mut dyn Write) -> Result<bool> {
     let list = |at: &At| -> Result<std::collections::BTreeMap<String, Value>> {
-        let v = t.query(&Request::List { path: path.clone(), at: at.clone(), deleted: false })?;
+        let v = t.query(&Request::List {
+            path: path.clone(),
+            at: at.clone(),
+            deleted: false,
+        })?;
         let empty = Vec::new();
         Ok(v["entries"]
             .as_array()
@@ -743,8 +837,10 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
         Backend::Local(local) => {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
-                indicatif::ProgressStyle::with_template("checking chunks {bar:40} {pos}/{len} {eta}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template(
+                    "checking chunks {bar:40} {pos}/{len} {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             let r = control::service::fsck(local.service.history(), repair, &mut |done, total| {
                 bar.set_length(total);
@@ -762,7 +858,10 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
     } else {
         println!(
             "checked {} versions, {} manifests, {} chunks ({} bytes)",
-            report["versions"], report["manifests_checked"], report["chunks_checked"], report["bytes_checked"]
+            report["versions"],
+            report["manifests_checked"],
+            report["chunks_checked"],
+            report["bytes_checked"]
         );
         for p in report["problems"].as_array().into_iter().flatten() {
             println!("problem: {}", p.as_str().unwrap_or(""));
@@ -770,7 +869,14 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
         if report["repaired"].as_u64().unwrap_or(0) > 0 {
             println!("repaired {} index entries", report["repaired"]);
         }
-        println!("{}", if problems == 0 { "store is consistent" } else { "store has problems" });
+        println!(
+            "{}",
+            if problems == 0 {
+                "store is consistent"
+            } else {
+                "store has problems"
+            }
+        );
     }
     Ok(problems == 0)
 }

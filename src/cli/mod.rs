@@ -186,8 +186,24 @@ struct Common {
 }
 
 const VERBS: &[&str] = &[
-    "mount", "umount", "log", "cat", "ls", "restore", "revert", "undelete", "diff", "tag", "tags",
-    "status", "fsck", "help", "--help", "-h", "--version", "-V",
+    "mount",
+    "umount",
+    "log",
+    "cat",
+    "ls",
+    "restore",
+    "revert",
+    "undelete",
+    "diff",
+    "tag",
+    "tags",
+    "status",
+    "fsck",
+    "help",
+    "--help",
+    "-h",
+    "--version",
+    "-V",
 ];
 
 /// Rewrites the argument list of the mount helper forms into `chronofs mount`:
@@ -267,20 +283,44 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
     use history as h;
     let tgt = |p: &PathBuf, c: &Common| h::target(p, c.store.as_deref());
     match cmd {
-        Command::Log { path, recursive, since, until, common } => h::log(
+        Command::Log {
+            path,
+            recursive,
+            since,
+            until,
+            common,
+        } => h::log(
             &tgt(&path, &common)?,
             since.as_deref(),
             until.as_deref(),
             recursive,
             common.json,
         ),
-        Command::Cat { path, at, version, common } => {
-            h::cat(&tgt(&path, &common)?, at.as_deref(), version)
-        }
-        Command::Ls { dir, at, deleted, long, common } => {
-            h::ls(&tgt(&dir, &common)?, at.as_deref(), deleted, long, common.json)
-        }
-        Command::Restore { path, at, to, common } => {
+        Command::Cat {
+            path,
+            at,
+            version,
+            common,
+        } => h::cat(&tgt(&path, &common)?, at.as_deref(), version),
+        Command::Ls {
+            dir,
+            at,
+            deleted,
+            long,
+            common,
+        } => h::ls(
+            &tgt(&dir, &common)?,
+            at.as_deref(),
+            deleted,
+            long,
+            common.json,
+        ),
+        Command::Restore {
+            path,
+            at,
+            to,
+            common,
+        } => {
             let t = tgt(&path, &common)?;
             let at = h::parse_at(Some(&at))?;
             let dest = match to {
@@ -309,7 +349,10 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                 None => t.abs.clone(),
             };
             if to_exists(&dest) {
-                anyhow::bail!("{} exists; use --to DEST to undelete elsewhere", dest.display());
+                anyhow::bail!(
+                    "{} exists; use --to DEST to undelete elsewhere",
+                    dest.display()
+                );
             }
             let n = h::restore(&t, &at, &dest, false)?;
             println!("undeleted {} ({n} object(s))", dest.display());
@@ -324,12 +367,26 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             h::diff(&t, &a, &b, &mut out)?;
             Ok(())
         }
-        Command::Tag { name, at, delete, path, common } => {
-            h::tag(&tgt(&path, &common)?, &name, at.as_deref(), delete, common.json)
-        }
+        Command::Tag {
+            name,
+            at,
+            delete,
+            path,
+            common,
+        } => h::tag(
+            &tgt(&path, &common)?,
+            &name,
+            at.as_deref(),
+            delete,
+            common.json,
+        ),
         Command::Tags { path, common } => h::tags(&tgt(&path, &common)?, common.json),
         Command::Status { path, common } => h::status(&tgt(&path, &common)?, common.json),
-        Command::Fsck { path, repair, common } => {
+        Command::Fsck {
+            path,
+            repair,
+            common,
+        } => {
             if h::fsck(&tgt(&path, &common)?, repair, common.json)? {
                 Ok(())
             } else {

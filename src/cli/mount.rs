@@ -337,11 +337,7 @@ fn detach_stdio() -> Result<()> {
     Ok(())
 }
 
-fn prepare(
-    plan: &Plan,
-    opts: &MountOptions,
-    daemon: bool,
-) -> Result<(Mounted, Option<Recording>)> {
+fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, Option<Recording>)> {
     init_logging(opts, daemon)?;
     if let Err(e) = sys::raise_fd_limit() {
         tracing::warn!("cannot raise the open-file limit: {e}");

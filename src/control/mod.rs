@@ -265,7 +265,6 @@ pub struct MountEntry {
     pub mount_point: PathBuf,
     /// "major:minor" of the mount's device.
     pub dev: String,
-    pub source: String,
 }
 
 fn unescape(field: &str) -> String {
@@ -302,7 +301,6 @@ pub fn chronofs_mounts() -> Vec<MountEntry> {
             Some(MountEntry {
                 mount_point: PathBuf::from(unescape(l[4])),
                 dev: l[2].to_string(),
-                source: r.get(1).map(|s| unescape(s)).unwrap_or_default(),
             })
         })
         .collect()

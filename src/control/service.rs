@@ -252,17 +252,12 @@ impl Service {
     fn step(&self, cur: Cur, comp: &[u8], seq: Seq, in_root: bool) -> Result<Option<Cur>> {
         let dir = match cur {
             Cur::Live {
-                obj: Some(o),
-                fd,
-                st,
+                obj: Some(o), fd, ..
             } => {
                 if self.history.object_at(o, seq)?.is_some() {
                     o
                 } else {
-                    return self.live_step(&fd, in_root, comp).map(|c| {
-                        let _ = st;
-                        c
-                    });
+                    return self.live_step(&fd, in_root, comp);
                 }
             }
             Cur::Live { obj: None, fd, .. } => return self.live_step(&fd, in_root, comp),
@@ -437,8 +432,9 @@ impl Service {
         seq: Seq,
         present: &HashSet<Vec<u8>>,
     ) -> Result<Vec<Value>> {
-        let mut last: HashMap<Vec<u8>, (Seq, Option<ObjectId>, Option<(Seq, ObjectId)>)> =
-            HashMap::new();
+        // name → (last change, what it named then, last object it named)
+        type Last = (Seq, Option<ObjectId>, Option<(Seq, ObjectId)>);
+        let mut last: HashMap<Vec<u8>, Last> = HashMap::new();
         for (name, s, child) in self.history.names_ever(dir)? {
             if s > seq {
                 continue;

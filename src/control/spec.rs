@@ -157,7 +157,7 @@ mod tests {
         assert_eq!(parse("#42"), Ok(At::Seq(42)));
         assert_eq!(parse("release-1.0"), Ok(At::Tag("release-1.0".into())));
         let z = parse("2026-11-21T10:00:00Z").unwrap();
-        assert_eq!(z, At::Time(1_763_719_200_000_000_000));
+        assert_eq!(z, At::Time(1_795_255_200_000_000_000));
         for s in [
             "2026-11-21T10:00",
             "2026-11-21 10:00:00",

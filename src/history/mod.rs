@@ -46,8 +46,6 @@ pub enum HistoryError {
     Store(#[from] StoreError),
     #[error("the store's history is damaged: {0}")]
     Corrupt(String),
-    #[error("{0}")]
-    NotFound(String),
 }
 
 impl HistoryError {
@@ -55,7 +53,6 @@ impl HistoryError {
         match self {
             HistoryError::Store(e) => e.errno(),
             HistoryError::Corrupt(_) => libc::EUCLEAN,
-            HistoryError::NotFound(_) => libc::ENOENT,
         }
     }
 }
@@ -69,16 +66,6 @@ pub struct Draft {
     pub bind: Vec<Binding>,
     pub unbind: Vec<Binding>,
     pub tags: Vec<(String, Option<Seq>)>,
-}
-
-impl Draft {
-    pub fn is_empty(&self) -> bool {
-        self.versions.is_empty()
-            && self.dirents.is_empty()
-            && self.tags.is_empty()
-            && self.bind.is_empty()
-            && self.unbind.is_empty()
-    }
 }
 
 struct WriteState {
@@ -352,19 +339,9 @@ impl History {
         tables::dirent_at(&self.db, parent, name, Seq::MAX)
     }
 
-    /// The sequence number the next change will get.
-    pub fn next_seq(&self) -> Seq {
-        self.state.lock().next_seq
-    }
-
     pub(crate) fn db(&self) -> &Arc<Database> {
         &self.db
     }
-}
-
-/// Reads a `u64` from the store's meta table.
-pub(crate) fn meta_value(db: &Database, key: &str) -> Result<Option<u64>> {
-    tables::meta_get(db, key)
 }
 
 impl From<redb::Error> for HistoryError {

@@ -115,14 +115,6 @@ pub struct Attrs {
 }
 
 impl Attrs {
-    pub fn kind(&self) -> u32 {
-        self.mode & libc::S_IFMT
-    }
-
-    pub fn is_dir(&self) -> bool {
-        self.kind() == libc::S_IFDIR
-    }
-
     /// Whether the backing object looks unchanged since these attributes
     /// were taken (ctime covers every metadata change, mtime every data
     /// change).
@@ -179,6 +171,7 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    #[cfg(test)]
     pub fn size(&self) -> u64 {
         self.extents.iter().map(|e| u64::from(e.len)).sum()
     }

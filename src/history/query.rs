@@ -40,6 +40,12 @@ pub struct Link {
 
 /// A recorded version with its sequence number.
 pub type Recorded = (Seq, Version);
+/// A sequence number and its time (ns).
+pub type Stamp = (Seq, i64);
+/// A directory listing: names and the objects they name.
+pub type Listing = Vec<(Vec<u8>, ObjectId)>;
+/// Every recorded change of every name in a directory.
+pub type NameChanges = Vec<(Vec<u8>, Seq, Option<ObjectId>)>;
 
 macro_rules! open_or_empty {
     ($txn:expr, $def:expr, $empty:expr) => {
@@ -73,7 +79,7 @@ impl History {
     }
 
     /// First and last recorded sequence numbers with their times.
-    pub fn bounds(&self) -> Result<Option<((Seq, i64), (Seq, i64))>> {
+    pub fn bounds(&self) -> Result<Option<(Stamp, Stamp)>> {
         self.settle()?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, SEQS, None);
@@ -171,7 +177,7 @@ impl History {
 
     /// The entries of directory `dir` at `seq`, sorted by name; `None` if
     /// its listing was not recorded by then (read it live).
-    pub fn list_at(&self, dir: ObjectId, seq: Seq) -> Result<Option<Vec<(Vec<u8>, ObjectId)>>> {
+    pub fn list_at(&self, dir: ObjectId, seq: Seq) -> Result<Option<Listing>> {
         self.settle()?;
         let seq = self.effective_seq(dir, seq)?;
         if tables::version_at(self.db(), dir, seq)?.is_none() {
@@ -181,7 +187,7 @@ impl History {
     }
 
     /// Every name ever recorded in `dir`, with the children it named.
-    pub fn names_ever(&self, dir: ObjectId) -> Result<Vec<(Vec<u8>, Seq, Option<ObjectId>)>> {
+    pub fn names_ever(&self, dir: ObjectId) -> Result<NameChanges> {
         self.settle()?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, DIRENTS, Vec::new());
@@ -296,19 +302,6 @@ impl History {
         })?;
         Manifest::decode(v.value())
             .ok_or_else(|| HistoryError::Corrupt("undecodable manifest".into()))
-    }
-
-    /// Every sequence number with its time in `from..=to`.
-    pub fn seqs_between(&self, from: Seq, to: Seq) -> Result<Vec<(Seq, i64)>> {
-        self.settle()?;
-        let txn = read_txn(self.db())?;
-        let t = open_or_empty!(txn, SEQS, Vec::new());
-        let mut out = Vec::new();
-        for e in t.range(from..=to).map_err(err)? {
-            let (k, v) = e.map_err(err)?;
-            out.push((k.value(), v.value()));
-        }
-        Ok(out)
     }
 
     /// Counts for `status`.

@@ -356,16 +356,16 @@ impl ChunkStore {
 mod tests {
     use super::*;
 
-    fn open(tmp: &Path) -> ChunkStore {
-        let db = Arc::new(Database::create(tmp.join("db")).unwrap());
-        ChunkStore::open(tmp.join("packs"), db).unwrap()
+    fn open(tmp: &Path, db: &Arc<Database>) -> ChunkStore {
+        ChunkStore::open(tmp.join("packs"), db.clone()).unwrap()
     }
 
     #[test]
     fn put_get_dedup_and_verify() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir(tmp.path().join("packs")).unwrap();
-        let store = open(tmp.path());
+        let db = Arc::new(Database::create(tmp.path().join("db")).unwrap());
+        let store = open(tmp.path(), &db);
         let text = b"hello hello hello hello hello hello hello".repeat(50);
         let (h, new) = store.put(&text).unwrap();
         assert!(new);
@@ -384,7 +384,7 @@ mod tests {
         let at = loc.offset as usize + ENTRY_HEADER_LEN + 2;
         bytes[at] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
-        let fresh = open(tmp.path());
+        let fresh = open(tmp.path(), &db);
         fresh.fresh.lock().insert(h, loc);
         assert!(matches!(
             fresh.get(&h),

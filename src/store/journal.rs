@@ -96,10 +96,6 @@ impl Journal {
         Ok(())
     }
 
-    pub fn sync(&self) -> Result<(), StoreError> {
-        self.file.sync_data().map_err(|e| self.io_err(e))
-    }
-
     /// Empties the journal (its records are durable in the index).
     pub fn reset(&mut self) -> Result<(), StoreError> {
         self.file.set_len(0).map_err(|e| self.io_err(e))?;

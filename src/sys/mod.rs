@@ -798,7 +798,13 @@ pub fn user_name(uid: u32) -> Option<String> {
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
     let rc = unsafe {
-        libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut result)
+        libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
     };
     if rc != 0 || result.is_null() {
         return None;
@@ -824,7 +830,12 @@ pub fn set_times(path: &std::path::Path, atime_ns: i64, mtime_ns: i64) -> io::Re
     let times = [ts(atime_ns), ts(mtime_ns)];
     // SAFETY: NUL-terminated path; times is an array of two timespecs.
     check(unsafe {
-        libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
     })
     .map(drop)
 }

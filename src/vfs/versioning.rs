@@ -159,7 +159,7 @@ impl Vfs {
         ino: InodeNo,
         st: &Stat,
     ) {
-        if let Some(inode) = self.inodes.get(ino).ok() {
+        if let Ok(inode) = self.inodes.get(ino) {
             inode.set_name(parent, name.as_bytes());
         }
         if let Some(c) = self.capture() {
