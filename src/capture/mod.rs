@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::history::content::{self, PositionalReader};
+use crate::history::content;
 use crate::history::{
     Attrs, Binding, Cause, Content, Dirent, Draft, History, HistoryError, Manifest, ObjectId, Time,
     Version, Who, ROOT,
@@ -321,11 +321,9 @@ impl Capture {
 
     fn ingest_fd(&self, fd: &OwnedFd, draft: &mut Draft) -> Result<Content> {
         let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
-        let reader = PositionalReader {
-            read_at: &read_at,
-            offset: 0,
-        };
-        let (manifest, _) = content::ingest(self.history.chunks(), reader)?;
+        let size = sys::fstat(fd.as_fd())?.st_size as u64;
+        let data = sys::data_ranges(fd.as_fd(), size)?;
+        let (manifest, _) = content::ingest_sparse(self.history.chunks(), &read_at, size, &data)?;
         Ok(self.content_of(manifest, draft))
     }
 

@@ -62,6 +62,59 @@ pub fn ingest(chunks: &ChunkStore, source: impl Read) -> Result<(Manifest, Inges
     Ok((manifest, stats))
 }
 
+/// Like [`ingest`] over a file of `size` bytes whose data lies in
+/// `data` (sorted, non-overlapping (offset, length) ranges, e.g. from
+/// SEEK_DATA/SEEK_HOLE): the gaps become holes without being read, so a
+/// sparse file costs what it holds.
+pub fn ingest_sparse(
+    chunks: &ChunkStore,
+    read_at: &dyn Fn(&mut [u8], u64) -> std::io::Result<usize>,
+    size: u64,
+    data: &[(u64, u64)],
+) -> Result<(Manifest, Ingested)> {
+    let mut manifest = Manifest::default();
+    let mut stats = Ingested::default();
+    let mut pos = 0u64;
+    let hole = |m: &mut Manifest, mut len: u64| {
+        while len > 0 {
+            let piece = len.min(u64::from(u32::MAX));
+            push(
+                m,
+                Extent {
+                    len: piece as u32,
+                    chunk: None,
+                },
+            );
+            len -= piece;
+        }
+    };
+    for &(off, len) in data {
+        let (off, len) = (
+            off.max(pos),
+            (off + len).min(size).saturating_sub(off.max(pos)),
+        );
+        if len == 0 {
+            continue;
+        }
+        hole(&mut manifest, off - pos);
+        let reader = PositionalReader {
+            read_at,
+            offset: off,
+        }
+        .take(len);
+        let (part, st) = ingest(chunks, reader)?;
+        for e in part.extents {
+            push(&mut manifest, e);
+        }
+        stats.bytes += st.bytes;
+        stats.new_chunks += st.new_chunks;
+        stats.new_bytes += st.new_bytes;
+        pos = off + len;
+    }
+    hole(&mut manifest, size.saturating_sub(pos));
+    Ok((manifest, stats))
+}
+
 /// Appends, merging adjacent holes.
 fn push(m: &mut Manifest, e: Extent) {
     if let (None, Some(last)) = (e.chunk, m.extents.last_mut()) {

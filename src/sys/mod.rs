@@ -839,3 +839,27 @@ pub fn set_times(path: &std::path::Path, atime_ns: i64, mtime_ns: i64) -> io::Re
     })
     .map(drop)
 }
+
+/// The data ranges (offset, length) of a file of `size` bytes, found with
+/// SEEK_DATA/SEEK_HOLE; the whole file if the file system cannot tell.
+pub fn data_ranges(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    let mut pos: u64 = 0;
+    while pos < size {
+        let start = match lseek(fd, pos as i64, libc::SEEK_DATA) {
+            Ok(s) => s as u64,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(vec![(0, size)]),
+            Err(e) => return Err(e),
+        };
+        let end = match lseek(fd, start as i64, libc::SEEK_HOLE) {
+            Ok(e) => (e as u64).min(size),
+            Err(_) => size,
+        };
+        if end > start {
+            out.push((start, end - start));
+        }
+        pos = end.max(start + 1);
+    }
+    Ok(out)
+}

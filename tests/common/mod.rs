@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub const DEFAULT_MODES: &[&str] = &["plain,passthrough=on", "plain,passthrough=off"];
+pub const DEFAULT_MODES: &[&str] = &["passthrough=on", "passthrough=off", "plain,passthrough=on"];
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
 const TMPFS_MAGIC: i64 = 0x0102_1994;
