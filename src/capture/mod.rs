@@ -216,6 +216,45 @@ impl Capture {
         }
     }
 
+    /// A lookup found `obj` with attributes `st`: if history holds a
+    /// different state for it, it changed behind the mount's back and the
+    /// live state is recorded (cause `external`). `first_sight`: the first
+    /// lookup since mount, so history is consulted even if nothing is
+    /// cached. Directories are not checked (their times change with every
+    /// entry made through the mount).
+    pub fn looked_up(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        st: &Stat,
+        first_sight: bool,
+    ) -> Result<()> {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return Ok(());
+        }
+        let cached = self.state.lock().known(obj);
+        let known = match cached {
+            Some(k) => k,
+            None if first_sight => match self.known(obj)? {
+                Some(k) => k,
+                None => return Ok(()),
+            },
+            None => return Ok(()),
+        };
+        let attrs = attrs_of(st);
+        if known.attrs.same_state(&attrs) || known.verified.same_state(&attrs) {
+            return Ok(());
+        }
+        {
+            let s = self.state.lock();
+            if s.has_writers(obj) || s.ingesting(obj) {
+                return Ok(());
+            }
+        }
+        tracing::debug!("inode {obj} changed behind the mount; recording it");
+        self.record_state(tree, obj, st, Cause::External, &Who::default(), true)
+    }
+
     /// Before an entry of directory `dir` is added, removed or renamed:
     /// the directory's listing must be in history.
     pub fn before_dir_change(&self, tree: &dyn Tree, dir: ObjectId) -> Result<()> {

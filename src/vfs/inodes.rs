@@ -34,6 +34,8 @@ pub struct Inode {
     /// The (parent, name) the kernel last reached this object by: where
     /// history records it if it was never recorded before.
     name: Mutex<Option<(InodeNo, Vec<u8>)>>,
+    /// Set once the first lookup has compared the object with history.
+    seen: AtomicBool,
 }
 
 /// How the backing object is reached. Holding an O_PATH descriptor per
@@ -91,6 +93,11 @@ impl Inode {
 
     pub fn name(&self) -> Option<(InodeNo, Vec<u8>)> {
         self.name.lock().clone()
+    }
+
+    /// True the first time it is asked for this inode.
+    pub fn first_sight(&self) -> bool {
+        !self.seen.swap(true, Ordering::Relaxed)
     }
 }
 
@@ -161,6 +168,7 @@ impl InodeTable {
             nlookup: AtomicU64::new(1),
             slot: FdSlot::Pinned(root_fd.clone()),
             name: Mutex::new(None),
+            seen: AtomicBool::new(false),
         });
         let mut tables = Tables::default();
         tables.by_ino.insert(InodeNo::ROOT, root);
@@ -503,6 +511,7 @@ impl InodeTable {
             nlookup: AtomicU64::new(1),
             slot,
             name: Mutex::new(None),
+            seen: AtomicBool::new(false),
         });
         tables.by_ino.insert(ino, inode.clone());
         tables.by_key.insert(key, ino);

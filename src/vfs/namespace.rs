@@ -19,9 +19,14 @@ impl Vfs {
         }
         let dir = self.inodes.node(parent)?;
         let entry = self.lookup_in(&dir, name)?;
-        if self.capture.is_some() {
+        if let Some(c) = self.capture() {
             if let Ok(inode) = self.inodes.get(entry.attr.ino) {
                 inode.set_name(parent, name.as_encoded_bytes());
+                let first = inode.first_sight();
+                let live = super::versioning::Live(self);
+                if let Err(e) = c.looked_up(&live, entry.attr.ino.0, &entry.attr.st, first) {
+                    tracing::error!("history: recording an external change failed: {e}");
+                }
             }
         }
         Ok(entry)
