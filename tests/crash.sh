@@ -351,6 +351,7 @@ class Driver:
         self.daemon_log = None
         self.epoch = 0
         self.failures = []
+        self.context = "setup"
 
     # ---- helpers
 
