@@ -100,6 +100,77 @@ pub fn each_mode(f: impl Fn(&mut Mount)) {
     }
 }
 
+/// The versioning mount modes: the configured modes without `plain` ones,
+/// or `passthrough=on` and `passthrough=off` when every configured mode is
+/// plain.
+pub fn versioning_modes() -> Vec<String> {
+    let v: Vec<String> = modes()
+        .into_iter()
+        .filter(|m| !m.split(',').any(|o| o.trim() == "plain"))
+        .collect();
+    if v.is_empty() {
+        vec!["passthrough=on".into(), "passthrough=off".into()]
+    } else {
+        v
+    }
+}
+
+/// Like [`each_mode`], over [`versioning_modes`] only.
+pub fn each_versioning_mode(f: impl Fn(&mut Mount)) {
+    each_versioning_mode_with(|_| {}, f)
+}
+
+/// Like [`each_versioning_mode`], running `setup` on the (empty) source
+/// directory before each first mount.
+pub fn each_versioning_mode_with(setup: impl Fn(&Path), f: impl Fn(&mut Mount)) {
+    let mut failures = Vec::new();
+    for mode in versioning_modes() {
+        let r = panic::catch_unwind(AssertUnwindSafe(|| {
+            let mut m = {
+                let _serial = history_mount_lock();
+                let m = Mount::new_with(&mode, &setup);
+                m.wait_history_ready();
+                m
+            };
+            let body = panic::catch_unwind(AssertUnwindSafe(|| f(&mut m)));
+            let teardown = {
+                let _serial = history_mount_lock();
+                m.try_unmount()
+            };
+            match (body, teardown) {
+                (Err(p), Err(e)) => {
+                    eprintln!("(after a failure) fixture teardown also failed: {e}");
+                    panic::resume_unwind(p)
+                }
+                (Err(p), Ok(())) => panic::resume_unwind(p),
+                (Ok(()), Err(e)) => panic!("fixture teardown failed: {e}"),
+                (Ok(()), Ok(())) => {}
+            }
+        }));
+        if let Err(p) = r {
+            failures.push(format!("[mode {mode}] {}", panic_msg(&*p)));
+        }
+    }
+    if !failures.is_empty() {
+        panic!(
+            "{} mode(s) failed:\n{}",
+            failures.len(),
+            failures.join("\n----\n")
+        );
+    }
+}
+
+/// Serializes starting (until the control socket answers) and stopping
+/// (until the daemon exited) versioning mounts in this process. A control
+/// socket is named after the mount's device number, which the kernel reuses
+/// as soon as a mount goes away: without this, a daemon still shutting down
+/// removes the socket of a new mount that got its device number, and a
+/// command sent before the new mount's socket exists reaches the old daemon.
+pub fn history_mount_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Base directory for temporary trees; asserted not to be tmpfs.
 pub fn tmp_base() -> PathBuf {
     let base = std::env::var_os("CHRONOFS_TEST_TMP")
@@ -199,6 +270,12 @@ pub struct Mount {
 
 impl Mount {
     pub fn new(opts: &str) -> Mount {
+        Mount::new_with(opts, |_| {})
+    }
+
+    /// Like [`Mount::new`], running `setup` on the source directory before
+    /// the first mount (for files that predate the mount).
+    pub fn new_with(opts: &str, setup: impl FnOnce(&Path)) -> Mount {
         let dir = tempdir();
         let src = dir.path().join("src");
         let mnt = dir.path().join("mnt");
@@ -218,6 +295,7 @@ impl Mount {
             child: None,
             generation: 0,
         };
+        setup(&m.src);
         m.start();
         m
     }
@@ -301,6 +379,36 @@ impl Mount {
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until `chronofs status` run in the mount answers for this
+    /// mount's store (`-f` reports nothing: the mount appears before its
+    /// control socket).
+    pub fn wait_history_ready(&self) {
+        let want = format!("{}", self.src.join(".chronofs").display());
+        let t0 = Instant::now();
+        loop {
+            let out = Command::new(bin())
+                .args(["status", "--json"])
+                .current_dir(&self.mnt)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("spawn {}: {e}", bin().display()));
+            let text = String::from_utf8_lossy(&out.stdout);
+            if out.status.success() && text.contains(&format!("\"store\": \"{want}\"")) {
+                return;
+            }
+            if t0.elapsed() > READY_TIMEOUT {
+                panic!(
+                    "mode {}: `chronofs status` never answered for {want}: {}{}\n{}",
+                    self.mode,
+                    text,
+                    String::from_utf8_lossy(&out.stderr),
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
