@@ -32,6 +32,9 @@ pub use state::Known;
 
 pub type Result<T> = std::result::Result<T, CaptureError>;
 
+/// How long a query waits for the release that follows a close(2).
+const CLOSE_GRACE: Duration = Duration::from_millis(200);
+
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error(transparent)]
@@ -422,6 +425,26 @@ impl Capture {
         self.commit(draft)
     }
 
+    /// A regular file was created by an open that will write it: its name
+    /// and first content are recorded together when the session closes
+    /// (one version per session, not an empty one first).
+    pub fn created_in_session(
+        &self,
+        parent: ObjectId,
+        name: &[u8],
+        obj: ObjectId,
+        binding: Option<Binding>,
+    ) {
+        self.state.lock().creates.insert(
+            obj,
+            state::PendingCreate {
+                parent,
+                name: name.to_vec(),
+                binding,
+            },
+        );
+    }
+
     /// A new object was made in `parent` under `name`.
     pub fn created(
         &self,
@@ -513,6 +536,7 @@ impl Capture {
             name: name.to_vec(),
             child: None,
         });
+        self.state.lock().creates.remove(&obj);
         if let Some(k) = self.known(obj)? {
             let mut v = k.version(who, cause, k.attrs);
             v.gone = gone;
@@ -543,6 +567,13 @@ impl Capture {
         who: &Who,
     ) -> Result<()> {
         let mut draft = Draft::default();
+        {
+            let mut st = self.state.lock();
+            st.creates.remove(&obj);
+            if let Some((v, _, _)) = victim {
+                st.creates.remove(&v);
+            }
+        }
         let moved = |d: &mut Draft, o: ObjectId, k: Option<Arc<Known>>| -> Result<()> {
             let st = tree.stat(o)?;
             let v = match k {
@@ -658,12 +689,20 @@ impl Capture {
         }
     }
 
-    /// Waits until every queued ingest is recorded (before a query).
+    /// Waits until every queued ingest is recorded (before a query),
+    /// including sessions whose close(2) has returned but whose release
+    /// the kernel has not sent yet (briefly: another descriptor may keep
+    /// such a session open for good).
     pub fn settle(&self) {
         let mut st = self.state.lock();
-        while st.any_ingesting() {
-            self.idle.wait(&mut st);
+        while st.any_ingesting() || st.closing(CLOSE_GRACE) {
+            self.idle.wait_for(&mut st, Duration::from_millis(5));
         }
+    }
+
+    /// close(2) flushed a handle of `obj` (its release follows).
+    pub fn flushed(&self, obj: ObjectId) {
+        self.state.lock().flushed(obj);
     }
 
     /// Builds and commits the version of a session job.
@@ -678,7 +717,8 @@ impl Capture {
         let st = sys::fstat(job.reader.as_fd())?;
         let attrs = attrs_of(&st);
         let known = self.known(job.obj)?;
-        if let Some(k) = &known {
+        let created = self.state.lock().creates.remove(&job.obj);
+        if let (Some(k), None) = (&known, &created) {
             if !job.dirty && (k.attrs.same_state(&attrs) || k.verified.same_state(&attrs)) {
                 return Ok(());
             }
@@ -686,7 +726,7 @@ impl Capture {
         let mut draft = Draft::default();
         let content = self.ingest_fd(&job.reader, &mut draft)?;
         let xattrs = sys::xattrs_of(job.reader.as_fd()).unwrap_or_default();
-        let v = Version {
+        let mut v = Version {
             time_ns: 0,
             who: job.who.clone(),
             cause: job.cause,
@@ -695,6 +735,17 @@ impl Capture {
             xattrs,
             gone: false,
         };
+        if let Some(c) = created {
+            v.cause = Cause::Create;
+            draft.dirents.push(Dirent {
+                parent: c.parent,
+                name: c.name,
+                child: Some(job.obj),
+            });
+            draft.bind.extend(c.binding);
+            draft.versions.push((job.obj, v));
+            return self.commit(draft);
+        }
         self.commit_unless_same(job.obj, known.as_deref(), v, draft)
     }
 

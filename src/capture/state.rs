@@ -68,6 +68,9 @@ pub struct Session {
     /// Attributes changed during the session (fold into its version).
     dirty: bool,
     last_version: Instant,
+    /// When close(2) last flushed a handle of it: its release (and version)
+    /// is imminent.
+    flushed: Option<Instant>,
 }
 
 /// A version to build from a file's current content.
@@ -81,11 +84,21 @@ pub struct Job {
     pub queued: bool,
 }
 
+/// A file created by an open that is still writing it: its name and first
+/// version are recorded with the session's version, as one change.
+#[derive(Clone, Debug)]
+pub struct PendingCreate {
+    pub parent: ObjectId,
+    pub name: Vec<u8>,
+    pub binding: Option<crate::history::Binding>,
+}
+
 #[derive(Default)]
 pub struct Objects {
     known: HashMap<ObjectId, Arc<Known>>,
     sessions: HashMap<ObjectId, Session>,
     ingesting: HashMap<ObjectId, u32>,
+    pub creates: HashMap<ObjectId, PendingCreate>,
 }
 
 impl Objects {
@@ -137,6 +150,7 @@ impl Objects {
                         who,
                         dirty: false,
                         last_version: Instant::now(),
+                        flushed: None,
                     },
                 );
             }
@@ -187,6 +201,19 @@ impl Objects {
         due.into_iter()
             .filter_map(|o| self.snapshot_job(o, Cause::Interval))
             .collect()
+    }
+
+    pub fn flushed(&mut self, obj: ObjectId) {
+        if let Some(s) = self.sessions.get_mut(&obj) {
+            s.flushed = Some(Instant::now());
+        }
+    }
+
+    /// Whether a close(2) returned recently whose release has not arrived.
+    pub fn closing(&self, within: Duration) -> bool {
+        self.sessions
+            .values()
+            .any(|s| s.flushed.is_some_and(|t| t.elapsed() < within))
     }
 
     pub fn ingesting(&self, obj: ObjectId) -> bool {

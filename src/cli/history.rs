@@ -175,8 +175,29 @@ fn open_local(src: &Path, store_dir: &Path) -> Result<LocalStore> {
         .ok()
         .filter(|r| r.components().count() == 1)
         .map(|r| r.as_os_str().to_os_string());
-    let identify = Box::new(move |st: &sys::Stat| {
-        if st.st_dev == root_st.st_dev && st.st_ino == root_st.st_ino {
+    let host = Box::new(StoreHost { inomap, root_st });
+    let service = control::Service::new(
+        std::sync::Arc::clone(&history),
+        root,
+        reserved,
+        host,
+        store_dir.to_path_buf(),
+    );
+    Ok(LocalStore {
+        service,
+        _history: history,
+    })
+}
+
+/// A store opened directly (nothing mounted).
+struct StoreHost {
+    inomap: crate::store::InodeMap,
+    root_st: sys::Stat,
+}
+
+impl control::service::Host for StoreHost {
+    fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
+        if st.st_dev == self.root_st.st_dev && st.st_ino == self.root_st.st_ino {
             return Some(crate::history::ROOT);
         }
         let key = crate::store::BackingKey {
@@ -184,20 +205,8 @@ fn open_local(src: &Path, store_dir: &Path) -> Result<LocalStore> {
             dev: st.st_dev,
             ino: st.st_ino,
         };
-        inomap.get(&key).ok().flatten()
-    });
-    let service = control::Service::new(
-        std::sync::Arc::clone(&history),
-        root,
-        reserved,
-        identify,
-        Box::new(|| {}),
-        store_dir.to_path_buf(),
-    );
-    Ok(LocalStore {
-        service,
-        _history: history,
-    })
+        self.inomap.get(&key).ok().flatten()
+    }
 }
 
 impl Target {
@@ -429,12 +438,65 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
         v["compression_ratio"].as_f64().unwrap_or(1.0)
     );
     println!("tags:         {}", v["tags"]);
+    let ing = &v["ingest"];
+    if !ing.is_null() {
+        let state = if ing["running"].as_bool() == Some(true) {
+            "running"
+        } else {
+            "done"
+        };
+        println!(
+            "ingest:       {state}: {} dirs, {} files, {:.1} MiB, {} error(s)",
+            ing["dirs"],
+            ing["files"],
+            ing["bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64,
+            ing["errors"]
+        );
+    }
     for (label, key) in [("first change", "first"), ("last change", "last")] {
         if let Some(t) = v[key]["time_ns"].as_i64() {
             println!("{label}: {} (#{})", spec::show(t), v[key]["seq"]);
         }
     }
     Ok(())
+}
+
+/// Starts the eager baseline and shows its progress until done.
+pub fn ingest(t: &Target, wait: bool, json: bool) -> Result<()> {
+    t.query(&Request::Ingest)?;
+    if !wait {
+        if !json {
+            println!("ingest started; `chronofs status` shows its progress");
+        }
+        return Ok(());
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} ingesting: {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    loop {
+        let v = t.query(&Request::Status)?;
+        let p = &v["ingest"];
+        let msg = format!(
+            "{} dirs, {} files, {:.1} MiB",
+            p["dirs"],
+            p["files"],
+            p["bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64
+        );
+        bar.set_message(msg.clone());
+        if p["done"].as_bool() == Some(true) || p.is_null() {
+            bar.finish_and_clear();
+            if json {
+                print_json(p);
+            } else {
+                println!("ingest done: {msg}, {} error(s)", p["errors"]);
+            }
+            return Ok(());
+        }
+        bar.tick();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 pub fn tag(t: &Target, name: &str, at: Option<&str>, delete: bool, json: bool) -> Result<()> {
@@ -653,8 +715,35 @@ pub fn before_deletion(t: &Target) -> Result<At> {
                 t.abs.display()
             )
         })?;
-    let seq = hit["deleted_seq"].as_u64().unwrap_or(1);
+    let mut seq = hit["deleted_seq"].as_u64().unwrap_or(1);
+    if hit["kind"].as_str() == Some("dir") {
+        seq = start_of_removal(t, seq)?;
+    }
     Ok(At::Seq(seq.saturating_sub(1).max(1)))
+}
+
+/// A directory is removed only once empty: `rm -rf` first unlinks
+/// everything below it. The tree a user wants back is the one before that
+/// run of removals began, so walk back over the removals in the subtree
+/// that end with the directory's own.
+fn start_of_removal(t: &Target, dir_removed: u64) -> Result<u64> {
+    let v = t.query(&Request::Log {
+        path: t.path.clone(),
+        since: None,
+        until: Some(At::Seq(dir_removed)),
+        recursive: true,
+    })?;
+    let empty = Vec::new();
+    let rows = v["versions"].as_array().unwrap_or(&empty);
+    let mut start = dir_removed;
+    for r in rows.iter().rev() {
+        let removal = matches!(r["cause"].as_str(), Some("unlink" | "rmdir"));
+        if !removal {
+            break;
+        }
+        start = start.min(r["seq"].as_u64().unwrap_or(start));
+    }
+    Ok(start)
 }
 
 /// Reads a file's bytes at `at` (for diff).
@@ -681,6 +770,10 @@ fn show_components(p: &Components) -> String {
 
 /// Diffs `t.path` between two instants; returns whether they differ.
 pub fn diff(t: &Target, a: &At, b: &At, out: &mut dyn Write) -> Result<bool> {
+    // A bad instant is an error, not an absent file.
+    for at in [a, b] {
+        t.query(&Request::Resolve { at: at.clone() })?;
+    }
     let na = t
         .query(&Request::Stat {
             path: t.path.clone(),

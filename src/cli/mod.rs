@@ -162,6 +162,16 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Record the whole existing tree in history now (background, with progress).
+    Ingest {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        /// Return at once instead of showing progress until done.
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Verify every reference and chunk hash of a store.
     Fsck {
         #[arg(default_value = ".")]
@@ -199,6 +209,7 @@ const VERBS: &[&str] = &[
     "tags",
     "status",
     "fsck",
+    "ingest",
     "help",
     "--help",
     "-h",
@@ -382,6 +393,11 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
         ),
         Command::Tags { path, common } => h::tags(&tgt(&path, &common)?, common.json),
         Command::Status { path, common } => h::status(&tgt(&path, &common)?, common.json),
+        Command::Ingest {
+            path,
+            no_wait,
+            common,
+        } => h::ingest(&tgt(&path, &common)?, !no_wait, common.json),
         Command::Fsck {
             path,
             repair,

@@ -151,10 +151,11 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
     }
     std::fs::read_dir(&src).with_context(|| format!("source {} is not readable", src.display()))?;
 
-    if let Err(e) = std::fs::metadata(mnt) {
-        if is_enotconn(&e) {
-            clear_dead_mount(mnt)?;
-        }
+    // statfs always reaches the daemon; a stat may be answered from the
+    // kernel's attribute cache for a while after the daemon died.
+    let dead = |r: std::io::Result<()>| matches!(r, Err(e) if is_enotconn(&e));
+    if dead(std::fs::metadata(mnt).map(drop)) || dead(sys::statvfs_flags(mnt).map(drop)) {
+        clear_dead_mount(mnt)?;
     }
     let mnt =
         std::fs::canonicalize(mnt).with_context(|| format!("mount point {}", mnt.display()))?;
@@ -415,6 +416,9 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         Some(h) => start_control(plan, h, &vfs, &store)?,
         None => None,
     };
+    if opts.eager_baseline {
+        vfs.start_ingest().map_err(|e| anyhow!(e))?;
+    }
     // Keep the store handle alive for the session's lifetime via the vfs.
     drop(store);
     let history = match (history, capture) {
@@ -435,6 +439,43 @@ struct Recording {
     _control: Option<control::Server>,
     capture: Arc<Capture>,
     _history: HistoryHandle,
+}
+
+/// The running mount as the control service sees it.
+struct MountHost(std::sync::Weak<Vfs>);
+
+impl control::service::Host for MountHost {
+    fn identify(&self, st: &sys::Stat) -> Option<u64> {
+        self.0.upgrade().and_then(|v| v.object_of(st))
+    }
+
+    fn settle(&self) {
+        if let Some(v) = self.0.upgrade() {
+            v.settle_capture();
+        }
+    }
+
+    fn start_ingest(&self) -> std::result::Result<(), String> {
+        match self.0.upgrade() {
+            Some(v) => v.start_ingest(),
+            None => Err("the mount is shutting down".into()),
+        }
+    }
+
+    fn ingest_status(&self) -> Option<serde_json::Value> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let v = self.0.upgrade()?;
+        let p = v.ingest_progress();
+        let running = p.running.load(Relaxed);
+        let done = p.done.load(Relaxed);
+        (running || done).then(|| {
+            serde_json::json!({
+                "running": running, "done": done,
+                "dirs": p.dirs.load(Relaxed), "files": p.files.load(Relaxed),
+                "bytes": p.bytes.load(Relaxed), "errors": p.errors.load(Relaxed),
+            })
+        })
+    }
 }
 
 /// Serves history requests for this mount on its control socket.
@@ -459,21 +500,14 @@ fn start_control(
         libc::O_PATH | libc::O_DIRECTORY,
         0,
     )?;
-    let identify_vfs = Arc::downgrade(vfs);
-    let settle_vfs = Arc::downgrade(vfs);
     let service = control::Service::new(
         Arc::clone(history),
         root,
         plan.reserved.clone(),
-        Box::new(move |st| identify_vfs.upgrade().and_then(|v| v.object_of(st))),
-        Box::new(move || {
-            if let Some(v) = settle_vfs.upgrade() {
-                v.settle_capture();
-            }
-        }),
+        Box::new(MountHost(Arc::downgrade(vfs))),
         store.dir().to_path_buf(),
     );
-    let path = control::socket_dir(sys::geteuid()).join(control::socket_name(&entry.dev));
+    let path = control::socket_dir(sys::geteuid()).join(control::socket_name(&entry));
     let server = control::serve(&path, Arc::new(service))
         .with_context(|| format!("cannot create the control socket {}", path.display()))?;
     Ok(Some(server))

@@ -28,6 +28,8 @@ pub struct MountOptions {
     pub capture_interval: Duration,
     /// Every write() is its own version (forces the daemon's write path).
     pub every_write: bool,
+    /// Record the whole existing tree at mount (in the background).
+    pub eager_baseline: bool,
 }
 
 impl Default for MountOptions {
@@ -49,6 +51,7 @@ impl Default for MountOptions {
             kernel: Vec::new(),
             capture_interval: Duration::from_secs(60),
             every_write: false,
+            eager_baseline: false,
         }
     }
 }
@@ -116,6 +119,15 @@ impl MountOptions {
         match (key, value) {
             ("plain", None) => self.plain = true,
             ("every-write", None) => self.every_write = true,
+            ("baseline", v) => {
+                self.eager_baseline = match need(key, v)? {
+                    "eager" => true,
+                    "lazy" => false,
+                    other => {
+                        return Err(format!("option baseline={other}: expected eager or lazy"))
+                    }
+                }
+            }
             ("capture-interval", v) => {
                 let d = parse_secs(key, need(key, v)?)?;
                 if d < Duration::from_secs(1) {

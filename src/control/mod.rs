@@ -66,6 +66,8 @@ pub enum Request {
         until: Option<At>,
         recursive: bool,
     },
+    /// Start recording the whole tree (eager baseline) in the background.
+    Ingest,
     Fsck {
         repair: bool,
     },
@@ -112,19 +114,25 @@ pub fn socket_dir(uid: u32) -> PathBuf {
     }
 }
 
-/// The socket of the mount with device `dev` ("major:minor").
-pub fn socket_name(dev: &str) -> String {
-    format!("{}.sock", dev.replace(':', "-"))
+/// The socket of a mount: named by its mount id and device, which no two
+/// live mounts share (a device number alone is reused at once).
+pub fn socket_name(m: &MountEntry) -> String {
+    format!("{}-{}.sock", m.id, m.dev.replace(':', "-"))
 }
 
-/// A running control server; removes its socket when dropped.
+/// A running control server; removes its socket when dropped, unless the
+/// path has meanwhile been taken by another mount's socket.
 pub struct Server {
     path: PathBuf,
+    inode: u64,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -157,8 +165,11 @@ pub fn serve(path: &Path, service: Arc<Service>) -> io::Result<Server> {
                 }
             }
         })?;
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::symlink_metadata(path)?.ino();
     Ok(Server {
         path: path.to_path_buf(),
+        inode,
     })
 }
 
@@ -262,6 +273,8 @@ pub fn call_local(
 /// A chronofs mount as /proc/self/mountinfo lists it.
 #[derive(Clone, Debug)]
 pub struct MountEntry {
+    /// The mount id (first field of mountinfo).
+    pub id: u64,
     pub mount_point: PathBuf,
     /// "major:minor" of the mount's device.
     pub dev: String,
@@ -299,6 +312,7 @@ pub fn chronofs_mounts() -> Vec<MountEntry> {
                 return None;
             }
             Some(MountEntry {
+                id: l[0].parse().ok()?,
                 mount_point: PathBuf::from(unescape(l[4])),
                 dev: l[2].to_string(),
             })
@@ -317,7 +331,7 @@ pub fn mount_of(path: &Path) -> Option<MountEntry> {
 /// The control socket of a mount, for a client of uid `uid`: the daemon's
 /// directory for root mounts first, then the caller's own.
 pub fn socket_of(m: &MountEntry, uid: u32) -> Option<PathBuf> {
-    let name = socket_name(&m.dev);
+    let name = socket_name(m);
     [socket_dir(0), socket_dir(uid)]
         .into_iter()
         .map(|d| d.join(&name))

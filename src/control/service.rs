@@ -38,8 +38,22 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Maps a live object's attributes to its object id, if it has one.
-pub type Identify = Box<dyn Fn(&Stat) -> Option<ObjectId> + Send + Sync>;
+/// What the service needs from whoever serves the tree: a running mount,
+/// or a store opened directly.
+pub trait Host: Send + Sync {
+    /// The object id of a live object, if it has one (never assigns).
+    fn identify(&self, st: &Stat) -> Option<ObjectId>;
+    /// Waits for versions still being built.
+    fn settle(&self) {}
+    /// Starts the eager baseline of the whole tree.
+    fn start_ingest(&self) -> std::result::Result<(), String> {
+        Err("nothing is mounted: mount the directory, then run `chronofs ingest` on it".into())
+    }
+    /// Progress of the eager baseline, if one ran.
+    fn ingest_status(&self) -> Option<Value> {
+        None
+    }
+}
 
 pub struct Service {
     history: Arc<History>,
@@ -47,9 +61,7 @@ pub struct Service {
     root: OwnedFd,
     /// The store's name in the root, never shown.
     reserved: Option<OsString>,
-    identify: Identify,
-    /// Waits for versions still being built (a running mount's capture).
-    settle: Box<dyn Fn() + Send + Sync>,
+    host: Box<dyn Host>,
     store_dir: PathBuf,
 }
 
@@ -118,16 +130,14 @@ impl Service {
         history: Arc<History>,
         root: OwnedFd,
         reserved: Option<OsString>,
-        identify: Identify,
-        settle: Box<dyn Fn() + Send + Sync>,
+        host: Box<dyn Host>,
         store_dir: PathBuf,
     ) -> Service {
         Service {
             history,
             root,
             reserved,
-            identify,
-            settle,
+            host,
             store_dir,
         }
     }
@@ -137,8 +147,12 @@ impl Service {
     }
 
     pub fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Value> {
-        (self.settle)();
+        self.host.settle();
         match req {
+            Request::Ingest => {
+                self.host.start_ingest().map_err(Error::Usage)?;
+                Ok(self.host.ingest_status().unwrap_or(Value::Null))
+            }
             Request::Status => self.status(),
             Request::Tags => self.tags(),
             Request::Tag { name, at } => self.tag(name, at),
@@ -223,7 +237,7 @@ impl Service {
             Err(e) => return Err(e.into()),
         };
         let st = sys::fstat(fd.as_fd())?;
-        let obj = (self.identify)(&st);
+        let obj = self.host.identify(&st);
         Ok(Some(Cur::Live { obj, fd, st }))
     }
 
@@ -246,7 +260,7 @@ impl Service {
             }
         }
         let st = sys::fstat(fd.as_fd())?;
-        Ok(((self.identify)(&st) == Some(obj)).then_some((fd, st)))
+        Ok((self.host.identify(&st) == Some(obj)).then_some((fd, st)))
     }
 
     fn step(&self, cur: Cur, comp: &[u8], seq: Seq, in_root: bool) -> Result<Option<Cur>> {
@@ -628,12 +642,12 @@ impl Service {
         until: Option<Seq>,
     ) -> Result<Vec<(ObjectId, Seq, Version, usize)>> {
         let mut rows = Vec::new();
-        for (i, (obj, from, to)) in self.incarnations(path)?.into_iter().enumerate() {
+        for (i, (obj, _from, to)) in self.incarnations(path)?.into_iter().enumerate() {
             let hi = to.unwrap_or(Seq::MAX);
             for (s, v) in self.history.versions(obj, 0, hi)? {
-                let ends_here = Some(s) == to;
-                let inside = s >= from || v.cause == crate::history::Cause::Baseline;
-                if !inside || (s == hi && !ends_here) {
+                // The object's whole history up to the end of this
+                // incarnation: versions under an earlier name included.
+                if s == hi && Some(s) != to {
                     continue;
                 }
                 if since.is_some_and(|a| s < a) || until.is_some_and(|b| s > b) {
@@ -769,6 +783,7 @@ impl Service {
             "dedup_ratio": ratio(logical, c.chunk_raw_bytes),
             "compression_ratio": ratio(c.chunk_raw_bytes, c.chunk_stored_bytes),
             "tags": c.tags,
+            "ingest": self.host.ingest_status(),
             "first": bounds.map(|((s, t), _)| json!({"seq": s, "time_ns": t})),
             "last": bounds.map(|(_, (s, t))| json!({"seq": s, "time_ns": t})),
         }))

@@ -252,11 +252,18 @@ impl ChronoFuse {
     /// a round trip per close). Without passthrough, pages cached by an
     /// earlier open stay valid (our writes go through the kernel's cache;
     /// external changes are caught by the mtime check of auto_inval_data).
-    fn open_flags(&self, passthrough: bool) -> FopenFlags {
-        if passthrough {
-            FopenFlags::FOPEN_NOFLUSH
+    /// A write session's close is the exception: its FLUSH tells history
+    /// that a version is imminent (see `Vfs::flush`).
+    fn open_flags(&self, passthrough: bool, session: bool) -> FopenFlags {
+        let flush = if session {
+            FopenFlags::empty()
         } else {
-            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
+            FopenFlags::FOPEN_NOFLUSH
+        };
+        if passthrough {
+            flush
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE | flush
         }
     }
 }
@@ -296,7 +303,7 @@ impl ChronoFuse {
                 &attr,
                 GENERATION,
                 fh,
-                self.open_flags(true),
+                self.open_flags(true, opened.session),
                 &id,
             ),
             None => reply.created(
@@ -304,7 +311,7 @@ impl ChronoFuse {
                 &attr,
                 GENERATION,
                 fh,
-                self.open_flags(false),
+                self.open_flags(false, opened.session),
             ),
         }
     }
@@ -541,8 +548,15 @@ impl fuser::Filesystem for ChronoFuse {
             Err(e) => return reply.error(err(e)),
         };
         match self.backing_for(&who, ino(i), &opened, |fd| reply.open_backing(fd)) {
-            Some(id) => reply.opened_passthrough(FileHandle(opened.fh), self.open_flags(true), &id),
-            None => reply.opened(FileHandle(opened.fh), self.open_flags(false)),
+            Some(id) => reply.opened_passthrough(
+                FileHandle(opened.fh),
+                self.open_flags(true, opened.session),
+                &id,
+            ),
+            None => reply.opened(
+                FileHandle(opened.fh),
+                self.open_flags(false, opened.session),
+            ),
         }
     }
 
@@ -590,11 +604,13 @@ impl fuser::Filesystem for ChronoFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Only sent with the writeback cache (NOFLUSH covers the rest), after
-        // the kernel wrote its dirty pages. ENOSYS tells it never to send
-        // another: close() then costs no round trip.
+        // Sent for write sessions while history is on, and with the
+        // writeback cache (after the kernel wrote its dirty pages). Without
+        // history, ENOSYS tells the kernel never to send another: close()
+        // then costs no round trip.
         match self.vfs.flush(fh.0) {
-            Ok(()) => reply.error(Errno::ENOSYS),
+            Ok(true) => reply.ok(),
+            Ok(false) => reply.error(Errno::ENOSYS),
             Err(e) => reply.error(err(e)),
         }
     }

@@ -313,6 +313,9 @@ impl History {
     /// durable: the journal still holds them until the next durable apply).
     pub fn settle(&self) -> Result<()> {
         if self.state.lock().queue.is_empty() {
+            // A background apply may hold a batch taken from the queue and
+            // not yet written: wait for it.
+            drop(self.apply_lock.lock());
             return Ok(());
         }
         self.apply(false)

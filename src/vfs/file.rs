@@ -16,6 +16,8 @@ pub struct Opened {
     /// The backing file is a regular file whose I/O the kernel may do
     /// itself (FUSE passthrough) if the adapter chooses to.
     pub passthrough_ok: bool,
+    /// Closing it ends a write session: the kernel should send FLUSH.
+    pub session: bool,
 }
 
 /// How the object behind a freshly opened descriptor came to be.
@@ -96,6 +98,7 @@ impl Vfs {
         Ok(Opened {
             fh,
             passthrough_ok: inode.kind == libc::S_IFREG,
+            session,
         })
     }
 
@@ -143,15 +146,29 @@ impl Vfs {
         };
         let made = if created { Made::New } else { Made::Existing };
         let (entry, opened) = self.register_opened(caller, fd, made)?;
-        if created {
-            self.after_create(caller, parent, name, entry.attr.ino, &entry.attr.st);
-        } else if let Ok(inode) = self.inodes.get(entry.attr.ino) {
+        if let Ok(inode) = self.inodes.get(entry.attr.ino) {
             inode.set_name(parent, name.as_encoded_bytes());
         }
-        if let Err(e) = self.start_session(caller, &entry, &opened, flags, created) {
-            let _ = self.release(opened.fh);
-            self.forget(entry.attr.ino, 1);
-            return Err(e);
+        if created {
+            match self.capture() {
+                // Recorded with the session's version at close.
+                Some(c) if writes(flags) => c.created_in_session(
+                    parent.0,
+                    name.as_encoded_bytes(),
+                    entry.attr.ino.0,
+                    self.binding_of(entry.attr.ino),
+                ),
+                _ => self.after_create(caller, parent, name, entry.attr.ino, &entry.attr.st),
+            }
+        }
+        let mut opened = opened;
+        match self.start_session(caller, &entry, &opened, flags, created) {
+            Ok(session) => opened.session = session,
+            Err(e) => {
+                let _ = self.release(opened.fh);
+                self.forget(entry.attr.ino, 1);
+                return Err(e);
+            }
         }
         Ok((self.refresh(entry, opened.fh)?, opened))
     }
@@ -166,9 +183,9 @@ impl Vfs {
         opened: &Opened,
         flags: i32,
         created: bool,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         if self.capture.is_none() || entry.attr.kind() != libc::S_IFREG || !writes(flags) {
-            return Ok(());
+            return Ok(false);
         }
         let ino = entry.attr.ino;
         if !created {
@@ -179,10 +196,11 @@ impl Vfs {
                 })?;
             }
         }
-        if self.after_write_open(caller, ino)? {
+        let session = self.after_write_open(caller, ino)?;
+        if session {
             self.handles.mark_session(opened.fh);
         }
-        Ok(())
+        Ok(session)
     }
 
     /// Attributes after a deferred truncation.
@@ -215,12 +233,13 @@ impl Vfs {
             requested,
             mode,
         )?;
-        let (entry, opened) = self.register_opened(caller, fd, Made::Unnamed)?;
+        let (entry, mut opened) = self.register_opened(caller, fd, Made::Unnamed)?;
         if self.capture.is_some()
             && writes(flags)
             && self.after_write_open(caller, entry.attr.ino)?
         {
             self.handles.mark_session(opened.fh);
+            opened.session = true;
         }
         Ok((entry, opened))
     }
@@ -249,6 +268,7 @@ impl Vfs {
             Opened {
                 fh,
                 passthrough_ok: true,
+                session: false,
             },
         ))
     }
@@ -314,10 +334,23 @@ impl Vfs {
         })
     }
 
-    pub fn flush(&self, fh: u64) -> Result<()> {
-        // Data is written through on every request; nothing is buffered
-        // here, and locks are the kernel's own, so close has no work.
-        self.handles.get(fh).map(drop)
+    /// close(2) of a handle. Data is written through on every request and
+    /// locks are the kernel's own, so there is nothing to write; with
+    /// history on, a write session's close is noted so that a query made
+    /// right after close(2) waits for its version. Returns whether flushes
+    /// are wanted at all (only with history on).
+    pub fn flush(&self, fh: u64) -> Result<bool> {
+        let handle = self.handles.get(fh)?;
+        let Some(c) = self.capture() else {
+            return Ok(false);
+        };
+        if let Handle::File {
+            ino, session: true, ..
+        } = &*handle
+        {
+            c.flushed(ino.0);
+        }
+        Ok(true)
     }
 
     /// Closes a handle; returns the inode it belonged to.

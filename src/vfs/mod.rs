@@ -17,6 +17,7 @@
 mod attr;
 mod dir;
 mod file;
+mod ingest;
 mod inodes;
 mod namespace;
 mod versioning;
@@ -129,6 +130,7 @@ pub struct Vfs {
     writeback: AtomicBool,
     /// History capture; `None` for `-o plain`.
     capture: Option<Arc<Capture>>,
+    ingest: ingest::IngestProgress,
 }
 
 impl Vfs {
@@ -148,6 +150,7 @@ impl Vfs {
             cfg,
             writeback: AtomicBool::new(false),
             capture,
+            ingest: ingest::IngestProgress::default(),
         }))
     }
 

@@ -60,8 +60,33 @@ impl Tree for Live<'_> {
 
     fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>> {
         let node = self.0.inodes.node(InodeNo(dir)).map_err(io_err)?;
-        let fd = sys::reopen(node.fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
-        let in_root = dir == InodeNo::ROOT.0;
+        self.list_fd(node.fd(), dir == InodeNo::ROOT.0)
+    }
+
+    fn binding(&self, obj: ObjectId) -> Option<Binding> {
+        if obj == InodeNo::ROOT.0 {
+            return None;
+        }
+        let inode = self.0.inodes.get(InodeNo(obj)).ok()?;
+        Some(Binding {
+            branch: inode.key.branch,
+            dev: inode.key.dev,
+            ino: inode.key.ino,
+            object: obj,
+        })
+    }
+}
+
+impl Live<'_> {
+    /// The entries of the directory behind `dir` (any descriptor of it)
+    /// with their object ids, assigning ids to entries seen for the first
+    /// time.
+    pub(super) fn list_fd(
+        &self,
+        dir: std::os::fd::BorrowedFd<'_>,
+        in_root: bool,
+    ) -> io::Result<Vec<(Vec<u8>, Binding)>> {
+        let fd = sys::reopen(dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
         let mut buf = vec![0u8; 64 * 1024];
         let mut names = Vec::new();
         let mut keys = Vec::new();
@@ -103,19 +128,6 @@ impl Tree for Live<'_> {
                 (name, binding)
             })
             .collect())
-    }
-
-    fn binding(&self, obj: ObjectId) -> Option<Binding> {
-        if obj == InodeNo::ROOT.0 {
-            return None;
-        }
-        let inode = self.0.inodes.get(InodeNo(obj)).ok()?;
-        Some(Binding {
-            branch: inode.key.branch,
-            dev: inode.key.dev,
-            ino: inode.key.ino,
-            object: obj,
-        })
     }
 }
 

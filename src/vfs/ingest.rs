@@ -1,0 +1,211 @@
+//! Eager baseline (`-o baseline=eager`, `chronofs ingest`): walks the whole
+//! branch and records every directory listing and every file's content
+//! that history does not hold yet, so the store becomes a complete backup.
+//! Runs on its own thread; live changes keep being captured meanwhile (an
+//! object already recorded is skipped, and capture serializes baselines).
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::versioning::Live;
+use super::{InodeNo, Vfs};
+use crate::capture::Tree;
+use crate::history::{Binding, ObjectId};
+use crate::sys::{self, Stat};
+
+/// Progress of an eager ingest, readable while it runs.
+#[derive(Default)]
+pub struct IngestProgress {
+    pub running: AtomicBool,
+    pub done: AtomicBool,
+    pub dirs: AtomicU64,
+    pub files: AtomicU64,
+    pub bytes: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// The objects of one directory being walked: what capture reads from.
+struct Walk<'a> {
+    live: Live<'a>,
+    objects: HashMap<ObjectId, (OwnedFd, Option<(ObjectId, Vec<u8>)>)>,
+}
+
+fn not_found() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOENT)
+}
+
+impl Walk<'_> {
+    fn fd(&self, obj: ObjectId) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        self.objects
+            .get(&obj)
+            .map(|(fd, _)| fd.as_fd())
+            .ok_or_else(not_found)
+    }
+}
+
+impl Tree for Walk<'_> {
+    fn stat(&self, obj: ObjectId) -> io::Result<Stat> {
+        match self.fd(obj) {
+            Ok(fd) => sys::fstat(fd),
+            Err(_) => self.live.stat(obj),
+        }
+    }
+
+    fn open_read(&self, obj: ObjectId) -> io::Result<OwnedFd> {
+        match self.fd(obj) {
+            Ok(fd) => sys::reopen(fd, libc::O_RDONLY | libc::O_NOATIME)
+                .or_else(|_| sys::reopen(fd, libc::O_RDONLY)),
+            Err(_) => self.live.open_read(obj),
+        }
+    }
+
+    fn readlink(&self, obj: ObjectId) -> io::Result<Vec<u8>> {
+        match self.fd(obj) {
+            Ok(fd) => sys::readlink_fd(fd),
+            Err(_) => self.live.readlink(obj),
+        }
+    }
+
+    fn xattrs(&self, obj: ObjectId) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        match self.fd(obj) {
+            Ok(fd) => sys::xattrs_of(fd),
+            Err(_) => self.live.xattrs(obj),
+        }
+    }
+
+    fn parent_of(&self, obj: ObjectId) -> Option<(ObjectId, Vec<u8>)> {
+        match self.objects.get(&obj) {
+            Some((_, parent)) => parent.clone(),
+            None => self.live.parent_of(obj),
+        }
+    }
+
+    fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>> {
+        match self.fd(dir) {
+            Ok(fd) => self.live.list_fd(fd, dir == InodeNo::ROOT.0),
+            Err(_) => self.live.list(dir),
+        }
+    }
+
+    fn binding(&self, obj: ObjectId) -> Option<Binding> {
+        let fd = self.fd(obj).ok()?;
+        let st = sys::fstat(fd).ok()?;
+        let key = self.live.0.inodes.key_of(&st);
+        Some(Binding {
+            branch: key.branch,
+            dev: key.dev,
+            ino: key.ino,
+            object: obj,
+        })
+    }
+}
+
+impl Vfs {
+    /// Starts the eager baseline on its own thread unless one runs.
+    pub fn start_ingest(self: &Arc<Self>) -> Result<(), String> {
+        if self.capture.is_none() {
+            return Err("this mount does not record history (-o plain)".into());
+        }
+        if self.ingest.running.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.ingest.done.store(false, Ordering::Release);
+        let vfs = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("ingest".into())
+            .spawn(move || {
+                if let Some(v) = vfs.upgrade() {
+                    v.ingest_tree();
+                    v.ingest.running.store(false, Ordering::Release);
+                    v.ingest.done.store(true, Ordering::Release);
+                }
+            })
+            .map(drop)
+            .map_err(|e| {
+                self.ingest.running.store(false, Ordering::Release);
+                format!("cannot start the ingest thread: {e}")
+            })
+    }
+
+    pub fn ingest_progress(&self) -> &IngestProgress {
+        &self.ingest
+    }
+
+    fn ingest_tree(&self) {
+        let Some(capture) = self.capture() else {
+            return;
+        };
+        let p = &self.ingest;
+        let root = match sys::reopen(self.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY) {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::error!("ingest: cannot open the root: {e}");
+                return;
+            }
+        };
+        let mut queue: Vec<(ObjectId, OwnedFd, Option<(ObjectId, Vec<u8>)>)> =
+            vec![(InodeNo::ROOT.0, root, None)];
+        while let Some((dir, fd, parent)) = queue.pop() {
+            let mut walk = Walk {
+                live: Live(self),
+                objects: HashMap::new(),
+            };
+            let listing = match walk.live.list_fd(fd.as_fd(), dir == InodeNo::ROOT.0) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!("ingest: cannot list directory {dir}: {e}");
+                    p.errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            for (name, b) in &listing {
+                let Ok(cname) = sys::cstr(std::ffi::OsStr::from_bytes(name)) else {
+                    continue;
+                };
+                if let Ok(child) = sys::open_path(fd.as_fd(), &cname) {
+                    walk.objects
+                        .insert(b.object, (child, Some((dir, name.clone()))));
+                }
+            }
+            walk.objects.insert(dir, (fd, parent));
+            if let Err(e) = capture.before_dir_change(&walk, dir) {
+                tracing::warn!("ingest: directory {dir}: {e}");
+                p.errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            p.dirs.fetch_add(1, Ordering::Relaxed);
+            let children: Vec<ObjectId> = listing.iter().map(|(_, b)| b.object).collect();
+            for obj in children {
+                let st = match walk.stat(obj) {
+                    Ok(st) => st,
+                    Err(_) => continue,
+                };
+                if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                    if let Some((cfd, cparent)) = walk.objects.remove(&obj) {
+                        queue.push((obj, cfd, cparent));
+                    }
+                    continue;
+                }
+                match capture.before_change(&walk, obj) {
+                    Ok(()) => {
+                        p.files.fetch_add(1, Ordering::Relaxed);
+                        p.bytes.fetch_add(st.st_size as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::warn!("ingest: inode {obj}: {e}");
+                        p.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            "ingest finished: {} directories, {} files",
+            p.dirs.load(Ordering::Relaxed),
+            p.files.load(Ordering::Relaxed)
+        );
+    }
+}
