@@ -28,10 +28,13 @@ pub struct IngestProgress {
     pub errors: AtomicU64,
 }
 
+/// Where an object was found: (parent, name).
+type Place = Option<(ObjectId, Vec<u8>)>;
+
 /// The objects of one directory being walked: what capture reads from.
 struct Walk<'a> {
     live: Live<'a>,
-    objects: HashMap<ObjectId, (OwnedFd, Option<(ObjectId, Vec<u8>)>)>,
+    objects: HashMap<ObjectId, (OwnedFd, Place)>,
 }
 
 fn not_found() -> io::Error {
@@ -147,8 +150,7 @@ impl Vfs {
                 return;
             }
         };
-        let mut queue: Vec<(ObjectId, OwnedFd, Option<(ObjectId, Vec<u8>)>)> =
-            vec![(InodeNo::ROOT.0, root, None)];
+        let mut queue: Vec<(ObjectId, OwnedFd, Place)> = vec![(InodeNo::ROOT.0, root, None)];
         while let Some((dir, fd, parent)) = queue.pop() {
             let mut walk = Walk {
                 live: Live(self),
