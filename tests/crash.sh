@@ -414,6 +414,13 @@ class Driver:
             return e.errno
         return "live" if st.st_dev != os.stat(self.work).st_dev else "plain"
 
+    def statfs_ok(self):
+        try:
+            os.statvfs(self.mnt)
+            return True
+        except OSError:
+            return False
+
     def clear_mount(self):
         for _ in range(50):
             if not self.mounted():
@@ -448,7 +455,10 @@ class Driver:
         t0 = time.time()
         # Ready when a new mount sits on MNT and answers. (st_dev alone would
         # not do: a dead mount's root may still stat from the attribute cache.)
-        while not (set(self.mount_ids()) - before and self.mnt_state() == "live"):
+        # Mount ids and device numbers are reused at once after a dead
+        # mount is cleared, so readiness is: statfs (never answered from a
+        # cache) reaches a daemon.
+        while not (self.mounted() and self.mnt_state() == "live" and self.statfs_ok()):
             if self.daemon.poll() is not None:
                 raise Failure("daemon exited (%d) before the mount was ready: %s" % (
                     self.daemon.returncode, self.tail(self.daemon_log)))

@@ -19,6 +19,23 @@ pub const MIN: u32 = 4 << 10;
 pub const AVG: u32 = 16 << 10;
 pub const MAX: u32 = 64 << 10;
 
+/// Chunk sizes (min, avg, max). `CHRONOFS_CHUNK_AVG` (bytes, a power of
+/// two from 1 KiB to 1 MiB) overrides the average for benchmarks that
+/// compare chunkings; min and max keep the 1:4:16 ratio.
+fn sizes() -> (u32, u32, u32) {
+    static SIZES: std::sync::OnceLock<(u32, u32, u32)> = std::sync::OnceLock::new();
+    *SIZES.get_or_init(|| {
+        let avg = std::env::var("CHRONOFS_CHUNK_AVG")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|a| a.is_power_of_two() && (1024..=(1 << 20)).contains(a));
+        match avg {
+            Some(a) => (a / 4, a, a * 4),
+            None => (MIN, AVG, MAX),
+        }
+    })
+}
+
 /// Statistics of one ingest.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ingested {
@@ -32,7 +49,8 @@ pub struct Ingested {
 pub fn ingest(chunks: &ChunkStore, source: impl Read) -> Result<(Manifest, Ingested)> {
     let mut manifest = Manifest::default();
     let mut stats = Ingested::default();
-    for piece in StreamCDC::new(source, MIN as usize, AVG as usize, MAX as usize) {
+    let (min, avg, max) = sizes();
+    for piece in StreamCDC::new(source, min as usize, avg as usize, max as usize) {
         let piece = piece.map_err(|e| match e {
             fastcdc::v2020::Error::IoError(io) => HistoryError::Store(StoreError::Io {
                 path: "(file being versioned)".into(),
@@ -130,7 +148,7 @@ fn push(m: &mut Manifest, e: Extent) {
 
 /// Writes the content of `manifest` to `out`.
 pub fn write_to(chunks: &ChunkStore, manifest: &Manifest, out: &mut impl Write) -> Result<()> {
-    let zeros = vec![0u8; MAX as usize];
+    let zeros = vec![0u8; 1 << 20];
     let io = |e| {
         HistoryError::Store(StoreError::Io {
             path: "(output)".into(),

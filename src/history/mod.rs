@@ -189,7 +189,7 @@ impl History {
         let mut st = self.state.lock();
         let seq = st.next_seq;
         let time_ns = now_ns().max(st.last_time + 1);
-        let fresh = self.chunks.fresh_locations();
+        let fresh = self.chunks.take_unjournaled();
         let mut op = Op {
             seq,
             time_ns,
@@ -208,8 +208,10 @@ impl History {
             v.time_ns = time_ns;
         }
         let active = st.active;
-        st.journals[active].append(&op.encode())?;
-        self.chunks.committed(&fresh);
+        if let Err(e) = st.journals[active].append(&op.encode()) {
+            self.chunks.unjournal(fresh.iter().map(|(h, _)| *h));
+            return Err(e.into());
+        }
         st.next_seq = seq + 1;
         st.last_time = time_ns;
         for (obj, v) in &op.versions {
@@ -272,6 +274,11 @@ impl History {
             }
             return Err(e);
         }
+        self.chunks.applied(
+            batch
+                .iter()
+                .flat_map(|op| op.chunks.iter().map(|(h, _)| *h)),
+        );
         let mut st = self.state.lock();
         if let Some(last) = batch.last().map(|op| op.seq) {
             st.latest.retain(|_, (seq, _)| *seq > last);

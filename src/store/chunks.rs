@@ -103,8 +103,9 @@ pub struct ChunkStore {
     dir: PathBuf,
     db: Arc<Database>,
     writer: Mutex<Option<Writer>>,
-    /// Chunks written to a pack but not yet committed to the index.
-    fresh: Mutex<HashMap<Hash, Location>>,
+    /// Chunks written to a pack but not yet in the index: their location,
+    /// and whether a journaled op already carries it.
+    fresh: Mutex<HashMap<Hash, (Location, bool)>>,
     readers: RwLock<HashMap<u32, Arc<File>>>,
     next_pack: Mutex<u32>,
 }
@@ -183,7 +184,7 @@ impl ChunkStore {
             (Encoding::Raw, data)
         };
         let loc = self.append(&h, encoding, data.len(), body)?;
-        self.fresh.lock().insert(h, loc);
+        self.fresh.lock().insert(h, (loc, false));
         Ok((h, true))
     }
 
@@ -192,7 +193,7 @@ impl ChunkStore {
     }
 
     pub fn locate(&self, h: &Hash) -> Result<Option<Location>, StoreError> {
-        if let Some(loc) = self.fresh.lock().get(h) {
+        if let Some((loc, _)) = self.fresh.lock().get(h) {
             return Ok(Some(*loc));
         }
         let txn = self.db.begin_read().map_err(index_error)?;
@@ -272,18 +273,36 @@ impl ChunkStore {
         })
     }
 
-    /// Chunk locations written since the last call, for the caller to
-    /// commit to the index. They stay visible to `locate` until
-    /// `committed` is called with them.
-    pub fn fresh_locations(&self) -> Vec<(Hash, Location)> {
-        self.fresh.lock().iter().map(|(h, l)| (*h, *l)).collect()
+    /// Chunk locations no journaled op carries yet, for the next one to
+    /// carry; from now on they count as journaled. They stay visible to
+    /// `locate` until `applied` says the index holds them.
+    pub fn take_unjournaled(&self) -> Vec<(Hash, Location)> {
+        let mut fresh = self.fresh.lock();
+        let mut out = Vec::new();
+        for (h, (loc, journaled)) in fresh.iter_mut() {
+            if !*journaled {
+                *journaled = true;
+                out.push((*h, *loc));
+            }
+        }
+        out
     }
 
-    /// The index now holds these locations.
-    pub fn committed(&self, done: &[(Hash, Location)]) {
+    /// A journal append carrying these failed: they must ride the next op.
+    pub fn unjournal(&self, hashes: impl IntoIterator<Item = Hash>) {
         let mut fresh = self.fresh.lock();
-        for (h, _) in done {
-            fresh.remove(h);
+        for h in hashes {
+            if let Some(e) = fresh.get_mut(&h) {
+                e.1 = false;
+            }
+        }
+    }
+
+    /// The index now holds these chunks.
+    pub fn applied(&self, hashes: impl IntoIterator<Item = Hash>) {
+        let mut fresh = self.fresh.lock();
+        for h in hashes {
+            fresh.remove(&h);
         }
     }
 
@@ -385,7 +404,7 @@ mod tests {
         bytes[at] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
         let fresh = open(tmp.path(), &db);
-        fresh.fresh.lock().insert(h, loc);
+        fresh.fresh.lock().insert(h, (loc, true));
         assert!(matches!(
             fresh.get(&h),
             Err(StoreError::CorruptChunk { .. })
