@@ -663,7 +663,7 @@ impl Capture {
         let job = self.state.lock().close_session(obj);
         if let Some(job) = job {
             if let Err(job) = self.jobs.push(job) {
-                // No worker: build it here.
+                // No worker, or it is behind: build it here.
                 if let Err(e) = self.run_job(*job) {
                     tracing::error!("recording the version of inode {obj} failed: {e}");
                 }

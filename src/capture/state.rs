@@ -245,10 +245,13 @@ pub struct JobQueue {
 }
 
 impl JobQueue {
-    /// Queues a job, or hands it back if there is no worker.
+    /// Queues a job, or hands it back if there is no worker or the queue
+    /// is full: each queued job holds a descriptor, so a worker that falls
+    /// behind must slow the writers down (the caller then builds the
+    /// version itself) rather than exhaust RLIMIT_NOFILE.
     pub fn push(&self, job: Job) -> Result<(), Box<Job>> {
         let mut q = self.jobs.lock();
-        if q.1 {
+        if q.1 || q.0.len() >= QUEUE_LIMIT {
             return Err(Box::new(job));
         }
         q.0.push_back(job);
@@ -274,6 +277,9 @@ impl JobQueue {
         self.jobs.lock().1 = true;
     }
 }
+
+/// Queued ingests at most (each holds one descriptor).
+const QUEUE_LIMIT: usize = 512;
 
 /// How often the worker looks for files held open past the interval.
 const INTERVAL_CHECK: Duration = Duration::from_secs(1);
