@@ -1063,7 +1063,6 @@ fn regression_rename_over_rmdir_recreate() {
 /// link's file (cause "overwritten") with the link count from before the
 /// rename. At s3 `ls --at s3` gives `y` nlink 2; it had 1.
 #[test]
-#[ignore = "bug: rename over a hard link leaves the surviving link's nlink stale in history"]
 #[rustfmt::skip]
 fn bug_rename_over_hard_link_keeps_stale_nlink() {
     must_pass(&[
@@ -1072,4 +1071,34 @@ fn bug_rename_over_hard_link_keeps_stale_nlink() {
         Write { path: "z", len: 0, seed: 0 },
         Rename { from: "z", to: "x" },
     ], true);
+}
+
+/// Found at commit 6e6eff8 (flaky there: not every run): at s17 history
+/// gives `a/y` and its hard link `c` the size and bytes from before
+/// `Truncate { path: "a/y", len: 36 }` (131709 bytes instead of 36). Not
+/// seen with the capture changes in progress after 6e6eff8.
+#[test]
+#[ignore = "bug (flaky at 6e6eff8): write/truncate through one hard link can be missing from history"]
+#[rustfmt::skip]
+fn bug_hard_link_truncate_missing_from_history() {
+    must_pass(&[
+        Symlink { target: "/nonexistent/t", path: "c" },
+        Mkdir { path: "d", mode: 0o755 },
+        Rmdir { path: "d" },
+        Write { path: "b", len: 38, seed: 536 },
+        Rename { from: "b", to: "a" },
+        Rename { from: "a", to: "b" },
+        Rename { from: "b", to: "c" },
+        Mkdir { path: "a", mode: 0o700 },
+        Mkdir { path: "b", mode: 0o700 },
+        Link { from: "c", to: "a/y" },
+        Mkdir { path: "b/x", mode: 0o555 },
+        Append { path: "c", len: 131671, seed: 982 },
+        Chmod { path: "b/x", mode: 0o640 },
+        Rmdir { path: "b/x" },
+        Truncate { path: "a/y", len: 36 },
+        Append { path: "b/x", len: 15, seed: 105 },
+        Truncate { path: "c", len: 8989 },
+        WriteAt { path: "a/y", off: 296075, len: 5, seed: 0 },
+    ], false);
 }
