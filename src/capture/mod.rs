@@ -606,7 +606,13 @@ impl Capture {
                 });
                 if let Some((v, binding, gone)) = other {
                     if let Some(k) = self.known(v)? {
-                        let mut ver = k.version(who, Cause::Overwritten, k.attrs);
+                        // A replaced hard link lives on under its other
+                        // names, with one link fewer.
+                        let attrs = match tree.stat(v) {
+                            Ok(st) if !gone => attrs_of(&st),
+                            _ => k.attrs,
+                        };
+                        let mut ver = k.version(who, Cause::Overwritten, attrs);
                         ver.gone = gone;
                         draft.versions.push((v, ver));
                     }
