@@ -530,6 +530,9 @@ impl Capture {
         cause: Cause,
         who: &Who,
     ) -> Result<()> {
+        // A session still open on it (its release not yet arrived) is
+        // recorded first, with its creation if it made the file.
+        self.flush_session(obj)?;
         let mut draft = Draft::default();
         draft.dirents.push(Dirent {
             parent,
@@ -566,6 +569,10 @@ impl Capture {
         exchange: bool,
         who: &Who,
     ) -> Result<()> {
+        self.flush_session(obj)?;
+        if let Some((v, _, _)) = victim {
+            self.flush_session(v)?;
+        }
         let mut draft = Draft::default();
         {
             let mut st = self.state.lock();
@@ -686,6 +693,16 @@ impl Capture {
         }
         self.wait_ingests(obj);
         Ok(self.history.sync()?)
+    }
+
+    /// Records the current state of an open write session of `obj` now
+    /// (with its creation, if pending), before a change that needs it.
+    fn flush_session(&self, obj: ObjectId) -> Result<()> {
+        let job = self.state.lock().snapshot_job(obj, Cause::Write);
+        match job {
+            Some(job) => self.run_job(job),
+            None => Ok(()),
+        }
     }
 
     fn wait_ingests(&self, obj: ObjectId) {

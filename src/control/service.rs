@@ -642,12 +642,15 @@ impl Service {
         until: Option<Seq>,
     ) -> Result<Vec<(ObjectId, Seq, Version, usize)>> {
         let mut rows = Vec::new();
-        for (i, (obj, _from, to)) in self.incarnations(path)?.into_iter().enumerate() {
+        for (i, (obj, from, to)) in self.incarnations(path)?.into_iter().enumerate() {
             let hi = to.unwrap_or(Seq::MAX);
             for (s, v) in self.history.versions(obj, 0, hi)? {
-                // The object's whole history up to the end of this
-                // incarnation: versions under an earlier name included.
-                if s == hi && Some(s) != to {
+                // What was at this path: the incarnation's versions from
+                // the moment it got the name (a baseline counts from the
+                // object's first appearance) to its end. Its life under
+                // an earlier name is in that name's log.
+                let inside = s >= from || v.cause == crate::history::Cause::Baseline;
+                if !inside || (s == hi && Some(s) != to) {
                     continue;
                 }
                 if since.is_some_and(|a| s < a) || until.is_some_and(|b| s > b) {
@@ -656,7 +659,9 @@ impl Service {
                 rows.push((obj, s, v, i));
             }
         }
-        rows.sort_by_key(|r| r.1);
+        // Incarnation by incarnation, so the numbers of versions already
+        // shown never change.
+        rows.sort_by_key(|r| (r.3, r.1));
         rows.dedup_by_key(|r| (r.0, r.1));
         Ok(rows)
     }
