@@ -1,7 +1,7 @@
 //! File content as manifests of chunks: cutting a byte stream into
 //! content-defined chunks on the way in, reassembling it on the way out.
 //!
-//! Chunking: FastCDC (2020) with `MIN`/`AVG`/`MAX` below; the choice and
+//! Chunking: FastCDC (2020) with the sizes below; the choice and
 //! its measurement are in docs/ARCHITECTURE.md ("Chunking"). Content-defined
 //! boundaries survive insertions and deletions (an edit costs the chunks it
 //! touches, not the rest of the file), and fixed-size in-place rewrites
@@ -15,25 +15,31 @@ use super::model::{Extent, Manifest};
 use super::{HistoryError, Result};
 use crate::store::{ChunkStore, Hash, StoreError};
 
-pub const MIN: u32 = 4 << 10;
-pub const AVG: u32 = 16 << 10;
-pub const MAX: u32 = 64 << 10;
+/// Chunk sizes (min, avg, max) for files below `LARGE_FILE`: small average
+/// chunks, so an edit of a text or source file costs a few KiB (measured,
+/// docs/ARCHITECTURE.md "Chunking").
+pub const SMALL: (u32, u32, u32) = (1 << 10, 4 << 10, 16 << 10);
+/// For larger files: bigger chunks keep the index and each version's
+/// manifest small (a 1 GiB file is 16k chunks, not 256k).
+pub const LARGE: (u32, u32, u32) = (16 << 10, 64 << 10, 256 << 10);
+pub const LARGE_FILE: u64 = 16 << 20;
 
-/// Chunk sizes (min, avg, max). `CHRONOFS_CHUNK_AVG` (bytes, a power of
-/// two from 1 KiB to 1 MiB) overrides the average for benchmarks that
-/// compare chunkings; min and max keep the 1:4:16 ratio.
-fn sizes() -> (u32, u32, u32) {
-    static SIZES: std::sync::OnceLock<(u32, u32, u32)> = std::sync::OnceLock::new();
-    *SIZES.get_or_init(|| {
-        let avg = std::env::var("CHRONOFS_CHUNK_AVG")
+/// Chunk sizes for a file of `size` bytes. `CHRONOFS_CHUNK_AVG` (bytes, a
+/// power of two from 1 KiB to 1 MiB) overrides the average for benchmarks
+/// that compare chunkings; min and max keep the 1:4:16 ratio.
+fn sizes(size: u64) -> (u32, u32, u32) {
+    static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        std::env::var("CHRONOFS_CHUNK_AVG")
             .ok()
             .and_then(|v| v.parse::<u32>().ok())
-            .filter(|a| a.is_power_of_two() && (1024..=(1 << 20)).contains(a));
-        match avg {
-            Some(a) => (a / 4, a, a * 4),
-            None => (MIN, AVG, MAX),
-        }
-    })
+            .filter(|a| a.is_power_of_two() && (1024..=(1 << 20)).contains(a))
+    });
+    match forced {
+        Some(a) => (a / 4, a, a * 4),
+        None if size >= LARGE_FILE => LARGE,
+        None => SMALL,
+    }
 }
 
 /// Statistics of one ingest.
@@ -46,10 +52,14 @@ pub struct Ingested {
 
 /// Cuts `source` into chunks, stores the new ones and returns the manifest.
 /// All-zero chunks become holes (they read back as zeros and cost nothing).
-pub fn ingest(chunks: &ChunkStore, source: impl Read) -> Result<(Manifest, Ingested)> {
+pub fn ingest(
+    chunks: &ChunkStore,
+    source: impl Read,
+    size_hint: u64,
+) -> Result<(Manifest, Ingested)> {
     let mut manifest = Manifest::default();
     let mut stats = Ingested::default();
-    let (min, avg, max) = sizes();
+    let (min, avg, max) = sizes(size_hint);
     for piece in StreamCDC::new(source, min as usize, avg as usize, max as usize) {
         let piece = piece.map_err(|e| match e {
             fastcdc::v2020::Error::IoError(io) => HistoryError::Store(StoreError::Io {
@@ -120,7 +130,7 @@ pub fn ingest_sparse(
             offset: off,
         }
         .take(len);
-        let (part, st) = ingest(chunks, reader)?;
+        let (part, st) = ingest(chunks, reader, size)?;
         for e in part.extents {
             push(&mut manifest, e);
         }
@@ -207,21 +217,21 @@ mod tests {
         }
         data.extend(std::iter::repeat_n(0u8, 300_000));
         data.extend_from_slice(b"tail");
-        let (m, stats) = ingest(&chunks, data.as_slice()).unwrap();
+        let (m, stats) = ingest(&chunks, data.as_slice(), data.len() as u64).unwrap();
         assert_eq!(m.size(), data.len() as u64);
         assert!(m.extents.iter().any(|e| e.chunk.is_none()));
         let mut out = Vec::new();
         write_to(&chunks, &m, &mut out).unwrap();
         assert_eq!(out, data);
         // The same content again stores nothing new.
-        let (m2, again) = ingest(&chunks, data.as_slice()).unwrap();
+        let (m2, again) = ingest(&chunks, data.as_slice(), data.len() as u64).unwrap();
         assert_eq!(m2, m);
         assert_eq!(again.new_chunks, 0);
         assert!(stats.new_chunks > 0);
         // An insertion near the start costs a few chunks, not the file.
         let mut edited = data.clone();
         edited.splice(100..100, b"inserted text".iter().copied());
-        let (_, delta) = ingest(&chunks, edited.as_slice()).unwrap();
+        let (_, delta) = ingest(&chunks, edited.as_slice(), edited.len() as u64).unwrap();
         assert!(delta.new_chunks <= 3, "{delta:?}");
         let _ = Arc::new(());
     }
