@@ -296,6 +296,9 @@ impl History {
     }
 
     fn apply_loop(&self) {
+        // A failing store (disk full) is retried every interval but logged
+        // once per minute, not ten times a second.
+        let mut last_report: Option<std::time::Instant> = None;
         loop {
             {
                 let mut st = self.state.lock();
@@ -310,8 +313,20 @@ impl History {
             if idle {
                 continue;
             }
-            if let Err(e) = self.apply(true) {
-                tracing::error!("history commit failed (will retry): {e}");
+            match self.apply(true) {
+                Ok(()) => {
+                    if last_report.take().is_some() {
+                        tracing::info!("history commits succeed again");
+                    }
+                }
+                Err(e) => {
+                    if last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                        tracing::error!(
+                            "history commit failed (changes stay journaled; retrying): {e}"
+                        );
+                        last_report = Some(std::time::Instant::now());
+                    }
+                }
             }
         }
     }
