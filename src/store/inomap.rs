@@ -279,6 +279,31 @@ impl InodeMap {
     }
 }
 
+/// Inserts `bind`, and removes each `unbind` mapping only if the key still
+/// maps to that number (a reused backing number keeps its new mapping).
+fn write_mappings(
+    table: &mut redb::Table<&[u8], u64>,
+    bind: &[Mapping],
+    unbind: &[Mapping],
+) -> Result<(), StoreError> {
+    for (key, ino) in bind {
+        table
+            .insert(key.encode().as_slice(), *ino)
+            .map_err(index_error)?;
+    }
+    for (key, ino) in unbind {
+        let encoded = key.encode();
+        let current = table
+            .get(encoded.as_slice())
+            .map_err(index_error)?
+            .map(|v| v.value());
+        if current == Some(*ino) {
+            table.remove(encoded.as_slice()).map_err(index_error)?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes mappings inside another layer's transaction. The history journals
 /// the mapping of every object it versions and replays it with the history
 /// after a crash, so an object never loses its number (and with it the link
@@ -291,23 +316,8 @@ pub fn write_bindings(
     unbind: &[(BackingKey, u64)],
 ) -> Result<(), StoreError> {
     let mut table = txn.open_table(INODES).map_err(index_error)?;
-    let mut top = 0;
-    for (key, ino) in bind {
-        table
-            .insert(key.encode().as_slice(), *ino)
-            .map_err(index_error)?;
-        top = top.max(*ino);
-    }
-    for (key, ino) in unbind {
-        let encoded = key.encode();
-        let current = table
-            .get(encoded.as_slice())
-            .map_err(index_error)?
-            .map(|v| v.value());
-        if current == Some(*ino) {
-            table.remove(encoded.as_slice()).map_err(index_error)?;
-        }
-    }
+    write_mappings(&mut table, bind, unbind)?;
+    let top = bind.iter().map(|(_, ino)| *ino).max().unwrap_or(0);
     drop(table);
     if top > 0 {
         let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
@@ -357,21 +367,7 @@ impl Shared {
         let txn = self.db.begin_write().map_err(index_error)?;
         {
             let mut table = txn.open_table(INODES).map_err(index_error)?;
-            for (key, ino) in &batch {
-                table
-                    .insert(key.encode().as_slice(), *ino)
-                    .map_err(index_error)?;
-            }
-            for (key, ino) in &retired {
-                let encoded = key.encode();
-                let current = table
-                    .get(encoded.as_slice())
-                    .map_err(index_error)?
-                    .map(|v| v.value());
-                if current == Some(*ino) {
-                    table.remove(encoded.as_slice()).map_err(index_error)?;
-                }
-            }
+            write_mappings(&mut table, &batch, &retired)?;
             let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
             counters
                 .insert(NEXT_INO, self.next.load(Ordering::Relaxed))
