@@ -649,6 +649,10 @@ impl Capture {
     /// A handle that may write `obj` is being opened (before the backing
     /// open, which may truncate): its prior state must be in history.
     pub fn session_opening(&self, tree: &dyn Tree, obj: ObjectId) -> Result<()> {
+        // A session may still be open only because the kernel has not sent
+        // the release of a handle already closed: record what it wrote
+        // before this open (which may truncate) joins it.
+        self.flush_session(obj)?;
         self.before_change(tree, obj)
     }
 
