@@ -287,7 +287,7 @@ impl Capture {
                 });
             }
         }
-        let v = self.snapshot(tree, obj, st, Cause::Baseline, &Who::default(), &mut draft)?;
+        let v = self.snapshot(tree, obj, st, Cause::Baseline, &Who::default())?;
         draft.versions.push((obj, v));
         draft.bind.extend(tree.binding(obj));
         self.commit(draft)
@@ -323,7 +323,7 @@ impl Capture {
             });
             draft.bind.push(binding);
         }
-        let v = self.snapshot(tree, dir, &st, Cause::Baseline, &Who::default(), &mut draft)?;
+        let v = self.snapshot(tree, dir, &st, Cause::Baseline, &Who::default())?;
         draft.versions.push((dir, v));
         draft.bind.extend(tree.binding(dir));
         self.commit(draft)
@@ -337,12 +337,12 @@ impl Capture {
         st: &Stat,
         cause: Cause,
         who: &Who,
-        draft: &mut Draft,
     ) -> Result<Version> {
         let content = match st.st_mode & libc::S_IFMT {
             libc::S_IFREG => {
                 let fd = tree.open_read(obj)?;
-                self.ingest_fd(&fd, draft)?
+                let known = self.state.lock().known(obj);
+                self.ingest_fd(&fd, known.as_ref().map(|k| &k.content))?
             }
             libc::S_IFDIR => Content::Dir,
             libc::S_IFLNK => Content::Symlink {
@@ -361,18 +361,37 @@ impl Capture {
         })
     }
 
-    fn ingest_fd(&self, fd: &OwnedFd, draft: &mut Draft) -> Result<Content> {
+    /// Ingests the file behind `fd`; `previous`: the content history holds
+    /// for it now, whose chunks serve as delta bases.
+    fn ingest_fd(&self, fd: &OwnedFd, previous: Option<&Content>) -> Result<Content> {
         let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
         let size = sys::fstat(fd.as_fd())?.st_size as u64;
         let data = sys::data_ranges(fd.as_fd(), size)?;
-        let (manifest, _) = content::ingest_sparse(self.history.chunks(), &read_at, size, &data)?;
-        Ok(self.content_of(manifest, draft))
+        let bases = match previous {
+            Some(Content::File { manifest }) => self
+                .history
+                .recent_manifest(manifest)?
+                .map(|m| content::Bases::of(&m)),
+            _ => None,
+        };
+        let (manifest, _) =
+            content::ingest_sparse(self.history.chunks(), &read_at, size, &data, bases.as_ref())?;
+        self.content_of(&manifest, previous)
     }
 
-    fn content_of(&self, manifest: Manifest, draft: &mut Draft) -> Content {
-        let id = manifest.id();
-        draft.manifests.push((id, manifest.encode()));
-        Content::File { manifest: id }
+    /// The manifest is itself a chunk, stored as a delta against the
+    /// previous version's: an edit's manifest costs the extents it changed.
+    fn content_of(&self, manifest: &Manifest, previous: Option<&Content>) -> Result<Content> {
+        let previous_id = match previous {
+            Some(Content::File { manifest }) => Some(manifest),
+            _ => None,
+        };
+        let (id, _) = self
+            .history
+            .chunks()
+            .put_against(&manifest.encode(), previous_id)
+            .map_err(HistoryError::from)?;
+        Ok(Content::File { manifest: id })
     }
 
     /// Records `obj`'s current state with `cause` unless it equals what
@@ -388,7 +407,7 @@ impl Capture {
         read_content: bool,
     ) -> Result<()> {
         let known = self.known(obj)?;
-        let mut draft = Draft::default();
+        let draft = Draft::default();
         let v = match (&known, read_content) {
             (Some(k), false) => Version {
                 time_ns: 0,
@@ -399,7 +418,7 @@ impl Capture {
                 xattrs: tree.xattrs(obj).unwrap_or_default(),
                 gone: false,
             },
-            _ => self.snapshot(tree, obj, st, cause, who, &mut draft)?,
+            _ => self.snapshot(tree, obj, st, cause, who)?,
         };
         self.commit_unless_same(obj, known.as_deref(), v, draft)
     }
@@ -416,8 +435,6 @@ impl Capture {
         if let Some(k) = known {
             if k.same_content_and_meta(&v) {
                 self.state.lock().verified(obj, v.attrs);
-                // Chunks written for an identical ingest are already stored.
-                draft.manifests.clear();
                 return Ok(());
             }
         }
@@ -469,7 +486,7 @@ impl Capture {
         let mut draft = Draft::default();
         let content = match content {
             Some(c) => c,
-            None => self.content_of(empty_manifest(), &mut draft),
+            None => self.content_of(&empty_manifest(), None)?,
         };
         draft.versions.push((
             obj,
@@ -505,7 +522,7 @@ impl Capture {
         let mut draft = Draft::default();
         let v = match self.known(obj)? {
             Some(k) => k.version(who, Cause::Link, attrs_of(&st)),
-            None => self.snapshot(tree, obj, &st, Cause::Link, who, &mut draft)?,
+            None => self.snapshot(tree, obj, &st, Cause::Link, who)?,
         };
         draft.versions.push((obj, v));
         draft.dirents.push(Dirent {
@@ -585,7 +602,7 @@ impl Capture {
             let st = tree.stat(o)?;
             let v = match k {
                 Some(k) => k.version(who, Cause::Rename, attrs_of(&st)),
-                None => self.snapshot(tree, o, &st, Cause::Rename, who, d)?,
+                None => self.snapshot(tree, o, &st, Cause::Rename, who)?,
             };
             d.versions.push((o, v));
             Ok(())
@@ -734,8 +751,19 @@ impl Capture {
 
     /// Builds and commits the version of a session job.
     fn run_job(&self, job: Job) -> Result<()> {
+        {
+            let mut st = self.state.lock();
+            while st.building.contains(&job.obj) {
+                self.idle.wait(&mut st);
+            }
+            st.building.insert(job.obj);
+        }
         let result = self.ingest_job(&job);
-        self.state.lock().job_done(job.obj, job.queued);
+        {
+            let mut st = self.state.lock();
+            st.building.remove(&job.obj);
+            st.job_done(job.obj, job.queued);
+        }
         self.idle.notify_all();
         result
     }
@@ -751,7 +779,7 @@ impl Capture {
             }
         }
         let mut draft = Draft::default();
-        let content = self.ingest_fd(&job.reader, &mut draft)?;
+        let content = self.ingest_fd(&job.reader, known.as_ref().map(|k| &k.content))?;
         let xattrs = sys::xattrs_of(job.reader.as_fd()).unwrap_or_default();
         let mut v = Version {
             time_ns: 0,

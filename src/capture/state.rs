@@ -98,6 +98,11 @@ pub struct Objects {
     known: HashMap<ObjectId, Arc<Known>>,
     sessions: HashMap<ObjectId, Session>,
     ingesting: HashMap<ObjectId, u32>,
+    /// Objects whose version a job is building right now. Jobs of one
+    /// object run one at a time, so each sees the version the previous
+    /// one recorded (a queued release and an inline flush of the same
+    /// session must not both record it).
+    pub building: std::collections::HashSet<ObjectId>,
     pub creates: HashMap<ObjectId, PendingCreate>,
 }
 

@@ -775,9 +775,16 @@ impl Service {
             .chunks()
             .packs_size()
             .map_err(HistoryError::from)?;
+        let index_file =
+            std::fs::metadata(self.store_dir.join(crate::store::INDEX_FILE)).map_or(0, |m| m.len());
+        let index_used = self.history.index_used_bytes()?;
         Ok(json!({
             "store": self.store_dir.display().to_string(),
             "store_bytes": store_bytes,
+            // What the store holds, counting the index by its pages in use.
+            "store_used_bytes": store_bytes.saturating_sub(index_file) + index_used,
+            "index_bytes": index_file,
+            "index_used_bytes": index_used,
             "pack_bytes": packs,
             "versions": c.versions,
             "changes": c.changes,

@@ -18,7 +18,7 @@ use crate::store::{ChunkStore, Hash, StoreError};
 /// Chunk sizes (min, avg, max) for files below `LARGE_FILE`: small average
 /// chunks, so an edit of a text or source file costs a few KiB (measured,
 /// docs/ARCHITECTURE.md "Chunking").
-pub const SMALL: (u32, u32, u32) = (1 << 10, 4 << 10, 16 << 10);
+pub const SMALL: (u32, u32, u32) = (2 << 10, 8 << 10, 32 << 10);
 /// For larger files: bigger chunks keep the index and each version's
 /// manifest small (a 1 GiB file is 16k chunks, not 256k).
 pub const LARGE: (u32, u32, u32) = (16 << 10, 64 << 10, 256 << 10);
@@ -50,12 +50,46 @@ pub struct Ingested {
     pub new_bytes: u64,
 }
 
-/// Cuts `source` into chunks, stores the new ones and returns the manifest.
-/// All-zero chunks become holes (they read back as zeros and cost nothing).
-pub fn ingest(
+/// The chunks of a file's previous version by offset, so that a new chunk
+/// can be stored as a delta against the one it replaces: an edit then
+/// costs about its own size, not its chunks' (docs/ARCHITECTURE.md
+/// "Delta chunks").
+#[derive(Default)]
+pub struct Bases {
+    /// End offset of each extent of the previous version, ascending.
+    ends: Vec<u64>,
+    chunks: Vec<Option<Hash>>,
+}
+
+impl Bases {
+    pub fn of(previous: &Manifest) -> Bases {
+        let mut bases = Bases::default();
+        let mut end = 0u64;
+        for e in &previous.extents {
+            end += u64::from(e.len);
+            bases.ends.push(end);
+            bases.chunks.push(e.chunk);
+        }
+        bases
+    }
+
+    /// The previous version's chunk holding byte `offset`.
+    fn covering(&self, offset: u64) -> Option<&Hash> {
+        let i = self.ends.partition_point(|end| *end <= offset);
+        self.chunks.get(i)?.as_ref()
+    }
+}
+
+/// Cuts `source`, the bytes from `start` on in a file of about `size_hint`
+/// bytes, into chunks, stores the new ones (as deltas against `bases`
+/// where that pays) and returns the manifest. All-zero chunks become holes
+/// (they read back as zeros and cost nothing).
+fn ingest_at(
     chunks: &ChunkStore,
     source: impl Read,
     size_hint: u64,
+    start: u64,
+    bases: Option<&Bases>,
 ) -> Result<(Manifest, Ingested)> {
     let mut manifest = Manifest::default();
     let mut stats = Ingested::default();
@@ -74,7 +108,9 @@ pub fn ingest(
             push(&mut manifest, Extent { len, chunk: None });
             continue;
         }
-        let (hash, new) = chunks.put(&piece.data)?;
+        let middle = start + piece.offset + u64::from(len / 2);
+        let base = bases.and_then(|b| b.covering(middle));
+        let (hash, new) = chunks.put_against(&piece.data, base)?;
         if new {
             stats.new_chunks += 1;
             stats.new_bytes += u64::from(len);
@@ -90,15 +126,16 @@ pub fn ingest(
     Ok((manifest, stats))
 }
 
-/// Like [`ingest`] over a file of `size` bytes whose data lies in
+/// Like [`ingest_at`] over a file of `size` bytes whose data lies in
 /// `data` (sorted, non-overlapping (offset, length) ranges, e.g. from
 /// SEEK_DATA/SEEK_HOLE): the gaps become holes without being read, so a
-/// sparse file costs what it holds.
+/// sparse file costs what it holds. `bases`: the previous version's chunks.
 pub fn ingest_sparse(
     chunks: &ChunkStore,
     read_at: &dyn Fn(&mut [u8], u64) -> std::io::Result<usize>,
     size: u64,
     data: &[(u64, u64)],
+    bases: Option<&Bases>,
 ) -> Result<(Manifest, Ingested)> {
     let mut manifest = Manifest::default();
     let mut stats = Ingested::default();
@@ -130,7 +167,7 @@ pub fn ingest_sparse(
             offset: off,
         }
         .take(len);
-        let (part, st) = ingest(chunks, reader, size)?;
+        let (part, st) = ingest_at(chunks, reader, size, off, bases)?;
         for e in part.extents {
             push(&mut manifest, e);
         }
@@ -205,6 +242,10 @@ impl Read for PositionalReader<'_> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    fn ingest(chunks: &ChunkStore, source: &[u8], size: u64) -> Result<(Manifest, Ingested)> {
+        ingest_at(chunks, source, size, 0, None)
+    }
 
     #[test]
     fn roundtrip_with_holes_and_dedup() {

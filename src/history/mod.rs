@@ -62,7 +62,6 @@ impl HistoryError {
 pub struct Draft {
     pub versions: Vec<(ObjectId, Version)>,
     pub dirents: Vec<Dirent>,
-    pub manifests: Vec<(store::Hash, Vec<u8>)>,
     pub bind: Vec<Binding>,
     pub unbind: Vec<Binding>,
     pub tags: Vec<(String, Option<Seq>)>,
@@ -74,6 +73,10 @@ struct WriteState {
     journals: [Journal; 2],
     active: usize,
     queue: Vec<Op>,
+    /// Ops applied without durability (by a query's `settle`): the next
+    /// background apply must still make them durable and retire their
+    /// journal, or the journal grows while queries keep the queue empty.
+    undurable: bool,
     /// Latest versions and directory entries of queued changes, for the
     /// capture's hot-path questions (what is the newest version of X?).
     latest: HashMap<ObjectId, (Seq, Arc<Version>)>,
@@ -158,6 +161,7 @@ impl History {
                 journals,
                 active: 0,
                 queue: Vec::new(),
+                undurable: false,
                 latest: HashMap::new(),
                 dirents: HashMap::new(),
             }),
@@ -195,7 +199,9 @@ impl History {
             time_ns,
             versions: draft.versions,
             dirents: draft.dirents,
-            manifests: draft.manifests,
+            // Manifests are chunks since store format 3; the field stays
+            // for journals written by format 2.
+            manifests: Vec::new(),
             chunks: fresh
                 .iter()
                 .map(|(h, l)| (*h, l.encode().to_vec()))
@@ -280,6 +286,11 @@ impl History {
                 .flat_map(|op| op.chunks.iter().map(|(h, _)| *h)),
         );
         let mut st = self.state.lock();
+        if durable {
+            st.undurable = false;
+        } else if !batch.is_empty() {
+            st.undurable = true;
+        }
         if let Some(last) = batch.last().map(|op| op.seq) {
             st.latest.retain(|_, (seq, _)| *seq > last);
             let pending: std::collections::HashSet<(ObjectId, Vec<u8>)> = st
@@ -309,7 +320,10 @@ impl History {
             if self.closing.load(Ordering::Acquire) {
                 return;
             }
-            let idle = self.state.lock().queue.is_empty();
+            let idle = {
+                let st = self.state.lock();
+                st.queue.is_empty() && !st.undurable
+            };
             if idle {
                 continue;
             }
@@ -349,6 +363,20 @@ impl History {
             return Ok(Some(hit.clone()));
         }
         Ok(tables::version_at(&self.db, obj, Seq::MAX)?.map(|(s, v)| (s, Arc::new(v))))
+    }
+
+    /// A manifest if it is already readable, without waiting for queued
+    /// changes to be applied (for choosing delta bases, where a miss costs
+    /// only space).
+    pub fn recent_manifest(&self, id: &store::Hash) -> Result<Option<Manifest>> {
+        let bytes = match tables::manifest_bytes(&self.db, id)? {
+            Some(b) => b,
+            None => match self.chunks.get(id) {
+                Ok(b) => b,
+                Err(_) => return Ok(None),
+            },
+        };
+        Ok(Manifest::decode(&bytes))
     }
 
     /// What `name` in `parent` names now according to history: `None` if

@@ -183,10 +183,6 @@ impl Manifest {
     pub fn decode(bytes: &[u8]) -> Option<Manifest> {
         postcard::from_bytes(bytes).ok()
     }
-
-    pub fn id(&self) -> Hash {
-        crate::store::chunks::hash(&self.encode())
-    }
 }
 
 /// A directory entry change: `name` in `parent` now names `child`, or

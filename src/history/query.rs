@@ -10,7 +10,7 @@
 use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::model::*;
-use super::tables::{self, DIRENTS, LINKS, MANIFESTS, SEQS, TAGS, TIMES, VERSIONS};
+use super::tables::{self, DIRENTS, LINKS, SEQS, TAGS, TIMES, VERSIONS};
 use super::{read_txn, History, HistoryError, Result};
 use crate::store::Hash;
 
@@ -290,18 +290,32 @@ impl History {
         Err(HistoryError::Corrupt("directory loop in history".into()))
     }
 
+    /// A file version's manifest. Since store format 3 a manifest is a
+    /// chunk (delta-encoded against the previous version's); format-2
+    /// stores keep theirs in the `manifests` table, which is read first.
     pub fn manifest(&self, hash: &Hash) -> Result<Manifest> {
         self.settle()?;
-        let txn = read_txn(self.db())?;
-        let t = txn.open_table(MANIFESTS).map_err(err)?;
-        let v = t.get(hash.as_slice()).map_err(err)?.ok_or_else(|| {
-            HistoryError::Corrupt(format!(
-                "manifest {} is missing",
-                crate::store::chunks::hex(hash)
-            ))
-        })?;
-        Manifest::decode(v.value())
-            .ok_or_else(|| HistoryError::Corrupt("undecodable manifest".into()))
+        let bytes = match tables::manifest_bytes(self.db(), hash)? {
+            Some(b) => b,
+            None => self.chunks().get(hash).map_err(|e| match e {
+                crate::store::StoreError::MissingChunk(_) => HistoryError::Corrupt(format!(
+                    "manifest {} is missing",
+                    crate::store::chunks::hex(hash)
+                )),
+                other => other.into(),
+            })?,
+        };
+        Manifest::decode(&bytes).ok_or_else(|| HistoryError::Corrupt("undecodable manifest".into()))
+    }
+
+    /// Bytes of the index file in use (allocated pages): the file itself
+    /// grows in regions, so its size says little about what history costs.
+    pub fn index_used_bytes(&self) -> Result<u64> {
+        let txn = self.db().begin_write().map_err(err)?;
+        let stats = txn.stats().map_err(err)?;
+        let used = stats.allocated_pages() * stats.page_size() as u64;
+        txn.abort().map_err(err)?;
+        Ok(used)
     }
 
     /// Counts for `status`.

@@ -196,6 +196,18 @@ fn previous_child(
     }
 }
 
+/// A manifest's encoded bytes, if the index holds it.
+pub fn manifest_bytes(db: &Database, id: &store::Hash) -> Result<Option<Vec<u8>>> {
+    let txn = read_txn(db)?;
+    let table = match txn.open_table(MANIFESTS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
+    let found = table.get(id.as_slice()).map_err(err)?;
+    Ok(found.map(|v| v.value().to_vec()))
+}
+
 /// The newest version of `obj` at or before `seq`.
 pub fn version_at(db: &Database, obj: ObjectId, seq: Seq) -> Result<Option<(Seq, Version)>> {
     let txn = read_txn(db)?;

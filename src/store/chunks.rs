@@ -34,6 +34,14 @@ const ENTRY_MAGIC: u32 = 0x4348_4b31; // "CHK1"
 pub const ENTRY_HEADER_LEN: usize = 4 + 1 + 4 + 4 + 32;
 const PACK_LIMIT: u64 = 256 << 20;
 const ZSTD_LEVEL: i32 = 3;
+/// A delta body starts with its base's hash and its depth in the chain.
+const DELTA_PREFIX_LEN: usize = 32 + 1;
+/// Longest delta chain; with `CHAIN_BUDGET` it bounds what one read
+/// decompresses (measured in docs/ARCHITECTURE.md "Delta chunks").
+pub const MAX_DELTA_DEPTH: u8 = 32;
+/// Bytes a read may decompress along a chain: 256 KiB is 4 deep for a
+/// 64 KiB chunk, 32 deep for 4 KiB ones.
+const CHAIN_BUDGET: usize = 256 << 10;
 
 /// How a chunk's bytes are stored in its pack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +49,9 @@ const ZSTD_LEVEL: i32 = 3;
 pub enum Encoding {
     Raw = 0,
     Zstd = 1,
+    /// zstd with another chunk's plain bytes as prefix: the body is the
+    /// base's hash ‖ depth u8 ‖ the zstd frame.
+    Delta = 2,
 }
 
 impl Encoding {
@@ -48,6 +59,7 @@ impl Encoding {
         match v {
             0 => Some(Encoding::Raw),
             1 => Some(Encoding::Zstd),
+            2 => Some(Encoding::Delta),
             _ => None,
         }
     }
@@ -171,21 +183,64 @@ impl ChunkStore {
     }
 
     /// Stores `data` unless a chunk with its hash exists; returns the hash
-    /// and whether bytes were written.
-    pub fn put(&self, data: &[u8]) -> Result<(Hash, bool), StoreError> {
+    /// and whether bytes were written. With a `base` (usually the chunk
+    /// `data` replaces in the previous version of its file) it is stored
+    /// as a delta against the base when that is smaller than compressing
+    /// it alone.
+    pub fn put_against(
+        &self,
+        data: &[u8],
+        base: Option<&Hash>,
+    ) -> Result<(Hash, bool), StoreError> {
         let h = hash(data);
         if self.contains(&h)? {
             return Ok((h, false));
         }
-        let compressed = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(|e| self.io_err(e))?;
-        let (encoding, body) = if compressed.len() < data.len() {
-            (Encoding::Zstd, compressed.as_slice())
-        } else {
-            (Encoding::Raw, data)
+        let delta = match base {
+            Some(b) if *b != h => self.delta_against(data, b)?,
+            _ => None,
         };
-        let loc = self.append(&h, encoding, data.len(), body)?;
+        let (encoding, body) = match delta {
+            // Clearly small: not worth a second compression to compare.
+            Some(d) if d.len() <= data.len() / 8 => (Encoding::Delta, d),
+            delta => {
+                let full = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(|e| self.io_err(e))?;
+                match delta {
+                    Some(d) if d.len() < full.len() && d.len() < data.len() => (Encoding::Delta, d),
+                    _ if full.len() < data.len() => (Encoding::Zstd, full),
+                    _ => (Encoding::Raw, data.to_vec()),
+                }
+            }
+        };
+        let loc = self.append(&h, encoding, data.len(), &body)?;
         self.fresh.lock().insert(h, (loc, false));
         Ok((h, true))
+    }
+
+    /// The delta body of `data` against chunk `base`, or `None` when the
+    /// base is unusable (missing, unreadable, or its chain already as long
+    /// as reads may afford). A bad base costs only the delta: fsck reports it.
+    fn delta_against(&self, data: &[u8], base: &Hash) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(loc) = self.locate(base)? else {
+            return Ok(None);
+        };
+        let (base_data, base_depth) = match self.read_entry(base, &loc) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::debug!("chunk {} unusable as a delta base: {e}", hex(base));
+                return Ok(None);
+            }
+        };
+        let depth = base_depth + 1;
+        if depth > max_depth(data.len().max(base_data.len())) {
+            return Ok(None);
+        }
+        let frame = compress_with_prefix(data, &base_data).map_err(|e| self.io_err(e))?;
+        let mut body = Vec::with_capacity(DELTA_PREFIX_LEN + frame.len());
+        body.extend_from_slice(base);
+        body.push(depth);
+        body.extend_from_slice(&frame);
+        Ok(Some(body))
     }
 
     pub fn contains(&self, h: &Hash) -> Result<bool, StoreError> {
@@ -335,6 +390,13 @@ impl ChunkStore {
 
     /// Reads and verifies the chunk at `loc`.
     pub fn read_at(&self, h: &Hash, loc: &Location) -> Result<Vec<u8>, StoreError> {
+        Ok(self.read_entry(h, loc)?.0)
+    }
+
+    /// The chunk's plain bytes and its depth in a delta chain (0: stored
+    /// whole). A delta's base is read first; depths must fall strictly
+    /// along a chain, so a corrupt pack cannot make a read loop.
+    fn read_entry(&self, h: &Hash, loc: &Location) -> Result<(Vec<u8>, u8), StoreError> {
         let file = self.reader(loc.pack)?;
         let mut buf = vec![0u8; ENTRY_HEADER_LEN + loc.stored_len as usize];
         file.read_exact_at(&mut buf, loc.offset)
@@ -347,15 +409,35 @@ impl ChunkStore {
             return Err(corrupt("pack entry header does not match the index"));
         }
         let body = &buf[ENTRY_HEADER_LEN..];
-        let data = match loc.encoding {
-            Encoding::Raw => body.to_vec(),
-            Encoding::Zstd => zstd::bulk::decompress(body, loc.raw_len as usize)
-                .map_err(|e| corrupt(&format!("cannot decompress: {e}")))?,
+        let (data, depth) = match loc.encoding {
+            Encoding::Raw => (body.to_vec(), 0),
+            Encoding::Zstd => (
+                zstd::bulk::decompress(body, loc.raw_len as usize)
+                    .map_err(|e| corrupt(&format!("cannot decompress: {e}")))?,
+                0,
+            ),
+            Encoding::Delta => {
+                let (base, depth, frame) =
+                    split_delta(body).ok_or_else(|| corrupt("delta header is malformed"))?;
+                if depth == 0 || depth > MAX_DELTA_DEPTH {
+                    return Err(corrupt("delta depth out of range"));
+                }
+                let base_loc = self
+                    .locate(&base)?
+                    .ok_or_else(|| corrupt(&format!("delta base {} is missing", hex(&base))))?;
+                let (base_data, base_depth) = self.read_entry(&base, &base_loc)?;
+                if base_depth >= depth {
+                    return Err(corrupt("delta chain does not shorten toward its base"));
+                }
+                let data = decompress_with_prefix(frame, &base_data, loc.raw_len as usize)
+                    .map_err(|e| corrupt(&format!("cannot decompress delta: {e}")))?;
+                (data, depth)
+            }
         };
         if data.len() != loc.raw_len as usize || hash(&data) != *h {
             return Err(corrupt("content does not match its hash"));
         }
-        Ok(data)
+        Ok((data, depth))
     }
 
     /// Bytes used by all pack files.
@@ -369,6 +451,47 @@ impl ChunkStore {
         }
         Ok(total)
     }
+}
+
+/// How deep a chain may grow for a chunk of `len` bytes.
+fn max_depth(len: usize) -> u8 {
+    (CHAIN_BUDGET / len.max(1)).clamp(1, usize::from(MAX_DELTA_DEPTH)) as u8
+}
+
+fn split_delta(body: &[u8]) -> Option<(Hash, u8, &[u8])> {
+    if body.len() <= DELTA_PREFIX_LEN {
+        return None;
+    }
+    let mut base = [0u8; 32];
+    base.copy_from_slice(&body[..32]);
+    Some((base, body[32], &body[DELTA_PREFIX_LEN..]))
+}
+
+fn zstd_error(code: usize) -> std::io::Error {
+    std::io::Error::other(zstd::zstd_safe::get_error_name(code))
+}
+
+/// zstd with `prefix` as a raw-content reference (never parsed as a
+/// dictionary, whatever its first bytes), so content shared with the base
+/// costs a few bytes per match.
+fn compress_with_prefix(data: &[u8], prefix: &[u8]) -> std::io::Result<Vec<u8>> {
+    use zstd::zstd_safe::{CCtx, CParameter};
+    let mut cctx = CCtx::create();
+    cctx.set_parameter(CParameter::CompressionLevel(ZSTD_LEVEL))
+        .map_err(zstd_error)?;
+    cctx.ref_prefix(prefix).map_err(zstd_error)?;
+    let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(data.len()));
+    cctx.compress2(&mut out, data).map_err(zstd_error)?;
+    Ok(out)
+}
+
+fn decompress_with_prefix(frame: &[u8], prefix: &[u8], len: usize) -> std::io::Result<Vec<u8>> {
+    use zstd::zstd_safe::DCtx;
+    let mut dctx = DCtx::create();
+    dctx.ref_prefix(prefix).map_err(zstd_error)?;
+    let mut out = Vec::with_capacity(len);
+    dctx.decompress(&mut out, frame).map_err(zstd_error)?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -386,16 +509,16 @@ mod tests {
         let db = Arc::new(Database::create(tmp.path().join("db")).unwrap());
         let store = open(tmp.path(), &db);
         let text = b"hello hello hello hello hello hello hello".repeat(50);
-        let (h, new) = store.put(&text).unwrap();
+        let (h, new) = store.put_against(&text, None).unwrap();
         assert!(new);
-        assert_eq!(store.put(&text).unwrap(), (h, false));
+        assert_eq!(store.put_against(&text, None).unwrap(), (h, false));
         assert_eq!(store.get(&h).unwrap(), text);
         let loc = store.locate(&h).unwrap().unwrap();
         assert_eq!(loc.encoding, Encoding::Zstd);
         let random: Vec<u8> = (0..4096u32)
             .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
             .collect();
-        let (h2, _) = store.put(&random).unwrap();
+        let (h2, _) = store.put_against(&random, None).unwrap();
         assert_eq!(store.get(&h2).unwrap(), random);
         // Flip a stored byte: the read must fail, not return wrong data.
         let path = tmp.path().join("packs").join(pack_name(loc.pack));
@@ -407,6 +530,93 @@ mod tests {
         fresh.fresh.lock().insert(h, (loc, true));
         assert!(matches!(
             fresh.get(&h),
+            Err(StoreError::CorruptChunk { .. })
+        ));
+    }
+
+    fn text(seed: u32, lines: u32) -> Vec<u8> {
+        (0..lines)
+            .flat_map(|i| format!("line {i}: {}\n", i.wrapping_mul(seed) % 977).into_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn small_edit_is_stored_as_a_small_delta_and_reads_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("packs")).unwrap();
+        let db = Arc::new(Database::create(tmp.path().join("db")).unwrap());
+        let store = open(tmp.path(), &db);
+        let base = text(7, 300);
+        let (hb, _) = store.put_against(&base, None).unwrap();
+        let mut edited = base.clone();
+        edited.splice(500..510, b"an edit".iter().copied());
+        let (he, new) = store.put_against(&edited, Some(&hb)).unwrap();
+        assert!(new);
+        let loc = store.locate(&he).unwrap().unwrap();
+        assert_eq!(loc.encoding, Encoding::Delta);
+        let full = zstd::bulk::compress(&edited, ZSTD_LEVEL).unwrap();
+        assert!(
+            (loc.stored_len as usize) < full.len() / 4,
+            "{loc:?} vs {}",
+            full.len()
+        );
+        assert_eq!(store.get(&he).unwrap(), edited);
+        // A chunk beginning with zstd's dictionary magic is still plain
+        // content as a prefix.
+        let mut magic = 0xEC30_A437u32.to_le_bytes().to_vec();
+        magic.extend_from_slice(&base);
+        let (hm, _) = store.put_against(&magic, None).unwrap();
+        let mut m2 = magic.clone();
+        m2[100] ^= 1;
+        let (hm2, _) = store.put_against(&m2, Some(&hm)).unwrap();
+        assert_eq!(store.get(&hm2).unwrap(), m2);
+        // Unrelated data against a base: never larger than compressing alone.
+        let noise: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+            .collect();
+        let (hn, _) = store.put_against(&noise, Some(&hb)).unwrap();
+        assert_ne!(
+            store.locate(&hn).unwrap().unwrap().encoding,
+            Encoding::Delta
+        );
+        assert_eq!(store.get(&hn).unwrap(), noise);
+    }
+
+    #[test]
+    fn delta_chains_stop_at_their_depth_and_detect_damaged_bases() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("packs")).unwrap();
+        let db = Arc::new(Database::create(tmp.path().join("db")).unwrap());
+        let store = open(tmp.path(), &db);
+        let mut cur = text(3, 200);
+        let (mut prev, _) = store.put_against(&cur, None).unwrap();
+        let first = prev;
+        let mut versions = vec![(prev, cur.clone())];
+        for i in 0..(MAX_DELTA_DEPTH as usize + 5) {
+            cur[10 + i] = b'#';
+            let (h, _) = store.put_against(&cur, Some(&prev)).unwrap();
+            versions.push((h, cur.clone()));
+            prev = h;
+        }
+        let mut deepest = 0;
+        for (h, data) in &versions {
+            let loc = store.locate(h).unwrap().unwrap();
+            let (got, depth) = store.read_entry(h, &loc).unwrap();
+            assert_eq!(&got, data);
+            assert!(depth <= MAX_DELTA_DEPTH);
+            deepest = deepest.max(depth);
+        }
+        assert_eq!(deepest, max_depth(cur.len()));
+        // Damage the chain's root: every delta on it now fails to read.
+        let loc = store.locate(&first).unwrap().unwrap();
+        let path = tmp.path().join("packs").join(pack_name(loc.pack));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[loc.offset as usize + ENTRY_HEADER_LEN + 3] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        let fresh = open(tmp.path(), &db);
+        *fresh.fresh.lock() = store.fresh.lock().clone();
+        assert!(matches!(
+            fresh.get(&versions[1].0),
             Err(StoreError::CorruptChunk { .. })
         ));
     }

@@ -22,13 +22,14 @@ pub use redb;
 
 /// The format written by this build. Bump on any incompatible change to a
 /// key or value layout, and record it in docs/FORMAT.md.
-pub const FORMAT_VERSION: u32 = 2;
-/// Older formats this build upgrades in place (format 1 had no history
-/// tables; they are created on first use, so the upgrade only rewrites the
-/// version number).
-const UPGRADABLE: &[u64] = &[1];
+pub const FORMAT_VERSION: u32 = 3;
+/// Older formats this build upgrades in place, by rewriting the version
+/// number only: format 1 had no history tables (they are created on first
+/// use); format 2 had no delta chunks (it never holds any, and format 3
+/// reads everything it does hold).
+const UPGRADABLE: &[u64] = &[1, 2];
 
-const INDEX_FILE: &str = "index.redb";
+pub const INDEX_FILE: &str = "index.redb";
 const PACK_DIR: &str = "packs";
 const JOURNAL_FILES: [&str; 2] = ["journal-0", "journal-1"];
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
