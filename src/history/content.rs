@@ -18,7 +18,7 @@ use crate::store::{ChunkStore, Hash, StoreError};
 /// Chunk sizes (min, avg, max) for files below `LARGE_FILE`: small average
 /// chunks, so an edit of a text or source file costs a few KiB (measured,
 /// docs/ARCHITECTURE.md "Chunking").
-pub const SMALL: (u32, u32, u32) = (2 << 10, 8 << 10, 32 << 10);
+pub const SMALL: (u32, u32, u32) = (4 << 10, 16 << 10, 64 << 10);
 /// For larger files: bigger chunks keep the index and each version's
 /// manifest small (a 1 GiB file is 16k chunks, not 256k).
 pub const LARGE: (u32, u32, u32) = (16 << 10, 64 << 10, 256 << 10);

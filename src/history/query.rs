@@ -311,6 +311,10 @@ impl History {
     /// Bytes of the index file in use (allocated pages): the file itself
     /// grows in regions, so its size says little about what history costs.
     pub fn index_used_bytes(&self) -> Result<u64> {
+        // Pages a commit frees are reusable only after a later durable
+        // commit: two of them make the figure stable from call to call.
+        self.sync()?;
+        self.sync()?;
         let txn = self.db().begin_write().map_err(err)?;
         let stats = txn.stats().map_err(err)?;
         let used = stats.allocated_pages() * stats.page_size() as u64;

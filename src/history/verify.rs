@@ -124,7 +124,7 @@ impl History {
     /// find something (at most once per level of a delta chain).
     fn reindex_packs(&self, problems: &mut Vec<String>) -> Result<u64> {
         let mut total = 0;
-        for _ in 0..=chunks::MAX_DELTA_DEPTH {
+        for _ in 0..=chunks::MAX_CHAIN {
             let mut pass_problems = Vec::new();
             let fixed = self.reindex_pass(&mut pass_problems)?;
             total += fixed;

@@ -34,13 +34,13 @@ const ENTRY_MAGIC: u32 = 0x4348_4b31; // "CHK1"
 pub const ENTRY_HEADER_LEN: usize = 4 + 1 + 4 + 4 + 32;
 const PACK_LIMIT: u64 = 256 << 20;
 const ZSTD_LEVEL: i32 = 3;
-/// A delta body starts with its base's hash and its depth in the chain.
-const DELTA_PREFIX_LEN: usize = 32 + 1;
-/// Longest delta chain; with `CHAIN_BUDGET` it bounds what one read
-/// decompresses (measured in docs/ARCHITECTURE.md "Delta chunks").
-pub const MAX_DELTA_DEPTH: u8 = 32;
-/// Bytes a read may decompress along a chain: 256 KiB is 4 deep for a
-/// 64 KiB chunk, 32 deep for 4 KiB ones.
+/// A delta body starts with its base's hash and its lineage number.
+const DELTA_PREFIX_LEN: usize = 32 + 4;
+/// Most deltas one read may have to apply (one per set bit of a lineage
+/// number, see `skip_base`).
+pub const MAX_CHAIN: u32 = 31;
+/// Bytes a read may decompress along a chain: a 64 KiB chunk gets at most
+/// 3 deltas over its root, an 8 KiB one 31.
 const CHAIN_BUDGET: usize = 256 << 10;
 
 /// How a chunk's bytes are stored in its pack.
@@ -50,7 +50,7 @@ pub enum Encoding {
     Raw = 0,
     Zstd = 1,
     /// zstd with another chunk's plain bytes as prefix: the body is the
-    /// base's hash ‖ depth u8 ‖ the zstd frame.
+    /// base's hash ‖ lineage number u32 ‖ the zstd frame.
     Delta = 2,
 }
 
@@ -197,7 +197,7 @@ impl ChunkStore {
             return Ok((h, false));
         }
         let delta = match base {
-            Some(b) if *b != h => self.delta_against(data, b)?,
+            Some(parent) if *parent != h => self.delta_against(data, parent)?,
             _ => None,
         };
         let (encoding, body) = match delta {
@@ -217,30 +217,80 @@ impl ChunkStore {
         Ok((h, true))
     }
 
-    /// The delta body of `data` against chunk `base`, or `None` when the
-    /// base is unusable (missing, unreadable, or its chain already as long
-    /// as reads may afford). A bad base costs only the delta: fsck reports it.
-    fn delta_against(&self, data: &[u8], base: &Hash) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(loc) = self.locate(base)? else {
+    /// The delta body of `data`, the successor of chunk `parent`, or `None`
+    /// when no usable base exists (missing or unreadable, or the chain a
+    /// read would apply is already as long as it may be). A bad base costs
+    /// only the delta: fsck reports it.
+    ///
+    /// Skip-deltas (as Subversion's): chunks descending from one root are
+    /// numbered 1, 2, 3, … along a lineage, and number n is a delta against
+    /// its ancestor n − lowbit(n), not against n − 1. A read then applies
+    /// popcount(n) deltas, at most log₂ n, and no chain needs a periodic
+    /// full copy; each delta spans lowbit(n) edits.
+    fn delta_against(&self, data: &[u8], parent: &Hash) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some((_, p, _)) = self.lineage(parent)? else {
             return Ok(None);
         };
-        let (base_data, base_depth) = match self.read_entry(base, &loc) {
-            Ok(found) => found,
+        let Some(n) = p.checked_add(1) else {
+            return Ok(None);
+        };
+        if n.count_ones() > max_chain(data.len()) {
+            return Ok(None);
+        }
+        let Some((base, base_loc)) = self.ancestor(parent, skip_base(n))? else {
+            return Ok(None);
+        };
+        let base_data = match self.read_entry(&base, &base_loc) {
+            Ok((d, _)) => d,
             Err(e) => {
-                tracing::debug!("chunk {} unusable as a delta base: {e}", hex(base));
+                tracing::debug!("chunk {} unusable as a delta base: {e}", hex(&base));
                 return Ok(None);
             }
         };
-        let depth = base_depth + 1;
-        if depth > max_depth(data.len().max(base_data.len())) {
+        if n.count_ones() > max_chain(base_data.len()) {
             return Ok(None);
         }
         let frame = compress_with_prefix(data, &base_data).map_err(|e| self.io_err(e))?;
         let mut body = Vec::with_capacity(DELTA_PREFIX_LEN + frame.len());
-        body.extend_from_slice(base);
-        body.push(depth);
+        body.extend_from_slice(&base);
+        body.extend_from_slice(&n.to_be_bytes());
         body.extend_from_slice(&frame);
         Ok(Some(body))
+    }
+
+    /// A chunk's location, lineage number (0 for a chunk stored whole) and
+    /// delta base, from its entry's header alone.
+    fn lineage(&self, h: &Hash) -> Result<Option<(Location, u32, Option<Hash>)>, StoreError> {
+        let Some(loc) = self.locate(h)? else {
+            return Ok(None);
+        };
+        if loc.encoding != Encoding::Delta {
+            return Ok(Some((loc, 0, None)));
+        }
+        let mut prefix = [0u8; DELTA_PREFIX_LEN];
+        let file = self.reader(loc.pack)?;
+        file.read_exact_at(&mut prefix, loc.offset + ENTRY_HEADER_LEN as u64)
+            .map_err(|e| self.io_err(e))?;
+        let mut base = [0u8; 32];
+        base.copy_from_slice(&prefix[..32]);
+        let n = u32::from_be_bytes([prefix[32], prefix[33], prefix[34], prefix[35]]);
+        Ok(Some((loc, n, Some(base))))
+    }
+
+    /// The ancestor of `from` with lineage number `want`, found by following
+    /// delta bases (numbers fall strictly along them, so this ends).
+    fn ancestor(&self, from: &Hash, want: u32) -> Result<Option<(Hash, Location)>, StoreError> {
+        let mut cur = *from;
+        loop {
+            let Some((loc, n, base)) = self.lineage(&cur)? else {
+                return Ok(None);
+            };
+            match (n.cmp(&want), base) {
+                (std::cmp::Ordering::Equal, _) => return Ok(Some((cur, loc))),
+                (std::cmp::Ordering::Greater, Some(b)) => cur = b,
+                _ => return Ok(None),
+            }
+        }
     }
 
     pub fn contains(&self, h: &Hash) -> Result<bool, StoreError> {
@@ -393,10 +443,10 @@ impl ChunkStore {
         Ok(self.read_entry(h, loc)?.0)
     }
 
-    /// The chunk's plain bytes and its depth in a delta chain (0: stored
-    /// whole). A delta's base is read first; depths must fall strictly
-    /// along a chain, so a corrupt pack cannot make a read loop.
-    fn read_entry(&self, h: &Hash, loc: &Location) -> Result<(Vec<u8>, u8), StoreError> {
+    /// The chunk's plain bytes and its lineage number (0: stored whole). A
+    /// delta's base is read first and must carry the number `skip_base`
+    /// gives, so a corrupt pack cannot make a read loop or run long.
+    fn read_entry(&self, h: &Hash, loc: &Location) -> Result<(Vec<u8>, u32), StoreError> {
         let file = self.reader(loc.pack)?;
         let mut buf = vec![0u8; ENTRY_HEADER_LEN + loc.stored_len as usize];
         file.read_exact_at(&mut buf, loc.offset)
@@ -409,7 +459,7 @@ impl ChunkStore {
             return Err(corrupt("pack entry header does not match the index"));
         }
         let body = &buf[ENTRY_HEADER_LEN..];
-        let (data, depth) = match loc.encoding {
+        let (data, n) = match loc.encoding {
             Encoding::Raw => (body.to_vec(), 0),
             Encoding::Zstd => (
                 zstd::bulk::decompress(body, loc.raw_len as usize)
@@ -417,27 +467,27 @@ impl ChunkStore {
                 0,
             ),
             Encoding::Delta => {
-                let (base, depth, frame) =
+                let (base, n, frame) =
                     split_delta(body).ok_or_else(|| corrupt("delta header is malformed"))?;
-                if depth == 0 || depth > MAX_DELTA_DEPTH {
-                    return Err(corrupt("delta depth out of range"));
+                if n == 0 || n.count_ones() > MAX_CHAIN {
+                    return Err(corrupt("delta lineage number out of range"));
                 }
                 let base_loc = self
                     .locate(&base)?
                     .ok_or_else(|| corrupt(&format!("delta base {} is missing", hex(&base))))?;
-                let (base_data, base_depth) = self.read_entry(&base, &base_loc)?;
-                if base_depth >= depth {
-                    return Err(corrupt("delta chain does not shorten toward its base"));
+                let (base_data, base_n) = self.read_entry(&base, &base_loc)?;
+                if base_n != skip_base(n) {
+                    return Err(corrupt("delta base has the wrong lineage number"));
                 }
                 let data = decompress_with_prefix(frame, &base_data, loc.raw_len as usize)
                     .map_err(|e| corrupt(&format!("cannot decompress delta: {e}")))?;
-                (data, depth)
+                (data, n)
             }
         };
         if data.len() != loc.raw_len as usize || hash(&data) != *h {
             return Err(corrupt("content does not match its hash"));
         }
-        Ok((data, depth))
+        Ok((data, n))
     }
 
     /// Bytes used by all pack files.
@@ -453,18 +503,27 @@ impl ChunkStore {
     }
 }
 
-/// How deep a chain may grow for a chunk of `len` bytes.
-fn max_depth(len: usize) -> u8 {
-    (CHAIN_BUDGET / len.max(1)).clamp(1, usize::from(MAX_DELTA_DEPTH)) as u8
+/// How many deltas a read of a chunk of `len` bytes may apply: the root
+/// and the deltas together decompress at most `CHAIN_BUDGET` bytes.
+fn max_chain(len: usize) -> u32 {
+    let fits = (CHAIN_BUDGET / len.max(1)).saturating_sub(1);
+    u32::try_from(fits).unwrap_or(u32::MAX).min(MAX_CHAIN)
 }
 
-fn split_delta(body: &[u8]) -> Option<(Hash, u8, &[u8])> {
+/// The lineage number of the base of delta number `n` (n ≥ 1): `n` with
+/// its lowest set bit cleared.
+fn skip_base(n: u32) -> u32 {
+    n & n.wrapping_sub(1)
+}
+
+fn split_delta(body: &[u8]) -> Option<(Hash, u32, &[u8])> {
     if body.len() <= DELTA_PREFIX_LEN {
         return None;
     }
     let mut base = [0u8; 32];
     base.copy_from_slice(&body[..32]);
-    Some((base, body[32], &body[DELTA_PREFIX_LEN..]))
+    let n = u32::from_be_bytes([body[32], body[33], body[34], body[35]]);
+    Some((base, n, &body[DELTA_PREFIX_LEN..]))
 }
 
 fn zstd_error(code: usize) -> std::io::Error {
@@ -583,7 +642,7 @@ mod tests {
     }
 
     #[test]
-    fn delta_chains_stop_at_their_depth_and_detect_damaged_bases() {
+    fn skip_delta_lineages_read_back_with_short_chains() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir(tmp.path().join("packs")).unwrap();
         let db = Arc::new(Database::create(tmp.path().join("db")).unwrap());
@@ -592,22 +651,28 @@ mod tests {
         let (mut prev, _) = store.put_against(&cur, None).unwrap();
         let first = prev;
         let mut versions = vec![(prev, cur.clone())];
-        for i in 0..(MAX_DELTA_DEPTH as usize + 5) {
+        for i in 0..100 {
             cur[10 + i] = b'#';
             let (h, _) = store.put_against(&cur, Some(&prev)).unwrap();
             versions.push((h, cur.clone()));
             prev = h;
         }
-        let mut deepest = 0;
-        for (h, data) in &versions {
+        for (i, (h, data)) in versions.iter().enumerate() {
             let loc = store.locate(h).unwrap().unwrap();
-            let (got, depth) = store.read_entry(h, &loc).unwrap();
+            let (got, n) = store.read_entry(h, &loc).unwrap();
             assert_eq!(&got, data);
-            assert!(depth <= MAX_DELTA_DEPTH);
-            deepest = deepest.max(depth);
+            // One lineage from the first chunk: number i, popcount(i) deltas.
+            assert_eq!(n, i as u32);
+            if let Some((_, _, Some(base))) = store.lineage(h).unwrap() {
+                let (_, base_n, _) = store.lineage(&base).unwrap().unwrap();
+                assert_eq!(base_n, skip_base(n));
+            }
         }
-        assert_eq!(deepest, max_depth(cur.len()));
-        // Damage the chain's root: every delta on it now fails to read.
+        assert_eq!(skip_base(64), 0);
+        assert_eq!(skip_base(7), 6);
+        assert_eq!(max_chain(64 << 10), 3);
+        assert_eq!(max_chain(256 << 10), 0);
+        // Damage the lineage's root: every delta on it now fails to read.
         let loc = store.locate(&first).unwrap().unwrap();
         let path = tmp.path().join("packs").join(pack_name(loc.pack));
         let mut bytes = std::fs::read(&path).unwrap();
