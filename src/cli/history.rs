@@ -221,6 +221,17 @@ impl Target {
     pub fn query(&self, req: &Request) -> Result<Value> {
         self.call(req, &mut std::io::sink())
     }
+
+    /// The result's JSON text, unparsed (for `--json` output of answers
+    /// too large to parse and print again cheaply).
+    pub fn query_raw(&self, req: &Request) -> Result<Vec<u8>> {
+        let mut sink = std::io::sink();
+        let r = match &self.backend {
+            Backend::Daemon(sock) => control::call_raw(sock, req, &mut sink),
+            Backend::Local(local) => control::call_local_raw(&local.service, req, &mut sink),
+        };
+        r.map_err(|e| anyhow!(e))
+    }
 }
 
 pub fn parse_at(s: Option<&str>) -> Result<At> {
@@ -255,6 +266,16 @@ pub fn log(
         until: until.map(|s| parse_at(Some(s))).transpose()?,
         recursive,
     };
+    if json && recursive {
+        // Passed through as the daemon encoded it (compact, one line):
+        // parsing and pretty-printing 10+ MB cost as much as answering.
+        let raw = t.query_raw(&req)?;
+        let mut out = std::io::stdout().lock();
+        out.write_all(&raw)
+            .and_then(|()| out.write_all(b"\n"))
+            .map_err(|e| anyhow!("writing output: {e}"))?;
+        return Ok(());
+    }
     let v = t.query(&req)?;
     if json {
         print_json(&v);

@@ -275,7 +275,10 @@ pub fn main() -> i32 {
             mount::run(&src, &mnt, opts, foreground || debug)
         }
         Command::Umount { mnt, lazy } => report(mount::unmount(&mnt, lazy)),
-        other => report(run_history(other)),
+        other => {
+            crate::sys::default_sigpipe();
+            report(run_history(other))
+        }
     }
 }
 

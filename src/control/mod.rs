@@ -199,7 +199,7 @@ fn handle(conn: UnixStream, svc: &Service) {
         Err(e) => Err(service::Error::Usage(format!("malformed request: {e}"))),
     };
     let end = match result {
-        Ok(v) => frame(&mut out.0, b'J', v.to_string().as_bytes()),
+        Ok(v) => frame(&mut out.0, b'J', &v.to_bytes()),
         Err(e) => frame(&mut out.0, b'E', e.to_string().as_bytes()),
     };
     if let Err(e) = end.and_then(|()| out.0.flush()) {
@@ -213,6 +213,13 @@ pub fn call(
     request: &Request,
     data: &mut dyn Write,
 ) -> Result<serde_json::Value, String> {
+    let payload = call_raw(socket, request, data)?;
+    serde_json::from_slice(&payload).map_err(|e| format!("malformed answer from the daemon: {e}"))
+}
+
+/// Like [`call`], returning the result's JSON text as the daemon sent it
+/// (for output that passes it through unparsed).
+pub fn call_raw(socket: &Path, request: &Request, data: &mut dyn Write) -> Result<Vec<u8>, String> {
     let mut conn = UnixStream::connect(socket)
         .map_err(|e| format!("cannot reach the daemon at {}: {e}", socket.display()))?;
     let env = Envelope {
@@ -238,10 +245,7 @@ pub fn call(
             b'D' => data
                 .write_all(&payload)
                 .map_err(|e| format!("writing output: {e}"))?,
-            b'J' => {
-                return serde_json::from_slice(&payload)
-                    .map_err(|e| format!("malformed answer from the daemon: {e}"))
-            }
+            b'J' => return Ok(payload),
             b'E' => return Err(String::from_utf8_lossy(&payload).into_owned()),
             other => return Err(format!("unknown frame {other} from the daemon")),
         }
@@ -255,6 +259,23 @@ pub fn call_local(
     request: &Request,
     data: &mut dyn Write,
 ) -> Result<serde_json::Value, String> {
+    answer_local(svc, request, data).map(service::Answer::into_value)
+}
+
+/// Like [`call_local`], returning the result's JSON text.
+pub fn call_local_raw(
+    svc: &Service,
+    request: &Request,
+    data: &mut dyn Write,
+) -> Result<Vec<u8>, String> {
+    answer_local(svc, request, data).map(|a| a.to_bytes())
+}
+
+fn answer_local(
+    svc: &Service,
+    request: &Request,
+    data: &mut dyn Write,
+) -> Result<service::Answer, String> {
     struct Direct<'a>(&'a mut dyn Write);
     impl Reply for Direct<'_> {
         fn data(&mut self, bytes: &[u8]) -> io::Result<()> {

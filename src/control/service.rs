@@ -146,8 +146,23 @@ impl Service {
         &self.history
     }
 
-    pub fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Value> {
+    pub fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Answer> {
         self.host.settle();
+        if let Request::Log {
+            path,
+            since,
+            until,
+            recursive: true,
+        } = req
+        {
+            let since = self.opt_seq(since.as_ref())?;
+            let until = self.opt_seq(until.as_ref())?;
+            return self.log_tree(path, since, until);
+        }
+        self.answer_value(req, peer, reply).map(Answer::Value)
+    }
+
+    fn answer_value(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Value> {
         match req {
             Request::Ingest => {
                 self.host.start_ingest().map_err(Error::Usage)?;
@@ -578,7 +593,7 @@ impl Service {
     /// Version `n` of a path as `log` numbers them (1 = oldest; 0 = the
     /// newest, -1 the one before it, ...).
     fn nth_version(&self, path: &Components, n: i64) -> Result<Node> {
-        let rows = self.path_versions(path, None, None)?;
+        let rows = self.path_versions(&self.incarnations(path)?, None, None)?;
         let len = rows.len() as i64;
         let idx = if n >= 1 { n - 1 } else { len - 1 + n };
         if idx < 0 || idx >= len {
@@ -637,12 +652,12 @@ impl Service {
     /// (object, seq, version, incarnation index).
     fn path_versions(
         &self,
-        path: &[Vec<u8>],
+        incarnations: &[(ObjectId, Seq, Option<Seq>)],
         since: Option<Seq>,
         until: Option<Seq>,
     ) -> Result<Vec<(ObjectId, Seq, Version, usize)>> {
         let mut rows = Vec::new();
-        for (i, (obj, from, to)) in self.incarnations(path)?.into_iter().enumerate() {
+        for (i, &(obj, from, to)) in incarnations.iter().enumerate() {
             let hi = to.unwrap_or(Seq::MAX);
             for (s, v) in self.history.versions(obj, 0, hi)? {
                 // What was at this path: the incarnation's versions from
@@ -680,7 +695,8 @@ impl Service {
         let since = self.opt_seq(since)?;
         let until = self.opt_seq(until)?;
         if recursive {
-            return self.log_tree(path, since, until);
+            let tree = self.log_tree(path, since, until)?;
+            return Ok(tree.into_value());
         }
         let incarnations = self.incarnations(path)?;
         if incarnations.is_empty() {
@@ -689,12 +705,16 @@ impl Service {
                 show_path(path)
             )));
         }
-        let rows = self.path_versions(path, since, until)?;
-        let all = self.path_versions(path, None, None)?;
+        // Numbers count every version, whatever the range shown.
+        let all = self.path_versions(&incarnations, None, None)?;
         let number: HashMap<(ObjectId, Seq), usize> = all
             .iter()
             .enumerate()
             .map(|(i, r)| ((r.0, r.1), i + 1))
+            .collect();
+        let rows: Vec<_> = all
+            .into_iter()
+            .filter(|r| since.is_none_or(|a| r.1 >= a) && until.is_none_or(|b| r.1 <= b))
             .collect();
         let out: Vec<Value> = rows
             .iter()
@@ -713,7 +733,12 @@ impl Service {
         Ok(json!({"path": show_path(path), "incarnations": incs, "versions": out}))
     }
 
-    fn log_tree(&self, path: &Components, since: Option<Seq>, until: Option<Seq>) -> Result<Value> {
+    fn log_tree(
+        &self,
+        path: &Components,
+        since: Option<Seq>,
+        until: Option<Seq>,
+    ) -> Result<Answer> {
         let roots: Vec<ObjectId> = if path.is_empty() {
             vec![ROOT]
         } else {
@@ -732,17 +757,20 @@ impl Service {
         let mut seen = HashSet::new();
         let mut queue: Vec<(ObjectId, Vec<Vec<u8>>)> =
             roots.into_iter().map(|o| (o, path.clone())).collect();
-        let mut rows = Vec::new();
+        // Rows stay typed until sorted: sorting tens of thousands of JSON
+        // objects by field lookups cost most of a `log -r`.
+        let mut paths: Vec<String> = Vec::new();
+        let mut rows: Vec<(Seq, usize, ObjectId, Version)> = Vec::new();
         while let Some((obj, p)) = queue.pop() {
             if !seen.insert(obj) {
                 continue;
             }
             let mut is_dir = false;
+            let path_idx = paths.len();
+            paths.push(show_path(&p));
             for (s, v) in self.history.versions(obj, lo, hi)? {
                 is_dir |= matches!(v.content, Content::Dir);
-                let mut row = version_row(obj, s, &v);
-                row["path"] = json!(show_path(&p));
-                rows.push(row);
+                rows.push((s, path_idx, obj, v));
             }
             let names = self.history.names_ever(obj)?;
             is_dir |= !names.is_empty();
@@ -761,8 +789,24 @@ impl Service {
                 queue.push((child, cp));
             }
         }
-        rows.sort_by_key(|r| (r["seq"].as_u64(), r["path"].as_str().map(str::to_string)));
-        Ok(json!({"path": show_path(path), "versions": rows}))
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| paths[a.1].cmp(&paths[b.1])));
+        #[derive(serde::Serialize)]
+        struct Tree<'a> {
+            path: String,
+            versions: Vec<VersionRow<'a>>,
+        }
+        let tree = Tree {
+            path: show_path(path),
+            versions: rows
+                .iter()
+                .map(|(s, path_idx, obj, v)| VersionRow::new(*obj, *s, v, Some(&paths[*path_idx])))
+                .collect(),
+        };
+        // Serialized once, straight from the rows: building a JSON value
+        // per row first cost more than the index reads.
+        serde_json::value::to_raw_value(&tree)
+            .map(Answer::Raw)
+            .map_err(|e| Error::Usage(format!("cannot encode the answer: {e}")))
     }
 
     fn status(&self) -> Result<Value> {
@@ -872,14 +916,72 @@ fn dir_size(dir: &std::path::Path) -> u64 {
     total
 }
 
+/// One version as `log` shows it.
+#[derive(serde::Serialize)]
+struct VersionRow<'a> {
+    obj: ObjectId,
+    seq: Seq,
+    time_ns: i64,
+    cause: &'static str,
+    kind: &'static str,
+    size: u64,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    pid: u32,
+    process: &'a str,
+    owner: u32,
+    gone: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<&'a str>,
+}
+
+impl<'a> VersionRow<'a> {
+    fn new(obj: ObjectId, seq: Seq, v: &'a Version, path: Option<&'a str>) -> Self {
+        VersionRow {
+            obj,
+            seq,
+            time_ns: v.time_ns,
+            cause: v.cause.as_str(),
+            kind: kind_name(v.attrs.mode),
+            size: v.attrs.size,
+            mode: v.attrs.mode & 0o7777,
+            uid: v.who.uid,
+            gid: v.who.gid,
+            pid: v.who.pid,
+            process: &v.who.comm,
+            owner: v.attrs.uid,
+            gone: v.gone,
+            path,
+        }
+    }
+}
+
 fn version_row(obj: ObjectId, seq: Seq, v: &Version) -> Value {
-    json!({
-        "obj": obj, "seq": seq, "time_ns": v.time_ns,
-        "cause": v.cause.as_str(), "kind": kind_name(v.attrs.mode),
-        "size": v.attrs.size, "mode": v.attrs.mode & 0o7777,
-        "uid": v.who.uid, "gid": v.who.gid, "pid": v.who.pid, "process": v.who.comm,
-        "owner": v.attrs.uid, "gone": v.gone,
-    })
+    serde_json::to_value(VersionRow::new(obj, seq, v, None)).unwrap_or(Value::Null)
+}
+
+/// A request's result: a JSON value, or JSON already encoded (large
+/// answers, serialized straight from typed rows).
+pub enum Answer {
+    Value(Value),
+    Raw(Box<serde_json::value::RawValue>),
+}
+
+impl Answer {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            Answer::Value(v) => v.to_string().into_bytes(),
+            Answer::Raw(r) => r.get().as_bytes().to_vec(),
+        }
+    }
+
+    pub fn into_value(self) -> Value {
+        match self {
+            Answer::Value(v) => v,
+            Answer::Raw(r) => serde_json::from_str(r.get()).unwrap_or(Value::Null),
+        }
+    }
 }
 
 /// What `fsck` found.

@@ -747,6 +747,17 @@ pub fn getegid() -> u32 {
     unsafe { libc::getegid() }
 }
 
+/// Lets SIGPIPE end the process, as for any Unix filter: `chronofs log |
+/// head` then stops quietly when `head` exits instead of failing on a
+/// write. Only for the CLI's commands, never the daemon (a client that
+/// goes away must not kill a mount).
+pub fn default_sigpipe() {
+    // SAFETY: installs the default disposition; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Credentials of the process at the other end of a Unix socket.
 #[derive(Clone, Copy, Debug)]
 pub struct Peer {
