@@ -35,6 +35,10 @@ pub type Result<T> = std::result::Result<T, CaptureError>;
 /// How long a query waits for the release that follows a close(2).
 const CLOSE_GRACE: Duration = Duration::from_millis(200);
 
+/// Files from this size on, written through the daemon, get versions built
+/// from the ranges written (docs/ARCHITECTURE.md "Per-open write path").
+pub const TRACK_MIN: u64 = content::LARGE_FILE;
+
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error(transparent)]
@@ -379,6 +383,29 @@ impl Capture {
         self.content_of(&manifest, previous)
     }
 
+    /// The new content of a tracked file: its previous version with the
+    /// written `ranges` read again.
+    fn ingest_changes(
+        &self,
+        fd: &OwnedFd,
+        previous: &crate::store::Hash,
+        ranges: &[(u64, u64)],
+    ) -> Result<Content> {
+        let prev = self.history.recent_manifest(previous)?.ok_or_else(|| {
+            HistoryError::Corrupt("the previous version's manifest is not readable yet".into())
+        })?;
+        let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
+        let size = sys::fstat(fd.as_fd())?.st_size as u64;
+        let (manifest, _) =
+            content::ingest_changes(self.history.chunks(), &read_at, size, &prev, ranges)?;
+        self.content_of(
+            &manifest,
+            Some(&Content::File {
+                manifest: *previous,
+            }),
+        )
+    }
+
     /// The manifest is itself a chunk, stored as a delta against the
     /// previous version's: an edit's manifest costs the extents it changed.
     fn content_of(&self, manifest: &Manifest, previous: Option<&Content>) -> Result<Content> {
@@ -674,8 +701,58 @@ impl Capture {
     }
 
     /// The handle is open: `reader` reads the file for its version.
-    pub fn session_opened(&self, obj: ObjectId, reader: OwnedFd, who: Who) {
-        self.state.lock().open_session(obj, reader, who);
+    /// `daemon_path`: this handle's writes reach the daemon (no
+    /// passthrough), which then reports them with `wrote_range`. `track`:
+    /// the file is `trackable`, so its versions are built from the ranges
+    /// written.
+    pub fn session_opened(
+        &self,
+        obj: ObjectId,
+        reader: OwnedFd,
+        who: Who,
+        daemon_path: bool,
+        track: bool,
+    ) {
+        let mut st = self.state.lock();
+        if !daemon_path {
+            st.untrack(obj);
+        } else if track {
+            st.track(obj);
+        }
+        st.open_session(obj, reader, who);
+    }
+
+    /// Whether versions of `obj` (open as `fd`) are worth building from
+    /// the ranges written rather than by reading it whole: history holds
+    /// its current content, with at least `TRACK_MIN` bytes of data (a
+    /// preallocated or sparse file that is about to be filled is not).
+    pub fn trackable(&self, obj: ObjectId, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+        let Ok(st) = sys::fstat(fd) else {
+            return false;
+        };
+        if (st.st_size as u64) < TRACK_MIN {
+            return false;
+        }
+        let attrs = attrs_of(&st);
+        let Ok(Some(k)) = self.known(obj) else {
+            return false;
+        };
+        let Content::File { manifest } = &k.content else {
+            return false;
+        };
+        if !(k.attrs.same_state(&attrs) || k.verified.same_state(&attrs)) {
+            return false;
+        }
+        match self.history.recent_manifest(manifest) {
+            Ok(Some(m)) => m.data_bytes() >= TRACK_MIN,
+            _ => false,
+        }
+    }
+
+    /// Bytes [off, off + len) of `obj` were written through the daemon
+    /// (`len` may be `u64::MAX`: everything from `off` on).
+    pub fn wrote_range(&self, obj: ObjectId, off: u64, len: u64) {
+        self.state.lock().wrote_range(obj, off, len);
     }
 
     /// A write through the daemon (not passthrough): in every-write mode
@@ -779,7 +856,19 @@ impl Capture {
             }
         }
         let mut draft = Draft::default();
-        let content = self.ingest_fd(&job.reader, known.as_ref().map(|k| &k.content))?;
+        let dirty = self.state.lock().take_dirty(job.obj);
+        let content = match (dirty, known.as_ref().map(|k| &k.content)) {
+            (Some(ranges), Some(Content::File { manifest })) => {
+                match self.ingest_changes(&job.reader, manifest, &ranges) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.state.lock().dirty_lost(job.obj);
+                        return Err(e);
+                    }
+                }
+            }
+            (_, previous) => self.ingest_fd(&job.reader, previous)?,
+        };
         let xattrs = sys::xattrs_of(job.reader.as_fd()).unwrap_or_default();
         let mut v = Version {
             time_ns: 0,

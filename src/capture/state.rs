@@ -1,7 +1,7 @@
 //! Capture's in-memory state: open write sessions, queued ingests, and a
 //! bounded cache of what history holds as each object's newest state.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -104,6 +104,56 @@ pub struct Objects {
     /// session must not both record it).
     pub building: std::collections::HashSet<ObjectId>,
     pub creates: HashMap<ObjectId, PendingCreate>,
+    /// Large files written through the daemon: the byte ranges written
+    /// since their last version, so that the next one re-reads only those.
+    tracking: HashMap<ObjectId, Dirty>,
+}
+
+/// Byte ranges written since a file's last version, page-aligned and
+/// merged (so a random-write workload keeps at most one span per page).
+#[derive(Debug)]
+pub struct Dirty {
+    spans: BTreeMap<u64, u64>,
+    /// Every write since the last version went through the daemon. A
+    /// passthrough writer (or a failed version) clears it: the next version
+    /// then reads the whole file.
+    valid: bool,
+}
+
+const DIRTY_STEP: u64 = 4096;
+
+impl Dirty {
+    fn new() -> Dirty {
+        Dirty {
+            spans: BTreeMap::new(),
+            valid: true,
+        }
+    }
+
+    fn add(&mut self, off: u64, len: u64) {
+        let mut a = off / DIRTY_STEP * DIRTY_STEP;
+        let mut b = off
+            .saturating_add(len)
+            .div_ceil(DIRTY_STEP)
+            .saturating_mul(DIRTY_STEP);
+        if let Some((&s, &e)) = self.spans.range(..=a).next_back() {
+            if e >= a {
+                a = s;
+                b = b.max(e);
+            }
+        }
+        let swallowed: Vec<u64> = self.spans.range(a..=b).map(|(s, _)| *s).collect();
+        for s in swallowed {
+            if let Some(e) = self.spans.remove(&s) {
+                b = b.max(e);
+            }
+        }
+        self.spans.insert(a, b);
+    }
+
+    fn ranges(&self) -> Vec<(u64, u64)> {
+        self.spans.iter().map(|(a, b)| (*a, b - a)).collect()
+    }
 }
 
 impl Objects {
@@ -141,6 +191,46 @@ impl Objects {
             }
             None => false,
         }
+    }
+
+    /// Starts tracking `obj`'s writes (unless it already is).
+    pub fn track(&mut self, obj: ObjectId) {
+        self.tracking.entry(obj).or_insert_with(Dirty::new);
+    }
+
+    /// A writer that bypasses the daemon: tracked ranges can no longer be
+    /// trusted.
+    pub fn untrack(&mut self, obj: ObjectId) {
+        if let Some(d) = self.tracking.get_mut(&obj) {
+            d.valid = false;
+        }
+    }
+
+    pub fn wrote_range(&mut self, obj: ObjectId, off: u64, len: u64) {
+        if let Some(d) = self.tracking.get_mut(&obj) {
+            d.add(off, len);
+        }
+    }
+
+    /// For the version being built now: the ranges written since the last
+    /// one, if all of them are known (`None`: read the whole file). The
+    /// tracking ends with the last session.
+    pub fn take_dirty(&mut self, obj: ObjectId) -> Option<Vec<(u64, u64)>> {
+        let open = self.sessions.contains_key(&obj);
+        let d = self.tracking.get_mut(&obj)?;
+        let taken = d.valid.then(|| d.ranges());
+        d.spans.clear();
+        d.valid = true;
+        if !open {
+            self.tracking.remove(&obj);
+        }
+        taken
+    }
+
+    /// Building a version from tracked ranges failed: the next one reads
+    /// the whole file.
+    pub fn dirty_lost(&mut self, obj: ObjectId) {
+        self.untrack(obj);
     }
 
     pub fn open_session(&mut self, obj: ObjectId, reader: OwnedFd, who: Who) {

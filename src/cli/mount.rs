@@ -370,6 +370,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         entry_timeout: opts.entry_timeout,
         attr_timeout: opts.attr_timeout,
         negative_timeout: opts.negative_timeout,
+        write_path: opts.write_path,
     };
     let vfs = Vfs::new(branch, inomap, vfs_cfg, capture.clone()).map_err(|e| anyhow!("{e}"))?;
     let fs = ChronoFuse::new(

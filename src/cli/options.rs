@@ -30,6 +30,7 @@ pub struct MountOptions {
     pub every_write: bool,
     /// Record the whole existing tree at mount (in the background).
     pub eager_baseline: bool,
+    pub write_path: crate::vfs::WritePath,
 }
 
 impl Default for MountOptions {
@@ -52,6 +53,7 @@ impl Default for MountOptions {
             capture_interval: Duration::from_secs(60),
             every_write: false,
             eager_baseline: false,
+            write_path: crate::vfs::WritePath::Auto,
         }
     }
 }
@@ -119,6 +121,18 @@ impl MountOptions {
         match (key, value) {
             ("plain", None) => self.plain = true,
             ("every-write", None) => self.every_write = true,
+            ("write-path", v) => {
+                self.write_path = match need(key, v)? {
+                    "auto" => crate::vfs::WritePath::Auto,
+                    "passthrough" => crate::vfs::WritePath::Passthrough,
+                    "daemon" => crate::vfs::WritePath::Daemon,
+                    other => {
+                        return Err(format!(
+                            "option write-path={other}: expected auto, passthrough or daemon"
+                        ))
+                    }
+                }
+            }
             ("baseline", v) => {
                 self.eager_baseline = match need(key, v)? {
                     "eager" => true,

@@ -180,6 +180,120 @@ pub fn ingest_sparse(
     Ok((manifest, stats))
 }
 
+/// Granularity of re-reads inside a hole of the previous version: a write
+/// into a large sparse region costs this much around it, not the region.
+const HOLE_STEP: u64 = 64 << 10;
+
+/// The new content of a file whose previous version is `prev`, given every
+/// byte range written since (`dirty`: sorted or not, may overlap; a range
+/// may run past the end). Only the previous version's chunks that the
+/// ranges touch are read again and re-chunked, each run of them on its
+/// own (its ends stay chunk boundaries), with the replaced chunks as delta
+/// bases; the rest of the manifest is reused. `size`: the file's size now.
+pub fn ingest_changes(
+    chunks: &ChunkStore,
+    read_at: &dyn Fn(&mut [u8], u64) -> std::io::Result<usize>,
+    size: u64,
+    prev: &Manifest,
+    dirty: &[(u64, u64)],
+) -> Result<(Manifest, Ingested)> {
+    let mut extents = Vec::with_capacity(prev.extents.len());
+    let mut at = 0u64;
+    for e in &prev.extents {
+        extents.push((at, at + u64::from(e.len), e.chunk));
+        at += u64::from(e.len);
+    }
+    let prev_size = at;
+    let mut reread: Vec<(u64, u64)> = Vec::new();
+    for &(off, len) in dirty {
+        let end = off.saturating_add(len).min(size.max(prev_size));
+        let first = extents.partition_point(|x| x.1 <= off);
+        for &(s, e, chunk) in extents[first..].iter().take_while(|x| x.0 < end) {
+            match chunk {
+                Some(_) => reread.push((s, e)),
+                None => {
+                    let a = (off.max(s) / HOLE_STEP * HOLE_STEP).max(s);
+                    let b = end
+                        .min(e)
+                        .div_ceil(HOLE_STEP)
+                        .saturating_mul(HOLE_STEP)
+                        .min(e);
+                    reread.push((a, b));
+                }
+            }
+        }
+    }
+    // Growth, and a chunk cut by a truncation, are read too.
+    reread.push((prev_size, size));
+    if let Some(&(s, e, Some(_))) = extents.iter().find(|x| x.0 < size && size < x.1) {
+        reread.push((s, e));
+    }
+    let reread = merge_ranges(reread, size);
+    let bases = Bases::of(prev);
+    let mut manifest = Manifest::default();
+    let mut stats = Ingested::default();
+    let mut pos = 0u64;
+    for (a, b) in reread {
+        copy_extents(&extents, pos, a, &mut manifest);
+        let reader = PositionalReader { read_at, offset: a }.take(b - a);
+        let (part, st) = ingest_at(chunks, reader, size, a, Some(&bases))?;
+        if part.extents.iter().map(|e| u64::from(e.len)).sum::<u64>() != b - a {
+            return Err(HistoryError::Store(StoreError::Io {
+                path: "(file being versioned)".into(),
+                source: std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+            }));
+        }
+        for e in part.extents {
+            push(&mut manifest, e);
+        }
+        stats.bytes += st.bytes;
+        stats.new_chunks += st.new_chunks;
+        stats.new_bytes += st.new_bytes;
+        pos = b;
+    }
+    copy_extents(&extents, pos, size.min(prev_size).max(pos), &mut manifest);
+    Ok((manifest, stats))
+}
+
+/// Sorted, merged, non-empty ranges clipped to `limit`.
+fn merge_ranges(mut ranges: Vec<(u64, u64)>, limit: u64) -> Vec<(u64, u64)> {
+    ranges.retain_mut(|r| {
+        r.1 = r.1.min(limit);
+        r.0 < r.1
+    });
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (a, b) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+/// Pushes the previous version's extents covering [a, b): chunks lie
+/// wholly inside (re-read ranges end on chunk boundaries); holes may be
+/// cut.
+fn copy_extents(extents: &[(u64, u64, Option<Hash>)], a: u64, b: u64, m: &mut Manifest) {
+    if a >= b {
+        return;
+    }
+    let first = extents.partition_point(|x| x.1 <= a);
+    for &(s, e, chunk) in extents[first..].iter().take_while(|x| x.0 < b) {
+        let (from, to) = (s.max(a), e.min(b));
+        if to > from {
+            push(
+                m,
+                Extent {
+                    len: (to - from) as u32,
+                    chunk,
+                },
+            );
+        }
+    }
+}
+
 /// Appends, merging adjacent holes.
 fn push(m: &mut Manifest, e: Extent) {
     if let (None, Some(last)) = (e.chunk, m.extents.last_mut()) {
@@ -245,6 +359,61 @@ mod tests {
 
     fn ingest(chunks: &ChunkStore, source: &[u8], size: u64) -> Result<(Manifest, Ingested)> {
         ingest_at(chunks, source, size, 0, None)
+    }
+
+    fn read_all(chunks: &ChunkStore, m: &Manifest) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_to(chunks, m, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn changed_ranges_rebuild_the_same_content_as_a_full_ingest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path()).unwrap();
+        let chunks = store.chunk_store().unwrap();
+        let mut data: Vec<u8> = (0..3_000_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+            .collect();
+        data[1_000_000..1_900_000].fill(0); // a hole in the middle
+        let (prev, _) = ingest(&chunks, data.as_slice(), data.len() as u64).unwrap();
+        type Writes = Vec<(u64, Vec<u8>)>;
+        let cases: Vec<(Writes, Option<usize>)> = vec![
+            (vec![(10, b"abc".to_vec())], None),
+            (vec![(1_500_000, b"into the hole".to_vec())], None),
+            (vec![(2_999_990, vec![7u8; 100])], None), // grows the file
+            (vec![(5, b"x".to_vec())], Some(2_000_001)), // and truncates
+            (vec![], Some(1_200_000)),                 // truncation into the hole
+            (vec![(0, vec![1u8; 3_100_000])], None),   // everything
+        ];
+        for (writes, truncate) in cases {
+            let mut now = data.clone();
+            let mut dirty = Vec::new();
+            for (off, bytes) in &writes {
+                let end = *off as usize + bytes.len();
+                if now.len() < end {
+                    now.resize(end, 0);
+                }
+                now[*off as usize..end].copy_from_slice(bytes);
+                dirty.push((*off, bytes.len() as u64));
+            }
+            if let Some(t) = truncate {
+                dirty.push((t as u64, u64::MAX));
+                now.truncate(t);
+            }
+            let read_at = |buf: &mut [u8], off: u64| -> std::io::Result<usize> {
+                let off = (off as usize).min(now.len());
+                let n = buf.len().min(now.len() - off);
+                buf[..n].copy_from_slice(&now[off..off + n]);
+                Ok(n)
+            };
+            let (m, st) =
+                ingest_changes(&chunks, &read_at, now.len() as u64, &prev, &dirty).unwrap();
+            assert_eq!(read_all(&chunks, &m), now, "{:?}", truncate);
+            if writes.len() == 1 && writes[0].1.len() < 200 && truncate.is_none() {
+                assert!(st.bytes <= 1 << 20, "re-read {} bytes", st.bytes);
+            }
+        }
     }
 
     #[test]

@@ -180,6 +180,15 @@ impl Manifest {
         postcard::to_allocvec(self).unwrap_or_default()
     }
 
+    /// Bytes held in chunks (not holes).
+    pub fn data_bytes(&self) -> u64 {
+        self.extents
+            .iter()
+            .filter(|e| e.chunk.is_some())
+            .map(|e| u64::from(e.len))
+            .sum()
+    }
+
     pub fn decode(bytes: &[u8]) -> Option<Manifest> {
         postcard::from_bytes(bytes).ok()
     }

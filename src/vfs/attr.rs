@@ -91,6 +91,9 @@ impl Vfs {
         }
         if let Some(size) = set.size {
             let handle = set.fh.and_then(|fh| self.handles.get(fh).ok());
+            let old_size = sys::fstat(fd).map_or(0, |st| st.st_size as u64);
+            // What lay past the new end is gone even if the file grows back.
+            self.wrote_range(ino, old_size.min(size), u64::MAX);
             match handle.as_deref() {
                 Some(Handle::File { fd: hfd, .. }) => {
                     creds::as_caller(caller, || sys::ftruncate(hfd.as_fd(), size))?

@@ -88,7 +88,37 @@ impl Vfs {
             self.before_write_open(ino)?;
         }
         let fd = self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags, 0)?;
-        let session = versioned && self.after_write_open(caller, ino)?;
+        // A large file updated in place goes through the daemon, which then
+        // knows the ranges written: its versions cost what changed, not the
+        // file (docs/ARCHITECTURE.md "Per-open write path").
+        let trackable = versioned
+            && flags & libc::O_TRUNC == 0
+            && self
+                .capture()
+                .is_some_and(|c| c.trackable(ino.0, fd.as_fd()));
+        let passthrough = self.claim_io(
+            ino,
+            match self.cfg.write_path {
+                super::WritePath::Auto => !trackable,
+                super::WritePath::Passthrough => true,
+                super::WritePath::Daemon => false,
+            },
+        );
+        let daemon_path = !passthrough || self.writeback();
+        let session = if versioned {
+            match self.after_write_open(caller, ino, daemon_path, trackable) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.release_io(ino);
+                    return Err(e);
+                }
+            }
+        } else {
+            false
+        };
+        if session && flags & libc::O_TRUNC != 0 {
+            self.wrote_range(ino, 0, u64::MAX);
+        }
         let fh = self.handles.insert(Handle::File {
             ino,
             fd,
@@ -97,9 +127,35 @@ impl Vfs {
         });
         Ok(Opened {
             fh,
-            passthrough_ok: inode.kind == libc::S_IFREG,
+            passthrough_ok: passthrough && inode.kind == libc::S_IFREG,
             session,
         })
+    }
+
+    /// Joins the I/O mode of `ino`'s open handles, or sets it if there
+    /// are none; returns whether this handle may use passthrough.
+    fn claim_io(&self, ino: InodeNo, want_passthrough: bool) -> bool {
+        let mut modes = self.io_modes.lock();
+        let mode = modes.entry(ino).or_insert((want_passthrough, 0));
+        mode.1 += 1;
+        mode.0
+    }
+
+    fn release_io(&self, ino: InodeNo) {
+        let mut modes = self.io_modes.lock();
+        if let Some(mode) = modes.get_mut(&ino) {
+            mode.1 -= 1;
+            if mode.1 == 0 {
+                modes.remove(&ino);
+            }
+        }
+    }
+
+    /// Bytes of `ino` written through the daemon, for history.
+    pub(super) fn wrote_range(&self, ino: InodeNo, off: u64, len: u64) {
+        if let Some(c) = self.capture() {
+            c.wrote_range(ino.0, off, len);
+        }
     }
 
     pub fn create(
@@ -196,9 +252,13 @@ impl Vfs {
                 })?;
             }
         }
-        let session = self.after_write_open(caller, ino)?;
+        let daemon_path = !opened.passthrough_ok || self.writeback();
+        let session = self.after_write_open(caller, ino, daemon_path, false)?;
         if session {
             self.handles.mark_session(opened.fh);
+            if !created && flags & libc::O_TRUNC != 0 {
+                self.wrote_range(ino, 0, u64::MAX);
+            }
         }
         Ok(session)
     }
@@ -236,7 +296,12 @@ impl Vfs {
         let (entry, mut opened) = self.register_opened(caller, fd, Made::Unnamed)?;
         if self.capture.is_some()
             && writes(flags)
-            && self.after_write_open(caller, entry.attr.ino)?
+            && self.after_write_open(
+                caller,
+                entry.attr.ino,
+                !opened.passthrough_ok || self.writeback(),
+                false,
+            )?
         {
             self.handles.mark_session(opened.fh);
             opened.session = true;
@@ -254,6 +319,7 @@ impl Vfs {
             Made::Existing => self.inodes.acquire_new(path_fd, &st, false)?,
             Made::Unnamed => self.inodes.acquire_unnamed(path_fd, &st)?,
         };
+        let passthrough = self.claim_io(inode.ino, self.cfg.write_path != super::WritePath::Daemon);
         let fh = self.handles.insert(Handle::File {
             ino: inode.ino,
             fd,
@@ -267,7 +333,7 @@ impl Vfs {
             entry,
             Opened {
                 fh,
-                passthrough_ok: true,
+                passthrough_ok: passthrough,
                 session: false,
             },
         ))
@@ -315,23 +381,28 @@ impl Vfs {
         data: &[u8],
         kill_priv: bool,
     ) -> Result<usize> {
-        self.with_file(fh, |fd, opener| {
-            let who = if kill_priv && caller.uid != 0 {
-                caller
-            } else {
-                opener
-            };
-            Ok(creds::as_caller(who, || sys::pwrite(fd, data, offset))?)
-        })
-        .and_then(|n| {
-            if let Some(c) = self.capture() {
-                if c.config().every_write {
-                    let ino = self.handles.get(fh)?.ino();
-                    c.wrote(ino.0)?;
-                }
+        let handle = self.handles.get(fh)?;
+        let Handle::File {
+            ino, fd, opener, ..
+        } = &*handle
+        else {
+            return Err(errno(libc::EISDIR));
+        };
+        let who = if kill_priv && caller.uid != 0 {
+            caller
+        } else {
+            opener
+        };
+        let n = creds::as_caller(who, || sys::pwrite(fd.as_fd(), data, offset))?;
+        // After the write: a version built meanwhile either saw these bytes
+        // or finds the range in the next set.
+        self.wrote_range(*ino, offset, n as u64);
+        if let Some(c) = self.capture() {
+            if c.config().every_write {
+                c.wrote(ino.0)?;
             }
-            Ok(n)
-        })
+        }
+        Ok(n)
     }
 
     /// close(2) of a handle. Data is written through on every request and
@@ -356,11 +427,11 @@ impl Vfs {
     /// Closes a handle; returns the inode it belonged to.
     pub fn release(&self, fh: u64) -> Result<InodeNo> {
         let handle = self.handles.remove(fh)?;
-        if let Handle::File {
-            ino, session: true, ..
-        } = &*handle
-        {
-            self.session_closed(*ino);
+        if let Handle::File { ino, session, .. } = &*handle {
+            if *session {
+                self.session_closed(*ino);
+            }
+            self.release_io(*ino);
         }
         Ok(handle.ino())
     }
@@ -388,7 +459,12 @@ impl Vfs {
             Ok(creds::as_caller(opener, || {
                 sys::fallocate(fd, mode, offset, len)
             })?)
-        })
+        })?;
+        // Collapsing or inserting a range moves everything after it.
+        let shifts = mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0;
+        let ino = self.handles.get(fh)?.ino();
+        self.wrote_range(ino, offset, if shifts { u64::MAX } else { len });
+        Ok(())
     }
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
@@ -407,10 +483,13 @@ impl Vfs {
         let Handle::File { fd: fd_in, .. } = &*input else {
             return Err(VfsError::WrongKind);
         };
-        self.with_file(fh_out, |fd_out, opener| {
+        let n = self.with_file(fh_out, |fd_out, opener| {
             Ok(creds::as_caller(opener, || {
                 sys::copy_file_range(fd_in.as_fd(), off_in, fd_out, off_out, len)
             })?)
-        })
+        })?;
+        let ino = self.handles.get(fh_out)?.ino();
+        self.wrote_range(ino, off_out, n as u64);
+        Ok(n)
     }
 }

@@ -88,6 +88,7 @@ pub struct VfsConfig {
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
     pub negative_timeout: Duration,
+    pub write_path: WritePath,
 }
 
 impl Default for VfsConfig {
@@ -96,8 +97,24 @@ impl Default for VfsConfig {
             entry_timeout: Duration::from_secs(1),
             attr_timeout: Duration::from_secs(1),
             negative_timeout: Duration::from_secs(1),
+            write_path: WritePath::Auto,
         }
     }
+}
+
+/// Which path a regular file's I/O takes when the kernel offers
+/// passthrough (docs/ARCHITECTURE.md "Per-open write path").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WritePath {
+    /// Passthrough, except in-place updates of files with at least
+    /// `capture::TRACK_MIN` bytes of recorded data: those go through the
+    /// daemon, whose versions then cost what was written.
+    Auto,
+    /// Passthrough for every open.
+    Passthrough,
+    /// Through the daemon for every open (no passthrough, no writeback
+    /// cache): the baseline the tracked path is measured against.
+    Daemon,
 }
 
 /// Attributes of an object as the kernel should see them.
@@ -131,6 +148,10 @@ pub struct Vfs {
     /// History capture; `None` for `-o plain`.
     capture: Option<Arc<Capture>>,
     ingest: ingest::IngestProgress,
+    /// Per inode with open file handles: whether they use passthrough, and
+    /// how many there are. The kernel refuses to mix passthrough and cached
+    /// opens of one inode, so the first open chooses for all.
+    io_modes: parking_lot::Mutex<std::collections::HashMap<InodeNo, (bool, u32)>>,
 }
 
 impl Vfs {
@@ -149,6 +170,7 @@ impl Vfs {
             handles: HandleTable::default(),
             cfg,
             writeback: AtomicBool::new(false),
+            io_modes: parking_lot::Mutex::new(std::collections::HashMap::new()),
             capture,
             ingest: ingest::IngestProgress::default(),
         }))

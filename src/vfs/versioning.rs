@@ -299,13 +299,21 @@ impl Vfs {
     }
 
     /// A write handle on `ino` is open: start (or join) its session.
-    pub(super) fn after_write_open(&self, caller: &Caller, ino: InodeNo) -> Result<bool> {
+    /// `daemon_path`: its writes come through the daemon (no passthrough);
+    /// `trackable`: versions may then be built from the ranges written.
+    pub(super) fn after_write_open(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        daemon_path: bool,
+        trackable: bool,
+    ) -> Result<bool> {
         let Some(c) = self.capture() else {
             return Ok(false);
         };
         let reader = Live(self).open_read(ino.0)?;
         let who = self.who(c, caller);
-        c.session_opened(ino.0, reader, who);
+        c.session_opened(ino.0, reader, who, daemon_path, daemon_path && trackable);
         Ok(true)
     }
 
