@@ -1313,3 +1313,106 @@ fn query_right_after_a_rename_sees_it() {
         }
     });
 }
+
+// ---------------------------------------------------------------------------
+// 9. Large files updated in place (versions built from the ranges written)
+
+fn next_rand(seed: &mut u64) -> u64 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *seed >> 17
+}
+
+/// Random 4 KiB writes through `file`, mirrored in `data`.
+fn scribble(file: &fs::File, data: &mut [u8], seed: &mut u64, writes: usize) {
+    use std::os::unix::fs::FileExt;
+    for _ in 0..writes {
+        let off = (next_rand(seed) % (data.len() as u64 - 4096)) as usize;
+        let block: Vec<u8> = (0..4096).map(|_| next_rand(seed) as u8).collect();
+        file.write_all_at(&block, off as u64).unwrap();
+        data[off..off + 4096].copy_from_slice(&block);
+    }
+}
+
+#[test]
+fn large_file_updated_in_place_keeps_every_version_exact() {
+    use std::io::Read;
+    use std::os::unix::fs::FileExt;
+    each_versioning_mode(|m| {
+        let f = m.p("big.db");
+        let size = 20usize << 20;
+        let mut data: Vec<u8> = (0..size as u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 9) as u8)
+            .collect();
+        fs::write(&f, &data).unwrap();
+        let mut expected = vec![data.clone()];
+        assert_eq!(count(m, "big.db"), 1);
+        let mut seed = 11u64;
+        // The writer first (its inode then goes through the daemon), a
+        // reader joining it, fsync versions, truncate and regrow.
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&f)
+            .unwrap();
+        let mut reader = fs::File::open(&f).unwrap();
+        for _ in 0..3 {
+            scribble(&file, &mut data, &mut seed, 8);
+            file.sync_all().unwrap();
+            expected.push(data.clone());
+        }
+        file.set_len(size as u64 - 300_000).unwrap();
+        file.set_len(size as u64).unwrap();
+        data[size - 300_000..].fill(0);
+        file.write_all_at(b"tail", size as u64 - 10).unwrap();
+        data[size - 10..size - 6].copy_from_slice(b"tail");
+        let mut seen = Vec::new();
+        reader.read_to_end(&mut seen).unwrap();
+        assert!(seen == data, "the reader sees the writer's bytes");
+        drop(file);
+        drop(reader);
+        expected.push(data.clone());
+        // Then a reader first (passthrough) and a writer joining it.
+        let reader = fs::File::open(&f).unwrap();
+        let file = fs::OpenOptions::new().write(true).open(&f).unwrap();
+        scribble(&file, &mut data, &mut seed, 8);
+        drop(file);
+        drop(reader);
+        expected.push(data.clone());
+        let vs = versions(m, "big.db");
+        assert_eq!(vs.len(), expected.len(), "{:?}", causes(&vs));
+        for (i, e) in expected.iter().enumerate() {
+            let got = cat_version(m, "big.db", i as i64 + 1);
+            assert!(got == *e, "version {} differs from what was written", i + 1);
+        }
+        assert!(fs::read(&f).unwrap() == data);
+    });
+}
+
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    each_versioning_mode(|m| {
+        for i in 0..1500 {
+            fs::write(m.p(&format!("f{i}")), b"x").unwrap();
+        }
+        let mut child = Command::new(bin())
+            .args(["log", "-r"])
+            .arg(&m.mnt)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(first.contains("SEQ"), "{first}");
+        assert!(
+            out.stderr.is_empty(),
+            "stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
