@@ -342,11 +342,25 @@ impl Capture {
         cause: Cause,
         who: &Who,
     ) -> Result<Version> {
+        self.snapshot_like(tree, obj, st, cause, who, None)
+    }
+
+    /// [`snapshot`](Self::snapshot); a file with no version of its own
+    /// takes `like`'s chunks as delta bases (the file it replaces).
+    fn snapshot_like(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        st: &Stat,
+        cause: Cause,
+        who: &Who,
+        like: Option<&Content>,
+    ) -> Result<Version> {
         let content = match st.st_mode & libc::S_IFMT {
             libc::S_IFREG => {
                 let fd = tree.open_read(obj)?;
                 let known = self.state.lock().known(obj);
-                self.ingest_fd(&fd, known.as_ref().map(|k| &k.content))?
+                self.ingest_fd(&fd, known.as_ref().map(|k| &k.content).or(like))?
             }
             libc::S_IFDIR => Content::Dir,
             libc::S_IFLNK => Content::Symlink {
@@ -625,16 +639,26 @@ impl Capture {
                 st.creates.remove(&v);
             }
         }
-        let moved = |d: &mut Draft, o: ObjectId, k: Option<Arc<Known>>| -> Result<()> {
+        let moved = |d: &mut Draft,
+                     o: ObjectId,
+                     k: Option<Arc<Known>>,
+                     like: Option<&Content>|
+         -> Result<()> {
             let st = tree.stat(o)?;
             let v = match k {
                 Some(k) => k.version(who, Cause::Rename, attrs_of(&st)),
-                None => self.snapshot(tree, o, &st, Cause::Rename, who)?,
+                None => self.snapshot_like(tree, o, &st, Cause::Rename, who, like)?,
             };
             d.versions.push((o, v));
             Ok(())
         };
-        moved(&mut draft, obj, self.known(obj)?)?;
+        // A new file renamed over an old one (write-temp-then-rename) is
+        // stored against the content it replaces.
+        let replaced = match victim {
+            Some((v, _, _)) if !exchange => self.known(v)?.map(|k| k.content.clone()),
+            _ => None,
+        };
+        moved(&mut draft, obj, self.known(obj)?, replaced.as_ref())?;
         draft.dirents.push(Dirent {
             parent: newdir,
             name: newname.to_vec(),
@@ -642,7 +666,7 @@ impl Capture {
         });
         match victim {
             Some((v, _, _)) if exchange => {
-                moved(&mut draft, v, self.known(v)?)?;
+                moved(&mut draft, v, self.known(v)?, None)?;
                 draft.dirents.push(Dirent {
                     parent: olddir,
                     name: oldname.to_vec(),

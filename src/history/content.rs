@@ -93,6 +93,8 @@ fn ingest_at(
 ) -> Result<(Manifest, Ingested)> {
     let mut manifest = Manifest::default();
     let mut stats = Ingested::default();
+    // A new chunk still looking for a delta base: decided by the next one.
+    let mut deferred: Option<(Hash, Vec<u8>)> = None;
     let (min, avg, max) = sizes(size_hint);
     for piece in StreamCDC::new(source, min as usize, avg as usize, max as usize) {
         let piece = piece.map_err(|e| match e {
@@ -105,15 +107,35 @@ fn ingest_at(
         let len = piece.length as u32;
         stats.bytes += u64::from(len);
         if piece.data.iter().all(|b| *b == 0) {
+            store_deferred(chunks, deferred.take(), None, &mut stats)?;
             push(&mut manifest, Extent { len, chunk: None });
             continue;
         }
+        let hash = crate::store::chunks::hash(&piece.data);
+        if let Some(d) = deferred.take() {
+            // A changed chunk with no predecessor to go by: the chunk that
+            // preceded this one in a recent file is its likely old content.
+            let base = if chunks.contains(&hash)? {
+                chunks.predecessor_of(&hash)
+            } else {
+                None
+            };
+            store_deferred(chunks, Some(d), base.as_ref(), &mut stats)?;
+        }
         let middle = start + piece.offset + u64::from(len / 2);
-        let base = bases.and_then(|b| b.covering(middle));
-        let (hash, new) = chunks.put_against(&piece.data, base)?;
-        if new {
-            stats.new_chunks += 1;
-            stats.new_bytes += u64::from(len);
+        // The replaced chunk of this file's previous version, or else the
+        // chunk that followed the previous one in a recent file.
+        let base = bases.and_then(|b| b.covering(middle)).copied().or_else(|| {
+            manifest
+                .extents
+                .last()
+                .and_then(|e| e.chunk)
+                .and_then(|prev| chunks.successor_of(&prev))
+        });
+        if base.is_none() && !chunks.contains(&hash)? {
+            deferred = Some((hash, piece.data));
+        } else {
+            store_deferred(chunks, Some((hash, piece.data)), base.as_ref(), &mut stats)?;
         }
         push(
             &mut manifest,
@@ -123,7 +145,23 @@ fn ingest_at(
             },
         );
     }
+    store_deferred(chunks, deferred.take(), None, &mut stats)?;
     Ok((manifest, stats))
+}
+
+fn store_deferred(
+    chunks: &ChunkStore,
+    chunk: Option<(Hash, Vec<u8>)>,
+    base: Option<&Hash>,
+    stats: &mut Ingested,
+) -> Result<()> {
+    if let Some((hash, data)) = chunk {
+        if chunks.put_hashed(&hash, &data, base)? {
+            stats.new_chunks += 1;
+            stats.new_bytes += data.len() as u64;
+        }
+    }
+    Ok(())
 }
 
 /// Like [`ingest_at`] over a file of `size` bytes whose data lies in
@@ -177,6 +215,7 @@ pub fn ingest_sparse(
         pos = off + len;
     }
     hole(&mut manifest, size.saturating_sub(pos));
+    note_sequence(chunks, &manifest);
     Ok((manifest, stats))
 }
 
@@ -252,7 +291,13 @@ pub fn ingest_changes(
         pos = b;
     }
     copy_extents(&extents, pos, size.min(prev_size).max(pos), &mut manifest);
+    note_sequence(chunks, &manifest);
     Ok((manifest, stats))
+}
+
+fn note_sequence(chunks: &ChunkStore, m: &Manifest) {
+    let seq: Vec<Hash> = chunk_refs(m).collect();
+    chunks.note_sequence(&seq);
 }
 
 /// Sorted, merged, non-empty ranges clipped to `limit`.
@@ -444,5 +489,62 @@ mod tests {
         let (_, delta) = ingest(&chunks, edited.as_slice(), edited.len() as u64).unwrap();
         assert!(delta.new_chunks <= 3, "{delta:?}");
         let _ = Arc::new(());
+    }
+}
+#[cfg(test)]
+mod successor_tests {
+    use super::*;
+
+    #[test]
+    fn a_rewritten_copy_finds_bases_through_successors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path()).unwrap();
+        let chunks = store.chunk_store().unwrap();
+        let text: Vec<u8> = (0..4000u32)
+            .flat_map(|i| format!("line {i} {}\n", i.wrapping_mul(7919) % 1013).into_bytes())
+            .collect();
+        let read = |data: &[u8]| {
+            let data = data.to_vec();
+            move |buf: &mut [u8], off: u64| -> std::io::Result<usize> {
+                let off = (off as usize).min(data.len());
+                let n = buf.len().min(data.len() - off);
+                buf[..n].copy_from_slice(&data[off..off + n]);
+                Ok(n)
+            }
+        };
+        let r = read(&text);
+        let (m1, _) = ingest_sparse(
+            &chunks,
+            &r,
+            text.len() as u64,
+            &[(0, text.len() as u64)],
+            None,
+        )
+        .unwrap();
+        let mut edited = text.clone();
+        edited[40_000..40_010].copy_from_slice(b"EDITEDEDIT");
+        let r2 = read(&edited);
+        let (m2, st) = ingest_sparse(
+            &chunks,
+            &r2,
+            edited.len() as u64,
+            &[(0, edited.len() as u64)],
+            None,
+        )
+        .unwrap();
+        eprintln!(
+            "chunks {} -> {}, new {}",
+            m1.extents.len(),
+            m2.extents.len(),
+            st.new_chunks
+        );
+        let fresh: Vec<_> = chunk_refs(&m2)
+            .filter(|h| !chunk_refs(&m1).any(|o| o == *h))
+            .collect();
+        for h in fresh {
+            let loc = chunks.locate(&h).unwrap().unwrap();
+            eprintln!("{:?}", loc);
+            assert_eq!(loc.encoding, crate::store::chunks::Encoding::Delta);
+        }
     }
 }

@@ -120,7 +120,24 @@ pub struct ChunkStore {
     fresh: Mutex<HashMap<Hash, (Location, bool)>>,
     readers: RwLock<HashMap<u32, Arc<File>>>,
     next_pack: Mutex<u32>,
+    successors: Mutex<Successors>,
 }
+
+/// Which chunk followed which in recently stored files: a hint for delta
+/// bases when a file has no previous version of its own. A file rewritten
+/// as a new object (write a temporary file, rename it over the old one, as
+/// rsync and many editors do) shares most chunks with the file it
+/// replaces; a changed chunk's predecessor is then usually an old chunk
+/// whose successor was the changed chunk's old content.
+#[derive(Default)]
+struct Successors {
+    next: HashMap<Hash, Hash>,
+    prev: HashMap<Hash, Hash>,
+    order: std::collections::VecDeque<(Hash, Hash)>,
+}
+
+/// Chunk pairs remembered (about 100 bytes each).
+const SUCCESSORS_LIMIT: usize = 1 << 16;
 
 pub fn hash(data: &[u8]) -> Hash {
     *blake3::hash(data).as_bytes()
@@ -168,6 +185,7 @@ impl ChunkStore {
             fresh: Mutex::new(HashMap::new()),
             readers: RwLock::new(HashMap::new()),
             next_pack: Mutex::new(next),
+            successors: Mutex::new(Successors::default()),
         })
     }
 
@@ -193,8 +211,20 @@ impl ChunkStore {
         base: Option<&Hash>,
     ) -> Result<(Hash, bool), StoreError> {
         let h = hash(data);
+        Ok((h, self.put_hashed(&h, data, base)?))
+    }
+
+    /// [`put_against`](Self::put_against) of data whose hash the caller
+    /// computed; returns whether bytes were written.
+    pub fn put_hashed(
+        &self,
+        h: &Hash,
+        data: &[u8],
+        base: Option<&Hash>,
+    ) -> Result<bool, StoreError> {
+        let h = *h;
         if self.contains(&h)? {
-            return Ok((h, false));
+            return Ok(false);
         }
         let delta = match base {
             Some(parent) if *parent != h => self.delta_against(data, parent)?,
@@ -214,7 +244,7 @@ impl ChunkStore {
         };
         let loc = self.append(&h, encoding, data.len(), &body)?;
         self.fresh.lock().insert(h, (loc, false));
-        Ok((h, true))
+        Ok(true)
     }
 
     /// The delta body of `data`, the successor of chunk `parent`, or `None`
@@ -291,6 +321,41 @@ impl ChunkStore {
                 _ => return Ok(None),
             }
         }
+    }
+
+    /// Remembers the order of a file's chunks (see `Successors`).
+    pub fn note_sequence(&self, chunks: &[Hash]) {
+        let mut s = self.successors.lock();
+        for pair in chunks.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if s.next.get(&a) == Some(&b) && s.prev.get(&b) == Some(&a) {
+                continue;
+            }
+            s.next.insert(a, b);
+            s.prev.insert(b, a);
+            s.order.push_back((a, b));
+        }
+        while s.order.len() > SUCCESSORS_LIMIT {
+            let Some((a, b)) = s.order.pop_front() else {
+                break;
+            };
+            if s.next.get(&a) == Some(&b) {
+                s.next.remove(&a);
+            }
+            if s.prev.get(&b) == Some(&a) {
+                s.prev.remove(&b);
+            }
+        }
+    }
+
+    /// The chunk that followed `h` in a recently stored file.
+    pub fn successor_of(&self, h: &Hash) -> Option<Hash> {
+        self.successors.lock().next.get(h).copied()
+    }
+
+    /// The chunk that preceded `h` in a recently stored file.
+    pub fn predecessor_of(&self, h: &Hash) -> Option<Hash> {
+        self.successors.lock().prev.get(h).copied()
     }
 
     pub fn contains(&self, h: &Hash) -> Result<bool, StoreError> {
