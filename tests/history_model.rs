@@ -7,7 +7,9 @@
 //! targets, sizes; file link counts only on request, see below) and
 //! `chronofs cat --at sN` of every file must give the model's bytes. The instants are checked twice: with
 //! the final live tree in place, and again after the live tree has been
-//! deleted (everything then has to come from history).
+//! deleted (everything then has to come from history). Each instant is
+//! also read through the name space (`.history/@sN`, plain `read_dir`,
+//! `lstat`, `read`), and the last one copied out with `cp -a`.
 //!
 //! Operations the model knows to be invalid (missing parent, rmdir of a
 //! non-empty directory, writes through a symlink...) are skipped: not run,
@@ -938,6 +940,48 @@ fn run_ops(ops: &[Op], nlink: bool) -> Result<usize, String> {
             if !diff.is_empty() {
                 return Err(format!(
                     "{phase}: history at {tag} differs from the model (want = model, got = ls/cat --at {tag}):\n{}\noperations:\n{}",
+                    diff.join("\n"),
+                    trace(&steps)
+                ));
+            }
+            // The same instant through the name space, with plain reads.
+            let view = m.mnt.join(format!(".history/@{tag}"));
+            let seen = if nlink {
+                live_tree(&view)
+            } else {
+                without_nlink(&live_tree(&view))
+            };
+            let diff = tree_diff(&want, &seen, true);
+            if !diff.is_empty() {
+                return Err(format!(
+                    "{phase}: .history/@{tag} differs from the model (want = model):\n{}\noperations:\n{}",
+                    diff.join("\n"),
+                    trace(&steps)
+                ));
+            }
+        }
+        // `cp -a` of a view gives the tree of then, as a copy.
+        if let Some((tag, want)) = instants.last() {
+            let scratch = tempdir();
+            let status = Command::new("cp")
+                .arg("-a")
+                .arg(m.mnt.join(format!(".history/@{tag}/.")))
+                .arg(scratch.path())
+                .status()
+                .map_err(|e| format!("cp: {e}"))?;
+            if !status.success() {
+                return Err(format!(
+                    "{phase}: cp -a .history/@{tag}/. failed ({status})"
+                ));
+            }
+            let diff = tree_diff(
+                &without_nlink(want),
+                &without_nlink(&live_tree(scratch.path())),
+                true,
+            );
+            if !diff.is_empty() {
+                return Err(format!(
+                    "{phase}: cp -a of .history/@{tag} differs from the model:\n{}\noperations:\n{}",
                     diff.join("\n"),
                     trace(&steps)
                 ));

@@ -53,6 +53,11 @@ impl DirBranch {
         self.root.as_fd()
     }
 
+    /// The store's name in the root, if the store lives there.
+    pub fn reserved_name(&self) -> Option<&OsStr> {
+        self.reserved_root_name.as_deref()
+    }
+
     /// Whether `name` in the branch root is chronofs's own and must stay
     /// invisible through the mount.
     pub fn is_reserved(&self, in_root: bool, name: &OsStr) -> bool {

@@ -834,6 +834,10 @@ impl Capture {
         }
     }
 
+    pub fn history(&self) -> &Arc<History> {
+        &self.history
+    }
+
     /// Waits until every queued ingest is recorded (before a query),
     /// including sessions whose close(2) has returned but whose release
     /// the kernel has not sent yet (briefly: another descriptor may keep

@@ -195,7 +195,9 @@ struct StoreHost {
     root_st: sys::Stat,
 }
 
-impl control::service::Host for StoreHost {
+impl control::service::Host for StoreHost {}
+
+impl crate::history::past::LiveIds for StoreHost {
     fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
         if st.st_dev == self.root_st.st_dev && st.st_ino == self.root_st.st_ino {
             return Some(crate::history::ROOT);
@@ -736,35 +738,14 @@ pub fn before_deletion(t: &Target) -> Result<At> {
                 t.abs.display()
             )
         })?;
-    let mut seq = hit["deleted_seq"].as_u64().unwrap_or(1);
-    if hit["kind"].as_str() == Some("dir") {
-        seq = start_of_removal(t, seq)?;
-    }
-    Ok(At::Seq(seq.saturating_sub(1).max(1)))
-}
-
-/// A directory is removed only once empty: `rm -rf` first unlinks
-/// everything below it. The tree a user wants back is the one before that
-/// run of removals began, so walk back over the removals in the subtree
-/// that end with the directory's own.
-fn start_of_removal(t: &Target, dir_removed: u64) -> Result<u64> {
-    let v = t.query(&Request::Log {
-        path: t.path.clone(),
-        since: None,
-        until: Some(At::Seq(dir_removed)),
-        recursive: true,
+    // The instant before the removal (of a tree: before `rm -rf` began).
+    let seq = hit["restore_seq"].as_u64().ok_or_else(|| {
+        anyhow!(
+            "the daemon did not say when {} was removed",
+            t.abs.display()
+        )
     })?;
-    let empty = Vec::new();
-    let rows = v["versions"].as_array().unwrap_or(&empty);
-    let mut start = dir_removed;
-    for r in rows.iter().rev() {
-        let removal = matches!(r["cause"].as_str(), Some("unlink" | "rmdir"));
-        if !removal {
-            break;
-        }
-        start = start.min(r["seq"].as_u64().unwrap_or(start));
-    }
-    Ok(start)
+    Ok(At::Seq(seq))
 }
 
 /// Reads a file's bytes at `at` (for diff).

@@ -371,6 +371,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         attr_timeout: opts.attr_timeout,
         negative_timeout: opts.negative_timeout,
         write_path: opts.write_path,
+        views: opts.views.clone(),
     };
     let vfs = Vfs::new(branch, inomap, vfs_cfg, capture.clone()).map_err(|e| anyhow!("{e}"))?;
     let fs = ChronoFuse::new(
@@ -445,9 +446,15 @@ struct Recording {
 /// The running mount as the control service sees it.
 struct MountHost(std::sync::Weak<Vfs>);
 
-impl control::service::Host for MountHost {
+impl crate::history::past::LiveIds for MountHost {
     fn identify(&self, st: &sys::Stat) -> Option<u64> {
         self.0.upgrade().and_then(|v| v.object_of(st))
+    }
+}
+
+impl control::service::Host for MountHost {
+    fn audit(&self) -> bool {
+        self.0.upgrade().is_some_and(|v| v.config().views.audit)
     }
 
     fn settle(&self) {

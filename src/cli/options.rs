@@ -31,6 +31,8 @@ pub struct MountOptions {
     /// Record the whole existing tree at mount (in the background).
     pub eager_baseline: bool,
     pub write_path: crate::vfs::WritePath,
+    /// `.history/`'s name, the version-name separator, audit mode.
+    pub views: crate::vfs::ViewConfig,
 }
 
 impl Default for MountOptions {
@@ -54,6 +56,7 @@ impl Default for MountOptions {
             every_write: false,
             eager_baseline: false,
             write_path: crate::vfs::WritePath::Auto,
+            views: crate::vfs::ViewConfig::default(),
         }
     }
 }
@@ -133,6 +136,28 @@ impl MountOptions {
                     }
                 }
             }
+            ("version-sep", v) => {
+                let sep = need(key, v)?;
+                if sep.is_empty()
+                    || sep.contains('/')
+                    || sep.bytes().any(|b| b.is_ascii_alphanumeric())
+                {
+                    return Err(format!(
+                        "option version-sep={sep}: must be non-empty, without '/', letters or digits"
+                    ));
+                }
+                self.views.sep = sep.as_bytes().to_vec();
+            }
+            ("history-dir", v) => {
+                let name = need(key, v)?;
+                if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                    return Err(format!(
+                        "option history-dir={name}: must be a single file name"
+                    ));
+                }
+                self.views.dir_name = name.into();
+            }
+            ("audit", None) => self.views.audit = true,
             ("baseline", v) => {
                 self.eager_baseline = match need(key, v)? {
                     "eager" => true,
@@ -208,6 +233,11 @@ mod tests {
         assert_eq!(o.attr_timeout, Duration::from_millis(2500));
         assert_eq!(o.threads, Some(3));
         assert_eq!(o.kernel, vec!["ro".to_string()]);
+        o.apply("version-sep=@@,history-dir=.snapshots,audit")
+            .unwrap();
+        assert_eq!(o.views.sep, b"@@");
+        assert_eq!(o.views.dir_name, ".snapshots");
+        assert!(o.views.audit);
     }
 
     #[test]
@@ -219,6 +249,9 @@ mod tests {
             "attr_timeout=-1",
             "passthrough=maybe",
             "store",
+            "version-sep=",
+            "version-sep=v",
+            "history-dir=a/b",
         ] {
             let mut o = MountOptions::default();
             let e = o.apply(bad).unwrap_err();

@@ -13,7 +13,8 @@
 //! one `J` (the JSON result) or `E` (a one-line error).
 
 pub mod service;
-pub mod spec;
+
+pub use crate::history::spec;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};

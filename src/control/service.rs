@@ -6,10 +6,9 @@
 //! current path and checked to be the same object.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -18,31 +17,19 @@ use serde_json::{json, Value};
 use super::spec::{self, At};
 use super::{Components, Reply, Request};
 use crate::history::content;
-use crate::history::query::Lookup;
+use crate::history::past::{kind_name, name_str, show_path, LiveIds, Node, Past};
 use crate::history::{Content, Draft, History, HistoryError, ObjectId, Seq, Version, ROOT};
-use crate::sys::{self, Peer, Stat};
+use crate::sys::{self, Peer};
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}")]
-    Usage(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("permission denied: {0}")]
-    Denied(String),
-    #[error(transparent)]
-    History(#[from] HistoryError),
-    #[error("{0}")]
-    Io(#[from] io::Error),
-}
-
-pub type Result<T> = std::result::Result<T, Error>;
+pub use crate::history::past::{Error, Result};
 
 /// What the service needs from whoever serves the tree: a running mount,
 /// or a store opened directly.
-pub trait Host: Send + Sync {
-    /// The object id of a live object, if it has one (never assigns).
-    fn identify(&self, st: &Stat) -> Option<ObjectId>;
+pub trait Host: LiveIds {
+    /// Only root may see history (`-o audit`).
+    fn audit(&self) -> bool {
+        false
+    }
     /// Waits for versions still being built.
     fn settle(&self) {}
     /// Starts the eager baseline of the whole tree.
@@ -63,54 +50,6 @@ pub struct Service {
     reserved: Option<OsString>,
     host: Box<dyn Host>,
     store_dir: PathBuf,
-}
-
-/// A path's object at an instant.
-enum Node {
-    Hist {
-        obj: ObjectId,
-        seq: Seq,
-        v: Version,
-    },
-    Live {
-        obj: Option<ObjectId>,
-        fd: OwnedFd,
-        st: Stat,
-    },
-}
-
-/// Where a walk stands.
-enum Cur {
-    Hist(ObjectId),
-    Live {
-        obj: Option<ObjectId>,
-        fd: OwnedFd,
-        st: Stat,
-    },
-}
-
-fn name_str(n: &[u8]) -> String {
-    String::from_utf8_lossy(n).into_owned()
-}
-
-fn show_path(p: &[Vec<u8>]) -> String {
-    if p.is_empty() {
-        return "/".into();
-    }
-    p.iter().map(|c| format!("/{}", name_str(c))).collect()
-}
-
-fn kind_name(mode: u32) -> &'static str {
-    match mode & libc::S_IFMT {
-        libc::S_IFREG => "file",
-        libc::S_IFDIR => "dir",
-        libc::S_IFLNK => "symlink",
-        libc::S_IFCHR => "char",
-        libc::S_IFBLK => "block",
-        libc::S_IFIFO => "fifo",
-        libc::S_IFSOCK => "socket",
-        _ => "unknown",
-    }
 }
 
 struct ReplyWriter<'a>(&'a mut dyn Reply);
@@ -146,7 +85,29 @@ impl Service {
         &self.history
     }
 
+    fn past(&self) -> Past<'_> {
+        Past {
+            history: &self.history,
+            root: self.root.as_fd(),
+            reserved: self.reserved.as_deref(),
+            live: self.host.as_ref(),
+        }
+    }
+
+    pub fn resolve_at(&self, at: &At) -> Result<(Seq, i64)> {
+        self.past().resolve_at(at)
+    }
+
+    fn node(&self, path: &[Vec<u8>], seq: Seq) -> Result<Node> {
+        self.past().node(path, seq)
+    }
+
     pub fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Answer> {
+        if peer.uid != 0 && self.host.audit() {
+            return Err(Error::Denied(
+                "this mount shows history to root only (-o audit)".into(),
+            ));
+        }
         self.host.settle();
         if let Request::Log {
             path,
@@ -199,144 +160,6 @@ impl Service {
                 )
             }
         }
-    }
-
-    /// The sequence number and time an instant means.
-    pub fn resolve_at(&self, at: &At) -> Result<(Seq, i64)> {
-        let Some(((first, first_t), (last, last_t))) = self.history.bounds()? else {
-            return Err(Error::NotFound(
-                "history is empty: nothing has changed yet".into(),
-            ));
-        };
-        let seq = match at {
-            At::Now => last,
-            At::Seq(n) if (first..=last).contains(n) => *n,
-            At::Seq(n) => {
-                return Err(Error::NotFound(format!(
-                    "there is no change #{n} (history holds #{first} to #{last})"
-                )))
-            }
-            At::Tag(name) => self
-                .history
-                .tag(name)?
-                .ok_or_else(|| Error::NotFound(format!("no tag named '{name}'")))?,
-            At::Time(t) => {
-                if *t > crate::history::now_ns() + 1_000_000_000 {
-                    return Err(Error::NotFound(format!(
-                        "{} is in the future",
-                        spec::show(*t)
-                    )));
-                }
-                if *t < first_t {
-                    return Err(Error::NotFound(format!(
-                        "{} is before history began ({})",
-                        spec::show(*t),
-                        spec::show(first_t)
-                    )));
-                }
-                self.history.seq_at_time(*t)?.unwrap_or(last)
-            }
-        };
-        let t = self.history.time_of_seq(seq)?.unwrap_or(last_t);
-        Ok((seq, t))
-    }
-
-    fn live_step(&self, dir: &OwnedFd, in_root: bool, name: &[u8]) -> Result<Option<Cur>> {
-        if in_root && self.reserved.as_deref() == Some(OsStr::from_bytes(name)) {
-            return Ok(None);
-        }
-        let cname = sys::cstr(OsStr::from_bytes(name))?;
-        let fd = match sys::open_path(dir.as_fd(), &cname) {
-            Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let st = sys::fstat(fd.as_fd())?;
-        let obj = self.host.identify(&st);
-        Ok(Some(Cur::Live { obj, fd, st }))
-    }
-
-    /// The live object `obj` (found by its current recorded path, and
-    /// checked to be the same object).
-    fn live_object(&self, obj: ObjectId) -> Result<Option<(OwnedFd, Stat)>> {
-        if obj == ROOT {
-            let fd = sys::reopen(self.root.as_fd(), libc::O_PATH)?;
-            let st = sys::fstat(fd.as_fd())?;
-            return Ok(Some((fd, st)));
-        }
-        let Some(path) = self.history.path_at(obj, Seq::MAX)? else {
-            return Ok(None);
-        };
-        let mut fd = sys::reopen(self.root.as_fd(), libc::O_PATH)?;
-        for (i, comp) in path.iter().enumerate() {
-            match self.live_step(&fd, i == 0, comp)? {
-                Some(Cur::Live { fd: next, .. }) => fd = next,
-                _ => return Ok(None),
-            }
-        }
-        let st = sys::fstat(fd.as_fd())?;
-        Ok((self.host.identify(&st) == Some(obj)).then_some((fd, st)))
-    }
-
-    fn step(&self, cur: Cur, comp: &[u8], seq: Seq, in_root: bool) -> Result<Option<Cur>> {
-        let dir = match cur {
-            Cur::Live {
-                obj: Some(o), fd, ..
-            } => {
-                if self.history.object_at(o, seq)?.is_some() {
-                    o
-                } else {
-                    return self.live_step(&fd, in_root, comp);
-                }
-            }
-            Cur::Live { obj: None, fd, .. } => return self.live_step(&fd, in_root, comp),
-            Cur::Hist(d) => d,
-        };
-        match self.history.lookup_at(dir, comp, seq)? {
-            Lookup::Found(o) => Ok(Some(Cur::Hist(o))),
-            Lookup::Absent => Ok(None),
-            Lookup::Live => match self.live_object(dir)? {
-                Some((fd, _)) => self.live_step(&fd, in_root, comp),
-                None => Ok(None),
-            },
-        }
-    }
-
-    fn resolve(&self, path: &[Vec<u8>], seq: Seq) -> Result<Option<Node>> {
-        let mut cur = Cur::Hist(ROOT);
-        for (i, comp) in path.iter().enumerate() {
-            if comp.is_empty() || comp == b"." || comp == b".." || comp.contains(&b'/') {
-                return Err(Error::Usage(format!(
-                    "bad path component '{}'",
-                    name_str(comp)
-                )));
-            }
-            match self.step(cur, comp, seq, i == 0)? {
-                Some(next) => cur = next,
-                None => return Ok(None),
-            }
-        }
-        let obj = match cur {
-            Cur::Hist(o) => o,
-            Cur::Live { obj, fd, st } => match obj {
-                Some(o) if self.history.object_at(o, seq)?.is_some() => o,
-                _ => return Ok(Some(Node::Live { obj, fd, st })),
-            },
-        };
-        if let Some((s, v)) = self.history.object_at(obj, seq)? {
-            return Ok(Some(Node::Hist { obj, seq: s, v }));
-        }
-        // Recorded by name but never changed: its live state is its state.
-        Ok(self.live_object(obj)?.map(|(fd, st)| Node::Live {
-            obj: Some(obj),
-            fd,
-            st,
-        }))
-    }
-
-    fn node(&self, path: &[Vec<u8>], seq: Seq) -> Result<Node> {
-        self.resolve(path, seq)?
-            .ok_or_else(|| Error::NotFound(format!("{} did not exist at #{seq}", show_path(path))))
     }
 
     fn describe(&self, node: &Node) -> Value {
@@ -401,17 +224,11 @@ impl Service {
             }
             Node::Live { .. } => None,
         };
-        let names: Vec<Vec<u8>> = match (&dir, hist_dir) {
-            (_, Some(d)) => match self.history.list_at(d, seq)? {
-                Some(list) => list.into_iter().map(|(n, _)| n).collect(),
-                None => self.live_names(&dir)?,
-            },
-            _ => self.live_names(&dir)?,
-        };
-        for name in names {
+        let past = self.past();
+        for name in past.names(&dir, seq, path.is_empty())? {
             let mut child = path.clone();
             child.push(name.clone());
-            if let Some(node) = self.resolve(&child, seq)? {
+            if let Some(node) = past.resolve(&child, seq)? {
                 let mut d = self.describe(&node);
                 d["name"] = json!(name_str(&name));
                 present.insert(name);
@@ -421,80 +238,19 @@ impl Service {
         let mut gone = Vec::new();
         if deleted {
             if let Some(d) = hist_dir {
-                gone = self.deleted_in(d, seq, &present)?;
+                for g in past.deleted_in(d, seq, &|n| present.contains(n))? {
+                    let before = g.before.as_ref().map(|(_, v)| v);
+                    gone.push(json!({
+                        "name": name_str(&g.name), "obj": g.obj, "deleted_seq": g.seq,
+                        "deleted_time_ns": self.history.time_of_seq(g.seq)?,
+                        "kind": before.map_or("unknown", |v| kind_name(v.attrs.mode)),
+                        "size": before.map(|v| v.attrs.size),
+                        "restore_seq": past.before_removal(&g)?,
+                    }));
+                }
             }
         }
         Ok(json!({"seq": seq, "time_ns": time, "entries": entries, "deleted": gone}))
-    }
-
-    fn live_names(&self, dir: &Node) -> Result<Vec<Vec<u8>>> {
-        let fd = match dir {
-            Node::Live { fd, .. } => sys::reopen(fd.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?,
-            Node::Hist { obj, .. } => match self.live_object(*obj)? {
-                Some((fd, _)) => sys::reopen(fd.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?,
-                None => return Ok(Vec::new()),
-            },
-        };
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut names = Vec::new();
-        loop {
-            let batch = sys::getdents(fd.as_fd(), &mut buf)?;
-            if batch.is_empty() {
-                break;
-            }
-            names.extend(
-                batch
-                    .into_iter()
-                    .map(|e| e.name)
-                    .filter(|n| n != b"." && n != b".."),
-            );
-        }
-        names.sort();
-        Ok(names)
-    }
-
-    /// Names in `dir` that existed at some point up to `seq` but not at
-    /// `seq`: what was deleted, with the last object and when.
-    fn deleted_in(
-        &self,
-        dir: ObjectId,
-        seq: Seq,
-        present: &HashSet<Vec<u8>>,
-    ) -> Result<Vec<Value>> {
-        // name → (last change, what it named then, last object it named)
-        type Last = (Seq, Option<ObjectId>, Option<(Seq, ObjectId)>);
-        let mut last: HashMap<Vec<u8>, Last> = HashMap::new();
-        for (name, s, child) in self.history.names_ever(dir)? {
-            if s > seq {
-                continue;
-            }
-            let e = last.entry(name).or_insert((s, child, None));
-            if let Some(c) = child {
-                e.2 = Some((s, c));
-            }
-            e.0 = s;
-            e.1 = child;
-        }
-        let mut out = Vec::new();
-        for (name, (s, child, was)) in last {
-            if child.is_some() || present.contains(&name) {
-                continue;
-            }
-            if let Some((_, obj)) = was {
-                let before = self.history.object_at(obj, s.saturating_sub(1))?;
-                let kind = before
-                    .as_ref()
-                    .map_or("unknown", |(_, v)| kind_name(v.attrs.mode));
-                out.push(json!({
-                    "name": name_str(&name), "obj": obj, "deleted_seq": s,
-                    "deleted_time_ns": self.history.time_of_seq(s)?,
-                    "kind": kind,
-                    "size": before.as_ref().map(|(_, v)| v.attrs.size),
-                }));
-            }
-        }
-        out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-        Ok(out)
     }
 
     fn may_read(&self, v: &Version, peer: &Peer) -> bool {
@@ -520,7 +276,7 @@ impl Service {
         reply: &mut dyn Reply,
     ) -> Result<Value> {
         let node = match version {
-            Some(n) => self.nth_version(path, n)?,
+            Some(n) => self.past().nth_version(path, n)?,
             None => {
                 let (seq, _) = self.resolve_at(at)?;
                 self.node(path, seq)?
@@ -590,97 +346,6 @@ impl Service {
         Ok(self.describe(&node))
     }
 
-    /// Version `n` of a path as `log` numbers them (1 = oldest; 0 = the
-    /// newest, -1 the one before it, ...).
-    fn nth_version(&self, path: &Components, n: i64) -> Result<Node> {
-        let rows = self.path_versions(&self.incarnations(path)?, None, None)?;
-        let len = rows.len() as i64;
-        let idx = if n >= 1 { n - 1 } else { len - 1 + n };
-        if idx < 0 || idx >= len {
-            return Err(Error::NotFound(format!(
-                "{} has {len} version(s); there is no version {n}",
-                show_path(path)
-            )));
-        }
-        let (obj, seq, v, _) = rows[idx as usize].clone();
-        Ok(Node::Hist { obj, seq, v })
-    }
-
-    /// Objects bound to `path` over time: (object, from, until-exclusive).
-    fn incarnations(&self, path: &[Vec<u8>]) -> Result<Vec<(ObjectId, Seq, Option<Seq>)>> {
-        let mut level = vec![(ROOT, 0, None)];
-        for (i, comp) in path.iter().enumerate() {
-            let mut next = Vec::new();
-            for (dir, from, until) in level {
-                if !self.history.has_versions(dir)? {
-                    // Never recorded: whatever is there now was there.
-                    if let Some((fd, _)) = self.live_object(dir)? {
-                        if let Some(Cur::Live { obj: Some(o), .. }) =
-                            self.live_step(&fd, i == 0, comp)?
-                        {
-                            next.push((o, from, until));
-                        }
-                    }
-                    continue;
-                }
-                let base = self.history.baseline_seq(dir)?;
-                let mut current: Option<(ObjectId, Seq)> = None;
-                for (s, child) in self.history.name_history(dir, comp)? {
-                    // A baseline listing was valid since the directory appeared.
-                    let s_eff = if Some(s) == base { from.min(s) } else { s };
-                    if until.is_some_and(|u| s_eff >= u) {
-                        break;
-                    }
-                    if let Some((o, start)) = current.take() {
-                        next.push((o, start.max(from), Some(s_eff)));
-                    }
-                    if let Some(c) = child {
-                        current = Some((c, s_eff));
-                    }
-                }
-                if let Some((o, start)) = current {
-                    next.push((o, start.max(from), until));
-                }
-            }
-            next.retain(|(_, a, b)| b.is_none_or(|b| *a < b));
-            level = next;
-        }
-        Ok(level)
-    }
-
-    /// Every version of every incarnation of `path`, oldest first:
-    /// (object, seq, version, incarnation index).
-    fn path_versions(
-        &self,
-        incarnations: &[(ObjectId, Seq, Option<Seq>)],
-        since: Option<Seq>,
-        until: Option<Seq>,
-    ) -> Result<Vec<(ObjectId, Seq, Version, usize)>> {
-        let mut rows = Vec::new();
-        for (i, &(obj, from, to)) in incarnations.iter().enumerate() {
-            let hi = to.unwrap_or(Seq::MAX);
-            for (s, v) in self.history.versions(obj, 0, hi)? {
-                // What was at this path: the incarnation's versions from
-                // the moment it got the name (a baseline counts from the
-                // object's first appearance) to its end. Its life under
-                // an earlier name is in that name's log.
-                let inside = s >= from || v.cause == crate::history::Cause::Baseline;
-                if !inside || (s == hi && Some(s) != to) {
-                    continue;
-                }
-                if since.is_some_and(|a| s < a) || until.is_some_and(|b| s > b) {
-                    continue;
-                }
-                rows.push((obj, s, v, i));
-            }
-        }
-        // Incarnation by incarnation, so the numbers of versions already
-        // shown never change.
-        rows.sort_by_key(|r| (r.3, r.1));
-        rows.dedup_by_key(|r| (r.0, r.1));
-        Ok(rows)
-    }
-
     fn opt_seq(&self, at: Option<&At>) -> Result<Option<Seq>> {
         at.map(|a| self.resolve_at(a).map(|(s, _)| s)).transpose()
     }
@@ -698,7 +363,8 @@ impl Service {
             let tree = self.log_tree(path, since, until)?;
             return Ok(tree.into_value());
         }
-        let incarnations = self.incarnations(path)?;
+        let past = self.past();
+        let incarnations = past.incarnations(path)?;
         if incarnations.is_empty() {
             return Err(Error::NotFound(format!(
                 "{} never existed in recorded history",
@@ -706,7 +372,7 @@ impl Service {
             )));
         }
         // Numbers count every version, whatever the range shown.
-        let all = self.path_versions(&incarnations, None, None)?;
+        let all = past.path_versions(&incarnations, None, None)?;
         let number: HashMap<(ObjectId, Seq), usize> = all
             .iter()
             .enumerate()
@@ -742,7 +408,8 @@ impl Service {
         let roots: Vec<ObjectId> = if path.is_empty() {
             vec![ROOT]
         } else {
-            self.incarnations(path)?
+            self.past()
+                .incarnations(path)?
                 .into_iter()
                 .map(|(o, _, _)| o)
                 .collect()

@@ -191,8 +191,8 @@ impl ChronoFuse {
         let cfg = self.vfs.config();
         match result {
             Ok(e) => reply.entry_with_ttls(
-                &cfg.attr_timeout,
-                &cfg.entry_timeout,
+                &self.vfs.attr_ttl(e.attr.ino),
+                &e.entry_ttl.unwrap_or(cfg.entry_timeout),
                 &to_file_attr(&e.attr),
                 GENERATION,
             ),
@@ -387,8 +387,8 @@ impl fuser::Filesystem for ChronoFuse {
         }
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.vfs.lookup(ino(parent), name) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.vfs.lookup(&caller(req), ino(parent), name) {
             Err(e) if e.errno() == libc::ENOENT => {
                 let ttl = self.vfs.config().negative_timeout;
                 if ttl.is_zero() {
@@ -412,7 +412,7 @@ impl fuser::Filesystem for ChronoFuse {
 
     fn getattr(&self, _req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.vfs.getattr(ino(i), fh.map(|f| f.0)) {
-            Ok(a) => reply.attr(&self.vfs.config().attr_timeout, &to_file_attr(&a)),
+            Ok(a) => reply.attr(&self.vfs.attr_ttl(a.ino), &to_file_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -655,13 +655,13 @@ impl fuser::Filesystem for ChronoFuse {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         _i: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.vfs.readdir(fh.0, offset as i64, |e| {
+        let r = self.vfs.readdir(fh.0, offset as i64, &caller(req), |e| {
             reply.add(INodeNo(e.ino.0), e.offset as u64, file_type(e.kind), e.name)
         });
         match r {
@@ -672,31 +672,35 @@ impl fuser::Filesystem for ChronoFuse {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         _i: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let cfg = self.vfs.config();
-        let r = self.vfs.readdirplus(fh.0, offset as i64, |e, entry| {
-            let attr = match entry {
-                Some(entry) => to_file_attr(&entry.attr),
-                None => {
-                    let mut st = crate::sys::zeroed_stat();
-                    st.st_mode = e.kind;
-                    to_file_attr(&Attr { ino: e.ino, st })
-                }
-            };
-            reply.add(
-                INodeNo(e.ino.0),
-                e.offset as u64,
-                e.name,
-                &cfg.entry_timeout,
-                &attr,
-                GENERATION,
-            )
-        });
+        let r = self
+            .vfs
+            .readdirplus(fh.0, offset as i64, &caller(req), |e, entry| {
+                let attr = match entry {
+                    Some(entry) => to_file_attr(&entry.attr),
+                    None => {
+                        let mut st = crate::sys::zeroed_stat();
+                        st.st_mode = e.kind;
+                        to_file_attr(&Attr { ino: e.ino, st })
+                    }
+                };
+                reply.add(
+                    INodeNo(e.ino.0),
+                    e.offset as u64,
+                    e.name,
+                    &entry
+                        .and_then(|en| en.entry_ttl)
+                        .unwrap_or(cfg.entry_timeout),
+                    &attr,
+                    GENERATION,
+                )
+            });
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(err(e)),

@@ -17,7 +17,9 @@
 
 pub mod content;
 pub mod model;
+pub mod past;
 pub mod query;
+pub mod spec;
 mod tables;
 pub mod verify;
 

@@ -4,6 +4,7 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 
 use super::inodes::Handle;
+use super::views::is_view;
 use super::{errno, Attr, Caller, InodeNo, Result, Vfs};
 use crate::history::Cause;
 use crate::sys::{self, creds, TimeSpec};
@@ -43,6 +44,9 @@ impl Xattr {
 
 impl Vfs {
     pub fn getattr(&self, ino: InodeNo, fh: Option<u64>) -> Result<Attr> {
+        if is_view(ino) {
+            return self.view_getattr(ino);
+        }
         let st = match fh.map(|fh| self.handles.get(fh)) {
             Some(Ok(handle)) => match &*handle {
                 Handle::File { fd, .. } => sys::fstat(fd.as_fd())?,
@@ -54,6 +58,9 @@ impl Vfs {
     }
 
     pub fn setattr(&self, caller: &Caller, ino: InodeNo, set: SetAttr) -> Result<Attr> {
+        if is_view(ino) {
+            return Err(errno(libc::EROFS));
+        }
         let cause = if set.size.is_some() {
             Cause::Truncate
         } else if set.uid.is_some() || set.gid.is_some() {
@@ -124,6 +131,9 @@ impl Vfs {
     }
 
     pub fn readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
+        if is_view(ino) {
+            return self.view_readlink(ino);
+        }
         let inode = self.inodes.node(ino)?;
         if inode.kind != libc::S_IFLNK {
             return Err(errno(libc::EINVAL));
@@ -139,6 +149,9 @@ impl Vfs {
         name: &OsStr,
         size: u32,
     ) -> Result<Xattr> {
+        if is_view(ino) {
+            return self.view_getxattr(caller, ino, name, size);
+        }
         let inode = self.inodes.node(ino)?;
         let cname = sys::cstr(name)?;
         let mut buf = vec![0u8; size as usize];
@@ -154,6 +167,9 @@ impl Vfs {
         value: &[u8],
         flags: i32,
     ) -> Result<()> {
+        if is_view(ino) {
+            return Err(errno(libc::EROFS));
+        }
         self.before_change(ino)?;
         let inode = self.inodes.node(ino)?;
         let cname = sys::cstr(name)?;
@@ -170,6 +186,9 @@ impl Vfs {
     }
 
     pub fn listxattr(&self, caller: &Caller, ino: InodeNo, size: u32) -> Result<Xattr> {
+        if is_view(ino) {
+            return self.view_listxattr(caller, ino, size);
+        }
         let inode = self.inodes.node(ino)?;
         let mut buf = vec![0u8; size as usize];
         let n = creds::as_caller(caller, || sys::listxattr_fd(inode.fd(), &mut buf))?;
@@ -177,6 +196,9 @@ impl Vfs {
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr) -> Result<()> {
+        if is_view(ino) {
+            return Err(errno(libc::EROFS));
+        }
         self.before_change(ino)?;
         let inode = self.inodes.node(ino)?;
         let cname = sys::cstr(name)?;
@@ -186,6 +208,14 @@ impl Vfs {
     }
 
     pub fn access(&self, caller: &Caller, ino: InodeNo, mask: i32) -> Result<()> {
+        if is_view(ino) {
+            // Read and search permission are the kernel's to check.
+            return if mask & libc::W_OK != 0 {
+                Err(errno(libc::EROFS))
+            } else {
+                Ok(())
+            };
+        }
         let inode = self.inodes.node(ino)?;
         if inode.kind == libc::S_IFLNK {
             return Ok(());

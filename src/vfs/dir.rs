@@ -8,6 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use parking_lot::Mutex;
 
 use super::inodes::Handle;
+use super::views::{is_view, is_view_fh};
 use super::{errno, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::sys::{self, creds};
 
@@ -108,6 +109,9 @@ fn is_dot(name: &[u8]) -> bool {
 
 impl Vfs {
     pub fn opendir(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<u64> {
+        if is_view(ino) {
+            return self.view_opendir(ino);
+        }
         let inode = self.inodes.node(ino)?;
         if !inode.is_dir() {
             return Err(errno(libc::ENOTDIR));
@@ -132,8 +136,12 @@ impl Vfs {
         &self,
         fh: u64,
         offset: i64,
+        caller: &Caller,
         mut add: impl FnMut(&DirEntry<'_>) -> bool,
     ) -> Result<()> {
+        if is_view_fh(fh) {
+            return self.view_readdir(caller, fh, offset, |d, _| add(d), false);
+        }
         let handle = self.handles.get(fh)?;
         let dir = handle.ino();
         let dev = self.inodes.get(dir)?.key.dev;
@@ -155,8 +163,12 @@ impl Vfs {
         &self,
         fh: u64,
         offset: i64,
+        caller: &Caller,
         mut add: impl FnMut(&DirEntry<'_>, Option<&Entry>) -> bool,
     ) -> Result<()> {
+        if is_view_fh(fh) {
+            return self.view_readdir(caller, fh, offset, add, true);
+        }
         let mut added = 0usize;
         // An entry that cannot be looked up ends the reply early: the
         // entries already in it carry references the kernel must receive.
@@ -181,7 +193,7 @@ impl Vfs {
                 added += usize::from(!full);
                 return Ok(full);
             }
-            let entry = match vfs.lookup(dir_ino, name) {
+            let entry = match vfs.lookup(caller, dir_ino, name) {
                 Ok(entry) => entry,
                 // Removed since getdents saw it: skip, as a fresh read would.
                 Err(err) if err.errno_is(libc::ENOENT) => return Ok(false),
@@ -273,6 +285,9 @@ impl Vfs {
     }
 
     pub fn releasedir(&self, fh: u64) -> Result<()> {
+        if is_view_fh(fh) {
+            return self.view_release(fh);
+        }
         self.handles.remove(fh).map(drop)
     }
 }

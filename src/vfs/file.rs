@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use super::inodes::Handle;
 use super::versioning::writes;
+use super::views::{is_view, is_view_fh};
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::sys::{self, creds};
 
@@ -77,6 +78,9 @@ impl Vfs {
     }
 
     pub fn open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
+        if is_view(ino) {
+            return self.view_open(ino, flags);
+        }
         let inode = self.inodes.node(ino)?;
         match inode.kind {
             libc::S_IFDIR => return Err(errno(libc::EISDIR)),
@@ -281,6 +285,9 @@ impl Vfs {
         umask: u32,
         flags: i32,
     ) -> Result<(Entry, Opened)> {
+        if is_view(parent) {
+            return Err(errno(libc::EROFS));
+        }
         let dir = self.inodes.node(parent)?;
         creds::set_thread_umask(umask)?;
         let dirfd = dir.fd().as_raw_fd();
@@ -328,6 +335,7 @@ impl Vfs {
         });
         let entry = Entry {
             attr: Attr { ino: inode.ino, st },
+            entry_ttl: None,
         };
         Ok((
             entry,
@@ -362,6 +370,9 @@ impl Vfs {
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        if is_view_fh(fh) {
+            return self.view_read(fh, offset, size);
+        }
         self.with_file_fd(fh, |fd| {
             let mut buf = vec![0u8; size as usize];
             let n = sys::pread(fd, &mut buf, offset)?;
@@ -411,6 +422,9 @@ impl Vfs {
     /// right after close(2) waits for its version. Returns whether flushes
     /// are wanted at all (only with history on).
     pub fn flush(&self, fh: u64) -> Result<bool> {
+        if is_view_fh(fh) {
+            return Ok(false);
+        }
         let handle = self.handles.get(fh)?;
         let Some(c) = self.capture() else {
             return Ok(false);
@@ -425,7 +439,10 @@ impl Vfs {
     }
 
     /// Closes a handle; returns the inode it belonged to.
-    pub fn release(&self, fh: u64) -> Result<InodeNo> {
+    pub fn release(&self, fh: u64) -> Result<Option<InodeNo>> {
+        if is_view_fh(fh) {
+            return self.view_release(fh).map(|()| None);
+        }
         let handle = self.handles.remove(fh)?;
         if let Handle::File { ino, session, .. } = &*handle {
             if *session {
@@ -433,10 +450,13 @@ impl Vfs {
             }
             self.release_io(*ino);
         }
-        Ok(handle.ino())
+        Ok(Some(handle.ino()))
     }
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        if is_view_fh(fh) {
+            return Ok(());
+        }
         let handle = self.handles.get(fh)?;
         match &*handle {
             Handle::File {
@@ -468,6 +488,9 @@ impl Vfs {
     }
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        if is_view_fh(fh) {
+            return self.view_lseek(fh, offset, whence);
+        }
         self.with_file_fd(fh, |fd| Ok(sys::lseek(fd, offset, whence)?))
     }
 
@@ -479,6 +502,13 @@ impl Vfs {
         off_out: u64,
         len: u64,
     ) -> Result<usize> {
+        if is_view_fh(fh_out) {
+            return Err(errno(libc::EBADF));
+        }
+        if is_view_fh(fh_in) {
+            // The kernel falls back to copying through read and write.
+            return Err(errno(libc::EOPNOTSUPP));
+        }
         let input = self.handles.get(fh_in)?;
         let Handle::File { fd: fd_in, .. } = &*input else {
             return Err(VfsError::WrongKind);

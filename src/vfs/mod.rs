@@ -21,6 +21,7 @@ mod ingest;
 mod inodes;
 mod namespace;
 mod versioning;
+mod views;
 
 use std::ffi::OsStr;
 use std::io;
@@ -34,6 +35,7 @@ pub use crate::sys::Stat;
 pub use attr::{SetAttr, Xattr};
 pub use file::Opened;
 pub use inodes::InodeNo;
+pub use views::{is_view, ViewConfig};
 
 use crate::branch::DirBranch;
 use crate::capture::Capture;
@@ -89,6 +91,8 @@ pub struct VfsConfig {
     pub attr_timeout: Duration,
     pub negative_timeout: Duration,
     pub write_path: WritePath,
+    /// `.history/`, version names, audit (with history on).
+    pub views: ViewConfig,
 }
 
 impl Default for VfsConfig {
@@ -98,6 +102,7 @@ impl Default for VfsConfig {
             attr_timeout: Duration::from_secs(1),
             negative_timeout: Duration::from_secs(1),
             write_path: WritePath::Auto,
+            views: ViewConfig::default(),
         }
     }
 }
@@ -134,6 +139,9 @@ impl Attr {
 #[derive(Clone, Copy, Debug)]
 pub struct Entry {
     pub attr: Attr,
+    /// How long the kernel may trust the name (`None`: the mount's entry
+    /// timeout).
+    pub entry_ttl: Option<Duration>,
 }
 
 pub struct Vfs {
@@ -152,6 +160,8 @@ pub struct Vfs {
     /// how many there are. The kernel refuses to mix passthrough and cached
     /// opens of one inode, so the first open chooses for all.
     io_modes: parking_lot::Mutex<std::collections::HashMap<InodeNo, (bool, u32)>>,
+    /// Nodes and handles of the time-travel views.
+    views: views::Views,
 }
 
 impl Vfs {
@@ -173,11 +183,22 @@ impl Vfs {
             io_modes: parking_lot::Mutex::new(std::collections::HashMap::new()),
             capture,
             ingest: ingest::IngestProgress::default(),
+            views: views::Views::default(),
         }))
     }
 
     pub fn config(&self) -> &VfsConfig {
         &self.cfg
+    }
+
+    /// How long the kernel may cache `ino`'s attributes: a view never
+    /// changes.
+    pub fn attr_ttl(&self, ino: InodeNo) -> Duration {
+        if is_view(ino) {
+            views::IMMUTABLE_TTL
+        } else {
+            self.cfg.attr_timeout
+        }
     }
 
     pub fn writeback(&self) -> bool {
@@ -190,8 +211,14 @@ impl Vfs {
     }
 
     fn check_name(&self, parent: InodeNo, name: &OsStr) -> Result<()> {
+        if is_view(parent) {
+            return Err(errno(libc::EROFS));
+        }
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(VfsError::Reserved(name.to_os_string()));
+        }
+        if parent == InodeNo::ROOT && self.views_on() && name == self.cfg.views.dir_name {
+            return Err(errno(libc::EEXIST));
         }
         if name.len() > 255 {
             return Err(errno(libc::ENAMETOOLONG));

@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 
 use super::inodes::Node;
-use super::{errno, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs};
+use super::{errno, views, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs};
 use crate::history::Cause;
 use crate::sys::{self, creds};
 
@@ -13,12 +13,33 @@ impl Vfs {
     /// Looks `name` up in `parent` and takes a kernel reference on it.
     /// Runs as the daemon: with `default_permissions` the kernel has already
     /// checked search permission on `parent`.
-    pub fn lookup(&self, parent: InodeNo, name: &OsStr) -> Result<Entry> {
+    ///
+    /// A name no real entry has may still be history's: `.history` in the
+    /// root, a version name (`f;3`) or `;deleted` (see `views.rs`).
+    pub fn lookup(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<Entry> {
+        if views::is_view(parent) {
+            return self.view_lookup(caller, parent, name);
+        }
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
         let dir = self.inodes.node(parent)?;
-        let entry = self.lookup_in(&dir, name)?;
+        let entry = match self.lookup_in(&dir, name) {
+            Err(e) if e.errno_is(libc::ENOENT) => {
+                let virtual_entry = if parent == InodeNo::ROOT {
+                    self.lookup_top(caller, name)
+                } else {
+                    None
+                };
+                return match virtual_entry
+                    .or_else(|| self.lookup_version_name(caller, parent, name))
+                {
+                    Some(found) => found,
+                    None => Err(e),
+                };
+            }
+            other => other?,
+        };
         if let Some(c) = self.capture() {
             if let Ok(inode) = self.inodes.get(entry.attr.ino) {
                 inode.set_name(parent, name.as_encoded_bytes());
@@ -40,6 +61,7 @@ impl Vfs {
             if self.inodes.still_names(&inode, dir.fd(), &cname) {
                 return Ok(Entry {
                     attr: Attr { ino: inode.ino, st },
+                    entry_ttl: None,
                 });
             }
             tracing::debug!(
@@ -61,10 +83,14 @@ impl Vfs {
         let inode = self.inodes.acquire_new(fd, &st, fresh)?;
         Ok(Entry {
             attr: Attr { ino: inode.ino, st },
+            entry_ttl: None,
         })
     }
 
     pub fn forget(&self, ino: InodeNo, nlookup: u64) {
+        if views::is_view(ino) {
+            return self.view_forget(ino, nlookup);
+        }
         self.inodes.forget(ino, nlookup);
     }
 
@@ -134,6 +160,9 @@ impl Vfs {
         newparent: InodeNo,
         newname: &OsStr,
     ) -> Result<Entry> {
+        if views::is_view(ino) {
+            return Err(errno(libc::EXDEV));
+        }
         self.check_name(newparent, newname)?;
         self.before_dir_change(newparent)?;
         self.before_change(ino)?;
@@ -157,6 +186,9 @@ impl Vfs {
     }
 
     fn remove(&self, caller: &Caller, parent: InodeNo, name: &OsStr, flags: i32) -> Result<()> {
+        if views::is_view(parent) {
+            return Err(errno(libc::EROFS));
+        }
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
@@ -228,6 +260,13 @@ impl Vfs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        if views::is_view(parent) {
+            return Err(errno(if views::is_view(newparent) {
+                libc::EROFS
+            } else {
+                libc::EXDEV
+            }));
+        }
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }

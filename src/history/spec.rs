@@ -127,6 +127,23 @@ fn absolute(s: &str) -> Result<i64, String> {
     Ok(ts.as_nanosecond() as i64)
 }
 
+/// Local midnight `days_back` days ago.
+pub fn midnight_days_back(days_back: i64) -> Result<i64, String> {
+    day_time(days_back, "")
+}
+
+/// Formats a time as an instant name to the minute (local zone), e.g.
+/// `2026-11-21T10:00`; `parse` reads it back.
+pub fn minute(ns: i64) -> String {
+    match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
+        Ok(ts) => ts
+            .to_zoned(jiff::tz::TimeZone::system())
+            .strftime("%Y-%m-%dT%H:%M")
+            .to_string(),
+        Err(_) => format!("{ns}"),
+    }
+}
+
 /// Formats a time for humans (local zone, second precision).
 pub fn show(ns: i64) -> String {
     match jiff::Timestamp::from_nanosecond(i128::from(ns)) {

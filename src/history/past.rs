@@ -1,0 +1,477 @@
+//! A past instant as a tree: paths and directory entries resolved at a
+//! sequence number, over recorded history and the live tree.
+//!
+//! Where history holds nothing (a directory or file never changed through
+//! the mount), the live tree is its state then (see `query` for why that is
+//! exact), reached by the object's current recorded path and checked to be
+//! the same object. Used by the control service (`ls --at`, `cat`, `log`)
+//! and by the vfs's `.history/` views, so both read the past the same way.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use super::query::Lookup;
+use super::spec::{self, At};
+use super::{Cause, History, HistoryError, ObjectId, Seq, Version, ROOT};
+use crate::sys::{self, Stat};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("permission denied: {0}")]
+    Denied(String),
+    #[error(transparent)]
+    History(#[from] HistoryError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A path's object at an instant.
+pub enum Node {
+    /// A recorded version (`seq` is the version's own sequence number).
+    Hist { obj: ObjectId, seq: Seq, v: Version },
+    /// Unchanged since: the live object is its state then.
+    Live {
+        obj: Option<ObjectId>,
+        fd: OwnedFd,
+        st: Stat,
+    },
+}
+
+impl Node {
+    pub fn mode(&self) -> u32 {
+        match self {
+            Node::Hist { v, .. } => v.attrs.mode,
+            Node::Live { st, .. } => st.st_mode,
+        }
+    }
+
+    pub fn object(&self) -> Option<ObjectId> {
+        match self {
+            Node::Hist { obj, .. } => Some(*obj),
+            Node::Live { obj, .. } => *obj,
+        }
+    }
+}
+
+/// Where a walk stands.
+pub enum Cur {
+    Hist(ObjectId),
+    Live {
+        obj: Option<ObjectId>,
+        fd: OwnedFd,
+        st: Stat,
+    },
+}
+
+/// A name that existed in a directory up to some instant but not at it.
+#[derive(Clone, Debug)]
+pub struct Deleted {
+    pub name: Vec<u8>,
+    /// The last object the name named.
+    pub obj: ObjectId,
+    /// The change that removed it.
+    pub seq: Seq,
+    /// The object's state just before (absent if never recorded).
+    pub before: Option<(Seq, Version)>,
+}
+
+/// An object bound to a path over a span: (object, from, until-exclusive).
+pub type Incarnation = (ObjectId, Seq, Option<Seq>);
+/// A version of a path: (object, seq, version, incarnation index).
+pub type PathVersion = (ObjectId, Seq, Version, usize);
+
+pub fn name_str(n: &[u8]) -> String {
+    String::from_utf8_lossy(n).into_owned()
+}
+
+pub fn show_path(p: &[Vec<u8>]) -> String {
+    if p.is_empty() {
+        return "/".into();
+    }
+    p.iter().map(|c| format!("/{}", name_str(c))).collect()
+}
+
+pub fn kind_name(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "file",
+        libc::S_IFDIR => "dir",
+        libc::S_IFLNK => "symlink",
+        libc::S_IFCHR => "char",
+        libc::S_IFBLK => "block",
+        libc::S_IFIFO => "fifo",
+        libc::S_IFSOCK => "socket",
+        _ => "unknown",
+    }
+}
+
+/// History plus the live tree it stands on.
+pub struct Past<'a> {
+    pub history: &'a History,
+    /// O_PATH descriptor of the branch root (SRC).
+    pub root: BorrowedFd<'a>,
+    /// The store's name in the root, never shown.
+    pub reserved: Option<&'a OsStr>,
+    pub live: &'a dyn LiveIds,
+}
+
+/// How live objects map to object ids.
+pub trait LiveIds: Send + Sync {
+    /// The object id of a live object, if it has one (never assigns).
+    fn identify(&self, st: &Stat) -> Option<ObjectId>;
+}
+
+impl Past<'_> {
+    /// The sequence number and time an instant means.
+    pub fn resolve_at(&self, at: &At) -> Result<(Seq, i64)> {
+        let Some(((first, first_t), (last, last_t))) = self.history.bounds()? else {
+            return Err(Error::NotFound(
+                "history is empty: nothing has changed yet".into(),
+            ));
+        };
+        let seq = match at {
+            At::Now => last,
+            At::Seq(n) if (first..=last).contains(n) => *n,
+            At::Seq(n) => {
+                return Err(Error::NotFound(format!(
+                    "there is no change #{n} (history holds #{first} to #{last})"
+                )))
+            }
+            At::Tag(name) => self
+                .history
+                .tag(name)?
+                .ok_or_else(|| Error::NotFound(format!("no tag named '{name}'")))?,
+            At::Time(t) => {
+                if *t > super::now_ns() + 1_000_000_000 {
+                    return Err(Error::NotFound(format!(
+                        "{} is in the future",
+                        spec::show(*t)
+                    )));
+                }
+                if *t < first_t {
+                    return Err(Error::NotFound(format!(
+                        "{} is before history began ({})",
+                        spec::show(*t),
+                        spec::show(first_t)
+                    )));
+                }
+                self.history.seq_at_time(*t)?.unwrap_or(last)
+            }
+        };
+        let t = self.history.time_of_seq(seq)?.unwrap_or(last_t);
+        Ok((seq, t))
+    }
+
+    /// One name in a live directory.
+    pub fn live_step(&self, dir: BorrowedFd, in_root: bool, name: &[u8]) -> Result<Option<Cur>> {
+        if in_root && self.reserved == Some(OsStr::from_bytes(name)) {
+            return Ok(None);
+        }
+        let cname = sys::cstr(OsStr::from_bytes(name))?;
+        let fd = match sys::open_path(dir, &cname) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        let obj = self.live.identify(&st);
+        Ok(Some(Cur::Live { obj, fd, st }))
+    }
+
+    /// The live object `obj` (found by its current recorded path, and
+    /// checked to be the same object).
+    pub fn live_object(&self, obj: ObjectId) -> Result<Option<(OwnedFd, Stat)>> {
+        if obj == ROOT {
+            let fd = sys::reopen(self.root, libc::O_PATH)?;
+            let st = sys::fstat(fd.as_fd())?;
+            return Ok(Some((fd, st)));
+        }
+        let Some(path) = self.history.path_at(obj, Seq::MAX)? else {
+            return Ok(None);
+        };
+        let mut fd = sys::reopen(self.root, libc::O_PATH)?;
+        for (i, comp) in path.iter().enumerate() {
+            match self.live_step(fd.as_fd(), i == 0, comp)? {
+                Some(Cur::Live { fd: next, .. }) => fd = next,
+                _ => return Ok(None),
+            }
+        }
+        let st = sys::fstat(fd.as_fd())?;
+        Ok((self.live.identify(&st) == Some(obj)).then_some((fd, st)))
+    }
+
+    /// What `comp` in the directory `cur` was at `seq`.
+    pub fn step(&self, cur: Cur, comp: &[u8], seq: Seq, in_root: bool) -> Result<Option<Cur>> {
+        let dir = match cur {
+            Cur::Live {
+                obj: Some(o), fd, ..
+            } => {
+                if self.history.object_at(o, seq)?.is_some() {
+                    o
+                } else {
+                    return self.live_step(fd.as_fd(), in_root, comp);
+                }
+            }
+            Cur::Live { obj: None, fd, .. } => return self.live_step(fd.as_fd(), in_root, comp),
+            Cur::Hist(d) => d,
+        };
+        match self.history.lookup_at(dir, comp, seq)? {
+            Lookup::Found(o) => Ok(Some(Cur::Hist(o))),
+            Lookup::Absent => Ok(None),
+            Lookup::Live => match self.live_object(dir)? {
+                Some((fd, _)) => self.live_step(fd.as_fd(), in_root, comp),
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// The state at `seq` of the object a walk reached.
+    pub fn finish(&self, cur: Cur, seq: Seq) -> Result<Option<Node>> {
+        let obj = match cur {
+            Cur::Hist(o) => o,
+            Cur::Live { obj, fd, st } => match obj {
+                Some(o) if self.history.object_at(o, seq)?.is_some() => o,
+                _ => return Ok(Some(Node::Live { obj, fd, st })),
+            },
+        };
+        if let Some((s, v)) = self.history.object_at(obj, seq)? {
+            return Ok(Some(Node::Hist { obj, seq: s, v }));
+        }
+        // Recorded by name but never changed: its live state is its state.
+        Ok(self.live_object(obj)?.map(|(fd, st)| Node::Live {
+            obj: Some(obj),
+            fd,
+            st,
+        }))
+    }
+
+    pub fn resolve(&self, path: &[Vec<u8>], seq: Seq) -> Result<Option<Node>> {
+        let mut cur = Cur::Hist(ROOT);
+        for (i, comp) in path.iter().enumerate() {
+            if comp.is_empty() || comp == b"." || comp == b".." || comp.contains(&b'/') {
+                return Err(Error::Usage(format!(
+                    "bad path component '{}'",
+                    name_str(comp)
+                )));
+            }
+            match self.step(cur, comp, seq, i == 0)? {
+                Some(next) => cur = next,
+                None => return Ok(None),
+            }
+        }
+        self.finish(cur, seq)
+    }
+
+    pub fn node(&self, path: &[Vec<u8>], seq: Seq) -> Result<Node> {
+        self.resolve(path, seq)?
+            .ok_or_else(|| Error::NotFound(format!("{} did not exist at #{seq}", show_path(path))))
+    }
+
+    /// The names in directory `dir` at `seq`, sorted: its recorded listing,
+    /// or its live one if the listing never changed.
+    pub fn names(&self, dir: &Node, seq: Seq, in_root: bool) -> Result<Vec<Vec<u8>>> {
+        const LIST: i32 = libc::O_RDONLY | libc::O_DIRECTORY;
+        let fd = match dir {
+            Node::Hist { obj, .. } => match self.history.list_at(*obj, seq)? {
+                Some(list) => return Ok(list.into_iter().map(|(n, _)| n).collect()),
+                None => match self.live_object(*obj)? {
+                    Some((fd, _)) => sys::reopen(fd.as_fd(), LIST)?,
+                    None => return Ok(Vec::new()),
+                },
+            },
+            Node::Live { fd, .. } => sys::reopen(fd.as_fd(), LIST)?,
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut names = Vec::new();
+        loop {
+            let batch = sys::getdents(fd.as_fd(), &mut buf)?;
+            if batch.is_empty() {
+                break;
+            }
+            names.extend(batch.into_iter().map(|e| e.name).filter(|n| {
+                n != b"." && n != b".." && !(in_root && self.reserved == Some(OsStr::from_bytes(n)))
+            }));
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Names in `dir` that existed at some point up to `seq` but not at
+    /// `seq` (and are not in `present`), sorted by name.
+    pub fn deleted_in(
+        &self,
+        dir: ObjectId,
+        seq: Seq,
+        present: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Vec<Deleted>> {
+        // name → (last change, what it named then, last object it named)
+        type Last = (Seq, Option<ObjectId>, Option<ObjectId>);
+        let mut last: HashMap<Vec<u8>, Last> = HashMap::new();
+        for (name, s, child) in self.history.names_ever(dir)? {
+            if s > seq {
+                continue;
+            }
+            let e = last.entry(name).or_insert((s, child, None));
+            if child.is_some() {
+                e.2 = child;
+            }
+            e.0 = s;
+            e.1 = child;
+        }
+        let mut out = Vec::new();
+        for (name, (s, child, was)) in last {
+            if child.is_some() || present(&name) {
+                continue;
+            }
+            if let Some(obj) = was {
+                let before = self.history.object_at(obj, s.saturating_sub(1))?;
+                out.push(Deleted {
+                    name,
+                    obj,
+                    seq: s,
+                    before,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Objects bound to `path` over time.
+    pub fn incarnations(&self, path: &[Vec<u8>]) -> Result<Vec<Incarnation>> {
+        let mut level = vec![(ROOT, 0, None)];
+        for (i, comp) in path.iter().enumerate() {
+            let mut next = Vec::new();
+            for (dir, from, until) in level {
+                if !self.history.has_versions(dir)? {
+                    // Never recorded: whatever is there now was there.
+                    if let Some((fd, _)) = self.live_object(dir)? {
+                        if let Some(Cur::Live { obj: Some(o), .. }) =
+                            self.live_step(fd.as_fd(), i == 0, comp)?
+                        {
+                            next.push((o, from, until));
+                        }
+                    }
+                    continue;
+                }
+                let base = self.history.baseline_seq(dir)?;
+                let mut current: Option<(ObjectId, Seq)> = None;
+                for (s, child) in self.history.name_history(dir, comp)? {
+                    // A baseline listing was valid since the directory appeared.
+                    let s_eff = if Some(s) == base { from.min(s) } else { s };
+                    if until.is_some_and(|u| s_eff >= u) {
+                        break;
+                    }
+                    if let Some((o, start)) = current.take() {
+                        next.push((o, start.max(from), Some(s_eff)));
+                    }
+                    if let Some(c) = child {
+                        current = Some((c, s_eff));
+                    }
+                }
+                if let Some((o, start)) = current {
+                    next.push((o, start.max(from), until));
+                }
+            }
+            next.retain(|(_, a, b)| b.is_none_or(|b| *a < b));
+            level = next;
+        }
+        Ok(level)
+    }
+
+    /// Every version of every incarnation, oldest first, numbered by
+    /// position (1 = the oldest).
+    pub fn path_versions(
+        &self,
+        incarnations: &[Incarnation],
+        since: Option<Seq>,
+        until: Option<Seq>,
+    ) -> Result<Vec<PathVersion>> {
+        let mut rows = Vec::new();
+        for (i, &(obj, from, to)) in incarnations.iter().enumerate() {
+            let hi = to.unwrap_or(Seq::MAX);
+            for (s, v) in self.history.versions(obj, 0, hi)? {
+                // What was at this path: the incarnation's versions from
+                // the moment it got the name (a baseline counts from the
+                // object's first appearance) to its end. Its life under
+                // an earlier name is in that name's log.
+                let inside = s >= from || v.cause == Cause::Baseline;
+                if !inside || (s == hi && Some(s) != to) {
+                    continue;
+                }
+                if since.is_some_and(|a| s < a) || until.is_some_and(|b| s > b) {
+                    continue;
+                }
+                rows.push((obj, s, v, i));
+            }
+        }
+        // Incarnation by incarnation, so the numbers of versions already
+        // shown never change.
+        rows.sort_by_key(|r| (r.3, r.1));
+        rows.dedup_by_key(|r| (r.0, r.1));
+        Ok(rows)
+    }
+
+    /// Version `n` of a path as `log` numbers them (1 = oldest; 0 = the
+    /// newest, -1 the one before it, ...).
+    pub fn nth_version(&self, path: &[Vec<u8>], n: i64) -> Result<Node> {
+        let rows = self.path_versions(&self.incarnations(path)?, None, None)?;
+        let len = rows.len() as i64;
+        let idx = if n >= 1 { n - 1 } else { len - 1 + n };
+        if idx < 0 || idx >= len {
+            return Err(Error::NotFound(format!(
+                "{} has {len} version(s); there is no version {n}",
+                show_path(path)
+            )));
+        }
+        let (obj, seq, v, _) = rows[idx as usize].clone();
+        Ok(Node::Hist { obj, seq, v })
+    }
+
+    /// The instant to show a deleted entry at: just before its removal;
+    /// for a directory, before the run of removals in its subtree that
+    /// ended with its own (`rm -rf` empties a directory before removing
+    /// it, and the tree a user wants back is the one before that began).
+    pub fn before_removal(&self, d: &Deleted) -> Result<Seq> {
+        let is_dir = d
+            .before
+            .as_ref()
+            .is_some_and(|(_, v)| v.attrs.mode & libc::S_IFMT == libc::S_IFDIR);
+        let mut start = d.seq;
+        if is_dir {
+            let mut changes: Vec<(Seq, Cause)> = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut stack = vec![d.obj];
+            while let Some(obj) = stack.pop() {
+                if !seen.insert(obj) {
+                    continue;
+                }
+                for (s, v) in self.history.versions(obj, 0, d.seq)? {
+                    changes.push((s, v.cause));
+                }
+                stack.extend(
+                    self.history
+                        .names_ever(obj)?
+                        .into_iter()
+                        .filter_map(|(_, _, c)| c),
+                );
+            }
+            changes.sort_unstable_by_key(|c| c.0);
+            for (s, cause) in changes.into_iter().rev() {
+                if !matches!(cause, Cause::Unlink | Cause::Rmdir) {
+                    break;
+                }
+                start = start.min(s);
+            }
+        }
+        Ok(start.saturating_sub(1).max(1))
+    }
+}

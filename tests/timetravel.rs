@@ -1,0 +1,402 @@
+//! Time travel in the name space, on versioning mounts, with unmodified
+//! tools: `.history/@T/…` trees (hidden from listings, read-only, exact at
+//! the instant), per-file version names (`f;3`, `f;-1`, `f;@T`), deleted
+//! entries (`DIR/;deleted`), permissions as they were, and audit mode.
+//! (The model-based check of every instant is in `history_model.rs`.)
+
+#![deny(unsafe_code)]
+
+mod common;
+use common::*;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+fn chrono_ok(m: &Mount, args: &[&str]) -> String {
+    let out = Command::new(bin())
+        .args(args)
+        .current_dir(&m.mnt)
+        .env("TZ", "UTC")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "`chronofs {}` failed: {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr),
+        m.log_tail()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn tag(m: &Mount, name: &str) {
+    chrono_ok(m, &["tag", name]);
+}
+
+fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+fn read(p: &Path) -> String {
+    String::from_utf8(fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))).unwrap()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Runs `prog args` as uid/gid 65534 (nobody); returns (success, stderr).
+fn as_nobody(prog: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            prog,
+        ])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv (util-linux) is needed");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn history_dir_is_hidden_from_listings_but_reachable() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("a.txt"), b"one\n");
+        tag(m, "first");
+        assert!(!names(&m.mnt).contains(&".history".to_string()));
+        let found = run(&m.mnt, "find", &["."]);
+        assert!(!found.contains(".history"), "find lists .history:\n{found}");
+        let tarred = run(&m.mnt, "tar", &["cf", "-", "."]);
+        assert!(!tarred.contains(".history/"), "tar descends into .history");
+        let md = fs::metadata(m.p(".history")).unwrap();
+        assert!(md.is_dir());
+        let listed = names(&m.p(".history"));
+        assert!(listed.contains(&"@first".to_string()), "{listed:?}");
+        // Every listed instant opens.
+        for n in &listed {
+            assert!(
+                m.p(".history").join(n).join("a.txt").exists(),
+                "{n}: {listed:?}"
+            );
+        }
+        // A real file cannot take the name.
+        assert_eq!(errno_of(fs::create_dir(m.p(".history"))), libc::EEXIST);
+    });
+}
+
+#[test]
+fn an_instant_shows_the_tree_of_then_and_nothing_changes_it() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("d")).unwrap();
+        write_file(&m.p("d/f"), b"one\n");
+        write_file(&m.p("gone"), b"bye\n");
+        std::os::unix::fs::symlink("d/f", m.p("link")).unwrap();
+        fs::hard_link(m.p("d/f"), m.p("d/f2")).unwrap();
+        tag(m, "t1");
+        write_file(&m.p("d/f"), b"two, longer\n");
+        fs::remove_file(m.p("gone")).unwrap();
+        write_file(&m.p("new"), b"new\n");
+        fs::set_permissions(m.p("d"), fs::Permissions::from_mode(0o700)).unwrap();
+        let v = m.p(".history/@t1");
+        assert_eq!(read(&v.join("d/f")), "one\n");
+        assert_eq!(read(&v.join("gone")), "bye\n");
+        assert!(!v.join("new").exists());
+        assert_eq!(fs::read_link(v.join("link")).unwrap().to_str(), Some("d/f"));
+        assert_eq!(read(&v.join("link")), "one\n");
+        assert_eq!(names(&v), ["d", "gone", "link"]);
+        assert_eq!(fs::metadata(v.join("d")).unwrap().mode() & 0o7777, 0o755);
+        // Hard links are one object within the instant.
+        let (a, b) = (
+            fs::metadata(v.join("d/f")).unwrap(),
+            fs::metadata(v.join("d/f2")).unwrap(),
+        );
+        assert_eq!(a.ino(), b.ino());
+        assert_eq!(a.nlink(), 2);
+        // ... and a different object from the same file at another instant.
+        let now = m.p(".history/@now/d/f");
+        assert_eq!(read(&now), "two, longer\n");
+        assert_ne!(fs::metadata(&now).unwrap().ino(), a.ino());
+        // The same instant by sequence number and by time.
+        let seq = chrono_ok(m, &["tags", "--json"]);
+        let at = seq.split("\"seq\":").nth(1).unwrap();
+        let n: String = at.chars().take_while(|c| c.is_ascii_digit()).collect();
+        assert_eq!(read(&m.p(&format!(".history/@{n}/d/f"))), "one\n");
+        // Read-only, whatever the call.
+        let f = v.join("d/f");
+        assert_eq!(
+            errno_of(fs::OpenOptions::new().write(true).open(&f)),
+            libc::EROFS
+        );
+        assert_eq!(errno_of(fs::write(v.join("d/x"), b"x")), libc::EROFS);
+        assert_eq!(errno_of(fs::create_dir(v.join("d/x"))), libc::EROFS);
+        assert_eq!(errno_of(fs::remove_file(&f)), libc::EROFS);
+        assert_eq!(errno_of(fs::remove_dir(v.join("d"))), libc::EROFS);
+        assert_eq!(
+            errno_of(fs::set_permissions(&f, fs::Permissions::from_mode(0o777))),
+            libc::EROFS
+        );
+        assert_eq!(errno_of(fs::rename(&f, v.join("d/y"))), libc::EROFS);
+        assert_eq!(errno_of(fs::rename(m.p("new"), v.join("d/y"))), libc::EROFS);
+        assert_eq!(errno_of(fs::hard_link(&f, m.p("hl"))), libc::EXDEV);
+        let xattr = Command::new("setfattr")
+            .args(["-n", "user.x", "-v", "1"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(!xattr.status.success());
+        assert_eq!(read(&f), "one\n", "history changed");
+        // cp from the past into the present works.
+        fs::copy(&f, m.p("restored")).unwrap();
+        assert_eq!(read(&m.p("restored")), "one\n");
+    });
+}
+
+#[test]
+fn bad_instants_are_absent() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("a"), b"a");
+        for bad in [
+            "@garbage!",
+            "@nosuchtag",
+            "@2099-01-01T00:00",
+            "@1999-01-01",
+            "@99999999",
+            "nope",
+            "@",
+        ] {
+            let p = m.p(".history").join(bad);
+            assert_eq!(errno_of(fs::metadata(&p)), libc::ENOENT, "{bad}");
+        }
+        assert!(m.p(".history/@-0s/a").exists());
+    });
+}
+
+#[test]
+fn version_names_resolve_by_lookup_and_are_never_listed() {
+    each_versioning_mode(|m| {
+        for text in ["v1\n", "v2\n", "v3\n"] {
+            write_file(&m.p("r.txt"), text.as_bytes());
+        }
+        assert_eq!(read(&m.p("r.txt;1")), "v1\n");
+        assert_eq!(read(&m.p("r.txt;2")), "v2\n");
+        assert_eq!(read(&m.p("r.txt;-1")), "v2\n");
+        assert_eq!(read(&m.p("r.txt;0")), "v3\n");
+        assert_eq!(errno_of(fs::metadata(m.p("r.txt;99"))), libc::ENOENT);
+        assert_eq!(errno_of(fs::metadata(m.p("r.txt;x"))), libc::ENOENT);
+        assert_eq!(names(&m.mnt), ["r.txt"]);
+        assert_eq!(
+            errno_of(fs::OpenOptions::new().append(true).open(m.p("r.txt;1"))),
+            libc::EROFS
+        );
+        // From a shell, with the usual tools.
+        let out = run(
+            &m.mnt,
+            "sh",
+            &[
+                "-c",
+                "cat 'r.txt;1' && diff 'r.txt;1' 'r.txt;2' >/dev/null; echo $?",
+            ],
+        );
+        assert_eq!(out, "v1\n1\n");
+        // A real file with such a name wins.
+        write_file(&m.p("r.txt;1"), b"real\n");
+        assert_eq!(read(&m.p("r.txt;1")), "real\n");
+        // In subdirectories too, and by instant.
+        fs::create_dir(m.p("sub")).unwrap();
+        write_file(&m.p("sub/s"), b"old\n");
+        tag(m, "before");
+        write_file(&m.p("sub/s"), b"new\n");
+        assert_eq!(read(&m.p("sub/s;@before")), "old\n");
+        assert_eq!(read(&m.p("sub/s;-1")), "old\n");
+    });
+}
+
+#[test]
+fn deleted_entries_are_listed_and_readable() {
+    each_versioning_mode(|m| {
+        fs::create_dir_all(m.p("d/tree/deep")).unwrap();
+        write_file(&m.p("d/file"), b"file\n");
+        write_file(&m.p("d/tree/deep/leaf"), b"leaf\n");
+        write_file(&m.p("d/keep"), b"keep\n");
+        fs::remove_file(m.p("d/file")).unwrap();
+        run(&m.p("d"), "rm", &["-rf", "tree"]);
+        assert_eq!(names(&m.p("d")), ["keep"]);
+        assert_eq!(names(&m.p("d/;deleted")), ["file", "tree"]);
+        assert_eq!(read(&m.p("d/;deleted/file")), "file\n");
+        // A removed tree shows as it was before `rm -rf` emptied it.
+        assert_eq!(read(&m.p("d/;deleted/tree/deep/leaf")), "leaf\n");
+        let copy = m.p("d/back");
+        run(&m.p("d"), "cp", &["-a", ";deleted/tree", "back"]);
+        assert_eq!(read(&copy.join("deep/leaf")), "leaf\n");
+    });
+}
+
+#[test]
+fn tools_work_in_the_past() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("proj")).unwrap();
+        for i in 0..20 {
+            write_file(
+                &m.p(&format!("proj/f{i}")),
+                format!("line {i}\n").as_bytes(),
+            );
+        }
+        tag(m, "a");
+        write_file(&m.p("proj/f3"), b"changed\n");
+        fs::remove_file(m.p("proj/f7")).unwrap();
+        tag(m, "b");
+        let out = Command::new("diff")
+            .args(["-r", ".history/@a/proj", ".history/@b/proj"])
+            .current_dir(&m.mnt)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("changed") && text.contains("Only in .history/@a/proj: f7"),
+            "{text}"
+        );
+        // tar of a view gives the old tree.
+        let scratch = tempdir();
+        let tar = scratch.path().join("p.tar");
+        run(
+            &m.mnt,
+            "tar",
+            &["cf", tar.to_str().unwrap(), "-C", ".history/@a", "proj"],
+        );
+        run(scratch.path(), "tar", &["xf", "p.tar"]);
+        assert_eq!(read(&scratch.path().join("proj/f3")), "line 3\n");
+        assert_eq!(names(&scratch.path().join("proj")).len(), 20);
+    });
+}
+
+#[test]
+fn git_status_works_read_only_in_the_past() {
+    if Command::new("git").arg("--version").output().is_err() {
+        eprintln!("git not installed; skipped");
+        return;
+    }
+    each_versioning_mode(|m| {
+        let repo = m.p("repo");
+        fs::create_dir(&repo).unwrap();
+        let git = |args: &[&str]| run(&repo, "git", args);
+        git(&["init", "-q"]);
+        write_file(&repo.join("x"), b"x\n");
+        git(&["add", "x"]);
+        git(&[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "one",
+        ]);
+        tag(m, "committed");
+        write_file(&repo.join("x"), b"dirty\n");
+        let old = m.p(".history/@committed/repo");
+        let out = Command::new("git")
+            .args([
+                "-c",
+                &format!("safe.directory={}", old.display()),
+                "status",
+                "--porcelain",
+            ])
+            .current_dir(&old)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "",
+            "the old tree was clean"
+        );
+        assert!(!git(&["status", "--porcelain"]).is_empty());
+    });
+}
+
+#[test]
+fn past_permissions_are_enforced_for_the_caller_of_now() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("secret"), b"s3cret\n");
+        fs::set_permissions(m.p("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+        write_file(&m.p("open"), b"open\n");
+        fs::set_permissions(m.p("open"), fs::Permissions::from_mode(0o644)).unwrap();
+        tag(m, "then");
+        fs::set_permissions(m.p("secret"), fs::Permissions::from_mode(0o644)).unwrap();
+        let p = |rel: &str| m.p(rel).to_str().unwrap().to_string();
+        assert!(as_nobody("cat", &[&p("secret")]).0, "readable now");
+        let (ok, err) = as_nobody("cat", &[&p(".history/@then/secret")]);
+        assert!(!ok && err.contains("Permission denied"), "{err}");
+        assert!(as_nobody("cat", &[&p(".history/@then/open")]).0);
+        let (ok, _) = as_nobody("cat", &[&p("secret;1")]);
+        assert!(
+            !ok,
+            "an old version readable only by root was read by nobody"
+        );
+    });
+}
+
+#[test]
+fn audit_mode_hides_history_from_other_users() {
+    let _serial = history_mount_lock();
+    let mut m = Mount::new("audit");
+    m.wait_history_ready();
+    write_file(&m.p("f"), b"one\n");
+    write_file(&m.p("f"), b"two\n");
+    fs::set_permissions(m.p("f"), fs::Permissions::from_mode(0o644)).unwrap();
+    let p = |rel: &str| m.p(rel).to_str().unwrap().to_string();
+    assert_eq!(read(&m.p("f;1")), "one\n", "root sees history");
+    assert!(m.p(".history/@-0s/f").exists());
+    assert!(
+        as_nobody("cat", &[&p("f")]).0,
+        "the live file stays readable"
+    );
+    for hidden in ["f;1", ".history", ".history/@-0s/f", ";deleted"] {
+        let (ok, err) = as_nobody("stat", &[&p(hidden)]);
+        assert!(!ok, "{hidden} visible to nobody");
+        assert!(
+            err.contains("No such file") || err.contains("Permission denied"),
+            "{hidden}: {err}"
+        );
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(bin())
+        .args(["log", &p("f")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "log allowed to nobody under audit");
+    let mut f = fs::OpenOptions::new().append(true).open(m.p("f")).unwrap();
+    f.write_all(b"more\n").unwrap();
+    drop(f);
+    m.unmount();
+}
