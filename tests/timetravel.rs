@@ -136,9 +136,13 @@ fn an_instant_shows_the_tree_of_then_and_nothing_changes_it() {
         assert_eq!(read(&now), "two, longer\n");
         assert_ne!(fs::metadata(&now).unwrap().ino(), a.ino());
         // The same instant by sequence number and by time.
-        let seq = chrono_ok(m, &["tags", "--json"]);
-        let at = seq.split("\"seq\":").nth(1).unwrap();
-        let n: String = at.chars().take_while(|c| c.is_ascii_digit()).collect();
+        let tags = chrono_ok(m, &["tags", "--json"]);
+        let at = tags.split("\"seq\"").nth(1).unwrap();
+        let n: String = at
+            .chars()
+            .skip_while(|c| !c.is_ascii_digit())
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
         assert_eq!(read(&m.p(&format!(".history/@{n}/d/f"))), "one\n");
         // Read-only, whatever the call.
         let f = v.join("d/f");
@@ -217,9 +221,13 @@ fn version_names_resolve_by_lookup_and_are_never_listed() {
             ],
         );
         assert_eq!(out, "v1\n1\n");
-        // A real file with such a name wins.
-        write_file(&m.p("r.txt;1"), b"real\n");
+        // A real file with such a name wins (renamed into place: a new
+        // file cannot be created under a name that reads as a version).
+        write_file(&m.p("tmp"), b"real\n");
+        fs::rename(m.p("tmp"), m.p("r.txt;1")).unwrap();
         assert_eq!(read(&m.p("r.txt;1")), "real\n");
+        assert_eq!(names(&m.mnt), ["r.txt", "r.txt;1"]);
+        assert_eq!(read(&m.p("r.txt;2")), "v2\n");
         // In subdirectories too, and by instant.
         fs::create_dir(m.p("sub")).unwrap();
         write_file(&m.p("sub/s"), b"old\n");
@@ -357,11 +365,12 @@ fn past_permissions_are_enforced_for_the_caller_of_now() {
         let (ok, err) = as_nobody("cat", &[&p(".history/@then/secret")]);
         assert!(!ok && err.contains("Permission denied"), "{err}");
         assert!(as_nobody("cat", &[&p(".history/@then/open")]).0);
-        let (ok, _) = as_nobody("cat", &[&p("secret;1")]);
+        let (ok, _) = as_nobody("cat", &[&p("secret;@then")]);
         assert!(
             !ok,
             "an old version readable only by root was read by nobody"
         );
+        assert_eq!(read(&m.p("secret;@then")), "s3cret\n", "root reads it");
     });
 }
 

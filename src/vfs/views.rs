@@ -405,7 +405,16 @@ impl Vfs {
                     (root.st_ctime, root.st_ctime, root.st_ctime);
                 Ok((What::Top, st))
             })
-            .map(|st| entry(st, IMMUTABLE_TTL)),
+            // Under audit every lookup of the name is checked against its
+            // caller.
+            .map(|st| {
+                let ttl = if self.cfg.views.audit {
+                    Duration::ZERO
+                } else {
+                    IMMUTABLE_TTL
+                };
+                entry(st, ttl)
+            }),
         )
     }
 
