@@ -1416,3 +1416,35 @@ fn a_closed_pipe_ends_a_command_quietly() {
         );
     });
 }
+
+#[test]
+fn shared_mmap_writes_are_captured_for_small_and_tracked_large_files() {
+    each_versioning_mode(|m| {
+        for (name, size) in [("small.bin", 64usize << 10), ("large.bin", 20usize << 20)] {
+            let f = m.p(name);
+            let mut data = pattern(size, 5);
+            fs::write(&f, &data).unwrap();
+            let fd = Fd::open(&f, libc::O_RDWR, 0).unwrap();
+            let mut map = sys::Mmap::shared_rw(&fd, size).unwrap();
+            drop(fd); // the mapping keeps the file open, as after close(2)
+            for (off, bytes) in [(10usize, b"mapped!".as_slice()), (size - 5000, b"tail")] {
+                map.write_at(off, bytes);
+                data[off..off + bytes.len()].copy_from_slice(bytes);
+            }
+            map.msync().unwrap();
+            map.unmap().unwrap();
+            assert!(fs::read(&f).unwrap() == data, "{name}: live content");
+            let newest = cat_version(m, name, 0);
+            assert!(
+                newest == data,
+                "{name}: the newest version lacks the mmap writes"
+            );
+            assert_eq!(
+                count(m, name),
+                2,
+                "{name}: {:?}",
+                causes(&versions(m, name))
+            );
+        }
+    });
+}
