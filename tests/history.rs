@@ -1448,3 +1448,47 @@ fn shared_mmap_writes_are_captured_for_small_and_tracked_large_files() {
         }
     });
 }
+
+#[test]
+fn directory_entries_changed_behind_the_mount_are_recorded_when_listed() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("d")).unwrap();
+        write_file(&m.p("d/a"), b"a\n");
+        write_file(&m.p("d/b"), b"b\n");
+        tag(m, "before");
+        // Behind the mount: one file removed, one added.
+        fs::remove_file(m.src.join("d/a")).unwrap();
+        write_file(&m.src.join("d/c"), b"c\n");
+        let listed: Vec<String> = {
+            let mut v: Vec<String> = fs::read_dir(m.p("d"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(listed, ["b", "c"]);
+        let now = Json::parse(&chrono_str(m, &["ls", "d", "--json"]));
+        let names: Vec<&str> = now
+            .get("entries")
+            .arr()
+            .iter()
+            .map(|e| e.get("name").str())
+            .collect();
+        assert_eq!(
+            names,
+            ["b", "c"],
+            "history's present differs from the live tree"
+        );
+        let then = Json::parse(&chrono_str(m, &["ls", "d", "--at", "before", "--json"]));
+        let names: Vec<&str> = then
+            .get("entries")
+            .arr()
+            .iter()
+            .map(|e| e.get("name").str())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(causes(&versions(m, "d")).contains(&"external".to_string()));
+        assert_eq!(s(&cat_at(m, "d/a", "before")), "a\n");
+    });
+}

@@ -23,8 +23,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::history::content;
 use crate::history::{
-    Attrs, Binding, Cause, Content, Dirent, Draft, History, HistoryError, Manifest, ObjectId, Time,
-    Version, Who, ROOT,
+    Attrs, Binding, Cause, Content, Dirent, Draft, History, HistoryError, Manifest, ObjectId, Seq,
+    Time, Version, Who, ROOT,
 };
 use crate::sys::{self, Stat};
 use state::Job;
@@ -227,8 +227,7 @@ impl Capture {
     /// different state for it, it changed behind the mount's back and the
     /// live state is recorded (cause `external`). `first_sight`: the first
     /// lookup since mount, so history is consulted even if nothing is
-    /// cached. Directories are not checked (their times change with every
-    /// entry made through the mount).
+    /// cached. A directory's entries are compared (`dir_seen`).
     pub fn looked_up(
         &self,
         tree: &dyn Tree,
@@ -237,7 +236,7 @@ impl Capture {
         first_sight: bool,
     ) -> Result<()> {
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            return Ok(());
+            return self.dir_seen(tree, obj, st, first_sight);
         }
         let cached = self.state.lock().known(obj);
         let known = match cached {
@@ -260,6 +259,77 @@ impl Capture {
         }
         tracing::debug!("inode {obj} changed behind the mount; recording it");
         self.record_state(tree, obj, st, Cause::External, &Who::default(), true)
+    }
+
+    /// An entry of `dir` changed through the mount and history recorded
+    /// it: the directory's live attributes `st` now go with its recorded
+    /// listing (so a later difference means a change behind the mount).
+    pub fn dir_verified(&self, dir: ObjectId, st: &Stat) {
+        self.state.lock().verified(dir, attrs_of(st));
+    }
+
+    /// A directory is being looked up or read through the mount: if its
+    /// entries changed behind the mount's back since history last saw
+    /// them, the difference is recorded (cause `external`): names that
+    /// appeared, and names that vanished (their objects' last recorded
+    /// state is all history has of them). Directories history never
+    /// recorded need nothing: their live listing is their state.
+    pub fn dir_seen(
+        &self,
+        tree: &dyn Tree,
+        dir: ObjectId,
+        st: &Stat,
+        first_sight: bool,
+    ) -> Result<()> {
+        let cached = self.state.lock().known(dir);
+        let k = match cached {
+            Some(k) => k,
+            None if first_sight => match self.known(dir)? {
+                Some(k) => k,
+                None => return Ok(()),
+            },
+            None => return Ok(()),
+        };
+        let attrs = attrs_of(st);
+        if k.verified.same_state(&attrs) || k.attrs.same_state(&attrs) {
+            return Ok(());
+        }
+        let _one = self.baseline_lock.lock();
+        let recorded: HashMap<Vec<u8>, ObjectId> = self
+            .history
+            .list_at(dir, Seq::MAX)?
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let live = tree.list(dir)?;
+        let mut draft = Draft::default();
+        let mut present = std::collections::HashSet::new();
+        for (name, binding) in live {
+            if recorded.get(&name) != Some(&binding.object) {
+                draft.dirents.push(Dirent {
+                    parent: dir,
+                    name: name.clone(),
+                    child: Some(binding.object),
+                });
+                draft.bind.push(binding);
+            }
+            present.insert(name);
+        }
+        for name in recorded.into_keys().filter(|n| !present.contains(n)) {
+            draft.dirents.push(Dirent {
+                parent: dir,
+                name,
+                child: None,
+            });
+        }
+        if !draft.dirents.is_empty() {
+            tracing::debug!("directory {dir} changed behind the mount; recording its entries");
+            let v = self.snapshot(tree, dir, st, Cause::External, &Who::default())?;
+            draft.versions.push((dir, v));
+            self.commit(draft)?;
+        }
+        self.state.lock().verified(dir, attrs);
+        Ok(())
     }
 
     /// Before an entry of directory `dir` is added, removed or renamed:

@@ -163,6 +163,29 @@ impl Vfs {
         Ok(())
     }
 
+    /// After history recorded a change of `dirs`' entries: their live
+    /// attributes now go with the recorded listings.
+    fn dirs_verified(&self, c: &Capture, dirs: &[InodeNo]) {
+        for dir in dirs {
+            if let Ok(node) = self.inodes.node(*dir) {
+                if let Ok(st) = sys::fstat(node.fd()) {
+                    c.dir_verified(dir.0, &st);
+                }
+            }
+        }
+    }
+
+    /// A live directory is about to be read: record entries that changed
+    /// behind the mount's back.
+    pub(super) fn dir_opened(&self, dir: InodeNo, st: &Stat) {
+        if let Some(c) = self.capture() {
+            logged(
+                "a directory's entries",
+                c.dir_seen(&Live(self), dir.0, st, true),
+            );
+        }
+    }
+
     pub(super) fn after_create(
         &self,
         caller: &Caller,
@@ -180,6 +203,7 @@ impl Vfs {
                 "a creation",
                 c.created(&Live(self), parent.0, name.as_bytes(), ino.0, st, &who),
             );
+            self.dirs_verified(c, &[parent]);
         }
     }
 
@@ -190,6 +214,7 @@ impl Vfs {
                 "a link",
                 c.linked(&Live(self), parent.0, name.as_bytes(), ino.0, &who),
             );
+            self.dirs_verified(c, &[parent]);
         }
     }
 
@@ -243,6 +268,7 @@ impl Vfs {
                     &who,
                 ),
             );
+            self.dirs_verified(c, &[parent]);
         }
     }
 
@@ -280,6 +306,7 @@ impl Vfs {
                     &who,
                 ),
             );
+            self.dirs_verified(c, &[old.0, new.0]);
         }
     }
 
