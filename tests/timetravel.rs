@@ -409,3 +409,88 @@ fn audit_mode_hides_history_from_other_users() {
     drop(f);
     m.unmount();
 }
+
+#[test]
+fn owners_times_and_xattrs_are_those_of_the_instant() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("p")).unwrap();
+        write_file(&m.p("p/f"), b"data\n");
+        std::os::unix::fs::symlink("f", m.p("p/l")).unwrap();
+        run(
+            &m.mnt,
+            "setfattr",
+            &["-n", "user.color", "-v", "blue", "p/f"],
+        );
+        run(&m.mnt, "chown", &["65534:65534", "p/f"]);
+        run(&m.mnt, "touch", &["-d", "2001-02-03 04:05:06", "p/f"]);
+        let before = fs::symlink_metadata(m.p("p/f")).unwrap();
+        tag(m, "then");
+        run(
+            &m.mnt,
+            "setfattr",
+            &["-n", "user.color", "-v", "red", "p/f"],
+        );
+        run(&m.mnt, "chown", &["0:0", "p/f"]);
+        run(&m.mnt, "touch", &["p/f"]);
+        let view = m.p(".history/@then/p/f");
+        let md = fs::symlink_metadata(&view).unwrap();
+        assert_eq!((md.uid(), md.gid()), (65534, 65534));
+        assert_eq!(
+            (md.mtime(), md.mtime_nsec()),
+            (before.mtime(), before.mtime_nsec())
+        );
+        assert_eq!(md.mode(), before.mode());
+        let color = run(
+            &m.mnt,
+            "getfattr",
+            &["--only-values", "-n", "user.color", ".history/@then/p/f"],
+        );
+        assert_eq!(color, "blue");
+        // cp -a carries all of it out.
+        let scratch = tempdir();
+        run(
+            &m.mnt,
+            "cp",
+            &["-a", ".history/@then/p", scratch.path().to_str().unwrap()],
+        );
+        let copied = scratch.path().join("p/f");
+        let cm = fs::symlink_metadata(&copied).unwrap();
+        assert_eq!(
+            (cm.uid(), cm.gid(), cm.mode()),
+            (65534, 65534, before.mode())
+        );
+        assert_eq!(cm.mtime(), before.mtime());
+        assert_eq!(
+            fs::read_link(scratch.path().join("p/l")).unwrap().to_str(),
+            Some("f")
+        );
+        let copied_color = run(
+            scratch.path(),
+            "getfattr",
+            &["--only-values", "-n", "user.color", "p/f"],
+        );
+        assert_eq!(copied_color, "blue");
+    });
+}
+
+#[test]
+fn a_bare_number_is_a_sequence_number_never_a_year() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("a"), b"a");
+        // Change #1 exists; "2026" is change #2026, which does not.
+        assert!(m.p(".history/@1").is_dir());
+        assert!(m.p(".history/@#1").is_dir());
+        assert_eq!(errno_of(fs::metadata(m.p(".history/@2026"))), libc::ENOENT);
+        assert!(
+            m.p(".history/@2026-01-01").symlink_metadata().is_err(),
+            "before history began"
+        );
+        // A tag cannot be named like a time or a number.
+        let out = Command::new(bin())
+            .args(["tag", "2026"])
+            .current_dir(&m.mnt)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+    });
+}

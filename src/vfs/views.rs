@@ -123,14 +123,24 @@ enum State {
 }
 
 enum ViewHandle {
-    Dir { ino: InodeNo, entries: Vec<Listed> },
-    File { reader: Mutex<Reader> },
+    Dir {
+        ino: InodeNo,
+        /// The instant of an object directory (its entries' too).
+        at: Option<Seq>,
+        entries: Vec<Listed>,
+    },
+    File {
+        reader: Mutex<Reader>,
+    },
 }
 
 struct Listed {
     name: Vec<u8>,
     ino: InodeNo,
     kind: u32,
+    /// The entry's recorded version, if it has one (saves resolving the
+    /// name again for readdirplus).
+    hist: Option<(ObjectId, Arc<Version>)>,
 }
 
 struct Reader {
@@ -363,10 +373,7 @@ impl Vfs {
     /// A node for what a walk found at `at`.
     fn node_at(&self, at: Seq, node: Node) -> Result<Entry> {
         let (obj, state, mut st) = match node {
-            Node::Hist { obj, v, .. } => {
-                let st = stat_of(&v, InodeNo(0));
-                (obj, State::Hist { v: Arc::new(v) }, st)
-            }
+            Node::Hist { obj, v, .. } => return self.hist_at(at, obj, Arc::new(v)),
             Node::Live { fd, st, .. } => {
                 let inode = self.inodes.acquire_new(fd, &st, false)?;
                 (inode.ino.0, State::Live { inode }, st)
@@ -382,6 +389,17 @@ impl Vfs {
         st.st_ino = ino.0;
         let what = What::At { at, obj, state };
         let st = self.hold_view(ino, || Ok((what, st)))?;
+        Ok(entry(st, IMMUTABLE_TTL))
+    }
+
+    /// A node for a recorded version of `obj`, shown at `at`.
+    fn hist_at(&self, at: Seq, obj: ObjectId, v: Arc<Version>) -> Result<Entry> {
+        let ino = self.view_number(at, obj)?;
+        let st = self.hold_view(ino, || {
+            let st = stat_of(&v, ino);
+            let state = State::Hist { v };
+            Ok((What::At { at, obj, state }, st))
+        })?;
         Ok(entry(st, IMMUTABLE_TTL))
     }
 
@@ -969,6 +987,10 @@ impl Vfs {
 
     pub(super) fn view_opendir(&self, ino: InodeNo) -> Result<u64> {
         let node = self.view(ino)?;
+        let at = match &node.what {
+            What::At { at, .. } => Some(*at),
+            _ => None,
+        };
         let entries = match &node.what {
             What::Top => {
                 let mut out = Vec::new();
@@ -980,6 +1002,7 @@ impl Vfs {
                                 name,
                                 ino: e.attr.ino,
                                 kind: libc::S_IFDIR,
+                                hist: None,
                             });
                         }
                         Err(e) => {
@@ -998,6 +1021,7 @@ impl Vfs {
                         name,
                         ino: self.view_number(at, obj)?,
                         kind,
+                        hist: None,
                     });
                 }
                 out
@@ -1009,7 +1033,7 @@ impl Vfs {
                 self.list_at(*at, *obj, state)?
             }
         };
-        Ok(self.insert_view_handle(ViewHandle::Dir { ino, entries }))
+        Ok(self.insert_view_handle(ViewHandle::Dir { ino, at, entries }))
     }
 
     fn list_at(&self, at: Seq, obj: ObjectId, state: &State) -> Result<Vec<Listed>> {
@@ -1040,15 +1064,19 @@ impl Vfs {
                 let Some(child) = p.finish(next, at).map_err(past_err)? else {
                     continue;
                 };
-                let child_obj = match &child {
-                    Node::Hist { obj, .. } => *obj,
-                    Node::Live { obj: Some(o), .. } => *o,
-                    Node::Live { st, .. } => self.inodes.number_for(self.inodes.key_of(st))?.0,
+                let kind = child.mode() & libc::S_IFMT;
+                let (child_obj, hist) = match child {
+                    Node::Hist { obj, v, .. } => (obj, Some((obj, Arc::new(v)))),
+                    Node::Live { obj: Some(o), .. } => (o, None),
+                    Node::Live { st, .. } => {
+                        (self.inodes.number_for(self.inodes.key_of(&st))?.0, None)
+                    }
                 };
                 out.push(Listed {
-                    kind: child.mode() & libc::S_IFMT,
+                    kind,
                     ino: self.view_number(at, child_obj)?,
                     name,
+                    hist,
                 });
             }
             Ok(out)
@@ -1066,17 +1094,22 @@ impl Vfs {
         plus: bool,
     ) -> Result<()> {
         let handle = self.view_handle(fh)?;
-        let ViewHandle::Dir { ino: dir, entries } = &*handle else {
+        let ViewHandle::Dir {
+            ino: dir,
+            at,
+            entries,
+        } = &*handle
+        else {
             return Err(errno(libc::ENOTDIR));
         };
         let start = offset.max(0) as usize;
         let dots = [b".".as_slice(), b"..".as_slice()];
         for i in start..entries.len() + 2 {
-            let (name, ino, kind) = match i {
-                0 | 1 => (dots[i], *dir, libc::S_IFDIR),
+            let (name, ino, kind, hist) = match i {
+                0 | 1 => (dots[i], *dir, libc::S_IFDIR, None),
                 _ => {
                     let l = &entries[i - 2];
-                    (l.name.as_slice(), l.ino, l.kind)
+                    (l.name.as_slice(), l.ino, l.kind, l.hist.as_ref())
                 }
             };
             let dirent = DirEntry {
@@ -1091,7 +1124,11 @@ impl Vfs {
                 }
                 continue;
             }
-            let e = match self.view_lookup(caller, *dir, OsStr::from_bytes(name)) {
+            let found = match (at, hist) {
+                (Some(at), Some((obj, v))) => self.hist_at(*at, *obj, v.clone()),
+                _ => self.view_lookup(caller, *dir, OsStr::from_bytes(name)),
+            };
+            let e = match found {
                 Ok(e) => e,
                 Err(e) if e.errno_is(libc::ENOENT) => continue,
                 Err(e) => return Err(e),
