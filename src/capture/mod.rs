@@ -218,7 +218,15 @@ impl Capture {
         let attrs = attrs_of(&st);
         match self.known(obj)? {
             Some(k) if k.verified.same_state(&attrs) || k.attrs.same_state(&attrs) => Ok(()),
-            Some(_) => self.record_state(tree, obj, &st, Cause::External, &Who::default(), true),
+            Some(_) => self.record_state(
+                tree,
+                obj,
+                &st,
+                Cause::External,
+                &Who::default(),
+                true,
+                false,
+            ),
             None => self.baseline(tree, obj, &st),
         }
     }
@@ -258,7 +266,7 @@ impl Capture {
             }
         }
         tracing::debug!("inode {obj} changed behind the mount; recording it");
-        self.record_state(tree, obj, st, Cause::External, &Who::default(), true)
+        self.record_state(tree, obj, st, Cause::External, &Who::default(), true, false)
     }
 
     /// An entry of `dir` changed through the mount and history recorded
@@ -507,7 +515,10 @@ impl Capture {
 
     /// Records `obj`'s current state with `cause` unless it equals what
     /// history holds (copy-on-change). `read_content`: the file's bytes may
-    /// have changed and must be read again.
+    /// have changed and must be read again. `set_times`: the change set
+    /// times explicitly, which makes a version even when nothing else
+    /// differs.
+    #[allow(clippy::too_many_arguments)]
     fn record_state(
         &self,
         tree: &dyn Tree,
@@ -516,6 +527,7 @@ impl Capture {
         cause: Cause,
         who: &Who,
         read_content: bool,
+        set_times: bool,
     ) -> Result<()> {
         let known = self.known(obj)?;
         let draft = Draft::default();
@@ -531,20 +543,28 @@ impl Capture {
             },
             _ => self.snapshot(tree, obj, st, cause, who)?,
         };
-        self.commit_unless_same(obj, known.as_deref(), v, draft)
+        let retimed = set_times
+            && known
+                .as_ref()
+                .is_some_and(|k| k.attrs.mtime != v.attrs.mtime || k.attrs.atime != v.attrs.atime);
+        self.commit_unless_same(obj, known.as_deref(), v, draft, retimed)
     }
 
     /// Commits `v` unless it is the same state as `known` (then only
     /// remembers the live attributes as verified).
+    /// Commits `v` unless it holds what history already has (content,
+    /// xattrs, mode, owner, size: a rewrite of identical bytes changes
+    /// mtime but is no new version), or `retimed` (times set explicitly).
     fn commit_unless_same(
         &self,
         obj: ObjectId,
         known: Option<&Known>,
         v: Version,
         mut draft: Draft,
+        retimed: bool,
     ) -> Result<()> {
         if let Some(k) = known {
-            if k.same_content_and_meta(&v) {
+            if k.same_content_and_meta(&v) && !retimed {
                 self.state.lock().verified(obj, v.attrs);
                 return Ok(());
             }
@@ -774,14 +794,25 @@ impl Capture {
 
     /// Attributes or xattrs of `obj` changed (`cause` says which); a
     /// truncate also changed content. During a write session the change
-    /// folds into the session's version.
-    pub fn changed(&self, tree: &dyn Tree, obj: ObjectId, cause: Cause, who: &Who) -> Result<()> {
-        if self.state.lock().mark_dirty(obj) {
+    /// folds into the session's version. `set_times`: times were set
+    /// explicitly (utimensat with both times: touch, cp -p, tar, rsync -t),
+    /// a change of its own even if nothing else differs. (The kernel's
+    /// writeback cache also sends mtime alone, as it flushes the times of
+    /// its writes: that is no change of its own.)
+    pub fn changed(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        cause: Cause,
+        who: &Who,
+        set_times: bool,
+    ) -> Result<()> {
+        if self.state.lock().mark_dirty(obj, set_times) {
             return Ok(());
         }
         let st = tree.stat(obj)?;
         let read = cause == Cause::Truncate;
-        self.record_state(tree, obj, &st, cause, who, read)
+        self.record_state(tree, obj, &st, cause, who, read, set_times)
     }
 
     /// A handle that may write `obj` is being opened (before the backing
@@ -988,7 +1019,16 @@ impl Capture {
             draft.versions.push((job.obj, v));
             return self.commit(draft);
         }
-        self.commit_unless_same(job.obj, known.as_deref(), v, draft)
+        // A session that set times (touch, cp -p, rsync -t) made a change
+        // even if its bytes are the same.
+        let retimed = job.retimed
+            && known
+                .as_ref()
+                .is_some_and(|k| k.attrs.mtime != v.attrs.mtime && k.same_content_and_meta(&v));
+        if retimed {
+            v.cause = Cause::Utimes;
+        }
+        self.commit_unless_same(job.obj, known.as_deref(), v, draft, retimed)
     }
 
     /// Files held open past the interval get a version (called by the

@@ -67,6 +67,9 @@ pub struct Session {
     who: Who,
     /// Attributes changed during the session (fold into its version).
     dirty: bool,
+    /// Times were set explicitly during the session (a change even if the
+    /// bytes end up the same).
+    retimed: bool,
     last_version: Instant,
     /// When close(2) last flushed a handle of it: its release (and version)
     /// is imminent.
@@ -80,6 +83,7 @@ pub struct Job {
     pub who: Who,
     pub cause: Cause,
     pub dirty: bool,
+    pub retimed: bool,
     /// Counted in `ingesting` (queued for the worker).
     pub queued: bool,
 }
@@ -182,11 +186,13 @@ impl Objects {
         self.sessions.contains_key(&obj)
     }
 
-    /// Marks an open session dirty; false if there is none.
-    pub fn mark_dirty(&mut self, obj: ObjectId) -> bool {
+    /// Marks an open session dirty (`retimed`: by setting times); false
+    /// if there is none.
+    pub fn mark_dirty(&mut self, obj: ObjectId, retimed: bool) -> bool {
         match self.sessions.get_mut(&obj) {
             Some(s) => {
                 s.dirty = true;
+                s.retimed |= retimed;
                 true
             }
             None => false,
@@ -244,6 +250,7 @@ impl Objects {
                         reader: Arc::new(reader),
                         who,
                         dirty: false,
+                        retimed: false,
                         last_version: Instant::now(),
                         flushed: None,
                     },
@@ -267,6 +274,7 @@ impl Objects {
             who: s.who,
             cause: Cause::Write,
             dirty: s.dirty,
+            retimed: s.retimed,
             queued: true,
         })
     }
@@ -276,12 +284,14 @@ impl Objects {
         let s = self.sessions.get_mut(&obj)?;
         s.last_version = Instant::now();
         let dirty = std::mem::take(&mut s.dirty);
+        let retimed = std::mem::take(&mut s.retimed);
         Some(Job {
             obj,
             reader: s.reader.clone(),
             who: s.who.clone(),
             cause,
             dirty,
+            retimed,
             queued: false,
         })
     }

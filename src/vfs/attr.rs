@@ -74,7 +74,10 @@ impl Vfs {
         };
         self.before_change(ino)?;
         let attr = self.apply_setattr(caller, ino, &set)?;
-        self.after_change(caller, ino, cause);
+        // Both times set: utimensat by a program. The kernel's writeback
+        // cache flushes mtime alone.
+        let set_times = set.atime.is_some() && set.mtime.is_some();
+        self.after_change_times(caller, ino, cause, set_times);
         Ok(attr)
     }
 

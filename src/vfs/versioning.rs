@@ -311,9 +311,23 @@ impl Vfs {
     }
 
     pub(super) fn after_change(&self, caller: &Caller, ino: InodeNo, cause: Cause) {
+        self.after_change_times(caller, ino, cause, false);
+    }
+
+    /// After a change; `set_times`: it set times explicitly.
+    pub(super) fn after_change_times(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        cause: Cause,
+        set_times: bool,
+    ) {
         if let Some(c) = self.capture() {
             let who = self.who(c, caller);
-            logged("a change", c.changed(&Live(self), ino.0, cause, &who));
+            logged(
+                "a change",
+                c.changed(&Live(self), ino.0, cause, &who, set_times),
+            );
         }
     }
 
