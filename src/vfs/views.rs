@@ -578,8 +578,7 @@ impl Vfs {
         Ok(match state {
             State::Hist { .. } => Cur::Hist(obj),
             State::Live { inode } => {
-                let fd = sys::reopen(self.inodes.fd(inode)?.as_fd(), libc::O_PATH)?;
-                let st = sys::fstat(fd.as_fd())?;
+                let (fd, st) = self.live_path_fd(inode)?;
                 Cur::Live {
                     obj: Some(obj),
                     fd,
@@ -587,6 +586,13 @@ impl Vfs {
                 }
             }
         })
+    }
+
+    /// A fresh O_PATH descriptor of a live inode, with its attributes now.
+    fn live_path_fd(&self, inode: &Inode) -> Result<(OwnedFd, Stat)> {
+        let fd = sys::reopen(self.inodes.fd(inode)?.as_fd(), libc::O_PATH)?;
+        let st = sys::fstat(fd.as_fd())?;
+        Ok((fd, st))
     }
 
     fn lookup_instant(&self, name: &[u8]) -> Result<Entry> {
@@ -1044,8 +1050,7 @@ impl Vfs {
                 v: (**v).clone(),
             },
             State::Live { inode } => {
-                let fd = sys::reopen(self.inodes.fd(inode)?.as_fd(), libc::O_PATH)?;
-                let st = sys::fstat(fd.as_fd())?;
+                let (fd, st) = self.live_path_fd(inode)?;
                 Node::Live {
                     obj: Some(obj),
                     fd,
