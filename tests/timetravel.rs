@@ -494,3 +494,35 @@ fn a_bare_number_is_a_sequence_number_never_a_year() {
         assert!(!out.status.success());
     });
 }
+
+#[test]
+fn an_open_view_keeps_reading_the_instant_while_the_live_file_changes() {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
+    each_versioning_mode(|m| {
+        let old = pattern(3 << 20, 7);
+        fs::write(m.p("f"), &old).unwrap();
+        tag(m, "t");
+        let mut view = fs::File::open(m.p(".history/@t/f")).unwrap();
+        let mut head = vec![0u8; 1 << 20];
+        view.read_exact(&mut head).unwrap();
+        assert!(head == old[..1 << 20]);
+        // Rewritten in place through the mount, same size, while the view
+        // is open: the view must go on showing the instant.
+        let live = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        live.write_all_at(&pattern(3 << 20, 8), 0).unwrap();
+        drop(live);
+        let mut rest = Vec::new();
+        view.read_to_end(&mut rest).unwrap();
+        assert!(
+            rest == old[1 << 20..],
+            "the view showed the live file's new bytes"
+        );
+        view.seek(SeekFrom::Start(0)).unwrap();
+        let mut again = Vec::new();
+        view.read_to_end(&mut again).unwrap();
+        assert!(again == old);
+        assert!(fs::read(m.p(".history/@t/f")).unwrap() == old);
+        assert!(fs::read(m.p("f;1")).unwrap() == old);
+    });
+}

@@ -374,6 +374,17 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         views: opts.views.clone(),
     };
     let vfs = Vfs::new(branch, inomap, vfs_cfg, capture.clone()).map_err(|e| anyhow!("{e}"))?;
+    if capture.is_some() {
+        // Views of unchanged files read private clones made here (where
+        // the file system can clone); without it they read through the
+        // daemon.
+        let dir = sys::cstr(store.dir().as_os_str())
+            .and_then(|c| sys::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0));
+        match dir {
+            Ok(fd) => vfs.set_clone_dir(fd),
+            Err(e) => tracing::warn!("store directory {}: {e}", store.dir().display()),
+        }
+    }
     let fs = ChronoFuse::new(
         vfs.clone(),
         AdapterConfig {

@@ -309,6 +309,18 @@ pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
     check(ret).map(drop)
 }
 
+/// A private copy of the file `src` sharing its blocks (FICLONE: btrfs,
+/// XFS, bcachefs...), as an unnamed file in directory `dir`, which must be
+/// on the same file system. EOPNOTSUPP/EXDEV/EINVAL where cloning is not
+/// possible.
+pub fn clone_to_tmpfile(src: BorrowedFd<'_>, dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let fd = openat(dir.as_raw_fd(), c".", libc::O_TMPFILE | libc::O_RDWR, 0o600)?;
+    // SAFETY: both are valid descriptors; FICLONE takes the source fd as
+    // its argument and reads nothing else.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) })?;
+    Ok(fd)
+}
+
 pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: valid fd.
     check(unsafe {

@@ -353,6 +353,9 @@ impl Vfs {
         fh: u64,
         f: impl FnOnce(BorrowedFd<'_>) -> Result<T>,
     ) -> Result<T> {
+        if is_view_fh(fh) {
+            return self.view_backing(fh, f);
+        }
         self.with_file(fh, |fd, _| f(fd))
     }
 

@@ -78,6 +78,9 @@ impl Default for ViewConfig {
 
 #[derive(Default)]
 pub(super) struct Views {
+    /// Where private clones of live files go (the store directory), if
+    /// history has one on the source's file system.
+    clone_dir: std::sync::OnceLock<OwnedFd>,
     instants: RwLock<Instants>,
     nodes: RwLock<HashMap<InodeNo, Arc<ViewNode>>>,
     handles: RwLock<HashMap<u64, Arc<ViewHandle>>>,
@@ -94,6 +97,10 @@ struct Instants {
 struct ViewNode {
     nlookup: AtomicU64,
     what: What,
+    /// A private clone of the live file (see `clone_for`): `None` until
+    /// the first open decides, then the clone or nothing. Decided once so
+    /// that every open of the inode takes the same I/O path.
+    clone: Mutex<Option<Option<Arc<OwnedFd>>>>,
     /// The attributes shown (`st_ino` is the view's number).
     st: Stat,
 }
@@ -131,6 +138,8 @@ enum ViewHandle {
     },
     File {
         reader: Mutex<Reader>,
+        /// The clone the kernel reads directly (FUSE passthrough).
+        passthrough: Option<Arc<OwnedFd>>,
     },
 }
 
@@ -326,6 +335,7 @@ impl Vfs {
                 nlookup: AtomicU64::new(1),
                 what,
                 st,
+                clone: Mutex::new(None),
             }),
         );
         Ok(st)
@@ -786,19 +796,79 @@ impl Vfs {
             return Err(VfsError::WrongKind);
         }
         let source = self.source_for(*obj, *at, state)?;
+        let passthrough = self.clone_for(&node, *obj, &source);
         let reader = Reader {
             obj: *obj,
             at: *at,
             source,
         };
+        let passthrough_ok = passthrough.is_some();
         let fh = self.insert_view_handle(ViewHandle::File {
             reader: Mutex::new(reader),
+            passthrough,
         });
         Ok(super::Opened {
             fh,
-            passthrough_ok: false,
+            passthrough_ok,
             session: false,
         })
+    }
+
+    /// Gives the views the place for private clones of live files.
+    pub fn set_clone_dir(&self, dir: OwnedFd) {
+        let _ = self.views.clone_dir.set(dir);
+    }
+
+    /// A view of a file unchanged since its instant can be read by the
+    /// kernel itself (passthrough, as fast as the live file) only from a
+    /// file that can never change: a clone of the live file sharing its
+    /// blocks, where the source's file system can make one (FICLONE), made
+    /// while the live file still holds the instant's content. Passthrough
+    /// on the live file itself would show a later write to it through the
+    /// view.
+    fn clone_for(&self, node: &ViewNode, obj: ObjectId, source: &Source) -> Option<Arc<OwnedFd>> {
+        let mut slot = node.clone.lock();
+        if let Some(decided) = &*slot {
+            return decided.clone();
+        }
+        let Source::Head { fd, expect, latest } = source else {
+            return None;
+        };
+        let dir = self.views.clone_dir.get()?;
+        let made = match sys::clone_to_tmpfile(fd.as_fd(), dir.as_fd()) {
+            Ok(clone) => {
+                // Verified after the clone, as reads are (`view_read`).
+                let now = sys::fstat(fd.as_fd()).ok().map(|st| attrs_of(&st));
+                let newest = self
+                    .history()
+                    .ok()
+                    .and_then(|h| h.latest(obj).ok())
+                    .map(|l| l.map(|(s, _)| s));
+                (now.is_some_and(|n| expect.same_state(&n)) && newest == Some(*latest))
+                    .then(|| Arc::new(clone))
+            }
+            Err(e) => {
+                tracing::debug!("history view: no clone of object {obj}: {e}");
+                None
+            }
+        };
+        *slot = Some(made.clone());
+        made
+    }
+
+    /// The descriptor the kernel reads a passthrough view file from.
+    pub(super) fn view_backing<T>(
+        &self,
+        fh: u64,
+        f: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> Result<T>,
+    ) -> Result<T> {
+        match &*self.view_handle(fh)? {
+            ViewHandle::File {
+                passthrough: Some(fd),
+                ..
+            } => f(fd.as_fd()),
+            _ => Err(VfsError::WrongKind),
+        }
     }
 
     fn insert_view_handle(&self, h: ViewHandle) -> u64 {
@@ -868,7 +938,7 @@ impl Vfs {
 
     pub(super) fn view_read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let handle = self.view_handle(fh)?;
-        let ViewHandle::File { reader } = &*handle else {
+        let ViewHandle::File { reader, .. } = &*handle else {
             return Err(errno(libc::EISDIR));
         };
         let mut r = reader.lock();
@@ -974,7 +1044,7 @@ impl Vfs {
 
     pub(super) fn view_lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
         let handle = self.view_handle(fh)?;
-        let ViewHandle::File { reader } = &*handle else {
+        let ViewHandle::File { reader, .. } = &*handle else {
             return Err(errno(libc::EISDIR));
         };
         let size = match &reader.lock().source {
