@@ -19,9 +19,8 @@
 //! Environment: `CHRONOFS_PROPTEST_CASES` (default 8) the number of random
 //! cases, `CHRONOFS_PROPTEST_SEED` (default fixed) the random seed,
 //! `CHRONOFS_PROPTEST_SHRINK_ITERS` (default 1000) the shrinking budget,
-//! `CHRONOFS_PROPTEST_NLINK=1` also compares the link counts of files in
-//! history (off by default: a known bug, see
-//! `bug_rename_over_hard_link_keeps_stale_nlink`). A failure is shrunk and
+//! `CHRONOFS_PROPTEST_NLINK=0` leaves the link counts of files out of the
+//! comparison (compared by default). A failure is shrunk and
 //! reported as a list of operations that can be pasted into a
 //! deterministic test (see `regression_*` and `bug_*` below).
 
@@ -885,7 +884,7 @@ fn trace(steps: &[Step]) -> String {
 /// Runs `ops` on a fresh mount and checks every tagged instant; Ok: the
 /// number of operations run (the others were skipped as invalid).
 /// `nlink`: also compare the link counts of files in history (off in the
-/// random test, see `bug_rename_over_hard_link_keeps_stale_nlink`).
+/// random test when `CHRONOFS_PROPTEST_NLINK=0`).
 fn run_ops(ops: &[Op], nlink: bool) -> Result<usize, String> {
     sys::umask(0o022);
     let m = Versioned::new();
@@ -1020,7 +1019,7 @@ fn env_num(name: &str) -> Option<u64> {
 fn history_matches_model() {
     let cases = env_num("CHRONOFS_PROPTEST_CASES").unwrap_or(DEFAULT_CASES as u64) as u32;
     let seed = env_num("CHRONOFS_PROPTEST_SEED").unwrap_or(DEFAULT_SEED);
-    let nlink = env_num("CHRONOFS_PROPTEST_NLINK").unwrap_or(0) != 0;
+    let nlink = env_num("CHRONOFS_PROPTEST_NLINK").unwrap_or(1) != 0;
     let shrink = env_num("CHRONOFS_PROPTEST_SHRINK_ITERS").unwrap_or(1000) as u32;
     let config = Config {
         cases,
@@ -1103,12 +1102,12 @@ fn regression_rename_over_rmdir_recreate() {
     ], false);
 }
 
-/// Renaming a file over one of two hard links: history records the other
-/// link's file (cause "overwritten") with the link count from before the
-/// rename. At s3 `ls --at s3` gives `y` nlink 2; it had 1.
+/// Renaming a file over one of two hard links: the other link's file must
+/// show link count 1 from then on (it once kept the count from before the
+/// rename).
 #[test]
 #[rustfmt::skip]
-fn bug_rename_over_hard_link_keeps_stale_nlink() {
+fn regression_rename_over_hard_link_updates_nlink() {
     must_pass(&[
         Write { path: "x", len: 0, seed: 0 },
         Link { from: "x", to: "y" },
