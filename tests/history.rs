@@ -1492,3 +1492,79 @@ fn directory_entries_changed_behind_the_mount_are_recorded_when_listed() {
         assert_eq!(s(&cat_at(m, "d/a", "before")), "a\n");
     });
 }
+
+/// A loop-mounted ext4 image of `mib` MiB at a temporary directory,
+/// unmounted on drop.
+struct SmallFs {
+    dir: tempfile::TempDir,
+    img: std::path::PathBuf,
+}
+
+impl SmallFs {
+    fn new(mib: u64) -> SmallFs {
+        let dir = tempdir();
+        let img = dir.path().with_extension("img");
+        fs::File::create(&img).unwrap().set_len(mib << 20).unwrap();
+        run(
+            dir.path(),
+            "mkfs.ext4",
+            &["-q", "-F", img.to_str().unwrap()],
+        );
+        run(
+            dir.path(),
+            "mount",
+            &[
+                "-o",
+                "loop",
+                img.to_str().unwrap(),
+                dir.path().to_str().unwrap(),
+            ],
+        );
+        SmallFs { dir, img }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+        let _ = fs::remove_file(&self.img);
+    }
+}
+
+#[test]
+fn a_full_store_refuses_changes_with_enospc_and_resumes_when_freed() {
+    let small = SmallFs::new(64);
+    let store = small.dir.path().join("store");
+    let filler = small.dir.path().join("filler");
+    fs::write(&filler, vec![0u8; 20 << 20]).unwrap();
+    let _serial = history_mount_lock();
+    let mut m = Mount::new(&format!("store={}", store.display()));
+    m.wait_history_ready();
+    // Incompressible data until the store's disk is full.
+    let mut refused = None;
+    for i in 0..12 {
+        let r = fs::write(m.p(&format!("f{i}")), pattern(8 << 20, i as u64 + 1));
+        if let Err(e) = r {
+            refused = Some(e.raw_os_error());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        refused,
+        Some(Some(libc::ENOSPC)),
+        "no ENOSPC from a full store"
+    );
+    // Nothing changes unrecorded while full; reading still works.
+    let e = fs::write(m.p("small"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    assert!(fs::read(m.p("f0")).unwrap() == pattern(8 << 20, 1));
+    // Room again: changes are recorded again, and the store is sound.
+    fs::remove_file(&filler).unwrap();
+    write_file(&m.p("after"), b"after\n");
+    assert_eq!(count(&m, "after"), 1);
+    assert_eq!(s(&cat_version(&m, "after", 1)), "after\n");
+    let fsck = chrono_str(&m, &["fsck"]);
+    assert!(fsck.contains("consistent"), "{fsck}");
+    m.unmount();
+}

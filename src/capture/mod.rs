@@ -209,6 +209,7 @@ impl Capture {
     /// (its baseline if history never saw it, or what changed behind the
     /// mount's back), so the change can never lose it.
     pub fn before_change(&self, tree: &dyn Tree, obj: ObjectId) -> Result<()> {
+        self.history.writable()?;
         self.wait_ingests(obj);
         if self.state.lock().has_writers(obj) {
             // The session's opening already secured the prior state.
@@ -343,6 +344,7 @@ impl Capture {
     /// Before an entry of directory `dir` is added, removed or renamed:
     /// the directory's listing must be in history.
     pub fn before_dir_change(&self, tree: &dyn Tree, dir: ObjectId) -> Result<()> {
+        self.history.writable()?;
         if self.known(dir)?.is_some() {
             return Ok(());
         }

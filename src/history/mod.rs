@@ -29,11 +29,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use redb::{Database, Durability, ReadableDatabase};
+use redb::Durability;
 
 pub use model::*;
 
-use crate::store::{self, index_error, ChunkStore, Journal, Store, StoreError};
+use crate::store::{self, index_error, ChunkStore, Index, Journal, Store, StoreError};
 
 const APPLY_INTERVAL: Duration = Duration::from_millis(100);
 const META_DURABLE_SEQ: &str = "history_durable_seq";
@@ -86,7 +86,8 @@ struct WriteState {
 }
 
 pub struct History {
-    db: Arc<Database>,
+    db: Arc<Index>,
+    space: Arc<store::Space>,
     chunks: Arc<ChunkStore>,
     state: Mutex<WriteState>,
     /// Serializes appliers (background thread and queries).
@@ -156,6 +157,7 @@ impl History {
         }
         let history = Arc::new(History {
             db,
+            space: store.space(),
             chunks,
             state: Mutex::new(WriteState {
                 next_seq,
@@ -192,6 +194,7 @@ impl History {
     /// Records a change; returns its sequence number. Once this returns,
     /// the change survives a kill of the daemon.
     pub fn commit(&self, draft: Draft) -> Result<Seq> {
+        self.space.check()?;
         let mut st = self.state.lock();
         let seq = st.next_seq;
         let time_ns = now_ns().max(st.last_time + 1);
@@ -218,6 +221,7 @@ impl History {
         let active = st.active;
         if let Err(e) = st.journals[active].append(&op.encode()) {
             self.chunks.unjournal(fresh.iter().map(|(h, _)| *h));
+            self.space.note(&e);
             return Err(e.into());
         }
         st.next_seq = seq + 1;
@@ -230,6 +234,12 @@ impl History {
         }
         st.queue.push(op);
         Ok(seq)
+    }
+
+    /// Ok if changes can be recorded now; ENOSPC while the store is full
+    /// (a change made anyway would go unrecorded).
+    pub fn writable(&self) -> Result<()> {
+        Ok(self.space.check()?)
     }
 
     /// Makes every committed change durable (the journal too, for fsync).
@@ -271,6 +281,9 @@ impl History {
             Ok(())
         });
         if let Err(e) = txn_result {
+            if let HistoryError::Store(s) = &e {
+                self.space.note(s);
+            }
             // Put the batch back: its changes are still journaled and must
             // become visible once the index accepts writes again.
             let mut st = self.state.lock();
@@ -394,7 +407,7 @@ impl History {
         tables::dirent_at(&self.db, parent, name, Seq::MAX)
     }
 
-    pub(crate) fn db(&self) -> &Arc<Database> {
+    pub(crate) fn db(&self) -> &Arc<Index> {
         &self.db
     }
 }
@@ -406,7 +419,7 @@ impl From<redb::Error> for HistoryError {
 }
 
 /// Read transactions used by queries.
-pub(crate) fn read_txn(db: &Database) -> Result<redb::ReadTransaction> {
+pub(crate) fn read_txn(db: &Index) -> Result<redb::ReadTransaction> {
     db.begin_read()
         .map_err(|e| HistoryError::Store(index_error(e)))
 }

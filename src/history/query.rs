@@ -14,7 +14,7 @@ use super::tables::{self, DIRENTS, LINKS, SEQS, TAGS, TIMES, VERSIONS};
 use super::{read_txn, History, HistoryError, Result};
 use crate::store::Hash;
 
-fn err(e: impl std::fmt::Display) -> HistoryError {
+fn err(e: impl Into<redb::Error>) -> HistoryError {
     HistoryError::Store(crate::store::index_error(e))
 }
 

@@ -3,7 +3,9 @@
 //! a 0 byte (never part of a file name) so a name sorts before its
 //! extensions and a name's entries stay contiguous.
 
-use redb::{Database, Durability, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{Durability, ReadableTable, TableDefinition, WriteTransaction};
+
+use crate::store::Index;
 
 use super::model::*;
 use super::{read_txn, HistoryError, Result};
@@ -75,11 +77,11 @@ pub fn split_link_key(key: &[u8]) -> Option<(Seq, ObjectId, &[u8])> {
     Some((seq, parent, &key[24..]))
 }
 
-fn err(e: impl std::fmt::Display) -> HistoryError {
+fn err(e: impl Into<redb::Error>) -> HistoryError {
     HistoryError::Store(index_error(e))
 }
 
-pub fn meta_get(db: &Database, key: &str) -> Result<Option<u64>> {
+pub fn meta_get(db: &Index, key: &str) -> Result<Option<u64>> {
     let txn = read_txn(db)?;
     match txn.open_table(META) {
         Ok(t) => Ok(t.get(key).map_err(err)?.map(|v| v.value())),
@@ -96,7 +98,7 @@ pub fn meta_put(txn: &WriteTransaction, key: &str, value: u64) -> Result<()> {
     Ok(())
 }
 
-pub fn apply_ops(db: &Database, ops: &[Op], durability: Durability) -> Result<()> {
+pub fn apply_ops(db: &Index, ops: &[Op], durability: Durability) -> Result<()> {
     apply_ops_with(db, ops, durability, |_| Ok(()))
 }
 
@@ -104,7 +106,7 @@ pub fn apply_ops(db: &Database, ops: &[Op], durability: Durability) -> Result<()
 /// adds. Idempotent: replaying an op already applied rewrites the same keys
 /// with the same values.
 pub fn apply_ops_with(
-    db: &Database,
+    db: &Index,
     ops: &[Op],
     durability: Durability,
     extra: impl FnOnce(&WriteTransaction) -> Result<()>,
@@ -197,7 +199,7 @@ fn previous_child(
 }
 
 /// A manifest's encoded bytes, if the index holds it.
-pub fn manifest_bytes(db: &Database, id: &store::Hash) -> Result<Option<Vec<u8>>> {
+pub fn manifest_bytes(db: &Index, id: &store::Hash) -> Result<Option<Vec<u8>>> {
     let txn = read_txn(db)?;
     let table = match txn.open_table(MANIFESTS) {
         Ok(t) => t,
@@ -209,7 +211,7 @@ pub fn manifest_bytes(db: &Database, id: &store::Hash) -> Result<Option<Vec<u8>>
 }
 
 /// The newest version of `obj` at or before `seq`.
-pub fn version_at(db: &Database, obj: ObjectId, seq: Seq) -> Result<Option<(Seq, Version)>> {
+pub fn version_at(db: &Index, obj: ObjectId, seq: Seq) -> Result<Option<(Seq, Version)>> {
     let txn = read_txn(db)?;
     let table = match txn.open_table(VERSIONS) {
         Ok(t) => t,
@@ -250,7 +252,7 @@ pub fn decode(bytes: &[u8]) -> Result<Version> {
 /// What `name` in `parent` named at `seq`: `None` if history has no entry
 /// for it yet, `Some(None)` if it was removed.
 pub fn dirent_at(
-    db: &Database,
+    db: &Index,
     parent: ObjectId,
     name: &[u8],
     seq: Seq,

@@ -25,7 +25,7 @@ pub struct VerifyReport {
     pub repaired: u64,
 }
 
-fn err(e: impl std::fmt::Display) -> HistoryError {
+fn err(e: impl Into<redb::Error>) -> HistoryError {
     HistoryError::Store(index_error(e))
 }
 

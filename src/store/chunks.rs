@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use redb::{Database, ReadableDatabase, TableDefinition};
+use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
-use super::{index_error, StoreError};
+use super::{index_error, Index, Space, StoreError};
 
 pub type Hash = [u8; 32];
 
@@ -113,7 +113,8 @@ struct Writer {
 /// The chunk half of a store.
 pub struct ChunkStore {
     dir: PathBuf,
-    db: Arc<Database>,
+    db: Arc<Index>,
+    space: Arc<Space>,
     writer: Mutex<Option<Writer>>,
     /// Chunks written to a pack but not yet in the index: their location,
     /// and whether a journaled op already carries it.
@@ -176,11 +177,16 @@ pub fn pack_ids(dir: &Path) -> Result<Vec<u32>, StoreError> {
 }
 
 impl ChunkStore {
-    pub(super) fn open(dir: PathBuf, db: Arc<Database>) -> Result<ChunkStore, StoreError> {
+    pub(super) fn open(
+        dir: PathBuf,
+        db: Arc<Index>,
+        space: Arc<Space>,
+    ) -> Result<ChunkStore, StoreError> {
         let next = pack_ids(&dir)?.last().map_or(1, |id| id + 1);
         Ok(ChunkStore {
             dir,
             db,
+            space,
             writer: Mutex::new(None),
             fresh: Mutex::new(HashMap::new()),
             readers: RwLock::new(HashMap::new()),
@@ -397,9 +403,12 @@ impl ChunkStore {
         entry.extend_from_slice(&stored_len.to_be_bytes());
         entry.extend_from_slice(h);
         entry.extend_from_slice(body);
+        self.space.check()?;
         let mut guard = self.writer.lock();
         if guard.as_ref().is_none_or(|w| w.len >= PACK_LIMIT) {
-            *guard = Some(self.new_pack()?);
+            *guard = Some(self.new_pack().inspect_err(|e| {
+                self.space.note(e);
+            })?);
         }
         let Some(w) = guard.as_mut() else {
             return Err(StoreError::Index("no pack writer".into()));
@@ -408,7 +417,9 @@ impl ChunkStore {
         if let Err(e) = w.file.write_all(&entry) {
             // Leave no partial entry in the middle of the pack.
             let _ = w.file.set_len(offset);
-            return Err(self.io_err(e));
+            let e = self.io_err(e);
+            self.space.note(&e);
+            return Err(e);
         }
         w.len += entry.len() as u64;
         Ok(Location {
@@ -622,15 +633,20 @@ fn decompress_with_prefix(frame: &[u8], prefix: &[u8], len: usize) -> std::io::R
 mod tests {
     use super::*;
 
-    fn open(tmp: &Path, db: &Arc<Database>) -> ChunkStore {
-        ChunkStore::open(tmp.join("packs"), db.clone()).unwrap()
+    fn open(tmp: &Path, db: &Arc<Index>) -> ChunkStore {
+        let space = Arc::new(super::Space {
+            dir: tmp.to_path_buf(),
+            full: std::sync::atomic::AtomicBool::new(false),
+        });
+        ChunkStore::open(tmp.join("packs"), db.clone(), space).unwrap()
     }
 
     #[test]
     fn put_get_dedup_and_verify() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir(tmp.path().join("packs")).unwrap();
-        let db = Arc::new(Database::create(tmp.path().join("db")).unwrap());
+        let path = tmp.path().join("db");
+        let db = Index::from_database(path.clone(), redb::Database::create(&path).unwrap());
         let store = open(tmp.path(), &db);
         let text = b"hello hello hello hello hello hello hello".repeat(50);
         let (h, new) = store.put_against(&text, None).unwrap();
@@ -668,7 +684,8 @@ mod tests {
     fn small_edit_is_stored_as_a_small_delta_and_reads_back() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir(tmp.path().join("packs")).unwrap();
-        let db = Arc::new(Database::create(tmp.path().join("db")).unwrap());
+        let path = tmp.path().join("db");
+        let db = Index::from_database(path.clone(), redb::Database::create(&path).unwrap());
         let store = open(tmp.path(), &db);
         let base = text(7, 300);
         let (hb, _) = store.put_against(&base, None).unwrap();
@@ -710,7 +727,8 @@ mod tests {
     fn skip_delta_lineages_read_back_with_short_chains() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir(tmp.path().join("packs")).unwrap();
-        let db = Arc::new(Database::create(tmp.path().join("db")).unwrap());
+        let path = tmp.path().join("db");
+        let db = Index::from_database(path.clone(), redb::Database::create(&path).unwrap());
         let store = open(tmp.path(), &db);
         let mut cur = text(3, 200);
         let (mut prev, _) = store.put_against(&cur, None).unwrap();

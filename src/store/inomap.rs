@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
 
-use super::{index_error, StoreError};
+use super::{index_error, Index, StoreError};
 
 /// Key: branch id (u32) ‖ st_dev (u64) ‖ st_ino (u64), big-endian, so one
 /// branch's entries sort together.
@@ -92,7 +92,7 @@ impl MapState {
 }
 
 struct Shared {
-    db: Arc<Database>,
+    db: Arc<Index>,
     state: Mutex<MapState>,
     /// Held for a whole flush (snapshot, commit, bookkeeping): two flushes
     /// interleaving could let an older snapshot re-insert a retired mapping.
@@ -113,7 +113,7 @@ pub struct InodeMap {
 const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
 
 impl InodeMap {
-    pub(super) fn open(db: Arc<Database>) -> Result<InodeMap, StoreError> {
+    pub(super) fn open(db: Arc<Index>) -> Result<InodeMap, StoreError> {
         let next = {
             let txn = db.begin_read().map_err(index_error)?;
             match txn.open_table(COUNTERS) {
@@ -334,6 +334,10 @@ pub fn write_bindings(
 
 impl Shared {
     fn flush_loop(&self) {
+        // A failing store (a full disk) is retried every interval but
+        // reported once a minute, and its recovery once.
+        let mut failing_since: Option<std::time::Instant> = None;
+        let mut last_report: Option<std::time::Instant> = None;
         loop {
             {
                 let mut state = self.state.lock();
@@ -344,8 +348,24 @@ impl Shared {
                     self.wake.wait_for(&mut state, FLUSH_INTERVAL);
                 }
             }
-            if let Err(e) = self.flush_once() {
-                tracing::error!("inode map flush failed (will retry): {e}");
+            match self.flush_once() {
+                Err(e) => {
+                    failing_since.get_or_insert_with(std::time::Instant::now);
+                    if last_report.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60))
+                    {
+                        tracing::error!("inode map flush failed (retrying): {e}");
+                        last_report = Some(std::time::Instant::now());
+                    }
+                }
+                Ok(()) => {
+                    if let Some(t) = failing_since.take() {
+                        tracing::warn!(
+                            "inode map flushed again after {:.1} s of failures",
+                            t.elapsed().as_secs_f64()
+                        );
+                        last_report = None;
+                    }
+                }
             }
             if self.closing.load(Ordering::Acquire) {
                 return;

@@ -58,6 +58,9 @@ pub enum StoreError {
     Corrupt { path: PathBuf, detail: String },
     #[error("store index write failed: {0}")]
     Index(String),
+    /// The index's file failed (a full disk): redb must be re-opened.
+    #[error("store index write failed: {0}")]
+    IndexIo(String),
     #[error("chunk {0} is referenced but missing from the store")]
     MissingChunk(String),
     #[error("chunk {hash} is damaged: {detail}")]
@@ -73,19 +76,166 @@ impl StoreError {
             StoreError::UnsupportedFormat { .. } => libc::EPROTO,
             StoreError::Corrupt { .. } => libc::EUCLEAN,
             StoreError::Index(_) => libc::EIO,
+            // Most often a full disk.
+            StoreError::IndexIo(_) => libc::ENOSPC,
             StoreError::MissingChunk(_) | StoreError::CorruptChunk { .. } => libc::EIO,
         }
     }
 }
 
-pub fn index_error(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Index(e.to_string())
+pub fn index_error(e: impl Into<redb::Error>) -> StoreError {
+    let e: redb::Error = e.into();
+    match e {
+        // redb refuses every transaction after a failed write until the
+        // database is opened again (see `Index::reopen`).
+        redb::Error::Io(_) | redb::Error::PreviousIo => StoreError::IndexIo(e.to_string()),
+        other => StoreError::Index(other.to_string()),
+    }
 }
 
 /// An open store directory.
 pub struct Store {
     dir: PathBuf,
-    db: Arc<Database>,
+    db: Arc<Index>,
+    space: Arc<Space>,
+}
+
+/// Free space in the store, once a write to it failed for the lack of it.
+/// While the store is full, history refuses new changes with ENOSPC
+/// (rather than letting them happen unrecorded), until the file system
+/// has room again.
+pub struct Space {
+    dir: PathBuf,
+    full: std::sync::atomic::AtomicBool,
+}
+
+/// The room a full store must have again before history writes resume:
+/// this much, or a tenth of a smaller file system (at least 4 MiB).
+const SPACE_TO_RESUME: u64 = 64 << 20;
+
+impl Space {
+    /// Notes a failed store write; true if it was for lack of space.
+    pub fn note(&self, e: &StoreError) -> bool {
+        let full = e.errno() == libc::ENOSPC || e.errno() == libc::EDQUOT;
+        if full && !self.full.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            tracing::error!(
+                "store {} is full: changes are refused (ENOSPC) until it has room again",
+                self.dir.display()
+            );
+        }
+        full
+    }
+
+    /// Ok if history may record; ENOSPC while the store is full.
+    pub fn check(&self) -> Result<(), StoreError> {
+        if !self.full.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        let (free, total) = crate::sys::free_bytes(&self.dir).unwrap_or((0, 0));
+        if free >= SPACE_TO_RESUME.min((total / 10).max(4 << 20)) {
+            self.full.store(false, std::sync::atomic::Ordering::Release);
+            tracing::warn!(
+                "store {} has room again: recording resumes",
+                self.dir.display()
+            );
+            return Ok(());
+        }
+        Err(StoreError::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        })
+    }
+}
+
+/// The store's index database, re-openable. After a write of its file
+/// fails (a full disk), redb refuses every later transaction until the
+/// database is opened again; `begin_read`/`begin_write` do that once the
+/// failure is seen, so history recovers when space returns instead of at
+/// the next mount. The last durable commit is what reopening finds;
+/// history re-applies its journal on top (applying is idempotent) and the
+/// inode map re-flushes what it has pending.
+pub struct Index {
+    path: PathBuf,
+    db: parking_lot::RwLock<Option<Arc<Database>>>,
+    /// Held while re-opening; when the last re-open was reported.
+    reopening: parking_lot::Mutex<Option<std::time::Instant>>,
+}
+
+impl Index {
+    fn new(path: PathBuf, db: Database) -> Index {
+        Index {
+            path,
+            db: parking_lot::RwLock::new(Some(Arc::new(db))),
+            reopening: parking_lot::Mutex::new(None),
+        }
+    }
+
+    fn current(&self) -> Result<Arc<Database>, redb::Error> {
+        if let Some(db) = self.db.read().clone() {
+            return Ok(db);
+        }
+        self.reopen();
+        self.db.read().clone().ok_or(redb::Error::PreviousIo)
+    }
+
+    /// Runs `f` on the database, re-opening it first if a previous write
+    /// failed (and once more if `f` finds it failed).
+    fn with<T, E: Into<redb::Error>>(
+        &self,
+        f: impl Fn(&Database) -> Result<T, E>,
+    ) -> Result<T, redb::Error> {
+        let db = self.current()?;
+        match f(&db).map_err(Into::into) {
+            Err(redb::Error::PreviousIo) => {
+                drop(db);
+                self.reopen();
+                f(&*self.current()?).map_err(Into::into)
+            }
+            other => other,
+        }
+    }
+
+    pub fn begin_read(&self) -> Result<redb::ReadTransaction, redb::Error> {
+        self.with(|db| db.begin_read())
+    }
+
+    pub fn begin_write(&self) -> Result<redb::WriteTransaction, redb::Error> {
+        self.with(|db| db.begin_write())
+    }
+
+    /// Closes the database and opens it again (waiting for transactions
+    /// in flight to let go of the file); on failure it stays closed and
+    /// the next use tries again.
+    pub fn reopen(&self) {
+        let Some(mut reported) = self.reopening.try_lock() else {
+            // Another thread is at it: wait for it.
+            drop(self.reopening.lock());
+            return;
+        };
+        *self.db.write() = None;
+        match Store::open_index(&self.path) {
+            Ok(db) => {
+                // Reported once a minute: on a full disk every retry fails.
+                if reported.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
+                    tracing::warn!(
+                        "store index {} re-opened after a failed write",
+                        self.path.display()
+                    );
+                    *reported = Some(std::time::Instant::now());
+                }
+                *self.db.write() = Some(Arc::new(db));
+            }
+            Err(e) => tracing::error!(
+                "store index {} cannot be re-opened yet: {e}",
+                self.path.display()
+            ),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn from_database(path: PathBuf, db: Database) -> Arc<Index> {
+        Arc::new(Index::new(path, db))
+    }
 }
 
 impl Store {
@@ -112,7 +262,11 @@ impl Store {
         let db = Self::open_index(&path)?;
         let store = Store {
             dir: dir.to_path_buf(),
-            db: Arc::new(db),
+            db: Arc::new(Index::new(path.clone(), db)),
+            space: Arc::new(Space {
+                dir: dir.to_path_buf(),
+                full: std::sync::atomic::AtomicBool::new(false),
+            }),
         };
         store.check_format(&path)?;
         Ok(store)
@@ -186,7 +340,7 @@ impl Store {
     }
 
     /// The index database, for the layers that define their own tables.
-    pub fn index(&self) -> Arc<Database> {
+    pub fn index(&self) -> Arc<Index> {
         self.db.clone()
     }
 
@@ -197,7 +351,12 @@ impl Store {
             path: dir.clone(),
             source,
         })?;
-        ChunkStore::open(dir, self.db.clone())
+        ChunkStore::open(dir, self.db.clone(), self.space.clone())
+    }
+
+    /// The store's free-space state, shared by everything that writes it.
+    pub fn space(&self) -> Arc<Space> {
+        self.space.clone()
     }
 
     /// Opens journal `which` (0 or 1; the history alternates between two

@@ -386,7 +386,10 @@ impl Mount {
     /// mount's store (`-f` reports nothing: the mount appears before its
     /// control socket).
     pub fn wait_history_ready(&self) {
-        let want = format!("{}", self.src.join(".chronofs").display());
+        let want = match self.mode.split(',').find_map(|o| o.strip_prefix("store=")) {
+            Some(dir) => dir.to_string(),
+            None => format!("{}", self.src.join(".chronofs").display()),
+        };
         let t0 = Instant::now();
         loop {
             let out = Command::new(bin())
