@@ -1459,35 +1459,27 @@ fn directory_entries_changed_behind_the_mount_are_recorded_when_listed() {
         // Behind the mount: one file removed, one added.
         fs::remove_file(m.src.join("d/a")).unwrap();
         write_file(&m.src.join("d/c"), b"c\n");
-        let listed: Vec<String> = {
-            let mut v: Vec<String> = fs::read_dir(m.p("d"))
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect();
-            v.sort();
-            v
-        };
-        assert_eq!(listed, ["b", "c"]);
-        let now = Json::parse(&chrono_str(m, &["ls", "d", "--json"]));
-        let names: Vec<&str> = now
-            .get("entries")
-            .arr()
-            .iter()
-            .map(|e| e.get("name").str())
+        let mut listed: Vec<String> = fs::read_dir(m.p("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
+        listed.sort();
+        assert_eq!(listed, ["b", "c"]);
+        // `chronofs ls d [--at T]`: the names listed.
+        let ls = |at: &[&str]| -> Vec<String> {
+            let out = Json::parse(&chrono_str(m, &[&["ls", "d", "--json"], at].concat()));
+            out.get("entries")
+                .arr()
+                .iter()
+                .map(|e| e.get("name").str().to_string())
+                .collect()
+        };
         assert_eq!(
-            names,
+            ls(&[]),
             ["b", "c"],
             "history's present differs from the live tree"
         );
-        let then = Json::parse(&chrono_str(m, &["ls", "d", "--at", "before", "--json"]));
-        let names: Vec<&str> = then
-            .get("entries")
-            .arr()
-            .iter()
-            .map(|e| e.get("name").str())
-            .collect();
-        assert_eq!(names, ["a", "b"]);
+        assert_eq!(ls(&["--at", "before"]), ["a", "b"]);
         assert!(causes(&versions(m, "d")).contains(&"external".to_string()));
         assert_eq!(s(&cat_at(m, "d/a", "before")), "a\n");
     });

@@ -247,14 +247,8 @@ impl Capture {
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return self.dir_seen(tree, obj, st, first_sight);
         }
-        let cached = self.state.lock().known(obj);
-        let known = match cached {
-            Some(k) => k,
-            None if first_sight => match self.known(obj)? {
-                Some(k) => k,
-                None => return Ok(()),
-            },
-            None => return Ok(()),
+        let Some(known) = self.known_at_lookup(obj, first_sight)? else {
+            return Ok(());
         };
         let attrs = attrs_of(st);
         if known.attrs.same_state(&attrs) || known.verified.same_state(&attrs) {
@@ -268,6 +262,17 @@ impl Capture {
         }
         tracing::debug!("inode {obj} changed behind the mount; recording it");
         self.record_state(tree, obj, st, Cause::External, &Who::default(), true, false)
+    }
+
+    /// What history holds for `obj`, as a lookup needs it: the cached
+    /// state, or (on the first sight since mount) history's newest one.
+    fn known_at_lookup(&self, obj: ObjectId, first_sight: bool) -> Result<Option<Arc<Known>>> {
+        let cached = self.state.lock().known(obj);
+        match cached {
+            Some(k) => Ok(Some(k)),
+            None if first_sight => self.known(obj),
+            None => Ok(None),
+        }
     }
 
     /// An entry of `dir` changed through the mount and history recorded
@@ -290,14 +295,8 @@ impl Capture {
         st: &Stat,
         first_sight: bool,
     ) -> Result<()> {
-        let cached = self.state.lock().known(dir);
-        let k = match cached {
-            Some(k) => k,
-            None if first_sight => match self.known(dir)? {
-                Some(k) => k,
-                None => return Ok(()),
-            },
-            None => return Ok(()),
+        let Some(k) = self.known_at_lookup(dir, first_sight)? else {
+            return Ok(());
         };
         let attrs = attrs_of(st);
         if k.verified.same_state(&attrs) || k.attrs.same_state(&attrs) {

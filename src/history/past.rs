@@ -53,13 +53,6 @@ impl Node {
             Node::Live { st, .. } => st.st_mode,
         }
     }
-
-    pub fn object(&self) -> Option<ObjectId> {
-        match self {
-            Node::Hist { obj, .. } => Some(*obj),
-            Node::Live { obj, .. } => *obj,
-        }
-    }
 }
 
 /// Where a walk stands.

@@ -135,21 +135,21 @@ pub fn midnight_days_back(days_back: i64) -> Result<i64, String> {
 /// Formats a time as an instant name to the minute (local zone), e.g.
 /// `2026-11-21T10:00`; `parse` reads it back.
 pub fn minute(ns: i64) -> String {
-    match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
-        Ok(ts) => ts
-            .to_zoned(jiff::tz::TimeZone::system())
-            .strftime("%Y-%m-%dT%H:%M")
-            .to_string(),
-        Err(_) => format!("{ns}"),
-    }
+    local(ns, "%Y-%m-%dT%H:%M")
 }
 
 /// Formats a time for humans (local zone, second precision).
 pub fn show(ns: i64) -> String {
+    local(ns, "%Y-%m-%d %H:%M:%S")
+}
+
+/// `ns` in the local zone with `format` (strftime), or `@ns` if out of
+/// range.
+fn local(ns: i64, format: &str) -> String {
     match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
         Ok(ts) => ts
             .to_zoned(jiff::tz::TimeZone::system())
-            .strftime("%Y-%m-%d %H:%M:%S")
+            .strftime(format)
             .to_string(),
         Err(_) => format!("@{ns}"),
     }

@@ -40,6 +40,40 @@ impl Xattr {
             Xattr::Data(buf)
         }
     }
+
+    /// The answer for a value held in memory (a recorded one), with the
+    /// kernel's ERANGE when the caller's buffer is too small.
+    pub(super) fn of_value(value: Vec<u8>, asked: u32) -> Result<Xattr> {
+        if asked != 0 && value.len() > asked as usize {
+            return Err(errno(libc::ERANGE));
+        }
+        let len = value.len();
+        Ok(Xattr::sized(value, asked, len))
+    }
+
+    /// getxattr of a live object, as `caller`.
+    pub(super) fn read(
+        caller: &Caller,
+        fd: std::os::fd::BorrowedFd<'_>,
+        name: &OsStr,
+        size: u32,
+    ) -> Result<Xattr> {
+        let cname = sys::cstr(name)?;
+        let mut buf = vec![0u8; size as usize];
+        let n = creds::as_caller(caller, || sys::getxattr_fd(fd, &cname, &mut buf))?;
+        Ok(Xattr::sized(buf, size, n))
+    }
+
+    /// listxattr of a live object, as `caller`.
+    pub(super) fn list(
+        caller: &Caller,
+        fd: std::os::fd::BorrowedFd<'_>,
+        size: u32,
+    ) -> Result<Xattr> {
+        let mut buf = vec![0u8; size as usize];
+        let n = creds::as_caller(caller, || sys::listxattr_fd(fd, &mut buf))?;
+        Ok(Xattr::sized(buf, size, n))
+    }
 }
 
 impl Vfs {
@@ -155,11 +189,7 @@ impl Vfs {
         if is_view(ino) {
             return self.view_getxattr(caller, ino, name, size);
         }
-        let inode = self.inodes.node(ino)?;
-        let cname = sys::cstr(name)?;
-        let mut buf = vec![0u8; size as usize];
-        let n = creds::as_caller(caller, || sys::getxattr_fd(inode.fd(), &cname, &mut buf))?;
-        Ok(Xattr::sized(buf, size, n))
+        Xattr::read(caller, self.inodes.node(ino)?.fd(), name, size)
     }
 
     pub fn setxattr(
@@ -192,10 +222,7 @@ impl Vfs {
         if is_view(ino) {
             return self.view_listxattr(caller, ino, size);
         }
-        let inode = self.inodes.node(ino)?;
-        let mut buf = vec![0u8; size as usize];
-        let n = creds::as_caller(caller, || sys::listxattr_fd(inode.fd(), &mut buf))?;
-        Ok(Xattr::sized(buf, size, n))
+        Xattr::list(caller, self.inodes.node(ino)?.fd(), size)
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr) -> Result<()> {

@@ -118,9 +118,7 @@ impl Vfs {
         }
         let access = libc::O_RDONLY | libc::O_DIRECTORY | (flags & libc::O_NOATIME);
         let fd = creds::as_caller(caller, || sys::reopen(inode.fd(), access))?;
-        if self.views_on() {
-            self.dir_opened(ino, &sys::fstat(fd.as_fd())?);
-        }
+        self.dir_opened(ino, fd.as_fd());
         let stream = DirStream {
             fd,
             pos: 0,

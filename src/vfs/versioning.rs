@@ -177,12 +177,16 @@ impl Vfs {
 
     /// A live directory is about to be read: record entries that changed
     /// behind the mount's back.
-    pub(super) fn dir_opened(&self, dir: InodeNo, st: &Stat) {
-        if let Some(c) = self.capture() {
-            logged(
+    pub(super) fn dir_opened(&self, dir: InodeNo, fd: std::os::fd::BorrowedFd<'_>) {
+        let Some(c) = self.capture() else {
+            return;
+        };
+        match sys::fstat(fd) {
+            Ok(st) => logged(
                 "a directory's entries",
-                c.dir_seen(&Live(self), dir.0, st, true),
-            );
+                c.dir_seen(&Live(self), dir.0, &st, true),
+            ),
+            Err(e) => tracing::error!("history: directory {} cannot be checked: {e}", dir.0),
         }
     }
 

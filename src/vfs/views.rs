@@ -28,7 +28,7 @@ use crate::history::past::{self, Cur, LiveIds, Node, Past};
 use crate::history::spec::{self, At};
 use crate::history::{Attrs, Content};
 use crate::history::{History, Manifest, ObjectId, Seq, Version, ROOT};
-use crate::sys::{self, creds};
+use crate::sys;
 
 /// Inode numbers (and handle numbers) of views have this bit set; the
 /// persistent map allocates live numbers upward from 1.
@@ -132,8 +132,6 @@ enum State {
 enum ViewHandle {
     Dir {
         ino: InodeNo,
-        /// The instant of an object directory (its entries' too).
-        at: Option<Seq>,
         entries: Vec<Listed>,
     },
     File {
@@ -147,9 +145,9 @@ struct Listed {
     name: Vec<u8>,
     ino: InodeNo,
     kind: u32,
-    /// The entry's recorded version, if it has one (saves resolving the
-    /// name again for readdirplus).
-    hist: Option<(ObjectId, Arc<Version>)>,
+    /// The entry's recorded version and the instant it is shown at, if
+    /// it has one (saves resolving the name again for readdirplus).
+    hist: Option<(Seq, ObjectId, Arc<Version>)>,
 }
 
 struct Reader {
@@ -739,22 +737,13 @@ impl Vfs {
             What::At {
                 state: State::Live { inode },
                 ..
-            } => {
-                let fd = self.inodes.fd(inode)?;
-                let cname = sys::cstr(name)?;
-                let mut buf = vec![0u8; size as usize];
-                let n =
-                    creds::as_caller(caller, || sys::getxattr_fd(fd.as_fd(), &cname, &mut buf))?;
-                buf.truncate(n);
-                sized(buf, size, n)
-            }
+            } => Xattr::read(caller, self.inodes.fd(inode)?.as_fd(), name, size),
             what => {
                 let value = recorded_xattrs(what, caller)
                     .find(|(n, _)| n.as_slice() == name.as_bytes())
                     .map(|(_, v)| v.clone())
                     .ok_or_else(|| errno(libc::ENODATA))?;
-                let n = value.len();
-                sized(value, size, n)
+                Xattr::of_value(value, size)
             }
         }
     }
@@ -765,21 +754,14 @@ impl Vfs {
             What::At {
                 state: State::Live { inode },
                 ..
-            } => {
-                let fd = self.inodes.fd(inode)?;
-                let mut buf = vec![0u8; size as usize];
-                let n = creds::as_caller(caller, || sys::listxattr_fd(fd.as_fd(), &mut buf))?;
-                buf.truncate(n);
-                sized(buf, size, n)
-            }
+            } => Xattr::list(caller, self.inodes.fd(inode)?.as_fd(), size),
             what => {
                 let mut list = Vec::new();
                 for (name, _) in recorded_xattrs(what, caller) {
                     list.extend_from_slice(name);
                     list.push(0);
                 }
-                let n = list.len();
-                sized(list, size, n)
+                Xattr::of_value(list, size)
             }
         }
     }
@@ -1063,10 +1045,6 @@ impl Vfs {
 
     pub(super) fn view_opendir(&self, ino: InodeNo) -> Result<u64> {
         let node = self.view(ino)?;
-        let at = match &node.what {
-            What::At { at, .. } => Some(*at),
-            _ => None,
-        };
         let entries = match &node.what {
             What::Top => {
                 let mut out = Vec::new();
@@ -1091,14 +1069,7 @@ impl Vfs {
             What::Deleted { dir } => {
                 let mut out = Vec::new();
                 for (name, at, node) in self.deleted_entries(*dir)? {
-                    let kind = node.mode() & libc::S_IFMT;
-                    let obj = node.object().unwrap_or(0);
-                    out.push(Listed {
-                        name,
-                        ino: self.view_number(at, obj)?,
-                        kind,
-                        hist: None,
-                    });
+                    out.push(self.listed(name, at, node)?);
                 }
                 out
             }
@@ -1109,7 +1080,23 @@ impl Vfs {
                 self.list_at(*at, *obj, state)?
             }
         };
-        Ok(self.insert_view_handle(ViewHandle::Dir { ino, at, entries }))
+        Ok(self.insert_view_handle(ViewHandle::Dir { ino, entries }))
+    }
+
+    /// A directory entry for `node`, shown at `at`.
+    fn listed(&self, name: Vec<u8>, at: Seq, node: Node) -> Result<Listed> {
+        let kind = node.mode() & libc::S_IFMT;
+        let (obj, hist) = match node {
+            Node::Hist { obj, v, .. } => (obj, Some((at, obj, Arc::new(v)))),
+            Node::Live { obj: Some(o), .. } => (o, None),
+            Node::Live { st, .. } => (self.inodes.number_for(self.inodes.key_of(&st))?.0, None),
+        };
+        Ok(Listed {
+            name,
+            ino: self.view_number(at, obj)?,
+            kind,
+            hist,
+        })
     }
 
     fn list_at(&self, at: Seq, obj: ObjectId, state: &State) -> Result<Vec<Listed>> {
@@ -1139,20 +1126,7 @@ impl Vfs {
                 let Some(child) = p.finish(next, at).map_err(past_err)? else {
                     continue;
                 };
-                let kind = child.mode() & libc::S_IFMT;
-                let (child_obj, hist) = match child {
-                    Node::Hist { obj, v, .. } => (obj, Some((obj, Arc::new(v)))),
-                    Node::Live { obj: Some(o), .. } => (o, None),
-                    Node::Live { st, .. } => {
-                        (self.inodes.number_for(self.inodes.key_of(&st))?.0, None)
-                    }
-                };
-                out.push(Listed {
-                    kind,
-                    ino: self.view_number(at, child_obj)?,
-                    name,
-                    hist,
-                });
+                out.push(self.listed(name, at, child)?);
             }
             Ok(out)
         })
@@ -1169,12 +1143,7 @@ impl Vfs {
         plus: bool,
     ) -> Result<()> {
         let handle = self.view_handle(fh)?;
-        let ViewHandle::Dir {
-            ino: dir,
-            at,
-            entries,
-        } = &*handle
-        else {
+        let ViewHandle::Dir { ino: dir, entries } = &*handle else {
             return Err(errno(libc::ENOTDIR));
         };
         let start = offset.max(0) as usize;
@@ -1199,9 +1168,9 @@ impl Vfs {
                 }
                 continue;
             }
-            let found = match (at, hist) {
-                (Some(at), Some((obj, v))) => self.hist_at(*at, *obj, v.clone()),
-                _ => self.view_lookup(caller, *dir, OsStr::from_bytes(name)),
+            let found = match hist {
+                Some((at, obj, v)) => self.hist_at(*at, *obj, v.clone()),
+                None => self.view_lookup(caller, *dir, OsStr::from_bytes(name)),
             };
             let e = match found {
                 Ok(e) => e,
@@ -1233,14 +1202,4 @@ fn recorded_xattrs<'a>(
     };
     list.iter()
         .filter(move |(n, _)| root || !n.starts_with(b"trusted."))
-}
-
-fn sized(value: Vec<u8>, size: u32, len: usize) -> Result<Xattr> {
-    if size == 0 {
-        return Ok(Xattr::Size(len as u32));
-    }
-    if len > size as usize {
-        return Err(errno(libc::ERANGE));
-    }
-    Ok(Xattr::Data(value))
 }
