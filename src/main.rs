@@ -8,6 +8,7 @@ mod cli;
 mod control;
 mod fuse;
 mod history;
+mod policy;
 mod store;
 mod sys;
 mod vfs;

@@ -11,6 +11,7 @@
 //! xattrs, process names). Must not use the vfs: the vfs hands in a `Tree`
 //! to reach live objects.
 
+pub mod retention;
 mod state;
 
 use std::collections::HashMap;
@@ -295,6 +296,8 @@ impl Capture {
         st: &Stat,
         first_sight: bool,
     ) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         let Some(k) = self.known_at_lookup(dir, first_sight)? else {
             return Ok(());
         };
@@ -352,6 +355,8 @@ impl Capture {
     }
 
     fn baseline(&self, tree: &dyn Tree, obj: ObjectId, st: &Stat) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return self.before_dir_change(tree, obj);
         }
@@ -378,6 +383,8 @@ impl Capture {
 
     /// Records `dir` with its whole listing, after its ancestors.
     fn baseline_dir(&self, tree: &dyn Tree, dir: ObjectId, depth: usize) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         if self.known(dir)?.is_some() {
             return Ok(());
         }
@@ -530,6 +537,8 @@ impl Capture {
         read_content: bool,
         set_times: bool,
     ) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         let known = self.known(obj)?;
         let draft = Draft::default();
         let v = match (&known, read_content) {
@@ -604,6 +613,8 @@ impl Capture {
         st: &Stat,
         who: &Who,
     ) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         let (cause, content) = match st.st_mode & libc::S_IFMT {
             libc::S_IFREG => (Cause::Create, None),
             libc::S_IFDIR => (Cause::Mkdir, Some(Content::Dir)),
@@ -650,6 +661,8 @@ impl Capture {
         obj: ObjectId,
         who: &Who,
     ) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         let st = tree.stat(obj)?;
         let mut draft = Draft::default();
         let v = match self.known(obj)? {
@@ -679,6 +692,8 @@ impl Capture {
         cause: Cause,
         who: &Who,
     ) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         // A session still open on it (its release not yet arrived) is
         // recorded first, with its creation if it made the file.
         self.flush_session(obj)?;
@@ -718,6 +733,8 @@ impl Capture {
         exchange: bool,
         who: &Who,
     ) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         self.flush_session(obj)?;
         if let Some((v, _, _)) = victim {
             self.flush_session(v)?;
@@ -958,6 +975,8 @@ impl Capture {
 
     /// Builds and commits the version of a session job.
     fn run_job(&self, job: Job) -> Result<()> {
+        // A collection must not remove a chunk this build reuses.
+        let _building = self.history.building();
         {
             let mut st = self.state.lock();
             while st.building.contains(&job.obj) {

@@ -176,12 +176,29 @@ fn open_local(src: &Path, store_dir: &Path) -> Result<LocalStore> {
         .filter(|r| r.components().count() == 1)
         .map(|r| r.as_os_str().to_os_string());
     let host = Box::new(StoreHost { inomap, root_st });
+    let source = crate::policy::load::Source {
+        admin: None,
+        users: true,
+    };
+    // Only the verbs that apply the policy need it; they report a problem.
+    let (policy, broken) = match source.load(None) {
+        Ok((p, _)) => (p, None),
+        Err(errors) => (
+            crate::policy::Policy::default(),
+            errors.first().map(ToString::to_string),
+        ),
+    };
     let service = control::Service::new(
         std::sync::Arc::clone(&history),
         root,
         reserved,
         host,
         store_dir.to_path_buf(),
+        control::PolicyHolder {
+            cell: std::sync::Arc::new(crate::capture::retention::PolicyCell::new(policy)),
+            source,
+            broken,
+        },
     );
     Ok(LocalStore {
         service,

@@ -6,6 +6,7 @@
 //! uses `anyhow`.
 
 mod history;
+mod maintain;
 mod mount;
 mod options;
 
@@ -182,6 +183,90 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Free the space of chunks no version references any more (root only).
+    Gc {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        /// Report what would be freed; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Apply the retention policy now (the cleaner does this hourly; root only).
+    Clean {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        #[arg(long)]
+        dry_run: bool,
+        /// Evaluate retention as of this instant (e.g. +30d, 2027-01-01).
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+        now: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove versions of PATH (of everything ever under it, for a directory) beyond the limits given.
+    Prune {
+        path: PathBuf,
+        #[command(flatten)]
+        keep: maintain::KeepArgs,
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove PATH and its entire history, permanently (root only; recorded in the audit log).
+    Purge {
+        path: PathBuf,
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Version policies: check a file, explain what applies to a path, reload.
+    Policy {
+        #[command(subcommand)]
+        verb: PolicyVerb,
+    },
+    /// The audit log: prunes, purges, collections, policy reloads (root only).
+    Audit {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyVerb {
+    /// Validate a policy file (line-numbered errors).
+    Check {
+        file: PathBuf,
+        /// Check it as a user's own file (no [defaults] or [bounds]).
+        #[arg(long)]
+        user: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Which rules apply to PATH and why.
+    Explain {
+        path: PathBuf,
+        /// As if PATH belonged to this user.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
+        /// As if this process (its name) made the change.
+        #[arg(long, value_name = "NAME")]
+        process: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Load the policy files again without remounting (root only).
+    Reload {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
 /// Options every history verb takes.
@@ -210,6 +295,12 @@ const VERBS: &[&str] = &[
     "status",
     "fsck",
     "ingest",
+    "gc",
+    "clean",
+    "prune",
+    "purge",
+    "policy",
+    "audit",
     "help",
     "--help",
     "-h",
@@ -412,6 +503,41 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                 anyhow::bail!("fsck found problems")
             }
         }
+        Command::Gc {
+            path,
+            dry_run,
+            common,
+        } => maintain::gc(&tgt(&path, &common)?, dry_run, common.json),
+        Command::Clean {
+            path,
+            dry_run,
+            now,
+            common,
+        } => maintain::clean(&tgt(&path, &common)?, now.as_deref(), dry_run, common.json),
+        Command::Prune {
+            path,
+            keep,
+            dry_run,
+            common,
+        } => maintain::prune(&tgt(&path, &common)?, &keep, dry_run, common.json),
+        Command::Purge {
+            path,
+            dry_run,
+            common,
+        } => maintain::purge(&tgt(&path, &common)?, dry_run, common.json),
+        Command::Policy { verb } => match verb {
+            PolicyVerb::Check { file, user, json } => maintain::policy_check(&file, user, json),
+            PolicyVerb::Explain {
+                path,
+                user,
+                process,
+                common,
+            } => maintain::policy_explain(&tgt(&path, &common)?, user, process, common.json),
+            PolicyVerb::Reload { path, common } => {
+                maintain::policy_reload(&tgt(&path, &common)?, common.json)
+            }
+        },
+        Command::Audit { path, common } => maintain::audit(&tgt(&path, &common)?, common.json),
         Command::Mount { .. } | Command::Umount { .. } => Ok(()),
     }
 }

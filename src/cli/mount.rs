@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::{exit, MountOptions};
 use crate::branch::{BranchId, DirBranch};
+use crate::capture::retention::{Cleaner, PolicyCell};
 use crate::capture::{Capture, CaptureConfig};
 use crate::control;
 use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
@@ -425,9 +426,20 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     };
     let session = Mounted::new(fs, &plan.mnt, &spec)
         .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
-    let control = match &history {
-        Some(h) => start_control(plan, h, &vfs, &store)?,
+    let policy = match &history {
+        Some(_) => Some(load_policy(opts)?),
         None => None,
+    };
+    let control = match (&history, &policy) {
+        (Some(h), Some(p)) => start_control(plan, h, &vfs, &store, p.clone())?,
+        _ => None,
+    };
+    let cleaner = match (&history, &policy) {
+        (Some(h), Some(p)) if !opts.clean_interval.is_zero() => Some(
+            Cleaner::start(Arc::clone(h), p.cell.clone(), opts.clean_interval)
+                .context("cannot start the cleaner")?,
+        ),
+        _ => None,
     };
     if opts.eager_baseline {
         vfs.start_ingest().map_err(|e| anyhow!(e))?;
@@ -436,6 +448,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     drop(store);
     let history = match (history, capture) {
         (Some(h), Some(c)) => Some(Recording {
+            _cleaner: cleaner,
             _history: h,
             capture: c,
             _control: control,
@@ -448,7 +461,8 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
 /// What a versioned mount keeps running beside the session. Dropping it
 /// after `capture.finish()` makes the last changes durable.
 struct Recording {
-    // Declared first so its socket goes before the history closes.
+    // Declared first so they stop before the history closes.
+    _cleaner: Option<Cleaner>,
     _control: Option<control::Server>,
     capture: Arc<Capture>,
     _history: HistoryHandle,
@@ -497,12 +511,40 @@ impl control::service::Host for MountHost {
     }
 }
 
+/// The policy files a mount starts with: a broken administrator file
+/// stops the mount; broken user files are logged and skipped.
+fn load_policy(opts: &MountOptions) -> Result<control::PolicyHolder> {
+    let source = crate::policy::load::Source {
+        admin: opts.policy.clone(),
+        users: opts.user_policies,
+    };
+    let (policy, warnings) = source.load(None).map_err(|errors| {
+        anyhow!(
+            "{}{}",
+            errors.first().map_or_else(String::new, ToString::to_string),
+            match errors.len() {
+                0 | 1 => String::new(),
+                n => format!(" ({} more problem(s): run `chronofs policy check`)", n - 1),
+            }
+        )
+    })?;
+    for w in warnings {
+        tracing::warn!("policy: {w}");
+    }
+    Ok(control::PolicyHolder {
+        cell: Arc::new(PolicyCell::new(policy)),
+        source,
+        broken: None,
+    })
+}
+
 /// Serves history requests for this mount on its control socket.
 fn start_control(
     plan: &Plan,
     history: &HistoryHandle,
     vfs: &Arc<Vfs>,
     store: &Store,
+    policy: control::PolicyHolder,
 ) -> Result<Option<control::Server>> {
     let canon = plan.mnt.canonicalize().unwrap_or_else(|_| plan.mnt.clone());
     let Some(entry) = control::chronofs_mounts()
@@ -525,6 +567,7 @@ fn start_control(
         plan.reserved.clone(),
         Box::new(MountHost(Arc::downgrade(vfs))),
         store.dir().to_path_buf(),
+        policy,
     );
     let path = control::socket_dir(sys::geteuid()).join(control::socket_name(&entry));
     let server = control::serve(&path, Arc::new(service))

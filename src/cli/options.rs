@@ -33,6 +33,13 @@ pub struct MountOptions {
     pub write_path: crate::vfs::WritePath,
     /// `.history/`'s name, the version-name separator, audit mode.
     pub views: crate::vfs::ViewConfig,
+    /// `policy=FILE`: the administrator's policy (default
+    /// /etc/chronofs/policy.toml if present).
+    pub policy: Option<PathBuf>,
+    /// `user-policies=on|off`: read users' own policy files.
+    pub user_policies: bool,
+    /// `clean-interval=S`: how often the cleaner applies retention (0: never).
+    pub clean_interval: Duration,
 }
 
 impl Default for MountOptions {
@@ -57,6 +64,9 @@ impl Default for MountOptions {
             eager_baseline: false,
             write_path: crate::vfs::WritePath::Auto,
             views: crate::vfs::ViewConfig::default(),
+            policy: None,
+            user_policies: true,
+            clean_interval: Duration::from_secs(3600),
         }
     }
 }
@@ -158,6 +168,9 @@ impl MountOptions {
                 self.views.dir_name = name.into();
             }
             ("audit", None) => self.views.audit = true,
+            ("policy", v) => self.policy = Some(PathBuf::from(need(key, v)?)),
+            ("user-policies", v) => self.user_policies = parse_bool(key, need(key, v)?)?,
+            ("clean-interval", v) => self.clean_interval = parse_secs(key, need(key, v)?)?,
             ("baseline", v) => {
                 self.eager_baseline = match need(key, v)? {
                     "eager" => true,

@@ -12,6 +12,7 @@
 //! payload`: any number of `D` (raw data, e.g. file content), then exactly
 //! one `J` (the JSON result) or `E` (a one-line error).
 
+mod maintain;
 pub mod service;
 
 pub use crate::history::spec;
@@ -23,10 +24,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use maintain::PolicyHolder;
 pub use service::Service;
 pub use spec::At;
 
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -72,6 +74,42 @@ pub enum Request {
     Fsck {
         repair: bool,
     },
+    /// Free unreferenced chunks and compact packs (root only). Progress
+    /// comes as data frames, one `PHASE DONE TOTAL` line each.
+    Gc {
+        dry_run: bool,
+    },
+    /// One retention pass under the policy now; `now_ns` (root only)
+    /// evaluates it as of another instant.
+    Clean {
+        now_ns: Option<i64>,
+        dry_run: bool,
+    },
+    /// Remove versions of PATH (everything ever under it, for a
+    /// directory) beyond `keep`. Non-root users: only their own files,
+    /// never past the policy's minimums or protection window.
+    Prune {
+        path: Components,
+        keep: crate::policy::Retention,
+        dry_run: bool,
+    },
+    /// Remove the objects once at PATH (and under it) and all their
+    /// history (root only; they must no longer exist live).
+    Purge {
+        path: Components,
+        dry_run: bool,
+    },
+    /// Which policy rules apply to PATH and why.
+    PolicyExplain {
+        path: Components,
+        user: Option<String>,
+        process: Option<String>,
+    },
+    /// Load the policy files again (root only); on error the old policy
+    /// stays in force.
+    PolicyReload,
+    /// The audit log: prunes, purges, collections, policy reloads.
+    Audit,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -50,6 +50,7 @@ pub struct Service {
     reserved: Option<OsString>,
     host: Box<dyn Host>,
     store_dir: PathBuf,
+    pub(super) policy: super::maintain::PolicyHolder,
 }
 
 struct ReplyWriter<'a>(&'a mut dyn Reply);
@@ -71,6 +72,7 @@ impl Service {
         reserved: Option<OsString>,
         host: Box<dyn Host>,
         store_dir: PathBuf,
+        policy: super::maintain::PolicyHolder,
     ) -> Service {
         Service {
             history,
@@ -78,14 +80,19 @@ impl Service {
             reserved,
             host,
             store_dir,
+            policy,
         }
+    }
+
+    pub(super) fn root_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.root.as_fd()
     }
 
     pub fn history(&self) -> &History {
         &self.history
     }
 
-    fn past(&self) -> Past<'_> {
+    pub(super) fn past(&self) -> Past<'_> {
         Past {
             history: &self.history,
             root: self.root.as_fd(),
@@ -159,6 +166,21 @@ impl Service {
                         .unwrap_or(Value::Null),
                 )
             }
+            Request::Gc { dry_run } => self.gc(*dry_run, peer, reply),
+            Request::Clean { now_ns, dry_run } => self.clean(*now_ns, *dry_run, peer),
+            Request::Prune {
+                path,
+                keep,
+                dry_run,
+            } => self.prune(path, keep, *dry_run, peer),
+            Request::Purge { path, dry_run } => self.purge(path, *dry_run, peer),
+            Request::PolicyExplain {
+                path,
+                user,
+                process,
+            } => self.explain(path, user.as_deref(), process.as_deref()),
+            Request::PolicyReload => self.reload(peer),
+            Request::Audit => self.audit_log(peer),
         }
     }
 

@@ -16,8 +16,10 @@
 //! open (applying is idempotent).
 
 pub mod content;
+pub mod gc;
 pub mod model;
 pub mod past;
+pub mod prune;
 pub mod query;
 pub mod spec;
 mod tables;
@@ -94,6 +96,14 @@ pub struct History {
     apply_lock: Mutex<()>,
     wake: Condvar,
     closing: AtomicBool,
+    /// One prune, purge or collection at a time (a collection's mark must
+    /// not see versions vanish under it).
+    maintenance: Mutex<()>,
+    /// Held (shared) by each version build from its first chunk put to its
+    /// commit; a collection takes it exclusively once, so no build that
+    /// reused a chunk before the collection began is still uncommitted
+    /// when it marks.
+    build_gate: parking_lot::RwLock<()>,
 }
 
 pub struct HistoryHandle {
@@ -172,6 +182,8 @@ impl History {
             apply_lock: Mutex::new(()),
             wake: Condvar::new(),
             closing: AtomicBool::new(false),
+            maintenance: Mutex::new(()),
+            build_gate: parking_lot::RwLock::new(()),
         });
         let applier = if background {
             let bg = history.clone();
@@ -189,6 +201,12 @@ impl History {
 
     pub fn chunks(&self) -> &Arc<ChunkStore> {
         &self.chunks
+    }
+
+    /// Held by a version build from its first chunk put until its commit
+    /// (see `build_gate`); re-entrant.
+    pub fn building(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.build_gate.read_recursive()
     }
 
     /// Records a change; returns its sequence number. Once this returns,

@@ -133,6 +133,9 @@ impl History {
         let first = self.versions_first(obj)?;
         Ok(match first {
             Some((s, Cause::Baseline)) if s > seq => s,
+            // Its older versions were pruned: the oldest kept one is the
+            // nearest state history holds (never the live file).
+            Some((s, _)) if s > seq && self.prefix_pruned(obj)? => s,
             _ => seq,
         })
     }

@@ -57,6 +57,27 @@ pub fn parse(s: &str) -> Result<At, String> {
     ))
 }
 
+/// An evaluation clock for retention (`chronofs clean --now`): any
+/// instant `parse` reads as a time, or `+10m`, `+30d`... from now.
+pub fn clock(s: &str) -> Result<i64, String> {
+    let s = s.trim();
+    if let Some(rel) = s.strip_prefix('+') {
+        return relative(rel).map(|d| now_ns().saturating_add(d));
+    }
+    match parse(s)? {
+        At::Time(t) => Ok(t),
+        At::Now => Ok(now_ns()),
+        _ => Err(format!(
+            "'{s}' is not a time (e.g. 2026-12-01T10:00, -2h, +30d)"
+        )),
+    }
+}
+
+/// A duration such as `10m`, `2h`, `3d`, `1w`, in seconds.
+pub fn duration_secs(s: &str) -> Result<u64, String> {
+    relative(s.trim()).map(|ns| (ns / 1_000_000_000) as u64)
+}
+
 fn relative(rel: &str) -> Result<i64, String> {
     let bad = || format!("cannot read '-{rel}' as a relative time (e.g. -10m, -2h, -3d)");
     let split = rel

@@ -26,6 +26,24 @@ pub const SEQS: TableDefinition<u64, i64> = TableDefinition::new("seqs");
 pub const TIMES: TableDefinition<i64, u64> = TableDefinition::new("times");
 /// tag name → seq.
 pub const TAGS: TableDefinition<&str, u64> = TableDefinition::new("tags");
+/// object → the sequence number of its oldest version ever pruned: its
+/// oldest kept version stands for the states before it (see `prune`).
+pub const PRUNED: TableDefinition<u64, u64> = TableDefinition::new("pruned");
+/// time (ns, made unique) → JSON record of a prune, purge, collection or
+/// policy change: who did it and what it removed.
+pub const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
+
+/// Appends an audit record, keyed by the current time (made unique).
+pub fn audit_put(txn: &WriteTransaction, record: &serde_json::Value) -> Result<()> {
+    let mut t = txn.open_table(AUDIT).map_err(err)?;
+    let mut key = super::now_ns().max(0) as u64;
+    if let Some((last, _)) = t.last().map_err(err)? {
+        key = key.max(last.value() + 1);
+    }
+    let bytes = record.to_string().into_bytes();
+    t.insert(key, bytes.as_slice()).map_err(err)?;
+    Ok(())
+}
 
 pub fn version_key(obj: ObjectId, seq: Seq) -> [u8; 16] {
     let mut k = [0u8; 16];

@@ -8,7 +8,7 @@
 //! `PACK_LIMIT`. New chunk locations are held in memory until the history
 //! layer commits them with the versions that reference them (`take_new`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -28,7 +28,7 @@ pub const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks")
 
 pub const PACK_MAGIC: &[u8; 8] = b"CHRNPACK";
 pub const PACK_FORMAT: u32 = 1;
-const PACK_HEADER_LEN: u64 = 16;
+pub const PACK_HEADER_LEN: u64 = 16;
 const ENTRY_MAGIC: u32 = 0x4348_4b31; // "CHK1"
 /// magic u32 ‖ encoding u8 ‖ raw length u32 ‖ stored length u32 ‖ hash.
 pub const ENTRY_HEADER_LEN: usize = 4 + 1 + 4 + 4 + 32;
@@ -122,6 +122,12 @@ pub struct ChunkStore {
     readers: RwLock<HashMap<u32, Arc<File>>>,
     next_pack: Mutex<u32>,
     successors: Mutex<Successors>,
+    /// While a garbage collection runs: the chunks puts found already
+    /// stored (dedup hits) or used as delta bases since it began, which it
+    /// must not remove. Each put holds the read side from its lookup to
+    /// its append, so the collector's removal (write side) is atomic with
+    /// respect to every put.
+    gc_track: RwLock<Option<Mutex<HashSet<Hash>>>>,
 }
 
 /// Which chunk followed which in recently stored files: a hint for delta
@@ -192,6 +198,7 @@ impl ChunkStore {
             readers: RwLock::new(HashMap::new()),
             next_pack: Mutex::new(next),
             successors: Mutex::new(Successors::default()),
+            gc_track: RwLock::new(None),
         })
     }
 
@@ -229,13 +236,25 @@ impl ChunkStore {
         base: Option<&Hash>,
     ) -> Result<bool, StoreError> {
         let h = *h;
+        let track = self.gc_track.read();
+        let note = |used: &Hash| {
+            if let Some(set) = track.as_ref() {
+                set.lock().insert(*used);
+            }
+        };
         if self.contains(&h)? {
+            note(&h);
             return Ok(false);
         }
         let delta = match base {
             Some(parent) if *parent != h => self.delta_against(data, parent)?,
             _ => None,
         };
+        if let Some(d) = &delta {
+            if let Some((base, _, _)) = split_delta(d) {
+                note(&base);
+            }
+        }
         let (encoding, body) = match delta {
             // Clearly small: not worth a second compression to compare.
             Some(d) if d.len() <= data.len() / 8 => (Encoding::Delta, d),
@@ -327,6 +346,94 @@ impl ChunkStore {
                 _ => return Ok(None),
             }
         }
+    }
+
+    /// The delta base a stored chunk names, if it is a delta (reads the
+    /// entry's header only).
+    pub fn delta_base(&self, h: &Hash, loc: &Location) -> Result<Option<Hash>, StoreError> {
+        if loc.encoding != Encoding::Delta {
+            return Ok(None);
+        }
+        let mut prefix = [0u8; 32];
+        let file = self.reader(loc.pack)?;
+        file.read_exact_at(&mut prefix, loc.offset + ENTRY_HEADER_LEN as u64)
+            .map_err(|e| self.io_err(e))?;
+        if prefix == *h {
+            return Err(StoreError::CorruptChunk {
+                hash: hex(h),
+                detail: "delta names itself as its base".into(),
+            });
+        }
+        Ok(Some(prefix))
+    }
+
+    /// Ends the pack being written: the next chunk starts a new one, so a
+    /// collection can compact everything written so far.
+    pub fn rotate(&self) {
+        *self.writer.lock() = None;
+    }
+
+    /// Starts recording the chunks puts reuse (see `gc_track`).
+    pub fn start_tracking(&self) {
+        *self.gc_track.write() = Some(Mutex::new(HashSet::new()));
+    }
+
+    pub fn stop_tracking(&self) {
+        *self.gc_track.write() = None;
+    }
+
+    /// Runs `f` with every put held off, on the chunks reused since
+    /// `start_tracking` and the chunks not yet in the index.
+    pub fn with_puts_held<T>(&self, f: impl FnOnce(&HashSet<Hash>, &HashSet<Hash>) -> T) -> T {
+        let track = self.gc_track.write();
+        let reused = track.as_ref().map(|m| m.lock().clone()).unwrap_or_default();
+        let fresh: HashSet<Hash> = self.fresh.lock().keys().copied().collect();
+        f(&reused, &fresh)
+    }
+
+    /// Packs that chunks not yet in the index live in, and the pack being
+    /// written: neither may be compacted.
+    pub fn packs_in_use(&self) -> HashSet<u32> {
+        let mut used: HashSet<u32> = self.fresh.lock().values().map(|(l, _)| l.pack).collect();
+        if let Some(w) = self.writer.lock().as_ref() {
+            used.insert(w.pack);
+        }
+        used
+    }
+
+    /// Copies a stored entry verbatim (header and body: a delta keeps
+    /// naming its base by hash) to the pack being written; returns its new
+    /// location. The caller makes the index point there after `sync`.
+    pub fn copy_entry(&self, h: &Hash, loc: &Location) -> Result<Location, StoreError> {
+        let file = self.reader(loc.pack)?;
+        let mut body = vec![0u8; loc.stored_len as usize];
+        file.read_exact_at(&mut body, loc.offset + ENTRY_HEADER_LEN as u64)
+            .map_err(|e| self.io_err(e))?;
+        let mut head = [0u8; ENTRY_HEADER_LEN];
+        file.read_exact_at(&mut head, loc.offset)
+            .map_err(|e| self.io_err(e))?;
+        if head[..4] != ENTRY_MAGIC.to_be_bytes() || &head[13..45] != h.as_slice() {
+            return Err(StoreError::CorruptChunk {
+                hash: hex(h),
+                detail: "pack entry header does not match the index".into(),
+            });
+        }
+        self.append(h, loc.encoding, loc.raw_len as usize, &body)
+    }
+
+    /// Deletes a pack no index entry points into any more.
+    pub fn remove_pack(&self, pack: u32) -> Result<(), StoreError> {
+        self.readers.write().remove(&pack);
+        let path = self.dir.join(pack_name(pack));
+        std::fs::remove_file(&path).map_err(|source| StoreError::Io { path, source })
+    }
+
+    /// The size of one pack file.
+    pub fn pack_size(&self, pack: u32) -> Result<u64, StoreError> {
+        let path = self.dir.join(pack_name(pack));
+        std::fs::metadata(&path)
+            .map(|m| m.len())
+            .map_err(|source| StoreError::Io { path, source })
     }
 
     /// Remembers the order of a file's chunks (see `Successors`).
@@ -511,7 +618,16 @@ impl ChunkStore {
         let loc = self
             .locate(h)?
             .ok_or_else(|| StoreError::MissingChunk(hex(h)))?;
-        self.read_at(h, &loc)
+        match self.read_at(h, &loc) {
+            // A collection moved it and removed its old pack meanwhile.
+            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                let moved = self
+                    .locate(h)?
+                    .ok_or_else(|| StoreError::MissingChunk(hex(h)))?;
+                self.read_at(h, &moved)
+            }
+            other => other,
+        }
     }
 
     /// Reads and verifies the chunk at `loc`.

@@ -849,6 +849,72 @@ pub fn user_name(uid: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
+/// The name of group `gid`, from the group database.
+pub fn group_name(gid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 16384];
+    // SAFETY: zeroed group is a valid out-parameter.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: grp, buf and result are valid for the call; buf's length is passed.
+    let rc = unsafe {
+        libc::getgrgid_r(
+            gid,
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() {
+        return None;
+    }
+    // SAFETY: on success gr_name points to a NUL-terminated string inside buf.
+    let name = unsafe { CStr::from_ptr(grp.gr_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// A user's uid and home directory, by login name or number.
+pub fn user_home(user: &str) -> Option<(u32, std::path::PathBuf)> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: zeroed passwd is a valid out-parameter.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    let rc = match user.parse::<u32>() {
+        // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
+        Ok(uid) => unsafe {
+            libc::getpwuid_r(
+                uid,
+                &mut pwd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut result,
+            )
+        },
+        Err(_) => {
+            let name = CString::new(user).ok()?;
+            // SAFETY: as above; name is NUL-terminated.
+            unsafe {
+                libc::getpwnam_r(
+                    name.as_ptr(),
+                    &mut pwd,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut result,
+                )
+            }
+        }
+    };
+    if rc != 0 || result.is_null() {
+        return None;
+    }
+    // SAFETY: on success pw_dir points to a NUL-terminated string inside buf.
+    let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
+    Some((
+        pwd.pw_uid,
+        std::path::PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
+    ))
+}
+
 pub fn mkfifo(path: &std::path::Path, mode: u32) -> io::Result<()> {
     let c = cstr(path.as_os_str())?;
     // SAFETY: NUL-terminated path.

@@ -1,0 +1,353 @@
+//! The maintenance verbs: gc, clean, prune, purge, policy (check, explain,
+//! reload) and audit.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+
+use super::history::Target;
+use crate::control::{spec, Request};
+use crate::policy::{self, Level, Retention};
+
+fn print_json(v: &Value) {
+    println!("{v}");
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// Renders the daemon's `PHASE DONE TOTAL` progress lines as a bar.
+struct ProgressLines {
+    bar: indicatif::ProgressBar,
+    pending: Vec<u8>,
+}
+
+impl ProgressLines {
+    fn new(hidden: bool) -> ProgressLines {
+        let bar = if hidden {
+            indicatif::ProgressBar::hidden()
+        } else {
+            indicatif::ProgressBar::new(0)
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg:>11} {bar:40} {pos}/{len} {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        ProgressLines {
+            bar,
+            pending: Vec::new(),
+        }
+    }
+
+    fn show(&self, phase: &str, done: u64, total: u64) {
+        self.bar.set_message(phase.to_string());
+        self.bar.set_length(total);
+        self.bar.set_position(done);
+    }
+}
+
+impl Write for ProgressLines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            let text = String::from_utf8_lossy(&line);
+            let mut parts = text.split_whitespace();
+            if let (Some(phase), Some(done), Some(total)) =
+                (parts.next(), parts.next(), parts.next())
+            {
+                self.show(phase, done.parse().unwrap_or(0), total.parse().unwrap_or(0));
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+pub fn gc(t: &Target, dry_run: bool, json: bool) -> Result<()> {
+    let mut bar = ProgressLines::new(json);
+    let r = t.call(&Request::Gc { dry_run }, &mut bar);
+    bar.bar.finish_and_clear();
+    let r = r?;
+    if json {
+        print_json(&r);
+        return Ok(());
+    }
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    let verb = if dry_run { "would free" } else { "freed" };
+    println!(
+        "{verb} {} of {} chunk(s) ({}); {} version(s) reference the {} kept",
+        n("removed_chunks"),
+        n("chunks"),
+        mib(n("removed_bytes")),
+        n("versions"),
+        n("live_chunks"),
+    );
+    if !dry_run {
+        println!(
+            "packs: {} deleted, {} rewritten ({} moved); {} -> {} in {:.1} s",
+            n("packs_deleted"),
+            n("packs_rewritten"),
+            mib(n("moved_bytes")),
+            mib(n("pack_bytes_before")),
+            mib(n("pack_bytes_after")),
+            n("elapsed_ms") as f64 / 1000.0
+        );
+    }
+    Ok(())
+}
+
+fn print_clean(r: &Value, json: bool) {
+    if json {
+        print_json(r);
+        return;
+    }
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    let o = |k: &str| r["outcome"][k].as_u64().unwrap_or(0);
+    if r["dry_run"].as_bool() == Some(true) {
+        println!(
+            "would remove {} version(s) and {} expired deleted object(s) (of {} version(s) of {} object(s))",
+            n("planned_versions"),
+            n("planned_objects"),
+            n("versions_scanned"),
+            n("objects_scanned")
+        );
+    } else {
+        println!(
+            "removed {} version(s), {} expired deleted object(s); kept {} asked for (newest, tagged or changed meanwhile)",
+            o("versions_removed"),
+            o("objects_removed"),
+            o("versions_spared")
+        );
+        println!("space is freed by `chronofs gc`");
+    }
+}
+
+pub fn clean(t: &Target, now: Option<&str>, dry_run: bool, json: bool) -> Result<()> {
+    let now_ns = now.map(spec::clock).transpose().map_err(|e| anyhow!(e))?;
+    let r = t.query(&Request::Clean { now_ns, dry_run })?;
+    print_clean(&r, json);
+    Ok(())
+}
+
+/// The limits `prune` was given.
+#[derive(clap::Args, Debug, Default)]
+pub struct KeepArgs {
+    /// Keep the N newest versions.
+    #[arg(long, value_name = "N")]
+    keep_last: Option<u64>,
+    /// Keep the newest version of each of the last N hours that have versions.
+    #[arg(long, value_name = "N")]
+    keep_hourly: Option<u64>,
+    #[arg(long, value_name = "N")]
+    keep_daily: Option<u64>,
+    #[arg(long, value_name = "N")]
+    keep_weekly: Option<u64>,
+    #[arg(long, value_name = "N")]
+    keep_monthly: Option<u64>,
+    #[arg(long, value_name = "N")]
+    keep_yearly: Option<u64>,
+    /// Keep every version younger than this (e.g. 2d).
+    #[arg(long, value_name = "DURATION")]
+    keep_within: Option<String>,
+    /// Keep at most N versions.
+    #[arg(long, value_name = "N")]
+    max_count: Option<u64>,
+    /// Drop versions older than this (e.g. 90d).
+    #[arg(long, value_name = "DURATION")]
+    max_age: Option<String>,
+    /// Keep versions, newest first, while their sizes add up to at most this (e.g. 1G).
+    #[arg(long, value_name = "SIZE")]
+    max_space: Option<String>,
+}
+
+fn duration(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
+    v.as_deref()
+        .map(|s| spec::duration_secs(s).map_err(|e| anyhow!("--{flag}: {e}")))
+        .transpose()
+}
+
+/// `512`, `10K`, `1.5G`, `2GiB`: powers of 1024.
+fn size(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
+    let Some(s) = v.as_deref() else {
+        return Ok(None);
+    };
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n >= 0.0)
+        .ok_or_else(|| anyhow!("--{flag}: cannot read '{s}' as a size (e.g. 512, 10M, 1G)"))?;
+    Ok(Some((n * mult as f64) as u64))
+}
+
+impl KeepArgs {
+    fn retention(&self) -> Result<Retention> {
+        Ok(Retention {
+            keep_last: self.keep_last,
+            keep_hourly: self.keep_hourly,
+            keep_daily: self.keep_daily,
+            keep_weekly: self.keep_weekly,
+            keep_monthly: self.keep_monthly,
+            keep_yearly: self.keep_yearly,
+            keep_within_secs: duration("keep-within", &self.keep_within)?,
+            max_count: self.max_count,
+            max_age_secs: duration("max-age", &self.max_age)?,
+            max_space: size("max-space", &self.max_space)?,
+            ..Default::default()
+        })
+    }
+}
+
+pub fn prune(t: &Target, keep: &KeepArgs, dry_run: bool, json: bool) -> Result<()> {
+    let keep = keep.retention()?;
+    if keep.keeps_all() {
+        bail!("nothing to prune: give a limit (--keep-last, --keep-daily, --max-count, --max-age, ...)");
+    }
+    let r = t.query(&Request::Prune {
+        path: t.path.clone(),
+        keep,
+        dry_run,
+    })?;
+    print_clean(&r, json);
+    Ok(())
+}
+
+pub fn purge(t: &Target, dry_run: bool, json: bool) -> Result<()> {
+    if crate::sys::geteuid() != 0 {
+        bail!("permission denied: only root may purge history");
+    }
+    if t.path.is_empty() {
+        bail!("refusing to purge the whole mount; name a file or directory inside it");
+    }
+    // The live file goes first, through the mount (so its removal is
+    // recorded like any other), then everything history has of it.
+    let live = std::fs::symlink_metadata(&t.abs).is_ok();
+    if live && !matches!(t.backend, super::history::Backend::Daemon(_)) {
+        bail!(
+            "{} exists and is not inside a mount: mount it, then purge through the mount",
+            t.abs.display()
+        );
+    }
+    if !dry_run && live {
+        let removed = match std::fs::symlink_metadata(&t.abs) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&t.abs),
+            _ => std::fs::remove_file(&t.abs),
+        };
+        removed.map_err(|e| anyhow!("cannot remove {}: {e}", t.abs.display()))?;
+    }
+    let r = t.query(&Request::Purge {
+        path: t.path.clone(),
+        dry_run,
+    })?;
+    if json {
+        print_json(&r);
+    } else {
+        let verb = if dry_run { "would purge" } else { "purged" };
+        println!(
+            "{verb} {} object(s) and {} version(s) of {}{}",
+            r["objects"],
+            r["versions"],
+            t.abs.display(),
+            match r["kept_alive_elsewhere"].as_u64().unwrap_or(0) {
+                0 => String::new(),
+                n => format!("; {n} object(s) moved out of it still live and keep their history"),
+            }
+        );
+        if !dry_run {
+            println!("space is freed by `chronofs gc`");
+        }
+    }
+    Ok(())
+}
+
+pub fn policy_check(file: &Path, user: bool, json: bool) -> Result<()> {
+    let level = if user { Level::User } else { Level::Admin };
+    match policy::check_file(file, level) {
+        Ok(f) => {
+            if json {
+                print_json(
+                    &serde_json::json!({"file": file.display().to_string(), "ok": true, "rules": f.rule_count()}),
+                );
+            } else {
+                println!("{}: ok ({} rule(s))", file.display(), f.rule_count());
+            }
+            Ok(())
+        }
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("{e}");
+            }
+            bail!("{}: {} problem(s)", file.display(), errors.len())
+        }
+    }
+}
+
+pub fn policy_explain(
+    t: &Target,
+    user: Option<String>,
+    process: Option<String>,
+    json: bool,
+) -> Result<()> {
+    let r = t.query(&Request::PolicyExplain {
+        path: t.path.clone(),
+        user,
+        process,
+    })?;
+    if json {
+        print_json(&r);
+    } else {
+        println!("{}:", t.abs.display());
+        print!("{}", r["text"].as_str().unwrap_or(""));
+    }
+    Ok(())
+}
+
+pub fn policy_reload(t: &Target, json: bool) -> Result<()> {
+    let r = t.query(&Request::PolicyReload)?;
+    if json {
+        print_json(&r);
+    } else {
+        println!("policy reloaded ({} rule(s))", r["rules"]);
+        for w in r["warnings"].as_array().into_iter().flatten() {
+            println!("warning: {}", w.as_str().unwrap_or(""));
+        }
+    }
+    Ok(())
+}
+
+pub fn audit(t: &Target, json: bool) -> Result<()> {
+    let r = t.query(&Request::Audit)?;
+    if json {
+        print_json(&r);
+        return Ok(());
+    }
+    for rec in r["records"].as_array().into_iter().flatten() {
+        let when = rec["time_ns"]
+            .as_i64()
+            .map_or_else(|| "-".to_string(), spec::show);
+        println!(
+            "{when}  uid {:<5} {:<14} {}",
+            rec["uid"],
+            rec["action"].as_str().unwrap_or("?"),
+            rec["detail"]
+        );
+    }
+    Ok(())
+}

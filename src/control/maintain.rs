@@ -1,0 +1,339 @@
+//! Answers to the maintenance requests: garbage collection, retention
+//! passes, manual prune and purge, the policy (explain, reload) and the
+//! audit log. Every destructive request checks the peer here.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::service::{Error, Result, Service};
+use super::{Components, Reply};
+use crate::capture::retention::{self, CleanReport, Decide, PolicyCell};
+use crate::history::past::show_path;
+use crate::history::prune::{Pins, Removal};
+use crate::history::{ObjectId, ROOT};
+use crate::policy::{Policy, Retention, Subject};
+use crate::sys::{self, Peer};
+
+/// The policy a service answers for, and where it is loaded from.
+#[derive(Clone)]
+pub struct PolicyHolder {
+    pub cell: Arc<PolicyCell>,
+    pub source: crate::policy::load::Source,
+    /// Why the policy files could not be loaded (a store opened without
+    /// a mount): the verbs that apply the policy refuse to guess.
+    pub broken: Option<String>,
+}
+
+impl PolicyHolder {
+    fn current(&self) -> Result<Arc<Policy>> {
+        match &self.broken {
+            Some(why) => Err(Error::Usage(why.clone())),
+            None => Ok(self.cell.get()),
+        }
+    }
+}
+
+fn root_only(peer: &Peer, what: &str) -> Result<()> {
+    if peer.uid == 0 {
+        Ok(())
+    } else {
+        Err(Error::Denied(format!("only root may {what}")))
+    }
+}
+
+fn audit_record(peer: &Peer, action: &str, mut detail: Value) -> Value {
+    if let Some(map) = detail.as_object_mut() {
+        map.retain(|_, v| !v.is_null());
+        for v in map.values_mut() {
+            if let Some(inner) = v.as_object_mut() {
+                inner.retain(|_, x| !x.is_null() && *x != json!(0));
+            }
+        }
+    }
+    json!({
+        "time_ns": crate::history::now_ns(),
+        "uid": peer.uid, "pid": peer.pid, "action": action, "detail": detail,
+    })
+}
+
+/// A manual prune's retention: what the caller asked, raised to the
+/// policy's minimums and protection window unless the caller is root.
+struct Manual<'a> {
+    keep: &'a Retention,
+    policy: Option<&'a Policy>,
+}
+
+impl Decide for Manual<'_> {
+    fn retention(&self, subject: &Subject) -> Option<Retention> {
+        let mut r = self.keep.clone();
+        if let Some(p) = self.policy {
+            let floor = p.resolve(subject).retention;
+            let raise = |mine: &mut Option<u64>, theirs: Option<u64>| {
+                *mine = match (*mine, theirs) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
+            };
+            raise(&mut r.min_count, floor.min_count);
+            raise(&mut r.min_age_secs, floor.min_age_secs);
+            raise(&mut r.min_space, floor.min_space);
+            r.protect_secs = r.protect_secs.max(floor.protect_secs);
+        }
+        Some(r)
+    }
+}
+
+impl Service {
+    pub(super) fn gc(&self, dry_run: bool, peer: &Peer, reply: &mut dyn Reply) -> Result<Value> {
+        root_only(peer, "collect garbage")?;
+        let mut last = std::time::Instant::now();
+        let mut progress = |phase: &str, done: u64, total: u64| {
+            // A line at most every 100 ms (and at each phase's end).
+            if done == total || last.elapsed().as_millis() >= 100 {
+                last = std::time::Instant::now();
+                let _ = reply.data(format!("{phase} {done} {total}\n").as_bytes());
+            }
+        };
+        let report = self.history().gc(dry_run, &mut progress)?;
+        let value = serde_json::to_value(&report).unwrap_or(Value::Null);
+        if !dry_run {
+            self.history()
+                .audit(&audit_record(peer, "gc", value.clone()))?;
+        }
+        Ok(value)
+    }
+
+    pub(super) fn clean(&self, now_ns: Option<i64>, dry_run: bool, peer: &Peer) -> Result<Value> {
+        root_only(peer, "run the cleaner")?;
+        let now = now_ns.unwrap_or_else(crate::history::now_ns);
+        let policy = self.policy.current()?;
+        let audit = audit_record(peer, "clean", json!({"now_ns": now}));
+        let report = retention::clean(self.history(), &policy, now, dry_run, Some(audit))?;
+        Ok(serde_json::to_value(report).unwrap_or(Value::Null))
+    }
+
+    /// Every object ever at `path` or under it.
+    pub(super) fn objects_under(&self, path: &Components) -> Result<HashSet<ObjectId>> {
+        let roots: Vec<ObjectId> = if path.is_empty() {
+            vec![ROOT]
+        } else {
+            self.past()
+                .incarnations(path)?
+                .into_iter()
+                .map(|(o, _, _)| o)
+                .collect()
+        };
+        if roots.is_empty() {
+            return Err(Error::NotFound(format!(
+                "{} never existed in recorded history",
+                show_path(path)
+            )));
+        }
+        let mut seen = HashSet::new();
+        let mut queue = roots;
+        while let Some(obj) = queue.pop() {
+            if !seen.insert(obj) {
+                continue;
+            }
+            for (_, _, child) in self.history().names_ever(obj)? {
+                queue.extend(child);
+            }
+        }
+        Ok(seen)
+    }
+
+    pub(super) fn prune(
+        &self,
+        path: &Components,
+        keep: &Retention,
+        dry_run: bool,
+        peer: &Peer,
+    ) -> Result<Value> {
+        if keep.keeps_all() {
+            return Err(Error::Usage(
+                "nothing to prune: give a limit (--keep-last, --keep-daily, --max-count, --max-age, ...)"
+                    .into(),
+            ));
+        }
+        let scope = self.objects_under(path)?;
+        if peer.uid != 0 {
+            self.check_owner(&scope, peer)?;
+        }
+        let policy = self.policy.current()?;
+        let decide = Manual {
+            keep,
+            policy: (peer.uid != 0).then_some(&*policy),
+        };
+        let tz = jiff::tz::TimeZone::system();
+        let mut report = CleanReport {
+            dry_run,
+            ..Default::default()
+        };
+        let now = crate::history::now_ns();
+        let plan = retention::plan(self.history(), &decide, now, &tz, Some(&scope), &mut report)?;
+        if !dry_run {
+            let detail = json!({"path": show_path(path), "keep": keep,
+                "versions": report.planned_versions, "objects": report.planned_objects});
+            retention::apply(
+                self.history(),
+                &plan,
+                Some(audit_record(peer, "prune", detail)),
+                &mut report,
+            )?;
+        }
+        Ok(serde_json::to_value(report).unwrap_or(Value::Null))
+    }
+
+    /// Refuses unless `peer` owns every object (its newest version).
+    fn check_owner(&self, scope: &HashSet<ObjectId>, peer: &Peer) -> Result<()> {
+        for &obj in scope {
+            if let Some((_, v)) = self.history().object_at(obj, u64::MAX)? {
+                if v.attrs.uid != peer.uid {
+                    let path = self
+                        .history()
+                        .path_at(obj, u64::MAX)?
+                        .map_or_else(|| format!("object {obj}"), |p| show_path(&p));
+                    return Err(Error::Denied(format!(
+                        "{path} belongs to uid {}: only its owner or root may prune its history",
+                        v.attrs.uid
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn purge(&self, path: &Components, dry_run: bool, peer: &Peer) -> Result<Value> {
+        root_only(peer, "purge history")?;
+        let own: HashSet<ObjectId> = self
+            .past()
+            .incarnations(path)?
+            .into_iter()
+            .map(|(o, _, _)| o)
+            .collect();
+        let scope = self.objects_under(path)?;
+        let mut plan = Vec::new();
+        let mut kept = 0u64;
+        let mut versions = 0u64;
+        for &obj in &scope {
+            let Some((_, newest)) = self.history().object_at(obj, u64::MAX)? else {
+                continue;
+            };
+            if !newest.gone {
+                if own.contains(&obj) {
+                    return Err(Error::Usage(format!(
+                        "{} still exists: remove it first (or let `chronofs purge` do it through the mount)",
+                        show_path(path)
+                    )));
+                }
+                // Moved out of the tree and still alive elsewhere.
+                kept += 1;
+                continue;
+            }
+            versions += self.history().versions(obj, 0, u64::MAX)?.len() as u64;
+            plan.push((obj, Removal::Whole));
+        }
+        let detail = json!({"path": show_path(path), "objects": plan.len(), "versions": versions});
+        if dry_run {
+            return Ok(
+                json!({"dry_run": true, "objects": plan.len(), "versions": versions, "kept_alive_elsewhere": kept}),
+            );
+        }
+        let outcome = self.history().prune(
+            &plan,
+            Pins::Override,
+            Some(audit_record(peer, "purge", detail)),
+        )?;
+        Ok(json!({"dry_run": false, "objects": outcome.objects_removed,
+            "versions": outcome.versions_removed, "kept_alive_elsewhere": kept}))
+    }
+
+    pub(super) fn explain(
+        &self,
+        path: &Components,
+        user: Option<&str>,
+        process: Option<&str>,
+    ) -> Result<Value> {
+        let live = self.live_stat(path)?;
+        let (mut uid, gid) = live.map_or((0, 0), |st| (st.st_uid, st.st_gid));
+        if let Some(u) = user {
+            uid = sys::user_home(u)
+                .map(|(id, _)| id)
+                .ok_or_else(|| Error::NotFound(format!("no user '{u}'")))?;
+        }
+        let rel = path
+            .iter()
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect::<Vec<_>>()
+            .join("/");
+        let owner = sys::user_name(uid);
+        let group = sys::group_name(gid);
+        let local = jiff::Zoned::now().datetime();
+        let subject = Subject {
+            path: &rel,
+            is_dir: live.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
+            size: live.map_or(0, |st| st.st_size as u64),
+            owner_uid: uid,
+            owner_gid: gid,
+            owner_name: owner.as_deref(),
+            group_name: group.as_deref(),
+            process,
+            local_time: Some(local),
+        };
+        let resolved = self.policy.current()?.resolve(&subject);
+        let mut v = serde_json::to_value(&resolved).unwrap_or(Value::Null);
+        v["text"] = json!(resolved.explain());
+        v["path"] = json!(show_path(path));
+        v["exists"] = json!(live.is_some());
+        Ok(v)
+    }
+
+    /// The live object at `path`, if there is one.
+    fn live_stat(&self, path: &Components) -> Result<Option<sys::Stat>> {
+        let past = self.past();
+        let mut fd = sys::reopen(std::os::fd::AsFd::as_fd(&self.root_fd()), libc::O_PATH)?;
+        for (i, comp) in path.iter().enumerate() {
+            match past.live_step(std::os::fd::AsFd::as_fd(&fd), i == 0, comp)? {
+                Some(crate::history::past::Cur::Live { fd: next, .. }) => fd = next,
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(sys::fstat(std::os::fd::AsFd::as_fd(&fd))?))
+    }
+
+    pub(super) fn reload(&self, peer: &Peer) -> Result<Value> {
+        root_only(peer, "reload the policy")?;
+        let previous = self.policy.cell.get();
+        match self.policy.source.load(Some(&previous)) {
+            Ok((policy, warnings)) => {
+                let rules = policy.rule_count();
+                self.policy.cell.set(policy);
+                let detail = json!({"rules": rules, "warnings": warnings});
+                self.history()
+                    .audit(&audit_record(peer, "policy-reload", detail.clone()))?;
+                Ok(detail)
+            }
+            Err(errors) => Err(Error::Usage(format!(
+                "{} (the previous policy stays in force{})",
+                errors.first().map_or_else(String::new, ToString::to_string),
+                match errors.len() {
+                    0 | 1 => String::new(),
+                    n => format!("; {} more problem(s): run `chronofs policy check`", n - 1),
+                }
+            ))),
+        }
+    }
+
+    pub(super) fn audit_log(&self, peer: &Peer) -> Result<Value> {
+        root_only(peer, "read the audit log")?;
+        let records: Vec<Value> = self
+            .history()
+            .audit_log()?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
+        Ok(json!({"records": records}))
+    }
+}

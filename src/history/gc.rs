@@ -1,0 +1,404 @@
+//! Garbage collection: frees the chunks no version references any more
+//! (after pruning) and compacts packs that are mostly dead.
+//!
+//! Safety argument (a crash or a concurrent change at any point never
+//! loses a referenced chunk and never leaves a dangling reference):
+//!
+//! - Marking and sweeping read one index snapshot, taken after every
+//!   journaled change was applied durably. Chunks stored after it are not
+//!   in that snapshot's `chunks` table, so they are never candidates.
+//! - Before the snapshot, the collector waits for every version build in
+//!   flight (`History::build_gate`) and turns on tracking: from then on
+//!   every put that finds its chunk already stored, or uses one as a
+//!   delta base, records it. Removal happens with puts held off, minus
+//!   everything tracked (and the delta bases those need), in one durable
+//!   index commit. A later put of removed data stores it again.
+//! - Pruning never runs during a collection (`History::maintenance`), so
+//!   what the snapshot marks stays referenced.
+//! - Compaction copies a pack's live entries verbatim into the pack being
+//!   written, fsyncs it, commits the new locations durably, and only then
+//!   deletes the old pack. A crash before the commit leaves unreferenced
+//!   copies (counted as dead space by the next collection); after it, an
+//!   old pack nothing points into.
+//!
+//! Memory: the live set holds 32 bytes per referenced chunk (plus hash
+//! set overhead), the dead list 53 bytes per unreferenced one.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use redb::{ReadableTable, ReadableTableMetadata};
+
+use super::model::*;
+use super::tables::{self, MANIFESTS, VERSIONS};
+use super::{read_txn, History, HistoryError, Result};
+use crate::store::chunks::{Location, CHUNKS, ENTRY_HEADER_LEN, PACK_HEADER_LEN};
+use crate::store::{index_error, Hash};
+
+/// A pack is rewritten when less than this share of it is live.
+const COMPACT_LIVE_SHARE: f64 = 0.5;
+/// Index entries removed or moved per write transaction.
+const BATCH: usize = 50_000;
+
+/// What a collection found and did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct GcReport {
+    pub dry_run: bool,
+    pub versions: u64,
+    pub chunks: u64,
+    pub live_chunks: u64,
+    pub removed_chunks: u64,
+    /// Stored bytes of the removed chunks.
+    pub removed_bytes: u64,
+    pub packs: u64,
+    pub packs_deleted: u64,
+    pub packs_rewritten: u64,
+    /// Live bytes copied out of rewritten packs.
+    pub moved_bytes: u64,
+    pub pack_bytes_before: u64,
+    pub pack_bytes_after: u64,
+    pub elapsed_ms: u64,
+}
+
+/// Progress: phase name, done, total.
+pub type Progress<'a> = &'a mut dyn FnMut(&str, u64, u64);
+
+fn err(e: impl Into<redb::Error>) -> HistoryError {
+    HistoryError::Store(index_error(e))
+}
+
+/// Turns tracking off however the collection ends.
+struct Tracking<'a>(&'a History);
+
+impl Drop for Tracking<'_> {
+    fn drop(&mut self) {
+        self.0.chunks().stop_tracking();
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct PackUse {
+    live_bytes: u64,
+}
+
+fn entry_bytes(loc: &Location) -> u64 {
+    ENTRY_HEADER_LEN as u64 + u64::from(loc.stored_len)
+}
+
+impl History {
+    /// Collects garbage. `dry_run`: report what would be freed, change
+    /// nothing.
+    pub fn gc(&self, dry_run: bool, progress: Progress) -> Result<GcReport> {
+        let started = Instant::now();
+        let _one = self.maintenance.lock();
+        // Close the pack being written (its chunks become compactable once
+        // the sync below has indexed them).
+        if !dry_run {
+            self.chunks().rotate();
+        }
+        self.sync()?;
+        {
+            // Builds in flight may hold chunks they found stored before
+            // tracking began: let them commit first.
+            let _quiet = self.build_gate.write();
+            self.chunks().start_tracking();
+        }
+        let _tracking = Tracking(self);
+        self.sync()?;
+        let mut report = GcReport {
+            dry_run,
+            ..Default::default()
+        };
+        let live = self.mark(&mut report, progress)?;
+        let (dead, packs) = self.sweep(&live, &mut report, progress)?;
+        report.packs = packs.len() as u64;
+        report.pack_bytes_before = self.chunks().packs_size()?;
+        if dry_run {
+            report.removed_chunks = dead.len() as u64;
+            report.removed_bytes = dead.iter().map(|(_, l)| entry_bytes(l)).sum();
+            report.pack_bytes_after = report.pack_bytes_before;
+            report.elapsed_ms = started.elapsed().as_millis() as u64;
+            return Ok(report);
+        }
+        drop(live);
+        self.remove_dead(dead, &mut report, progress)?;
+        self.compact(&packs, &mut report, progress)?;
+        report.pack_bytes_after = self.chunks().packs_size()?;
+        report.elapsed_ms = started.elapsed().as_millis() as u64;
+        tracing::info!(
+            "gc: removed {} chunk(s) ({} bytes), deleted {} pack(s), rewrote {}",
+            report.removed_chunks,
+            report.removed_bytes,
+            report.packs_deleted,
+            report.packs_rewritten
+        );
+        Ok(report)
+    }
+
+    /// Every chunk a version references: manifests, their extents, and the
+    /// delta bases those need, transitively.
+    fn mark(&self, report: &mut GcReport, progress: Progress) -> Result<HashSet<Hash>> {
+        let txn = read_txn(self.db())?;
+        let mut live = HashSet::new();
+        let versions = match txn.open_table(VERSIONS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(live),
+            Err(e) => return Err(err(e)),
+        };
+        let manifests = match txn.open_table(MANIFESTS) {
+            Ok(t) => Some(t),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(err(e)),
+        };
+        let total = versions.len().map_err(err)?;
+        let mut seen_manifests = HashSet::new();
+        for (i, e) in versions.iter().map_err(err)?.enumerate() {
+            let (_, v) = e.map_err(err)?;
+            report.versions += 1;
+            if i % 4096 == 0 {
+                progress("marking", i as u64, total);
+            }
+            let Content::File { manifest } = tables::decode(v.value())?.content else {
+                continue;
+            };
+            if !seen_manifests.insert(manifest) {
+                continue;
+            }
+            let in_table = match &manifests {
+                Some(t) => t
+                    .get(manifest.as_slice())
+                    .map_err(err)?
+                    .map(|m| m.value().to_vec()),
+                None => None,
+            };
+            let bytes = match in_table {
+                Some(b) => b,
+                None => {
+                    live.insert(manifest);
+                    self.chunks().get(&manifest)?
+                }
+            };
+            let m = Manifest::decode(&bytes).ok_or_else(|| {
+                HistoryError::Corrupt(format!(
+                    "manifest {} does not decode",
+                    crate::store::chunks::hex(&manifest)
+                ))
+            })?;
+            live.extend(super::content::chunk_refs(&m));
+        }
+        progress("marking", total, total);
+        drop(seen_manifests);
+        let chunks = txn.open_table(CHUNKS).map_err(err)?;
+        let mut work: Vec<Hash> = live.iter().copied().collect();
+        while let Some(h) = work.pop() {
+            let Some(loc) = chunks.get(h.as_slice()).map_err(err)? else {
+                continue;
+            };
+            let loc = decode_loc(&h, loc.value())?;
+            if let Some(base) = self.chunks().delta_base(&h, &loc)? {
+                if live.insert(base) {
+                    work.push(base);
+                }
+            }
+        }
+        Ok(live)
+    }
+
+    /// The indexed chunks not in `live`, and how much of each pack is live.
+    #[allow(clippy::type_complexity)]
+    fn sweep(
+        &self,
+        live: &HashSet<Hash>,
+        report: &mut GcReport,
+        progress: Progress,
+    ) -> Result<(Vec<(Hash, Location)>, HashMap<u32, PackUse>)> {
+        let txn = read_txn(self.db())?;
+        let chunks = match txn.open_table(CHUNKS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Default::default()),
+            Err(e) => return Err(err(e)),
+        };
+        let total = chunks.len().map_err(err)?;
+        let mut dead = Vec::new();
+        let mut packs: HashMap<u32, PackUse> = HashMap::new();
+        for id in crate::store::chunks::pack_ids(self.chunks().dir())? {
+            packs.insert(id, PackUse::default());
+        }
+        for (i, e) in chunks.iter().map_err(err)?.enumerate() {
+            let (k, v) = e.map_err(err)?;
+            let h: Hash = k
+                .value()
+                .try_into()
+                .map_err(|_| HistoryError::Corrupt("malformed chunk key".into()))?;
+            let loc = decode_loc(&h, v.value())?;
+            report.chunks += 1;
+            if live.contains(&h) {
+                report.live_chunks += 1;
+                packs.entry(loc.pack).or_default().live_bytes += entry_bytes(&loc);
+            } else {
+                dead.push((h, loc));
+            }
+            if i % 4096 == 0 {
+                progress("sweeping", i as u64, total);
+            }
+        }
+        progress("sweeping", total, total);
+        Ok((dead, packs))
+    }
+
+    /// Removes the dead chunks' index entries, sparing those puts reused
+    /// meanwhile (and what they need), with puts held off.
+    fn remove_dead(
+        &self,
+        mut dead: Vec<(Hash, Location)>,
+        report: &mut GcReport,
+        progress: Progress,
+    ) -> Result<()> {
+        if dead.is_empty() {
+            return Ok(());
+        }
+        let total = dead.len() as u64;
+        self.chunks()
+            .with_puts_held(|reused, fresh| -> Result<()> {
+                let spared = self.needed_by(reused)?;
+                dead.retain(|(h, _)| !spared.contains(h) && !fresh.contains(h));
+                for (n, batch) in dead.chunks(BATCH).enumerate() {
+                    let txn = self.db().begin_write().map_err(err)?;
+                    {
+                        let mut t = txn.open_table(CHUNKS).map_err(err)?;
+                        for (h, _) in batch {
+                            t.remove(h.as_slice()).map_err(err)?;
+                        }
+                    }
+                    txn.commit().map_err(err)?;
+                    progress("removing", ((n + 1) * BATCH).min(dead.len()) as u64, total);
+                }
+                Ok(())
+            })?;
+        report.removed_chunks = dead.len() as u64;
+        report.removed_bytes = dead.iter().map(|(_, l)| entry_bytes(l)).sum();
+        Ok(())
+    }
+
+    /// `chunks` and every delta base they need, transitively.
+    fn needed_by(&self, chunks: &HashSet<Hash>) -> Result<HashSet<Hash>> {
+        let mut out = chunks.clone();
+        let mut work: Vec<Hash> = chunks.iter().copied().collect();
+        while let Some(h) = work.pop() {
+            let Some(loc) = self.chunks().locate(&h)? else {
+                continue;
+            };
+            if let Some(base) = self.chunks().delta_base(&h, &loc)? {
+                if out.insert(base) {
+                    work.push(base);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes packs with nothing live and rewrites mostly dead ones.
+    fn compact(
+        &self,
+        packs: &HashMap<u32, PackUse>,
+        report: &mut GcReport,
+        progress: Progress,
+    ) -> Result<()> {
+        let in_use = self.chunks().packs_in_use();
+        let mut chosen = HashSet::new();
+        for (&id, usage) in packs {
+            if in_use.contains(&id) {
+                continue;
+            }
+            let size = self.chunks().pack_size(id)?;
+            let payload = size.saturating_sub(PACK_HEADER_LEN);
+            if (usage.live_bytes as f64) < payload as f64 * COMPACT_LIVE_SHARE || payload == 0 {
+                chosen.insert(id);
+            }
+        }
+        if chosen.is_empty() {
+            return Ok(());
+        }
+        let moving = self.entries_in(&chosen)?;
+        let total = moving.len() as u64;
+        let mut moved = Vec::with_capacity(moving.len());
+        for (i, (h, loc)) in moving.iter().enumerate() {
+            let to = self.chunks().copy_entry(h, loc)?;
+            report.moved_bytes += entry_bytes(loc);
+            moved.push((*h, *loc, to));
+            if i % 1024 == 0 {
+                progress("compacting", i as u64, total);
+            }
+        }
+        progress("compacting", total, total);
+        self.chunks().sync()?;
+        for batch in moved.chunks(BATCH) {
+            let txn = self.db().begin_write().map_err(err)?;
+            {
+                let mut t = txn.open_table(CHUNKS).map_err(err)?;
+                for (h, from, to) in batch {
+                    // Only where the index still points at the old copy.
+                    let current = t
+                        .get(h.as_slice())
+                        .map_err(err)?
+                        .map(|v| v.value().to_vec());
+                    if current.as_deref() == Some(from.encode().as_slice()) {
+                        t.insert(h.as_slice(), to.encode().as_slice())
+                            .map_err(err)?;
+                    }
+                }
+            }
+            txn.commit().map_err(err)?;
+        }
+        // Anything still pointing into a chosen pack (a racing repair)
+        // keeps that pack.
+        let still = self.entries_in(&chosen)?;
+        let kept: HashSet<u32> = still.iter().map(|(_, l)| l.pack).collect();
+        for id in chosen {
+            if kept.contains(&id) {
+                continue;
+            }
+            self.chunks().remove_pack(id)?;
+            if packs.get(&id).is_some_and(|u| u.live_bytes > 0) {
+                report.packs_rewritten += 1;
+            } else {
+                report.packs_deleted += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Index entries located in one of `packs`.
+    fn entries_in(&self, packs: &HashSet<u32>) -> Result<Vec<(Hash, Location)>> {
+        let txn = read_txn(self.db())?;
+        let chunks = match txn.open_table(CHUNKS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(err(e)),
+        };
+        let mut out = Vec::new();
+        for e in chunks.iter().map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let h: Hash = k
+                .value()
+                .try_into()
+                .map_err(|_| HistoryError::Corrupt("malformed chunk key".into()))?;
+            let loc = decode_loc(&h, v.value())?;
+            if packs.contains(&loc.pack) {
+                out.push((h, loc));
+            }
+        }
+        // In pack order: the copy reads each old pack front to back.
+        out.sort_by_key(|(_, l)| (l.pack, l.offset));
+        Ok(out)
+    }
+}
+
+fn decode_loc(h: &Hash, bytes: &[u8]) -> Result<Location> {
+    Location::decode(bytes).ok_or_else(|| {
+        HistoryError::Corrupt(format!(
+            "bad location for chunk {}",
+            crate::store::chunks::hex(h)
+        ))
+    })
+}

@@ -1,0 +1,367 @@
+//! Removing versions: retention (the cleaner and `chronofs prune`), the
+//! expiry of deleted trees, and `chronofs purge`.
+//!
+//! Rules that keep every query exact after a prune:
+//! - An object's newest version is never removed while the object lives:
+//!   it is the state the store must always hold in full (the base of the
+//!   next version, and the proof that the live file is unchanged). A
+//!   deleted object goes whole or not at all.
+//! - When an object's oldest versions go, the `pruned` table remembers
+//!   it, and a query before its oldest kept version reads that version
+//!   (as a query before a baseline does): the nearest state history still
+//!   holds, never the live file and never "did not exist".
+//! - A deleted object removed whole takes its directory entries with it;
+//!   an entry whose binding also displaced an earlier child becomes a
+//!   removal of that name, so the earlier child's history stays exact.
+//! - Tags pin: the version each tag sees of each object is never removed
+//!   (except by purge, which an administrator asks for by name).
+//! - Only durably applied versions are removed, in durable commits, so a
+//!   journal replay never brings a removed version back.
+
+use redb::{ReadableTable, WriteTransaction};
+
+use super::model::*;
+use super::tables::{self, AUDIT, DIRENTS, LINKS, PRUNED, TAGS, VERSIONS};
+use super::{read_txn, History, HistoryError, Result};
+use crate::store::index_error;
+
+fn err(e: impl Into<redb::Error>) -> HistoryError {
+    HistoryError::Store(index_error(e))
+}
+
+/// What to remove of one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Removal {
+    /// These versions (never the newest, never a pinned one).
+    Versions(Vec<Seq>),
+    /// A deleted object and everything history has of it (its newest
+    /// version must record its deletion).
+    Whole,
+}
+
+/// How pins are treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pins {
+    /// Tagged versions stay (retention, prune).
+    Respect,
+    /// Purge: the administrator named the object; tags do not save it.
+    Override,
+}
+
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct PruneOutcome {
+    pub versions_removed: u64,
+    pub objects_removed: u64,
+    /// Asked for but kept (newest, pinned, or changed meanwhile).
+    pub versions_spared: u64,
+}
+
+/// One object's versions, oldest first.
+pub type Versions = Vec<(Seq, Version)>;
+
+/// Which of `versions` (oldest first) the tags pin: for each tag, the
+/// newest version at or before it; if none is, the oldest version when
+/// it stands for earlier states (a baseline, or one that pruning made the
+/// oldest).
+pub fn pinned(versions: &[(Seq, Version)], tags: &[Seq], prefix_pruned: bool) -> Vec<bool> {
+    let mut pins = vec![false; versions.len()];
+    let first_stands_earlier = prefix_pruned
+        || versions
+            .first()
+            .is_some_and(|(_, v)| v.cause == Cause::Baseline);
+    for &t in tags {
+        match versions.iter().rposition(|(s, _)| *s <= t) {
+            Some(i) => pins[i] = true,
+            None if first_stands_earlier && !pins.is_empty() => pins[0] = true,
+            None => {}
+        }
+    }
+    pins
+}
+
+impl History {
+    /// Every object's versions, oldest first, object by object (for the
+    /// cleaner: work proportional to history, so never on a caller's
+    /// system call). `f` returns false to stop.
+    pub fn scan_objects(
+        &self,
+        f: &mut dyn FnMut(ObjectId, Versions) -> Result<bool>,
+    ) -> Result<()> {
+        self.settle()?;
+        let txn = read_txn(self.db())?;
+        let t = match txn.open_table(VERSIONS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+            Err(e) => return Err(err(e)),
+        };
+        let mut cur: Option<(ObjectId, Versions)> = None;
+        for e in t.iter().map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let (obj, seq) = split_version_key(k.value())?;
+            let v = tables::decode(v.value())?;
+            match &mut cur {
+                Some((o, list)) if *o == obj => list.push((seq, v)),
+                _ => {
+                    if let Some((o, list)) = cur.take() {
+                        if !f(o, list)? {
+                            return Ok(());
+                        }
+                    }
+                    cur = Some((obj, vec![(seq, v)]));
+                }
+            }
+        }
+        if let Some((o, list)) = cur {
+            f(o, list)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `obj` has had its oldest versions pruned.
+    pub fn prefix_pruned(&self, obj: ObjectId) -> Result<bool> {
+        let txn = read_txn(self.db())?;
+        let t = match txn.open_table(PRUNED) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+            Err(e) => return Err(err(e)),
+        };
+        Ok(t.get(obj).map_err(err)?.is_some())
+    }
+
+    /// Records an administrative act in the audit log (durably).
+    pub fn audit(&self, record: &serde_json::Value) -> Result<()> {
+        let txn = self.db().begin_write().map_err(err)?;
+        tables::audit_put(&txn, record)?;
+        txn.commit().map_err(err)?;
+        Ok(())
+    }
+
+    /// The audit log, oldest first.
+    pub fn audit_log(&self) -> Result<Vec<(u64, serde_json::Value)>> {
+        let txn = read_txn(self.db())?;
+        let t = match txn.open_table(AUDIT) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(err(e)),
+        };
+        let mut out = Vec::new();
+        for e in t.iter().map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let record = serde_json::from_slice(v.value())
+                .map_err(|e| HistoryError::Corrupt(format!("audit record: {e}")))?;
+            out.push((k.value(), record));
+        }
+        Ok(out)
+    }
+
+    /// Tag sequence numbers.
+    pub fn tag_seqs(&self) -> Result<Vec<Seq>> {
+        Ok(self.tags()?.into_iter().map(|(_, s)| s).collect())
+    }
+
+    /// Removes what `plan` says, in durable commits, re-checking every
+    /// rule against the index as it is now; `audit` is recorded in the
+    /// same commit as the first batch.
+    pub fn prune(
+        &self,
+        plan: &[(ObjectId, Removal)],
+        pins: Pins,
+        audit: Option<serde_json::Value>,
+    ) -> Result<PruneOutcome> {
+        let _one = self.maintenance.lock();
+        self.sync()?;
+        let mut out = PruneOutcome::default();
+        let mut audit = audit;
+        for batch in plan.chunks(2000) {
+            let txn = self.db().begin_write().map_err(err)?;
+            let tags: Vec<Seq> = {
+                let t = txn.open_table(TAGS).map_err(err)?;
+                let mut v = Vec::new();
+                for e in t.iter().map_err(err)? {
+                    v.push(e.map_err(err)?.1.value());
+                }
+                v
+            };
+            for (obj, removal) in batch {
+                self.prune_one(&txn, *obj, removal, pins, &tags, &mut out)?;
+            }
+            if let Some(record) = audit.take() {
+                tables::audit_put(&txn, &record)?;
+            }
+            txn.commit().map_err(err)?;
+        }
+        if let Some(record) = audit {
+            // An empty plan is still an act worth recording.
+            self.audit(&record)?;
+        }
+        Ok(out)
+    }
+
+    fn prune_one(
+        &self,
+        txn: &WriteTransaction,
+        obj: ObjectId,
+        removal: &Removal,
+        pins: Pins,
+        tags: &[Seq],
+        out: &mut PruneOutcome,
+    ) -> Result<()> {
+        let versions = versions_in(txn, obj)?;
+        let Some((newest, last)) = versions.last().map(|(s, v)| (*s, v.gone)) else {
+            return Ok(());
+        };
+        let marked = txn
+            .open_table(PRUNED)
+            .map_err(err)?
+            .get(obj)
+            .map_err(err)?
+            .is_some();
+        let pin = match pins {
+            Pins::Respect => pinned(&versions, tags, marked),
+            Pins::Override => vec![false; versions.len()],
+        };
+        match removal {
+            Removal::Whole if last && !pin.iter().any(|p| *p) => {
+                remove_whole(txn, obj, &versions)?;
+                out.objects_removed += 1;
+                out.versions_removed += versions.len() as u64;
+            }
+            Removal::Whole => out.versions_spared += versions.len() as u64,
+            Removal::Versions(seqs) => {
+                let mut table = txn.open_table(VERSIONS).map_err(err)?;
+                let oldest = versions[0].0;
+                let mut lowest_removed = None;
+                for s in seqs {
+                    let idx = versions.iter().position(|(vs, _)| vs == s);
+                    let removable = idx.is_some_and(|i| !pin[i]) && *s != newest;
+                    if !removable {
+                        out.versions_spared += 1;
+                        continue;
+                    }
+                    table
+                        .remove(tables::version_key(obj, *s).as_slice())
+                        .map_err(err)?;
+                    out.versions_removed += 1;
+                    lowest_removed = Some(lowest_removed.map_or(*s, |l: Seq| l.min(*s)));
+                }
+                if lowest_removed == Some(oldest) {
+                    let mut p = txn.open_table(PRUNED).map_err(err)?;
+                    let keep = p.get(obj).map_err(err)?.map_or(oldest, |v| v.value());
+                    p.insert(obj, keep.min(oldest)).map_err(err)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn split_version_key(k: &[u8]) -> Result<(ObjectId, Seq)> {
+    let bad = || HistoryError::Corrupt("malformed version key".into());
+    let obj = u64::from_be_bytes(k.get(..8).and_then(|b| b.try_into().ok()).ok_or_else(bad)?);
+    let seq = u64::from_be_bytes(
+        k.get(8..16)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(bad)?,
+    );
+    Ok((obj, seq))
+}
+
+fn versions_in(txn: &WriteTransaction, obj: ObjectId) -> Result<Versions> {
+    let t = txn.open_table(VERSIONS).map_err(err)?;
+    let lo = tables::version_key(obj, 0);
+    let hi = tables::version_key(obj, Seq::MAX);
+    let mut out = Vec::new();
+    for e in t.range(lo.as_slice()..=hi.as_slice()).map_err(err)? {
+        let (k, v) = e.map_err(err)?;
+        out.push((split_version_key(k.value())?.1, tables::decode(v.value())?));
+    }
+    Ok(out)
+}
+
+/// Removes a deleted object: its versions, its marker, its names, and (for
+/// a directory) the entries recorded in it.
+fn remove_whole(txn: &WriteTransaction, obj: ObjectId, versions: &Versions) -> Result<()> {
+    {
+        let mut t = txn.open_table(VERSIONS).map_err(err)?;
+        for (s, _) in versions {
+            t.remove(tables::version_key(obj, *s).as_slice())
+                .map_err(err)?;
+        }
+    }
+    txn.open_table(PRUNED)
+        .map_err(err)?
+        .remove(obj)
+        .map_err(err)?;
+    let mut links = txn.open_table(LINKS).map_err(err)?;
+    let mut dirents = txn.open_table(DIRENTS).map_err(err)?;
+    let mut own = Vec::new();
+    for e in links
+        .range(obj.to_be_bytes().as_slice()..(obj + 1).to_be_bytes().as_slice())
+        .map_err(err)?
+    {
+        let (k, v) = e.map_err(err)?;
+        own.push((k.value().to_vec(), v.value()));
+    }
+    for (key, bound) in own {
+        let (seq, parent, name) = tables::split_link_key(&key)
+            .ok_or_else(|| HistoryError::Corrupt("malformed link key".into()))?;
+        let dkey = tables::dirent_key(parent, name, seq);
+        let here = dirents
+            .get(dkey.as_slice())
+            .map_err(err)?
+            .map(|v| v.value());
+        let ours = if bound == 1 {
+            here == Some(obj)
+        } else {
+            here == Some(0)
+        };
+        if ours {
+            let displaced = bound == 1 && previous_binding(&dirents, parent, name, seq)?;
+            if displaced {
+                dirents.insert(dkey.as_slice(), 0).map_err(err)?;
+            } else {
+                dirents.remove(dkey.as_slice()).map_err(err)?;
+            }
+        }
+        links.remove(key.as_slice()).map_err(err)?;
+    }
+    if versions
+        .iter()
+        .any(|(_, v)| v.attrs.mode & libc::S_IFMT == libc::S_IFDIR)
+    {
+        let lo = obj.to_be_bytes();
+        let hi = (obj + 1).to_be_bytes();
+        let mut inside = Vec::new();
+        for e in dirents.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            inside.push((k.value().to_vec(), v.value()));
+        }
+        for (k, child) in inside {
+            dirents.remove(k.as_slice()).map_err(err)?;
+            if let Some((name, seq)) = tables::split_dirent_key(&k) {
+                if child != 0 {
+                    let lk = tables::link_key(child, seq, obj, name);
+                    links.remove(lk.as_slice()).map_err(err)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the entry just before `seq` for `name` in `parent` bound a
+/// child (which a binding at `seq` then displaced).
+fn previous_binding(
+    dirents: &redb::Table<&[u8], u64>,
+    parent: ObjectId,
+    name: &[u8],
+    seq: Seq,
+) -> Result<bool> {
+    let lo = tables::dirent_key(parent, name, 0);
+    let hi = tables::dirent_key(parent, name, seq);
+    let mut r = dirents.range(lo.as_slice()..hi.as_slice()).map_err(err)?;
+    Ok(match r.next_back() {
+        Some(e) => e.map_err(err)?.1.value() != 0,
+        None => false,
+    })
+}
