@@ -99,7 +99,17 @@ pub struct Capture {
     /// Serializes baselines so one directory is never listed twice.
     baseline_lock: Mutex<()>,
     comms: Mutex<HashMap<u32, String>>,
+    /// The version policy in force (what is versioned at all).
+    policy: Arc<retention::PolicyCell>,
+    /// The live name of an object (parent, name), from whoever serves the
+    /// tree: for the path a policy rule matches.
+    namer: parking_lot::RwLock<Option<Namer>>,
+    /// Owner and group names for policy rules, by id.
+    owner_names: Mutex<HashMap<(u8, u32), Option<String>>>,
 }
+
+/// Finds an object's live name: (parent, name).
+pub type Namer = Box<dyn Fn(ObjectId) -> Option<(ObjectId, Vec<u8>)> + Send + Sync>;
 
 /// Converts a stat into recorded attributes.
 pub fn attrs_of(st: &Stat) -> Attrs {
@@ -127,7 +137,11 @@ fn empty_manifest() -> Manifest {
 }
 
 impl Capture {
-    pub fn new(history: Arc<History>, cfg: CaptureConfig) -> Arc<Capture> {
+    pub fn new(
+        history: Arc<History>,
+        cfg: CaptureConfig,
+        policy: Arc<retention::PolicyCell>,
+    ) -> Arc<Capture> {
         let capture = Arc::new(Capture {
             history,
             cfg,
@@ -136,6 +150,9 @@ impl Capture {
             jobs: state::JobQueue::default(),
             baseline_lock: Mutex::new(()),
             comms: Mutex::new(HashMap::new()),
+            policy,
+            namer: parking_lot::RwLock::new(None),
+            owner_names: Mutex::new(HashMap::new()),
         });
         let worker = Arc::downgrade(&capture);
         let spawned = std::thread::Builder::new()
@@ -150,6 +167,68 @@ impl Capture {
 
     pub fn config(&self) -> &CaptureConfig {
         &self.cfg
+    }
+
+    /// How to find objects' live names (for path rules of the policy).
+    pub fn set_namer(&self, namer: Namer) {
+        *self.namer.write() = Some(namer);
+    }
+
+    /// The object's live path from the mount root, if it can be named.
+    fn live_path(&self, obj: ObjectId) -> Option<String> {
+        let namer = self.namer.read();
+        let namer = namer.as_ref()?;
+        let mut parts = Vec::new();
+        let mut cur = obj;
+        while cur != ROOT {
+            let (parent, name) = namer(cur)?;
+            parts.push(String::from_utf8_lossy(&name).into_owned());
+            cur = parent;
+            if parts.len() > 4096 {
+                return None;
+            }
+        }
+        parts.reverse();
+        Some(parts.join("/"))
+    }
+
+    fn owner_name(&self, group: bool, id: u32) -> Option<String> {
+        self.owner_names
+            .lock()
+            .entry((u8::from(group), id))
+            .or_insert_with(|| {
+                if group {
+                    sys::group_name(id)
+                } else {
+                    sys::user_name(id)
+                }
+            })
+            .clone()
+    }
+
+    /// Whether the policy keeps the content of file `obj` (in state `st`)
+    /// as changed by `who` now. Decided when a version is built, so a
+    /// policy reload applies from the next change on.
+    fn keeps_content(&self, obj: ObjectId, st: &Stat, who: &Who) -> bool {
+        let policy = self.policy.get();
+        if policy.is_trivial() || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return true;
+        }
+        let path = self.live_path(obj).unwrap_or_default();
+        let owner = self.owner_name(false, st.st_uid);
+        let group = self.owner_name(true, st.st_gid);
+        let subject = crate::policy::Subject {
+            path: &path,
+            is_dir: false,
+            size: st.st_size as u64,
+            owner_uid: st.st_uid,
+            owner_gid: st.st_gid,
+            owner_name: owner.as_deref(),
+            group_name: group.as_deref(),
+            process: (!who.comm.is_empty()).then_some(who.comm.as_str()),
+            local_time: Some(jiff::Zoned::now().datetime()),
+        };
+        policy.resolve(&subject).version
     }
 
     /// Who is making a change: the caller and its process name.
@@ -443,6 +522,7 @@ impl Capture {
         like: Option<&Content>,
     ) -> Result<Version> {
         let content = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG if !self.keeps_content(obj, st, who) => Content::Unrecorded,
             libc::S_IFREG => {
                 let fd = tree.open_read(obj)?;
                 let known = self.state.lock().known(obj);
@@ -1007,6 +1087,7 @@ impl Capture {
         let mut draft = Draft::default();
         let dirty = self.state.lock().take_dirty(job.obj);
         let content = match (dirty, known.as_ref().map(|k| &k.content)) {
+            _ if !self.keeps_content(job.obj, &st, &job.who) => Content::Unrecorded,
             (Some(ranges), Some(Content::File { manifest })) => {
                 match self.ingest_changes(&job.reader, manifest, &ranges) {
                     Ok(c) => c,

@@ -56,7 +56,14 @@ pub struct ByPolicy<'a>(pub &'a Policy);
 
 impl Decide for ByPolicy<'_> {
     fn retention(&self, subject: &Subject) -> Option<Retention> {
-        Some(self.0.resolve(subject).retention)
+        let resolved = self.0.resolve(subject);
+        let mut r = resolved.retention;
+        if !resolved.version {
+            // Not versioned (any more): history keeps its newest state
+            // only, unless a minimum says otherwise.
+            r.max_count = Some(1);
+        }
+        Some(r)
     }
 }
 

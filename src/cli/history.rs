@@ -619,6 +619,15 @@ fn restore_node(
 ) -> Result<()> {
     let live = std::fs::symlink_metadata(dest).ok();
     let kind = node["kind"].as_str().unwrap_or("");
+    if node["unrecorded"].as_bool() == Some(true) {
+        // Not versioned by policy: there is nothing to bring back, and the
+        // live file (if any) is the best there is.
+        eprintln!(
+            "chronofs: {}: content not versioned by policy; left as it is",
+            dest.display()
+        );
+        return Ok(());
+    }
     if let Some(m) = &live {
         if kind != "dir" && same_as_live(node, m) {
             return Ok(());

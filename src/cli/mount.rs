@@ -351,6 +351,11 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     let branch = DirBranch::open(BranchId(0), &plan.src, plan.reserved.clone())
         .with_context(|| format!("source {}", plan.src.display()))?;
     let store = Store::open(&plan.store)?;
+    let policy = if opts.plain {
+        None
+    } else {
+        Some(load_policy(opts)?)
+    };
     // History first: its replay may restore inode-map entries.
     let history = if opts.plain {
         None
@@ -358,13 +363,14 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         Some(History::open(&store, true).map_err(|e| anyhow!("{e}"))?)
     };
     let inomap = store.inode_map()?;
-    let capture: Option<Arc<Capture>> = history.as_ref().map(|h| {
+    let capture: Option<Arc<Capture>> = history.as_ref().zip(policy.as_ref()).map(|(h, p)| {
         Capture::new(
             Arc::clone(h),
             CaptureConfig {
                 interval: opts.capture_interval,
                 every_write: opts.every_write,
             },
+            p.cell.clone(),
         )
     });
     let vfs_cfg = VfsConfig {
@@ -375,6 +381,10 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         views: opts.views.clone(),
     };
     let vfs = Vfs::new(branch, inomap, vfs_cfg, capture.clone()).map_err(|e| anyhow!("{e}"))?;
+    if let Some(c) = &capture {
+        let weak = Arc::downgrade(&vfs);
+        c.set_namer(Box::new(move |obj| weak.upgrade()?.name_of(obj)));
+    }
     if capture.is_some() {
         // Views of unchanged files read private clones made here (where
         // the file system can clone); without it they read through the
@@ -426,10 +436,6 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     };
     let session = Mounted::new(fs, &plan.mnt, &spec)
         .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
-    let policy = match &history {
-        Some(_) => Some(load_policy(opts)?),
-        None => None,
-    };
     let control = match (&history, &policy) {
         (Some(h), Some(p)) => start_control(plan, h, &vfs, &store, p.clone())?,
         _ => None,

@@ -202,6 +202,7 @@ impl Service {
                     "atime_ns": a.atime.sec as i128 * 1_000_000_000 + i128::from(a.atime.nsec),
                     "target": target,
                     "xattrs": v.xattrs.iter().map(|(k, _)| name_str(k)).collect::<Vec<_>>(),
+                    "unrecorded": v.content == Content::Unrecorded,
                 })
             }
             Node::Live { obj, fd, st } => {
@@ -319,6 +320,12 @@ impl Service {
                         content::write_to(self.history.chunks(), &m, &mut ReplyWriter(reply))?;
                     }
                     Content::Symlink { target } => reply.data(target)?,
+                    Content::Unrecorded => {
+                        return Err(Error::NotFound(format!(
+                            "{} at #{seq}: its content was not kept (not versioned by policy)",
+                            show_path(path)
+                        )))
+                    }
                     _ => {
                         return Err(Error::Usage(format!(
                             "{} is a {} at #{seq}, not a file",

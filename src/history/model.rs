@@ -141,6 +141,10 @@ pub enum Content {
     },
     /// Device nodes, FIFOs, sockets: attributes say everything.
     Special,
+    /// A regular file whose bytes the policy says not to keep
+    /// (`version = false`): its attributes and names are recorded, its
+    /// content is not (store format 4).
+    Unrecorded,
 }
 
 /// One recorded version of an object.

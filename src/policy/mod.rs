@@ -28,9 +28,15 @@ use std::sync::Arc;
 
 pub use error::PolicyError;
 pub use parse::parse;
-pub use resolve::{Origin, Resolved, Source};
+pub use resolve::Resolved;
 pub use retention::{Candidate, Retention};
-pub use settings::{Capture, Key, Value};
+// The types of `Resolved`'s fields, for callers that name them; not every
+// one is named yet.
+#[allow(unused_imports)]
+pub use {
+    resolve::{Origin, Source},
+    settings::{Capture, Key, Value},
+};
 
 use select::Selector;
 use settings::Settings;

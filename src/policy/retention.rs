@@ -52,6 +52,7 @@ struct Ranked {
 
 /// A calendar period that the staggered keep-* rules keep one version of.
 type Bucket = (i16, i16, i8, i8);
+type BucketOf = fn(DateTime) -> Bucket;
 
 impl Retention {
     /// For each candidate (in the order given), whether it is kept.
@@ -134,7 +135,7 @@ impl Retention {
         selected
     }
 
-    fn calendar_counts(&self) -> [(Option<u64>, fn(DateTime) -> Bucket); 5] {
+    fn calendar_counts(&self) -> [(Option<u64>, BucketOf); 5] {
         [
             (self.keep_hourly, |t| {
                 (t.year(), t.month().into(), t.day(), t.hour())
@@ -183,7 +184,7 @@ fn rank(versions: &[Candidate], now_ns: i64) -> Vec<Ranked> {
 fn select_per_bucket(
     civil: &[Option<DateTime>],
     count: u64,
-    bucket_of: fn(DateTime) -> Bucket,
+    bucket_of: BucketOf,
     selected: &mut [bool],
 ) {
     let mut seen = HashSet::new();

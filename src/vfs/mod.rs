@@ -232,6 +232,12 @@ impl Vfs {
         self.inodes.object_of(st)
     }
 
+    /// The name the kernel last reached `obj` by: (parent, name).
+    pub fn name_of(&self, obj: u64) -> Option<(u64, Vec<u8>)> {
+        let inode = self.inodes.get(InodeNo(obj)).ok()?;
+        inode.name().map(|(p, n)| (p.0, n))
+    }
+
     /// Writes pending inode-map entries durably.
     pub fn flush_store(&self) -> Result<()> {
         Ok(self.inodes.flush()?)

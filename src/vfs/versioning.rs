@@ -54,8 +54,7 @@ impl Tree for Live<'_> {
     }
 
     fn parent_of(&self, obj: ObjectId) -> Option<(ObjectId, Vec<u8>)> {
-        let inode = self.0.inodes.get(InodeNo(obj)).ok()?;
-        inode.name().map(|(p, n)| (p.0, n))
+        self.0.name_of(obj)
     }
 
     fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>> {

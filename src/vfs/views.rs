@@ -901,8 +901,11 @@ impl Vfs {
             );
             return Err(errno(libc::EIO));
         };
-        let Content::File { manifest } = v.content else {
-            return Err(VfsError::WrongKind);
+        let manifest = match v.content {
+            Content::File { manifest } => manifest,
+            // Not versioned by policy: the bytes of that instant are gone.
+            Content::Unrecorded => return Err(errno(libc::ENODATA)),
+            _ => return Err(VfsError::WrongKind),
         };
         let manifest = h.manifest(&manifest).map_err(|e| past_err(e.into()))?;
         let mut starts = Vec::with_capacity(manifest.extents.len());

@@ -52,19 +52,36 @@ fn admin_rules_beat_user_rules_beat_admin_defaults() {
     let p = policy(LEVELS_ADMIN, LEVELS_ALICE);
 
     let object = p.resolve(&subject("a.o"));
-    assert!(!object.version, "the admin rule beats alice's version = true");
-    assert_eq!(object.retention.max_count, Some(3), "alice's rule beats the defaults");
+    assert!(
+        !object.version,
+        "the admin rule beats alice's version = true"
+    );
+    assert_eq!(
+        object.retention.max_count,
+        Some(3),
+        "alice's rule beats the defaults"
+    );
     assert_eq!(object.capture, Capture::Interval);
     assert_eq!(object.compression, 5);
 
     let log = p.resolve(&subject("logs/today.log"));
-    assert_eq!(log.retention.max_count, Some(20), "admin rule over alice's stricter 3");
-    assert_eq!(origin_of(&log, "max-count"), format!("rule #2 at {ADMIN}:13"));
+    assert_eq!(
+        log.retention.max_count,
+        Some(20),
+        "admin rule over alice's stricter 3"
+    );
+    assert_eq!(
+        origin_of(&log, "max-count"),
+        format!("rule #2 at {ADMIN}:13")
+    );
 
     let other = p.resolve(&subject("README"));
     assert!(other.version);
     assert_eq!(other.retention.max_count, Some(50));
-    assert_eq!(origin_of(&other, "max-count"), format!("defaults ({ADMIN}:2)"));
+    assert_eq!(
+        origin_of(&other, "max-count"),
+        format!("defaults ({ADMIN}:2)")
+    );
     assert_eq!(origin_of(&other, "version"), "built-in");
 }
 
@@ -79,7 +96,10 @@ fn user_rules_apply_to_their_owner_only() {
     assert_eq!(p.resolve(&bobs).retention.max_count, Some(50));
     let alices = p.resolve(&subject("notes.txt"));
     assert_eq!(alices.retention.max_count, Some(3));
-    assert_eq!(origin_of(&alices, "max-count"), format!("rule \"texts\" ({ALICE}:4)"));
+    assert_eq!(
+        origin_of(&alices, "max-count"),
+        format!("rule \"texts\" ({ALICE}:4)")
+    );
 }
 
 #[test]
@@ -123,7 +143,10 @@ compression = 1
     assert_eq!(r.compression, 9);
     let k = &r.retention;
     assert_eq!((k.min_count, k.max_count), (Some(4), Some(5)));
-    assert_eq!((k.min_age_secs, k.max_age_secs), (Some(7200), Some(10 * 86400)));
+    assert_eq!(
+        (k.min_age_secs, k.max_age_secs),
+        (Some(7200), Some(10 * 86400))
+    );
     assert_eq!((k.min_space, k.max_space), (Some(2 << 20), Some(100 << 20)));
     assert_eq!((k.keep_daily, k.keep_within_secs), (Some(3), Some(86400)));
     assert_eq!(k.protect_secs, 3 * 3600);
@@ -161,7 +184,10 @@ fn bounds_clamp_everything() {
     assert_eq!(origin_of(&r, "version"), format!("bounds ({ADMIN}:8)"));
 
     // Unset values take the bound; values already inside it stay.
-    let within = policy(BOUNDED_ADMIN, "[[rule]]\nmax-count = 10\nmin-age = \"2d\"\n");
+    let within = policy(
+        BOUNDED_ADMIN,
+        "[[rule]]\nmax-count = 10\nmin-age = \"2d\"\n",
+    );
     let r = within.resolve(&subject("f"));
     assert_eq!(r.retention.max_count, Some(10));
     assert_eq!(r.retention.min_age_secs, Some(2 * 86400));
@@ -256,7 +282,10 @@ fn trivial_policies() {
 fn protection_window() {
     assert_eq!(Policy::default().protect_secs(), 0);
     let defaults_only = file("[defaults]\nprotect = \"2h\"\n", Level::Admin);
-    assert_eq!(Policy::new(Some(defaults_only), vec![]).protect_secs(), 7200);
+    assert_eq!(
+        Policy::new(Some(defaults_only), vec![]).protect_secs(),
+        7200
+    );
     let bounded = file(BOUNDED_ADMIN, Level::Admin);
     assert_eq!(Policy::new(Some(bounded), vec![]).protect_secs(), 7 * 86400);
 }
