@@ -222,6 +222,13 @@ impl Service {
                 continue;
             };
             if !newest.gone {
+                // A dry run reports what the purge would take, the live
+                // file included (a real purge removes it first).
+                if own.contains(&obj) && dry_run {
+                    versions += self.history().versions(obj, 0, u64::MAX)?.len() as u64;
+                    plan.push((obj, Removal::Whole));
+                    continue;
+                }
                 if own.contains(&obj) {
                     return Err(Error::Usage(format!(
                         "{} still exists: remove it first (or let `chronofs purge` do it through the mount)",

@@ -64,7 +64,7 @@ impl Parser<'_> {
                 ok = false;
                 continue;
             };
-            match self.glob(key, pattern) {
+            match glob(key, pattern) {
                 Ok(glob) => {
                     builder.add(glob);
                 }
@@ -79,19 +79,6 @@ impl Parser<'_> {
             self.error(value.span(), format!("'{key}': {e}"));
         }
         set.ok().filter(|_| ok)
-    }
-
-    fn glob(&self, key: &str, pattern: &str) -> Result<Glob, String> {
-        if key != "names" && pattern.starts_with('/') {
-            return Err(format!(
-                "'{key}' globs are relative to the mount root: write \"{}\"",
-                pattern.trim_start_matches('/')
-            ));
-        }
-        GlobBuilder::new(pattern)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| format!("invalid glob \"{pattern}\" in '{key}': {}", e.kind()))
     }
 
     fn extensions(&mut self, value: &Spanned<DeValue<'_>>) -> Option<Vec<String>> {
@@ -257,6 +244,27 @@ impl Parser<'_> {
         }
         minute
     }
+}
+
+/// Compiles one glob of `paths`, `exclude-paths` or `names`, rejecting
+/// patterns that could never match.
+fn glob(key: &str, pattern: &str) -> Result<Glob, String> {
+    if key == "names" && pattern.contains('/') {
+        return Err(format!(
+            "'names' globs see only the final component, which has no '/': \
+             put \"{pattern}\" in 'paths'"
+        ));
+    }
+    if key != "names" && pattern.starts_with('/') {
+        return Err(format!(
+            "'{key}' globs are relative to the mount root: write \"{}\"",
+            pattern.trim_start_matches('/')
+        ));
+    }
+    GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| format!("invalid glob \"{pattern}\" in '{key}': {}", e.kind()))
 }
 
 fn day_index(name: &str) -> Option<u8> {

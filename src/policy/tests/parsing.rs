@@ -225,6 +225,7 @@ groups = [-1]
 time = { days = ["mon", "funday"], from = "9h", to = "18:00" }
 processes = ["a-very-long-process-name"]
 capture = "always"
+names = ["build/*.o"]
 "#;
     assert_eq!(
         errors(text, Level::Admin),
@@ -247,6 +248,8 @@ capture = "always"
              kernel shortens process names to 15 bytes (\"a-very-long-pro\")",
             "p.toml:10:11: 'capture' must be one of \"session\", \"every-write\", \
              \"interval\", found \"always\"",
+            "p.toml:11:10: 'names' globs see only the final component, which has no '/': \
+             put \"build/*.o\" in 'paths'",
         ]
     );
 }
@@ -323,12 +326,9 @@ fn columns_count_characters() {
 }
 
 #[test]
-fn unreadable_file() {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string());
-    let path = dir
-        .as_ref()
-        .map(|d| d.path().join("missing.toml"))
-        .unwrap_or_default();
+fn unreadable_file() -> std::io::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("missing.toml");
     let errors = check_file(&path, Level::Admin).map(|_| ()).unwrap_err();
     assert_eq!(
         errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -337,6 +337,7 @@ fn unreadable_file() {
             path.display()
         )]
     );
+    Ok(())
 }
 
 #[test]

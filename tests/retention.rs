@@ -1,0 +1,541 @@
+//! Version policies, retention, prune, purge and garbage collection on
+//! real mounts, through the CLI: a policy's exclusions and limits end
+//! with exactly the versions it implies; time-based retention runs on an
+//! injected clock (`clean --now`), never by sleeping; tags pin; deleted
+//! trees expire whole; non-root users cannot purge, collect or prune what
+//! is not theirs, nor anything inside the protection window; gc keeps
+//! every referenced chunk while files are written, and after kill -9 at
+//! any point.
+
+#![deny(unsafe_code)]
+
+mod common;
+use common::*;
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Runs `chronofs ARGS` (as `uid` if given), returning its output.
+fn cli_as(uid: Option<u32>, args: &[&str]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args)
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC")
+        .stdin(Stdio::null());
+    if let Some(u) = uid {
+        c.uid(u).gid(u).env("XDG_RUNTIME_DIR", "/nonexistent");
+    }
+    c.output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin().display()))
+}
+
+fn cli(args: &[&str]) -> String {
+    let out = cli_as(None, args);
+    assert!(
+        out.status.success(),
+        "`chronofs {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn cli_json(args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let text = cli(&a);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("bad JSON ({e}): {text}"))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Contents of every version of `path`, oldest first (unrecorded: None).
+fn versions(path: &Path) -> Vec<Option<Vec<u8>>> {
+    let log = cli_json(&["log", s(path)]);
+    let n = log["versions"].as_array().unwrap().len();
+    (1..=n)
+        .map(|i| {
+            let out = cli_as(None, &["cat", s(path), "--version", &i.to_string()]);
+            out.status.success().then_some(out.stdout)
+        })
+        .collect()
+}
+
+fn version_count(path: &Path) -> usize {
+    cli_json(&["log", s(path)])["versions"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+/// A policy file in its own directory (the mount's options name it).
+struct PolicyFile {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl PolicyFile {
+    fn new(text: &str) -> PolicyFile {
+        let dir = tempdir();
+        let path = dir.path().join("policy.toml");
+        fs::write(&path, text).unwrap();
+        PolicyFile { _dir: dir, path }
+    }
+    fn opts(&self) -> String {
+        format!(
+            "{},policy={},clean-interval=0",
+            first_versioning_mode(),
+            self.path.display()
+        )
+    }
+}
+
+fn first_versioning_mode() -> String {
+    versioning_modes().remove(0)
+}
+
+fn mount_with(policy: &PolicyFile) -> Mount {
+    let _serial = history_mount_lock();
+    let m = Mount::new(&policy.opts());
+    m.wait_history_ready();
+    m
+}
+
+fn assert_consistent(m: &Mount) {
+    let r = cli_json(&["fsck", s(&m.mnt)]);
+    assert_eq!(r["problems"], Value::Array(vec![]), "fsck: {r}");
+}
+
+#[test]
+fn a_policy_ends_with_exactly_the_versions_it_implies() {
+    let policy = PolicyFile::new(
+        r#"
+[[rule]]
+name = "objects"
+paths = ["**/*.o", "*.o"]
+version = false
+
+[[rule]]
+name = "texts"
+extensions = ["txt"]
+max-count = 3
+"#,
+    );
+    let m = mount_with(&policy);
+    fs::create_dir(m.p("build")).unwrap();
+    for i in 0..6 {
+        write_file(&m.p("a.txt"), format!("a version {i}\n").as_bytes());
+        // Sizes differ, so each write is a change even without content.
+        write_file(&m.p("build/x.o"), &pattern(1000 + i * 100, i as u64));
+        write_file(&m.p("notes.md"), format!("notes {i}\n").as_bytes());
+    }
+    write_file(&m.p("b.txt"), b"b one\n");
+    write_file(&m.p("b.txt"), b"b two\n");
+    // Excluded content is never stored, before any cleaning.
+    for v in versions(&m.p("build/x.o")) {
+        assert_eq!(v, None, "an excluded file's content was stored");
+    }
+    let err = cli_as(None, &["cat", s(&m.p("build/x.o")), "--version", "1"]);
+    assert!(String::from_utf8_lossy(&err.stderr).contains("not versioned by policy"));
+    assert_eq!(
+        e(fs::read(m.p("build/x.o;1"))).unwrap_err(),
+        libc::ENODATA,
+        "reading an unrecorded version through the mount"
+    );
+
+    let r = cli_json(&["clean", s(&m.mnt)]);
+    assert!(
+        r["outcome"]["versions_removed"].as_u64().unwrap() > 0,
+        "{r}"
+    );
+    let a: Vec<_> = versions(&m.p("a.txt"));
+    let want: Vec<_> = (3..6)
+        .map(|i| Some(format!("a version {i}\n").into_bytes()))
+        .collect();
+    assert_eq!(a, want, "a.txt keeps its 3 newest versions");
+    assert_eq!(version_count(&m.p("b.txt")), 2);
+    assert_eq!(
+        version_count(&m.p("notes.md")),
+        6,
+        "no rule: every version kept"
+    );
+    assert_eq!(
+        version_count(&m.p("build/x.o")),
+        1,
+        "unversioned: newest state only"
+    );
+    // What history holds is intact, and the pruned chunks can go.
+    assert_consistent(&m);
+    let g = cli_json(&["gc", s(&m.mnt)]);
+    assert!(g["removed_chunks"].as_u64().unwrap() > 0, "{g}");
+    assert_consistent(&m);
+    assert_eq!(versions(&m.p("a.txt")), want);
+    // A second pass has nothing left to do.
+    let again = cli_json(&["clean", s(&m.mnt)]);
+    assert_eq!(again["outcome"]["versions_removed"], 0, "{again}");
+}
+
+#[test]
+fn time_based_retention_follows_the_injected_clock() {
+    let policy = PolicyFile::new(
+        r#"
+[defaults]
+max-age = "30d"
+
+[[rule]]
+name = "logs"
+extensions = ["log"]
+max-count = 1
+protect = "7d"
+"#,
+    );
+    let m = mount_with(&policy);
+    for i in 0..4 {
+        write_file(&m.p("f.txt"), format!("f{i}").as_bytes());
+        write_file(&m.p("app.log"), format!("log line {i}").as_bytes());
+    }
+    // Inside the protection window nothing goes, whatever max-count says.
+    cli(&["clean", s(&m.mnt)]);
+    assert_eq!(version_count(&m.p("app.log")), 4);
+    assert_eq!(version_count(&m.p("f.txt")), 4);
+    // Eight days on: the window has passed for the log.
+    cli(&["clean", s(&m.mnt), "--now", "+8d"]);
+    assert_eq!(version_count(&m.p("app.log")), 1);
+    assert_eq!(version_count(&m.p("f.txt")), 4, "younger than max-age");
+    let first_seq = cli_json(&["log", s(&m.p("f.txt"))])["versions"][0]["seq"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    assert_eq!(cli(&["cat", s(&m.p("f.txt")), "--at", &first_seq]), "f0");
+    // Forty days on: max-age drops all but the newest, which always stays.
+    cli(&["clean", s(&m.mnt), "--now", "+40d"]);
+    assert_eq!(versions(&m.p("f.txt")), vec![Some(b"f3".to_vec())]);
+    // A query before the oldest kept version reads that version: the
+    // nearest state history holds, never the live file or "did not exist".
+    write_file(&m.p("f.txt"), b"live now");
+    assert_eq!(cli(&["cat", s(&m.p("f.txt")), "--at", &first_seq]), "f3");
+    let listing = cli(&["ls", s(&m.mnt), "--at", &first_seq]);
+    assert!(listing.contains("f.txt"), "{listing}");
+    assert_consistent(&m);
+}
+
+#[test]
+fn deleted_trees_expire_whole_and_tags_pin() {
+    let policy = PolicyFile::new("[defaults]\nmax-age = \"30d\"\n");
+    let m = mount_with(&policy);
+    fs::create_dir_all(m.p("u/deep")).unwrap();
+    write_file(&m.p("u/deep/kept.txt"), b"pinned by the tag");
+    cli(&["tag", "before-t", "--path", s(&m.mnt)]);
+    fs::create_dir_all(m.p("t/deep")).unwrap();
+    for i in 0..5 {
+        write_file(&m.p(&format!("t/deep/f{i}")), &pattern(5000, i));
+    }
+    fs::remove_dir_all(m.p("t")).unwrap();
+    fs::remove_dir_all(m.p("u")).unwrap();
+    let deleted = |m: &Mount| -> Vec<String> {
+        cli_json(&["ls", s(&m.mnt), "--deleted"])["deleted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(deleted(&m), vec!["t", "u"]);
+    cli(&["clean", s(&m.mnt), "--now", "+10d"]);
+    assert_eq!(deleted(&m), vec!["t", "u"], "not expired yet");
+    let r = cli_json(&["clean", s(&m.mnt), "--now", "+40d"]);
+    assert!(
+        r["outcome"]["objects_removed"].as_u64().unwrap() >= 7,
+        "{r}"
+    );
+    assert_eq!(
+        deleted(&m),
+        vec!["u"],
+        "t expired whole; u is pinned by the tag"
+    );
+    assert_eq!(
+        read_file(&m.p(".history/@before-t/u/deep/kept.txt")),
+        b"pinned by the tag"
+    );
+    let g = cli_json(&["gc", s(&m.mnt)]);
+    assert!(g["removed_chunks"].as_u64().unwrap() >= 5, "{g}");
+    assert_consistent(&m);
+    // Undelete still works for what is kept.
+    cli(&["undelete", s(&m.p("u"))]);
+    assert_eq!(read_file(&m.p("u/deep/kept.txt")), b"pinned by the tag");
+}
+
+#[test]
+fn non_root_users_cannot_erase_history_that_is_not_theirs_or_protected() {
+    let policy = PolicyFile::new("[bounds]\nprotect = \"7d\"\n");
+    let m = mount_with(&policy);
+    fs::set_permissions(&m.mnt, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    for i in 0..3 {
+        write_file(&m.p("roots.txt"), format!("root {i}").as_bytes());
+    }
+    let denied = |args: &[&str]| {
+        let out = cli_as(Some(NOBODY), args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{args:?} as nobody: {err}");
+        assert!(err.contains("permission denied"), "{args:?}: {err}");
+    };
+    denied(&["prune", s(&m.p("roots.txt")), "--keep-last", "1"]);
+    denied(&["purge", s(&m.p("roots.txt"))]);
+    denied(&["gc", s(&m.mnt)]);
+    denied(&["clean", s(&m.mnt)]);
+    denied(&["policy", "reload", s(&m.mnt)]);
+    denied(&["audit", s(&m.mnt)]);
+    assert_eq!(version_count(&m.p("roots.txt")), 3);
+    // Their own file: allowed, but the protection window holds.
+    let rc = as_nobody(|| {
+        for i in 0..3 {
+            if fs::write(m.p("mine.txt"), format!("mine {i}")).is_err() {
+                return 1;
+            }
+        }
+        0
+    });
+    assert_eq!(rc, 0);
+    let out = cli_as(
+        Some(NOBODY),
+        &["prune", s(&m.p("mine.txt")), "--keep-last", "1"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        version_count(&m.p("mine.txt")),
+        3,
+        "inside the protection window"
+    );
+    // Root may prune beyond policy.
+    cli(&["prune", s(&m.p("mine.txt")), "--keep-last", "1"]);
+    assert_eq!(version_count(&m.p("mine.txt")), 1);
+    let audit = cli_json(&["audit", s(&m.mnt)]);
+    let actions: Vec<&str> = audit["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["action"].as_str().unwrap())
+        .collect();
+    assert!(actions.contains(&"prune"), "{audit}");
+}
+
+#[test]
+fn purge_removes_a_file_and_all_its_history() {
+    let policy = PolicyFile::new("");
+    let m = mount_with(&policy);
+    fs::create_dir(m.p("d")).unwrap();
+    for i in 0..3 {
+        write_file(&m.p("d/secret.txt"), format!("secret {i}").as_bytes());
+    }
+    write_file(&m.p("d/other.txt"), b"stays");
+    let dry = cli_json(&["purge", s(&m.p("d/secret.txt")), "--dry-run"]);
+    assert!(
+        m.p("d/secret.txt").exists(),
+        "dry run removed the file: {dry}"
+    );
+    let r = cli_json(&["purge", s(&m.p("d/secret.txt"))]);
+    assert_eq!(r["objects"], 1, "{r}");
+    assert!(!m.p("d/secret.txt").exists());
+    let log = cli_as(None, &["log", s(&m.p("d/secret.txt"))]);
+    assert!(!log.status.success(), "history of a purged file remains");
+    let listed = cli_json(&["ls", s(&m.p("d")), "--deleted"]);
+    assert_eq!(listed["deleted"], Value::Array(vec![]), "{listed}");
+    assert_eq!(read_file(&m.p("d/other.txt")), b"stays");
+    let audit = cli_json(&["audit", s(&m.mnt)]);
+    assert!(audit.to_string().contains("\"purge\""), "{audit}");
+    cli(&["gc", s(&m.mnt)]);
+    assert_consistent(&m);
+}
+
+#[test]
+fn a_failed_reload_keeps_the_policy_in_force() {
+    let policy =
+        PolicyFile::new("[[rule]]\nname = \"one\"\nextensions = [\"txt\"]\nmax-count = 2\n");
+    let m = mount_with(&policy);
+    write_file(&m.p("a.txt"), b"x");
+    let explain = |m: &Mount| cli(&["policy", "explain", s(&m.p("a.txt"))]);
+    assert!(explain(&m).contains("\"one\""));
+    fs::write(&policy.path, "[[rule]]\nname = \"two\"\nmax-cout = 2\n").unwrap();
+    let out = cli_as(None, &["policy", "reload", s(&m.mnt)]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{}:3:", policy.path.display())),
+        "line-numbered: {err}"
+    );
+    assert!(explain(&m).contains("\"one\""), "the old policy stays");
+    fs::write(
+        &policy.path,
+        "[[rule]]\nname = \"two\"\nextensions = [\"txt\"]\nmax-count = 5\n",
+    )
+    .unwrap();
+    cli(&["policy", "reload", s(&m.mnt)]);
+    assert!(explain(&m).contains("\"two\""));
+}
+
+#[test]
+fn policy_check_reports_errors_by_line() {
+    let dir = tempdir();
+    let f = dir.path().join("p.toml");
+    fs::write(
+        &f,
+        "[[rule]]\nname = \"r\"\nmin-count = 5\nmax-count = 2\npaths = [\"[\"]\n",
+    )
+    .unwrap();
+    let out = cli_as(None, &["policy", "check", s(&f)]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let prefix = format!("{}:", f.display());
+    assert!(
+        err.lines().filter(|l| l.starts_with(&prefix)).count() >= 2,
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{}:5:", f.display())),
+        "the bad glob's line: {err}"
+    );
+    fs::write(&f, "[[rule]]\npaths = [\"**/*.o\"]\nversion = false\n").unwrap();
+    assert!(cli(&["policy", "check", s(&f)]).contains("ok"));
+    // A user's file may not set the administrator's bounds.
+    fs::write(&f, "[bounds]\nmax-count = 3\n").unwrap();
+    let out = cli_as(None, &["policy", "check", "--user", s(&f)]);
+    assert_eq!(out.status.code(), Some(1));
+    // A mount refuses to start with a broken administrator file.
+    fs::write(&f, "[defaults]\nmax-count = \"three\"\n").unwrap();
+    let out = Command::new(bin())
+        .args([
+            "mount",
+            s(dir.path()),
+            s(dir.path()),
+            "-o",
+            &format!("policy={}", f.display()),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("{}:2:", f.display())),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Many small files with two versions each, the older ones pruned: a
+/// store with garbage to collect.
+fn fill(m: &Mount, files: usize) -> Vec<(PathBuf, Vec<u8>)> {
+    fs::create_dir_all(m.p("g")).unwrap();
+    let mut kept = Vec::new();
+    for i in 0..files {
+        let p = m.p(&format!("g/f{i}"));
+        write_file(&p, &pattern(3000, i as u64));
+        let now = pattern(3000, (i + files) as u64);
+        write_file(&p, &now);
+        kept.push((p, now));
+    }
+    cli(&["prune", s(&m.p("g")), "--max-count", "1"]);
+    kept
+}
+
+#[test]
+fn gc_keeps_chunks_that_writes_reuse_meanwhile() {
+    let policy = PolicyFile::new("");
+    let m = mount_with(&policy);
+    let files = 400;
+    let kept = fill(&m, files);
+    // While gc runs, files are rewritten with the pruned contents: their
+    // chunks are garbage when gc marks and reused before it sweeps.
+    let writer = {
+        let root = m.mnt.clone();
+        std::thread::spawn(move || {
+            for round in 0..3 {
+                for i in (round..files).step_by(3) {
+                    fs::write(root.join(format!("g/r{i}")), pattern(3000, i as u64)).unwrap();
+                }
+            }
+        })
+    };
+    for _ in 0..3 {
+        cli(&["gc", s(&m.mnt)]);
+    }
+    writer.join().unwrap();
+    cli(&["gc", s(&m.mnt)]);
+    assert_consistent(&m);
+    for i in 0..files {
+        let p = m.p(&format!("g/r{i}"));
+        if p.exists() {
+            assert_eq!(
+                versions(&p).pop().unwrap().unwrap(),
+                pattern(3000, i as u64)
+            );
+        }
+    }
+    for (p, want) in kept.iter().step_by(37) {
+        assert_eq!(versions(p), vec![Some(want.clone())]);
+    }
+}
+
+#[test]
+fn kill9_during_gc_loses_nothing() {
+    let policy = PolicyFile::new("");
+    let mut m = mount_with(&policy);
+    let kept = fill(&m, 3000);
+    let before = cli_json(&["status", s(&m.mnt)]);
+    // Kill points spread over a collection's length (a dry run marks and
+    // sweeps the same store; removal and compaction add to it).
+    let t0 = std::time::Instant::now();
+    cli(&["gc", s(&m.mnt), "--dry-run"]);
+    let span = t0.elapsed().as_millis().max(10) as u64;
+    let mut interrupted = 0;
+    for (round, tenth) in [1u64, 3, 5, 8, 12, 16].into_iter().enumerate() {
+        let gc = Command::new(bin())
+            .args(["gc", s(&m.mnt)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(span * tenth / 10));
+        m.kill9();
+        let out = gc.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && !err.contains("cannot reach") {
+            interrupted += 1;
+        }
+        {
+            let _serial = history_mount_lock();
+            m.start();
+        }
+        m.wait_history_ready();
+        let r = cli_json(&["fsck", s(&m.mnt)]);
+        assert_eq!(r["problems"], Value::Array(vec![]), "round {round}: {r}");
+        for (p, want) in kept.iter().step_by(97) {
+            assert_eq!(&read_file(p), want);
+            assert_eq!(versions(p), vec![Some(want.clone())], "round {round}");
+        }
+    }
+    assert!(
+        interrupted >= 1,
+        "no kill landed inside a collection ({span} ms long)"
+    );
+    // A collection that runs to the end frees what the killed ones left.
+    cli(&["gc", s(&m.mnt)]);
+    let after = cli_json(&["status", s(&m.mnt)]);
+    assert!(
+        after["pack_bytes"].as_u64() < before["pack_bytes"].as_u64(),
+        "{before} -> {after}"
+    );
+    assert_consistent(&m);
+    for (p, want) in &kept {
+        assert_eq!(&read_file(p), want);
+    }
+}
