@@ -539,3 +539,66 @@ fn kill9_during_gc_loses_nothing() {
         assert_eq!(&read_file(p), want);
     }
 }
+
+#[test]
+fn fsck_detects_history_altered_behind_chronofs() {
+    let policy = PolicyFile::new("");
+    let mut m = mount_with(&policy);
+    for i in 0..4 {
+        write_file(&m.p("ledger.txt"), format!("balance {i}").as_bytes());
+    }
+    // Legitimate removals keep the chain verifiable.
+    cli(&["prune", s(&m.p("ledger.txt")), "--keep-last", "2"]);
+    assert_consistent(&m);
+    let status = cli_json(&["status", s(&m.mnt)]);
+    assert!(status["chain_head"]["hash"].is_string(), "{status}");
+    m.unmount();
+    let index = m.src.join(".chronofs/index.redb");
+    use redb::ReadableTable;
+    let versions: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("versions");
+    let (altered_seq, deleted_seq) = {
+        let db = redb::Database::open(&index).unwrap();
+        let txn = db.begin_write().unwrap();
+        let seqs = {
+            let mut t = txn.open_table(versions).unwrap();
+            let rows: Vec<(Vec<u8>, Vec<u8>)> = t
+                .iter()
+                .unwrap()
+                .map(|e| {
+                    let (k, v) = e.unwrap();
+                    (k.value().to_vec(), v.value().to_vec())
+                })
+                .collect();
+            // Alter a record so that it still decodes: one letter of the
+            // recorded process name.
+            let (key, mut value) = rows
+                .iter()
+                .rev()
+                .find(|(_, v)| v.len() > 40)
+                .cloned()
+                .unwrap();
+            let at = value.len() - 20;
+            value[at] ^= 0x01;
+            t.insert(key.as_slice(), value.as_slice()).unwrap();
+            let (victim, _) = rows.first().cloned().unwrap();
+            t.remove(victim.as_slice()).unwrap();
+            let seq = |k: &[u8]| u64::from_be_bytes(k[8..16].try_into().unwrap());
+            (seq(&key), seq(&victim))
+        };
+        txn.commit().unwrap();
+        seqs
+    };
+    let out = cli_as(None, &["fsck", s(&m.src.join("ledger.txt")), "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let problems = report["problems"].to_string();
+    assert!(
+        !out.status.success(),
+        "fsck passed a tampered store: {report}"
+    );
+    for seq in [altered_seq, deleted_seq] {
+        assert!(
+            problems.contains(&format!("change #{seq}")),
+            "tampering with #{seq} not found: {problems}"
+        );
+    }
+}

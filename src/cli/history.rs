@@ -478,6 +478,15 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
         v["compression_ratio"].as_f64().unwrap_or(1.0)
     );
     println!("tags:         {}", v["tags"]);
+    if let Some(head) = v["chain_head"].as_object() {
+        // What an administrator notes elsewhere: a store rewritten behind
+        // chronofs's back cannot keep this value.
+        println!(
+            "chain head:   #{} {}",
+            head["seq"],
+            head["hash"].as_str().unwrap_or("?")
+        );
+    }
     let ing = &v["ingest"];
     if !ing.is_null() {
         let state = if ing["running"].as_bool() == Some(true) {
@@ -989,6 +998,17 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
         }
         if report["repaired"].as_u64().unwrap_or(0) > 0 {
             println!("repaired {} index entries", report["repaired"]);
+        }
+        if let Some(head) = report["chain_head"].as_str() {
+            println!(
+                "hash chain: {} change(s) verified, head #{} {head}{}",
+                report["chained_changes"],
+                report["chain_head_seq"],
+                match report["unchained_changes"].as_u64().unwrap_or(0) {
+                    0 => String::new(),
+                    n => format!(" ({n} older change(s) predate the chain)"),
+                }
+            );
         }
         println!(
             "{}",

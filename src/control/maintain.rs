@@ -43,7 +43,19 @@ fn root_only(peer: &Peer, what: &str) -> Result<()> {
     }
 }
 
-fn audit_record(peer: &Peer, action: &str, mut detail: Value) -> Value {
+impl Service {
+    /// An audit record, with the hash chain's head at the time (so the
+    /// log itself anchors the chain).
+    fn audit_record(&self, peer: &Peer, action: &str, detail: Value) -> Value {
+        let mut r = audit_value(peer, action, detail);
+        if let Ok(Some((seq, hash))) = crate::history::chain::head(self.history().db()) {
+            r["chain_head"] = json!({"seq": seq, "hash": hash});
+        }
+        r
+    }
+}
+
+fn audit_value(peer: &Peer, action: &str, mut detail: Value) -> Value {
     if let Some(map) = detail.as_object_mut() {
         map.retain(|_, v| !v.is_null());
         for v in map.values_mut() {
@@ -100,7 +112,7 @@ impl Service {
         let value = serde_json::to_value(&report).unwrap_or(Value::Null);
         if !dry_run {
             self.history()
-                .audit(&audit_record(peer, "gc", value.clone()))?;
+                .audit(&self.audit_record(peer, "gc", value.clone()))?;
         }
         Ok(value)
     }
@@ -109,7 +121,7 @@ impl Service {
         root_only(peer, "run the cleaner")?;
         let now = now_ns.unwrap_or_else(crate::history::now_ns);
         let policy = self.policy.current()?;
-        let audit = audit_record(peer, "clean", json!({"now_ns": now}));
+        let audit = self.audit_record(peer, "clean", json!({"now_ns": now}));
         let report = retention::clean(self.history(), &policy, now, dry_run, Some(audit))?;
         Ok(serde_json::to_value(report).unwrap_or(Value::Null))
     }
@@ -179,7 +191,7 @@ impl Service {
             retention::apply(
                 self.history(),
                 &plan,
-                Some(audit_record(peer, "prune", detail)),
+                Some(self.audit_record(peer, "prune", detail)),
                 &mut report,
             )?;
         }
@@ -251,7 +263,7 @@ impl Service {
         let outcome = self.history().prune(
             &plan,
             Pins::Override,
-            Some(audit_record(peer, "purge", detail)),
+            Some(self.audit_record(peer, "purge", detail)),
         )?;
         Ok(json!({"dry_run": false, "objects": outcome.objects_removed,
             "versions": outcome.versions_removed, "kept_alive_elsewhere": kept}))
@@ -319,7 +331,7 @@ impl Service {
                 self.policy.cell.set(policy);
                 let detail = json!({"rules": rules, "warnings": warnings});
                 self.history()
-                    .audit(&audit_record(peer, "policy-reload", detail.clone()))?;
+                    .audit(&self.audit_record(peer, "policy-reload", detail.clone()))?;
                 Ok(detail)
             }
             Err(errors) => Err(Error::Usage(format!(

@@ -535,6 +535,8 @@ impl Service {
             "dedup_ratio": ratio(logical, c.chunk_raw_bytes),
             "compression_ratio": ratio(c.chunk_raw_bytes, c.chunk_stored_bytes),
             "tags": c.tags,
+            "chain_head": crate::history::chain::head(self.history.db())?
+                .map(|(seq, hash)| json!({"seq": seq, "hash": hash})),
             "ingest": self.host.ingest_status(),
             "first": bounds.map(|((s, t), _)| json!({"seq": s, "time_ns": t})),
             "last": bounds.map(|(_, (s, t))| json!({"seq": s, "time_ns": t})),
@@ -689,6 +691,10 @@ pub struct FsckReport {
     pub bytes_checked: u64,
     pub problems: Vec<String>,
     pub repaired: u64,
+    pub chained_changes: u64,
+    pub unchained_changes: u64,
+    pub chain_head_seq: Option<u64>,
+    pub chain_head: Option<String>,
 }
 
 /// Verifies every version's references and every chunk's hash.
@@ -705,5 +711,9 @@ pub fn fsck(
         bytes_checked: r.bytes,
         problems: r.problems,
         repaired: r.repaired,
+        chained_changes: r.chained_ops,
+        unchained_changes: r.unchained_ops,
+        chain_head_seq: r.chain_head.as_ref().map(|(s, _)| *s),
+        chain_head: r.chain_head.map(|(_, h)| h),
     })
 }

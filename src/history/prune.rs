@@ -20,6 +20,7 @@
 
 use redb::{ReadableTable, WriteTransaction};
 
+use super::chain;
 use super::model::*;
 use super::tables::{self, AUDIT, DIRENTS, LINKS, PRUNED, TAGS, VERSIONS};
 use super::{read_txn, History, HistoryError, Result};
@@ -238,9 +239,10 @@ impl History {
                         out.versions_spared += 1;
                         continue;
                     }
-                    table
-                        .remove(tables::version_key(obj, *s).as_slice())
-                        .map_err(err)?;
+                    let key = tables::version_key(obj, *s);
+                    if let Some(old) = table.remove(key.as_slice()).map_err(err)? {
+                        chain::retire(txn, *s, &chain::version_record(&key, old.value()))?;
+                    }
                     out.versions_removed += 1;
                     lowest_removed = Some(lowest_removed.map_or(*s, |l: Seq| l.min(*s)));
                 }
@@ -284,8 +286,10 @@ fn remove_whole(txn: &WriteTransaction, obj: ObjectId, versions: &Versions) -> R
     {
         let mut t = txn.open_table(VERSIONS).map_err(err)?;
         for (s, _) in versions {
-            t.remove(tables::version_key(obj, *s).as_slice())
-                .map_err(err)?;
+            let key = tables::version_key(obj, *s);
+            if let Some(old) = t.remove(key.as_slice()).map_err(err)? {
+                chain::retire(txn, *s, &chain::version_record(&key, old.value()))?;
+            }
         }
     }
     txn.open_table(PRUNED)
@@ -315,10 +319,12 @@ fn remove_whole(txn: &WriteTransaction, obj: ObjectId, versions: &Versions) -> R
         } else {
             here == Some(0)
         };
-        if ours {
+        if let (true, Some(value)) = (ours, here) {
+            chain::retire(txn, seq, &chain::dirent_record(&dkey, value))?;
             let displaced = bound == 1 && previous_binding(&dirents, parent, name, seq)?;
             if displaced {
                 dirents.insert(dkey.as_slice(), 0).map_err(err)?;
+                chain::amend(txn, seq, &chain::dirent_record(&dkey, 0))?;
             } else {
                 dirents.remove(dkey.as_slice()).map_err(err)?;
             }
@@ -338,6 +344,9 @@ fn remove_whole(txn: &WriteTransaction, obj: ObjectId, versions: &Versions) -> R
         }
         for (k, child) in inside {
             dirents.remove(k.as_slice()).map_err(err)?;
+            if let Some((_, seq)) = tables::split_dirent_key(&k) {
+                chain::retire(txn, seq, &chain::dirent_record(&k, child))?;
+            }
             if let Some((name, seq)) = tables::split_dirent_key(&k) {
                 if child != 0 {
                     let lk = tables::link_key(child, seq, obj, name);

@@ -181,6 +181,18 @@ pub fn apply_ops_with(
             times.insert(op.time_ns, op.seq).map_err(err)?;
         }
     }
+    for op in ops {
+        let mut records = Vec::with_capacity(op.versions.len() + op.dirents.len());
+        for (obj, v) in &op.versions {
+            let key = version_key(*obj, op.seq);
+            records.push(super::chain::version_record(&key, &encode_version(v)));
+        }
+        for d in &op.dirents {
+            let key = dirent_key(d.parent, &d.name, op.seq);
+            records.push(super::chain::dirent_record(&key, d.child.unwrap_or(0)));
+        }
+        super::chain::extend(&txn, op.seq, records)?;
+    }
     if let Some(last) = ops.last() {
         let bind: Vec<_> = ops
             .iter()

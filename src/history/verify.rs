@@ -23,6 +23,11 @@ pub struct VerifyReport {
     pub bytes: u64,
     pub problems: Vec<String>,
     pub repaired: u64,
+    /// Changes the hash chain covers, and those recorded before it.
+    pub chained_ops: u64,
+    pub unchained_ops: u64,
+    /// The chain's head: (seq, hash).
+    pub chain_head: Option<(u64, String)>,
 }
 
 fn err(e: impl Into<redb::Error>) -> HistoryError {
@@ -36,6 +41,11 @@ impl History {
         if repair {
             report.repaired += self.reindex_packs(&mut report.problems)?;
         }
+        let chain = super::chain::verify(self.db())?;
+        report.chained_ops = chain.ops;
+        report.unchained_ops = chain.unchained_ops;
+        report.chain_head = chain.head;
+        report.problems.extend(chain.problems);
         let wanted = self.referenced_chunks(&mut report)?;
         let total = wanted.len() as u64;
         let mut damaged = Vec::new();

@@ -1,0 +1,235 @@
+//! Tamper evidence: every applied change extends a hash chain over the
+//! records it wrote, so `fsck` finds history records altered, removed or
+//! added by editing the store files behind chronofs's back.
+//!
+//! `chain[seq] = BLAKE3(chain[previous seq] ‖ seq ‖ digest)`, where
+//! `digest` is the BLAKE3 of the sorted hashes of the op's version and
+//! directory-entry records. Retention removes records legitimately: it
+//! notes each removed record's hash in `retired`, and each record it
+//! rewrote in `amended`, so fsck can still recompute every op's digest.
+//! Keyless hashing detects edits that do not rebuild the whole chain; the
+//! chain head (`chronofs status`, and every audit record) is what an
+//! administrator keeps elsewhere to detect even that. Tags and the
+//! inode map are not covered.
+
+use std::collections::{BTreeMap, HashMap};
+
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+
+use super::tables::{DIRENTS, VERSIONS};
+use super::{read_txn, HistoryError, Result};
+use crate::store::{index_error, Hash, Index};
+
+/// seq → chain hash after that op.
+pub const CHAIN: TableDefinition<u64, &[u8]> = TableDefinition::new("chain");
+/// seq ‖ record hash → 1: records of that op removed by retention.
+pub const RETIRED: TableDefinition<&[u8], u8> = TableDefinition::new("chain_retired");
+/// seq ‖ record hash → 1: records retention rewrote (not part of the op).
+pub const AMENDED: TableDefinition<&[u8], u8> = TableDefinition::new("chain_amended");
+
+fn err(e: impl Into<redb::Error>) -> HistoryError {
+    HistoryError::Store(index_error(e))
+}
+
+pub fn version_record(key: &[u8], value: &[u8]) -> Hash {
+    record(b'v', key, value)
+}
+
+pub fn dirent_record(key: &[u8], child: u64) -> Hash {
+    record(b'd', key, &child.to_be_bytes())
+}
+
+fn record(kind: u8, key: &[u8], value: &[u8]) -> Hash {
+    let mut h = blake3::Hasher::new();
+    h.update(&[kind]);
+    h.update(&(key.len() as u64).to_be_bytes());
+    h.update(key);
+    h.update(value);
+    *h.finalize().as_bytes()
+}
+
+fn digest(mut records: Vec<Hash>) -> Hash {
+    records.sort_unstable();
+    let mut h = blake3::Hasher::new();
+    for r in &records {
+        h.update(r);
+    }
+    *h.finalize().as_bytes()
+}
+
+fn link(prev: &Hash, seq: u64, digest: &Hash) -> Hash {
+    let mut h = blake3::Hasher::new();
+    h.update(prev);
+    h.update(&seq.to_be_bytes());
+    h.update(digest);
+    *h.finalize().as_bytes()
+}
+
+fn to_hash(bytes: &[u8]) -> Result<Hash> {
+    bytes
+        .try_into()
+        .map_err(|_| HistoryError::Corrupt("malformed hash-chain entry".into()))
+}
+
+/// Extends the chain with op `seq`, whose records hash to `records`.
+/// Idempotent: replaying an op recomputes the same entry.
+pub fn extend(txn: &WriteTransaction, seq: u64, records: Vec<Hash>) -> Result<()> {
+    let mut t = txn.open_table(CHAIN).map_err(err)?;
+    let prev = match t.range(..seq).map_err(err)?.next_back() {
+        Some(e) => to_hash(e.map_err(err)?.1.value())?,
+        None => [0u8; 32],
+    };
+    let value = link(&prev, seq, &digest(records));
+    t.insert(seq, value.as_slice()).map_err(err)?;
+    Ok(())
+}
+
+fn note(table: &mut Table<&[u8], u8>, seq: u64, record: &Hash) -> Result<()> {
+    let mut key = seq.to_be_bytes().to_vec();
+    key.extend_from_slice(record);
+    table.insert(key.as_slice(), 1).map_err(err)?;
+    Ok(())
+}
+
+/// Retention removed a record of op `seq`.
+pub fn retire(txn: &WriteTransaction, seq: u64, record: &Hash) -> Result<()> {
+    note(&mut txn.open_table(RETIRED).map_err(err)?, seq, record)
+}
+
+/// Retention wrote a record under op `seq` that the op did not have.
+pub fn amend(txn: &WriteTransaction, seq: u64, record: &Hash) -> Result<()> {
+    note(&mut txn.open_table(AMENDED).map_err(err)?, seq, record)
+}
+
+/// The newest chain entry: (seq, hash hex).
+pub fn head(db: &Index) -> Result<Option<(u64, String)>> {
+    let txn = read_txn(db)?;
+    let t = match txn.open_table(CHAIN) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
+    let last = t.last().map_err(err)?;
+    Ok(match last {
+        Some((k, v)) => Some((k.value(), crate::store::chunks::hex(&to_hash(v.value())?))),
+        None => None,
+    })
+}
+
+type BySeq = BTreeMap<u64, Vec<Hash>>;
+
+fn notes(txn: &redb::ReadTransaction, def: TableDefinition<&[u8], u8>) -> Result<BySeq> {
+    let mut out = BySeq::new();
+    let t = match txn.open_table(def) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(out),
+        Err(e) => return Err(err(e)),
+    };
+    for e in t.iter().map_err(err)? {
+        let (k, _) = e.map_err(err)?;
+        let k = k.value();
+        if k.len() != 40 {
+            return Err(HistoryError::Corrupt("malformed hash-chain note".into()));
+        }
+        let seq = u64::from_be_bytes(k[..8].try_into().unwrap_or_default());
+        out.entry(seq).or_default().push(to_hash(&k[8..])?);
+    }
+    Ok(out)
+}
+
+/// The record hashes present in the index, by op.
+fn present(txn: &redb::ReadTransaction) -> Result<BySeq> {
+    let mut out = BySeq::new();
+    if let Ok(t) = txn.open_table(VERSIONS) {
+        for e in t.iter().map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let seq = k
+                .value()
+                .get(8..16)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| HistoryError::Corrupt("malformed version key".into()))?;
+            out.entry(seq)
+                .or_default()
+                .push(version_record(k.value(), v.value()));
+        }
+    }
+    if let Ok(t) = txn.open_table(DIRENTS) {
+        for e in t.iter().map_err(err)? {
+            let (k, v) = e.map_err(err)?;
+            let key = k.value();
+            let seq = key
+                .get(key.len().saturating_sub(8)..)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| HistoryError::Corrupt("malformed dirent key".into()))?;
+            out.entry(seq)
+                .or_default()
+                .push(dirent_record(key, v.value()));
+        }
+    }
+    Ok(out)
+}
+
+/// What `verify` found.
+#[derive(Debug, Default)]
+pub struct ChainReport {
+    /// Ops covered by the chain.
+    pub ops: u64,
+    /// Ops recorded before the chain existed (store format < 4).
+    pub unchained_ops: u64,
+    pub head: Option<(u64, String)>,
+    pub problems: Vec<String>,
+}
+
+/// Recomputes every op's digest from the records present and walks the
+/// chain.
+pub fn verify(db: &Index) -> Result<ChainReport> {
+    let txn = read_txn(db)?;
+    let mut report = ChainReport::default();
+    let chain = match txn.open_table(CHAIN) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(report),
+        Err(e) => return Err(err(e)),
+    };
+    let mut present = present(&txn)?;
+    let retired = notes(&txn, RETIRED)?;
+    let amended = notes(&txn, AMENDED)?;
+    let first = chain.first().map_err(err)?.map(|(k, _)| k.value());
+    let mut prev = [0u8; 32];
+    for e in chain.iter().map_err(err)? {
+        let (k, v) = e.map_err(err)?;
+        let seq = k.value();
+        let stored = to_hash(v.value())?;
+        let mut records = present.remove(&seq).unwrap_or_default();
+        if let Some(extra) = amended.get(&seq) {
+            for a in extra {
+                if let Some(i) = records.iter().position(|r| r == a) {
+                    records.swap_remove(i);
+                }
+            }
+        }
+        records.extend(retired.get(&seq).into_iter().flatten().copied());
+        if link(&prev, seq, &digest(records)) != stored {
+            report.problems.push(format!(
+                "hash chain: the records of change #{seq} (or the chain before it) were altered"
+            ));
+        }
+        prev = stored;
+        report.ops += 1;
+        report.head = Some((seq, crate::store::chunks::hex(&stored)));
+    }
+    let mut counted: HashMap<u64, ()> = HashMap::new();
+    for seq in present.keys() {
+        match first {
+            Some(f) if *seq >= f => report.problems.push(format!(
+                "hash chain: records of change #{seq} are not in the chain (added behind chronofs's back)"
+            )),
+            _ => {
+                counted.insert(*seq, ());
+            }
+        }
+    }
+    report.unchained_ops = counted.len() as u64;
+    Ok(report)
+}
