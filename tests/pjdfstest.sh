@@ -7,7 +7,8 @@
 #         passthrough=off  -> chronofs mount -o plain,passthrough=off
 #         default          -> chronofs mount (no -o)
 #         anything else    -> passed verbatim as -o MODE
-#   Without MODE: $PJDFSTEST_MODES (default: "plain passthrough=off default").
+#   Without MODE: $PJDFSTEST_MODES (default: "plain passthrough=off default
+#   policy"; `policy` is the default mount under tests/pjdfstest-policy.toml).
 #
 # Environment:
 #   CHRONOFS_BIN        chronofs binary (default: target/release/chronofs); not built here
@@ -39,7 +40,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -223,6 +224,7 @@ mode_opts() {
     default) printf '' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
+    policy) printf 'policy=%s,clean-interval=5' "$ROOT/tests/pjdfstest-policy.toml" ;;
     *) printf '%s' "$1" ;;
     esac
 }
