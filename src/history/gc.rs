@@ -21,8 +21,8 @@
 //!   copies (counted as dead space by the next collection); after it, an
 //!   old pack nothing points into.
 //!
-//! Memory: the live set holds 32 bytes per referenced chunk (plus hash
-//! set overhead), the dead list 53 bytes per unreferenced one.
+//! Memory: the live set holds 32 bytes per referenced chunk (a sorted
+//! array), the dead list 40 bytes per unreferenced one.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -32,7 +32,7 @@ use redb::{ReadableTable, ReadableTableMetadata};
 use super::model::*;
 use super::tables::{self, MANIFESTS, VERSIONS};
 use super::{read_txn, History, HistoryError, Result};
-use crate::store::chunks::{Location, CHUNKS, ENTRY_HEADER_LEN, PACK_HEADER_LEN};
+use crate::store::chunks::{Encoding, Location, CHUNKS, ENTRY_HEADER_LEN, PACK_HEADER_LEN};
 use crate::store::{index_error, Hash};
 
 /// A pack is rewritten when less than this share of it is live: a
@@ -117,7 +117,7 @@ impl History {
         report.pack_bytes_before = self.chunks().packs_size()?;
         if dry_run {
             report.removed_chunks = dead.len() as u64;
-            report.removed_bytes = dead.iter().map(|(_, l)| entry_bytes(l)).sum();
+            report.removed_bytes = dead.iter().map(|d| d.bytes).sum();
             report.pack_bytes_after = report.pack_bytes_before;
             report.elapsed_ms = started.elapsed().as_millis() as u64;
             return Ok(report);
@@ -138,13 +138,14 @@ impl History {
     }
 
     /// Every chunk a version references: manifests, their extents, and the
-    /// delta bases those need, transitively.
-    fn mark(&self, report: &mut GcReport, progress: Progress) -> Result<HashSet<Hash>> {
+    /// delta bases those need, transitively; sorted, for binary search
+    /// (32 bytes per live chunk).
+    fn mark(&self, report: &mut GcReport, progress: Progress) -> Result<Live> {
         let txn = read_txn(self.db())?;
-        let mut live = HashSet::new();
+        let mut live = Vec::new();
         let versions = match txn.open_table(VERSIONS) {
             Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(live),
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Live(live)),
             Err(e) => return Err(err(e)),
         };
         let manifests = match txn.open_table(MANIFESTS) {
@@ -153,7 +154,9 @@ impl History {
             Err(e) => return Err(err(e)),
         };
         let total = versions.len().map_err(err)?;
-        let mut seen_manifests = HashSet::new();
+        // Versions sharing a manifest (metadata changes, renames) are
+        // neighbours in the table: reading each run once is enough.
+        let mut previous: Option<Hash> = None;
         for (i, e) in versions.iter().map_err(err)?.enumerate() {
             let (_, v) = e.map_err(err)?;
             report.versions += 1;
@@ -163,7 +166,7 @@ impl History {
             let Content::File { manifest } = tables::decode(v.value())?.content else {
                 continue;
             };
-            if !seen_manifests.insert(manifest) {
+            if previous.replace(manifest) == Some(manifest) {
                 continue;
             }
             let in_table = match &manifests {
@@ -176,7 +179,7 @@ impl History {
             let bytes = match in_table {
                 Some(b) => b,
                 None => {
-                    live.insert(manifest);
+                    live.push(manifest);
                     self.chunks().get(&manifest)?
                 }
             };
@@ -189,31 +192,39 @@ impl History {
             live.extend(super::content::chunk_refs(&m));
         }
         progress("marking", total, total);
-        drop(seen_manifests);
+        let mut live = Live::from(live);
         let chunks = txn.open_table(CHUNKS).map_err(err)?;
-        let mut work: Vec<Hash> = live.iter().copied().collect();
-        while let Some(h) = work.pop() {
-            let Some(loc) = chunks.get(h.as_slice()).map_err(err)? else {
-                continue;
-            };
-            let loc = decode_loc(&h, loc.value())?;
-            if let Some(base) = self.chunks().delta_base(&h, &loc)? {
-                if live.insert(base) {
-                    work.push(base);
+        // Delta bases, a pass over the index per level of new bases found.
+        loop {
+            let mut bases = Vec::new();
+            for e in chunks.iter().map_err(err)? {
+                let (k, v) = e.map_err(err)?;
+                let h = to_hash(k.value())?;
+                let loc = decode_loc(&h, v.value())?;
+                if loc.encoding != Encoding::Delta || !live.contains(&h) {
+                    continue;
+                }
+                if let Some(base) = self.chunks().delta_base(&h, &loc)? {
+                    if !live.contains(&base) {
+                        bases.push(base);
+                    }
                 }
             }
+            if bases.is_empty() {
+                return Ok(live);
+            }
+            live.0.extend(bases);
+            live = Live::from(std::mem::take(&mut live.0));
         }
-        Ok(live)
     }
 
     /// The indexed chunks not in `live`, and how much of each pack is live.
-    #[allow(clippy::type_complexity)]
     fn sweep(
         &self,
-        live: &HashSet<Hash>,
+        live: &Live,
         report: &mut GcReport,
         progress: Progress,
-    ) -> Result<(Vec<(Hash, Location)>, HashMap<u32, PackUse>)> {
+    ) -> Result<(Vec<Dead>, HashMap<u32, PackUse>)> {
         let txn = read_txn(self.db())?;
         let chunks = match txn.open_table(CHUNKS) {
             Ok(t) => t,
@@ -228,17 +239,17 @@ impl History {
         }
         for (i, e) in chunks.iter().map_err(err)?.enumerate() {
             let (k, v) = e.map_err(err)?;
-            let h: Hash = k
-                .value()
-                .try_into()
-                .map_err(|_| HistoryError::Corrupt("malformed chunk key".into()))?;
+            let h = to_hash(k.value())?;
             let loc = decode_loc(&h, v.value())?;
             report.chunks += 1;
             if live.contains(&h) {
                 report.live_chunks += 1;
                 packs.entry(loc.pack).or_default().live_bytes += entry_bytes(&loc);
             } else {
-                dead.push((h, loc));
+                dead.push(Dead {
+                    hash: h,
+                    bytes: entry_bytes(&loc),
+                });
             }
             if i % 4096 == 0 {
                 progress("sweeping", i as u64, total);
@@ -252,7 +263,7 @@ impl History {
     /// meanwhile (and what they need), with puts held off.
     fn remove_dead(
         &self,
-        mut dead: Vec<(Hash, Location)>,
+        mut dead: Vec<Dead>,
         report: &mut GcReport,
         progress: Progress,
     ) -> Result<()> {
@@ -263,13 +274,13 @@ impl History {
         self.chunks()
             .with_puts_held(|reused, fresh| -> Result<()> {
                 let spared = self.needed_by(reused)?;
-                dead.retain(|(h, _)| !spared.contains(h) && !fresh.contains(h));
+                dead.retain(|d| !spared.contains(&d.hash) && !fresh.contains(&d.hash));
                 for (n, batch) in dead.chunks(BATCH).enumerate() {
                     let txn = self.db().begin_write().map_err(err)?;
                     {
                         let mut t = txn.open_table(CHUNKS).map_err(err)?;
-                        for (h, _) in batch {
-                            t.remove(h.as_slice()).map_err(err)?;
+                        for d in batch {
+                            t.remove(d.hash.as_slice()).map_err(err)?;
                         }
                     }
                     txn.commit().map_err(err)?;
@@ -278,7 +289,7 @@ impl History {
                 Ok(())
             })?;
         report.removed_chunks = dead.len() as u64;
-        report.removed_bytes = dead.iter().map(|(_, l)| entry_bytes(l)).sum();
+        report.removed_bytes = dead.iter().map(|d| d.bytes).sum();
         Ok(())
     }
 
@@ -381,10 +392,7 @@ impl History {
         let mut out = Vec::new();
         for e in chunks.iter().map_err(err)? {
             let (k, v) = e.map_err(err)?;
-            let h: Hash = k
-                .value()
-                .try_into()
-                .map_err(|_| HistoryError::Corrupt("malformed chunk key".into()))?;
+            let h = to_hash(k.value())?;
             let loc = decode_loc(&h, v.value())?;
             if packs.contains(&loc.pack) {
                 out.push((h, loc));
@@ -394,6 +402,36 @@ impl History {
         out.sort_by_key(|(_, l)| (l.pack, l.offset));
         Ok(out)
     }
+}
+
+/// The referenced chunks, sorted and without duplicates.
+struct Live(Vec<Hash>);
+
+impl From<Vec<Hash>> for Live {
+    fn from(mut v: Vec<Hash>) -> Live {
+        v.sort_unstable();
+        v.dedup();
+        v.shrink_to_fit();
+        Live(v)
+    }
+}
+
+impl Live {
+    fn contains(&self, h: &Hash) -> bool {
+        self.0.binary_search(h).is_ok()
+    }
+}
+
+/// An unreferenced chunk: its name and the pack bytes it takes.
+struct Dead {
+    hash: Hash,
+    bytes: u64,
+}
+
+fn to_hash(bytes: &[u8]) -> Result<Hash> {
+    bytes
+        .try_into()
+        .map_err(|_| HistoryError::Corrupt("malformed chunk key".into()))
 }
 
 fn decode_loc(h: &Hash, bytes: &[u8]) -> Result<Location> {
