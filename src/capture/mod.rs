@@ -206,13 +206,14 @@ impl Capture {
             .clone()
     }
 
-    /// Whether the policy keeps the content of file `obj` (in state `st`)
-    /// as changed by `who` now. Decided when a version is built, so a
-    /// policy reload applies from the next change on.
-    fn keeps_content(&self, obj: ObjectId, st: &Stat, who: &Who) -> bool {
+    /// The zstd level the policy gives the content of file `obj` (in
+    /// state `st`) as changed by `who` now, or `None` if it does not keep
+    /// the content at all. Decided when a version is built, so a policy
+    /// reload applies from the next change on.
+    fn content_policy(&self, obj: ObjectId, st: &Stat, who: &Who) -> Option<i32> {
         let policy = self.policy.get();
         if policy.is_trivial() || st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return true;
+            return Some(crate::store::chunks::ZSTD_LEVEL);
         }
         let path = self.live_path(obj).unwrap_or_default();
         let owner = self.owner_name(false, st.st_uid);
@@ -228,7 +229,8 @@ impl Capture {
             process: (!who.comm.is_empty()).then_some(who.comm.as_str()),
             local_time: Some(jiff::Zoned::now().datetime()),
         };
-        policy.resolve(&subject).version
+        let resolved = policy.resolve(&subject);
+        resolved.version.then_some(i32::from(resolved.compression))
     }
 
     /// Who is making a change: the caller and its process name.
@@ -522,12 +524,14 @@ impl Capture {
         like: Option<&Content>,
     ) -> Result<Version> {
         let content = match st.st_mode & libc::S_IFMT {
-            libc::S_IFREG if !self.keeps_content(obj, st, who) => Content::Unrecorded,
-            libc::S_IFREG => {
-                let fd = tree.open_read(obj)?;
-                let known = self.state.lock().known(obj);
-                self.ingest_fd(&fd, known.as_ref().map(|k| &k.content).or(like))?
-            }
+            libc::S_IFREG => match self.content_policy(obj, st, who) {
+                None => Content::Unrecorded,
+                Some(level) => {
+                    let fd = tree.open_read(obj)?;
+                    let known = self.state.lock().known(obj);
+                    self.ingest_fd(&fd, known.as_ref().map(|k| &k.content).or(like), level)?
+                }
+            },
             libc::S_IFDIR => Content::Dir,
             libc::S_IFLNK => Content::Symlink {
                 target: tree.readlink(obj)?,
@@ -547,7 +551,7 @@ impl Capture {
 
     /// Ingests the file behind `fd`; `previous`: the content history holds
     /// for it now, whose chunks serve as delta bases.
-    fn ingest_fd(&self, fd: &OwnedFd, previous: Option<&Content>) -> Result<Content> {
+    fn ingest_fd(&self, fd: &OwnedFd, previous: Option<&Content>, level: i32) -> Result<Content> {
         let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
         let size = sys::fstat(fd.as_fd())?.st_size as u64;
         let data = sys::data_ranges(fd.as_fd(), size)?;
@@ -558,8 +562,14 @@ impl Capture {
                 .map(|m| content::Bases::of(&m)),
             _ => None,
         };
-        let (manifest, _) =
-            content::ingest_sparse(self.history.chunks(), &read_at, size, &data, bases.as_ref())?;
+        let (manifest, _) = content::ingest_sparse(
+            self.history.chunks(),
+            &read_at,
+            size,
+            &data,
+            bases.as_ref(),
+            level,
+        )?;
         self.content_of(&manifest, previous)
     }
 
@@ -570,6 +580,7 @@ impl Capture {
         fd: &OwnedFd,
         previous: &crate::store::Hash,
         ranges: &[(u64, u64)],
+        level: i32,
     ) -> Result<Content> {
         let prev = self.history.recent_manifest(previous)?.ok_or_else(|| {
             HistoryError::Corrupt("the previous version's manifest is not readable yet".into())
@@ -577,7 +588,7 @@ impl Capture {
         let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
         let size = sys::fstat(fd.as_fd())?.st_size as u64;
         let (manifest, _) =
-            content::ingest_changes(self.history.chunks(), &read_at, size, &prev, ranges)?;
+            content::ingest_changes(self.history.chunks(), &read_at, size, &prev, ranges, level)?;
         self.content_of(
             &manifest,
             Some(&Content::File {
@@ -1086,10 +1097,11 @@ impl Capture {
         }
         let mut draft = Draft::default();
         let dirty = self.state.lock().take_dirty(job.obj);
-        let content = match (dirty, known.as_ref().map(|k| &k.content)) {
-            _ if !self.keeps_content(job.obj, &st, &job.who) => Content::Unrecorded,
-            (Some(ranges), Some(Content::File { manifest })) => {
-                match self.ingest_changes(&job.reader, manifest, &ranges) {
+        let level = self.content_policy(job.obj, &st, &job.who);
+        let content = match (level, dirty, known.as_ref().map(|k| &k.content)) {
+            (None, _, _) => Content::Unrecorded,
+            (Some(level), Some(ranges), Some(Content::File { manifest })) => {
+                match self.ingest_changes(&job.reader, manifest, &ranges, level) {
                     Ok(c) => c,
                     Err(e) => {
                         self.state.lock().dirty_lost(job.obj);
@@ -1097,7 +1109,7 @@ impl Capture {
                     }
                 }
             }
-            (_, previous) => self.ingest_fd(&job.reader, previous)?,
+            (Some(level), _, previous) => self.ingest_fd(&job.reader, previous, level)?,
         };
         let xattrs = sys::xattrs_of(job.reader.as_fd()).unwrap_or_default();
         let mut v = Version {

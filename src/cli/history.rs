@@ -260,7 +260,7 @@ pub fn parse_at(s: Option<&str>) -> Result<At> {
     }
 }
 
-fn print_json(v: &Value) {
+pub(super) fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 

@@ -7,13 +7,9 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
-use super::history::Target;
+use super::history::{print_json, Target};
 use crate::control::{spec, Request};
 use crate::policy::{self, Level, Retention};
-
-fn print_json(v: &Value) {
-    println!("{v}");
-}
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)

@@ -12,7 +12,7 @@ use super::{Components, Reply};
 use crate::capture::retention::{self, CleanReport, Decide, PolicyCell};
 use crate::history::past::show_path;
 use crate::history::prune::{Pins, Removal};
-use crate::history::{ObjectId, ROOT};
+use crate::history::ObjectId;
 use crate::policy::{Policy, Retention, Subject};
 use crate::sys::{self, Peer};
 
@@ -127,33 +127,12 @@ impl Service {
     }
 
     /// Every object ever at `path` or under it.
-    pub(super) fn objects_under(&self, path: &Components) -> Result<HashSet<ObjectId>> {
-        let roots: Vec<ObjectId> = if path.is_empty() {
-            vec![ROOT]
-        } else {
-            self.past()
-                .incarnations(path)?
-                .into_iter()
-                .map(|(o, _, _)| o)
-                .collect()
-        };
-        if roots.is_empty() {
-            return Err(Error::NotFound(format!(
-                "{} never existed in recorded history",
-                show_path(path)
-            )));
-        }
-        let mut seen = HashSet::new();
-        let mut queue = roots;
-        while let Some(obj) = queue.pop() {
-            if !seen.insert(obj) {
-                continue;
-            }
-            for (_, _, child) in self.history().names_ever(obj)? {
-                queue.extend(child);
-            }
-        }
-        Ok(seen)
+    fn objects_under(&self, path: &Components) -> Result<HashSet<ObjectId>> {
+        Ok(self
+            .tree_objects(path)?
+            .into_iter()
+            .map(|(o, _)| o)
+            .collect())
     }
 
     pub(super) fn prune(

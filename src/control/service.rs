@@ -428,12 +428,9 @@ impl Service {
         Ok(json!({"path": show_path(path), "incarnations": incs, "versions": out}))
     }
 
-    fn log_tree(
-        &self,
-        path: &Components,
-        since: Option<Seq>,
-        until: Option<Seq>,
-    ) -> Result<Answer> {
+    /// Every object ever at `path` or under it, with the path it was
+    /// reached by (each object once).
+    pub(super) fn tree_objects(&self, path: &Components) -> Result<Vec<(ObjectId, Components)>> {
         let roots: Vec<ObjectId> = if path.is_empty() {
             vec![ROOT]
         } else {
@@ -449,31 +446,17 @@ impl Service {
                 show_path(path)
             )));
         }
-        let (lo, hi) = (since.unwrap_or(0), until.unwrap_or(Seq::MAX));
         let mut seen = HashSet::new();
+        let mut out = Vec::new();
         let mut queue: Vec<(ObjectId, Vec<Vec<u8>>)> =
             roots.into_iter().map(|o| (o, path.clone())).collect();
-        // Rows stay typed until sorted: sorting tens of thousands of JSON
-        // objects by field lookups cost most of a `log -r`.
-        let mut paths: Vec<String> = Vec::new();
-        let mut rows: Vec<(Seq, usize, ObjectId, Version)> = Vec::new();
         while let Some((obj, p)) = queue.pop() {
             if !seen.insert(obj) {
                 continue;
             }
-            let mut is_dir = false;
-            let path_idx = paths.len();
-            paths.push(show_path(&p));
-            for (s, v) in self.history.versions(obj, lo, hi)? {
-                is_dir |= matches!(v.content, Content::Dir);
-                rows.push((s, path_idx, obj, v));
-            }
-            let names = self.history.names_ever(obj)?;
-            is_dir |= !names.is_empty();
-            if !is_dir {
-                continue;
-            }
-            let mut children: Vec<(Vec<u8>, ObjectId)> = names
+            let mut children: Vec<(Vec<u8>, ObjectId)> = self
+                .history
+                .names_ever(obj)?
                 .into_iter()
                 .filter_map(|(n, _, c)| c.map(|c| (n, c)))
                 .collect();
@@ -483,6 +466,28 @@ impl Service {
                 let mut cp = p.clone();
                 cp.push(name);
                 queue.push((child, cp));
+            }
+            out.push((obj, p));
+        }
+        Ok(out)
+    }
+
+    fn log_tree(
+        &self,
+        path: &Components,
+        since: Option<Seq>,
+        until: Option<Seq>,
+    ) -> Result<Answer> {
+        let (lo, hi) = (since.unwrap_or(0), until.unwrap_or(Seq::MAX));
+        // Rows stay typed until sorted: sorting tens of thousands of JSON
+        // objects by field lookups cost most of a `log -r`.
+        let mut paths: Vec<String> = Vec::new();
+        let mut rows: Vec<(Seq, usize, ObjectId, Version)> = Vec::new();
+        for (obj, p) in self.tree_objects(path)? {
+            let path_idx = paths.len();
+            paths.push(show_path(&p));
+            for (s, v) in self.history.versions(obj, lo, hi)? {
+                rows.push((s, path_idx, obj, v));
             }
         }
         rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| paths[a.1].cmp(&paths[b.1])));

@@ -90,6 +90,7 @@ fn ingest_at(
     size_hint: u64,
     start: u64,
     bases: Option<&Bases>,
+    level: i32,
 ) -> Result<(Manifest, Ingested)> {
     let mut manifest = Manifest::default();
     let mut stats = Ingested::default();
@@ -107,7 +108,7 @@ fn ingest_at(
         let len = piece.length as u32;
         stats.bytes += u64::from(len);
         if piece.data.iter().all(|b| *b == 0) {
-            store_deferred(chunks, deferred.take(), None, &mut stats)?;
+            store_deferred(chunks, deferred.take(), None, level, &mut stats)?;
             push(&mut manifest, Extent { len, chunk: None });
             continue;
         }
@@ -120,7 +121,7 @@ fn ingest_at(
             } else {
                 None
             };
-            store_deferred(chunks, Some(d), base.as_ref(), &mut stats)?;
+            store_deferred(chunks, Some(d), base.as_ref(), level, &mut stats)?;
         }
         let middle = start + piece.offset + u64::from(len / 2);
         // The replaced chunk of this file's previous version, or else the
@@ -135,7 +136,13 @@ fn ingest_at(
         if base.is_none() && !chunks.contains(&hash)? {
             deferred = Some((hash, piece.data));
         } else {
-            store_deferred(chunks, Some((hash, piece.data)), base.as_ref(), &mut stats)?;
+            store_deferred(
+                chunks,
+                Some((hash, piece.data)),
+                base.as_ref(),
+                level,
+                &mut stats,
+            )?;
         }
         push(
             &mut manifest,
@@ -145,7 +152,7 @@ fn ingest_at(
             },
         );
     }
-    store_deferred(chunks, deferred.take(), None, &mut stats)?;
+    store_deferred(chunks, deferred.take(), None, level, &mut stats)?;
     Ok((manifest, stats))
 }
 
@@ -153,10 +160,11 @@ fn store_deferred(
     chunks: &ChunkStore,
     chunk: Option<(Hash, Vec<u8>)>,
     base: Option<&Hash>,
+    level: i32,
     stats: &mut Ingested,
 ) -> Result<()> {
     if let Some((hash, data)) = chunk {
-        if chunks.put_hashed(&hash, &data, base)? {
+        if chunks.put_hashed(&hash, &data, base, level)? {
             stats.new_chunks += 1;
             stats.new_bytes += data.len() as u64;
         }
@@ -174,6 +182,7 @@ pub fn ingest_sparse(
     size: u64,
     data: &[(u64, u64)],
     bases: Option<&Bases>,
+    level: i32,
 ) -> Result<(Manifest, Ingested)> {
     let mut manifest = Manifest::default();
     let mut stats = Ingested::default();
@@ -205,7 +214,7 @@ pub fn ingest_sparse(
             offset: off,
         }
         .take(len);
-        let (part, st) = ingest_at(chunks, reader, size, off, bases)?;
+        let (part, st) = ingest_at(chunks, reader, size, off, bases, level)?;
         for e in part.extents {
             push(&mut manifest, e);
         }
@@ -235,6 +244,7 @@ pub fn ingest_changes(
     size: u64,
     prev: &Manifest,
     dirty: &[(u64, u64)],
+    level: i32,
 ) -> Result<(Manifest, Ingested)> {
     let mut extents = Vec::with_capacity(prev.extents.len());
     let mut at = 0u64;
@@ -275,7 +285,7 @@ pub fn ingest_changes(
     for (a, b) in reread {
         copy_extents(&extents, pos, a, &mut manifest);
         let reader = PositionalReader { read_at, offset: a }.take(b - a);
-        let (part, st) = ingest_at(chunks, reader, size, a, Some(&bases))?;
+        let (part, st) = ingest_at(chunks, reader, size, a, Some(&bases), level)?;
         if part.extents.iter().map(|e| u64::from(e.len)).sum::<u64>() != b - a {
             return Err(HistoryError::Store(StoreError::Io {
                 path: "(file being versioned)".into(),
@@ -400,10 +410,11 @@ impl Read for PositionalReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::chunks::ZSTD_LEVEL;
     use std::sync::Arc;
 
     fn ingest(chunks: &ChunkStore, source: &[u8], size: u64) -> Result<(Manifest, Ingested)> {
-        ingest_at(chunks, source, size, 0, None)
+        ingest_at(chunks, source, size, 0, None, ZSTD_LEVEL)
     }
 
     fn read_all(chunks: &ChunkStore, m: &Manifest) -> Vec<u8> {
@@ -452,8 +463,15 @@ mod tests {
                 buf[..n].copy_from_slice(&now[off..off + n]);
                 Ok(n)
             };
-            let (m, st) =
-                ingest_changes(&chunks, &read_at, now.len() as u64, &prev, &dirty).unwrap();
+            let (m, st) = ingest_changes(
+                &chunks,
+                &read_at,
+                now.len() as u64,
+                &prev,
+                &dirty,
+                ZSTD_LEVEL,
+            )
+            .unwrap();
             assert_eq!(read_all(&chunks, &m), now, "{:?}", truncate);
             if writes.len() == 1 && writes[0].1.len() < 200 && truncate.is_none() {
                 assert!(st.bytes <= 1 << 20, "re-read {} bytes", st.bytes);
@@ -494,6 +512,7 @@ mod tests {
 #[cfg(test)]
 mod successor_tests {
     use super::*;
+    use crate::store::chunks::ZSTD_LEVEL;
 
     #[test]
     fn a_rewritten_copy_finds_bases_through_successors() {
@@ -519,6 +538,7 @@ mod successor_tests {
             text.len() as u64,
             &[(0, text.len() as u64)],
             None,
+            ZSTD_LEVEL,
         )
         .unwrap();
         let mut edited = text.clone();
@@ -530,6 +550,7 @@ mod successor_tests {
             edited.len() as u64,
             &[(0, edited.len() as u64)],
             None,
+            ZSTD_LEVEL,
         )
         .unwrap();
         eprintln!(

@@ -33,7 +33,8 @@ const ENTRY_MAGIC: u32 = 0x4348_4b31; // "CHK1"
 /// magic u32 ‖ encoding u8 ‖ raw length u32 ‖ stored length u32 ‖ hash.
 pub const ENTRY_HEADER_LEN: usize = 4 + 1 + 4 + 4 + 32;
 const PACK_LIMIT: u64 = 256 << 20;
-const ZSTD_LEVEL: i32 = 3;
+/// zstd level of chunks stored without a policy saying otherwise.
+pub const ZSTD_LEVEL: i32 = 3;
 /// A delta body starts with its base's hash and its lineage number.
 const DELTA_PREFIX_LEN: usize = 32 + 4;
 /// Most deltas one read may have to apply (one per set bit of a lineage
@@ -224,7 +225,7 @@ impl ChunkStore {
         base: Option<&Hash>,
     ) -> Result<(Hash, bool), StoreError> {
         let h = hash(data);
-        Ok((h, self.put_hashed(&h, data, base)?))
+        Ok((h, self.put_hashed(&h, data, base, ZSTD_LEVEL)?))
     }
 
     /// [`put_against`](Self::put_against) of data whose hash the caller
@@ -234,6 +235,7 @@ impl ChunkStore {
         h: &Hash,
         data: &[u8],
         base: Option<&Hash>,
+        level: i32,
     ) -> Result<bool, StoreError> {
         let h = *h;
         let track = self.gc_track.read();
@@ -247,7 +249,7 @@ impl ChunkStore {
             return Ok(false);
         }
         let delta = match base {
-            Some(parent) if *parent != h => self.delta_against(data, parent)?,
+            Some(parent) if *parent != h => self.delta_against(data, parent, level)?,
             _ => None,
         };
         if let Some(d) = &delta {
@@ -259,7 +261,7 @@ impl ChunkStore {
             // Clearly small: not worth a second compression to compare.
             Some(d) if d.len() <= data.len() / 8 => (Encoding::Delta, d),
             delta => {
-                let full = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(|e| self.io_err(e))?;
+                let full = zstd::bulk::compress(data, level).map_err(|e| self.io_err(e))?;
                 match delta {
                     Some(d) if d.len() < full.len() && d.len() < data.len() => (Encoding::Delta, d),
                     _ if full.len() < data.len() => (Encoding::Zstd, full),
@@ -282,7 +284,12 @@ impl ChunkStore {
     /// its ancestor n − lowbit(n), not against n − 1. A read then applies
     /// popcount(n) deltas, at most log₂ n, and no chain needs a periodic
     /// full copy; each delta spans lowbit(n) edits.
-    fn delta_against(&self, data: &[u8], parent: &Hash) -> Result<Option<Vec<u8>>, StoreError> {
+    fn delta_against(
+        &self,
+        data: &[u8],
+        parent: &Hash,
+        level: i32,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         let Some((_, p, _)) = self.lineage(parent)? else {
             return Ok(None);
         };
@@ -305,7 +312,7 @@ impl ChunkStore {
         if n.count_ones() > max_chain(base_data.len()) {
             return Ok(None);
         }
-        let frame = compress_with_prefix(data, &base_data).map_err(|e| self.io_err(e))?;
+        let frame = compress_with_prefix(data, &base_data, level).map_err(|e| self.io_err(e))?;
         let mut body = Vec::with_capacity(DELTA_PREFIX_LEN + frame.len());
         body.extend_from_slice(&base);
         body.extend_from_slice(&n.to_be_bytes());
@@ -725,10 +732,10 @@ fn zstd_error(code: usize) -> std::io::Error {
 /// zstd with `prefix` as a raw-content reference (never parsed as a
 /// dictionary, whatever its first bytes), so content shared with the base
 /// costs a few bytes per match.
-fn compress_with_prefix(data: &[u8], prefix: &[u8]) -> std::io::Result<Vec<u8>> {
+fn compress_with_prefix(data: &[u8], prefix: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
     use zstd::zstd_safe::{CCtx, CParameter};
     let mut cctx = CCtx::create();
-    cctx.set_parameter(CParameter::CompressionLevel(ZSTD_LEVEL))
+    cctx.set_parameter(CParameter::CompressionLevel(level))
         .map_err(zstd_error)?;
     cctx.ref_prefix(prefix).map_err(zstd_error)?;
     let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(data.len()));
@@ -883,6 +890,40 @@ mod tests {
             fresh.get(&versions[1].0),
             Err(StoreError::CorruptChunk { .. })
         ));
+    }
+
+    #[test]
+    fn a_policy_level_changes_how_small_a_chunk_is_stored() {
+        // Prose-like: words drawn from a vocabulary, where a higher level
+        // finds longer matches.
+        let words: Vec<String> = (0..400u32)
+            .map(|i| format!("w{}x{}", i.wrapping_mul(2654435761) % 9973, i % 7))
+            .collect();
+        let mut x = 12345u64;
+        let mut data = Vec::new();
+        while data.len() < 64 << 10 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            data.extend_from_slice(words[(x >> 33) as usize % words.len()].as_bytes());
+            data.push(b' ');
+        }
+        let stored = |level: i32| {
+            let tmp = tempfile::tempdir().unwrap();
+            std::fs::create_dir(tmp.path().join("packs")).unwrap();
+            let path = tmp.path().join("db");
+            let db = Index::from_database(path.clone(), redb::Database::create(&path).unwrap());
+            let store = open(tmp.path(), &db);
+            let h = hash(&data);
+            assert!(store.put_hashed(&h, &data, None, level).unwrap());
+            assert_eq!(store.get(&h).unwrap(), data);
+            store.locate(&h).unwrap().unwrap().stored_len
+        };
+        let (fast, small) = (stored(1), stored(19));
+        assert!(
+            small < fast,
+            "level 19 ({small}) not smaller than level 1 ({fast})"
+        );
     }
 
     #[test]

@@ -827,26 +827,56 @@ pub fn in_group(pid: u32, gid: u32) -> bool {
 
 /// The login name of `uid`, from the passwd database.
 pub fn user_name(uid: u32) -> Option<String> {
+    passwd_entry(Ok(uid)).map(|(name, _, _)| name)
+}
+
+/// A user's uid and home directory, by login name or number.
+pub fn user_home(user: &str) -> Option<(u32, std::path::PathBuf)> {
+    passwd_entry(user.parse().map_err(|_| user)).map(|(_, uid, home)| (uid, home))
+}
+
+/// A passwd entry (login name, uid, home), by uid or by name.
+fn passwd_entry(user: Result<u32, &str>) -> Option<(String, u32, std::path::PathBuf)> {
     let mut buf = vec![0u8; 4096];
     // SAFETY: zeroed passwd is a valid out-parameter.
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
-    let rc = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
+    let rc = match user {
+        // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
+        Ok(uid) => unsafe {
+            libc::getpwuid_r(
+                uid,
+                &mut pwd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut result,
+            )
+        },
+        Err(name) => {
+            let name = CString::new(name).ok()?;
+            // SAFETY: as above; name is NUL-terminated.
+            unsafe {
+                libc::getpwnam_r(
+                    name.as_ptr(),
+                    &mut pwd,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut result,
+                )
+            }
+        }
     };
     if rc != 0 || result.is_null() {
         return None;
     }
-    // SAFETY: on success pw_name points to a NUL-terminated string inside buf.
-    let name = unsafe { CStr::from_ptr(pwd.pw_name) };
-    Some(name.to_string_lossy().into_owned())
+    // SAFETY: on success pw_name and pw_dir point to NUL-terminated
+    // strings inside buf.
+    let (name, home) = unsafe { (CStr::from_ptr(pwd.pw_name), CStr::from_ptr(pwd.pw_dir)) };
+    Some((
+        name.to_string_lossy().into_owned(),
+        pwd.pw_uid,
+        std::path::PathBuf::from(OsStr::from_bytes(home.to_bytes())),
+    ))
 }
 
 /// The name of group `gid`, from the group database.
@@ -871,48 +901,6 @@ pub fn group_name(gid: u32) -> Option<String> {
     // SAFETY: on success gr_name points to a NUL-terminated string inside buf.
     let name = unsafe { CStr::from_ptr(grp.gr_name) };
     Some(name.to_string_lossy().into_owned())
-}
-
-/// A user's uid and home directory, by login name or number.
-pub fn user_home(user: &str) -> Option<(u32, std::path::PathBuf)> {
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: zeroed passwd is a valid out-parameter.
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    let rc = match user.parse::<u32>() {
-        // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
-        Ok(uid) => unsafe {
-            libc::getpwuid_r(
-                uid,
-                &mut pwd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut result,
-            )
-        },
-        Err(_) => {
-            let name = CString::new(user).ok()?;
-            // SAFETY: as above; name is NUL-terminated.
-            unsafe {
-                libc::getpwnam_r(
-                    name.as_ptr(),
-                    &mut pwd,
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    &mut result,
-                )
-            }
-        }
-    };
-    if rc != 0 || result.is_null() {
-        return None;
-    }
-    // SAFETY: on success pw_dir points to a NUL-terminated string inside buf.
-    let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
-    Some((
-        pwd.pw_uid,
-        std::path::PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
-    ))
 }
 
 pub fn mkfifo(path: &std::path::Path, mode: u32) -> io::Result<()> {
