@@ -121,8 +121,14 @@ impl Service {
         root_only(peer, "run the cleaner")?;
         let now = now_ns.unwrap_or_else(crate::history::now_ns);
         let policy = self.policy.current()?;
-        let audit = self.audit_record(peer, "clean", json!({"now_ns": now}));
-        let report = retention::clean(self.history(), &policy, now, dry_run, Some(audit))?;
+        let report = retention::clean(self.history(), &policy, now, dry_run, None)?;
+        if !dry_run {
+            // Recorded even when nothing went: a pass run by hand, perhaps
+            // with another clock, is an administrative act.
+            let detail = json!({"now_ns": now, "removed": report.outcome});
+            self.history()
+                .audit(&self.audit_record(peer, "clean", detail))?;
+        }
         Ok(serde_json::to_value(report).unwrap_or(Value::Null))
     }
 
