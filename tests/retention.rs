@@ -602,3 +602,98 @@ fn fsck_detects_history_altered_behind_chronofs() {
         );
     }
 }
+
+#[test]
+fn capture_modes_follow_the_policy() {
+    use std::io::Write;
+    let policy = PolicyFile::new(
+        r#"
+[[rule]]
+name = "logs"
+extensions = ["log"]
+capture = "every-write"
+
+[[rule]]
+name = "data"
+extensions = ["dat"]
+capture = "interval"
+"#,
+    );
+    let mut m = {
+        let _serial = history_mount_lock();
+        Mount::new(&format!("{},capture-interval=2", policy.opts()))
+    };
+    m.wait_history_ready();
+    // every-write: one open, three write(2)s, one close.
+    let write_thrice = |p: &Path| {
+        let mut f = fs::File::create(p).unwrap();
+        for line in ["one\n", "two\n", "three\n"] {
+            f.write_all(line.as_bytes()).unwrap();
+        }
+    };
+    write_thrice(&m.p("app.log"));
+    write_thrice(&m.p("app.txt"));
+    let log: Vec<_> = versions(&m.p("app.log")).into_iter().flatten().collect();
+    for want in ["one\n", "one\ntwo\n", "one\ntwo\nthree\n"] {
+        assert!(
+            log.contains(&want.as_bytes().to_vec()),
+            "{want:?} missing: {log:?}"
+        );
+    }
+    assert_eq!(
+        versions(&m.p("app.txt")),
+        vec![Some(b"one\ntwo\nthree\n".to_vec())],
+        "session mode: one version per open-close"
+    );
+    // interval: the first session is recorded at once, the next ones are
+    // held back and recorded together when the interval is up.
+    for i in 0..5 {
+        write_file(&m.p("x.dat"), format!("d{i}").as_bytes());
+    }
+    assert_eq!(versions(&m.p("x.dat")), vec![Some(b"d0".to_vec())]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while versions(&m.p("x.dat")).len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "held-back version never recorded"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        versions(&m.p("x.dat")),
+        vec![Some(b"d0".to_vec()), Some(b"d4".to_vec())]
+    );
+    // fsync records a held-back version at once.
+    write_file(&m.p("x.dat"), b"d5");
+    write_file(&m.p("x.dat"), b"d6");
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("x.dat"))
+        .unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(
+        versions(&m.p("x.dat")).last().unwrap().as_deref(),
+        Some(&b"d6"[..])
+    );
+    // So does the end of the mount: nothing held back is lost.
+    write_file(&m.p("x.dat"), b"d7");
+    write_file(&m.p("x.dat"), b"d8");
+    m.unmount();
+    {
+        let _serial = history_mount_lock();
+        m.start();
+    }
+    m.wait_history_ready();
+    assert_eq!(
+        versions(&m.p("x.dat")).last().unwrap().as_deref(),
+        Some(&b"d8"[..])
+    );
+    // Removing a file records what was held back first.
+    write_file(&m.p("x.dat"), b"d9");
+    write_file(&m.p("x.dat"), b"d10");
+    fs::remove_file(m.p("x.dat")).unwrap();
+    cli(&["undelete", s(&m.p("x.dat"))]);
+    assert_eq!(read_file(&m.p("x.dat")), b"d10");
+    assert_consistent(&m);
+}

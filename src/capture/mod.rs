@@ -211,9 +211,31 @@ impl Capture {
     /// the content at all. Decided when a version is built, so a policy
     /// reload applies from the next change on.
     fn content_policy(&self, obj: ObjectId, st: &Stat, who: &Who) -> Option<i32> {
+        match self.resolve(obj, st, who) {
+            None => Some(crate::store::chunks::ZSTD_LEVEL),
+            Some(r) => r.version.then_some(i32::from(r.compression)),
+        }
+    }
+
+    /// How the policy says changes of `obj` are captured.
+    fn capture_mode(&self, obj: ObjectId, st: &Stat, who: &Who) -> crate::policy::Capture {
+        self.resolve(obj, st, who)
+            .map_or(crate::policy::Capture::Session, |r| r.capture)
+    }
+
+    /// Whether each write to `obj`, opened by `who`, is to be a version
+    /// (its writes must then come through the daemon).
+    pub fn every_write_for(&self, obj: ObjectId, st: &Stat, who: &Who) -> bool {
+        self.cfg.every_write
+            || self.capture_mode(obj, st, who) == crate::policy::Capture::EveryWrite
+    }
+
+    /// The policy's settings for file `obj`, or `None` when no policy
+    /// file sets anything (the common case costs no evaluation).
+    fn resolve(&self, obj: ObjectId, st: &Stat, who: &Who) -> Option<crate::policy::Resolved> {
         let policy = self.policy.get();
         if policy.is_trivial() || st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Some(crate::store::chunks::ZSTD_LEVEL);
+            return None;
         }
         let path = self.live_path(obj).unwrap_or_default();
         let owner = self.owner_name(false, st.st_uid);
@@ -229,8 +251,7 @@ impl Capture {
             process: (!who.comm.is_empty()).then_some(who.comm.as_str()),
             local_time: Some(jiff::Zoned::now().datetime()),
         };
-        let resolved = policy.resolve(&subject);
-        resolved.version.then_some(i32::from(resolved.compression))
+        Some(policy.resolve(&subject))
     }
 
     /// Who is making a change: the caller and its process name.
@@ -787,6 +808,7 @@ impl Capture {
         let _building = self.history.building();
         // A session still open on it (its release not yet arrived) is
         // recorded first, with its creation if it made the file.
+        self.flush_deferred(obj)?;
         self.flush_session(obj)?;
         let mut draft = Draft::default();
         draft.dirents.push(Dirent {
@@ -826,8 +848,10 @@ impl Capture {
     ) -> Result<()> {
         // A collection must not remove a chunk this build reuses.
         let _building = self.history.building();
+        self.flush_deferred(obj)?;
         self.flush_session(obj)?;
         if let Some((v, _, _)) = victim {
+            self.flush_deferred(v)?;
             self.flush_session(v)?;
         }
         let mut draft = Draft::default();
@@ -946,6 +970,7 @@ impl Capture {
         who: Who,
         daemon_path: bool,
         track: bool,
+        every_write: bool,
     ) {
         let mut st = self.state.lock();
         if !daemon_path {
@@ -953,7 +978,7 @@ impl Capture {
         } else if track {
             st.track(obj);
         }
-        st.open_session(obj, reader, who);
+        st.open_session(obj, reader, who, every_write && daemon_path);
     }
 
     /// Whether versions of `obj` (open as `fd`) are worth building from
@@ -992,7 +1017,7 @@ impl Capture {
     /// A write through the daemon (not passthrough): in every-write mode
     /// each one is a version.
     pub fn wrote(&self, obj: ObjectId) -> Result<()> {
-        if !self.cfg.every_write {
+        if !self.cfg.every_write && !self.state.lock().every_write(obj) {
             return Ok(());
         }
         let job = self.state.lock().snapshot_job(obj, Cause::Write);
@@ -1019,12 +1044,23 @@ impl Capture {
     /// fsync on a file open for writing: its current state becomes a
     /// version, durably.
     pub fn fsync(&self, obj: ObjectId) -> Result<()> {
+        self.flush_deferred(obj)?;
         let job = self.state.lock().snapshot_job(obj, Cause::Fsync);
         if let Some(job) = job {
             self.run_job(job)?;
         }
         self.wait_ingests(obj);
         Ok(self.history.sync()?)
+    }
+
+    /// Builds a version interval mode is holding back for `obj` now
+    /// (before it loses its name, or for fsync).
+    fn flush_deferred(&self, obj: ObjectId) -> Result<()> {
+        let job = self.state.lock().take_deferred(obj);
+        match job {
+            Some(job) => self.run_job(job),
+            None => Ok(()),
+        }
     }
 
     /// Records the current state of an open write session of `obj` now
@@ -1095,6 +1131,11 @@ impl Capture {
                 return Ok(());
             }
         }
+        // A creation is recorded at once (with its name), but starts the
+        // interval.
+        if self.hold_back(job, &st, attrs, created.is_none()) {
+            return Ok(());
+        }
         let mut draft = Draft::default();
         let dirty = self.state.lock().take_dirty(job.obj);
         let level = self.content_policy(job.obj, &st, &job.who);
@@ -1144,12 +1185,54 @@ impl Capture {
         self.commit_unless_same(job.obj, known.as_deref(), v, draft, retimed)
     }
 
-    /// Files held open past the interval get a version (called by the
-    /// worker).
+    /// Interval mode: a session that ended within `capture-interval` of
+    /// the file's last version is held back (the file is marked verified,
+    /// so the next change does not record it as changed behind the
+    /// mount) and built when the interval is up, or before the file loses
+    /// its name, is fsynced or the mount ends. A crash meanwhile loses
+    /// nothing: the next mount finds the file changed and records it.
+    fn hold_back(&self, job: &Job, st: &Stat, attrs: Attrs, may_defer: bool) -> bool {
+        if self.capture_mode(job.obj, st, &job.who) != crate::policy::Capture::Interval {
+            return false;
+        }
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        let due = match state.interval_built(job.obj) {
+            Some(t) if may_defer && job.deferrable && now.duration_since(t) < self.cfg.interval => {
+                t + self.cfg.interval
+            }
+            // This version is built now: the next interval starts.
+            _ => {
+                state.note_interval_built(job.obj, self.cfg.interval);
+                return false;
+            }
+        };
+        let held = Job {
+            obj: job.obj,
+            reader: job.reader.clone(),
+            who: job.who.clone(),
+            cause: Cause::Interval,
+            // Built even though the file now matches what is marked
+            // verified: that mark stood for this version.
+            dirty: true,
+            retimed: job.retimed,
+            queued: false,
+            deferrable: false,
+        };
+        if state.defer(held, due).is_err() {
+            return false;
+        }
+        state.verified(job.obj, attrs);
+        true
+    }
+
+    /// Files held open past the interval, and versions interval mode held
+    /// back that are due (called by the worker).
     fn interval_jobs(&self) -> Vec<Job> {
-        self.state
-            .lock()
-            .due_sessions(Instant::now(), self.cfg.interval)
+        let mut state = self.state.lock();
+        let mut jobs = state.due_sessions(Instant::now(), self.cfg.interval);
+        jobs.extend(state.due_deferred(Some(Instant::now())));
+        jobs
     }
 }
 
@@ -1157,6 +1240,12 @@ impl Capture {
     /// At unmount: builds every queued version, then stops the worker.
     pub fn finish(&self) {
         self.jobs.disable();
+        let held = self.state.lock().due_deferred(None);
+        for job in held {
+            if let Err(e) = self.run_job(job) {
+                tracing::error!("recording a held-back version at unmount failed: {e}");
+            }
+        }
         while let Some(job) = self.jobs.pop() {
             if let Err(e) = self.run_job(job) {
                 tracing::error!("recording a version at unmount failed: {e}");

@@ -74,6 +74,8 @@ pub struct Session {
     /// When close(2) last flushed a handle of it: its release (and version)
     /// is imminent.
     flushed: Option<Instant>,
+    /// The policy makes each write a version (`capture = "every-write"`).
+    every_write: bool,
 }
 
 /// A version to build from a file's current content.
@@ -86,6 +88,9 @@ pub struct Job {
     pub retimed: bool,
     /// Counted in `ingesting` (queued for the worker).
     pub queued: bool,
+    /// A session's end, which interval mode may hold back (not a flush
+    /// that something else waits for).
+    pub deferrable: bool,
 }
 
 /// A file created by an open that is still writing it: its name and first
@@ -99,6 +104,9 @@ pub struct PendingCreate {
 
 #[derive(Default)]
 pub struct Objects {
+    /// Versions held back by interval mode: when due, and the job.
+    deferred: HashMap<ObjectId, (Instant, Job)>,
+    interval_built: HashMap<ObjectId, Instant>,
     known: HashMap<ObjectId, Arc<Known>>,
     sessions: HashMap<ObjectId, Session>,
     ingesting: HashMap<ObjectId, u32>,
@@ -182,6 +190,57 @@ impl Objects {
         }
     }
 
+    /// Whether each write to `obj` is to be a version.
+    pub fn every_write(&self, obj: ObjectId) -> bool {
+        self.sessions.get(&obj).is_some_and(|s| s.every_write)
+    }
+
+    /// Holds back the version of a session that ended within an interval
+    /// of the object's last one (`capture = "interval"`): built when
+    /// `due`, or sooner if something needs it. Hands the job back when too
+    /// many are held (each holds a descriptor).
+    pub fn defer(&mut self, job: Job, due: Instant) -> Result<(), Box<Job>> {
+        if self.deferred.len() >= DEFER_LIMIT && !self.deferred.contains_key(&job.obj) {
+            return Err(Box::new(job));
+        }
+        let due = self.deferred.get(&job.obj).map_or(due, |(d, _)| *d);
+        self.deferred.insert(job.obj, (due, job));
+        Ok(())
+    }
+
+    /// The deferred version of `obj`, to build now.
+    pub fn take_deferred(&mut self, obj: ObjectId) -> Option<Job> {
+        self.deferred.remove(&obj).map(|(_, j)| j)
+    }
+
+    /// Deferred versions due by `now` (all with `None`).
+    pub fn due_deferred(&mut self, now: Option<Instant>) -> Vec<Job> {
+        let due: Vec<ObjectId> = self
+            .deferred
+            .iter()
+            .filter(|(_, (d, _))| now.is_none_or(|n| *d <= n))
+            .map(|(o, _)| *o)
+            .collect();
+        due.into_iter()
+            .filter_map(|o| self.deferred.remove(&o).map(|(_, j)| j))
+            .collect()
+    }
+
+    /// When an interval-mode version of `obj` was last built.
+    pub fn interval_built(&self, obj: ObjectId) -> Option<Instant> {
+        self.interval_built.get(&obj).copied()
+    }
+
+    pub fn note_interval_built(&mut self, obj: ObjectId, interval: Duration) {
+        let now = Instant::now();
+        if self.interval_built.len() >= DEFER_LIMIT * 4 {
+            // Only recent builds can hold a version back.
+            self.interval_built
+                .retain(|_, t| now.duration_since(*t) < interval);
+        }
+        self.interval_built.insert(obj, now);
+    }
+
     pub fn has_writers(&self, obj: ObjectId) -> bool {
         self.sessions.contains_key(&obj)
     }
@@ -239,9 +298,12 @@ impl Objects {
         self.untrack(obj);
     }
 
-    pub fn open_session(&mut self, obj: ObjectId, reader: OwnedFd, who: Who) {
+    pub fn open_session(&mut self, obj: ObjectId, reader: OwnedFd, who: Who, every_write: bool) {
         match self.sessions.get_mut(&obj) {
-            Some(s) => s.writers += 1,
+            Some(s) => {
+                s.writers += 1;
+                s.every_write |= every_write;
+            }
             None => {
                 self.sessions.insert(
                     obj,
@@ -253,6 +315,7 @@ impl Objects {
                         retimed: false,
                         last_version: Instant::now(),
                         flushed: None,
+                        every_write,
                     },
                 );
             }
@@ -276,6 +339,7 @@ impl Objects {
             dirty: s.dirty,
             retimed: s.retimed,
             queued: true,
+            deferrable: true,
         })
     }
 
@@ -293,6 +357,7 @@ impl Objects {
             dirty,
             retimed,
             queued: false,
+            deferrable: false,
         })
     }
 
@@ -385,6 +450,8 @@ impl JobQueue {
 
 /// Queued ingests at most (each holds one descriptor).
 const QUEUE_LIMIT: usize = 512;
+/// Versions held back by interval mode at most (each holds a descriptor).
+const DEFER_LIMIT: usize = 1024;
 
 /// How often the worker looks for files held open past the interval.
 const INTERVAL_CHECK: Duration = Duration::from_secs(1);

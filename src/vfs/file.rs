@@ -100,17 +100,21 @@ impl Vfs {
             && self
                 .capture()
                 .is_some_and(|c| c.trackable(ino.0, fd.as_fd()));
+        // The policy may want each write to be a version: the daemon must
+        // then see the writes.
+        let every_write = versioned && self.every_write(caller, ino, fd.as_fd());
         let passthrough = self.claim_io(
             ino,
-            match self.cfg.write_path {
-                super::WritePath::Auto => !trackable,
-                super::WritePath::Passthrough => true,
-                super::WritePath::Daemon => false,
-            },
+            !every_write
+                && match self.cfg.write_path {
+                    super::WritePath::Auto => !trackable,
+                    super::WritePath::Passthrough => true,
+                    super::WritePath::Daemon => false,
+                },
         );
         let daemon_path = !passthrough || self.writeback();
         let session = if versioned {
-            match self.after_write_open(caller, ino, daemon_path, trackable) {
+            match self.after_write_open(caller, ino, daemon_path, trackable, every_write) {
                 Ok(s) => s,
                 Err(e) => {
                     self.release_io(ino);
@@ -205,10 +209,8 @@ impl Vfs {
             Err(e) => return Err(e),
         };
         let made = if created { Made::New } else { Made::Existing };
-        let (entry, opened) = self.register_opened(caller, fd, made)?;
-        if let Ok(inode) = self.inodes.get(entry.attr.ino) {
-            inode.set_name(parent, name.as_encoded_bytes());
-        }
+        let named = Some((parent, name.as_encoded_bytes()));
+        let (entry, opened) = self.register_opened(caller, fd, made, named, writes(flags))?;
         if created {
             match self.capture() {
                 // Recorded with the session's version at close.
@@ -257,7 +259,9 @@ impl Vfs {
             }
         }
         let daemon_path = !opened.passthrough_ok || self.writeback();
-        let session = self.after_write_open(caller, ino, daemon_path, false)?;
+        let every_write =
+            self.with_file(opened.fh, |fd, _| Ok(self.every_write(caller, ino, fd)))?;
+        let session = self.after_write_open(caller, ino, daemon_path, false, every_write)?;
         if session {
             self.handles.mark_session(opened.fh);
             if !created && flags & libc::O_TRUNC != 0 {
@@ -300,13 +304,15 @@ impl Vfs {
             requested,
             mode,
         )?;
-        let (entry, mut opened) = self.register_opened(caller, fd, Made::Unnamed)?;
+        let (entry, mut opened) =
+            self.register_opened(caller, fd, Made::Unnamed, None, writes(flags))?;
         if self.capture.is_some()
             && writes(flags)
             && self.after_write_open(
                 caller,
                 entry.attr.ino,
                 !opened.passthrough_ok || self.writeback(),
+                false,
                 false,
             )?
         {
@@ -318,7 +324,16 @@ impl Vfs {
 
     /// Registers the regular file behind a descriptor create or tmpfile
     /// just opened, and opens a handle on it.
-    fn register_opened(&self, caller: &Caller, fd: OwnedFd, made: Made) -> Result<(Entry, Opened)> {
+    /// `named`: where it was created (set before the I/O mode is chosen, so
+    /// a policy's path rules see it); `writing`: opened for writing.
+    fn register_opened(
+        &self,
+        caller: &Caller,
+        fd: OwnedFd,
+        made: Made,
+        named: Option<(InodeNo, &[u8])>,
+        writing: bool,
+    ) -> Result<(Entry, Opened)> {
         let st = sys::fstat(fd.as_fd())?;
         let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
         let inode = match made {
@@ -326,7 +341,14 @@ impl Vfs {
             Made::Existing => self.inodes.acquire_new(path_fd, &st, false)?,
             Made::Unnamed => self.inodes.acquire_unnamed(path_fd, &st)?,
         };
-        let passthrough = self.claim_io(inode.ino, self.cfg.write_path != super::WritePath::Daemon);
+        if let Some((parent, name)) = named {
+            inode.set_name(parent, name);
+        }
+        let every_write = writing && self.every_write(caller, inode.ino, fd.as_fd());
+        let passthrough = self.claim_io(
+            inode.ino,
+            !every_write && self.cfg.write_path != super::WritePath::Daemon,
+        );
         let fh = self.handles.insert(Handle::File {
             ino: inode.ino,
             fd,
@@ -412,9 +434,7 @@ impl Vfs {
         // or finds the range in the next set.
         self.wrote_range(*ino, offset, n as u64);
         if let Some(c) = self.capture() {
-            if c.config().every_write {
-                c.wrote(ino.0)?;
-            }
+            c.wrote(ino.0)?;
         }
         Ok(n)
     }

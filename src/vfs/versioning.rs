@@ -10,7 +10,7 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use super::{Caller, InodeNo, Result, Vfs, VfsError};
@@ -351,14 +351,37 @@ impl Vfs {
         ino: InodeNo,
         daemon_path: bool,
         trackable: bool,
+        every_write: bool,
     ) -> Result<bool> {
         let Some(c) = self.capture() else {
             return Ok(false);
         };
         let reader = Live(self).open_read(ino.0)?;
         let who = self.who(c, caller);
-        c.session_opened(ino.0, reader, who, daemon_path, daemon_path && trackable);
+        c.session_opened(
+            ino.0,
+            reader,
+            who,
+            daemon_path,
+            daemon_path && trackable,
+            every_write,
+        );
         Ok(true)
+    }
+
+    /// Whether the file open as `fd` is to get a version per write (mount
+    /// option or policy).
+    pub(super) fn every_write(&self, caller: &Caller, ino: InodeNo, fd: BorrowedFd) -> bool {
+        let Some(c) = self.capture() else {
+            return false;
+        };
+        if c.config().every_write {
+            return true;
+        }
+        match sys::fstat(fd) {
+            Ok(st) => c.every_write_for(ino.0, &st, &self.who(c, caller)),
+            Err(_) => false,
+        }
     }
 
     pub(super) fn session_closed(&self, ino: InodeNo) {
