@@ -132,6 +132,15 @@ pub fn attrs_of(st: &Stat) -> Attrs {
     }
 }
 
+/// The zstd level for a file's content under `resolved` (no policy: the
+/// store's default), or `None` if the policy does not keep it.
+fn content_level(resolved: Option<&crate::policy::Resolved>) -> Option<i32> {
+    match resolved {
+        None => Some(crate::store::chunks::ZSTD_LEVEL),
+        Some(r) => r.version.then_some(i32::from(r.compression)),
+    }
+}
+
 fn empty_manifest() -> Manifest {
     Manifest::default()
 }
@@ -211,10 +220,7 @@ impl Capture {
     /// the content at all. Decided when a version is built, so a policy
     /// reload applies from the next change on.
     fn content_policy(&self, obj: ObjectId, st: &Stat, who: &Who) -> Option<i32> {
-        match self.resolve(obj, st, who) {
-            None => Some(crate::store::chunks::ZSTD_LEVEL),
-            Some(r) => r.version.then_some(i32::from(r.compression)),
-        }
+        content_level(self.resolve(obj, st, who).as_ref())
     }
 
     /// How the policy says changes of `obj` are captured.
@@ -1131,14 +1137,19 @@ impl Capture {
                 return Ok(());
             }
         }
+        let resolved = self.resolve(job.obj, &st, &job.who);
+        let mode = resolved
+            .as_ref()
+            .map_or(crate::policy::Capture::Session, |r| r.capture);
         // A creation is recorded at once (with its name), but starts the
         // interval.
-        if self.hold_back(job, &st, attrs, created.is_none()) {
+        if mode == crate::policy::Capture::Interval && self.hold_back(job, attrs, created.is_none())
+        {
             return Ok(());
         }
         let mut draft = Draft::default();
         let dirty = self.state.lock().take_dirty(job.obj);
-        let level = self.content_policy(job.obj, &st, &job.who);
+        let level = content_level(resolved.as_ref());
         let content = match (level, dirty, known.as_ref().map(|k| &k.content)) {
             (None, _, _) => Content::Unrecorded,
             (Some(level), Some(ranges), Some(Content::File { manifest })) => {
@@ -1191,10 +1202,7 @@ impl Capture {
     /// mount) and built when the interval is up, or before the file loses
     /// its name, is fsynced or the mount ends. A crash meanwhile loses
     /// nothing: the next mount finds the file changed and records it.
-    fn hold_back(&self, job: &Job, st: &Stat, attrs: Attrs, may_defer: bool) -> bool {
-        if self.capture_mode(job.obj, st, &job.who) != crate::policy::Capture::Interval {
-            return false;
-        }
+    fn hold_back(&self, job: &Job, attrs: Attrs, may_defer: bool) -> bool {
         let mut state = self.state.lock();
         let now = Instant::now();
         let due = match state.interval_built(job.obj) {

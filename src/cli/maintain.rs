@@ -227,7 +227,7 @@ pub fn prune(t: &Target, keep: &KeepArgs, dry_run: bool, json: bool) -> Result<(
 
 pub fn purge(t: &Target, dry_run: bool, json: bool) -> Result<()> {
     if crate::sys::geteuid() != 0 {
-        bail!("permission denied: only root may purge history");
+        bail!("operation not permitted: only root may purge history");
     }
     if t.path.is_empty() {
         bail!("refusing to purge the whole mount; name a file or directory inside it");

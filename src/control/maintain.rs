@@ -39,7 +39,7 @@ fn root_only(peer: &Peer, what: &str) -> Result<()> {
     if peer.uid == 0 {
         Ok(())
     } else {
-        Err(Error::Denied(format!("only root may {what}")))
+        Err(Error::NotPermitted(format!("only root may {what}")))
     }
 }
 
@@ -192,7 +192,7 @@ impl Service {
                         .history()
                         .path_at(obj, u64::MAX)?
                         .map_or_else(|| format!("object {obj}"), |p| show_path(&p));
-                    return Err(Error::Denied(format!(
+                    return Err(Error::NotPermitted(format!(
                         "{path} belongs to uid {}: only its owner or root may prune its history",
                         v.attrs.uid
                     )));

@@ -26,6 +26,10 @@ pub enum Error {
     NotFound(String),
     #[error("permission denied: {0}")]
     Denied(String),
+    /// A privileged act (EPERM): erasing or collecting history, changing
+    /// the policy.
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
     #[error(transparent)]
     History(#[from] HistoryError),
     #[error("{0}")]

@@ -199,6 +199,7 @@ fn past_err(e: past::Error) -> VfsError {
             errno(libc::ENOENT)
         }
         past::Error::Denied(_) => errno(libc::EACCES),
+        past::Error::NotPermitted(_) => errno(libc::EPERM),
         past::Error::History(h) => errno(h.errno()),
         past::Error::Io(e) => VfsError::Io(e),
     }
