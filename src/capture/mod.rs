@@ -231,9 +231,19 @@ impl Capture {
 
     /// Whether each write to `obj`, opened by `who`, is to be a version
     /// (its writes must then come through the daemon).
+    /// Whether any policy file asks for every-write capture (cheap: no
+    /// evaluation), so opens need not ask `every_write_for`.
+    pub fn policy_may_every_write(&self) -> bool {
+        self.policy
+            .get()
+            .may_capture(crate::policy::Capture::EveryWrite)
+    }
+
     pub fn every_write_for(&self, obj: ObjectId, st: &Stat, who: &Who) -> bool {
+        use crate::policy::Capture::EveryWrite;
         self.cfg.every_write
-            || self.capture_mode(obj, st, who) == crate::policy::Capture::EveryWrite
+            || (self.policy.get().may_capture(EveryWrite)
+                && self.capture_mode(obj, st, who) == EveryWrite)
     }
 
     /// The policy's settings for file `obj`, or `None` when no policy

@@ -39,7 +39,7 @@ pub use {
 };
 
 use select::Selector;
-use settings::Settings;
+use settings::{Setting, Settings};
 
 /// Whose file it is: only the administrator's may have `[defaults]` and
 /// `[bounds]`.
@@ -118,17 +118,43 @@ pub fn check_file(path: &Path, level: Level) -> Result<PolicyFile, Vec<PolicyErr
 pub struct Policy {
     admin: Option<Arc<PolicyFile>>,
     users: HashMap<u32, Arc<PolicyFile>>,
+    /// Capture modes some file sets, so capture can skip evaluating the
+    /// policy on every open when none asks for them.
+    modes: Vec<Capture>,
 }
 
 impl Policy {
     pub fn new(admin: Option<PolicyFile>, users: Vec<(u32, PolicyFile)>) -> Policy {
-        Policy {
+        let mut policy = Policy {
             admin: admin.map(Arc::new),
             users: users
                 .into_iter()
                 .map(|(uid, file)| (uid, Arc::new(file)))
                 .collect(),
+            modes: Vec::new(),
+        };
+        let files = policy.admin.iter().chain(policy.users.values());
+        for f in files {
+            let tables = std::iter::once(&f.defaults).chain(f.rules.iter().map(|r| &r.settings));
+            for t in tables {
+                if let Some(Setting {
+                    value: Value::Capture(c),
+                    ..
+                }) = t.get(Key::Capture)
+                {
+                    if !policy.modes.contains(c) {
+                        policy.modes.push(*c);
+                    }
+                }
+            }
         }
+        policy
+    }
+
+    /// Whether any file sets capture mode `mode` (else no file can ask
+    /// for it).
+    pub fn may_capture(&self, mode: Capture) -> bool {
+        self.modes.contains(&mode)
     }
 
     /// The effective settings for `s`, with what decided each of them.

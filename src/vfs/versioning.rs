@@ -378,6 +378,9 @@ impl Vfs {
         if c.config().every_write {
             return true;
         }
+        if !c.policy_may_every_write() {
+            return false;
+        }
         match sys::fstat(fd) {
             Ok(st) => c.every_write_for(ino.0, &st, &self.who(c, caller)),
             Err(_) => false,
