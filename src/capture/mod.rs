@@ -104,8 +104,8 @@ pub struct Capture {
     /// The live name of an object (parent, name), from whoever serves the
     /// tree: for the path a policy rule matches.
     namer: parking_lot::RwLock<Option<Namer>>,
-    /// Owner and group names for policy rules, by id.
-    owner_names: Mutex<HashMap<(u8, u32), Option<String>>>,
+    /// Owner and group names for policy rules.
+    owner_names: Mutex<retention::Names>,
 }
 
 /// Finds an object's live name: (parent, name).
@@ -161,7 +161,7 @@ impl Capture {
             comms: Mutex::new(HashMap::new()),
             policy,
             namer: parking_lot::RwLock::new(None),
-            owner_names: Mutex::new(HashMap::new()),
+            owner_names: Mutex::new(retention::Names::default()),
         });
         let worker = Arc::downgrade(&capture);
         let spawned = std::thread::Builder::new()
@@ -172,10 +172,6 @@ impl Capture {
             capture.jobs.disable();
         }
         capture
-    }
-
-    pub fn config(&self) -> &CaptureConfig {
-        &self.cfg
     }
 
     /// How to find objects' live names (for path rules of the policy).
@@ -201,20 +197,6 @@ impl Capture {
         Some(parts.join("/"))
     }
 
-    fn owner_name(&self, group: bool, id: u32) -> Option<String> {
-        self.owner_names
-            .lock()
-            .entry((u8::from(group), id))
-            .or_insert_with(|| {
-                if group {
-                    sys::group_name(id)
-                } else {
-                    sys::user_name(id)
-                }
-            })
-            .clone()
-    }
-
     /// The zstd level the policy gives the content of file `obj` (in
     /// state `st`) as changed by `who` now, or `None` if it does not keep
     /// the content at all. Decided when a version is built, so a policy
@@ -223,27 +205,28 @@ impl Capture {
         content_level(self.resolve(obj, st, who).as_ref())
     }
 
-    /// How the policy says changes of `obj` are captured.
-    fn capture_mode(&self, obj: ObjectId, st: &Stat, who: &Who) -> crate::policy::Capture {
-        self.resolve(obj, st, who)
-            .map_or(crate::policy::Capture::Session, |r| r.capture)
-    }
-
-    /// Whether each write to `obj`, opened by `who`, is to be a version
-    /// (its writes must then come through the daemon).
-    /// Whether any policy file asks for every-write capture (cheap: no
-    /// evaluation), so opens need not ask `every_write_for`.
-    pub fn policy_may_every_write(&self) -> bool {
-        self.policy
-            .get()
-            .may_capture(crate::policy::Capture::EveryWrite)
-    }
-
-    pub fn every_write_for(&self, obj: ObjectId, st: &Stat, who: &Who) -> bool {
+    /// Whether each write to file `obj` (open as `fd`, by `who`) is to be
+    /// a version, so its writes must come through the daemon: the mount
+    /// option, or a policy rule — evaluated (on the caller's open) only
+    /// when some policy file sets that mode.
+    pub fn every_write_for(
+        &self,
+        obj: ObjectId,
+        fd: std::os::fd::BorrowedFd<'_>,
+        who: impl FnOnce() -> Who,
+    ) -> bool {
         use crate::policy::Capture::EveryWrite;
-        self.cfg.every_write
-            || (self.policy.get().may_capture(EveryWrite)
-                && self.capture_mode(obj, st, who) == EveryWrite)
+        if self.cfg.every_write {
+            return true;
+        }
+        if !self.policy.get().may_capture(EveryWrite) {
+            return false;
+        }
+        let Ok(st) = sys::fstat(fd) else {
+            return false;
+        };
+        self.resolve(obj, &st, &who())
+            .is_some_and(|r| r.capture == EveryWrite)
     }
 
     /// The policy's settings for file `obj`, or `None` when no policy
@@ -254,8 +237,12 @@ impl Capture {
             return None;
         }
         let path = self.live_path(obj).unwrap_or_default();
-        let owner = self.owner_name(false, st.st_uid);
-        let group = self.owner_name(true, st.st_gid);
+        let (owner, group) = {
+            let mut names = self.owner_names.lock();
+            names.fill(st.st_uid, st.st_gid);
+            let owned = |n: Option<&str>| n.map(str::to_owned);
+            (owned(names.user(st.st_uid)), owned(names.group(st.st_gid)))
+        };
         let subject = crate::policy::Subject {
             path: &path,
             is_dir: false,
@@ -1026,16 +1013,16 @@ impl Capture {
 
     /// Bytes [off, off + len) of `obj` were written through the daemon
     /// (`len` may be `u64::MAX`: everything from `off` on).
-    pub fn wrote_range(&self, obj: ObjectId, off: u64, len: u64) {
-        self.state.lock().wrote_range(obj, off, len);
+    /// Returns whether that write is to be a version of its own
+    /// (every-write mode: then call `wrote`).
+    pub fn wrote_range(&self, obj: ObjectId, off: u64, len: u64) -> bool {
+        let mut st = self.state.lock();
+        st.wrote_range(obj, off, len);
+        self.cfg.every_write || st.every_write(obj)
     }
 
-    /// A write through the daemon (not passthrough): in every-write mode
-    /// each one is a version.
+    /// A write that `wrote_range` said is a version of its own.
     pub fn wrote(&self, obj: ObjectId) -> Result<()> {
-        if !self.cfg.every_write && !self.state.lock().every_write(obj) {
-            return Ok(());
-        }
         let job = self.state.lock().snapshot_job(obj, Cause::Write);
         match job {
             Some(job) => self.run_job(job),

@@ -67,12 +67,6 @@ impl Decide for ByPolicy<'_> {
     }
 }
 
-/// One object's facts for the planner.
-struct Facts<'a> {
-    versions: &'a [(Seq, Version)],
-    path: String,
-}
-
 /// Resolves object paths, caching directories (many files share them).
 struct Paths<'a> {
     history: &'a History,
@@ -110,10 +104,10 @@ fn is_dir(v: &Version) -> bool {
     v.attrs.mode & libc::S_IFMT == libc::S_IFDIR
 }
 
-fn subject<'a>(facts: &'a Facts, names: &'a Names) -> Subject<'a> {
-    let newest = &facts.versions[facts.versions.len() - 1].1;
+/// An object as retention sees it: its newest state, at `path`.
+fn subject<'a>(newest: &Version, path: &'a str, names: &'a Names) -> Subject<'a> {
     Subject {
-        path: &facts.path,
+        path,
         is_dir: is_dir(newest),
         size: newest.attrs.size,
         owner_uid: newest.attrs.uid,
@@ -125,7 +119,7 @@ fn subject<'a>(facts: &'a Facts, names: &'a Names) -> Subject<'a> {
     }
 }
 
-/// User and group names, looked up once per pass.
+/// User and group names by id, each looked up once.
 #[derive(Default)]
 pub struct Names {
     users: HashMap<u32, Option<String>>,
@@ -133,7 +127,7 @@ pub struct Names {
 }
 
 impl Names {
-    fn fill(&mut self, uid: u32, gid: u32) {
+    pub(super) fn fill(&mut self, uid: u32, gid: u32) {
         self.users
             .entry(uid)
             .or_insert_with(|| crate::sys::user_name(uid));
@@ -141,10 +135,10 @@ impl Names {
             .entry(gid)
             .or_insert_with(|| crate::sys::group_name(gid));
     }
-    fn user(&self, uid: u32) -> Option<&str> {
+    pub(super) fn user(&self, uid: u32) -> Option<&str> {
         self.users.get(&uid).and_then(|n| n.as_deref())
     }
-    fn group(&self, gid: u32) -> Option<&str> {
+    pub(super) fn group(&self, gid: u32) -> Option<&str> {
         self.groups.get(&gid).and_then(|n| n.as_deref())
     }
 }
@@ -186,11 +180,7 @@ pub fn plan(
         };
         let path = paths.of(obj, at)?.unwrap_or_default();
         names.fill(newest.attrs.uid, newest.attrs.gid);
-        let facts = Facts {
-            versions: &versions,
-            path,
-        };
-        let Some(retention) = decide.retention(&subject(&facts, &names)) else {
+        let Some(retention) = decide.retention(&subject(newest, &path, &names)) else {
             return Ok(true);
         };
         let marked = history.prefix_pruned(obj)?;

@@ -162,39 +162,23 @@ pub struct KeepArgs {
     max_space: Option<String>,
 }
 
+/// Durations and sizes as policy files write them (`2d`, `1d12h`, `1y`;
+/// `512`, `10M`, `1GiB`).
 fn duration(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
     v.as_deref()
-        .map(|s| spec::duration_secs(s).map_err(|e| anyhow!("--{flag}: {e}")))
+        .map(|s| policy::parse_duration(s).map_err(|e| anyhow!("--{flag} {s}: {e}")))
         .transpose()
 }
 
-/// `512`, `10K`, `1.5G`, `2GiB`: powers of 1024.
 fn size(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
-    let Some(s) = v.as_deref() else {
-        return Ok(None);
-    };
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let n: f64 = num
-        .parse()
-        .ok()
-        .filter(|n: &f64| n.is_finite() && *n >= 0.0)
-        .ok_or_else(|| anyhow!("--{flag}: cannot read '{s}' as a size (e.g. 512, 10M, 1G)"))?;
-    Ok(Some((n * mult as f64) as u64))
+    v.as_deref()
+        .map(|s| policy::parse_size(s).map_err(|e| anyhow!("--{flag} {s}: {e}")))
+        .transpose()
 }
 
 impl KeepArgs {
-    fn retention(&self) -> Result<Retention> {
+    /// The limits as a retention; bad values are errors.
+    pub fn retention(&self) -> Result<Retention> {
         Ok(Retention {
             keep_last: self.keep_last,
             keep_hourly: self.keep_hourly,
@@ -211,8 +195,7 @@ impl KeepArgs {
     }
 }
 
-pub fn prune(t: &Target, keep: &KeepArgs, dry_run: bool, json: bool) -> Result<()> {
-    let keep = keep.retention()?;
+pub fn prune(t: &Target, keep: Retention, dry_run: bool, json: bool) -> Result<()> {
     if keep.keeps_all() {
         bail!("nothing to prune: give a limit (--keep-last, --keep-daily, --max-count, --max-age, ...)");
     }

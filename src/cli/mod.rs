@@ -519,7 +519,11 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             keep,
             dry_run,
             common,
-        } => maintain::prune(&tgt(&path, &common)?, &keep, dry_run, common.json),
+        } => {
+            // The command line first, then the path.
+            let keep = keep.retention()?;
+            maintain::prune(&tgt(&path, &common)?, keep, dry_run, common.json)
+        }
         Command::Purge {
             path,
             dry_run,

@@ -6,7 +6,8 @@
 //!
 //! - Marking and sweeping read one index snapshot, taken after every
 //!   journaled change was applied durably. Chunks stored after it are not
-//!   in that snapshot's `chunks` table, so they are never candidates.
+//!   in that snapshot's `chunks` table, so they are never candidates (and
+//!   tracking records them too).
 //! - Before the snapshot, the collector waits for every version build in
 //!   flight (`History::build_gate`) and turns on tracking: from then on
 //!   every put that finds its chunk already stored, or uses one as a
@@ -111,8 +112,12 @@ impl History {
             dry_run,
             ..Default::default()
         };
-        let live = self.mark(&mut report, progress)?;
-        let (dead, packs) = self.sweep(&live, &mut report, progress)?;
+        // One snapshot for both: a chunk indexed after it is not a
+        // candidate, whether or not a version marked it.
+        let snapshot = read_txn(self.db())?;
+        let live = self.mark(&snapshot, &mut report, progress)?;
+        let (dead, packs) = self.sweep(&snapshot, &live, &mut report, progress)?;
+        drop(snapshot);
         report.packs = packs.len() as u64;
         report.pack_bytes_before = self.chunks().packs_size()?;
         if dry_run {
@@ -140,8 +145,12 @@ impl History {
     /// Every chunk a version references: manifests, their extents, and the
     /// delta bases those need, transitively; sorted, for binary search
     /// (32 bytes per live chunk).
-    fn mark(&self, report: &mut GcReport, progress: Progress) -> Result<Live> {
-        let txn = read_txn(self.db())?;
+    fn mark(
+        &self,
+        txn: &redb::ReadTransaction,
+        report: &mut GcReport,
+        progress: Progress,
+    ) -> Result<Live> {
         let mut live = Vec::new();
         let versions = match txn.open_table(VERSIONS) {
             Ok(t) => t,
@@ -221,11 +230,11 @@ impl History {
     /// The indexed chunks not in `live`, and how much of each pack is live.
     fn sweep(
         &self,
+        txn: &redb::ReadTransaction,
         live: &Live,
         report: &mut GcReport,
         progress: Progress,
     ) -> Result<(Vec<Dead>, HashMap<u32, PackUse>)> {
-        let txn = read_txn(self.db())?;
         let chunks = match txn.open_table(CHUNKS) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Default::default()),

@@ -73,11 +73,6 @@ pub fn clock(s: &str) -> Result<i64, String> {
     }
 }
 
-/// A duration such as `10m`, `2h`, `3d`, `1w`, in seconds.
-pub fn duration_secs(s: &str) -> Result<u64, String> {
-    relative(s.trim()).map(|ns| (ns / 1_000_000_000) as u64)
-}
-
 fn relative(rel: &str) -> Result<i64, String> {
     let bad = || format!("cannot read '-{rel}' as a relative time (e.g. -10m, -2h, -3d)");
     let split = rel

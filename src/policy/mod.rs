@@ -30,6 +30,7 @@ pub use error::PolicyError;
 pub use parse::parse;
 pub use resolve::Resolved;
 pub use retention::{Candidate, Retention};
+pub use units::{parse_duration, parse_size};
 // The types of `Resolved`'s fields, for callers that name them; not every
 // one is named yet.
 #[allow(unused_imports)]

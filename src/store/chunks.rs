@@ -123,9 +123,9 @@ pub struct ChunkStore {
     readers: RwLock<HashMap<u32, Arc<File>>>,
     next_pack: Mutex<u32>,
     successors: Mutex<Successors>,
-    /// While a garbage collection runs: the chunks puts found already
-    /// stored (dedup hits) or used as delta bases since it began, which it
-    /// must not remove. Each put holds the read side from its lookup to
+    /// While a garbage collection runs: the chunks puts stored, found
+    /// already stored (dedup hits) or used as delta bases since it began,
+    /// which it must not remove. Each put holds the read side from its lookup to
     /// its append, so the collector's removal (write side) is atomic with
     /// respect to every put.
     gc_track: RwLock<Option<Mutex<HashSet<Hash>>>>,
@@ -271,6 +271,7 @@ impl ChunkStore {
         };
         let loc = self.append(&h, encoding, data.len(), &body)?;
         self.fresh.lock().insert(h, (loc, false));
+        note(&h);
         Ok(true)
     }
 
@@ -326,8 +327,17 @@ impl ChunkStore {
         let Some(loc) = self.locate(h)? else {
             return Ok(None);
         };
+        Ok(Some(match self.delta_header(&loc)? {
+            Some((base, n)) => (loc, n, Some(base)),
+            None => (loc, 0, None),
+        }))
+    }
+
+    /// A delta entry's base and lineage number, from the start of its body
+    /// (`None` for a chunk stored whole).
+    fn delta_header(&self, loc: &Location) -> Result<Option<(Hash, u32)>, StoreError> {
         if loc.encoding != Encoding::Delta {
-            return Ok(Some((loc, 0, None)));
+            return Ok(None);
         }
         let mut prefix = [0u8; DELTA_PREFIX_LEN];
         let file = self.reader(loc.pack)?;
@@ -336,7 +346,7 @@ impl ChunkStore {
         let mut base = [0u8; 32];
         base.copy_from_slice(&prefix[..32]);
         let n = u32::from_be_bytes([prefix[32], prefix[33], prefix[34], prefix[35]]);
-        Ok(Some((loc, n, Some(base))))
+        Ok(Some((base, n)))
     }
 
     /// The ancestor of `from` with lineage number `want`, found by following
@@ -358,20 +368,13 @@ impl ChunkStore {
     /// The delta base a stored chunk names, if it is a delta (reads the
     /// entry's header only).
     pub fn delta_base(&self, h: &Hash, loc: &Location) -> Result<Option<Hash>, StoreError> {
-        if loc.encoding != Encoding::Delta {
-            return Ok(None);
-        }
-        let mut prefix = [0u8; 32];
-        let file = self.reader(loc.pack)?;
-        file.read_exact_at(&mut prefix, loc.offset + ENTRY_HEADER_LEN as u64)
-            .map_err(|e| self.io_err(e))?;
-        if prefix == *h {
-            return Err(StoreError::CorruptChunk {
+        match self.delta_header(loc)? {
+            Some((base, _)) if base == *h => Err(StoreError::CorruptChunk {
                 hash: hex(h),
                 detail: "delta names itself as its base".into(),
-            });
+            }),
+            other => Ok(other.map(|(base, _)| base)),
         }
-        Ok(Some(prefix))
     }
 
     /// Ends the pack being written: the next chunk starts a new one, so a
@@ -413,19 +416,21 @@ impl ChunkStore {
     /// location. The caller makes the index point there after `sync`.
     pub fn copy_entry(&self, h: &Hash, loc: &Location) -> Result<Location, StoreError> {
         let file = self.reader(loc.pack)?;
-        let mut body = vec![0u8; loc.stored_len as usize];
-        file.read_exact_at(&mut body, loc.offset + ENTRY_HEADER_LEN as u64)
+        let mut entry = vec![0u8; ENTRY_HEADER_LEN + loc.stored_len as usize];
+        file.read_exact_at(&mut entry, loc.offset)
             .map_err(|e| self.io_err(e))?;
-        let mut head = [0u8; ENTRY_HEADER_LEN];
-        file.read_exact_at(&mut head, loc.offset)
-            .map_err(|e| self.io_err(e))?;
-        if head[..4] != ENTRY_MAGIC.to_be_bytes() || &head[13..45] != h.as_slice() {
+        if entry[..4] != ENTRY_MAGIC.to_be_bytes() || &entry[13..45] != h.as_slice() {
             return Err(StoreError::CorruptChunk {
                 hash: hex(h),
                 detail: "pack entry header does not match the index".into(),
             });
         }
-        self.append(h, loc.encoding, loc.raw_len as usize, &body)
+        self.append(
+            h,
+            loc.encoding,
+            loc.raw_len as usize,
+            &entry[ENTRY_HEADER_LEN..],
+        )
     }
 
     /// Deletes a pack no index entry points into any more.
@@ -693,10 +698,7 @@ impl ChunkStore {
     pub fn packs_size(&self) -> Result<u64, StoreError> {
         let mut total = 0;
         for id in pack_ids(&self.dir)? {
-            let path = self.dir.join(pack_name(id));
-            total += std::fs::metadata(&path)
-                .map_err(|source| StoreError::Io { path, source })?
-                .len();
+            total += self.pack_size(id)?;
         }
         Ok(total)
     }

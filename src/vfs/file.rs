@@ -159,11 +159,11 @@ impl Vfs {
         }
     }
 
-    /// Bytes of `ino` written through the daemon, for history.
-    pub(super) fn wrote_range(&self, ino: InodeNo, off: u64, len: u64) {
-        if let Some(c) = self.capture() {
-            c.wrote_range(ino.0, off, len);
-        }
+    /// Bytes of `ino` written through the daemon, for history; whether
+    /// the write is to be a version of its own.
+    pub(super) fn wrote_range(&self, ino: InodeNo, off: u64, len: u64) -> bool {
+        self.capture()
+            .is_some_and(|c| c.wrote_range(ino.0, off, len))
     }
 
     pub fn create(
@@ -432,9 +432,10 @@ impl Vfs {
         let n = creds::as_caller(who, || sys::pwrite(fd.as_fd(), data, offset))?;
         // After the write: a version built meanwhile either saw these bytes
         // or finds the range in the next set.
-        self.wrote_range(*ino, offset, n as u64);
-        if let Some(c) = self.capture() {
-            c.wrote(ino.0)?;
+        if self.wrote_range(*ino, offset, n as u64) {
+            if let Some(c) = self.capture() {
+                c.wrote(ino.0)?;
+            }
         }
         Ok(n)
     }

@@ -372,19 +372,8 @@ impl Vfs {
     /// Whether the file open as `fd` is to get a version per write (mount
     /// option or policy).
     pub(super) fn every_write(&self, caller: &Caller, ino: InodeNo, fd: BorrowedFd) -> bool {
-        let Some(c) = self.capture() else {
-            return false;
-        };
-        if c.config().every_write {
-            return true;
-        }
-        if !c.policy_may_every_write() {
-            return false;
-        }
-        match sys::fstat(fd) {
-            Ok(st) => c.every_write_for(ino.0, &st, &self.who(c, caller)),
-            Err(_) => false,
-        }
+        self.capture()
+            .is_some_and(|c| c.every_write_for(ino.0, fd, || self.who(c, caller)))
     }
 
     pub(super) fn session_closed(&self, ino: InodeNo) {
