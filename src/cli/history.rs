@@ -455,6 +455,12 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
     }
     let mib = |k: &str| v[k].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
     println!("store:        {}", v["store"].as_str().unwrap_or("?"));
+    match v["poisoned"].as_str() {
+        Some(why) => println!(
+            "health:       POISONED: {why}; changes are refused (EIO) until the mount is restarted"
+        ),
+        None => println!("health:       ok"),
+    }
     println!(
         "store size:   {:.1} MiB ({:.1} MiB in packs)",
         mib("store_bytes"),

@@ -292,6 +292,10 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
             return Err(e);
         }
     };
+    // A working directory inside SRC would keep a MNT = SRC mount busy.
+    if let Err(e) = std::env::set_current_dir("/") {
+        tracing::warn!("cannot change to /: {e}");
+    }
     let mnt = plan.mnt.clone();
     std::thread::Builder::new()
         .name("signals".into())
@@ -434,10 +438,18 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
             std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
         }),
     };
+    // Opened before the mount: with MNT = SRC the path then leads into the
+    // mount itself, and a descriptor there would keep it busy forever.
+    let src_root = sys::openat(
+        libc::AT_FDCWD,
+        &sys::cstr(plan.src.as_os_str())?,
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+    )?;
     let session = Mounted::new(fs, &plan.mnt, &spec)
         .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
     let control = match (&history, &policy) {
-        (Some(h), Some(p)) => start_control(plan, h, &vfs, &store, p.clone())?,
+        (Some(h), Some(p)) => start_control(plan, src_root, h, &vfs, &store, p.clone())?,
         _ => None,
     };
     let cleaner = match (&history, &policy) {
@@ -547,6 +559,7 @@ fn load_policy(opts: &MountOptions) -> Result<control::PolicyHolder> {
 /// Serves history requests for this mount on its control socket.
 fn start_control(
     plan: &Plan,
+    root: std::os::fd::OwnedFd,
     history: &HistoryHandle,
     vfs: &Arc<Vfs>,
     store: &Store,
@@ -561,12 +574,6 @@ fn start_control(
         tracing::warn!("cannot find this mount in mountinfo; history commands will not reach it");
         return Ok(None);
     };
-    let root = sys::openat(
-        libc::AT_FDCWD,
-        &sys::cstr(plan.src.as_os_str())?,
-        libc::O_PATH | libc::O_DIRECTORY,
-        0,
-    )?;
     let service = control::Service::new(
         Arc::clone(history),
         root,

@@ -243,7 +243,7 @@ impl History {
         let total = chunks.len().map_err(err)?;
         let mut dead = Vec::new();
         let mut packs: HashMap<u32, PackUse> = HashMap::new();
-        for id in crate::store::chunks::pack_ids(self.chunks().dir())? {
+        for id in self.chunks().pack_ids()? {
             packs.insert(id, PackUse::default());
         }
         for (i, e) in chunks.iter().map_err(err)?.enumerate() {
@@ -376,11 +376,10 @@ impl History {
         // keeps that pack.
         let still = self.entries_in(&chosen)?;
         let kept: HashSet<u32> = still.iter().map(|(_, l)| l.pack).collect();
-        for id in chosen {
-            if kept.contains(&id) {
-                continue;
-            }
-            self.chunks().remove_pack(id)?;
+        let removable: Vec<u32> = chosen.into_iter().filter(|id| !kept.contains(id)).collect();
+        // The commits above were durable: nothing durable points into these.
+        self.chunks().remove_packs(&removable)?;
+        for id in removable {
             if packs.get(&id).is_some_and(|u| u.live_bytes > 0) {
                 report.packs_rewritten += 1;
             } else {

@@ -20,6 +20,8 @@ pub mod content;
 pub mod gc;
 pub mod model;
 pub mod past;
+#[cfg(test)]
+mod powercut;
 pub mod prune;
 pub mod query;
 pub mod spec;
@@ -155,10 +157,15 @@ impl History {
                 replay.push(op);
             }
         }
-        replay.sort_by_key(|op| op.seq);
+        let replay = replayable(&chunks, durable, replay);
         if !replay.is_empty() {
             tracing::info!("replaying {} journaled change(s)", replay.len());
             tables::apply_ops(&db, &replay, Durability::Immediate)?;
+            chunks.applied(
+                replay
+                    .iter()
+                    .flat_map(|op| op.chunks.iter().map(|(h, _)| *h)),
+            );
         }
         let next_seq = tables::meta_get(&db, META_NEXT_SEQ)?.unwrap_or(1);
         let last_time = tables::meta_get(&db, META_LAST_TIME)?.unwrap_or(0) as i64;
@@ -259,6 +266,12 @@ impl History {
     /// (a change made anyway would go unrecorded).
     pub fn writable(&self) -> Result<()> {
         Ok(self.space.check()?)
+    }
+
+    /// What poisoned the store (a failed fsync or write), if anything did:
+    /// changes are then refused until the daemon restarts.
+    pub fn poisoned(&self) -> Option<String> {
+        self.space.poisoned()
     }
 
     /// Makes every committed change durable (the journal too, for fsync).
@@ -429,6 +442,53 @@ impl History {
     pub(crate) fn db(&self) -> &Arc<Index> {
         &self.db
     }
+}
+
+/// The journaled changes beyond the last durable commit that can be
+/// applied: an unbroken run of sequence numbers from `durable + 1` whose
+/// chunks are all on disk and intact. After a kill the journal and packs
+/// hold everything written; after a power cut either may have lost
+/// unsynced writes (none of them acknowledged durable), and a change past
+/// a lost one, or naming a lost chunk, would leave a dangling reference:
+/// the run ends there.
+fn replayable(chunks: &ChunkStore, durable: Seq, mut ops: Vec<Op>) -> Vec<Op> {
+    ops.sort_by_key(|op| op.seq);
+    ops.dedup_by_key(|op| op.seq);
+    let total = ops.len();
+    let mut good = Vec::with_capacity(total);
+    for (expected, op) in (durable + 1..).zip(ops) {
+        if op.seq != expected {
+            tracing::warn!(
+                "journal: change #{expected} is missing; {} later change(s) are dropped",
+                total - good.len()
+            );
+            break;
+        }
+        let mut staged = Vec::new();
+        let mut intact = true;
+        for (h, enc) in &op.chunks {
+            let ok = store::chunks::Location::decode(enc).is_some_and(|loc| {
+                // Later chunks of the run may be deltas against this one.
+                chunks.stage(*h, loc);
+                staged.push(*h);
+                chunks.read_at(h, &loc).is_ok()
+            });
+            if !ok {
+                intact = false;
+                break;
+            }
+        }
+        if !intact {
+            chunks.applied(staged);
+            tracing::warn!(
+                "journal: change #{} names a chunk that did not reach the disk; it and later changes are dropped",
+                op.seq
+            );
+            break;
+        }
+        good.push(op);
+    }
+    good
 }
 
 impl From<redb::Error> for HistoryError {

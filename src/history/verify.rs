@@ -5,7 +5,6 @@
 //! stores it again.
 
 use std::collections::BTreeSet;
-use std::io::Read;
 
 use redb::ReadableTable;
 
@@ -147,17 +146,11 @@ impl History {
     }
 
     fn reindex_pass(&self, problems: &mut Vec<String>) -> Result<u64> {
-        let dir = self.chunks().dir().to_path_buf();
+        let dir = self.chunks().dir();
         let mut fixed = Vec::new();
-        for id in chunks::pack_ids(&dir)? {
+        for id in self.chunks().pack_ids()? {
             let path = dir.join(format!("{id:08}.pack"));
-            let mut bytes = Vec::new();
-            std::fs::File::open(&path)
-                .and_then(|mut f| f.read_to_end(&mut bytes))
-                .map_err(|source| StoreError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
+            let bytes = self.chunks().pack_bytes(id)?;
             if bytes.len() < 16 || &bytes[..8] != PACK_MAGIC {
                 problems.push(format!("{} is not a chronofs pack", path.display()));
                 continue;

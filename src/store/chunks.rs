@@ -9,17 +9,15 @@
 //! layer commits them with the versions that reference them (`take_new`).
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
-use super::{index_error, Index, Space, StoreError};
+use super::io::{Create, Guarded, StoreFile};
+use super::{index_error, Index, Space, StoreError, PACK_DIR};
 
 pub type Hash = [u8; 32];
 
@@ -107,20 +105,63 @@ impl Location {
 
 struct Writer {
     pack: u32,
-    file: File,
+    file: Arc<dyn StoreFile>,
     len: u64,
 }
 
+/// Packs written since their last fsync. Shared with the index, which
+/// fsyncs them before every write transaction: any commit (a history
+/// apply, a collection, the inode map's flush, which also makes earlier
+/// non-durable commits durable) may make chunk references durable, so
+/// the bytes go first.
+#[derive(Default)]
+pub struct Unsynced {
+    files: Mutex<HashMap<u32, Arc<dyn StoreFile>>>,
+    /// Held for a whole sync: a second caller must not find the set empty
+    /// and go on while the first one's fsync is still running.
+    syncing: Mutex<()>,
+}
+
+impl Unsynced {
+    fn note(&self, pack: u32, file: &Arc<dyn StoreFile>) {
+        self.files
+            .lock()
+            .entry(pack)
+            .or_insert_with(|| file.clone());
+    }
+
+    /// fsyncs every pack written since the last call. A failure poisons
+    /// the store (`io::Health`): a retried fsync proves nothing.
+    pub fn sync(&self) -> std::io::Result<()> {
+        let _one = self.syncing.lock();
+        let files = std::mem::take(&mut *self.files.lock());
+        for file in files.values() {
+            file.sync()?;
+        }
+        Ok(())
+    }
+}
+
 /// The chunk half of a store.
+///
+/// Durability: every chunk an index commit references must be on disk
+/// before the commit. Every pack written since its last fsync is in
+/// `Unsynced`, whether it is still being written or left the writer (when
+/// full, at `rotate`, or after a failed write); `sync` and every index
+/// write transaction fsync them. A new pack's name is made durable (fsync
+/// of `packs/`) before any chunk is written to it.
 pub struct ChunkStore {
-    dir: PathBuf,
+    io: Arc<Guarded>,
     db: Arc<Index>,
     space: Arc<Space>,
     writer: Mutex<Option<Writer>>,
+    /// Size at which a pack is full (`PACK_LIMIT`; tests make it small).
+    pack_limit: std::sync::atomic::AtomicU64,
+    unsynced: Arc<Unsynced>,
     /// Chunks written to a pack but not yet in the index: their location,
     /// and whether a journaled op already carries it.
     fresh: Mutex<HashMap<Hash, (Location, bool)>>,
-    readers: RwLock<HashMap<u32, Arc<File>>>,
+    readers: RwLock<HashMap<u32, Arc<dyn StoreFile>>>,
     next_pack: Mutex<u32>,
     successors: Mutex<Successors>,
     /// While a garbage collection runs: the chunks puts stored, found
@@ -159,59 +200,71 @@ fn pack_name(id: u32) -> String {
     format!("{id:08}.pack")
 }
 
-/// Pack ids present in `dir`, sorted.
-pub fn pack_ids(dir: &Path) -> Result<Vec<u32>, StoreError> {
-    let io = |source| StoreError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let mut ids = Vec::new();
-    match std::fs::read_dir(dir) {
-        Ok(entries) => {
-            for e in entries {
-                let name = e.map_err(io)?.file_name();
-                let name = name.to_string_lossy();
-                if let Some(id) = name.strip_suffix(".pack").and_then(|n| n.parse().ok()) {
-                    ids.push(id);
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(e)),
-    }
-    ids.sort_unstable();
-    Ok(ids)
+fn pack_path(id: u32) -> String {
+    format!("{PACK_DIR}/{}", pack_name(id))
 }
 
 impl ChunkStore {
     pub(super) fn open(
-        dir: PathBuf,
+        io: Arc<Guarded>,
         db: Arc<Index>,
         space: Arc<Space>,
+        unsynced: Arc<Unsynced>,
     ) -> Result<ChunkStore, StoreError> {
-        let next = pack_ids(&dir)?.last().map_or(1, |id| id + 1);
-        Ok(ChunkStore {
-            dir,
+        let mut store = ChunkStore {
+            io,
             db,
             space,
             writer: Mutex::new(None),
+            unsynced,
+            pack_limit: std::sync::atomic::AtomicU64::new(PACK_LIMIT),
             fresh: Mutex::new(HashMap::new()),
             readers: RwLock::new(HashMap::new()),
-            next_pack: Mutex::new(next),
+            next_pack: Mutex::new(1),
             successors: Mutex::new(Successors::default()),
             gc_track: RwLock::new(None),
-        })
+        };
+        let next = store.pack_ids()?.last().map_or(1, |id| id + 1);
+        store.next_pack = Mutex::new(next);
+        Ok(store)
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The packs directory, for messages.
+    pub fn dir(&self) -> PathBuf {
+        self.io.path(PACK_DIR)
     }
 
     fn io_err(&self, source: std::io::Error) -> StoreError {
-        StoreError::Io {
-            path: self.dir.clone(),
-            source,
-        }
+        StoreError::from_io(self.dir(), source)
+    }
+
+    #[cfg(test)]
+    pub fn set_pack_limit(&self, bytes: u64) {
+        self.pack_limit
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Pack ids present in the packs directory, sorted.
+    pub fn pack_ids(&self) -> Result<Vec<u32>, StoreError> {
+        let mut ids: Vec<u32> = self
+            .io
+            .list(PACK_DIR)
+            .map_err(|e| self.io_err(e))?
+            .iter()
+            .filter_map(|name| name.strip_suffix(".pack").and_then(|n| n.parse().ok()))
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// A whole pack's bytes (for fsck's scan).
+    pub fn pack_bytes(&self, pack: u32) -> Result<Vec<u8>, StoreError> {
+        let file = self.reader(pack)?;
+        let len = file.len().map_err(|e| self.io_err(e))?;
+        let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+        file.read_exact_at(&mut bytes, 0)
+            .map_err(|e| self.io_err(e))?;
+        Ok(bytes)
     }
 
     /// Stores `data` unless a chunk with its hash exists; returns the hash
@@ -433,19 +486,26 @@ impl ChunkStore {
         )
     }
 
-    /// Deletes a pack no index entry points into any more.
-    pub fn remove_pack(&self, pack: u32) -> Result<(), StoreError> {
-        self.readers.write().remove(&pack);
-        let path = self.dir.join(pack_name(pack));
-        std::fs::remove_file(&path).map_err(|source| StoreError::Io { path, source })
+    /// Deletes packs no index entry points into any more (the commit
+    /// that moved their live chunks must be durable), then makes the
+    /// removals durable.
+    pub fn remove_packs(&self, packs: &[u32]) -> Result<(), StoreError> {
+        for pack in packs {
+            self.readers.write().remove(pack);
+            let name = pack_path(*pack);
+            self.io
+                .remove(&name)
+                .map_err(|source| StoreError::from_io(self.io.path(&name), source))?;
+        }
+        if packs.is_empty() {
+            return Ok(());
+        }
+        self.io.sync_dir(PACK_DIR).map_err(|e| self.io_err(e))
     }
 
     /// The size of one pack file.
     pub fn pack_size(&self, pack: u32) -> Result<u64, StoreError> {
-        let path = self.dir.join(pack_name(pack));
-        std::fs::metadata(&path)
-            .map(|m| m.len())
-            .map_err(|source| StoreError::Io { path, source })
+        self.reader(pack)?.len().map_err(|e| self.io_err(e))
     }
 
     /// Remembers the order of a file's chunks (see `Successors`).
@@ -524,23 +584,28 @@ impl ChunkStore {
         entry.extend_from_slice(body);
         self.space.check()?;
         let mut guard = self.writer.lock();
-        if guard.as_ref().is_none_or(|w| w.len >= PACK_LIMIT) {
-            *guard = Some(self.new_pack().inspect_err(|e| {
-                self.space.note(e);
-            })?);
+        let limit = self.pack_limit.load(std::sync::atomic::Ordering::Relaxed);
+        if guard.as_ref().is_some_and(|w| w.len >= limit) {
+            *guard = None;
         }
-        let Some(w) = guard.as_mut() else {
-            return Err(StoreError::Index("no pack writer".into()));
+        let w = match guard.as_mut() {
+            Some(w) => w,
+            None => guard.insert(self.new_pack().inspect_err(|e| {
+                self.space.note(e);
+            })?),
         };
         let offset = w.len;
-        if let Err(e) = w.file.write_all(&entry) {
-            // Leave no partial entry in the middle of the pack.
+        if let Err(e) = w.file.write_all_at(&entry, offset) {
+            // A failed write ends this pack (nothing more is appended to
+            // it); what it held before stays to be fsync'd by `sync`.
             let _ = w.file.set_len(offset);
             let e = self.io_err(e);
             self.space.note(&e);
+            *guard = None;
             return Err(e);
         }
         w.len += entry.len() as u64;
+        self.unsynced.note(w.pack, &w.file);
         Ok(Location {
             pack: w.pack,
             offset,
@@ -553,19 +618,22 @@ impl ChunkStore {
     fn new_pack(&self) -> Result<Writer, StoreError> {
         let mut next = self.next_pack.lock();
         let id = *next;
-        let path = self.dir.join(pack_name(id));
-        let mut file = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .read(true)
-            .open(&path)
+        let file = self
+            .io
+            .open(&pack_path(id), Create::New)
             .map_err(|e| self.io_err(e))?;
+        // The id is used up even if what follows fails.
+        *next = id + 1;
         let mut header = Vec::with_capacity(PACK_HEADER_LEN as usize);
         header.extend_from_slice(PACK_MAGIC);
         header.extend_from_slice(&PACK_FORMAT.to_be_bytes());
         header.extend_from_slice(&id.to_be_bytes());
-        file.write_all(&header).map_err(|e| self.io_err(e))?;
-        *next = id + 1;
+        file.write_all_at(&header, 0).map_err(|e| self.io_err(e))?;
+        // The pack's name must be durable before an index commit names a
+        // chunk in it.
+        self.io.sync_dir(PACK_DIR).map_err(|e| self.io_err(e))?;
+        self.readers.write().insert(id, file.clone());
+        self.unsynced.note(id, &file);
         Ok(Writer {
             pack: id,
             file,
@@ -598,6 +666,12 @@ impl ChunkStore {
         }
     }
 
+    /// A chunk named by a journaled change being replayed: readable (as a
+    /// delta base of later changes) until `applied`.
+    pub fn stage(&self, h: Hash, loc: Location) {
+        self.fresh.lock().insert(h, (loc, true));
+    }
+
     /// The index now holds these chunks.
     pub fn applied(&self, hashes: impl IntoIterator<Item = Hash>) {
         let mut fresh = self.fresh.lock();
@@ -606,21 +680,22 @@ impl ChunkStore {
         }
     }
 
-    /// Makes every pack write so far durable.
+    /// Makes every pack write so far durable: the pack being written and
+    /// every pack that left the writer since the last sync. A failed fsync
+    /// poisons the store (`io::Health`): a retry could not prove anything.
     pub fn sync(&self) -> Result<(), StoreError> {
-        if let Some(w) = self.writer.lock().as_ref() {
-            w.file.sync_data().map_err(|e| self.io_err(e))?;
-        }
-        Ok(())
+        self.unsynced.sync().map_err(|e| self.io_err(e))
     }
 
-    fn reader(&self, pack: u32) -> Result<Arc<File>, StoreError> {
+    fn reader(&self, pack: u32) -> Result<Arc<dyn StoreFile>, StoreError> {
         if let Some(f) = self.readers.read().get(&pack) {
             return Ok(f.clone());
         }
-        let path = self.dir.join(pack_name(pack));
-        let file = File::open(&path).map_err(|source| StoreError::Io { path, source })?;
-        let file = Arc::new(file);
+        let name = pack_path(pack);
+        let file = self
+            .io
+            .open(&name, Create::No)
+            .map_err(|source| StoreError::from_io(self.io.path(&name), source))?;
         self.readers.write().insert(pack, file.clone());
         Ok(file)
     }
@@ -697,7 +772,7 @@ impl ChunkStore {
     /// Bytes used by all pack files.
     pub fn packs_size(&self) -> Result<u64, StoreError> {
         let mut total = 0;
-        for id in pack_ids(&self.dir)? {
+        for id in self.pack_ids()? {
             total += self.pack_size(id)?;
         }
         Ok(total)
@@ -758,20 +833,21 @@ fn decompress_with_prefix(frame: &[u8], prefix: &[u8], len: usize) -> std::io::R
 mod tests {
     use super::*;
 
-    fn open(tmp: &Path, db: &Arc<Index>) -> ChunkStore {
-        let space = Arc::new(super::Space {
-            dir: tmp.to_path_buf(),
-            full: std::sync::atomic::AtomicBool::new(false),
-        });
-        ChunkStore::open(tmp.join("packs"), db.clone(), space).unwrap()
+    /// A store in `tmp` (a second call opens a fresh chunk store on the
+    /// same index, as a restarted daemon would).
+    fn open(tmp: &std::path::Path, store: &crate::store::Store) -> ChunkStore {
+        let _ = tmp;
+        store.chunk_store().unwrap()
+    }
+
+    fn new_store(tmp: &std::path::Path) -> crate::store::Store {
+        crate::store::Store::open(tmp).unwrap()
     }
 
     #[test]
     fn put_get_dedup_and_verify() {
         let tmp = tempfile::tempdir().unwrap();
-        std::fs::create_dir(tmp.path().join("packs")).unwrap();
-        let path = tmp.path().join("db");
-        let db = Index::from_database(path.clone(), redb::Database::create(&path).unwrap());
+        let db = new_store(tmp.path());
         let store = open(tmp.path(), &db);
         let text = b"hello hello hello hello hello hello hello".repeat(50);
         let (h, new) = store.put_against(&text, None).unwrap();
@@ -808,9 +884,7 @@ mod tests {
     #[test]
     fn small_edit_is_stored_as_a_small_delta_and_reads_back() {
         let tmp = tempfile::tempdir().unwrap();
-        std::fs::create_dir(tmp.path().join("packs")).unwrap();
-        let path = tmp.path().join("db");
-        let db = Index::from_database(path.clone(), redb::Database::create(&path).unwrap());
+        let db = new_store(tmp.path());
         let store = open(tmp.path(), &db);
         let base = text(7, 300);
         let (hb, _) = store.put_against(&base, None).unwrap();
@@ -851,9 +925,7 @@ mod tests {
     #[test]
     fn skip_delta_lineages_read_back_with_short_chains() {
         let tmp = tempfile::tempdir().unwrap();
-        std::fs::create_dir(tmp.path().join("packs")).unwrap();
-        let path = tmp.path().join("db");
-        let db = Index::from_database(path.clone(), redb::Database::create(&path).unwrap());
+        let db = new_store(tmp.path());
         let store = open(tmp.path(), &db);
         let mut cur = text(3, 200);
         let (mut prev, _) = store.put_against(&cur, None).unwrap();
@@ -912,9 +984,7 @@ mod tests {
         }
         let stored = |level: i32| {
             let tmp = tempfile::tempdir().unwrap();
-            std::fs::create_dir(tmp.path().join("packs")).unwrap();
-            let path = tmp.path().join("db");
-            let db = Index::from_database(path.clone(), redb::Database::create(&path).unwrap());
+            let db = new_store(tmp.path());
             let store = open(tmp.path(), &db);
             let h = hash(&data);
             assert!(store.put_hashed(&h, &data, None, level).unwrap());

@@ -6,10 +6,10 @@
 //! `length u32 ‖ crc32 u32 ‖ payload`. Replay stops at the first record
 //! that is cut short or fails its checksum (the tail of a crash).
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 
+use super::io::{Create, Guarded, StoreFile};
 use super::StoreError;
 
 const MAGIC: &[u8; 8] = b"CHRNJRNL";
@@ -19,65 +19,71 @@ const MAX_RECORD: u32 = 1 << 30;
 
 pub struct Journal {
     path: PathBuf,
-    file: File,
+    file: Arc<dyn StoreFile>,
+    /// Where the next record goes.
+    end: u64,
 }
 
 impl Journal {
-    /// Opens (creating if needed) the journal and returns it with the
-    /// payloads of the intact records it holds.
-    pub fn open(path: &Path) -> Result<(Journal, Vec<Vec<u8>>), StoreError> {
-        let io = |source| StoreError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io)?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(io)?;
+    /// Opens (creating if needed) the journal `name` of the store and
+    /// returns it with the payloads of the intact records it holds.
+    pub fn open(io: &Guarded, name: &str) -> Result<(Journal, Vec<Vec<u8>>), StoreError> {
+        let path = io.path(name);
+        let io_err = |source| StoreError::from_io(path.clone(), source);
+        let file = io.open(name, Create::IfMissing).map_err(io_err)?;
+        let len = file.len().map_err(io_err)?;
+        let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+        file.read_exact_at(&mut bytes, 0).map_err(io_err)?;
         let mut journal = Journal {
-            path: path.to_path_buf(),
+            path: path.clone(),
             file,
+            end: 0,
         };
-        if bytes.is_empty() {
-            journal.reset()?;
+        let header = header();
+        if bytes.len() < header.len() && header.starts_with(&bytes) {
+            // New, or its creation was cut short by a power cut. The
+            // header is written and fsync'd before the name is made
+            // durable, and never rewritten: `reset` only truncates after it.
+            journal.file.set_len(0).map_err(io_err)?;
+            journal
+                .file
+                .write_all_at(&header, 0)
+                .and_then(|()| journal.file.sync())
+                .and_then(|()| io.sync_dir(""))
+                .map_err(io_err)?;
+            journal.end = HEADER_LEN;
             return Ok((journal, Vec::new()));
         }
-        if bytes.len() < HEADER_LEN as usize || &bytes[..8] != MAGIC {
+        if bytes.len() < HEADER_LEN as usize || bytes[..8] != header[..8] {
             return Err(StoreError::Corrupt {
-                path: path.to_path_buf(),
+                path,
                 detail: "not a chronofs journal".into(),
             });
         }
         let format = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
         if format != JOURNAL_FORMAT {
             return Err(StoreError::UnsupportedFormat {
-                path: path.to_path_buf(),
+                path,
                 found: u64::from(format),
                 supported: JOURNAL_FORMAT,
             });
         }
         let (records, intact_len) = parse_records(&bytes[HEADER_LEN as usize..]);
         // Cut a torn tail so new records follow the last intact one.
-        let end = HEADER_LEN + intact_len as u64;
-        journal.file.set_len(end).map_err(io)?;
-        journal.file.seek(SeekFrom::Start(end)).map_err(io)?;
+        journal.end = HEADER_LEN + intact_len as u64;
+        if journal.end < len {
+            journal.file.set_len(journal.end).map_err(io_err)?;
+        }
         Ok((journal, records))
     }
 
     fn io_err(&self, source: std::io::Error) -> StoreError {
-        StoreError::Io {
-            path: self.path.clone(),
-            source,
-        }
+        StoreError::from_io(self.path.clone(), source)
     }
 
     /// Appends one record. One write(2): after it returns, the record
-    /// survives a kill of the daemon (not a power cut; see `sync`).
+    /// survives a kill of the daemon (not a power cut: durability comes
+    /// from the index commit that follows, see `History::sync`).
     pub fn append(&mut self, payload: &[u8]) -> Result<(), StoreError> {
         let len = u32::try_from(payload.len())
             .ok()
@@ -87,26 +93,31 @@ impl Journal {
         rec.extend_from_slice(&len.to_be_bytes());
         rec.extend_from_slice(&crc32fast::hash(payload).to_be_bytes());
         rec.extend_from_slice(payload);
-        let start = self.file.stream_position().map_err(|e| self.io_err(e))?;
-        if let Err(e) = self.file.write_all(&rec) {
-            let _ = self.file.set_len(start);
-            let _ = self.file.seek(SeekFrom::Start(start));
+        if let Err(e) = self.file.write_all_at(&rec, self.end) {
+            // A partial record fails its checksum; cut it anyway so the
+            // next one does not follow garbage.
+            let _ = self.file.set_len(self.end);
             return Err(self.io_err(e));
         }
+        self.end += rec.len() as u64;
         Ok(())
     }
 
-    /// Empties the journal (its records are durable in the index).
+    /// Empties the journal (its records are durable in the index). Not
+    /// fsync'd: records that come back after a power cut are older than
+    /// the index's durable commit and are skipped at replay.
     pub fn reset(&mut self) -> Result<(), StoreError> {
-        self.file.set_len(0).map_err(|e| self.io_err(e))?;
-        self.file
-            .seek(SeekFrom::Start(0))
-            .map_err(|e| self.io_err(e))?;
-        let mut header = Vec::with_capacity(HEADER_LEN as usize);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&JOURNAL_FORMAT.to_be_bytes());
-        self.file.write_all(&header).map_err(|e| self.io_err(e))
+        self.file.set_len(HEADER_LEN).map_err(|e| self.io_err(e))?;
+        self.end = HEADER_LEN;
+        Ok(())
     }
+}
+
+fn header() -> Vec<u8> {
+    let mut header = Vec::with_capacity(HEADER_LEN as usize);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&JOURNAL_FORMAT.to_be_bytes());
+    header
 }
 
 /// Intact records and the number of bytes they span.
@@ -116,7 +127,9 @@ fn parse_records(mut rest: &[u8]) -> (Vec<Vec<u8>>, usize) {
     while rest.len() >= 8 {
         let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let crc = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        if len > MAX_RECORD as usize || rest.len() < 8 + len {
+        // No record is empty: zeros (a hole a power cut left where a write
+        // did not land) would otherwise pass as one, crc32("") being 0.
+        if len == 0 || len > MAX_RECORD as usize || rest.len() < 8 + len {
             break;
         }
         let payload = &rest[8..8 + len];
@@ -133,12 +146,20 @@ fn parse_records(mut rest: &[u8]) -> (Vec<Vec<u8>>, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::OpenOptions;
+    use std::io::Write;
+
+    fn io(dir: &std::path::Path) -> Guarded {
+        let disk = crate::store::io::DiskIo::open(dir).unwrap();
+        Guarded::new(Box::new(disk), dir.to_path_buf())
+    }
 
     #[test]
     fn records_survive_reopen_and_torn_tail_is_cut() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("journal");
-        let (mut j, recs) = Journal::open(&path).unwrap();
+        let io = io(tmp.path());
+        let (mut j, recs) = Journal::open(&io, "journal").unwrap();
         assert!(recs.is_empty());
         j.append(b"one").unwrap();
         j.append(b"two").unwrap();
@@ -147,15 +168,15 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(&[0, 0, 0, 9, 1, 2]).unwrap();
         drop(f);
-        let (mut j, recs) = Journal::open(&path).unwrap();
+        let (mut j, recs) = Journal::open(&io, "journal").unwrap();
         assert_eq!(recs, vec![b"one".to_vec(), b"two".to_vec()]);
         j.append(b"three").unwrap();
         drop(j);
-        let (mut j, recs) = Journal::open(&path).unwrap();
+        let (mut j, recs) = Journal::open(&io, "journal").unwrap();
         assert_eq!(recs.len(), 3);
         j.reset().unwrap();
         drop(j);
-        let (_, recs) = Journal::open(&path).unwrap();
+        let (_, recs) = Journal::open(&io, "journal").unwrap();
         assert!(recs.is_empty());
     }
 
@@ -164,8 +185,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("journal");
         std::fs::write(&path, b"something else entirely").unwrap();
+        let io = io(tmp.path());
         assert!(matches!(
-            Journal::open(&path),
+            Journal::open(&io, "journal"),
             Err(StoreError::Corrupt { .. })
         ));
     }

@@ -8,15 +8,19 @@
 
 pub mod chunks;
 pub mod inomap;
+pub mod io;
 pub mod journal;
+#[cfg(test)]
+pub mod sim;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
-pub use chunks::{ChunkStore, Hash};
+pub use chunks::{ChunkStore, Hash, Unsynced};
 pub use inomap::{BackingKey, InodeMap};
+pub use io::{Guarded, StoreIo};
 pub use journal::Journal;
 pub use redb;
 
@@ -32,7 +36,9 @@ pub const FORMAT_VERSION: u32 = 4;
 const UPGRADABLE: &[u64] = &[1, 2, 3];
 
 pub const INDEX_FILE: &str = "index.redb";
-const PACK_DIR: &str = "packs";
+/// A new index is built under this name and renamed when complete.
+const INDEX_NEW: &str = "index.redb.new";
+pub const PACK_DIR: &str = "packs";
 const JOURNAL_FILES: [&str; 2] = ["journal-0", "journal-1"];
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_FORMAT: &str = "format_version";
@@ -63,6 +69,10 @@ pub enum StoreError {
     /// The index's file failed (a full disk): redb must be re-opened.
     #[error("store index write failed: {0}")]
     IndexIo(String),
+    /// An earlier fsync (or write) of the store failed: nothing more is
+    /// written until the daemon restarts (see `io::Health`).
+    #[error("{0}")]
+    Poisoned(String),
     #[error("chunk {0} is referenced but missing from the store")]
     MissingChunk(String),
     #[error("chunk {hash} is damaged: {detail}")]
@@ -80,13 +90,34 @@ impl StoreError {
             StoreError::Index(_) => libc::EIO,
             // Most often a full disk.
             StoreError::IndexIo(_) => libc::ENOSPC,
+            StoreError::Poisoned(_) => libc::EIO,
             StoreError::MissingChunk(_) | StoreError::CorruptChunk { .. } => libc::EIO,
+        }
+    }
+
+    /// A failed store file operation; a poisoned store's refusal keeps its
+    /// own variant.
+    pub fn from_io(path: PathBuf, source: std::io::Error) -> StoreError {
+        match poisoned_cause(&source) {
+            Some(why) => StoreError::Poisoned(why),
+            None => StoreError::Io { path, source },
         }
     }
 }
 
+fn poisoned_cause(e: &std::io::Error) -> Option<String> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<io::PoisonedIo>())
+        .map(|p| p.to_string())
+}
+
 pub fn index_error(e: impl Into<redb::Error>) -> StoreError {
     let e: redb::Error = e.into();
+    if let redb::Error::Io(io) = &e {
+        if let Some(why) = poisoned_cause(io) {
+            return StoreError::Poisoned(why);
+        }
+    }
     match e {
         // redb refuses every transaction after a failed write until the
         // database is opened again (see `Index::reopen`).
@@ -98,16 +129,18 @@ pub fn index_error(e: impl Into<redb::Error>) -> StoreError {
 /// An open store directory.
 pub struct Store {
     dir: PathBuf,
+    io: Arc<Guarded>,
     db: Arc<Index>,
     space: Arc<Space>,
 }
 
-/// Free space in the store, once a write to it failed for the lack of it.
-/// While the store is full, history refuses new changes with ENOSPC
-/// (rather than letting them happen unrecorded), until the file system
-/// has room again.
+/// Whether the store can take writes: free space (once a write failed for
+/// the lack of it) and health (once an fsync failed). While the store is
+/// full, history refuses new changes with ENOSPC (rather than letting them
+/// happen unrecorded), until the file system has room again; once it is
+/// poisoned, with EIO until the daemon restarts.
 pub struct Space {
-    dir: PathBuf,
+    io: Arc<Guarded>,
     full: std::sync::atomic::AtomicBool,
 }
 
@@ -122,28 +155,39 @@ impl Space {
         if full && !self.full.swap(true, std::sync::atomic::Ordering::AcqRel) {
             tracing::error!(
                 "store {} is full: changes are refused (ENOSPC) until it has room again",
-                self.dir.display()
+                self.io.path("").display()
             );
         }
         full
     }
 
-    /// Ok if history may record; ENOSPC while the store is full.
+    /// What poisoned the store, if an fsync or write of it failed.
+    pub fn poisoned(&self) -> Option<String> {
+        self.io.health().poisoned()
+    }
+
+    /// Ok if history may record; ENOSPC while the store is full, EIO once
+    /// it is poisoned.
     pub fn check(&self) -> Result<(), StoreError> {
+        if let Some(why) = self.poisoned() {
+            return Err(StoreError::Poisoned(format!(
+                "the store is poisoned by an earlier failure ({why})"
+            )));
+        }
         if !self.full.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
         }
-        let (free, total) = crate::sys::free_bytes(&self.dir).unwrap_or((0, 0));
+        let (free, total) = self.io.free_bytes().unwrap_or((0, 0));
         if free >= SPACE_TO_RESUME.min((total / 10).max(4 << 20)) {
             self.full.store(false, std::sync::atomic::Ordering::Release);
             tracing::warn!(
                 "store {} has room again: recording resumes",
-                self.dir.display()
+                self.io.path("").display()
             );
             return Ok(());
         }
         Err(StoreError::Io {
-            path: self.dir.clone(),
+            path: self.io.path(""),
             source: std::io::Error::from_raw_os_error(libc::ENOSPC),
         })
     }
@@ -157,16 +201,19 @@ impl Space {
 /// history re-applies its journal on top (applying is idempotent) and the
 /// inode map re-flushes what it has pending.
 pub struct Index {
-    path: PathBuf,
+    io: Arc<Guarded>,
+    /// Packs to fsync before any write transaction (see `Unsynced`).
+    unsynced: Arc<Unsynced>,
     db: parking_lot::RwLock<Option<Arc<Database>>>,
     /// Held while re-opening; when the last re-open was reported.
     reopening: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 impl Index {
-    fn new(path: PathBuf, db: Database) -> Index {
+    fn new(io: Arc<Guarded>, db: Database) -> Index {
         Index {
-            path,
+            io,
+            unsynced: Arc::new(Unsynced::default()),
             db: parking_lot::RwLock::new(Some(Arc::new(db))),
             reopening: parking_lot::Mutex::new(None),
         }
@@ -188,7 +235,7 @@ impl Index {
     ) -> Result<T, redb::Error> {
         let db = self.current()?;
         match f(&db).map_err(Into::into) {
-            Err(redb::Error::PreviousIo) => {
+            Err(redb::Error::PreviousIo) if self.io.health().poisoned().is_none() => {
                 drop(db);
                 self.reopen();
                 f(&*self.current()?).map_err(Into::into)
@@ -201,27 +248,35 @@ impl Index {
         self.with(|db| db.begin_read())
     }
 
+    /// A write transaction. Every pack written so far is fsync'd first:
+    /// whatever this transaction commits (or makes durable of earlier
+    /// non-durable commits) may name chunks in them.
     pub fn begin_write(&self) -> Result<redb::WriteTransaction, redb::Error> {
+        self.unsynced.sync().map_err(redb::Error::Io)?;
         self.with(|db| db.begin_write())
     }
 
     /// Closes the database and opens it again (waiting for transactions
     /// in flight to let go of the file); on failure it stays closed and
-    /// the next use tries again.
+    /// the next use tries again. A poisoned store is not re-opened: its
+    /// file may hold what a failed fsync left.
     pub fn reopen(&self) {
+        if self.io.health().poisoned().is_some() {
+            return;
+        }
         let Some(mut reported) = self.reopening.try_lock() else {
             // Another thread is at it: wait for it.
             drop(self.reopening.lock());
             return;
         };
         *self.db.write() = None;
-        match Store::open_index(&self.path) {
+        match Store::open_index(&self.io) {
             Ok(db) => {
                 // Reported once a minute: on a full disk every retry fails.
                 if reported.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
                     tracing::warn!(
                         "store index {} re-opened after a failed write",
-                        self.path.display()
+                        self.io.path(INDEX_FILE).display()
                     );
                     *reported = Some(std::time::Instant::now());
                 }
@@ -229,14 +284,9 @@ impl Index {
             }
             Err(e) => tracing::error!(
                 "store index {} cannot be re-opened yet: {e}",
-                self.path.display()
+                self.io.path(INDEX_FILE).display()
             ),
         }
-    }
-
-    #[cfg(test)]
-    pub fn from_database(path: PathBuf, db: Database) -> Arc<Index> {
-        Arc::new(Index::new(path, db))
     }
 }
 
@@ -259,27 +309,78 @@ impl Store {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(io_err)?;
+            if let Some(parent) = dir.parent() {
+                // The store's own name must survive a power cut.
+                std::fs::File::open(parent)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io_err)?;
+            }
         }
-        let path = dir.join(INDEX_FILE);
-        let db = Self::open_index(&path)?;
+        let disk = io::DiskIo::open(dir).map_err(io_err)?;
+        Store::open_with(Box::new(disk), dir.to_path_buf())
+    }
+
+    /// Opens the store whose files `io` reaches; `dir` names it in messages.
+    pub fn open_with(io: Box<dyn StoreIo>, dir: PathBuf) -> Result<Store, StoreError> {
+        let io = Arc::new(Guarded::new(io, dir.clone()));
+        let names = io
+            .list("")
+            .map_err(|e| StoreError::from_io(dir.clone(), e))?;
+        if !names.iter().any(|n| n == INDEX_FILE) {
+            Self::create_index(&io)?;
+        }
+        let db = Self::open_index(&io)?;
         let store = Store {
-            dir: dir.to_path_buf(),
-            db: Arc::new(Index::new(path.clone(), db)),
+            dir,
+            io: io.clone(),
+            db: Arc::new(Index::new(io.clone(), db)),
             space: Arc::new(Space {
-                dir: dir.to_path_buf(),
+                io,
                 full: std::sync::atomic::AtomicBool::new(false),
             }),
         };
-        store.check_format(&path)?;
+        store.check_format()?;
         Ok(store)
+    }
+
+    /// Creates an empty index of the current format. It is built under
+    /// another name and renamed into place once complete and durable, so
+    /// a power cut never leaves a file at the index's name that is not a
+    /// database.
+    fn create_index(io: &Guarded) -> Result<(), StoreError> {
+        let io_err = |e| StoreError::from_io(io.path(INDEX_NEW), e);
+        match io.remove(INDEX_NEW) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(e)),
+            _ => {}
+        }
+        {
+            let backend = io.open_index(INDEX_NEW).map_err(io_err)?;
+            let db = Database::builder()
+                .create_with_backend(backend)
+                .map_err(|e| StoreError::Corrupt {
+                    path: io.path(INDEX_NEW),
+                    detail: e.to_string(),
+                })?;
+            let txn = db.begin_write().map_err(index_error)?;
+            {
+                let mut table = txn.open_table(META).map_err(index_error)?;
+                table
+                    .insert(META_FORMAT, u64::from(FORMAT_VERSION))
+                    .map_err(index_error)?;
+            }
+            txn.commit().map_err(index_error)?;
+        }
+        io.rename(INDEX_NEW, INDEX_FILE)
+            .and_then(|()| io.sync_dir(""))
+            .map_err(io_err)
     }
 
     /// Opens the index, waiting a little for a daemon that was just
     /// unmounted to finish its last commit and release the file lock.
-    fn open_index(path: &Path) -> Result<Database, StoreError> {
+    fn open_index(io: &Guarded) -> Result<Database, StoreError> {
         let deadline = std::time::Instant::now() + INUSE_WAIT;
         loop {
-            match Self::try_open_index(path) {
+            match Self::try_open_index(io) {
                 Err(StoreError::InUse { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -288,21 +389,26 @@ impl Store {
         }
     }
 
-    fn try_open_index(path: &Path) -> Result<Database, StoreError> {
-        let path = path.to_path_buf();
-        Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path },
-            redb::DatabaseError::Storage(redb::StorageError::Io(source)) => {
-                StoreError::Io { path, source }
-            }
-            other => StoreError::Corrupt {
-                path,
-                detail: other.to_string(),
-            },
-        })
+    fn try_open_index(io: &Guarded) -> Result<Database, StoreError> {
+        let path = io.path(INDEX_FILE);
+        let backend = io
+            .open_index(INDEX_FILE)
+            .map_err(|source| StoreError::from_io(path.clone(), source))?;
+        Database::builder()
+            .create_with_backend(backend)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path },
+                redb::DatabaseError::Storage(redb::StorageError::Io(source)) => {
+                    StoreError::from_io(path, source)
+                }
+                other => StoreError::Corrupt {
+                    path,
+                    detail: other.to_string(),
+                },
+            })
     }
 
-    fn check_format(&self, path: &Path) -> Result<(), StoreError> {
+    fn check_format(&self) -> Result<(), StoreError> {
         let found = {
             let txn = self.db.begin_read().map_err(index_error)?;
             match txn.open_table(META) {
@@ -318,7 +424,7 @@ impl Store {
             Some(v) if v == u64::from(FORMAT_VERSION) => Ok(()),
             Some(v) if UPGRADABLE.contains(&v) => self.write_format(),
             Some(v) => Err(StoreError::UnsupportedFormat {
-                path: path.to_path_buf(),
+                path: self.io.path(INDEX_FILE),
                 found: v,
                 supported: FORMAT_VERSION,
             }),
@@ -348,12 +454,24 @@ impl Store {
 
     /// The chunk store (pack files in `packs/`).
     pub fn chunk_store(&self) -> Result<ChunkStore, StoreError> {
-        let dir = self.dir.join(PACK_DIR);
-        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
-            path: dir.clone(),
-            source,
-        })?;
-        ChunkStore::open(dir, self.db.clone(), self.space.clone())
+        let created = !self
+            .io
+            .list("")
+            .map_err(|e| StoreError::from_io(self.dir.clone(), e))?
+            .iter()
+            .any(|n| n == PACK_DIR);
+        if created {
+            self.io
+                .mkdir(PACK_DIR)
+                .and_then(|()| self.io.sync_dir(""))
+                .map_err(|e| StoreError::from_io(self.io.path(PACK_DIR), e))?;
+        }
+        ChunkStore::open(
+            self.io.clone(),
+            self.db.clone(),
+            self.space.clone(),
+            self.db.unsynced.clone(),
+        )
     }
 
     /// The store's free-space state, shared by everything that writes it.
@@ -365,7 +483,7 @@ impl Store {
     /// so that emptying one never races with appending); returns it with
     /// the records it still holds.
     pub fn journal(&self, which: usize) -> Result<(Journal, Vec<Vec<u8>>), StoreError> {
-        Journal::open(&self.dir.join(JOURNAL_FILES[which % 2]))
+        Journal::open(&self.io, JOURNAL_FILES[which % 2])
     }
 
     /// The persistent inode map kept in this store.

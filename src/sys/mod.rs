@@ -376,18 +376,6 @@ pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<StatFs> {
     Ok(st)
 }
 
-/// Bytes an unprivileged writer may still use on the file system of
-/// `path`, and its size.
-pub fn free_bytes(path: &std::path::Path) -> io::Result<(u64, u64)> {
-    let c = cstr(path.as_os_str())?;
-    let fd = openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-    let st = fstatvfs(std::os::fd::AsFd::as_fd(&fd))?;
-    Ok((
-        st.f_bavail.saturating_mul(st.f_frsize),
-        st.f_blocks.saturating_mul(st.f_frsize),
-    ))
-}
-
 /// One entry of a `getdents64` buffer.
 pub struct DirEntry {
     pub ino: u64,
