@@ -194,3 +194,50 @@ fn chown_clears_privileges_as_natively() {
         });
     });
 }
+
+/// `chronofs ARGS` at the mount root as `uid`/`gid`.
+fn chronofs_as(m: &Mount, ids: (u32, u32), args: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new(bin())
+        .args(args)
+        .current_dir(&m.mnt)
+        .uid(ids.0)
+        .gid(ids.1)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin().display()))
+}
+
+/// A restore runs with its caller's credentials, so it brings set-ID
+/// bits back only for a caller who may set them: an unprivileged writer
+/// who lost root's set-user-ID bit by writing cannot regain it by
+/// restoring the version that had it.
+#[test]
+fn restore_sets_privileges_only_for_who_may() {
+    each_versioning_mode(|m| {
+        let f = m.p("f");
+        let c = cstr(&f);
+        write_file(&f, b"root's program");
+        sys::chmod(&c, 0o4777).unwrap();
+        let out = chronofs_as(m, (0, 0), &["tag", "setuid"]);
+        assert!(out.status.success(), "tag: {out:?}");
+        let appended = op_in_child(&c, Op::Append, Some((NOBODY, NOBODY)));
+        assert_eq!(appended, 0);
+        assert_eq!(sys::statx_mode(&c).map(|m| m & 0o7777), Ok(0o777));
+
+        let out = chronofs_as(m, (NOBODY, NOBODY), &["restore", "f", "--at", "setuid"]);
+        // Natively chmod by a non-owner is refused, and restore says so.
+        assert!(!out.status.success(), "restore as nobody: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("cannot set the mode"),
+            "restore as nobody: {out:?}"
+        );
+        assert_eq!(read_file(&f), b"root's program");
+        assert_eq!(sys::statx_mode(&c).map(|m| m & 0o7777), Ok(0o777));
+        assert_eq!(stat(&f).map(|st| st.st_mode & 0o7777), Ok(0o777));
+
+        let out = chronofs_as(m, (0, 0), &["restore", "f", "--at", "setuid"]);
+        assert!(out.status.success(), "restore as root: {out:?}");
+        assert_eq!(sys::statx_mode(&c).map(|m| m & 0o7777), Ok(0o4777));
+    });
+}
