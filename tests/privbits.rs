@@ -241,3 +241,34 @@ fn restore_sets_privileges_only_for_who_may() {
         assert_eq!(sys::statx_mode(&c).map(|m| m & 0o7777), Ok(0o4777));
     });
 }
+
+/// What the stale cached mode would have let through: a set-user-ID root
+/// program that an unprivileged user has appended to must not run as
+/// root. `id -u` reports the effective user.
+#[test]
+fn exec_after_unprivileged_write_is_not_setuid() {
+    use std::os::unix::process::CommandExt;
+    each_mode(|m| {
+        m.compare("exec", |d| {
+            let prog = d.join("id");
+            std::fs::copy("/usr/bin/id", &prog).unwrap();
+            let c = cstr(&prog);
+            sys::chmod(&c, 0o4755).unwrap();
+            let before = std::process::Command::new(&prog)
+                .arg("-u")
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            sys::chmod(&c, 0o4777).unwrap();
+            let appended = op_in_child(&c, Op::Append, Some((NOBODY, NOBODY)));
+            let after = std::process::Command::new(&prog)
+                .arg("-u")
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            (format!("{before:?}"), appended, format!("{after:?}"))
+        });
+    });
+}
