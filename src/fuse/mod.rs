@@ -191,7 +191,7 @@ impl ChronoFuse {
         let cfg = self.vfs.config();
         match result {
             Ok(e) => reply.entry_with_ttls(
-                &self.vfs.attr_ttl(e.attr.ino),
+                &self.vfs.attr_ttl(&e.attr),
                 &e.entry_ttl.unwrap_or(cfg.entry_timeout),
                 &to_file_attr(&e.attr),
                 GENERATION,
@@ -294,12 +294,14 @@ impl ChronoFuse {
             Ok(r) => r,
             Err(e) => return reply.error(err(e)),
         };
-        let cfg = self.vfs.config();
+        let ttl = self
+            .vfs
+            .entry_and_attr_ttl(&entry.attr, self.vfs.config().entry_timeout);
         let attr = to_file_attr(&entry.attr);
         let fh = FileHandle(opened.fh);
         match self.backing_for(who, entry.attr.ino, &opened, |fd| reply.open_backing(fd)) {
             Some(id) => reply.created_passthrough(
-                &cfg.entry_timeout,
+                &ttl,
                 &attr,
                 GENERATION,
                 fh,
@@ -307,7 +309,7 @@ impl ChronoFuse {
                 &id,
             ),
             None => reply.created(
-                &cfg.entry_timeout,
+                &ttl,
                 &attr,
                 GENERATION,
                 fh,
@@ -412,7 +414,7 @@ impl fuser::Filesystem for ChronoFuse {
 
     fn getattr(&self, _req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.vfs.getattr(ino(i), fh.map(|f| f.0)) {
-            Ok(a) => reply.attr(&self.vfs.attr_ttl(a.ino), &to_file_attr(&a)),
+            Ok(a) => reply.attr(&self.vfs.attr_ttl(&a), &to_file_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -445,7 +447,7 @@ impl fuser::Filesystem for ChronoFuse {
             fh: fh.map(|f| f.0),
         };
         match self.vfs.setattr(&caller(req), ino(i), set) {
-            Ok(a) => reply.attr(&self.vfs.config().attr_timeout, &to_file_attr(&a)),
+            Ok(a) => reply.attr(&self.vfs.attr_ttl(&a), &to_file_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -679,24 +681,29 @@ impl fuser::Filesystem for ChronoFuse {
         mut reply: ReplyDirectoryPlus,
     ) {
         let cfg = self.vfs.config();
+        let vfs = &self.vfs;
         let r = self
             .vfs
             .readdirplus(fh.0, offset as i64, &caller(req), |e, entry| {
-                let attr = match entry {
-                    Some(entry) => to_file_attr(&entry.attr),
+                let (attr, ttl) = match entry {
+                    Some(entry) => (
+                        to_file_attr(&entry.attr),
+                        vfs.entry_and_attr_ttl(
+                            &entry.attr,
+                            entry.entry_ttl.unwrap_or(cfg.entry_timeout),
+                        ),
+                    ),
                     None => {
                         let mut st = crate::sys::zeroed_stat();
                         st.st_mode = e.kind;
-                        to_file_attr(&Attr { ino: e.ino, st })
+                        (to_file_attr(&Attr { ino: e.ino, st }), cfg.entry_timeout)
                     }
                 };
                 reply.add(
                     INodeNo(e.ino.0),
                     e.offset as u64,
                     e.name,
-                    &entry
-                        .and_then(|en| en.entry_ttl)
-                        .unwrap_or(cfg.entry_timeout),
+                    &ttl,
                     &attr,
                     GENERATION,
                 )

@@ -133,6 +133,16 @@ impl Attr {
     pub fn kind(&self) -> u32 {
         self.st.st_mode & libc::S_IFMT
     }
+
+    /// A regular file with set-user-ID or set-group-ID: a write, truncation
+    /// or O_TRUNC open by an unprivileged caller may clear them on the
+    /// backing file without the kernel's cached mode learning it. With
+    /// FUSE_HANDLE_KILLPRIV_V2 the kernel leaves the clearing to the file
+    /// system and keeps its cached mode; passthrough writes reach the
+    /// backing file with no request at all.
+    pub fn has_setid(&self) -> bool {
+        self.kind() == libc::S_IFREG && self.st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+    }
 }
 
 /// A looked-up object: the kernel now holds one more reference to `attr.ino`.
@@ -191,13 +201,28 @@ impl Vfs {
         &self.cfg
     }
 
-    /// How long the kernel may cache `ino`'s attributes: a view never
-    /// changes.
-    pub fn attr_ttl(&self, ino: InodeNo) -> Duration {
-        if is_view(ino) {
+    /// How long the kernel may cache these attributes: a view never
+    /// changes. Set-ID bits are never cached (see [`Attr::has_setid`]):
+    /// a stale cached mode would show them after they were cleared, and
+    /// exec would honour them.
+    pub fn attr_ttl(&self, attr: &Attr) -> Duration {
+        if is_view(attr.ino) {
             views::IMMUTABLE_TTL
+        } else if attr.has_setid() {
+            Duration::ZERO
         } else {
             self.cfg.attr_timeout
+        }
+    }
+
+    /// The timeout for replies that give the name and the attributes one
+    /// (create, readdirplus): `entry_ttl`, unless the attributes must not
+    /// be cached.
+    pub fn entry_and_attr_ttl(&self, attr: &Attr, entry_ttl: Duration) -> Duration {
+        if attr.has_setid() {
+            Duration::ZERO
+        } else {
+            entry_ttl
         }
     }
 

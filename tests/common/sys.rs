@@ -366,6 +366,25 @@ pub fn stat(c: &CStr) -> Result<libc::stat, Errno> {
     unit(unsafe { libc::stat(c.as_ptr(), &mut st) }).map(|_| st)
 }
 
+/// The mode as `statx(2)` reports it when asked for `STATX_MODE` only,
+/// as `ls -l` and `stat -c %A` ask: a FUSE mount may answer from the
+/// attributes it cached.
+pub fn statx_mode(c: &CStr) -> Result<u32, Errno> {
+    // SAFETY: `libc::statx` is plain old data; all-zero is a valid value.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated; `st` is a valid, writable `struct statx`.
+    unit(unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MODE,
+            &mut st,
+        )
+    })
+    .map(|_| u32::from(st.stx_mode))
+}
+
 pub fn statfs(c: &CStr) -> Result<libc::statfs, Errno> {
     // SAFETY: `libc::statfs` is plain old data; all-zero is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
