@@ -1560,3 +1560,68 @@ fn a_full_store_refuses_changes_with_enospc_and_resumes_when_freed() {
     assert!(fsck.contains("consistent"), "{fsck}");
     m.unmount();
 }
+
+/// Unmounts a file system mounted for a test when dropped.
+struct Unmounts(std::path::PathBuf);
+
+impl Drop for Unmounts {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_disk_filled_through_the_mount_can_be_emptied_with_rm() {
+    // SRC and its store on one small file system, filled through the
+    // mount: deleting must still work, and so must status and fsck.
+    let _serial = history_mount_lock();
+    let tmpfs = std::cell::RefCell::new(None);
+    let mut m = Mount::new_with("", |src| {
+        run(
+            Path::new("/"),
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                "size=48m",
+                "tmpfs",
+                src.to_str().unwrap(),
+            ],
+        );
+        *tmpfs.borrow_mut() = Some(Unmounts(src.to_path_buf()));
+    });
+    let _tmpfs = tmpfs.into_inner();
+    m.wait_history_ready();
+    let mut written = Vec::new();
+    let mut full = false;
+    for i in 0..20 {
+        let name = format!("f{i}");
+        match fs::write(m.p(&name), pattern(6 << 20, i + 1)) {
+            Ok(()) => written.push(name),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                if m.p(&name).exists() {
+                    written.push(name);
+                }
+                full = true;
+                break;
+            }
+        }
+    }
+    assert!(full, "the file system never filled up");
+    let status = chrono_str(&m, &["status"]);
+    assert!(status.contains("health:       ok"), "{status}");
+    let fsck = chrono_str(&m, &["fsck"]);
+    assert!(fsck.contains("consistent"), "{fsck}");
+    for name in &written {
+        fs::remove_file(m.p(name)).unwrap_or_else(|e| panic!("rm {name} on a full disk: {e}"));
+    }
+    assert!(fs::read_dir(&m.mnt).unwrap().next().is_none(), "files left");
+    // Room again: history records again.
+    write_file(&m.p("after"), b"after\n");
+    assert_eq!(s(&cat_version(&m, "after", 1)), "after\n");
+    let fsck = chrono_str(&m, &["fsck"]);
+    assert!(fsck.contains("consistent"), "{fsck}");
+    m.unmount();
+}

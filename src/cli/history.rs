@@ -461,6 +461,9 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
         ),
         None => println!("health:       ok"),
     }
+    if let Some(n) = v["unrecorded"].as_u64().filter(|n| *n > 0) {
+        println!("unrecorded:   {n} change(s) made while the store was full (see the log)");
+    }
     println!(
         "store size:   {:.1} MiB ({:.1} MiB in packs)",
         mib("store_bytes"),

@@ -526,6 +526,7 @@ impl Service {
         Ok(json!({
             "store": self.store_dir.display().to_string(),
             "poisoned": self.history.poisoned(),
+            "unrecorded": self.history.unrecorded(),
             "store_bytes": store_bytes,
             // What the store holds, counting the index by its pages in use.
             "store_used_bytes": store_bytes.saturating_sub(index_file) + index_used,

@@ -80,10 +80,15 @@ struct WriteState {
     journals: [Journal; 2],
     active: usize,
     queue: Vec<Op>,
-    /// Ops applied without durability (by a query's `settle`): the next
-    /// background apply must still make them durable and retire their
-    /// journal, or the journal grows while queries keep the queue empty.
-    undurable: bool,
+    /// Ops applied without durability (by a query's `settle`) since the
+    /// last durable apply. The next background apply must still make them
+    /// durable and retire their journal, or the journal grows while
+    /// queries keep the queue empty; and if the index was re-opened after
+    /// a failed write meanwhile (a full disk), they are gone from it and
+    /// are applied again (applying is idempotent).
+    undurable: Vec<Op>,
+    /// The index generation (`Index::generation`) `undurable` was applied to.
+    applied_generation: u64,
     /// Latest versions and directory entries of queued changes, for the
     /// capture's hot-path questions (what is the newest version of X?).
     latest: HashMap<ObjectId, (Seq, Arc<Version>)>,
@@ -107,6 +112,9 @@ pub struct History {
     /// reused a chunk before the collection began is still uncommitted
     /// when it marks.
     build_gate: parking_lot::RwLock<()>,
+    /// Changes made while the store was full that history could not
+    /// record (removals go ahead regardless: see `vfs::before_freeing`).
+    unrecorded: std::sync::atomic::AtomicU64,
 }
 
 pub struct HistoryHandle {
@@ -183,7 +191,8 @@ impl History {
                 journals,
                 active: 0,
                 queue: Vec::new(),
-                undurable: false,
+                undurable: Vec::new(),
+                applied_generation: 0,
                 latest: HashMap::new(),
                 dirents: HashMap::new(),
             }),
@@ -192,6 +201,7 @@ impl History {
             closing: AtomicBool::new(false),
             maintenance: Mutex::new(()),
             build_gate: parking_lot::RwLock::new(()),
+            unrecorded: std::sync::atomic::AtomicU64::new(0),
         });
         let applier = if background {
             let bg = history.clone();
@@ -274,6 +284,32 @@ impl History {
         self.space.poisoned()
     }
 
+    /// `sync`, except that a full store is not an error: read-only
+    /// callers (status, fsck) then read what the index holds.
+    pub fn sync_unless_full(&self) -> Result<()> {
+        match self.sync() {
+            Err(HistoryError::Store(e)) if self.space.note(&e) => {
+                tracing::debug!(
+                    "the store is full; reading the index as it is ({} change(s) queued): {e}",
+                    self.queued()
+                );
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// A change went ahead that a full store could not record.
+    pub fn note_unrecorded(&self, what: &str) {
+        self.unrecorded.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("history: the store is full; {what} was not recorded");
+    }
+
+    /// How many changes went unrecorded for lack of space since the mount.
+    pub fn unrecorded(&self) -> u64 {
+        self.unrecorded.load(Ordering::Relaxed)
+    }
+
     /// Makes every committed change durable (the journal too, for fsync).
     pub fn sync(&self) -> Result<()> {
         self.apply(true)
@@ -283,9 +319,15 @@ impl History {
     /// the index, then empties the journal that held them.
     fn apply(&self, durable: bool) -> Result<()> {
         let _one = self.apply_lock.lock();
-        let (batch, retired_journal, last_seq) = {
+        let generation = self.db.generation();
+        let (batch, reapply, retired_journal, last_seq) = {
             let mut st = self.state.lock();
             let batch = std::mem::take(&mut st.queue);
+            let reapply = if st.applied_generation == generation {
+                Vec::new()
+            } else {
+                st.undurable.clone()
+            };
             let retired = if durable {
                 let old = st.active;
                 st.active = 1 - old;
@@ -293,9 +335,9 @@ impl History {
             } else {
                 None
             };
-            (batch, retired, st.next_seq - 1)
+            (batch, reapply, retired, st.next_seq - 1)
         };
-        if batch.is_empty() && !durable {
+        if batch.is_empty() && reapply.is_empty() && !durable {
             return Ok(());
         }
         if durable {
@@ -306,7 +348,8 @@ impl History {
         } else {
             Durability::None
         };
-        let txn_result = tables::apply_ops_with(&self.db, &batch, durability, |txn| {
+        let ops: Vec<Op> = reapply.iter().chain(batch.iter()).cloned().collect();
+        let txn_result = tables::apply_ops_with(&self.db, &ops, durability, |txn| {
             if durable {
                 tables::meta_put(txn, META_DURABLE_SEQ, last_seq)?;
             }
@@ -333,10 +376,11 @@ impl History {
                 .flat_map(|op| op.chunks.iter().map(|(h, _)| *h)),
         );
         let mut st = self.state.lock();
+        st.applied_generation = generation;
         if durable {
-            st.undurable = false;
-        } else if !batch.is_empty() {
-            st.undurable = true;
+            st.undurable.clear();
+        } else {
+            st.undurable.extend(batch.iter().cloned());
         }
         if let Some(last) = batch.last().map(|op| op.seq) {
             st.latest.retain(|_, (seq, _)| *seq > last);
@@ -369,7 +413,7 @@ impl History {
             }
             let idle = {
                 let st = self.state.lock();
-                st.queue.is_empty() && !st.undurable
+                st.queue.is_empty() && st.undurable.is_empty()
             };
             if idle {
                 continue;
@@ -394,6 +438,10 @@ impl History {
 
     /// Makes queued changes visible to index reads (not necessarily
     /// durable: the journal still holds them until the next durable apply).
+    ///
+    /// On a full store the apply fails; queries then read what the index
+    /// holds (the queued changes stay journaled and appear once there is
+    /// room), so `status`, `fsck` and time travel keep working.
     pub fn settle(&self) -> Result<()> {
         if self.state.lock().queue.is_empty() {
             // A background apply may hold a batch taken from the queue and
@@ -401,7 +449,19 @@ impl History {
             drop(self.apply_lock.lock());
             return Ok(());
         }
-        self.apply(false)
+        match self.apply(false) {
+            Err(HistoryError::Store(e)) if self.space.note(&e) => {
+                tracing::debug!("queries read the index without queued changes: {e}");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Changes committed but not yet in the index (a full store holds
+    /// them back).
+    pub fn queued(&self) -> usize {
+        self.state.lock().queue.len()
     }
 
     /// The newest version of `obj`, including queued changes.

@@ -316,8 +316,8 @@ impl History {
     pub fn index_used_bytes(&self) -> Result<u64> {
         // Pages a commit frees are reusable only after a later durable
         // commit: two of them make the figure stable from call to call.
-        self.sync()?;
-        self.sync()?;
+        self.sync_unless_full()?;
+        self.sync_unless_full()?;
         let txn = self.db().begin_write().map_err(err)?;
         let stats = txn.stats().map_err(err)?;
         let used = stats.allocated_pages() * stats.page_size() as u64;

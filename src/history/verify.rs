@@ -35,7 +35,13 @@ fn err(e: impl Into<redb::Error>) -> HistoryError {
 
 impl History {
     pub fn verify(&self, repair: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport> {
-        self.sync()?;
+        // Without --repair, fsck only reads: on a full store it checks
+        // what the index holds (changes still queued are journaled).
+        if repair {
+            self.sync()?;
+        } else {
+            self.sync_unless_full()?;
+        }
         let mut report = VerifyReport::default();
         if repair {
             report.repaired += self.reindex_packs(&mut report.problems)?;

@@ -207,6 +207,8 @@ pub struct Index {
     db: parking_lot::RwLock<Option<Arc<Database>>>,
     /// Held while re-opening; when the last re-open was reported.
     reopening: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Counts re-opens: a re-opened index has lost its non-durable commits.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Index {
@@ -216,7 +218,14 @@ impl Index {
             unsynced: Arc::new(Unsynced::default()),
             db: parking_lot::RwLock::new(Some(Arc::new(db))),
             reopening: parking_lot::Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Changes each time the database is re-opened (its non-durable
+    /// commits are then gone).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn current(&self) -> Result<Arc<Database>, redb::Error> {
@@ -281,6 +290,8 @@ impl Index {
                     *reported = Some(std::time::Instant::now());
                 }
                 *self.db.write() = Some(Arc::new(db));
+                self.generation
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             }
             Err(e) => tracing::error!(
                 "store index {} cannot be re-opened yet: {e}",

@@ -106,7 +106,11 @@ impl Vfs {
         } else {
             return self.getattr(ino, set.fh);
         };
-        self.before_change(ino)?;
+        if set.size == Some(0) {
+            self.before_freeing(None, Some(ino))?;
+        } else {
+            self.before_change(ino)?;
+        }
         let attr = self.apply_setattr(caller, ino, &set)?;
         // Both times set: utimensat by a program. The kernel's writeback
         // cache flushes mtime alone.

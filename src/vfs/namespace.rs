@@ -192,8 +192,11 @@ impl Vfs {
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
-        self.before_dir_change(parent)?;
         let held = self.hold_named(parent, name)?;
+        if let Err(e) = self.before_freeing(Some(parent), held) {
+            self.release_held(held);
+            return Err(e);
+        }
         let result = self.remove_held(caller, parent, name, flags, held);
         self.release_held(held);
         result
@@ -207,9 +210,6 @@ impl Vfs {
         flags: i32,
         held: Option<InodeNo>,
     ) -> Result<()> {
-        if let Some(victim) = held {
-            self.before_change(victim)?;
-        }
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         let victim = self.pin_victim(&dir, &cname)?;

@@ -137,6 +137,10 @@ fn logged(what: &str, r: std::result::Result<(), CaptureError>) {
     }
 }
 
+fn is_store_full(errno: i32) -> bool {
+    errno == libc::ENOSPC || errno == libc::EDQUOT
+}
+
 impl Vfs {
     pub(super) fn capture(&self) -> Option<&Capture> {
         self.capture.as_deref()
@@ -152,6 +156,32 @@ impl Vfs {
             c.before_change(&Live(self), ino.0)?;
         }
         Ok(())
+    }
+
+    /// Before a change that frees space (an unlink, rmdir, or truncation
+    /// to zero): like `before_change` (of `dir`'s entries and of `ino`),
+    /// except that a full store does not stop it. Deleting must always be
+    /// possible, or a user who filled the disk could never free it: the
+    /// change goes ahead, and what history could not record is logged and
+    /// counted (`chronofs status`).
+    pub(super) fn before_freeing(&self, dir: Option<InodeNo>, ino: Option<InodeNo>) -> Result<()> {
+        let Some(c) = self.capture() else {
+            return Ok(());
+        };
+        let tree = Live(self);
+        let secured = dir
+            .map_or(Ok(()), |d| c.before_dir_change(&tree, d.0))
+            .and_then(|()| ino.map_or(Ok(()), |i| c.before_change(&tree, i.0)));
+        match secured {
+            Err(e) if is_store_full(e.errno()) => {
+                c.history().note_unrecorded(&format!(
+                    "the state of object {} before it was freed",
+                    ino.or(dir).map_or(0, |i| i.0)
+                ));
+                Ok(())
+            }
+            other => Ok(other?),
+        }
     }
 
     /// Before an entry of `dir` is added, removed or replaced.
@@ -259,18 +289,21 @@ impl Vfs {
     ) {
         if let Some(c) = self.capture() {
             let who = self.who(c, caller);
-            logged(
-                "a removal",
-                c.removed(
-                    parent.0,
-                    name.as_bytes(),
-                    victim.0,
-                    binding,
-                    gone,
-                    cause,
-                    &who,
-                ),
+            let recorded = c.removed(
+                parent.0,
+                name.as_bytes(),
+                victim.0,
+                binding,
+                gone,
+                cause,
+                &who,
             );
+            match recorded {
+                Err(e) if is_store_full(e.errno()) => c
+                    .history()
+                    .note_unrecorded(&format!("the removal of object {}", victim.0)),
+                r => logged("a removal", r),
+            }
             self.dirs_verified(c, &[parent]);
         }
     }
