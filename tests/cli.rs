@@ -494,3 +494,68 @@ fn store_option_and_timeouts_are_honoured() {
     m.start();
     assert_eq!(fs::read(m.p("f")).unwrap(), b"with external store");
 }
+
+/// The README's MNT = SRC form: a directory mounted over itself records
+/// history of new and pre-existing files, answers `chronofs log`, and
+/// unmounts with `chronofs umount` and with SIGTERM.
+#[test]
+fn mount_over_its_own_source() {
+    let t = tempdir();
+    let d = t.path().join("d");
+    fs::create_dir(&d).unwrap();
+    write_file(&d.join("pre"), b"pre\n");
+    let _g = Guard(vec![d.clone()]);
+    let parent_dev = fs::metadata(t.path()).unwrap().dev();
+    for stop in ["umount", "sigterm"] {
+        let (st, err, _) = run_cli(&os(&[&"mount", &d, &d]), t.path());
+        assert!(st.success(), "mount d d failed: {st}: {err}");
+        assert_ne!(fs::metadata(&d).unwrap().dev(), parent_dev, "not mounted");
+        write_file(&d.join("x"), b"a\n");
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("x"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"b\n").unwrap();
+        drop(f);
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("pre"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"more\n").unwrap();
+        drop(f);
+        for name in ["x", "pre"] {
+            let (st, err, out) = run_cli(&os(&[&"log", &d.join(name), &"--json"]), t.path());
+            assert!(st.success(), "log {name} ({stop}): {st}: {err}");
+            assert!(out.contains("\"seq\""), "log {name} lists nothing: {out}");
+        }
+        match stop {
+            "umount" => {
+                let (st, err, _) = run_cli(&os(&[&"umount", &d]), t.path());
+                assert!(st.success(), "chronofs umount d: {st}: {err}");
+            }
+            _ => {
+                let pids = daemon_pids_for(&d);
+                assert_eq!(pids.len(), 1, "daemons: {pids:?}");
+                let pid = i32::try_from(pids[0]).unwrap();
+                assert_eq!(
+                    Command::new("kill")
+                        .args(["-TERM", &pid.to_string()])
+                        .status()
+                        .unwrap()
+                        .code(),
+                    Some(0)
+                );
+            }
+        }
+        let t0 = Instant::now();
+        while !daemon_pids_for(&d).is_empty() || mount_count(&d) != 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "still mounted or running 10 s after {stop}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fs::remove_file(d.join("x")).unwrap();
+    }
+    assert_eq!(fs::read(d.join("pre")).unwrap(), b"pre\nmore\nmore\n");
+}

@@ -6,9 +6,11 @@
 #   MODE  plain            -> chronofs mount -o plain
 #         passthrough=off  -> chronofs mount -o plain,passthrough=off
 #         default          -> chronofs mount (no -o)
+#         samedir          -> chronofs mount SRC SRC (MNT = SRC, no -o)
 #         anything else    -> passed verbatim as -o MODE
 #   Without MODE: $PJDFSTEST_MODES (default: "plain passthrough=off default
-#   policy"; `policy` is the default mount under tests/pjdfstest-policy.toml).
+#   policy samedir"; `policy` is the default mount under
+#   tests/pjdfstest-policy.toml).
 #
 # Environment:
 #   CHRONOFS_BIN        chronofs binary (default: target/release/chronofs); not built here
@@ -40,7 +42,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -221,7 +223,7 @@ trap 'exit 143' TERM
 
 mode_opts() {
     case $1 in
-    default) printf '' ;;
+    default | samedir) printf '' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
     policy) printf 'policy=%s,clean-interval=5' "$ROOT/tests/pjdfstest-policy.toml" ;;
@@ -402,6 +404,8 @@ for mode in "${MODES[@]}"; do
     tag=$(printf '%s' "$mode" | tr -c 'A-Za-z0-9._-' '_')
     src=$WORK/s$idx
     mnt=$WORK/m$idx
+    # The README's MNT = SRC form: the mount covers its own source.
+    [ "$mode" = samedir ] && mnt=$src
     out=$PJDFSTEST_LOG_DIR/$tag.out
     log=$PJDFSTEST_LOG_DIR/$tag.daemon.log
     mkdir -p "$src" "$mnt"
