@@ -309,10 +309,19 @@ pub fn clean(
 }
 
 /// The background cleaner: a pass every `interval`, the first shortly
-/// after the mount.
+/// after the mount, and one at once when the store fills up (retention
+/// first, then a collection if it removed anything, so space limits free
+/// room before the user has to).
 pub struct Cleaner {
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    stop: Arc<(Mutex<Wake>, Condvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Wake {
+    stopped: bool,
+    /// The store filled up: pass now.
+    full: bool,
 }
 
 const FIRST_PASS_AFTER: Duration = Duration::from_secs(60);
@@ -323,34 +332,45 @@ impl Cleaner {
         policy: Arc<PolicyCell>,
         interval: Duration,
     ) -> std::io::Result<Cleaner> {
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let stop = Arc::new((Mutex::new(Wake::default()), Condvar::new()));
         let flag = stop.clone();
+        let wake = stop.clone();
+        history.on_store_full(Box::new(move || {
+            wake.0.lock().full = true;
+            wake.1.notify_all();
+        }));
         let thread = std::thread::Builder::new()
             .name("cleaner".into())
             .spawn(move || {
                 let mut wait = FIRST_PASS_AFTER.min(interval);
                 loop {
-                    {
-                        let mut stopped = flag.0.lock();
-                        if !*stopped {
-                            flag.1.wait_for(&mut stopped, wait);
+                    let full = {
+                        let mut w = flag.0.lock();
+                        if !w.stopped && !w.full {
+                            flag.1.wait_for(&mut w, wait);
                         }
-                        if *stopped {
+                        if w.stopped {
                             return;
                         }
-                    }
+                        std::mem::take(&mut w.full)
+                    };
                     wait = interval;
                     let p = policy.get();
                     if p.is_trivial() {
                         continue;
                     }
                     match clean(&history, &p, crate::history::now_ns(), false, None) {
-                        Ok(r) if r.outcome.versions_removed > 0 => tracing::info!(
-                            "cleaner: removed {} version(s), {} of them of {} expired deleted object(s)",
-                            r.outcome.versions_removed,
-                            r.outcome.versions_removed.saturating_sub(r.planned_versions),
-                            r.outcome.objects_removed
-                        ),
+                        Ok(r) if r.outcome.versions_removed > 0 => {
+                            tracing::info!(
+                                "cleaner: removed {} version(s), {} of them of {} expired deleted object(s)",
+                                r.outcome.versions_removed,
+                                r.outcome.versions_removed.saturating_sub(r.planned_versions),
+                                r.outcome.objects_removed
+                            );
+                            if full {
+                                collect_for_room(&history);
+                            }
+                        }
                         Ok(_) => {}
                         Err(e) => tracing::error!("cleaner: {e}"),
                     }
@@ -363,9 +383,17 @@ impl Cleaner {
     }
 }
 
+/// A collection after retention freed versions on a full store.
+fn collect_for_room(history: &History) {
+    match history.gc(false, &mut |_, _, _| {}) {
+        Ok(r) => tracing::info!("cleaner: the store was full; collected {r:?}"),
+        Err(e) => tracing::warn!("cleaner: the store is full and a collection failed: {e}"),
+    }
+}
+
 impl Drop for Cleaner {
     fn drop(&mut self) {
-        *self.stop.0.lock() = true;
+        self.stop.0.lock().stopped = true;
         self.stop.1.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();

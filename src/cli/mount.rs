@@ -355,6 +355,9 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     let branch = DirBranch::open(BranchId(0), &plan.src, plan.reserved.clone())
         .with_context(|| format!("source {}", plan.src.display()))?;
     let store = Store::open(&plan.store)?;
+    if !opts.plain {
+        store.keep_reserve();
+    }
     let policy = if opts.plain {
         None
     } else {

@@ -299,6 +299,12 @@ impl History {
         }
     }
 
+    /// Runs `hook` whenever the store becomes full (the cleaner applies
+    /// retention then).
+    pub fn on_store_full(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        self.space.on_full(hook);
+    }
+
     /// A change went ahead that a full store could not record.
     pub fn note_unrecorded(&self, what: &str) {
         self.unrecorded.fetch_add(1, Ordering::Relaxed);

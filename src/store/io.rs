@@ -46,6 +46,8 @@ pub trait StoreFile: Send + Sync {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes every write so far durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
+    /// Allocates blocks for the first `len` bytes (reads as zeros).
+    fn allocate(&self, len: u64) -> io::Result<()>;
 }
 
 /// The file system under a store directory.
@@ -132,6 +134,9 @@ impl StoreFile for File {
     }
     fn sync(&self) -> io::Result<()> {
         self.sync_data()
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        sys::fallocate(self.as_fd(), 0, 0, len)
     }
 }
 
@@ -426,6 +431,16 @@ impl StoreFile for GuardedFile {
             || format!("fsync {}", self.name),
             Kind::Sync,
             || self.inner.sync(),
+        )
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        // Only the reserve is allocated: a failure costs the reserve, not
+        // any data (file systems without fallocate exist).
+        guarded(
+            &self.health,
+            || format!("allocate {}", self.name),
+            Kind::Name,
+            || self.inner.allocate(len),
         )
     }
 }

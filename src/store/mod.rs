@@ -142,6 +142,18 @@ pub struct Store {
 pub struct Space {
     io: Arc<Guarded>,
     full: std::sync::atomic::AtomicBool,
+    /// Called when the store becomes full (the cleaner applies retention
+    /// at once).
+    on_full: parking_lot::Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+}
+
+/// A file of zeros kept in the store while it has room, removed when the
+/// store fills up: the index then has room to record the removals that
+/// free space (and their records do not wait for the space they free).
+const RESERVE_FILE: &str = "reserve";
+/// The reserve's size: 1/64 of the file system, from 1 to 8 MiB.
+fn reserve_size(fs_bytes: u64) -> u64 {
+    (fs_bytes / 64).clamp(1 << 20, 8 << 20)
 }
 
 /// The room a full store must have again before history writes resume:
@@ -154,11 +166,51 @@ impl Space {
         let full = e.errno() == libc::ENOSPC || e.errno() == libc::EDQUOT;
         if full && !self.full.swap(true, std::sync::atomic::Ordering::AcqRel) {
             tracing::error!(
-                "store {} is full: changes are refused (ENOSPC) until it has room again",
+                "store {} is full: changes are refused (ENOSPC) until it has room again; deleting still works",
                 self.io.path("").display()
             );
+            match self.io.remove(RESERVE_FILE) {
+                Ok(()) => tracing::warn!("store reserve released for the index"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!("store reserve cannot be released: {e}"),
+            }
+            if let Some(hook) = self.on_full.lock().as_ref() {
+                hook();
+            }
         }
         full
+    }
+
+    /// Runs `hook` whenever the store becomes full.
+    pub fn on_full(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        *self.on_full.lock() = Some(hook);
+    }
+
+    /// Keeps the reserve file in place while the store has room (best
+    /// effort: a store without one still works, deleting included).
+    fn keep_reserve(&self) {
+        if self
+            .io
+            .list("")
+            .is_ok_and(|names| names.iter().any(|n| n == RESERVE_FILE))
+        {
+            return;
+        }
+        let Ok((free, total)) = self.io.free_bytes() else {
+            return;
+        };
+        let size = reserve_size(total);
+        if free < size.saturating_mul(4) {
+            return;
+        }
+        let written = self
+            .io
+            .open(RESERVE_FILE, io::Create::New)
+            .and_then(|f| f.allocate(size).and_then(|()| f.sync()));
+        if let Err(e) = written {
+            let _ = self.io.remove(RESERVE_FILE);
+            tracing::debug!("store reserve not made: {e}");
+        }
     }
 
     /// What poisoned the store, if an fsync or write of it failed.
@@ -184,6 +236,7 @@ impl Space {
                 "store {} has room again: recording resumes",
                 self.io.path("").display()
             );
+            self.keep_reserve();
             return Ok(());
         }
         Err(StoreError::Io {
@@ -348,6 +401,7 @@ impl Store {
             space: Arc::new(Space {
                 io,
                 full: std::sync::atomic::AtomicBool::new(false),
+                on_full: parking_lot::Mutex::new(None),
             }),
         };
         store.check_format()?;
@@ -483,6 +537,12 @@ impl Store {
             self.space.clone(),
             self.db.unsynced.clone(),
         )
+    }
+
+    /// Sets aside the reserve a full store releases for the index (a
+    /// mounted store keeps one; see `Space::note`).
+    pub fn keep_reserve(&self) {
+        self.space.keep_reserve();
     }
 
     /// The store's free-space state, shared by everything that writes it.

@@ -293,6 +293,13 @@ impl StoreFile for SimFile {
         Ok(())
     }
 
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        if self.len()? < len {
+            self.set_len(len)?;
+        }
+        Ok(())
+    }
+
     fn sync(&self) -> io::Result<()> {
         self.sim.sync_event(
             Event::Sync { id: self.id },
