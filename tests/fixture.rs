@@ -91,7 +91,7 @@ fn check(src: &Path, expected: &str) -> Vec<String> {
                     .or_insert_with(|| cli_json(&["log", abs.to_str().unwrap()]));
                 let row = log["versions"]
                     .as_array()
-                    .and_then(|rows| rows.iter().find(|r| r["n"].to_string() == n));
+                    .and_then(|rows| rows.iter().find(|r| r["n"].as_u64() == n.parse().ok()));
                 let Some(row) = row else {
                     bad.push(format!("{path}: no version {n} in {log}"));
                     continue;
