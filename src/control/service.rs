@@ -780,19 +780,39 @@ impl Service {
             version,
             seq: u.seq,
             time_ns: u.time_ns,
-            time: spec::iso(u.time_ns),
+            // As `log` shows times.
+            time: spec::show(u.time_ns),
             obj: u.obj,
             why: u.why.clone(),
         }
     }
 
-    /// Opens the live file of `obj` for reading, if it has one.
+    /// Opens the live file of `obj` for reading, if it has one: the object
+    /// itself, or else whatever regular file is at its last recorded path
+    /// (a source tree copied or restored from a backup has new inode
+    /// numbers). Either is only a candidate: every chunk taken from it is
+    /// checked against its hash.
     fn head_file(&self, obj: ObjectId) -> Option<OwnedFd> {
-        let (fd, st) = self.past().live_object(obj).ok()??;
+        let past = self.past();
+        let fd = match past.live_object(obj).ok()? {
+            Some((fd, _)) => fd,
+            None => {
+                let path = self.history.path_at(obj, Seq::MAX).ok()??;
+                let mut fd = sys::reopen(self.root_fd(), libc::O_PATH).ok()?;
+                for (i, comp) in path.iter().enumerate() {
+                    match past.live_step(fd.as_fd(), i == 0, comp).ok()? {
+                        Some(crate::history::past::Cur::Live { fd: next, .. }) => fd = next,
+                        _ => return None,
+                    }
+                }
+                fd
+            }
+        };
+        let st = sys::fstat(fd.as_fd()).ok()?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return None;
         }
-        sys::reopen(fd.as_fd(), libc::O_RDONLY | libc::O_NOFOLLOW).ok()
+        sys::reopen(fd.as_fd(), libc::O_RDONLY).ok()
     }
 
     /// Verifies every version's references and every chunk's hash; with

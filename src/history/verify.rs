@@ -106,6 +106,14 @@ struct Scan {
     bad: HashMap<Hash, Bad>,
 }
 
+/// Why a chunk does not read, without its hash (the caller names it).
+fn detail(e: StoreError) -> String {
+    match e {
+        StoreError::CorruptChunk { detail, .. } => detail,
+        other => other.to_string(),
+    }
+}
+
 fn err(e: impl Into<redb::Error>) -> HistoryError {
     HistoryError::Store(index_error(e))
 }
@@ -203,7 +211,7 @@ impl History {
                     scan.bad.insert(*h, Bad::Missing);
                 }
                 Err(e @ (StoreError::CorruptChunk { .. } | StoreError::Io { .. })) => {
-                    scan.bad.insert(*h, Bad::Damaged(e.to_string()));
+                    scan.bad.insert(*h, Bad::Damaged(detail(e)));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -300,7 +308,7 @@ impl History {
                 Ok(None)
             }
             Err(e @ (StoreError::CorruptChunk { .. } | StoreError::Io { .. })) => {
-                bad.insert(*m, Bad::Damaged(e.to_string()));
+                bad.insert(*m, Bad::Damaged(detail(e)));
                 Ok(None)
             }
             Err(e) => Err(e.into()),
