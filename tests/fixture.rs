@@ -3,8 +3,8 @@
 //! unpacked into a temporary directory and read through the CLI (the
 //! store opened directly, nothing mounted): every version its EXPECTED
 //! file lists reads back with the same number, sequence number, cause,
-//! kind, size and content; the tags and the audit log are there; fsck
-//! finds the store clean.
+//! kind, size and content (or, marked lost, does not read); the tags and
+//! the audit log are there; fsck finds the store clean.
 
 #![deny(unsafe_code)]
 
@@ -103,6 +103,11 @@ fn check(src: &Path, expected: &str) -> Vec<String> {
                     row["kind"].as_str().unwrap_or("?"),
                     row["size"]
                 );
+                // Format 5 on: versions fsck --repair marked lost.
+                let lost = f.get(8) == Some(&"lost");
+                if (row["lost"] == true) != lost {
+                    bad.push(format!("{path} version {n}: lost should be {lost}: {row}"));
+                }
                 let want = format!("{seq} {cause} {kind} {size}");
                 if got != want {
                     bad.push(format!("{path} version {n}: {got}, expected {want}"));
