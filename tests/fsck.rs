@@ -237,6 +237,13 @@ fn repair_marks_what_it_cannot_save_as_lost() {
         "{err}"
     );
     assert!(cat_version(&m.p("notes.txt"), 2).stdout == new);
+    // Through the mount's version names too: EIO, not wrong bytes.
+    let through_mount = std::fs::read(m.p("notes.txt;1"));
+    assert_eq!(
+        through_mount.as_ref().map_err(|e| e.raw_os_error()).err(),
+        Some(Some(libc::EIO)),
+        "{through_mount:?}"
+    );
 
     let again = json(&["fsck", s(&m.mnt)]);
     assert_eq!(again["problems"], Value::Array(vec![]), "{again:#}");
