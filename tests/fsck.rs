@@ -263,3 +263,43 @@ fn repair_marks_what_it_cannot_save_as_lost() {
     let last = json(&["fsck", s(&m.mnt)]);
     assert_eq!(last["problems"], Value::Array(vec![]), "{last:#}");
 }
+
+#[test]
+fn repair_rebuilds_newest_versions_after_a_pack_is_lost() {
+    let mut m = mount();
+    let files = ["a.bin", "b.bin"];
+    let mut newest = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        write_file(&m.p(f), &pattern(40 << 10, 20 + i as u64));
+        let now = pattern(60 << 10, 30 + i as u64);
+        write_file(&m.p(f), &now);
+        newest.push(now);
+    }
+    offline(&mut m, |src| {
+        for e in std::fs::read_dir(src.join(".chronofs/packs")).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+    });
+    let report = json(&["fsck", s(&m.mnt)]);
+    assert_eq!(
+        report["unreadable"].as_array().unwrap().len(),
+        4,
+        "{report:#}"
+    );
+
+    // The manifests come back first, then the chunks they name.
+    let repaired = json(&["fsck", s(&m.mnt), "--repair"]);
+    assert_eq!(repaired["problems"], Value::Array(vec![]), "{repaired:#}");
+    let rep = &repaired["repair"];
+    assert_eq!(rep["restored"].as_array().unwrap().len(), 2, "{repaired:#}");
+    assert_eq!(rep["lost"].as_array().unwrap().len(), 2, "{repaired:#}");
+    for (f, now) in files.iter().zip(&newest) {
+        let rows = log_rows(&m.p(f));
+        assert_eq!(rows[0]["lost"], true, "{rows:?}");
+        assert!(rows[1].get("lost").is_none(), "{rows:?}");
+        assert!(cat_version(&m.p(f), 2).stdout == *now);
+    }
+    let again = json(&["fsck", s(&m.mnt)]);
+    assert_eq!(again["problems"], Value::Array(vec![]), "{again:#}");
+    assert_eq!(again["lost_versions"], 2, "{again:#}");
+}

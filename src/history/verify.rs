@@ -90,6 +90,9 @@ impl Repair {
 /// Chunks of a version that do not read: (hash, offset in the file, length).
 pub type Lacking = Vec<(Hash, u64, u32)>;
 
+/// Recovery passes at most (each must store something again to go on).
+const RECOVERY_PASSES: usize = 8;
+
 /// Opens the live (head) file of an object for reading, if it has one.
 pub type HeadFiles<'a> = &'a dyn Fn(ObjectId) -> Option<OwnedFd>;
 
@@ -106,11 +109,23 @@ struct Scan {
     bad: HashMap<Hash, Bad>,
 }
 
-/// Why a chunk does not read, without its hash (the caller names it).
-fn detail(e: StoreError) -> String {
+/// What a chunk read's error says of the chunk. Only a missing entry,
+/// bytes that fail their check, or a pack gone or cut short are damage:
+/// any other error (permissions, a failing disk) may pass, and must not
+/// get versions marked lost, so it ends the check.
+fn damage(e: StoreError) -> std::result::Result<Bad, StoreError> {
     match e {
-        StoreError::CorruptChunk { detail, .. } => detail,
-        other => other.to_string(),
+        StoreError::MissingChunk(_) => Ok(Bad::Missing),
+        StoreError::CorruptChunk { detail, .. } => Ok(Bad::Damaged(detail)),
+        StoreError::Io { ref source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            Ok(Bad::Damaged(e.to_string()))
+        }
+        other => Err(other),
     }
 }
 
@@ -142,12 +157,18 @@ impl History {
             .extend(first.report.problems.iter().cloned());
         outcome.found_unreadable = first.report.unreadable.clone();
         let mut after = first;
-        if !after.bad.is_empty() {
-            let restored = self.recover(&after, head)?;
-            outcome.restored_chunks = restored;
-            if restored > 0 {
-                after = self.scan(progress)?;
+        // A manifest stored again reveals the chunks it names, which may
+        // be missing too: recover until a pass finds nothing new.
+        for _ in 0..RECOVERY_PASSES {
+            if after.bad.is_empty() {
+                break;
             }
+            let restored = self.recover(&after, head)?;
+            if restored == 0 {
+                break;
+            }
+            outcome.restored_chunks += restored;
+            after = self.scan(progress)?;
         }
         let still: HashSet<(ObjectId, Seq)> = after
             .report
@@ -207,13 +228,9 @@ impl History {
         for (i, h) in wanted.iter().enumerate() {
             match self.chunks().get(h) {
                 Ok(data) => report.bytes += data.len() as u64,
-                Err(StoreError::MissingChunk(_)) => {
-                    scan.bad.insert(*h, Bad::Missing);
+                Err(e) => {
+                    scan.bad.insert(*h, damage(e)?);
                 }
-                Err(e @ (StoreError::CorruptChunk { .. } | StoreError::Io { .. })) => {
-                    scan.bad.insert(*h, Bad::Damaged(detail(e)));
-                }
-                Err(e) => return Err(e.into()),
             }
             report.chunks += 1;
             progress(i as u64 + 1, total);
@@ -303,15 +320,10 @@ impl History {
         }
         match self.chunks().get(m) {
             Ok(b) => Ok(Some(b)),
-            Err(StoreError::MissingChunk(_)) => {
-                bad.insert(*m, Bad::Missing);
+            Err(e) => {
+                bad.insert(*m, damage(e)?);
                 Ok(None)
             }
-            Err(e @ (StoreError::CorruptChunk { .. } | StoreError::Io { .. })) => {
-                bad.insert(*m, Bad::Damaged(detail(e)));
-                Ok(None)
-            }
-            Err(e) => Err(e.into()),
         }
     }
 
