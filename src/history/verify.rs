@@ -611,3 +611,107 @@ impl History {
         Ok(fixed.len() as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::chunks::Encoding;
+
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn index(store: &crate::store::Store, entries: &[(Hash, Location)]) {
+        let txn = store.index().begin_write().unwrap();
+        {
+            let mut t = txn.open_table(CHUNKS).unwrap();
+            for (h, loc) in entries {
+                t.insert(h.as_slice(), loc.encode().as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+
+    #[test]
+    fn a_delta_stored_again_keeps_its_lineage_so_its_deltas_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path()).unwrap();
+        let chunks = store.chunk_store().unwrap();
+        // One lineage: c2 is delta number 2 (on c0), c3 number 3 (on c2).
+        let mut data = vec![noise(20_000, 9)];
+        for i in 1..4 {
+            let mut next = data[i - 1].clone();
+            next[100 * i..100 * i + 8].copy_from_slice(b"an edit.");
+            data.push(next);
+        }
+        let mut hashes: Vec<Hash> = Vec::new();
+        for d in &data {
+            let (h, _) = chunks.put_against(d, hashes.last()).unwrap();
+            hashes.push(h);
+        }
+        let fresh = chunks.take_unjournaled();
+        chunks.sync().unwrap();
+        index(&store, &fresh);
+        chunks.applied(hashes.iter().copied());
+        let loc = chunks.locate(&hashes[2]).unwrap().unwrap();
+        assert_eq!(loc.encoding, Encoding::Delta);
+        // Damage c2's zstd frame, not its header.
+        let pack = chunks.dir().join(format!("{:08}.pack", loc.pack));
+        let mut bytes = std::fs::read(&pack).unwrap();
+        let at = loc.offset as usize + ENTRY_HEADER_LEN + 36 + (loc.stored_len as usize - 36) / 2;
+        bytes[at] ^= 0x5a;
+        std::fs::write(&pack, bytes).unwrap();
+        assert!(chunks.get(&hashes[2]).is_err());
+        assert!(chunks.get(&hashes[3]).is_err());
+
+        assert!(chunks.store_again(&hashes[2], &data[1]).is_err());
+        let again = chunks.store_again(&hashes[2], &data[2]).unwrap();
+        assert_eq!(again.encoding, Encoding::Delta);
+        chunks.sync().unwrap();
+        index(&store, &[(hashes[2], again)]);
+        assert_eq!(chunks.get(&hashes[2]).unwrap(), data[2]);
+        assert_eq!(chunks.get(&hashes[3]).unwrap(), data[3]);
+    }
+
+    #[test]
+    fn recut_gives_the_manifest_an_ingest_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path()).unwrap();
+        let chunks = store.chunk_store().unwrap();
+        let mut data = noise(300_000, 3);
+        data[100_000..180_000].fill(0);
+        let size = data.len() as u64;
+        let read_at = |buf: &mut [u8], off: u64| -> std::io::Result<usize> {
+            let off = (off as usize).min(data.len());
+            let n = buf.len().min(data.len() - off);
+            buf[..n].copy_from_slice(&data[off..off + n]);
+            Ok(n)
+        };
+        let (ingested, _) = content::ingest_sparse(
+            &chunks,
+            &read_at,
+            size,
+            &[(0, size)],
+            None,
+            chunks::ZSTD_LEVEL,
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        let recut = content::recut(data.as_slice(), size, &mut |h, d| {
+            assert_eq!(chunks.get(h).unwrap(), d);
+            seen.push(*h);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(recut, ingested);
+        assert_eq!(seen, content::chunk_refs(&ingested).collect::<Vec<_>>());
+    }
+}
