@@ -33,6 +33,8 @@ pub trait Host: LiveIds {
     }
     /// Waits for versions still being built.
     fn settle(&self) {}
+    /// History rewrote versions of these objects behind the capture.
+    fn history_rewritten(&self, _objs: &[ObjectId]) {}
     /// Starts the eager baseline of the whole tree.
     fn start_ingest(&self) -> std::result::Result<(), String> {
         Err("nothing is mounted: mount the directory, then run `chronofs ingest` on it".into())
@@ -825,9 +827,18 @@ impl Service {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<FsckReport> {
         let head = |obj| self.head_file(obj);
+        if repair {
+            // Versions still being built commit first: repair then sees
+            // every version that may reference a damaged chunk.
+            self.host.settle();
+        }
         let r = self
             .history
             .verify(repair.then_some(&head as HeadFiles), progress)?;
+        if let Some(done) = r.repair.as_ref().filter(|d| !d.lost.is_empty()) {
+            let objs: Vec<ObjectId> = done.lost.iter().map(|u| u.obj).collect();
+            self.host.history_rewritten(&objs);
+        }
         let mut numbers = HashMap::new();
         let unreadable: Vec<Cost> = r
             .unreadable
