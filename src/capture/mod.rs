@@ -1091,6 +1091,16 @@ impl Capture {
     /// including sessions whose close(2) has returned but whose release
     /// the kernel has not sent yet (briefly: another descriptor may keep
     /// such a session open for good).
+    /// History rewrote versions of these objects (`fsck --repair` marked
+    /// some lost): what capture remembers of them is read again, so no
+    /// new version copies content that is gone.
+    pub fn forget_known(&self, objs: &[ObjectId]) {
+        let mut st = self.state.lock();
+        for obj in objs {
+            st.forget(*obj);
+        }
+    }
+
     pub fn settle(&self) {
         let mut st = self.state.lock();
         while st.any_ingesting() || st.closing(CLOSE_GRACE) {

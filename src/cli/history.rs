@@ -321,10 +321,11 @@ pub fn log(
     for r in rows {
         let time = spec::show(r["time_ns"].as_i64().unwrap_or(0));
         let cause = r["cause"].as_str().unwrap_or("?");
-        let gone = if r["gone"].as_bool() == Some(true) {
-            " (gone)"
-        } else {
-            ""
+        let gone = match (r["gone"].as_bool(), r["lost"].as_bool()) {
+            (Some(true), Some(true)) => " (gone) (lost: cannot be read)",
+            (_, Some(true)) => " (lost: cannot be read)",
+            (Some(true), _) => " (gone)",
+            _ => "",
         };
         let user = user_name(r["uid"].as_u64().unwrap_or(0));
         let proc_ = match (r["process"].as_str(), r["pid"].as_u64()) {
@@ -637,6 +638,14 @@ fn restore_node(
 ) -> Result<()> {
     let live = std::fs::symlink_metadata(dest).ok();
     let kind = node["kind"].as_str().unwrap_or("");
+    if node["lost"].as_bool() == Some(true) {
+        // Marked lost by fsck --repair: nothing to bring back.
+        eprintln!(
+            "chronofs: {}: content lost (damaged in the store); left as it is",
+            dest.display()
+        );
+        return Ok(());
+    }
     if node["unrecorded"].as_bool() == Some(true) {
         // Not versioned by policy: there is nothing to bring back, and the
         // live file (if any) is the best there is.
@@ -981,11 +990,18 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
-            let r = control::service::fsck(local.service.history(), repair, &mut |done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
-            })
-            .map_err(|e| anyhow!("{e}"))?;
+            let me = sys::Peer {
+                uid: sys::geteuid(),
+                gid: sys::getegid(),
+                pid: std::process::id(),
+            };
+            let r = local
+                .service
+                .fsck(repair, &me, &mut |done, total| {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                })
+                .map_err(|e| anyhow!("{e}"))?;
             bar.finish_and_clear();
             serde_json::to_value(r)?
         }
@@ -994,39 +1010,88 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
     let problems = report["problems"].as_array().map_or(0, Vec::len);
     if json {
         print_json(&report);
-    } else {
-        println!(
-            "checked {} versions, {} manifests, {} chunks ({} bytes)",
-            report["versions"],
-            report["manifests_checked"],
-            report["chunks_checked"],
-            report["bytes_checked"]
-        );
-        for p in report["problems"].as_array().into_iter().flatten() {
-            println!("problem: {}", p.as_str().unwrap_or(""));
+        return Ok(problems == 0);
+    }
+    let empty = Vec::new();
+    let list = |v: &Value| v.as_array().unwrap_or(&empty).clone();
+    let cost = |c: &Value| {
+        format!(
+            "{}: {} (#{}, {})",
+            c["path"].as_str().unwrap_or("?"),
+            c["version"]
+                .as_u64()
+                .map_or_else(|| "a version".to_string(), |n| format!("version {n}")),
+            c["seq"],
+            c["time"].as_str().unwrap_or("?"),
+        )
+    };
+    let rep = &report["repair"];
+    if rep.is_object() {
+        for p in list(&rep["found"]) {
+            println!("found: {}", p.as_str().unwrap_or(""));
         }
-        if report["repaired"].as_u64().unwrap_or(0) > 0 {
-            println!("repaired {} index entries", report["repaired"]);
-        }
-        if let Some(head) = report["chain_head"].as_str() {
+        let n = |k: &str| rep[k].as_u64().unwrap_or(0);
+        if n("reindexed") > 0 {
             println!(
-                "hash chain: {} change(s) verified, head #{} {head}{}",
-                report["chained_changes"],
-                report["chain_head_seq"],
-                match report["unchained_changes"].as_u64().unwrap_or(0) {
-                    0 => String::new(),
-                    n => format!(" ({n} older change(s) predate the chain)"),
-                }
+                "re-indexed {} chunk(s) from intact copies in the packs",
+                n("reindexed")
             );
         }
+        if n("restored_chunks") > 0 {
+            println!(
+                "stored {} chunk(s) again from live files",
+                n("restored_chunks")
+            );
+        }
+        for c in list(&rep["restored"]) {
+            println!("restored: {} reads again", cost(&c));
+        }
+        for c in list(&rep["lost"]) {
+            println!(
+                "marked lost: {} ({})",
+                cost(&c),
+                c["why"].as_str().unwrap_or("")
+            );
+        }
+        if n("removed_index_entries") > 0 {
+            println!(
+                "dropped {} index entries of damaged chunks (their bytes are stored again when met)",
+                n("removed_index_entries")
+            );
+        }
+        println!("after repair:");
+    }
+    println!(
+        "checked {} versions, {} manifests, {} chunks ({} bytes)",
+        report["versions"],
+        report["manifests_checked"],
+        report["chunks_checked"],
+        report["bytes_checked"]
+    );
+    for p in list(&report["problems"]) {
+        println!("problem: {}", p.as_str().unwrap_or(""));
+    }
+    if let Some(n) = report["lost_versions"].as_u64().filter(|n| *n > 0) {
+        println!("{n} version(s) are marked lost (`chronofs log` shows them; they cannot be read)");
+    }
+    if let Some(head) = report["chain_head"].as_str() {
         println!(
-            "{}",
-            if problems == 0 {
-                "store is consistent"
-            } else {
-                "store has problems"
+            "hash chain: {} change(s) verified, head #{} {head}{}",
+            report["chained_changes"],
+            report["chain_head_seq"],
+            match report["unchained_changes"].as_u64().unwrap_or(0) {
+                0 => String::new(),
+                n => format!(" ({n} older change(s) predate the chain)"),
             }
         );
     }
+    println!(
+        "{}",
+        if problems == 0 {
+            "store is consistent"
+        } else {
+            "store has problems"
+        }
+    );
     Ok(problems == 0)
 }

@@ -177,7 +177,8 @@ enum Command {
     Fsck {
         #[arg(default_value = ".")]
         path: PathBuf,
-        /// Re-index intact chunks and drop damaged index entries.
+        /// Repair (root): re-index intact chunks, store damaged ones again
+        /// from live files, mark versions that cannot be saved as lost.
         #[arg(long)]
         repair: bool,
         #[command(flatten)]

@@ -509,6 +509,12 @@ impl control::service::Host for MountHost {
         }
     }
 
+    fn history_rewritten(&self, objs: &[u64]) {
+        if let Some(v) = self.0.upgrade() {
+            v.forget_known(objs);
+        }
+    }
+
     fn start_ingest(&self) -> std::result::Result<(), String> {
         match self.0.upgrade() {
             Some(v) => v.start_ingest(),

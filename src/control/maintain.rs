@@ -46,7 +46,7 @@ fn root_only(peer: &Peer, what: &str) -> Result<()> {
 impl Service {
     /// An audit record, with the hash chain's head at the time (so the
     /// log itself anchors the chain).
-    fn audit_record(&self, peer: &Peer, action: &str, detail: Value) -> Value {
+    pub(super) fn audit_record(&self, peer: &Peer, action: &str, detail: Value) -> Value {
         let mut r = audit_value(peer, action, detail);
         if let Ok(Some((seq, hash))) = crate::history::chain::head(self.history().db()) {
             r["chain_head"] = json!({"seq": seq, "hash": hash});

@@ -18,6 +18,7 @@ use super::spec::{self, At};
 use super::{Components, Reply, Request};
 use crate::history::content;
 use crate::history::past::{kind_name, name_str, show_path, LiveIds, Node, Past};
+use crate::history::verify::{HeadFiles, Unreadable};
 use crate::history::{Content, Draft, History, HistoryError, ObjectId, Seq, Version, ROOT};
 use crate::sys::{self, Peer};
 
@@ -32,6 +33,8 @@ pub trait Host: LiveIds {
     }
     /// Waits for versions still being built.
     fn settle(&self) {}
+    /// History rewrote versions of these objects behind the capture.
+    fn history_rewritten(&self, _objs: &[ObjectId]) {}
     /// Starts the eager baseline of the whole tree.
     fn start_ingest(&self) -> std::result::Result<(), String> {
         Err("nothing is mounted: mount the directory, then run `chronofs ingest` on it".into())
@@ -162,7 +165,7 @@ impl Service {
                     return Err(Error::Denied("only root may repair a store".into()));
                 }
                 Ok(
-                    serde_json::to_value(fsck(&self.history, *repair, &mut |_, _| {})?)
+                    serde_json::to_value(self.fsck(*repair, peer, &mut |_, _| {})?)
                         .unwrap_or(Value::Null),
                 )
             }
@@ -203,6 +206,7 @@ impl Service {
                     "target": target,
                     "xattrs": v.xattrs.iter().map(|(k, _)| name_str(k)).collect::<Vec<_>>(),
                     "unrecorded": v.content == Content::Unrecorded,
+                    "lost": matches!(v.content, Content::Lost { .. }),
                 })
             }
             Node::Live { obj, fd, st } => {
@@ -325,6 +329,11 @@ impl Service {
                             "{} at #{seq}: its content was not kept (not versioned by policy)",
                             show_path(path)
                         )))
+                    }
+                    Content::Lost { .. } => {
+                        return Err(
+                            HistoryError::Lost(format!("{} at #{seq}", show_path(path))).into()
+                        )
                     }
                     _ => {
                         return Err(Error::Usage(format!(
@@ -637,6 +646,9 @@ struct VersionRow<'a> {
     process: &'a str,
     owner: u32,
     gone: bool,
+    /// Marked lost by `fsck --repair`: recorded, but its bytes are gone.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    lost: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     path: Option<&'a str>,
 }
@@ -657,6 +669,7 @@ impl<'a> VersionRow<'a> {
             process: &v.who.comm,
             owner: v.attrs.uid,
             gone: v.gone,
+            lost: matches!(v.content, Content::Lost { .. }),
             path,
         }
     }
@@ -689,6 +702,33 @@ impl Answer {
     }
 }
 
+/// A version that does not read, as fsck names it.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Cost {
+    pub path: String,
+    /// Its number as `log` shows it, if its path still leads to it.
+    pub version: Option<usize>,
+    pub seq: Seq,
+    pub time_ns: i64,
+    pub time: String,
+    pub obj: ObjectId,
+    pub why: String,
+}
+
+/// What `fsck --repair` did.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct RepairReport {
+    /// Problems found before repairing.
+    pub found: Vec<String>,
+    pub reindexed: u64,
+    pub restored_chunks: u64,
+    /// Versions that read again.
+    pub restored: Vec<Cost>,
+    /// Versions marked lost.
+    pub lost: Vec<Cost>,
+    pub removed_index_entries: u64,
+}
+
 /// What `fsck` found.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct FsckReport {
@@ -696,31 +736,185 @@ pub struct FsckReport {
     pub manifests_checked: u64,
     pub chunks_checked: u64,
     pub bytes_checked: u64,
+    /// What is wrong now, each unreadable version first (path, version,
+    /// time), then the damage itself. Empty: the store is consistent.
     pub problems: Vec<String>,
+    /// The versions that do not read now.
+    pub unreadable: Vec<Cost>,
+    /// Versions marked lost by a repair (not problems: they are known).
+    pub lost_versions: u64,
+    /// Changes the repair made (index entries re-pointed, chunks stored
+    /// again, versions marked lost, damaged entries dropped).
     pub repaired: u64,
+    pub repair: Option<RepairReport>,
     pub chained_changes: u64,
     pub unchained_changes: u64,
     pub chain_head_seq: Option<u64>,
     pub chain_head: Option<String>,
 }
 
-/// Verifies every version's references and every chunk's hash.
-/// `progress(done, total)` is called as chunks are checked.
-pub fn fsck(
-    history: &History,
-    repair: bool,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<FsckReport> {
-    Ok(history.verify(repair, progress)?).map(|r| FsckReport {
-        versions: r.versions,
-        manifests_checked: r.manifests,
-        chunks_checked: r.chunks,
-        bytes_checked: r.bytes,
-        problems: r.problems,
-        repaired: r.repaired,
-        chained_changes: r.chained_ops,
-        unchained_changes: r.unchained_ops,
-        chain_head_seq: r.chain_head.as_ref().map(|(s, _)| *s),
-        chain_head: r.chain_head.map(|(_, h)| h),
-    })
+impl Service {
+    /// Names an unreadable version: its path then, its number in that
+    /// path's log, its time.
+    fn cost(
+        &self,
+        u: &Unreadable,
+        numbers: &mut HashMap<Components, Vec<(ObjectId, Seq)>>,
+    ) -> Cost {
+        let path = u.path.clone().unwrap_or_default();
+        let version = if u.path.is_some() {
+            let rows = numbers.entry(path.clone()).or_insert_with(|| {
+                let past = self.past();
+                past.incarnations(&path)
+                    .and_then(|inc| past.path_versions(&inc, None, None))
+                    .map(|rows| rows.into_iter().map(|r| (r.0, r.1)).collect())
+                    .unwrap_or_default()
+            });
+            rows.iter()
+                .position(|r| *r == (u.obj, u.seq))
+                .map(|i| i + 1)
+        } else {
+            None
+        };
+        Cost {
+            path: match &u.path {
+                Some(p) => show_path(p),
+                None => format!("(object {}, no recorded name)", u.obj),
+            },
+            version,
+            seq: u.seq,
+            time_ns: u.time_ns,
+            // As `log` shows times.
+            time: spec::show(u.time_ns),
+            obj: u.obj,
+            why: u.why.clone(),
+        }
+    }
+
+    /// Opens the live file of `obj` for reading, if it has one: the object
+    /// itself, or else whatever regular file is at its last recorded path
+    /// (a source tree copied or restored from a backup has new inode
+    /// numbers). Either is only a candidate: every chunk taken from it is
+    /// checked against its hash.
+    fn head_file(&self, obj: ObjectId) -> Option<OwnedFd> {
+        let past = self.past();
+        let fd = match past.live_object(obj).ok()? {
+            Some((fd, _)) => fd,
+            None => {
+                let path = self.history.path_at(obj, Seq::MAX).ok()??;
+                let mut fd = sys::reopen(self.root_fd(), libc::O_PATH).ok()?;
+                for (i, comp) in path.iter().enumerate() {
+                    match past.live_step(fd.as_fd(), i == 0, comp).ok()? {
+                        Some(crate::history::past::Cur::Live { fd: next, .. }) => fd = next,
+                        _ => return None,
+                    }
+                }
+                fd
+            }
+        };
+        let st = sys::fstat(fd.as_fd()).ok()?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return None;
+        }
+        sys::reopen(fd.as_fd(), libc::O_RDONLY).ok()
+    }
+
+    /// Verifies every version's references and every chunk's hash; with
+    /// `repair`, repairs first and records what it did in the audit log.
+    /// `progress(done, total)` is called as chunks are checked.
+    pub fn fsck(
+        &self,
+        repair: bool,
+        peer: &Peer,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<FsckReport> {
+        let head = |obj| self.head_file(obj);
+        if repair {
+            // Versions still being built commit first: repair then sees
+            // every version that may reference a damaged chunk.
+            self.host.settle();
+        }
+        let r = self
+            .history
+            .verify(repair.then_some(&head as HeadFiles), progress)?;
+        if let Some(done) = r.repair.as_ref().filter(|d| !d.lost.is_empty()) {
+            let objs: Vec<ObjectId> = done.lost.iter().map(|u| u.obj).collect();
+            self.host.history_rewritten(&objs);
+        }
+        let mut numbers = HashMap::new();
+        let unreadable: Vec<Cost> = r
+            .unreadable
+            .iter()
+            .map(|u| self.cost(u, &mut numbers))
+            .collect();
+        let mut problems: Vec<String> = unreadable.iter().map(cost_line).collect();
+        problems.extend(r.problems);
+        let mut report = FsckReport {
+            versions: r.versions,
+            manifests_checked: r.manifests,
+            chunks_checked: r.chunks,
+            bytes_checked: r.bytes,
+            problems,
+            unreadable,
+            lost_versions: r.lost_versions,
+            chained_changes: r.chained_ops,
+            unchained_changes: r.unchained_ops,
+            chain_head_seq: r.chain_head.as_ref().map(|(s, _)| *s),
+            chain_head: r.chain_head.map(|(_, h)| h),
+            ..Default::default()
+        };
+        if let Some(done) = r.repair {
+            let costs = |list: &[Unreadable], numbers: &mut HashMap<_, _>| -> Vec<Cost> {
+                list.iter().map(|u| self.cost(u, numbers)).collect()
+            };
+            let mut found: Vec<String> = costs(&done.found_unreadable, &mut numbers)
+                .iter()
+                .map(cost_line)
+                .collect();
+            found.extend(done.found_problems.iter().cloned());
+            let rep = RepairReport {
+                found,
+                reindexed: done.reindexed,
+                restored_chunks: done.restored_chunks,
+                restored: costs(&done.restored_versions, &mut numbers),
+                lost: costs(&done.lost, &mut numbers),
+                removed_index_entries: done.removed_entries,
+            };
+            report.repaired = rep.reindexed
+                + rep.restored_chunks
+                + rep.lost.len() as u64
+                + rep.removed_index_entries;
+            if done.changed() {
+                let detail = json!({
+                    "reindexed": rep.reindexed,
+                    "restored_chunks": rep.restored_chunks,
+                    "restored_versions": rep.restored.iter().map(cost_brief).collect::<Vec<_>>(),
+                    "lost_versions": rep.lost.iter().map(cost_brief).collect::<Vec<_>>(),
+                    "removed_index_entries": rep.removed_index_entries,
+                    "problems_left": report.problems.len(),
+                });
+                self.history
+                    .audit(&self.audit_record(peer, "fsck-repair", detail))?;
+            }
+            report.repair = Some(rep);
+        }
+        Ok(report)
+    }
+}
+
+/// A problem line naming what an unreadable version costs.
+fn cost_line(c: &Cost) -> String {
+    format!(
+        "{}: {} (#{}, {}) cannot be read: {}",
+        c.path,
+        c.version
+            .map_or_else(|| "a version".to_string(), |n| format!("version {n}")),
+        c.seq,
+        c.time,
+        c.why
+    )
+}
+
+fn cost_brief(c: &Cost) -> Value {
+    json!({"path": c.path, "version": c.version, "seq": c.seq, "time_ns": c.time_ns})
 }

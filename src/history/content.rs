@@ -387,6 +387,43 @@ pub fn write_to(chunks: &ChunkStore, manifest: &Manifest, out: &mut impl Write) 
     Ok(())
 }
 
+/// Cuts `source` (a whole file of `size` bytes) exactly as an ingest of
+/// it would, storing nothing: `f` sees each data chunk's hash and bytes.
+/// Returns the manifest an ingest would have written, so that `fsck
+/// --repair` can find damaged chunks and manifests among a live file's.
+pub fn recut(
+    source: impl Read,
+    size: u64,
+    f: &mut dyn FnMut(&Hash, &[u8]) -> Result<()>,
+) -> Result<Manifest> {
+    let mut manifest = Manifest::default();
+    let (min, avg, max) = sizes(size);
+    for piece in StreamCDC::new(source, min as usize, avg as usize, max as usize) {
+        let piece = piece.map_err(|e| match e {
+            fastcdc::v2020::Error::IoError(io) => HistoryError::Store(StoreError::Io {
+                path: "(live file)".into(),
+                source: io,
+            }),
+            other => HistoryError::Corrupt(format!("chunking failed: {other}")),
+        })?;
+        let len = piece.length as u32;
+        if piece.data.iter().all(|b| *b == 0) {
+            push(&mut manifest, Extent { len, chunk: None });
+            continue;
+        }
+        let hash = crate::store::chunks::hash(&piece.data);
+        f(&hash, &piece.data)?;
+        push(
+            &mut manifest,
+            Extent {
+                len,
+                chunk: Some(hash),
+            },
+        );
+    }
+    Ok(manifest)
+}
+
 /// Every chunk a manifest references.
 pub fn chunk_refs(manifest: &Manifest) -> impl Iterator<Item = Hash> + '_ {
     manifest.extents.iter().filter_map(|e| e.chunk)

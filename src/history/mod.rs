@@ -53,6 +53,9 @@ pub enum HistoryError {
     Store(#[from] StoreError),
     #[error("the store's history is damaged: {0}")]
     Corrupt(String),
+    /// A version `fsck --repair` marked lost.
+    #[error("{0}: its content was lost (damaged in the store; `fsck --repair` marked it lost): input/output error")]
+    Lost(String),
 }
 
 impl HistoryError {
@@ -60,6 +63,7 @@ impl HistoryError {
         match self {
             HistoryError::Store(e) => e.errno(),
             HistoryError::Corrupt(_) => libc::EUCLEAN,
+            HistoryError::Lost(_) => libc::EIO,
         }
     }
 }

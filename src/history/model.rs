@@ -145,6 +145,13 @@ pub enum Content {
     /// (`version = false`): its attributes and names are recorded, its
     /// content is not (store format 4).
     Unrecorded,
+    /// A regular file whose recorded bytes were damaged in the store and
+    /// could not be recovered: `fsck --repair` rewrote its `File` content
+    /// to this, keeping the manifest's hash for the record but no longer
+    /// referencing it (store format 5). Reading it fails with EIO.
+    Lost {
+        manifest: Hash,
+    },
 }
 
 /// One recorded version of an object.

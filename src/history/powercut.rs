@@ -206,7 +206,7 @@ fn check_image(image: &Sim, acked: &[Expected]) -> Result<(), String> {
     let history =
         History::open(&store, false).map_err(|e| format!("history does not open: {e}"))?;
     let report = history
-        .verify(false, &mut |_, _| {})
+        .verify(None, &mut |_, _| {})
         .map_err(|e| format!("fsck failed: {e}"))?;
     if !report.problems.is_empty() {
         return Err(format!("fsck: {}", report.problems.join("; ")));

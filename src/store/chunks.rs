@@ -777,6 +777,47 @@ impl ChunkStore {
         }
         Ok(total)
     }
+
+    /// Writes chunk `h` again from `data` (its plain bytes, found elsewhere
+    /// by `fsck --repair`) although the index may still name damaged bytes
+    /// for it, which `put_hashed` would take as stored. Returns the new
+    /// entry's location; the caller points the index at it after `sync`.
+    /// A delta whose header still reads is written as a delta against the
+    /// same base with the same lineage number, so the deltas built on it
+    /// read again too; otherwise the chunk is stored whole.
+    pub fn store_again(&self, h: &Hash, data: &[u8]) -> Result<Location, StoreError> {
+        if hash(data) != *h {
+            return Err(StoreError::CorruptChunk {
+                hash: hex(h),
+                detail: "the bytes offered to restore it do not match its hash".into(),
+            });
+        }
+        let header = match self.locate(h)? {
+            Some(loc) => self.delta_header(&loc).ok().flatten(),
+            None => None,
+        };
+        if let Some((base, n)) = header.filter(|(b, n)| b != h && *n >= 1) {
+            let base_data = match self.lineage(&base) {
+                Ok(Some((loc, bn, _))) if bn == skip_base(n) => self.read_at(&base, &loc).ok(),
+                _ => None,
+            };
+            if let Some(base_data) = base_data {
+                let frame = compress_with_prefix(data, &base_data, ZSTD_LEVEL)
+                    .map_err(|e| self.io_err(e))?;
+                let body = [&base[..], &n.to_be_bytes(), &frame].concat();
+                let loc = self.append(h, Encoding::Delta, data.len(), &body)?;
+                if self.read_at(h, &loc).is_ok() {
+                    return Ok(loc);
+                }
+            }
+        }
+        let full = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(|e| self.io_err(e))?;
+        if full.len() < data.len() {
+            self.append(h, Encoding::Zstd, data.len(), &full)
+        } else {
+            self.append(h, Encoding::Raw, data.len(), data)
+        }
+    }
 }
 
 /// How many deltas a read of a chunk of `len` bytes may apply: the root

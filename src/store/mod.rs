@@ -26,14 +26,16 @@ pub use redb;
 
 /// The format written by this build. Bump on any incompatible change to a
 /// key or value layout, and record it in docs/FORMAT.md.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Older formats this build upgrades in place, by rewriting the version
 /// number only: format 1 had no history tables (they are created on first
 /// use); format 2 had no delta chunks (it never holds any, and format 3
 /// reads everything it does hold); format 3 had no `pruned` and `audit`
 /// tables (created on first use). A format-3 build refuses a format-4
-/// store: it would read a pruned object's past as its live state.
-const UPGRADABLE: &[u64] = &[1, 2, 3];
+/// store: it would read a pruned object's past as its live state. Format
+/// 4 had no lost versions (version content variant 5), which a format-4
+/// build could not decode.
+const UPGRADABLE: &[u64] = &[1, 2, 3, 4];
 
 pub const INDEX_FILE: &str = "index.redb";
 /// A new index is built under this name and renamed when complete.

@@ -421,6 +421,13 @@ impl Vfs {
             c.settle();
         }
     }
+
+    /// See `Capture::forget_known`.
+    pub fn forget_known(&self, objs: &[ObjectId]) {
+        if let Some(c) = self.capture() {
+            c.forget_known(objs);
+        }
+    }
 }
 
 /// Whether open flags may change the file.

@@ -906,6 +906,13 @@ impl Vfs {
             Content::File { manifest } => manifest,
             // Not versioned by policy: the bytes of that instant are gone.
             Content::Unrecorded => return Err(errno(libc::ENODATA)),
+            Content::Lost { .. } => {
+                tracing::warn!(
+                    "history view: object {obj} at #{at}: {}",
+                    crate::history::HistoryError::Lost("its version".into())
+                );
+                return Err(errno(libc::EIO));
+            }
             _ => return Err(VfsError::WrongKind),
         };
         let manifest = h.manifest(&manifest).map_err(|e| past_err(e.into()))?;
