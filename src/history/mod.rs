@@ -93,6 +93,8 @@ struct WriteState {
     undurable: Vec<Op>,
     /// The index generation (`Index::generation`) `undurable` was applied to.
     applied_generation: u64,
+    /// The last apply failed (the index may be re-opened before the next).
+    apply_failed: bool,
     /// Latest versions and directory entries of queued changes, for the
     /// capture's hot-path questions (what is the newest version of X?).
     latest: HashMap<ObjectId, (Seq, Arc<Version>)>,
@@ -197,6 +199,7 @@ impl History {
                 queue: Vec::new(),
                 undurable: Vec::new(),
                 applied_generation: 0,
+                apply_failed: false,
                 latest: HashMap::new(),
                 dirents: HashMap::new(),
             }),
@@ -333,10 +336,13 @@ impl History {
         let (batch, reapply, retired_journal, last_seq) = {
             let mut st = self.state.lock();
             let batch = std::mem::take(&mut st.queue);
-            let reapply = if st.applied_generation == generation {
-                Vec::new()
-            } else {
+            // A durable apply always writes them again: the index may have
+            // been re-opened (losing them) by a failure this apply's own
+            // transaction start detects, after `generation` was read.
+            let reapply = if durable || st.applied_generation != generation || st.apply_failed {
                 st.undurable.clone()
+            } else {
+                Vec::new()
             };
             let retired = if durable {
                 let old = st.active;
@@ -372,6 +378,7 @@ impl History {
             // Put the batch back: its changes are still journaled and must
             // become visible once the index accepts writes again.
             let mut st = self.state.lock();
+            st.apply_failed = true;
             let newer = std::mem::take(&mut st.queue);
             st.queue = batch;
             st.queue.extend(newer);
@@ -387,6 +394,7 @@ impl History {
         );
         let mut st = self.state.lock();
         st.applied_generation = generation;
+        st.apply_failed = false;
         if durable {
             st.undurable.clear();
         } else {
