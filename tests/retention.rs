@@ -697,3 +697,48 @@ capture = "interval"
     assert_eq!(read_file(&m.p("x.dat")), b"d10");
     assert_consistent(&m);
 }
+
+/// `-o every-write` with the kernel's writeback cache on (the daemon does
+/// the writes): each recorded version is the file as it was after one
+/// write(2), in order; none is a state the application never made.
+#[test]
+fn every_write_records_each_write_as_issued() {
+    use std::os::unix::fs::FileExt;
+    let mut m = {
+        let _serial = history_mount_lock();
+        Mount::new("every-write,passthrough=off,writeback")
+    };
+    m.wait_history_ready();
+    let f = fs::File::create(m.p("r.bin")).unwrap();
+    let block = 256 << 10;
+    let mut states = Vec::new();
+    let mut now: Vec<u8> = Vec::new();
+    // Out of order, and growing: a cache that merged or reordered them
+    // would record a state with zeros where no write had landed yet.
+    for (i, at) in [1usize, 0, 3, 2, 4].iter().enumerate() {
+        let data = vec![b'a' + i as u8; block];
+        f.write_all_at(&data, (at * block) as u64).unwrap();
+        let end = (at + 1) * block;
+        if now.len() < end {
+            now.resize(end, 0);
+        }
+        now[at * block..end].copy_from_slice(&data);
+        states.push(now.clone());
+    }
+    drop(f);
+    let recorded: Vec<Vec<u8>> = versions(&m.p("r.bin"))
+        .into_iter()
+        .flatten()
+        .filter(|v| !v.is_empty())
+        .collect();
+    assert_eq!(
+        recorded.len(),
+        states.len(),
+        "one version per write: {:?}",
+        recorded.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    for (i, (got, want)) in recorded.iter().zip(&states).enumerate() {
+        assert!(got == want, "version after write {} differs", i + 1);
+    }
+    m.unmount();
+}

@@ -254,14 +254,21 @@ impl ChronoFuse {
     /// external changes are caught by the mtime check of auto_inval_data).
     /// A write session's close is the exception: its FLUSH tells history
     /// that a version is imminent (see `Vfs::flush`).
-    fn open_flags(&self, passthrough: bool, session: bool) -> FopenFlags {
-        let flush = if session {
+    ///
+    /// A file whose every write is a version (`capture = every-write`)
+    /// bypasses the kernel's page cache (DIRECT_IO): with the writeback
+    /// cache, the kernel would merge and reorder the writes, and history
+    /// would record states the application never made.
+    fn open_flags(&self, passthrough: bool, opened: &Opened) -> FopenFlags {
+        let flush = if opened.session {
             FopenFlags::empty()
         } else {
             FopenFlags::FOPEN_NOFLUSH
         };
         if passthrough {
             flush
+        } else if opened.per_write {
+            FopenFlags::FOPEN_DIRECT_IO | flush
         } else {
             FopenFlags::FOPEN_KEEP_CACHE | flush
         }
@@ -305,16 +312,10 @@ impl ChronoFuse {
                 &attr,
                 GENERATION,
                 fh,
-                self.open_flags(true, opened.session),
+                self.open_flags(true, &opened),
                 &id,
             ),
-            None => reply.created(
-                &ttl,
-                &attr,
-                GENERATION,
-                fh,
-                self.open_flags(false, opened.session),
-            ),
+            None => reply.created(&ttl, &attr, GENERATION, fh, self.open_flags(false, &opened)),
         }
     }
 }
@@ -336,6 +337,8 @@ const WANTED: &[InitFlags] = &[
     InitFlags::FUSE_SPLICE_READ,
     InitFlags::FUSE_SPLICE_WRITE,
     InitFlags::FUSE_SPLICE_MOVE,
+    // Files captured per write are DIRECT_IO; programs may still mmap them.
+    InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
 ];
 
 impl fuser::Filesystem for ChronoFuse {
@@ -550,15 +553,10 @@ impl fuser::Filesystem for ChronoFuse {
             Err(e) => return reply.error(err(e)),
         };
         match self.backing_for(&who, ino(i), &opened, |fd| reply.open_backing(fd)) {
-            Some(id) => reply.opened_passthrough(
-                FileHandle(opened.fh),
-                self.open_flags(true, opened.session),
-                &id,
-            ),
-            None => reply.opened(
-                FileHandle(opened.fh),
-                self.open_flags(false, opened.session),
-            ),
+            Some(id) => {
+                reply.opened_passthrough(FileHandle(opened.fh), self.open_flags(true, &opened), &id)
+            }
+            None => reply.opened(FileHandle(opened.fh), self.open_flags(false, &opened)),
         }
     }
 

@@ -19,6 +19,9 @@ pub struct Opened {
     pub passthrough_ok: bool,
     /// Closing it ends a write session: the kernel should send FLUSH.
     pub session: bool,
+    /// Each write is a version (`capture = every-write`): the kernel must
+    /// send every write as the application issued it.
+    pub per_write: bool,
 }
 
 /// How the object behind a freshly opened descriptor came to be.
@@ -137,6 +140,7 @@ impl Vfs {
             fh,
             passthrough_ok: passthrough && inode.kind == libc::S_IFREG,
             session,
+            per_write: every_write,
         })
     }
 
@@ -365,6 +369,7 @@ impl Vfs {
                 fh,
                 passthrough_ok: passthrough,
                 session: false,
+                per_write: every_write,
             },
         ))
     }

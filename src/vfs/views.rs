@@ -794,6 +794,7 @@ impl Vfs {
             fh,
             passthrough_ok,
             session: false,
+            per_write: false,
         })
     }
 
