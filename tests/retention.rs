@@ -358,6 +358,53 @@ fn purge_removes_a_file_and_all_its_history() {
     assert_consistent(&m);
 }
 
+/// Issue 14.7: the kernel caches view entries and attributes for a day;
+/// purge must make it forget them, or `.history/@T/f` keeps its size and
+/// reads fail with EIO until a remount.
+#[test]
+fn purge_leaves_no_stale_time_travel_entry() {
+    let policy = PolicyFile::new("");
+    let m = mount_with(&policy);
+    fs::create_dir(m.p("d")).unwrap();
+    write_file(&m.p("d/keep"), b"kept");
+    write_file(&m.p("d/big.bin"), &pattern(1 << 20, 7));
+    let log = cli_json(&["log", s(&m.p("d/big.bin"))]);
+    let seq = log["versions"]
+        .as_array()
+        .and_then(|v| v.last())
+        .and_then(|v| v["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no seq in {log}"));
+    fs::remove_file(m.p("d/big.bin")).unwrap();
+    let past = m.p(&format!(".history/@{seq}/d"));
+    let by_name = m.p("d/big.bin;1");
+    // Into the kernel's caches: entries, attributes and pages.
+    assert_eq!(fs::metadata(past.join("big.bin")).unwrap().len(), 1 << 20);
+    assert_eq!(fs::read(past.join("big.bin")).unwrap().len(), 1 << 20);
+    assert_eq!(fs::read(&by_name).unwrap().len(), 1 << 20);
+    cli(&["purge", s(&m.p("d/big.bin"))]);
+    cli(&["gc", s(&m.mnt)]);
+    for gone in [past.join("big.bin"), by_name] {
+        let err = fs::metadata(&gone).map(|md| md.len());
+        assert_eq!(
+            err.map_err(|e| e.raw_os_error()),
+            Err(Some(libc::ENOENT)),
+            "{gone:?}"
+        );
+        let err = fs::read(&gone).map(|d| d.len());
+        assert_eq!(
+            err.map_err(|e| e.raw_os_error()),
+            Err(Some(libc::ENOENT)),
+            "{gone:?}"
+        );
+    }
+    let names: Vec<_> = fs::read_dir(&past)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("keep")]);
+    assert_eq!(fs::read(past.join("keep")).unwrap(), b"kept");
+}
+
 #[test]
 fn a_failed_reload_keeps_the_policy_in_force() {
     let policy =

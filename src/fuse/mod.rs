@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -81,6 +82,24 @@ impl ChronoFuse {
 
     fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
         self.notifier.clone()
+    }
+
+    /// After history removes versions (prune, purge, retention), the
+    /// kernel must forget the names and attributes it caches for views:
+    /// they are cached for a day, and would show what is gone.
+    fn forget_removed_views(&self) {
+        let notifier = self.notifier.clone();
+        let vfs = Arc::downgrade(&self.vfs);
+        self.vfs.on_history_removal(Box::new(move || {
+            let (Some(n), Some(vfs)) = (notifier.get(), vfs.upgrade()) else {
+                return;
+            };
+            for (parent, name, node) in vfs.view_names() {
+                // ENOENT: the kernel no longer has it, which is the aim.
+                let _ = n.inval_entry(INodeNo(parent.0), OsStr::from_bytes(&name));
+                let _ = n.inval_inode(INodeNo(node.0), 0, 0);
+            }
+        }));
     }
 }
 

@@ -74,6 +74,7 @@ impl Mounted {
         // One /dev/fuse descriptor per thread: requests are not funnelled
         // through a single queue lock.
         config.clone_fd = true;
+        fs.forget_removed_views();
         let notifier = fs.notifier_slot();
         let session = fuser::Session::new(fs, mnt, &config)?;
         // Only ever set here, once.

@@ -121,6 +121,10 @@ pub struct History {
     /// Changes made while the store was full that history could not
     /// record (removals go ahead regardless: see `vfs::before_freeing`).
     unrecorded: std::sync::atomic::AtomicU64,
+    /// Counts acts that took versions away (prune, purge, retention,
+    /// versions marked lost): views built before may show what is gone.
+    removals: std::sync::atomic::AtomicU64,
+    removal_hooks: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
 
 pub struct HistoryHandle {
@@ -209,6 +213,8 @@ impl History {
             maintenance: Mutex::new(()),
             build_gate: parking_lot::RwLock::new(()),
             unrecorded: std::sync::atomic::AtomicU64::new(0),
+            removals: std::sync::atomic::AtomicU64::new(0),
+            removal_hooks: Mutex::new(Vec::new()),
         });
         let applier = if background {
             let bg = history.clone();
@@ -310,6 +316,27 @@ impl History {
     /// retention then).
     pub fn on_store_full(&self, hook: Box<dyn Fn() + Send + Sync>) {
         self.space.on_full(hook);
+    }
+
+    /// Runs `hook` after each act that took versions away, once its commit
+    /// is durable and no history lock is held (the hook may wait on the
+    /// kernel, which may wait on requests that need history).
+    pub fn on_removal(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        self.removal_hooks.lock().push(hook);
+    }
+
+    /// Changes each time versions are taken away; what was checked against
+    /// history at one value stays valid while it holds.
+    pub fn removal_epoch(&self) -> u64 {
+        self.removals.load(Ordering::Acquire)
+    }
+
+    /// Called with no history lock held, after versions went away.
+    fn removed(&self) {
+        self.removals.fetch_add(1, Ordering::AcqRel);
+        for hook in self.removal_hooks.lock().iter() {
+            hook();
+        }
     }
 
     /// A change went ahead that a full store could not record.

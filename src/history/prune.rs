@@ -169,6 +169,19 @@ impl History {
         pins: Pins,
         audit: Option<serde_json::Value>,
     ) -> Result<PruneOutcome> {
+        let out = self.prune_locked(plan, pins, audit)?;
+        if out.objects_removed + out.versions_removed > 0 {
+            self.removed();
+        }
+        Ok(out)
+    }
+
+    fn prune_locked(
+        &self,
+        plan: &[(ObjectId, Removal)],
+        pins: Pins,
+        audit: Option<serde_json::Value>,
+    ) -> Result<PruneOutcome> {
         let _one = self.maintenance.lock();
         self.sync()?;
         let mut out = PruneOutcome::default();

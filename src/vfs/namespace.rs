@@ -18,7 +18,9 @@ impl Vfs {
     /// root, a version name (`f;3`) or `;deleted` (see `views.rs`).
     pub fn lookup(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<Entry> {
         if views::is_view(parent) {
-            return self.view_lookup(caller, parent, name);
+            return self
+                .view_lookup(caller, parent, name)
+                .inspect(|e| self.note_view_name(parent, name, e.attr.ino));
         }
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
@@ -34,7 +36,7 @@ impl Vfs {
                 return match virtual_entry
                     .or_else(|| self.lookup_version_name(caller, parent, name))
                 {
-                    Some(found) => found,
+                    Some(found) => found.inspect(|e| self.note_view_name(parent, name, e.attr.ino)),
                     None => Err(e),
                 };
             }

@@ -103,6 +103,12 @@ struct ViewNode {
     clone: Mutex<Option<Option<Arc<OwnedFd>>>>,
     /// The attributes shown (`st_ino` is the view's number).
     st: Stat,
+    /// History's removal epoch when the node was last found to show what
+    /// history holds (see `current`).
+    checked: AtomicU64,
+    /// The names the kernel may cache for the node, as (parent, name), so
+    /// they can be dropped when history removes what they show.
+    names: Mutex<Vec<(InodeNo, Vec<u8>)>>,
 }
 
 enum What {
@@ -316,28 +322,105 @@ impl Vfs {
     /// Registers (or takes one more kernel reference on) a view node.
     fn hold_view(&self, ino: InodeNo, make: impl FnOnce() -> Result<(What, Stat)>) -> Result<Stat> {
         if let Some(n) = self.views.nodes.read().get(&ino) {
-            n.nlookup.fetch_add(1, Ordering::AcqRel);
-            return Ok(n.st);
+            if self.current(n).is_ok() {
+                n.nlookup.fetch_add(1, Ordering::AcqRel);
+                return Ok(n.st);
+            }
         }
+        let epoch = self.history().map_or(0, |h| h.removal_epoch());
         let (what, st) = make()?;
         let mut nodes = self.views.nodes.write();
+        let mut nlookup = 1;
         if let Some(n) = nodes.get(&ino) {
-            n.nlookup.fetch_add(1, Ordering::AcqRel);
-            let st = n.st;
-            drop(nodes);
-            self.drop_what(what);
-            return Ok(st);
+            if self.current(n).is_ok() {
+                n.nlookup.fetch_add(1, Ordering::AcqRel);
+                let st = n.st;
+                drop(nodes);
+                self.drop_what(what);
+                return Ok(st);
+            }
+            // History removed what the old node showed: the new one takes
+            // over the kernel's references under the same number.
+            nlookup += n.nlookup.load(Ordering::Acquire);
         }
-        nodes.insert(
+        let names = nodes
+            .get(&ino)
+            .map(|n| std::mem::take(&mut *n.names.lock()))
+            .unwrap_or_default();
+        let old = nodes.insert(
             ino,
             Arc::new(ViewNode {
-                nlookup: AtomicU64::new(1),
+                nlookup: AtomicU64::new(nlookup),
                 what,
                 st,
                 clone: Mutex::new(None),
+                checked: AtomicU64::new(epoch),
+                names: Mutex::new(names),
             }),
         );
+        drop(nodes);
+        if let Some(Ok(old)) = old.map(Arc::try_unwrap) {
+            self.drop_what(old.what);
+        }
         Ok(st)
+    }
+
+    /// Fails with ENOENT if history removed (pruned, purged) the version
+    /// the node shows since it was made: the kernel may still cache it.
+    fn current(&self, node: &ViewNode) -> Result<()> {
+        let Ok(history) = self.history() else {
+            return Ok(());
+        };
+        let epoch = history.removal_epoch();
+        if node.checked.load(Ordering::Acquire) == epoch {
+            return Ok(());
+        }
+        if let What::At {
+            at,
+            obj,
+            state: State::Hist { v },
+        } = &node.what
+        {
+            let now = history.object_at(*obj, *at).map_err(|e| errno(e.errno()))?;
+            if !now.is_some_and(|(_, n)| n == **v) {
+                return enoent(format_args!(
+                    "object {obj} at {at} was removed from history"
+                ));
+            }
+        }
+        node.checked.store(epoch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Remembers that the kernel knows view node `ino` as `name` in
+    /// `parent`.
+    pub(super) fn note_view_name(&self, parent: InodeNo, name: &OsStr, ino: InodeNo) {
+        if let Some(n) = self.views.nodes.read().get(&ino) {
+            let mut names = n.names.lock();
+            let name = name.as_bytes();
+            if !names.iter().any(|(p, m)| *p == parent && m == name) {
+                names.push((parent, name.to_vec()));
+            }
+        }
+    }
+
+    /// Every (parent, name, node) the kernel may cache for a view.
+    pub fn view_names(&self) -> Vec<(InodeNo, Vec<u8>, InodeNo)> {
+        let nodes = self.views.nodes.read();
+        let mut out = Vec::new();
+        for (ino, n) in nodes.iter() {
+            for (parent, name) in n.names.lock().iter() {
+                out.push((*parent, name.clone(), *ino));
+            }
+        }
+        out
+    }
+
+    /// Runs `hook` after history removed versions (see `view_names`).
+    pub fn on_history_removal(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        if let Ok(h) = self.history() {
+            h.on_removal(hook);
+        }
     }
 
     fn drop_what(&self, what: What) {
@@ -703,6 +786,7 @@ impl Vfs {
 
     pub(super) fn view_getattr(&self, ino: InodeNo) -> Result<Attr> {
         let node = self.view(ino)?;
+        self.current(&node)?;
         Ok(Attr { ino, st: node.st })
     }
 
@@ -772,6 +856,7 @@ impl Vfs {
             return erofs();
         }
         let node = self.view(ino)?;
+        self.current(&node)?;
         let What::At { at, obj, state } = &node.what else {
             return Err(errno(libc::EISDIR));
         };
@@ -1057,6 +1142,7 @@ impl Vfs {
 
     pub(super) fn view_opendir(&self, ino: InodeNo) -> Result<u64> {
         let node = self.view(ino)?;
+        self.current(&node)?;
         let entries = match &node.what {
             What::Top => {
                 let mut out = Vec::new();
@@ -1183,7 +1269,8 @@ impl Vfs {
             let found = match hist {
                 Some((at, obj, v)) => self.hist_at(*at, *obj, v.clone()),
                 None => self.view_lookup(caller, *dir, OsStr::from_bytes(name)),
-            };
+            }
+            .inspect(|e| self.note_view_name(*dir, OsStr::from_bytes(name), e.attr.ino));
             let e = match found {
                 Ok(e) => e,
                 Err(e) if e.errno_is(libc::ENOENT) => continue,
