@@ -405,6 +405,82 @@ fn purge_leaves_no_stale_time_travel_entry() {
     assert_eq!(fs::read(past.join("keep")).unwrap(), b"kept");
 }
 
+/// Issue 14.8: with no administrator bounds, an owner still cannot erase
+/// a deleted file's recent history, and is told why less went than asked;
+/// a user may remove the tags they made, and only those.
+#[test]
+fn owners_cannot_silently_erase_recent_history_and_remove_only_their_tags() {
+    let policy = PolicyFile::new("");
+    let m = mount_with(&policy);
+    fs::set_permissions(&m.mnt, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let rc = as_nobody(|| {
+        for i in 0..3 {
+            if fs::write(m.p("mine.txt"), format!("mine {i}")).is_err() {
+                return 1;
+            }
+        }
+        i32::from(fs::remove_file(m.p("mine.txt")).is_err())
+    });
+    assert_eq!(rc, 0);
+    let before = version_count(&m.p("mine.txt"));
+    assert!(before >= 3, "{before}");
+    let out = cli_as(
+        Some(NOBODY),
+        &["prune", s(&m.p("mine.txt")), "--keep-last", "0"],
+    );
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("protection window (7d)"), "{said}");
+    assert_eq!(
+        version_count(&m.p("mine.txt")),
+        before,
+        "inside the default window"
+    );
+    let out = cli_as(
+        Some(NOBODY),
+        &["prune", s(&m.p("mine.txt")), "--keep-last", "0", "--json"],
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        r["held_back"]["versions"].as_u64(),
+        Some(before as u64),
+        "{r}"
+    );
+    // Tags: each user may remove their own.
+    cli(&["tag", "roots-tag", "--path", s(&m.mnt)]);
+    let made = cli_as(Some(NOBODY), &["tag", "nobodys-tag", "--path", s(&m.mnt)]);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let theirs = cli_as(
+        Some(NOBODY),
+        &["tag", "--delete", "roots-tag", "--path", s(&m.mnt)],
+    );
+    assert!(!theirs.status.success());
+    let err = String::from_utf8_lossy(&theirs.stderr);
+    assert!(err.contains("only its maker or root"), "{err}");
+    let own = cli_as(
+        Some(NOBODY),
+        &["tag", "--delete", "nobodys-tag", "--path", s(&m.mnt)],
+    );
+    assert!(
+        own.status.success(),
+        "{}",
+        String::from_utf8_lossy(&own.stderr)
+    );
+    let tags = cli_json(&["tags", s(&m.mnt)]).to_string();
+    assert!(
+        tags.contains("roots-tag") && !tags.contains("nobodys-tag"),
+        "{tags}"
+    );
+}
+
 #[test]
 fn a_failed_reload_keeps_the_policy_in_force() {
     let policy =

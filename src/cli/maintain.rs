@@ -205,6 +205,9 @@ pub fn prune(t: &Target, keep: Retention, dry_run: bool, json: bool) -> Result<(
         dry_run,
     })?;
     print_clean(&r, json);
+    if let (false, Some(why)) = (json, r["held_back"]["why"].as_str()) {
+        println!("{why}");
+    }
     Ok(())
 }
 

@@ -91,7 +91,10 @@ impl Decide for Manual<'_> {
             raise(&mut r.min_count, floor.min_count);
             raise(&mut r.min_age_secs, floor.min_age_secs);
             raise(&mut r.min_space, floor.min_space);
-            r.protect_secs = r.protect_secs.max(floor.protect_secs);
+            r.protect_secs = r
+                .protect_secs
+                .max(floor.protect_secs)
+                .max(p.owner_protect_secs());
         }
         Some(r)
     }
@@ -170,6 +173,17 @@ impl Service {
         };
         let now = crate::history::now_ns();
         let plan = retention::plan(self.history(), &decide, now, &tz, Some(&scope), &mut report)?;
+        // What the request alone would take, to say why less goes.
+        let held_back = if peer.uid != 0 {
+            let alone = Manual { keep, policy: None };
+            let mut asked = CleanReport::default();
+            retention::plan(self.history(), &alone, now, &tz, Some(&scope), &mut asked)?;
+            asked
+                .planned_versions
+                .saturating_sub(report.planned_versions)
+        } else {
+            0
+        };
         if !dry_run {
             let detail = json!({"path": show_path(path), "keep": keep,
                 "versions": report.planned_versions, "objects": report.planned_objects});
@@ -180,7 +194,16 @@ impl Service {
                 &mut report,
             )?;
         }
-        Ok(serde_json::to_value(report).unwrap_or(Value::Null))
+        let mut value = serde_json::to_value(report).unwrap_or(Value::Null);
+        value["held_back"] = json!({
+            "versions": held_back,
+            "protect_secs": policy.owner_protect_secs(),
+            "why": (held_back > 0).then(|| format!(
+                "kept {held_back} version(s) inside the protection window ({}) or the policy's minimums: only root may prune them",
+                crate::policy::format_duration(policy.owner_protect_secs())
+            )),
+        });
+        Ok(value)
     }
 
     /// Refuses unless `peer` owns every object (its newest version).

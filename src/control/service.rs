@@ -141,7 +141,7 @@ impl Service {
             }
             Request::Status => self.status(),
             Request::Tags => self.tags(),
-            Request::Tag { name, at } => self.tag(name, at),
+            Request::Tag { name, at } => self.tag(name, at, peer),
             Request::Untag { name } => self.untag(name, peer),
             Request::Resolve { at } => {
                 let (seq, t) = self.resolve_at(at)?;
@@ -567,7 +567,7 @@ impl Service {
         Ok(json!({"tags": out}))
     }
 
-    fn tag(&self, name: &str, at: &At) -> Result<Value> {
+    fn tag(&self, name: &str, at: &At, peer: &Peer) -> Result<Value> {
         if name.is_empty()
             || name.bytes().all(|b| b.is_ascii_digit())
             || spec::parse(name) != Ok(At::Tag(name.to_string()))
@@ -586,6 +586,7 @@ impl Service {
             tags: vec![(name.to_string(), Some(seq))],
             ..Default::default()
         })?;
+        self.history.set_tag_owner(name, Some(peer.uid))?;
         Ok(json!({"name": name, "seq": seq, "time_ns": t}))
     }
 
@@ -593,13 +594,18 @@ impl Service {
         if self.history.tag(name)?.is_none() {
             return Err(Error::NotFound(format!("no tag named '{name}'")));
         }
-        if peer.uid != 0 {
-            return Err(Error::Denied("only root may remove tags".into()));
+        let owner = self.history.tag_owner(name)?;
+        if peer.uid != 0 && owner != Some(peer.uid) {
+            return Err(Error::Denied(format!(
+                "tag '{name}' was made by {}: only its maker or root may remove it",
+                owner.map_or_else(|| "root".to_string(), |u| format!("uid {u}"))
+            )));
         }
         self.history.commit(Draft {
             tags: vec![(name.to_string(), None)],
             ..Default::default()
         })?;
+        self.history.set_tag_owner(name, None)?;
         Ok(json!({"name": name, "deleted": true}))
     }
 }

@@ -22,7 +22,7 @@ use redb::{ReadableTable, WriteTransaction};
 
 use super::chain;
 use super::model::*;
-use super::tables::{self, AUDIT, DIRENTS, LINKS, PRUNED, TAGS, VERSIONS};
+use super::tables::{self, AUDIT, DIRENTS, LINKS, PRUNED, TAGS, TAG_OWNERS, VERSIONS};
 use super::{read_txn, History, HistoryError, Result};
 use crate::store::index_error;
 
@@ -135,6 +135,32 @@ impl History {
         tables::audit_put(&txn, record)?;
         txn.commit().map_err(err)?;
         Ok(())
+    }
+
+    /// Records who made tag `name` (`None`: forget it), so that they may
+    /// remove it again.
+    pub fn set_tag_owner(&self, name: &str, uid: Option<u32>) -> Result<()> {
+        let txn = self.db().begin_write().map_err(err)?;
+        {
+            let mut t = txn.open_table(TAG_OWNERS).map_err(err)?;
+            match uid {
+                Some(u) => t.insert(name, u).map_err(err)?,
+                None => t.remove(name).map_err(err)?,
+            };
+        }
+        txn.commit().map_err(err)?;
+        Ok(())
+    }
+
+    /// Who made tag `name`, if known.
+    pub fn tag_owner(&self, name: &str) -> Result<Option<u32>> {
+        let txn = read_txn(self.db())?;
+        let t = match txn.open_table(TAG_OWNERS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(err(e)),
+        };
+        Ok(t.get(name).map_err(err)?.map(|v| v.value()))
     }
 
     /// The audit log, oldest first.

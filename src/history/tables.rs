@@ -26,6 +26,9 @@ pub const SEQS: TableDefinition<u64, i64> = TableDefinition::new("seqs");
 pub const TIMES: TableDefinition<i64, u64> = TableDefinition::new("times");
 /// tag name → seq.
 pub const TAGS: TableDefinition<&str, u64> = TableDefinition::new("tags");
+/// tag name → uid of the user who made it (store format 5, written
+/// beside the tag, not journaled: a tag without an owner is root's).
+pub const TAG_OWNERS: TableDefinition<&str, u32> = TableDefinition::new("tag_owners");
 /// object → the sequence number of its oldest version ever pruned: its
 /// oldest kept version stands for the states before it (see `prune`).
 pub const PRUNED: TableDefinition<u64, u64> = TableDefinition::new("pruned");

@@ -30,7 +30,7 @@ pub use error::PolicyError;
 pub use parse::parse;
 pub use resolve::Resolved;
 pub use retention::{Candidate, Retention};
-pub use units::{parse_duration, parse_size};
+pub use units::{format_duration, parse_duration, parse_size};
 // The types of `Resolved`'s fields, for callers that name them; not every
 // one is named yet.
 #[allow(unused_imports)]
@@ -41,6 +41,10 @@ pub use {
 
 use select::Selector;
 use settings::{Setting, Settings};
+
+/// The protection window owners' prunes keep when the administrator set
+/// none: a week to notice a mistake (or an intruder acting as the owner).
+pub const OWNER_PROTECT_SECS: u64 = 7 * 86400;
 
 /// Whose file it is: only the administrator's may have `[defaults]` and
 /// `[bounds]`.
@@ -181,6 +185,22 @@ impl Policy {
     pub fn rule_count(&self) -> usize {
         self.admin.as_ref().map_or(0, |a| a.rule_count())
             + self.users.values().map(|u| u.rule_count()).sum::<usize>()
+    }
+
+    /// The protection window owners' own prunes respect: the
+    /// administrator's, or `OWNER_PROTECT_SECS` when the administrator set
+    /// none, so that an owner (or whoever acts as them) cannot erase
+    /// recent history silently.
+    pub fn owner_protect_secs(&self) -> u64 {
+        let set = self.admin.as_ref().and_then(|a| {
+            a.bounds
+                .get(Key::Protect)
+                .or_else(|| a.defaults.get(Key::Protect))
+        });
+        match set.and_then(|s| s.value.number()) {
+            Some(secs) => secs,
+            None => OWNER_PROTECT_SECS,
+        }
     }
 
     /// The administrator's protection window in seconds: non-root users may
