@@ -260,6 +260,45 @@ pub fn parse_at(s: Option<&str>) -> Result<At> {
     }
 }
 
+/// A bound of a range (`log --since/--until`), clamped into recorded
+/// history: a range reaching before history began or past now still means
+/// everything up to that end, so it is narrowed (and the user told, one
+/// line on stderr) rather than refused. A single instant (`cat --at`) is
+/// not clamped: there is no version to show there.
+fn range_bound(t: &Target, flag: &str, s: &str) -> Result<At> {
+    let at = parse_at(Some(s))?;
+    let At::Time(ns) = at else {
+        return Ok(at);
+    };
+    if ns > crate::history::now_ns() {
+        eprintln!(
+            "chronofs: {flag} '{s}' ({}) is in the future; using now",
+            spec::show(ns)
+        );
+        return Ok(At::Now);
+    }
+    let Err(e) = t.query(&Request::Resolve { at: at.clone() }) else {
+        return Ok(at);
+    };
+    // Only an instant before the first change is clamped; any other
+    // failure (an empty history...) is reported as it is.
+    let status = t.query(&Request::Status)?;
+    match (
+        status["first"]["seq"].as_u64(),
+        status["first"]["time_ns"].as_i64(),
+    ) {
+        (Some(seq), Some(first)) if ns < first => {
+            eprintln!(
+                "chronofs: {flag} '{s}' ({}) is before history began; using its start ({}, #{seq})",
+                spec::show(ns),
+                spec::show(first)
+            );
+            Ok(At::Seq(seq))
+        }
+        _ => Err(e),
+    }
+}
+
 pub(super) fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -281,8 +320,8 @@ pub fn log(
 ) -> Result<()> {
     let req = Request::Log {
         path: t.path.clone(),
-        since: since.map(|s| parse_at(Some(s))).transpose()?,
-        until: until.map(|s| parse_at(Some(s))).transpose()?,
+        since: since.map(|s| range_bound(t, "--since", s)).transpose()?,
+        until: until.map(|s| range_bound(t, "--until", s)).transpose()?,
         recursive,
     };
     if json && recursive {
