@@ -1785,6 +1785,11 @@ fn restore_revert_and_undelete_honour_json() {
             assert!(v.get("objects").u64() >= 1, "{out}");
             assert!(v.get("at").get("seq").u64() >= 1, "{out}");
         };
+        let out = chrono_str(m, &["cat", "t/a", "--at", "one", "--json"]);
+        let v = Json::parse(&out);
+        assert_eq!(v.get("content").str(), "a1\n", "{out}");
+        assert_eq!(v.get("encoding").str(), "utf-8", "{out}");
+        assert_eq!(v.get("version").get("size").u64(), 3, "{out}");
         let out = chrono_str(m, &["restore", "t/a", "--at", "one", "--json"]);
         check(&out, "restore", "/t/a");
         assert_eq!(read_file(&m.p("t/a")), b"a1\n");

@@ -766,7 +766,12 @@ fn dry_run_counts_equal_the_real_run() {
         assert_eq!(key(&d), key(&r), "{args:?}: dry run {d} vs real {r}");
         key(&r)
     };
-    let purged = |v: &Value| (v["objects"].as_u64().unwrap(), v["versions"].as_u64().unwrap());
+    let purged = |v: &Value| {
+        (
+            v["objects"].as_u64().unwrap(),
+            v["versions"].as_u64().unwrap(),
+        )
+    };
     assert_eq!(pair(&["purge", s(&m.p("f"))], &purged).0, 1);
     assert_eq!(pair(&["purge", s(&m.p("t"))], &purged).0, 5);
 

@@ -404,12 +404,32 @@ pub fn log(
     Ok(())
 }
 
-pub fn cat(t: &Target, at: Option<&str>, version: Option<i64>) -> Result<()> {
+pub fn cat(t: &Target, at: Option<&str>, version: Option<i64>, json: bool) -> Result<()> {
     let req = Request::Read {
         path: t.path.clone(),
         at: parse_at(at)?,
         version,
     };
+    if json {
+        // The bytes as a JSON string (hex when they are not UTF-8) beside
+        // the version's description: for scripts reading small files.
+        let mut bytes = Vec::new();
+        let meta = t.call(&req, &mut bytes)?;
+        let (encoding, content) = match String::from_utf8(bytes) {
+            Ok(text) => ("utf-8", text),
+            Err(e) => (
+                "hex",
+                e.as_bytes().iter().map(|b| format!("{b:02x}")).collect(),
+            ),
+        };
+        print_json(&serde_json::json!({
+            "path": t.abs.display().to_string(),
+            "version": meta,
+            "encoding": encoding,
+            "content": content,
+        }));
+        return Ok(());
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     t.call(&req, &mut out)?;
@@ -561,9 +581,11 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
 
 /// Starts the eager baseline and shows its progress until done.
 pub fn ingest(t: &Target, wait: bool, json: bool) -> Result<()> {
-    t.query(&Request::Ingest)?;
+    let started = t.query(&Request::Ingest)?;
     if !wait {
-        if !json {
+        if json {
+            print_json(&started);
+        } else {
             println!("ingest started; `chronofs status` shows its progress");
         }
         return Ok(());

@@ -502,7 +502,7 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             at,
             version,
             common,
-        } => h::cat(&tgt(&path, &common)?, at.as_deref(), version),
+        } => h::cat(&tgt(&path, &common)?, at.as_deref(), version, common.json),
         Command::Ls {
             dir,
             at,
