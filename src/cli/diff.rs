@@ -62,7 +62,16 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
         return Ok(differ);
     }
     for c in &report.changes {
-        writeln!(out, "{}", summary_line(c))?;
+        // A file's own content change is said by its unified diff alone,
+        // as diff(1) does.
+        let content_only = c["path"] == shown_root.as_str()
+            && c["change"] == "changed"
+            && c["kind"] == "file"
+            && c["mode"].is_null()
+            && c["kind_before"].is_null();
+        if !content_only {
+            writeln!(out, "{}", summary_line(c))?;
+        }
     }
     for text in &report.texts {
         write!(out, "{text}")?;
