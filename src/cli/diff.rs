@@ -9,7 +9,7 @@
 //! id is the file's identity), reported once for the topmost directory
 //! that moved.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use anyhow::{bail, Result};
@@ -173,7 +173,6 @@ impl Delta {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn delta(
     t: &Target,
     (a, pa, x): (&At, &Components, &Value),
@@ -268,7 +267,6 @@ fn compare(t: &Target, a: &At, b: &At, ta: &Tree, tb: &Tree, want_text: bool) ->
         }
     }
     let mut renamed: BTreeMap<&Components, &Components> = BTreeMap::new();
-    let mut taken: HashSet<&Components> = HashSet::new();
     for p in &only_a {
         let Some(o) = obj(&ta[*p]) else { continue };
         if let Some(q) = b_by_obj
@@ -276,7 +274,6 @@ fn compare(t: &Target, a: &At, b: &At, ta: &Tree, tb: &Tree, want_text: bool) ->
             .and_then(|v| (!v.is_empty()).then(|| v.remove(0)))
         {
             renamed.insert(p, q);
-            taken.insert(q);
         }
     }
     let from_of: HashMap<&Components, &Components> =
