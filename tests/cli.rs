@@ -559,3 +559,27 @@ fn mount_over_its_own_source() {
     }
     assert_eq!(fs::read(d.join("pre")).unwrap(), b"pre\nmore\nmore\n");
 }
+
+/// `chronofs SRC MNT -o ...` (how mount.fuse3 runs a `fuse.chronofs` fstab
+/// line) still mounts, now that unknown verbs are refused.
+#[test]
+fn helper_shorthand_still_mounts() {
+    let t = tempdir();
+    let src = t.path().join("src");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    let _g = Guard(vec![mnt.clone()]);
+    let mut args = os(&[&src, &mnt]);
+    args.extend(mode_opts().into_iter().map(OsString::from));
+    let (st, err, _) = run_cli(&args, t.path());
+    assert!(st.success(), "shorthand mount failed: {st}: {err}");
+    assert_eq!(mount_count(&mnt), 1);
+    let (st, err, _) = run_cli(&os(&[&"umount", &mnt]), t.path());
+    assert!(st.success(), "chronofs umount failed: {st}: {err}");
+    // A word that is neither a verb nor a path is not a mount.
+    let (st, err, _) = run_cli(&os(&[&"branches", &mnt]), t.path());
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("unknown command 'branches'"), "{err}");
+    assert_eq!(mount_count(&mnt), 0);
+}

@@ -1098,9 +1098,10 @@ fn diff_with_a_bad_time_fails() {
         ] {
             let out = chrono(m, args);
             let err = s(&out.stderr);
+            // diff(1): 2 is trouble (1 means "they differ").
             assert_eq!(
                 out.status.code(),
-                Some(1),
+                Some(2),
                 "`chronofs {}`: exit {}, stdout {:?}, stderr {err:?}",
                 args.join(" "),
                 out.status,
@@ -1624,4 +1625,181 @@ fn a_disk_filled_through_the_mount_can_be_emptied_with_rm() {
     let fsck = chrono_str(&m, &["fsck"]);
     assert!(fsck.contains("consistent"), "{fsck}");
     m.unmount();
+}
+
+// ---------------------------------------------------------------------------
+// Tree diff, the CLI's grammar and --json (issue 14, items 4 and 9)
+
+/// `chronofs ARGS` with its exit code, stdout and stderr.
+fn chrono_rc(m: &Mount, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = chrono(m, args);
+    let err = s(&out.stderr);
+    assert!(!err.contains("panicked"), "chronofs panicked: {err}");
+    (out.status.code(), s(&out.stdout), err)
+}
+
+#[test]
+fn tree_diff_lists_added_removed_changed_and_renamed_entries() {
+    each_versioning_mode(|m| {
+        fs::create_dir_all(m.p("d/sub")).unwrap();
+        write_file(&m.p("d/keep"), b"same\n");
+        write_file(&m.p("d/gone"), b"removed later\n");
+        write_file(&m.p("d/text"), b"one\n");
+        write_file(&m.p("d/script"), b"#!/bin/sh\n");
+        write_file(&m.p("d/old-name"), b"renamed later\n");
+        write_file(&m.p("d/sub/inner"), b"moves with sub\n");
+        tag(m, "before");
+        write_file(&m.p("d/new"), b"added\n");
+        fs::remove_file(m.p("d/gone")).unwrap();
+        session(&m.p("d/text"), false, true, &[b"two\n"]);
+        fs::set_permissions(m.p("d/script"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::rename(m.p("d/old-name"), m.p("d/new-name")).unwrap();
+        fs::rename(m.p("d/sub"), m.p("d/sub2")).unwrap();
+        tag(m, "after");
+
+        let (rc, out, err) = chrono_rc(m, &["diff", "d", "before", "after"]);
+        assert_eq!(rc, Some(1), "differences must exit 1: {out}{err}");
+        let want = [
+            "added: /d/new [file]",
+            "removed: /d/gone [file]",
+            "changed: /d/text [file] (content)",
+            "changed: /d/script [file] (mode 644 -> 755)",
+            "renamed: /d/old-name -> /d/new-name",
+            "renamed: /d/sub -> /d/sub2",
+        ];
+        for w in want {
+            assert!(out.lines().any(|l| l == w), "no line {w:?} in:\n{out}");
+        }
+        assert!(out.contains("+two"), "no unified diff of d/text:\n{out}");
+        assert!(!out.contains("keep"), "unchanged file listed:\n{out}");
+        assert!(
+            !out.contains("inner"),
+            "a file moved with its directory is part of the directory's rename:\n{out}"
+        );
+
+        let (rc, out, _) = chrono_rc(m, &["diff", "d", "before", "after", "--json"]);
+        assert_eq!(rc, Some(1));
+        let v = Json::parse(&out);
+        assert!(v.get("differ").bool());
+        let changes = v.get("changes").arr();
+        let find = |what: &str, path: &str| -> &Json {
+            changes
+                .iter()
+                .find(|c| c.get("change").str() == what && c.get("path").str() == path)
+                .unwrap_or_else(|| panic!("no {what} {path} in {out}"))
+        };
+        find("added", "/d/new");
+        find("removed", "/d/gone");
+        assert!(find("changed", "/d/text").get("content").bool());
+        let mode = find("changed", "/d/script");
+        assert!(!mode.get("content").bool());
+        assert_eq!(mode.get("mode").get("a").u64(), 0o644);
+        assert_eq!(mode.get("mode").get("b").u64(), 0o755);
+        assert_eq!(
+            find("renamed", "/d/new-name").get("from").str(),
+            "/d/old-name"
+        );
+        assert_eq!(find("renamed", "/d/sub2").get("from").str(), "/d/sub");
+        assert_eq!(changes.len(), 6, "{out}");
+
+        // No differences: exit 0, nothing printed; B defaults to now.
+        let (rc, out, _) = chrono_rc(m, &["diff", "d", "after", "after"]);
+        assert_eq!((rc, out.as_str()), (Some(0), ""));
+        let (rc, out, _) = chrono_rc(m, &["diff", "d", "after"]);
+        assert_eq!((rc, out.as_str()), (Some(0), ""));
+        let (rc, out, _) = chrono_rc(m, &["diff", "d", "after", "--json"]);
+        assert_eq!(rc, Some(0));
+        assert!(!Json::parse(&out).get("differ").bool());
+        // Trouble: exit 2, one line.
+        let (rc, _, err) = chrono_rc(m, &["diff", "d", "no-such-tag"]);
+        assert_eq!(rc, Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err:?}");
+    });
+}
+
+#[test]
+fn time_arguments_take_relative_times_and_ranges_are_clamped_to_history() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("f"), b"1\n");
+        write_file(&m.p("f"), b"2\n");
+        let all = count(m, "f");
+        // A relative time is a value, not an option (both spellings).
+        for args in [
+            &["log", "--since", "-1m", "f", "--json"][..],
+            &["log", "f", "--since", "-1m", "--json"],
+            &["log", "f", "--until", "-0s", "--json"],
+        ] {
+            let (rc, out, err) = chrono_rc(m, args);
+            assert_eq!(rc, Some(0), "`chronofs {}`: {err}", args.join(" "));
+            let _ = Json::parse(&out);
+        }
+        // Before history began: clamped to its start, said in one line.
+        let (rc, out, err) = chrono_rc(m, &["log", "--since=-30m", "f", "--json"]);
+        assert_eq!(rc, Some(0), "{err}");
+        assert_eq!(Json::parse(&out).get("versions").arr().len(), all);
+        assert_eq!(err.lines().count(), 1, "{err:?}");
+        assert!(err.contains("before history began"), "{err}");
+        // In the future: clamped to now, said in one line.
+        let (rc, out, err) = chrono_rc(m, &["log", "f", "--until", "2099-01-01", "--json"]);
+        assert_eq!(rc, Some(0), "{err}");
+        assert_eq!(Json::parse(&out).get("versions").arr().len(), all);
+        assert_eq!(err.lines().count(), 1, "{err:?}");
+        assert!(err.contains("in the future"), "{err}");
+        // diff's instants are positional: a relative one is a value too.
+        let (rc, _, err) = chrono_rc(m, &["diff", "f", "#1", "-0s"]);
+        assert!(rc == Some(0) || rc == Some(1), "{err}");
+    });
+}
+
+#[test]
+fn unknown_verbs_are_refused_with_a_suggestion() {
+    each_versioning_mode(|m| {
+        for (word, close) in [("branches", None), ("statsu", Some("status"))] {
+            let (rc, out, err) = chrono_rc(m, &[word]);
+            assert_eq!(rc, Some(2), "{word}: {out}{err}");
+            assert_eq!(err.lines().count(), 1, "{err:?}");
+            assert!(
+                err.contains(&format!("unknown command '{word}'")),
+                "{word}: {err}"
+            );
+            assert!(err.contains("did you mean"), "{err}");
+            if let Some(c) = close {
+                assert!(err.contains(&format!("'{c}'")), "{err}");
+            }
+            assert!(!err.contains("Usage"), "taken for mount: {err}");
+        }
+    });
+}
+
+#[test]
+fn restore_revert_and_undelete_honour_json() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("t")).unwrap();
+        write_file(&m.p("t/a"), b"a1\n");
+        tag(m, "one");
+        write_file(&m.p("t/a"), b"a2\n");
+        let check = |out: &str, verb: &str, dest: &str| {
+            let v = Json::parse(out);
+            assert_eq!(v.get("verb").str(), verb, "{out}");
+            assert!(v.get("dest").str().ends_with(dest), "{out}");
+            assert!(v.get("objects").u64() >= 1, "{out}");
+            assert!(v.get("at").get("seq").u64() >= 1, "{out}");
+        };
+        let out = chrono_str(m, &["cat", "t/a", "--at", "one", "--json"]);
+        let v = Json::parse(&out);
+        assert_eq!(v.get("content").str(), "a1\n", "{out}");
+        assert_eq!(v.get("encoding").str(), "utf-8", "{out}");
+        assert_eq!(v.get("version").get("size").u64(), 3, "{out}");
+        let out = chrono_str(m, &["restore", "t/a", "--at", "one", "--json"]);
+        check(&out, "restore", "/t/a");
+        assert_eq!(read_file(&m.p("t/a")), b"a1\n");
+        write_file(&m.p("t/b"), b"b\n");
+        let out = chrono_str(m, &["revert", "t", "--at", "one", "--json"]);
+        check(&out, "revert", "/t");
+        assert!(!m.p("t/b").exists());
+        fs::remove_dir_all(m.p("t")).unwrap();
+        let out = chrono_str(m, &["undelete", "t", "--json"]);
+        check(&out, "undelete", "/t");
+        assert_eq!(read_file(&m.p("t/a")), b"a1\n");
+    });
 }

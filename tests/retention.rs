@@ -865,3 +865,70 @@ fn every_write_records_each_write_as_issued() {
     }
     m.unmount();
 }
+
+/// A dry run's figures are the real run's: purge (a live file, a live
+/// tree), clean (versions of objects that expire whole included) and
+/// prune.
+#[test]
+fn dry_run_counts_equal_the_real_run() {
+    let policy = PolicyFile::new("[defaults]\nmax-age = \"30d\"\nmax-count = 2\n");
+    let m = mount_with(&policy);
+    for i in 0..2 {
+        write_file(&m.p("f"), format!("f {i}").as_bytes());
+    }
+    fs::create_dir_all(m.p("t/u")).unwrap();
+    for i in 0..3 {
+        write_file(&m.p(&format!("t/u/x{i}")), b"one");
+        write_file(&m.p(&format!("t/u/x{i}")), b"two");
+    }
+    let pair = |args: &[&str], key: &dyn Fn(&Value) -> (u64, u64)| {
+        let mut dry = args.to_vec();
+        dry.push("--dry-run");
+        let d = cli_json(&dry);
+        let r = cli_json(args);
+        assert_eq!(key(&d), key(&r), "{args:?}: dry run {d} vs real {r}");
+        key(&r)
+    };
+    let purged = |v: &Value| {
+        (
+            v["objects"].as_u64().unwrap(),
+            v["versions"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(pair(&["purge", s(&m.p("f"))], &purged).0, 1);
+    assert_eq!(pair(&["purge", s(&m.p("t"))], &purged).0, 5);
+
+    // clean: a deleted tree expires whole, a live file loses old versions.
+    fs::create_dir_all(m.p("g/h")).unwrap();
+    for i in 0..4 {
+        write_file(&m.p(&format!("g/h/z{i}")), b"one");
+        write_file(&m.p(&format!("g/h/z{i}")), b"two");
+    }
+    fs::remove_dir_all(m.p("g")).unwrap();
+    for i in 0..4 {
+        write_file(&m.p("k"), format!("k {i}").as_bytes());
+    }
+    let cleaned = |v: &Value| {
+        if v["dry_run"] == true {
+            (
+                v["planned_versions"].as_u64().unwrap(),
+                v["planned_objects"].as_u64().unwrap(),
+            )
+        } else {
+            (
+                v["outcome"]["versions_removed"].as_u64().unwrap(),
+                v["outcome"]["objects_removed"].as_u64().unwrap(),
+            )
+        }
+    };
+    let (versions, objects) = pair(&["clean", s(&m.mnt), "--now", "+40d"], &cleaned);
+    assert_eq!(objects, 6, "g, h and four files expire whole");
+    assert!(versions > 6 + 2, "{versions}");
+
+    for i in 0..4 {
+        write_file(&m.p("p"), format!("p {i}").as_bytes());
+    }
+    let (versions, _) = pair(&["prune", s(&m.p("p")), "--keep-last", "1"], &cleaned);
+    assert!(versions >= 1);
+    assert_consistent(&m);
+}

@@ -38,7 +38,9 @@ pub struct CleanReport {
     pub dry_run: bool,
     pub objects_scanned: u64,
     pub versions_scanned: u64,
-    /// Versions the plan lets go, and deleted objects that expired whole.
+    /// Versions the plan lets go (those of objects that expired whole
+    /// included, as the removal counts them), and deleted objects that
+    /// expired whole.
     pub planned_versions: u64,
     pub planned_objects: u64,
     pub outcome: PruneOutcome,
@@ -162,6 +164,10 @@ pub fn plan(
     let mut out = Vec::new();
     let mut gone_dirs: Vec<ObjectId> = Vec::new();
     let mut whole: HashSet<ObjectId> = HashSet::new();
+    // Version counts of expired objects: whether a directory goes is only
+    // known after the scan, and a dry run must count what a real pass
+    // removes.
+    let mut expired_versions: HashMap<ObjectId, u64> = HashMap::new();
     history.scan_objects(&mut |obj, versions: Versions| {
         report.objects_scanned += 1;
         report.versions_scanned += versions.len() as u64;
@@ -196,6 +202,7 @@ pub fn plan(
             })
             .collect();
         if gone && retention.expired(&candidates, now_ns, tz) {
+            expired_versions.insert(obj, versions.len() as u64);
             if is_dir(newest) {
                 gone_dirs.push(obj);
             } else {
@@ -223,6 +230,10 @@ pub fn plan(
     })?;
     whole.extend(expired_dirs(history, &gone_dirs, &whole)?);
     report.planned_objects = whole.len() as u64;
+    report.planned_versions += whole
+        .iter()
+        .map(|o| expired_versions.get(o).copied().unwrap_or(0))
+        .sum::<u64>();
     let mut whole: Vec<ObjectId> = whole.into_iter().collect();
     whole.sort_unstable();
     out.extend(whole.into_iter().map(|o| (o, Removal::Whole)));
@@ -362,9 +373,8 @@ impl Cleaner {
                     match clean(&history, &p, crate::history::now_ns(), false, None) {
                         Ok(r) if r.outcome.versions_removed > 0 => {
                             tracing::info!(
-                                "cleaner: removed {} version(s), {} of them of {} expired deleted object(s)",
+                                "cleaner: removed {} version(s), of them those of {} expired deleted object(s)",
                                 r.outcome.versions_removed,
-                                r.outcome.versions_removed.saturating_sub(r.planned_versions),
                                 r.outcome.objects_removed
                             );
                             if full {

@@ -1,5 +1,6 @@
-//! The history verbs: log, cat, ls, restore, revert, undelete, diff, tag,
-//! tags, status, fsck.
+//! The history verbs: log, cat, ls, tag, tags, status, ingest, fsck, and
+//! what every verb shares (finding who answers for a path, instants).
+//! Restore, revert and undelete are in `restore.rs`, diff in `diff.rs`.
 //!
 //! Queries go to the running mount's daemon over its control socket, or,
 //! when nothing is mounted, straight to the store. Restore, revert and
@@ -7,12 +8,11 @@
 //! permissions are the file system's own and, through a mount, every change
 //! they make is itself a version that can be undone.
 
-use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use serde_json::Value;
 
 use crate::control::{self, spec, At, Components, Request};
@@ -260,6 +260,45 @@ pub fn parse_at(s: Option<&str>) -> Result<At> {
     }
 }
 
+/// A bound of a range (`log --since/--until`), clamped into recorded
+/// history: a range reaching before history began or past now still means
+/// everything up to that end, so it is narrowed (and the user told, one
+/// line on stderr) rather than refused. A single instant (`cat --at`) is
+/// not clamped: there is no version to show there.
+fn range_bound(t: &Target, flag: &str, s: &str) -> Result<At> {
+    let at = parse_at(Some(s))?;
+    let At::Time(ns) = at else {
+        return Ok(at);
+    };
+    if ns > crate::history::now_ns() {
+        eprintln!(
+            "chronofs: {flag} '{s}' ({}) is in the future; using now",
+            spec::show(ns)
+        );
+        return Ok(At::Now);
+    }
+    let Err(e) = t.query(&Request::Resolve { at: at.clone() }) else {
+        return Ok(at);
+    };
+    // Only an instant before the first change is clamped; any other
+    // failure (an empty history...) is reported as it is.
+    let status = t.query(&Request::Status)?;
+    match (
+        status["first"]["seq"].as_u64(),
+        status["first"]["time_ns"].as_i64(),
+    ) {
+        (Some(seq), Some(first)) if ns < first => {
+            eprintln!(
+                "chronofs: {flag} '{s}' ({}) is before history began; using its start ({}, #{seq})",
+                spec::show(ns),
+                spec::show(first)
+            );
+            Ok(At::Seq(seq))
+        }
+        _ => Err(e),
+    }
+}
+
 pub(super) fn print_json(v: &Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -281,8 +320,8 @@ pub fn log(
 ) -> Result<()> {
     let req = Request::Log {
         path: t.path.clone(),
-        since: since.map(|s| parse_at(Some(s))).transpose()?,
-        until: until.map(|s| parse_at(Some(s))).transpose()?,
+        since: since.map(|s| range_bound(t, "--since", s)).transpose()?,
+        until: until.map(|s| range_bound(t, "--until", s)).transpose()?,
         recursive,
     };
     if json && recursive {
@@ -365,12 +404,32 @@ pub fn log(
     Ok(())
 }
 
-pub fn cat(t: &Target, at: Option<&str>, version: Option<i64>) -> Result<()> {
+pub fn cat(t: &Target, at: Option<&str>, version: Option<i64>, json: bool) -> Result<()> {
     let req = Request::Read {
         path: t.path.clone(),
         at: parse_at(at)?,
         version,
     };
+    if json {
+        // The bytes as a JSON string (hex when they are not UTF-8) beside
+        // the version's description: for scripts reading small files.
+        let mut bytes = Vec::new();
+        let meta = t.call(&req, &mut bytes)?;
+        let (encoding, content) = match String::from_utf8(bytes) {
+            Ok(text) => ("utf-8", text),
+            Err(e) => (
+                "hex",
+                e.as_bytes().iter().map(|b| format!("{b:02x}")).collect(),
+            ),
+        };
+        print_json(&serde_json::json!({
+            "path": t.abs.display().to_string(),
+            "version": meta,
+            "encoding": encoding,
+            "content": content,
+        }));
+        return Ok(());
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     t.call(&req, &mut out)?;
@@ -522,9 +581,11 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
 
 /// Starts the eager baseline and shows its progress until done.
 pub fn ingest(t: &Target, wait: bool, json: bool) -> Result<()> {
-    t.query(&Request::Ingest)?;
+    let started = t.query(&Request::Ingest)?;
     if !wait {
-        if !json {
+        if json {
+            print_json(&started);
+        } else {
             println!("ingest started; `chronofs status` shows its progress");
         }
         return Ok(());
@@ -598,385 +659,6 @@ pub fn tags(t: &Target, json: bool) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Restores `t.path` as of `at` to `dest`. `prune`: also remove what did
-/// not exist then (revert). Returns how many objects were written.
-pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
-    let node = t.query(&Request::Stat {
-        path: t.path.clone(),
-        at: at.clone(),
-    })?;
-    let mut count = 0;
-    restore_node(t, at, &t.path, &node, dest, prune, &mut count)?;
-    Ok(count)
-}
-
-fn same_as_live(node: &Value, live: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let kind_ok = match node["kind"].as_str() {
-        Some("file") => live.file_type().is_file(),
-        Some("dir") => live.file_type().is_dir(),
-        Some("symlink") => live.file_type().is_symlink(),
-        _ => false,
-    };
-    kind_ok
-        && node["size"].as_u64() == Some(live.size())
-        && node["mode"].as_u64() == Some(u64::from(live.mode() & 0o7777))
-        && node["mtime_ns"].as_i64() == Some(live.mtime() * 1_000_000_000 + live.mtime_nsec())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn restore_node(
-    t: &Target,
-    at: &At,
-    path: &Components,
-    node: &Value,
-    dest: &Path,
-    prune: bool,
-    count: &mut u64,
-) -> Result<()> {
-    let live = std::fs::symlink_metadata(dest).ok();
-    let kind = node["kind"].as_str().unwrap_or("");
-    if node["lost"].as_bool() == Some(true) {
-        // Marked lost by fsck --repair: nothing to bring back.
-        eprintln!(
-            "chronofs: {}: content lost (damaged in the store); left as it is",
-            dest.display()
-        );
-        return Ok(());
-    }
-    if node["unrecorded"].as_bool() == Some(true) {
-        // Not versioned by policy: there is nothing to bring back, and the
-        // live file (if any) is the best there is.
-        eprintln!(
-            "chronofs: {}: content not versioned by policy; left as it is",
-            dest.display()
-        );
-        return Ok(());
-    }
-    if let Some(m) = &live {
-        if kind != "dir" && same_as_live(node, m) {
-            return Ok(());
-        }
-        let wrong_kind = match kind {
-            "dir" => !m.file_type().is_dir(),
-            "file" => !m.file_type().is_file(),
-            _ => true,
-        };
-        if wrong_kind {
-            remove_tree(dest)?;
-        }
-    }
-    match kind {
-        "file" => {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(dest)
-                .with_context(|| format!("cannot write {}", dest.display()))?;
-            let mut buf = std::io::BufWriter::with_capacity(1 << 20, &mut f);
-            let req = Request::Read {
-                path: path.clone(),
-                at: at.clone(),
-                version: None,
-            };
-            t.call(&req, &mut buf)?;
-            buf.flush()?;
-        }
-        "dir" => {
-            if !dest.is_dir() {
-                std::fs::create_dir(dest)
-                    .with_context(|| format!("cannot create {}", dest.display()))?;
-            }
-            let listing = t.query(&Request::List {
-                path: path.clone(),
-                at: at.clone(),
-                deleted: false,
-            })?;
-            let empty = Vec::new();
-            let entries = listing["entries"].as_array().unwrap_or(&empty);
-            let mut keep = std::collections::HashSet::new();
-            for e in entries {
-                let name = e["name"].as_str().unwrap_or("").to_string();
-                keep.insert(OsString::from(&name));
-                let mut child = path.clone();
-                child.push(name.clone().into_bytes());
-                restore_node(t, at, &child, e, &dest.join(&name), prune, count)?;
-            }
-            if prune {
-                for entry in std::fs::read_dir(dest)? {
-                    let entry = entry?;
-                    if !keep.contains(&entry.file_name()) {
-                        remove_tree(&entry.path())?;
-                        *count += 1;
-                    }
-                }
-            }
-        }
-        "symlink" => {
-            if live.is_some() {
-                std::fs::remove_file(dest).ok();
-            }
-            let target = node["target"].as_str().unwrap_or("");
-            std::os::unix::fs::symlink(target, dest)
-                .with_context(|| format!("cannot create {}", dest.display()))?;
-            *count += 1;
-            return Ok(());
-        }
-        "fifo" => {
-            sys::mkfifo(dest, node["mode"].as_u64().unwrap_or(0o644) as u32)
-                .with_context(|| format!("cannot create {}", dest.display()))?;
-        }
-        other => {
-            eprintln!(
-                "chronofs: skipping {} ({other} files are not restored)",
-                dest.display()
-            );
-            return Ok(());
-        }
-    }
-    set_meta(dest, node)?;
-    *count += 1;
-    Ok(())
-}
-
-fn set_meta(dest: &Path, node: &Value) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = node["mode"].as_u64().unwrap_or(0o644) as u32;
-    if sys::geteuid() == 0 {
-        if let (Some(uid), Some(gid)) = (node["uid"].as_u64(), node["gid"].as_u64()) {
-            std::os::unix::fs::lchown(dest, Some(uid as u32), Some(gid as u32)).ok();
-        }
-    }
-    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot set the mode of {}", dest.display()))?;
-    if let (Some(a), Some(m)) = (node["atime_ns"].as_i64(), node["mtime_ns"].as_i64()) {
-        sys::set_times(dest, a, m).ok();
-    }
-    Ok(())
-}
-
-fn remove_tree(p: &Path) -> Result<()> {
-    let m = std::fs::symlink_metadata(p)?;
-    if m.is_dir() {
-        std::fs::remove_dir_all(p)
-    } else {
-        std::fs::remove_file(p)
-    }
-    .with_context(|| format!("cannot remove {}", p.display()))
-}
-
-/// The instant just before `path`'s last deletion, from its parent's
-/// deleted list.
-pub fn before_deletion(t: &Target) -> Result<At> {
-    let Some((name, parent)) = t.path.split_last() else {
-        bail!("the mount root cannot be deleted");
-    };
-    let v = t.query(&Request::List {
-        path: parent.to_vec(),
-        at: At::Now,
-        deleted: true,
-    })?;
-    let empty = Vec::new();
-    let hit = v["deleted"]
-        .as_array()
-        .unwrap_or(&empty)
-        .iter()
-        .find(|e| e["name"].as_str().map(str::as_bytes) == Some(name.as_slice()))
-        .ok_or_else(|| {
-            anyhow!(
-                "{} is not a deleted entry of its directory (see `chronofs ls --deleted`)",
-                t.abs.display()
-            )
-        })?;
-    // The instant before the removal (of a tree: before `rm -rf` began).
-    let seq = hit["restore_seq"].as_u64().ok_or_else(|| {
-        anyhow!(
-            "the daemon did not say when {} was removed",
-            t.abs.display()
-        )
-    })?;
-    Ok(At::Seq(seq))
-}
-
-/// Reads a file's bytes at `at` (for diff).
-fn read_bytes(t: &Target, path: &Components, at: &At) -> Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    t.call(
-        &Request::Read {
-            path: path.clone(),
-            at: at.clone(),
-            version: None,
-        },
-        &mut buf,
-    )?;
-    Ok(buf)
-}
-
-fn show_components(p: &Components) -> String {
-    let parts: Vec<String> = p
-        .iter()
-        .map(|c| String::from_utf8_lossy(c).into_owned())
-        .collect();
-    format!("/{}", parts.join("/"))
-}
-
-/// Diffs `t.path` between two instants; returns whether they differ.
-pub fn diff(t: &Target, a: &At, b: &At, out: &mut dyn Write) -> Result<bool> {
-    // A bad instant is an error, not an absent file.
-    for at in [a, b] {
-        t.query(&Request::Resolve { at: at.clone() })?;
-    }
-    let na = t
-        .query(&Request::Stat {
-            path: t.path.clone(),
-            at: a.clone(),
-        })
-        .ok();
-    let nb = t
-        .query(&Request::Stat {
-            path: t.path.clone(),
-            at: b.clone(),
-        })
-        .ok();
-    diff_nodes(t, &t.path, a, b, na.as_ref(), nb.as_ref(), out)
-}
-
-fn same_version(x: &Value, y: &Value) -> bool {
-    x["obj"] == y["obj"]
-        && x["seq"] == y["seq"]
-        && x["source"] == y["source"]
-        && !x["seq"].is_null()
-}
-
-fn diff_nodes(
-    t: &Target,
-    path: &Components,
-    a: &At,
-    b: &At,
-    na: Option<&Value>,
-    nb: Option<&Value>,
-    out: &mut dyn Write,
-) -> Result<bool> {
-    let shown = show_components(path);
-    match (na, nb) {
-        (None, None) => bail!("{shown} existed at neither instant"),
-        (Some(_), None) => {
-            writeln!(out, "Only in A: {shown}")?;
-            Ok(true)
-        }
-        (None, Some(_)) => {
-            writeln!(out, "Only in B: {shown}")?;
-            Ok(true)
-        }
-        (Some(x), Some(y)) => {
-            let (kx, ky) = (
-                x["kind"].as_str().unwrap_or(""),
-                y["kind"].as_str().unwrap_or(""),
-            );
-            if kx != ky {
-                writeln!(out, "{shown}: {kx} in A, {ky} in B")?;
-                return Ok(true);
-            }
-            if same_version(x, y) {
-                return Ok(false);
-            }
-            match kx {
-                "dir" => diff_dirs(t, path, a, b, out),
-                "file" => diff_files(t, path, a, b, x, y, out),
-                "symlink" if x["target"] != y["target"] => {
-                    writeln!(
-                        out,
-                        "{shown}: symlink to {} in A, to {} in B",
-                        x["target"], y["target"]
-                    )?;
-                    Ok(true)
-                }
-                _ if x["mode"] != y["mode"] => {
-                    writeln!(
-                        out,
-                        "{shown}: mode {:o} in A, {:o} in B",
-                        x["mode"].as_u64().unwrap_or(0),
-                        y["mode"].as_u64().unwrap_or(0)
-                    )?;
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        }
-    }
-}
-
-fn diff_files(
-    t: &Target,
-    path: &Components,
-    a: &At,
-    b: &At,
-    x: &Value,
-    y: &Value,
-    out: &mut dyn Write,
-) -> Result<bool> {
-    let shown = show_components(path);
-    let (da, db) = (read_bytes(t, path, a)?, read_bytes(t, path, b)?);
-    let mut differs = false;
-    if da != db {
-        differs = true;
-        match (std::str::from_utf8(&da), std::str::from_utf8(&db)) {
-            (Ok(sa), Ok(sb)) if !sa.contains('\0') && !sb.contains('\0') => {
-                let d = similar::TextDiff::from_lines(sa, sb);
-                let mut u = d.unified_diff();
-                let ha = format!("a{shown}");
-                let hb = format!("b{shown}");
-                write!(out, "{}", u.header(&ha, &hb))?;
-            }
-            _ => writeln!(
-                out,
-                "Binary files a{shown} ({} bytes) and b{shown} ({} bytes) differ",
-                da.len(),
-                db.len()
-            )?,
-        }
-    }
-    if x["mode"] != y["mode"] {
-        differs = true;
-        writeln!(
-            out,
-            "{shown}: mode {:o} in A, {:o} in B",
-            x["mode"].as_u64().unwrap_or(0),
-            y["mode"].as_u64().unwrap_or(0)
-        )?;
-    }
-    Ok(differs)
-}
-
-fn diff_dirs(t: &Target, path: &Components, a: &At, b: &At, out: &mut dyn Write) -> Result<bool> {
-    let list = |at: &At| -> Result<std::collections::BTreeMap<String, Value>> {
-        let v = t.query(&Request::List {
-            path: path.clone(),
-            at: at.clone(),
-            deleted: false,
-        })?;
-        let empty = Vec::new();
-        Ok(v["entries"]
-            .as_array()
-            .unwrap_or(&empty)
-            .iter()
-            .map(|e| (e["name"].as_str().unwrap_or("").to_string(), e.clone()))
-            .collect())
-    };
-    let (la, lb) = (list(a)?, list(b)?);
-    let mut names: Vec<&String> = la.keys().chain(lb.keys()).collect();
-    names.sort();
-    names.dedup();
-    let mut differs = false;
-    for name in names {
-        let mut child = path.clone();
-        child.push(name.clone().into_bytes());
-        differs |= diff_nodes(t, &child, a, b, la.get(name), lb.get(name), out)?;
-    }
-    Ok(differs)
 }
 
 /// fsck with a progress bar (local stores) or through the daemon.

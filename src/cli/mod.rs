@@ -5,10 +5,12 @@
 //! Uses: every layer below (it assembles the mount). The only place that
 //! uses `anyhow`.
 
+mod diff;
 mod history;
 mod maintain;
 mod mount;
 mod options;
+mod restore;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -68,9 +70,9 @@ enum Command {
         /// Every version of everything that ever existed under PATH.
         #[arg(short = 'r', long)]
         recursive: bool,
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         since: Option<String>,
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         until: Option<String>,
         #[command(flatten)]
         common: Common,
@@ -79,7 +81,12 @@ enum Command {
     Cat {
         path: PathBuf,
         /// An instant: ISO 8601, -10m, "yesterday 14:00", a sequence number or a tag.
-        #[arg(long, value_name = "TIME", conflicts_with = "version")]
+        #[arg(
+            long,
+            value_name = "TIME",
+            conflicts_with = "version",
+            allow_hyphen_values = true
+        )]
         at: Option<String>,
         /// Version N as `log` numbers them (0 = newest, -1 = the one before).
         #[arg(long, value_name = "N", allow_negative_numbers = true)]
@@ -91,7 +98,7 @@ enum Command {
     Ls {
         #[arg(default_value = ".")]
         dir: PathBuf,
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         at: Option<String>,
         /// List what had been deleted from DIR by then.
         #[arg(long)]
@@ -104,7 +111,7 @@ enum Command {
     /// Bring back a file or tree as of an instant (in place, or to DEST).
     Restore {
         path: PathBuf,
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         at: String,
         #[arg(long, value_name = "DEST")]
         to: Option<PathBuf>,
@@ -114,7 +121,7 @@ enum Command {
     /// Make a whole tree exactly as it was (undoable: it is itself versioned).
     Revert {
         dir: PathBuf,
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         at: String,
         #[command(flatten)]
         common: Common,
@@ -130,7 +137,11 @@ enum Command {
     /// Differences of a file or tree between two instants (B defaults to now).
     Diff {
         path: PathBuf,
+        /// The earlier instant (a relative time like -1h is fine).
+        #[arg(allow_hyphen_values = true)]
         a: String,
+        /// The later instant (default: now).
+        #[arg(allow_hyphen_values = true)]
         b: Option<String>,
         #[command(flatten)]
         common: Common,
@@ -138,7 +149,7 @@ enum Command {
     /// Name an instant (default: now); a tag works wherever a time does.
     Tag {
         name: String,
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         at: Option<String>,
         /// Remove the tag instead (root only).
         #[arg(long)]
@@ -312,7 +323,10 @@ const VERBS: &[&str] = &[
 /// Rewrites the argument list of the mount helper forms into `chronofs mount`:
 /// `mount.fuse.chronofs SRC MNT -o OPTS` (mount(8)) and
 /// `chronofs SRC MNT -o OPTS` (mount.fuse3 runs the subtype like this).
-fn normalize_args(mut args: Vec<OsString>) -> Vec<OsString> {
+/// Anything else whose first word is not a verb is an unknown command:
+/// taking every unknown word for a source directory turned typos into
+/// mount usage errors.
+fn normalize_args(mut args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     let argv0 = args
         .first()
         .and_then(|a| {
@@ -323,19 +337,69 @@ fn normalize_args(mut args: Vec<OsString>) -> Vec<OsString> {
         .unwrap_or_default();
     let helper = argv0.starts_with("mount.");
     let first = args.get(1).map(|a| a.to_string_lossy().into_owned());
-    let bare_paths = first
+    let unknown = first
         .as_deref()
-        .is_some_and(|f| !f.starts_with('-') && !VERBS.contains(&f));
-    if helper || bare_paths {
+        .filter(|f| !f.starts_with('-') && !VERBS.contains(f));
+    if let (Some(word), false) = (unknown, helper) {
+        if !mount_shorthand(&args[1..]) {
+            return Err(unknown_command(word));
+        }
+    }
+    if helper || unknown.is_some() {
         // mount(8) passes -n (no mtab), -s (sloppy), -v; none apply here.
         args.retain(|a| !matches!(a.to_str(), Some("-n" | "-s" | "-v")));
         args.insert(1, OsString::from("mount"));
     }
-    args
+    Ok(args)
+}
+
+/// `SRC MNT ...` as mount.fuse3 passes it: two words before any option,
+/// the first a path (it has a slash, or names an existing directory).
+fn mount_shorthand(args: &[OsString]) -> bool {
+    let (Some(src), Some(mnt)) = (args.first(), args.get(1)) else {
+        return false;
+    };
+    let looks_like_path = src.to_string_lossy().contains('/') || std::path::Path::new(src).is_dir();
+    looks_like_path && !mnt.to_string_lossy().starts_with('-')
+}
+
+fn unknown_command(word: &str) -> String {
+    let verbs = VERBS.iter().filter(|v| !v.starts_with('-'));
+    let closest = verbs
+        .clone()
+        .min_by_key(|v| edit_distance(word, v))
+        .copied()
+        .unwrap_or("help");
+    format!(
+        "unknown command '{word}' (did you mean '{closest}'?); commands: {}",
+        verbs.copied().collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// Levenshtein distance (verbs are short; quadratic is nothing).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 pub fn main() -> i32 {
-    let args = normalize_args(std::env::args_os().collect());
+    let args = match normalize_args(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("chronofs: {msg}");
+            return exit::USAGE;
+        }
+    };
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -367,6 +431,18 @@ pub fn main() -> i32 {
             mount::run(&src, &mnt, opts, foreground || debug)
         }
         Command::Umount { mnt, lazy } => report(mount::unmount(&mnt, lazy)),
+        Command::Diff { path, a, b, common } => {
+            crate::sys::default_sigpipe();
+            // diff(1)'s status: 0 same, 1 different, 2 trouble.
+            match run_diff(&path, &a, b.as_deref(), &common) {
+                Ok(true) => exit::FAILURE,
+                Ok(false) => exit::OK,
+                Err(e) => {
+                    eprintln!("chronofs: {e:#}");
+                    DIFF_TROUBLE
+                }
+            }
+        }
         other => {
             crate::sys::default_sigpipe();
             report(run_history(other))
@@ -383,6 +459,25 @@ fn report(r: anyhow::Result<()>) -> i32 {
             exit::FAILURE
         }
     }
+}
+
+/// diff's exit status for an error (diff(1)'s "trouble").
+const DIFF_TROUBLE: i32 = 2;
+
+fn run_diff(
+    path: &std::path::Path,
+    a: &str,
+    b: Option<&str>,
+    common: &Common,
+) -> anyhow::Result<bool> {
+    let t = history::target(path, common.store.as_deref())?;
+    let a = history::parse_at(Some(a))?;
+    let b = history::parse_at(b)?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let differ = diff::diff(&t, &a, &b, common.json, &mut out)?;
+    std::io::Write::flush(&mut out)?;
+    Ok(differ)
 }
 
 fn run_history(cmd: Command) -> anyhow::Result<()> {
@@ -407,7 +502,7 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             at,
             version,
             common,
-        } => h::cat(&tgt(&path, &common)?, at.as_deref(), version),
+        } => h::cat(&tgt(&path, &common)?, at.as_deref(), version, common.json),
         Command::Ls {
             dir,
             at,
@@ -433,23 +528,17 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                 Some(d) => h::absolutize(&d)?,
                 None => t.abs.clone(),
             };
-            let n = h::restore(&t, &at, &dest, false)?;
-            if !common.json {
-                println!("restored {} ({n} object(s) written)", dest.display());
-            }
-            Ok(())
+            restore::run(&t, restore::Verb::Restore, &at, &dest, common.json)
         }
         Command::Revert { dir, at, common } => {
             let t = tgt(&dir, &common)?;
             let at = h::parse_at(Some(&at))?;
             let dest = t.abs.clone();
-            let n = h::restore(&t, &at, &dest, true)?;
-            println!("reverted {} ({n} object(s) changed)", dest.display());
-            Ok(())
+            restore::run(&t, restore::Verb::Revert, &at, &dest, common.json)
         }
         Command::Undelete { path, to, common } => {
             let t = tgt(&path, &common)?;
-            let at = h::before_deletion(&t)?;
+            let at = restore::before_deletion(&t)?;
             let dest = match to {
                 Some(d) => h::absolutize(&d)?,
                 None => t.abs.clone(),
@@ -460,18 +549,7 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                     dest.display()
                 );
             }
-            let n = h::restore(&t, &at, &dest, false)?;
-            println!("undeleted {} ({n} object(s))", dest.display());
-            Ok(())
-        }
-        Command::Diff { path, a, b, common } => {
-            let t = tgt(&path, &common)?;
-            let a = h::parse_at(Some(&a))?;
-            let b = h::parse_at(b.as_deref())?;
-            let stdout = std::io::stdout();
-            let mut out = stdout.lock();
-            h::diff(&t, &a, &b, &mut out)?;
-            Ok(())
+            restore::run(&t, restore::Verb::Undelete, &at, &dest, common.json)
         }
         Command::Tag {
             name,
@@ -543,7 +621,7 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             }
         },
         Command::Audit { path, common } => maintain::audit(&tgt(&path, &common)?, common.json),
-        Command::Mount { .. } | Command::Umount { .. } => Ok(()),
+        Command::Mount { .. } | Command::Umount { .. } | Command::Diff { .. } => Ok(()),
     }
 }
 
@@ -570,15 +648,30 @@ mod tests {
                 "rw",
                 "-n"
             ])),
-            args(&["/sbin/mount.fuse.chronofs", "mount", "/a", "/b", "-o", "rw"])
+            Ok(args(&[
+                "/sbin/mount.fuse.chronofs",
+                "mount",
+                "/a",
+                "/b",
+                "-o",
+                "rw"
+            ]))
         );
         assert_eq!(
             normalize_args(args(&["chronofs", "/a", "/b", "-o", "rw"])),
-            args(&["chronofs", "mount", "/a", "/b", "-o", "rw"])
+            Ok(args(&["chronofs", "mount", "/a", "/b", "-o", "rw"]))
         );
         assert_eq!(
             normalize_args(args(&["chronofs", "umount", "/b"])),
-            args(&["chronofs", "umount", "/b"])
+            Ok(args(&["chronofs", "umount", "/b"]))
         );
+    }
+
+    #[test]
+    fn unknown_verbs_are_not_mounts() {
+        let e = normalize_args(args(&["chronofs", "branches"])).unwrap_err();
+        assert!(e.starts_with("unknown command 'branches'"), "{e}");
+        let e = normalize_args(args(&["chronofs", "statsu", "x"])).unwrap_err();
+        assert!(e.contains("did you mean 'status'"), "{e}");
     }
 }

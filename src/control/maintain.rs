@@ -242,10 +242,12 @@ impl Service {
                 continue;
             };
             if !newest.gone {
-                // A dry run reports what the purge would take, the live
-                // file included (a real purge removes it first).
-                if own.contains(&obj) && dry_run {
-                    versions += self.history().versions(obj, 0, u64::MAX)?.len() as u64;
+                // A real purge removes the live tree through the mount
+                // first, which records one more version (the removal) of
+                // each object still in it: a dry run counts those too, so
+                // its figures are the real run's.
+                if dry_run && (own.contains(&obj) || self.lives_under(obj, path)?) {
+                    versions += self.history().versions(obj, 0, u64::MAX)?.len() as u64 + 1;
                     plan.push((obj, Removal::Whole));
                     continue;
                 }
@@ -275,6 +277,14 @@ impl Service {
         )?;
         Ok(json!({"dry_run": false, "objects": outcome.objects_removed,
             "versions": outcome.versions_removed, "kept_alive_elsewhere": kept}))
+    }
+
+    /// Whether live `obj`'s current name lies at or under `path`.
+    fn lives_under(&self, obj: ObjectId, path: &Components) -> Result<bool> {
+        Ok(self
+            .history()
+            .path_at(obj, u64::MAX)?
+            .is_some_and(|p| p.starts_with(path)))
     }
 
     pub(super) fn explain(

@@ -1,0 +1,390 @@
+//! `chronofs diff PATH A [B]`: a file's or a tree's differences between two
+//! instants, as text (unified diffs for text files) or JSON, with diff(1)'s
+//! exit status (0 same, 1 different, 2 trouble).
+//!
+//! A tree is compared as two whole listings keyed by path, never by
+//! directory versions: a directory's version does not change when a file
+//! inside it does, so comparing versions would hide every change below.
+//! An object found at different paths in A and B is a rename (the object
+//! id is the file's identity), reported once for the topmost directory
+//! that moved.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+use super::history::Target;
+use crate::control::{At, Components, Request};
+
+/// One side of the comparison: relative path (components below the diffed
+/// path) to the entry's description, as `List`/`Stat` give it.
+type Tree = BTreeMap<Components, Value>;
+
+/// The differences, ready to print or to serialize.
+struct Report {
+    changes: Vec<Value>,
+    /// Unified diffs (or binary summaries) of changed files, by path shown.
+    texts: Vec<String>,
+}
+
+/// Diffs `t.path` between `a` and `b`; writes the report; returns whether
+/// they differ.
+pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> Result<bool> {
+    // A bad instant is an error, not an absent file.
+    let ra = t.query(&Request::Resolve { at: a.clone() })?;
+    let rb = t.query(&Request::Resolve { at: b.clone() })?;
+    let na = stat(t, a);
+    let nb = stat(t, b);
+    let shown_root = show(&t.path);
+    let (ta, tb) = match (&na, &nb) {
+        (None, None) => bail!("{shown_root} existed at neither instant"),
+        (x, y) => (side(t, a, x.as_ref())?, side(t, b, y.as_ref())?),
+    };
+    let report = compare(t, a, b, &ta, &tb, !json_out)?;
+    let differ = !report.changes.is_empty();
+    if json_out {
+        let instant =
+            |r: &Value| json!({"seq": r["seq"], "time_ns": r["time_ns"], "time": r["time"]});
+        let v = json!({
+            "path": shown_root,
+            "a": instant(&ra),
+            "b": instant(&rb),
+            "differ": differ,
+            "changes": report.changes,
+        });
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        )?;
+        return Ok(differ);
+    }
+    for c in &report.changes {
+        // A file's own content change is said by its unified diff alone,
+        // as diff(1) does.
+        let content_only = c["path"] == shown_root.as_str()
+            && c["change"] == "changed"
+            && c["kind"] == "file"
+            && c["mode"].is_null()
+            && c["kind_before"].is_null();
+        if !content_only {
+            writeln!(out, "{}", summary_line(c))?;
+        }
+    }
+    for text in &report.texts {
+        write!(out, "{text}")?;
+    }
+    Ok(differ)
+}
+
+fn stat(t: &Target, at: &At) -> Option<Value> {
+    t.query(&Request::Stat {
+        path: t.path.clone(),
+        at: at.clone(),
+    })
+    .ok()
+}
+
+/// Everything at and below the diffed path at one instant.
+fn side(t: &Target, at: &At, top: Option<&Value>) -> Result<Tree> {
+    let mut tree = Tree::new();
+    let Some(top) = top else {
+        return Ok(tree);
+    };
+    tree.insert(Vec::new(), top.clone());
+    if top["kind"] == "dir" {
+        walk(t, at, &t.path, &mut Vec::new(), &mut tree)?;
+    }
+    Ok(tree)
+}
+
+fn walk(
+    t: &Target,
+    at: &At,
+    base: &Components,
+    rel: &mut Components,
+    tree: &mut Tree,
+) -> Result<()> {
+    let mut path = base.clone();
+    path.extend(rel.iter().cloned());
+    let v = t.query(&Request::List {
+        path,
+        at: at.clone(),
+        deleted: false,
+    })?;
+    let Some(entries) = v["entries"].as_array() else {
+        return Ok(());
+    };
+    for e in entries {
+        let Some(name) = e["name"].as_str() else {
+            continue;
+        };
+        rel.push(name.as_bytes().to_vec());
+        tree.insert(rel.clone(), e.clone());
+        if e["kind"] == "dir" {
+            walk(t, at, base, rel, tree)?;
+        }
+        rel.pop();
+    }
+    Ok(())
+}
+
+fn show(p: &Components) -> String {
+    let parts: Vec<String> = p
+        .iter()
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect();
+    format!("/{}", parts.join("/"))
+}
+
+fn joined(base: &Components, rel: &Components) -> Components {
+    let mut p = base.clone();
+    p.extend(rel.iter().cloned());
+    p
+}
+
+/// The object id, when the entry has one (live objects never recorded
+/// have none and cannot be matched across paths).
+fn obj(v: &Value) -> Option<u64> {
+    v["obj"].as_u64()
+}
+
+fn same_version(x: &Value, y: &Value) -> bool {
+    x["obj"] == y["obj"]
+        && x["seq"] == y["seq"]
+        && x["source"] == y["source"]
+        && !x["seq"].is_null()
+}
+
+/// How two entries of the same object or path differ: (content differs,
+/// mode change, kind change), plus the text of a content diff.
+struct Delta {
+    content: bool,
+    mode: Option<(u64, u64)>,
+    kind: Option<(String, String)>,
+    text: Option<String>,
+}
+
+impl Delta {
+    fn any(&self) -> bool {
+        self.content || self.mode.is_some() || self.kind.is_some()
+    }
+}
+
+fn delta(
+    t: &Target,
+    (a, pa, x): (&At, &Components, &Value),
+    (b, pb, y): (&At, &Components, &Value),
+    want_text: bool,
+) -> Result<Delta> {
+    let kx = x["kind"].as_str().unwrap_or("").to_string();
+    let ky = y["kind"].as_str().unwrap_or("").to_string();
+    let mut d = Delta {
+        content: false,
+        mode: None,
+        kind: None,
+        text: None,
+    };
+    if kx != ky {
+        d.kind = Some((kx, ky));
+        return Ok(d);
+    }
+    let (mx, my) = (
+        x["mode"].as_u64().unwrap_or(0),
+        y["mode"].as_u64().unwrap_or(0),
+    );
+    if mx != my {
+        d.mode = Some((mx, my));
+    }
+    match kx.as_str() {
+        "symlink" => d.content = x["target"] != y["target"],
+        "file" if !same_version(x, y) => {
+            let unknown = |v: &Value| v["unrecorded"] == true || v["lost"] == true;
+            if unknown(x) || unknown(y) {
+                // No bytes to compare: only what the attributes say.
+                d.content = x["size"] != y["size"] || x["mtime_ns"] != y["mtime_ns"];
+            } else if x["size"] != y["size"] && !want_text {
+                d.content = true;
+            } else {
+                let (da, db) = (read(t, pa, a)?, read(t, pb, b)?);
+                if da != db {
+                    d.content = true;
+                    if want_text {
+                        d.text = Some(text_diff(&show(pa), &show(pb), &da, &db));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(d)
+}
+
+fn read(t: &Target, path: &Components, at: &At) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    t.call(
+        &Request::Read {
+            path: path.clone(),
+            at: at.clone(),
+            version: None,
+        },
+        &mut buf,
+    )?;
+    Ok(buf)
+}
+
+fn text_diff(pa: &str, pb: &str, da: &[u8], db: &[u8]) -> String {
+    match (std::str::from_utf8(da), std::str::from_utf8(db)) {
+        (Ok(sa), Ok(sb)) if !sa.contains('\0') && !sb.contains('\0') => {
+            let d = similar::TextDiff::from_lines(sa, sb);
+            let mut u = d.unified_diff();
+            u.header(&format!("a{pa}"), &format!("b{pb}")).to_string()
+        }
+        _ => format!(
+            "Binary files a{pa} ({} bytes) and b{pb} ({} bytes) differ\n",
+            da.len(),
+            db.len()
+        ),
+    }
+}
+
+fn compare(t: &Target, a: &At, b: &At, ta: &Tree, tb: &Tree, want_text: bool) -> Result<Report> {
+    let base = &t.path;
+    let mut report = Report {
+        changes: Vec::new(),
+        texts: Vec::new(),
+    };
+    // Paths present on one side only; those of one object on both sides
+    // are renames.
+    let only_a: Vec<&Components> = ta.keys().filter(|k| !tb.contains_key(*k)).collect();
+    let only_b: Vec<&Components> = tb.keys().filter(|k| !ta.contains_key(*k)).collect();
+    let mut b_by_obj: HashMap<u64, Vec<&Components>> = HashMap::new();
+    for p in &only_b {
+        if let Some(o) = obj(&tb[*p]) {
+            b_by_obj.entry(o).or_default().push(p);
+        }
+    }
+    let mut renamed: BTreeMap<&Components, &Components> = BTreeMap::new();
+    for p in &only_a {
+        let Some(o) = obj(&ta[*p]) else { continue };
+        if let Some(q) = b_by_obj
+            .get_mut(&o)
+            .and_then(|v| (!v.is_empty()).then(|| v.remove(0)))
+        {
+            renamed.insert(p, q);
+        }
+    }
+    let from_of: HashMap<&Components, &Components> =
+        renamed.iter().map(|(p, q)| (*q, *p)).collect();
+    let mut entries: Vec<(&Components, Value)> = Vec::new();
+    for p in &only_a {
+        if renamed.contains_key(p) {
+            continue;
+        }
+        let v = &ta[*p];
+        entries.push((
+            p,
+            json!({"change": "removed", "path": show(&joined(base, p)), "kind": v["kind"], "obj": v["obj"]}),
+        ));
+    }
+    for (rel, y) in tb {
+        let full_b = joined(base, rel);
+        if let Some(x) = ta.get(rel) {
+            let d = delta(t, (a, &full_b, x), (b, &full_b, y), want_text)?;
+            if d.any() {
+                entries.push((rel, change_value("changed", None, &full_b, y, &d)));
+                report.texts.extend(d.text);
+            }
+            continue;
+        }
+        let Some(from) = from_of.get(rel) else {
+            entries.push((
+                rel,
+                json!({"change": "added", "path": show(&full_b), "kind": y["kind"], "obj": y["obj"]}),
+            ));
+            continue;
+        };
+        let full_a = joined(base, from);
+        let d = delta(t, (a, &full_a, &ta[*from]), (b, &full_b, y), want_text)?;
+        // Moved along with its directory, unchanged: the directory's
+        // rename says it all.
+        let implied = match (from.split_last(), rel.split_last()) {
+            (Some((na, pa)), Some((nb, pb))) => {
+                na == nb
+                    && !pa.is_empty()
+                    && from_of
+                        .get(&pb.to_vec())
+                        .is_some_and(|f| f.as_slice() == pa)
+            }
+            _ => false,
+        };
+        if implied && !d.any() {
+            continue;
+        }
+        entries.push((rel, change_value("renamed", Some(&full_a), &full_b, y, &d)));
+        report.texts.extend(d.text);
+    }
+    entries.sort_by(|x, y| x.0.cmp(y.0));
+    report.changes = entries.into_iter().map(|(_, v)| v).collect();
+    Ok(report)
+}
+
+fn change_value(
+    what: &str,
+    from: Option<&Components>,
+    path: &Components,
+    y: &Value,
+    d: &Delta,
+) -> Value {
+    let mut v = json!({
+        "change": what,
+        "path": show(path),
+        "kind": y["kind"],
+        "obj": y["obj"],
+        "content": d.content,
+        "mode": d.mode.map(|(ma, mb)| json!({"a": ma, "b": mb})),
+    });
+    if let Some(f) = from {
+        v["from"] = json!(show(f));
+    }
+    if let Some((ka, _)) = &d.kind {
+        v["kind_before"] = json!(ka);
+    }
+    v
+}
+
+fn summary_line(c: &Value) -> String {
+    let path = c["path"].as_str().unwrap_or("?");
+    let kind = c["kind"].as_str().unwrap_or("?");
+    let mut details = Vec::new();
+    if let Some(k) = c["kind_before"].as_str() {
+        details.push(format!("{k} -> {kind}"));
+    }
+    if c["content"] == true {
+        details.push(
+            if kind == "symlink" {
+                "target"
+            } else {
+                "content"
+            }
+            .to_string(),
+        );
+    }
+    if let (Some(ma), Some(mb)) = (c["mode"]["a"].as_u64(), c["mode"]["b"].as_u64()) {
+        details.push(format!("mode {ma:o} -> {mb:o}"));
+    }
+    let details = if details.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", details.join(", "))
+    };
+    match c["change"].as_str().unwrap_or("") {
+        "renamed" => format!(
+            "renamed: {} -> {path}{details}",
+            c["from"].as_str().unwrap_or("?")
+        ),
+        other => format!("{other}: {path} [{kind}]{details}"),
+    }
+}
