@@ -258,6 +258,30 @@ fn deleted_entries_are_listed_and_readable() {
     });
 }
 
+/// A past directory's link count is that of its listing (2 + its
+/// subdirectories), as natively: `find` and `du` rely on it. Directory
+/// versions are not recorded when entries come and go, so the recorded
+/// count was that of the directory when it was made.
+#[test]
+fn past_directories_count_their_subdirectories() {
+    each_versioning_mode(|m| {
+        for sub in ["t/a", "t/b", "t/c", "gone1", "gone2"] {
+            fs::create_dir_all(m.p(sub)).unwrap();
+        }
+        write_file(&m.p("t/f"), b"f\n");
+        let nlink = |p: &Path| {
+            fs::symlink_metadata(p)
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+                .nlink()
+        };
+        assert_eq!(nlink(&m.p("t")), 5);
+        assert_eq!(nlink(&m.p(".history/@now/t")), 5);
+        run(&m.mnt, "rm", &["-rf", "t", "gone1", "gone2"]);
+        assert_eq!(nlink(&m.p(";deleted/t")), 5);
+        assert_eq!(nlink(&m.p(";deleted")), 5, "three deleted directories");
+    });
+}
+
 #[test]
 fn tools_work_in_the_past() {
     each_versioning_mode(|m| {

@@ -211,6 +211,12 @@ fn past_err(e: past::Error) -> VfsError {
     }
 }
 
+/// A directory's link count: itself, its entry in its parent, and each
+/// subdirectory's `..`.
+fn dir_nlink(kinds: impl Iterator<Item = u32>) -> libc::nlink_t {
+    2 + kinds.filter(|k| *k == libc::S_IFDIR).count() as libc::nlink_t
+}
+
 fn stat_of(v: &Version, ino: InodeNo) -> Stat {
     let a = &v.attrs;
     let mut st = sys::zeroed_stat();
@@ -488,8 +494,13 @@ impl Vfs {
     fn hist_at(&self, at: Seq, obj: ObjectId, v: Arc<Version>) -> Result<Entry> {
         let ino = self.view_number(at, obj)?;
         let st = self.hold_view(ino, || {
-            let st = stat_of(&v, ino);
+            let mut st = stat_of(&v, ino);
             let state = State::Hist { v };
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                // A directory's versions are not recorded when entries
+                // come and go: its link count is that of its listing.
+                st.st_nlink = dir_nlink(self.list_at(at, obj, &state)?.iter().map(|l| l.kind));
+            }
             Ok((What::At { at, obj, state }, st))
         })?;
         Ok(entry(st, IMMUTABLE_TTL))
@@ -619,15 +630,23 @@ impl Vfs {
             return Err(errno(libc::ENOTDIR));
         }
         let ino = InodeNo(VIEW_BIT | (DELETED_SLOT << OBJ_BITS) | (parent.0 & OBJ_MASK));
-        let live = sys::fstat(dir.fd())?;
-        let st = self.hold_view(ino, || {
-            let mut st = live;
-            st.st_ino = ino.0;
-            st.st_mode = libc::S_IFDIR | (live.st_mode & 0o555);
-            st.st_nlink = 2;
+        self.hold_view(ino, || {
+            let st = self.deleted_dir_stat(parent, ino)?;
             Ok((What::Deleted { dir: parent.0 }, st))
         })?;
+        // Its attributes follow the live directory and what is deleted.
+        let st = self.deleted_dir_stat(parent, ino)?;
         Ok(entry(st, Duration::ZERO))
+    }
+
+    fn deleted_dir_stat(&self, dir: InodeNo, ino: InodeNo) -> Result<Stat> {
+        let live = sys::fstat(self.inodes.node(dir)?.fd())?;
+        let mut st = live;
+        st.st_ino = ino.0;
+        st.st_mode = libc::S_IFDIR | (live.st_mode & 0o555);
+        let deleted = self.deleted_entries(dir.0)?;
+        st.st_nlink = dir_nlink(deleted.iter().map(|(_, _, n)| n.mode() & libc::S_IFMT));
+        Ok(st)
     }
 
     /// Lookup inside a view directory.
@@ -787,6 +806,10 @@ impl Vfs {
     pub(super) fn view_getattr(&self, ino: InodeNo) -> Result<Attr> {
         let node = self.view(ino)?;
         self.current(&node)?;
+        if let What::Deleted { dir } = node.what {
+            let st = self.deleted_dir_stat(InodeNo(dir), ino)?;
+            return Ok(Attr { ino, st });
+        }
         Ok(Attr { ino, st: node.st })
     }
 
