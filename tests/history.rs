@@ -947,6 +947,46 @@ fn log_version_1_is_the_first_content() {
 // ---------------------------------------------------------------------------
 // 6. Files that predate the first mount
 
+/// Issue 14.6: the first mount records the tree that predates it in the
+/// background, so a file never changed through the mount survives an
+/// outside `rm`; `-o ingest=off` opts out, and `status` says what is not
+/// covered.
+#[test]
+fn the_first_mount_records_the_existing_tree() {
+    each_versioning_mode_with(
+        |src| {
+            fs::create_dir(src.join("d")).unwrap();
+            write_file(&src.join("d/pre"), b"predates the mount\n");
+        },
+        |m| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let st = Json::parse(&chrono_str(m, &["status", "--json"]));
+                if *st.get("ingest").get("complete") == Json::Bool(true) {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "no ingest: {st:?}");
+                std::thread::yield_now();
+            }
+            fs::remove_file(m.src.join("d/pre")).unwrap();
+            assert_eq!(cat_version(m, "d/pre", 1), b"predates the mount\n");
+        },
+    );
+}
+
+#[test]
+fn ingest_off_leaves_the_existing_tree_to_lazy_baselines_and_says_so() {
+    let mut m = Mount::new_with("ingest=off", |src| {
+        write_file(&src.join("pre"), b"old\n");
+    });
+    let _serial = history_mount_lock();
+    m.wait_history_ready();
+    let status = chrono_str(&m, &["status"]);
+    assert!(status.contains("ingest:       incomplete"), "{status}");
+    assert!(status.contains("no recorded content"), "{status}");
+    m.unmount();
+}
+
 #[test]
 fn first_change_of_a_pre_existing_file_records_a_baseline() {
     each_versioning_mode_with(

@@ -560,9 +560,16 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
     if !ing.is_null() {
         let state = if ing["running"].as_bool() == Some(true) {
             "running"
+        } else if ing["complete"].as_bool() == Some(false) {
+            "incomplete"
         } else {
             "done"
         };
+        if ing["complete"].as_bool() == Some(false) {
+            println!(
+                "coverage:     files that predate the first mount and were not reached yet have no recorded content: an outside change loses them (`chronofs ingest` finishes the walk)"
+            );
+        }
         println!(
             "ingest:       {state}: {} dirs, {} files, {:.1} MiB, {} error(s)",
             ing["dirs"],

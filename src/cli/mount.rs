@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use super::options::Ingest;
 use super::{exit, MountOptions};
 use crate::branch::{BranchId, DirBranch};
 use crate::capture::retention::{Cleaner, PolicyCell};
@@ -309,6 +310,8 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
     let result = session.run().context("FUSE session failed");
     // No request can come any more: record what is queued, durably.
     if let Some(rec) = history {
+        // An unfinished ingest resumes at the next mount (`ingest=first`).
+        rec.vfs.stop_ingest();
         rec.capture.finish();
         drop(rec);
     }
@@ -462,13 +465,21 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         ),
         _ => None,
     };
-    if opts.eager_baseline {
+    let ingest = match opts.ingest {
+        Ingest::Always => true,
+        Ingest::Off => false,
+        Ingest::First => history
+            .as_ref()
+            .is_some_and(|h| !h.ingest_complete().unwrap_or(false)),
+    };
+    if ingest {
         vfs.start_ingest().map_err(|e| anyhow!(e))?;
     }
     // Keep the store handle alive for the session's lifetime via the vfs.
     drop(store);
     let history = match (history, capture) {
         (Some(h), Some(c)) => Some(Recording {
+            vfs: Arc::clone(&vfs),
             _cleaner: cleaner,
             _history: h,
             capture: c,
@@ -486,6 +497,7 @@ struct Recording {
     _cleaner: Option<Cleaner>,
     _control: Option<control::Server>,
     capture: Arc<Capture>,
+    vfs: Arc<Vfs>,
     _history: HistoryHandle,
 }
 
@@ -528,9 +540,10 @@ impl control::service::Host for MountHost {
         let p = v.ingest_progress();
         let running = p.running.load(Relaxed);
         let done = p.done.load(Relaxed);
-        (running || done).then(|| {
+        let complete = v.ingest_complete();
+        (running || done || !complete).then(|| {
             serde_json::json!({
-                "running": running, "done": done,
+                "running": running, "done": done, "complete": complete,
                 "dirs": p.dirs.load(Relaxed), "files": p.files.load(Relaxed),
                 "bytes": p.bytes.load(Relaxed), "errors": p.errors.load(Relaxed),
             })

@@ -28,8 +28,8 @@ pub struct MountOptions {
     pub capture_interval: Duration,
     /// Every write() is its own version (forces the daemon's write path).
     pub every_write: bool,
-    /// Record the whole existing tree at mount (in the background).
-    pub eager_baseline: bool,
+    /// When to record the whole existing tree at mount (in the background).
+    pub ingest: Ingest,
     pub write_path: crate::vfs::WritePath,
     /// `.history/`'s name, the version-name separator, audit mode.
     pub views: crate::vfs::ViewConfig,
@@ -40,6 +40,18 @@ pub struct MountOptions {
     pub user_policies: bool,
     /// `clean-interval=S`: how often the cleaner applies retention (0: never).
     pub clean_interval: Duration,
+}
+
+/// `-o ingest=`: when a mount records the existing tree in the background.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ingest {
+    /// Until one ingest of the tree has completed for this store (the
+    /// default: pre-existing files are protected without asking).
+    First,
+    /// At every mount.
+    Always,
+    /// Never: a pre-existing file is recorded just before its first change.
+    Off,
 }
 
 impl Default for MountOptions {
@@ -61,7 +73,7 @@ impl Default for MountOptions {
             kernel: Vec::new(),
             capture_interval: Duration::from_secs(60),
             every_write: false,
-            eager_baseline: false,
+            ingest: Ingest::First,
             write_path: crate::vfs::WritePath::Auto,
             views: crate::vfs::ViewConfig::default(),
             policy: None,
@@ -171,10 +183,21 @@ impl MountOptions {
             ("policy", v) => self.policy = Some(PathBuf::from(need(key, v)?)),
             ("user-policies", v) => self.user_policies = parse_bool(key, need(key, v)?)?,
             ("clean-interval", v) => self.clean_interval = parse_secs(key, need(key, v)?)?,
+            ("ingest", v) => {
+                self.ingest = match need(key, v)? {
+                    "first" => Ingest::First,
+                    "on" => Ingest::Always,
+                    "off" => Ingest::Off,
+                    other => {
+                        return Err(format!("option ingest={other}: expected first, on or off"))
+                    }
+                }
+            }
+            // The older spelling of `ingest=on|off`.
             ("baseline", v) => {
-                self.eager_baseline = match need(key, v)? {
-                    "eager" => true,
-                    "lazy" => false,
+                self.ingest = match need(key, v)? {
+                    "eager" => Ingest::Always,
+                    "lazy" => Ingest::Off,
                     other => {
                         return Err(format!("option baseline={other}: expected eager or lazy"))
                     }

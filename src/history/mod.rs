@@ -44,6 +44,9 @@ const APPLY_INTERVAL: Duration = Duration::from_millis(100);
 const META_DURABLE_SEQ: &str = "history_durable_seq";
 const META_NEXT_SEQ: &str = "history_next_seq";
 const META_LAST_TIME: &str = "history_last_time_ns";
+/// Set once an ingest walked the whole tree: what predates the first
+/// mount is recorded (`-o ingest=first` stops starting one).
+const META_INGEST_COMPLETE: &str = "history_ingest_complete_ns";
 
 pub type Result<T> = std::result::Result<T, HistoryError>;
 
@@ -337,6 +340,23 @@ impl History {
         for hook in self.removal_hooks.lock().iter() {
             hook();
         }
+    }
+
+    /// Whether an ingest of the whole tree completed for this store.
+    pub fn ingest_complete(&self) -> Result<bool> {
+        Ok(tables::meta_get(self.db(), META_INGEST_COMPLETE)?.is_some())
+    }
+
+    /// Notes (durably) that an ingest of the whole tree completed.
+    pub fn set_ingest_complete(&self) -> Result<()> {
+        let txn = self
+            .db()
+            .begin_write()
+            .map_err(|e| HistoryError::Store(index_error(e)))?;
+        tables::meta_put(&txn, META_INGEST_COMPLETE, now_ns().max(0) as u64)?;
+        txn.commit()
+            .map_err(|e| HistoryError::Store(index_error(e)))?;
+        Ok(())
     }
 
     /// A change went ahead that a full store could not record.

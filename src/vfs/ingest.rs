@@ -21,6 +21,9 @@ use crate::sys::{self, Stat};
 #[derive(Default)]
 pub struct IngestProgress {
     pub running: AtomicBool,
+    /// Asks a running walk to stop (at unmount).
+    pub stop: AtomicBool,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
     pub done: AtomicBool,
     pub dirs: AtomicU64,
     pub files: AtomicU64,
@@ -117,17 +120,21 @@ impl Vfs {
             return Ok(());
         }
         self.ingest.done.store(false, Ordering::Release);
+        self.ingest.stop.store(false, Ordering::Release);
         let vfs = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("ingest".into())
             .spawn(move || {
                 if let Some(v) = vfs.upgrade() {
-                    v.ingest_tree();
+                    let complete = v.ingest_tree();
+                    if complete {
+                        v.note_ingest_complete();
+                    }
                     v.ingest.running.store(false, Ordering::Release);
                     v.ingest.done.store(true, Ordering::Release);
                 }
             })
-            .map(drop)
+            .map(|t| *self.ingest.thread.lock() = Some(t))
             .map_err(|e| {
                 self.ingest.running.store(false, Ordering::Release);
                 format!("cannot start the ingest thread: {e}")
@@ -138,20 +145,51 @@ impl Vfs {
         &self.ingest
     }
 
-    fn ingest_tree(&self) {
+    /// Stops a running ingest and waits for its thread.
+    pub fn stop_ingest(&self) {
+        self.ingest.stop.store(true, Ordering::Release);
+        let thread = self.ingest.thread.lock().take();
+        if let Some(t) = thread {
+            if t.join().is_err() {
+                tracing::error!("ingest: the thread panicked");
+            }
+        }
+    }
+
+    /// Whether one ingest of the whole tree has completed for this store:
+    /// every object that existed before the first mount is recorded.
+    pub fn ingest_complete(&self) -> bool {
+        self.capture()
+            .is_some_and(|c| c.history().ingest_complete().unwrap_or(false))
+    }
+
+    fn note_ingest_complete(&self) {
+        if let Some(c) = self.capture() {
+            if let Err(e) = c.history().set_ingest_complete() {
+                tracing::error!("ingest: cannot note its completion: {e}");
+            }
+        }
+    }
+
+    /// Walks the tree; true if it went through with no error.
+    fn ingest_tree(&self) -> bool {
         let Some(capture) = self.capture() else {
-            return;
+            return false;
         };
         let p = &self.ingest;
         let root = match sys::reopen(self.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY) {
             Ok(fd) => fd,
             Err(e) => {
                 tracing::error!("ingest: cannot open the root: {e}");
-                return;
+                return false;
             }
         };
         let mut queue: Vec<(ObjectId, OwnedFd, Place)> = vec![(InodeNo::ROOT.0, root, None)];
         while let Some((dir, fd, parent)) = queue.pop() {
+            if p.stop.load(Ordering::Acquire) {
+                tracing::info!("ingest stopped; the next mount resumes it");
+                return false;
+            }
             let mut walk = Walk {
                 live: Live(self),
                 objects: HashMap::new(),
@@ -209,5 +247,6 @@ impl Vfs {
             p.dirs.load(Ordering::Relaxed),
             p.files.load(Ordering::Relaxed)
         );
+        p.errors.load(Ordering::Relaxed) == 0
     }
 }
