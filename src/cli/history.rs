@@ -824,24 +824,49 @@ fn show_components(p: &Components) -> String {
 }
 
 /// Diffs `t.path` between two instants; returns whether they differ.
+/// When the path names nothing at one instant, that side follows what
+/// it names at the other back (or forward) through renames, as history
+/// does (`Request::Follow`).
 pub fn diff(t: &Target, a: &At, b: &At, out: &mut dyn Write) -> Result<bool> {
     // A bad instant is an error, not an absent file.
     for at in [a, b] {
         t.query(&Request::Resolve { at: at.clone() })?;
     }
-    let na = t
-        .query(&Request::Stat {
-            path: t.path.clone(),
-            at: a.clone(),
+    let stat = |path: &Components, at: &At| {
+        t.query(&Request::Stat {
+            path: path.clone(),
+            at: at.clone(),
         })
-        .ok();
-    let nb = t
-        .query(&Request::Stat {
-            path: t.path.clone(),
-            at: b.clone(),
-        })
-        .ok();
-    diff_nodes(t, &t.path, a, b, na.as_ref(), nb.as_ref(), out)
+        .ok()
+    };
+    let follow = |from: &At, to: &At| -> Option<Components> {
+        let v = t
+            .query(&Request::Follow {
+                path: t.path.clone(),
+                at: from.clone(),
+                to: to.clone(),
+            })
+            .ok()?;
+        serde_json::from_value(v["path"].clone()).ok()
+    };
+    let (mut pa, mut pb) = (t.path.clone(), t.path.clone());
+    let (mut na, mut nb) = (stat(&pa, a), stat(&pb, b));
+    match (&na, &nb) {
+        (None, Some(_)) => {
+            if let Some(p) = follow(b, a) {
+                na = stat(&p, a);
+                pa = p;
+            }
+        }
+        (Some(_), None) => {
+            if let Some(p) = follow(a, b) {
+                nb = stat(&p, b);
+                pb = p;
+            }
+        }
+        _ => {}
+    }
+    diff_nodes(t, (&pa, &pb), a, b, na.as_ref(), nb.as_ref(), out)
 }
 
 fn same_version(x: &Value, y: &Value) -> bool {
@@ -851,20 +876,24 @@ fn same_version(x: &Value, y: &Value) -> bool {
         && !x["seq"].is_null()
 }
 
+/// The path of one entry at instant A and at instant B (they differ when
+/// history followed a rename).
+type Paths<'a> = (&'a Components, &'a Components);
+
 fn diff_nodes(
     t: &Target,
-    path: &Components,
+    (pa, pb): Paths,
     a: &At,
     b: &At,
     na: Option<&Value>,
     nb: Option<&Value>,
     out: &mut dyn Write,
 ) -> Result<bool> {
-    let shown = show_components(path);
+    let shown = show_components(pb);
     match (na, nb) {
         (None, None) => bail!("{shown} existed at neither instant"),
         (Some(_), None) => {
-            writeln!(out, "Only in A: {shown}")?;
+            writeln!(out, "Only in A: {}", show_components(pa))?;
             Ok(true)
         }
         (None, Some(_)) => {
@@ -884,8 +913,8 @@ fn diff_nodes(
                 return Ok(false);
             }
             match kx {
-                "dir" => diff_dirs(t, path, a, b, out),
-                "file" => diff_files(t, path, a, b, x, y, out),
+                "dir" => diff_dirs(t, (pa, pb), a, b, out),
+                "file" => diff_files(t, (pa, pb), a, b, x, y, out),
                 "symlink" if x["target"] != y["target"] => {
                     writeln!(
                         out,
@@ -911,15 +940,16 @@ fn diff_nodes(
 
 fn diff_files(
     t: &Target,
-    path: &Components,
+    (pa, pb): Paths,
     a: &At,
     b: &At,
     x: &Value,
     y: &Value,
     out: &mut dyn Write,
 ) -> Result<bool> {
-    let shown = show_components(path);
-    let (da, db) = (read_bytes(t, path, a)?, read_bytes(t, path, b)?);
+    let shown = show_components(pb);
+    let shown_a = show_components(pa);
+    let (da, db) = (read_bytes(t, pa, a)?, read_bytes(t, pb, b)?);
     let mut differs = false;
     if da != db {
         differs = true;
@@ -927,13 +957,13 @@ fn diff_files(
             (Ok(sa), Ok(sb)) if !sa.contains('\0') && !sb.contains('\0') => {
                 let d = similar::TextDiff::from_lines(sa, sb);
                 let mut u = d.unified_diff();
-                let ha = format!("a{shown}");
+                let ha = format!("a{shown_a}");
                 let hb = format!("b{shown}");
                 write!(out, "{}", u.header(&ha, &hb))?;
             }
             _ => writeln!(
                 out,
-                "Binary files a{shown} ({} bytes) and b{shown} ({} bytes) differ",
+                "Binary files a{shown_a} ({} bytes) and b{shown} ({} bytes) differ",
                 da.len(),
                 db.len()
             )?,
@@ -951,8 +981,8 @@ fn diff_files(
     Ok(differs)
 }
 
-fn diff_dirs(t: &Target, path: &Components, a: &At, b: &At, out: &mut dyn Write) -> Result<bool> {
-    let list = |at: &At| -> Result<std::collections::BTreeMap<String, Value>> {
+fn diff_dirs(t: &Target, (pa, pb): Paths, a: &At, b: &At, out: &mut dyn Write) -> Result<bool> {
+    let list = |path: &Components, at: &At| -> Result<std::collections::BTreeMap<String, Value>> {
         let v = t.query(&Request::List {
             path: path.clone(),
             at: at.clone(),
@@ -966,15 +996,16 @@ fn diff_dirs(t: &Target, path: &Components, a: &At, b: &At, out: &mut dyn Write)
             .map(|e| (e["name"].as_str().unwrap_or("").to_string(), e.clone()))
             .collect())
     };
-    let (la, lb) = (list(a)?, list(b)?);
+    let (la, lb) = (list(pa, a)?, list(pb, b)?);
     let mut names: Vec<&String> = la.keys().chain(lb.keys()).collect();
     names.sort();
     names.dedup();
     let mut differs = false;
     for name in names {
-        let mut child = path.clone();
-        child.push(name.clone().into_bytes());
-        differs |= diff_nodes(t, &child, a, b, la.get(name), lb.get(name), out)?;
+        let (mut ca, mut cb) = (pa.clone(), pb.clone());
+        ca.push(name.clone().into_bytes());
+        cb.push(name.clone().into_bytes());
+        differs |= diff_nodes(t, (&ca, &cb), a, b, la.get(name), lb.get(name), out)?;
     }
     Ok(differs)
 }

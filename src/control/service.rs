@@ -152,6 +152,12 @@ impl Service {
                 let node = self.node(path, seq)?;
                 Ok(self.describe(&node))
             }
+            Request::Follow { path, at, to } => {
+                let (at, _) = self.resolve_at(at)?;
+                let (to, _) = self.resolve_at(to)?;
+                let then = self.past().follow(path, at, to)?;
+                Ok(json!({"path": then}))
+            }
             Request::List { path, at, deleted } => self.list(path, at, *deleted),
             Request::Read { path, at, version } => self.read(path, at, *version, peer, reply),
             Request::Log {

@@ -403,6 +403,30 @@ impl Past<'_> {
         Ok(true)
     }
 
+    /// The path at `to` of what `path` named at `at`: the object's own
+    /// path then, or, if it did not exist then, the path then of its
+    /// nearest directory that did, with the rest of `path` below it.
+    /// `None` if nothing of it existed at `to`.
+    pub fn follow(&self, path: &[Vec<u8>], at: Seq, to: Seq) -> Result<Option<Vec<Vec<u8>>>> {
+        if self.resolve(path, to)?.is_some() {
+            return Ok(Some(path.to_vec()));
+        }
+        for keep in (1..=path.len()).rev() {
+            let obj = match self.resolve(&path[..keep], at)? {
+                Some(Node::Hist { obj, .. }) | Some(Node::Live { obj: Some(obj), .. }) => obj,
+                _ => continue,
+            };
+            let Some(mut then) = self.history.path_at(obj, to)? else {
+                continue;
+            };
+            then.extend(path[keep..].iter().cloned());
+            if self.resolve(&then, to)?.is_some() {
+                return Ok(Some(then));
+            }
+        }
+        Ok(None)
+    }
+
     /// Objects bound to `path` over time.
     pub fn incarnations(&self, path: &[Vec<u8>]) -> Result<Vec<Incarnation>> {
         let mut level = vec![(ROOT, 0, None)];
