@@ -352,8 +352,8 @@ impl Past<'_> {
     /// - it got this name by a rename from a name that is present at
     ///   `seq`, and did not change under it (an editor's backup such as
     ///   vim's `f~`: its last state is in that name's log);
-    /// - one process created and removed it with nothing in between (a
-    ///   probe or temporary file, such as vim's `4913`).
+    /// - one process created and removed it empty, with nothing in
+    ///   between (a probe, such as vim's `4913`).
     fn removal_deletes(
         &self,
         dir: ObjectId,
@@ -375,6 +375,8 @@ impl Past<'_> {
                 && *last_s == s
                 && first.who.pid == last.who.pid
                 && first.who.pid != 0
+                && first.attrs.size == 0
+                && last.attrs.size == 0
             {
                 return Ok(false);
             }
