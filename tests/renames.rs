@@ -234,3 +234,43 @@ fn editor_backup_and_probe_names_are_not_listed_as_deleted() {
         assert_eq!(deleted(m, ""), Vec::<String>::new());
     });
 }
+
+/// Retention decides by the path a file has now, also when a directory
+/// above it was renamed after a file deleted in it was scanned (the
+/// planner's path cache once kept a directory's name from the deleted
+/// file's instant and gave it to the live files).
+#[test]
+fn retention_follows_a_renamed_directory() {
+    let dir = tempdir();
+    let policy = dir.path().join("policy.toml");
+    fs::write(
+        &policy,
+        "[[rule]]\nname = \"short\"\npaths = [\"m2/**\"]\nmax-count = 1\n",
+    )
+    .unwrap();
+    let mode = versioning_modes().remove(0);
+    let opts = format!("{mode},policy={},clean-interval=0", policy.display());
+    let m = {
+        let _serial = history_mount_lock();
+        let m = Mount::new(&opts);
+        m.wait_history_ready();
+        m
+    };
+    fs::create_dir(m.p("m1")).unwrap();
+    fs::write(m.p("m1/gone"), "deleted before the rename\n").unwrap();
+    fs::write(m.p("m1/f"), "one\n").unwrap();
+    append(&m.p("m1/f"), "two\n");
+    append(&m.p("m1/f"), "three\n");
+    fs::remove_file(m.p("m1/gone")).unwrap();
+    fs::rename(m.p("m1"), m.p("m2")).unwrap();
+    assert_eq!(causes(&m, "m2/f"), ["create", "write", "write"]);
+    chrono_ok(&m, &["clean", "--now", "+40d"]);
+    assert_eq!(
+        causes(&m, "m2/f"),
+        ["write"],
+        "m2/f is under m2/**: one version kept"
+    );
+    assert_eq!(cat_version(&m, "m2/f", 1), "one\ntwo\nthree\n");
+    let _serial = history_mount_lock();
+    drop(m);
+}
