@@ -112,6 +112,11 @@ fn directory_rename_keeps_the_history_of_its_files() {
         assert_eq!(read(&m.p("m2/f;-1")), "a\nb\n");
         assert_eq!(cat_version(m, "m2/f", 1), "a\n");
         assert_eq!(cat_version(m, "m2/f", -1), "a\nb\n");
+        // A version name by instant follows the file too; the instant's
+        // tree stays exact.
+        assert_eq!(read(&m.p("m2/f;@before-mv")), "a\nb\n");
+        assert_eq!(read(&m.p(".history/@before-mv/m1/f")), "a\nb\n");
+        assert!(!m.p(".history/@before-mv/m2").exists());
         // The old path's log is what was there: the first two versions.
         assert_eq!(causes(m, "m1/f"), ["create", "write"]);
         // diff follows the file back to where it was then.
