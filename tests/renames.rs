@@ -106,6 +106,13 @@ fn directory_rename_keeps_the_history_of_its_files() {
         append(&m.p("m2/f"), "c\n");
 
         assert_eq!(causes(m, "m2/f"), ["create", "write", "write"]);
+        // Versions recorded under the old name say which.
+        let log = json(m, &["log", "m2/f", "--json"]);
+        let rows = log["versions"].as_array().unwrap();
+        assert_eq!(rows[0]["as"], "/m1/f", "{log}");
+        assert_eq!(rows[1]["as"], "/m1/f", "{log}");
+        assert!(rows[2]["as"].is_null(), "{log}");
+        assert!(chrono_ok(m, &["log", "m2/f"]).contains("(as /m1/f)"));
         assert_eq!(read(&m.p("m2/f;1")), "a\n");
         assert_eq!(read(&m.p("m2/f;2")), "a\nb\n");
         assert_eq!(read(&m.p("m2/f;3")), "a\nb\nc\n");
