@@ -474,7 +474,8 @@ fn save_patterns_make_one_version_per_session_and_none_for_identical_content() {
 
         // Write-temp-then-rename (atomic save): the old object is recorded
         // as overwritten (gone), the new one arrives by rename; the path
-        // gets one new incarnation whose content is the new text.
+        // gets one new incarnation, which brings the temporary file's own
+        // history (history follows the file) and ends with the new text.
         tag(m, "before-atomic");
         let before = log_json(m, "doc.txt");
         let n_before = before.get("versions").arr().len();
@@ -493,15 +494,18 @@ fn save_patterns_make_one_version_per_session_and_none_for_identical_content() {
         let new = &vs[n_before..];
         assert_eq!(
             causes(new),
-            ["overwritten", "rename"],
+            ["overwritten", "create", "rename"],
             "atomic save of doc.txt: the old incarnation ends, the renamed temp file begins the next: {new:?}"
         );
         assert_eq!(new[0].get("obj").u64(), old_obj);
         assert!(new[0].get("gone").bool());
         assert_ne!(new[1].get("obj").u64(), old_obj);
+        assert_eq!(new[1].get("obj"), new[2].get("obj"));
         assert_eq!(after.get("incarnations").arr().len(), incs_before + 1);
         assert_eq!(cat_version(m, "doc.txt", 0), b"atomic\nsave\n");
-        assert_eq!(cat_version(m, "doc.txt", -1), b"Two and more\na\nb\nc\n");
+        // -1: the temporary file as written, -2: the old file replaced.
+        assert_eq!(cat_version(m, "doc.txt", -1), b"atomic\nsave\n");
+        assert_eq!(cat_version(m, "doc.txt", -2), b"Two and more\na\nb\nc\n");
         assert_eq!(
             cat_at(m, "doc.txt", "before-atomic"),
             b"Two and more\na\nb\nc\n"
@@ -1237,20 +1241,23 @@ fn rename_keeps_the_object_identity() {
     });
 }
 
-/// A path's log is what was at that path (UVFS's incarnations): after
-/// `mv a b`, `log b` begins with the rename (same object), and `log a`
-/// keeps a's earlier versions, readable by number.
+/// A path's log is what was at that path (UVFS's incarnations), each
+/// incarnation with its object's whole history: after `mv a b`, `log b`
+/// is a's versions and then the rename (history follows the file, as
+/// `git log --follow`), and `log a` keeps a's versions up to the rename.
 #[test]
-fn rename_log_of_each_name_shows_its_own_part() {
+fn rename_log_follows_the_file_and_the_old_name_keeps_its_part() {
     each_versioning_mode(|m| {
         write_file(&m.p("a"), b"a1\n");
         write_file(&m.p("a"), b"a2\n");
         run(&m.mnt, "mv", &["a", "b"]);
         let a = versions(m, "a");
         let b = versions(m, "b");
-        assert_eq!(causes(&b), ["rename"], "{b:?}");
+        assert_eq!(causes(&b), ["create", "write", "rename"], "{b:?}");
+        assert_eq!(causes(&a), ["create", "write", "rename"], "{a:?}");
         assert_eq!(a.last().unwrap().get("obj"), b[0].get("obj"));
         assert_eq!(cat_version(m, "a", 1), b"a1\n");
+        assert_eq!(cat_version(m, "b", 1), b"a1\n");
         assert_eq!(cat_version(m, "b", 0), b"a2\n");
     });
 }

@@ -70,9 +70,12 @@ impl Decide for ByPolicy<'_> {
 }
 
 /// Resolves object paths, caching directories (many files share them).
+/// A directory's path is cached per instant: renamed, it has another
+/// path at a deleted file's last instant than now, and each object's
+/// rules go by the path it had at its own instant.
 struct Paths<'a> {
     history: &'a History,
-    dirs: HashMap<ObjectId, Option<String>>,
+    dirs: HashMap<(ObjectId, Seq), Option<String>>,
 }
 
 impl Paths<'_> {
@@ -83,11 +86,11 @@ impl Paths<'_> {
         let Some((parent, name)) = self.history.name_at(obj, seq)? else {
             return Ok(None);
         };
-        let dir = match self.dirs.get(&parent) {
+        let dir = match self.dirs.get(&(parent, seq)) {
             Some(d) => d.clone(),
             None => {
                 let d = self.of(parent, seq)?;
-                self.dirs.insert(parent, d.clone());
+                self.dirs.insert((parent, seq), d.clone());
                 d
             }
         };

@@ -35,14 +35,31 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
     // A bad instant is an error, not an absent file.
     let ra = t.query(&Request::Resolve { at: a.clone() })?;
     let rb = t.query(&Request::Resolve { at: b.clone() })?;
-    let na = stat(t, a);
-    let nb = stat(t, b);
+    let (mut pa, mut pb) = (t.path.clone(), t.path.clone());
+    let (mut na, mut nb) = (stat(t, &pa, a), stat(t, &pb, b));
+    // The path names nothing at one instant: that side follows what it
+    // names at the other through renames, as history does.
+    match (&na, &nb) {
+        (None, Some(_)) => {
+            if let Some(p) = follow(t, b, a) {
+                na = stat(t, &p, a);
+                pa = p;
+            }
+        }
+        (Some(_), None) => {
+            if let Some(p) = follow(t, a, b) {
+                nb = stat(t, &p, b);
+                pb = p;
+            }
+        }
+        _ => {}
+    }
     let shown_root = show(&t.path);
     let (ta, tb) = match (&na, &nb) {
         (None, None) => bail!("{shown_root} existed at neither instant"),
-        (x, y) => (side(t, a, x.as_ref())?, side(t, b, y.as_ref())?),
+        (x, y) => (side(t, a, &pa, x.as_ref())?, side(t, b, &pb, y.as_ref())?),
     };
-    let report = compare(t, a, b, &ta, &tb, !json_out)?;
+    let report = compare(t, (a, &pa), (b, &pb), &ta, &tb, !json_out)?;
     let differ = !report.changes.is_empty();
     if json_out {
         let instant =
@@ -79,23 +96,35 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
     Ok(differ)
 }
 
-fn stat(t: &Target, at: &At) -> Option<Value> {
+fn stat(t: &Target, path: &Components, at: &At) -> Option<Value> {
     t.query(&Request::Stat {
-        path: t.path.clone(),
+        path: path.clone(),
         at: at.clone(),
     })
     .ok()
 }
 
-/// Everything at and below the diffed path at one instant.
-fn side(t: &Target, at: &At, top: Option<&Value>) -> Result<Tree> {
+/// Where the object `t.path` names at `from` was at `to`.
+fn follow(t: &Target, from: &At, to: &At) -> Option<Components> {
+    let v = t
+        .query(&Request::Follow {
+            path: t.path.clone(),
+            at: from.clone(),
+            to: to.clone(),
+        })
+        .ok()?;
+    serde_json::from_value(v["path"].clone()).ok()
+}
+
+/// Everything at and below `base` at one instant.
+fn side(t: &Target, at: &At, base: &Components, top: Option<&Value>) -> Result<Tree> {
     let mut tree = Tree::new();
     let Some(top) = top else {
         return Ok(tree);
     };
     tree.insert(Vec::new(), top.clone());
     if top["kind"] == "dir" {
-        walk(t, at, &t.path, &mut Vec::new(), &mut tree)?;
+        walk(t, at, base, &mut Vec::new(), &mut tree)?;
     }
     Ok(tree)
 }
@@ -250,8 +279,17 @@ fn text_diff(pa: &str, pb: &str, da: &[u8], db: &[u8]) -> String {
     }
 }
 
-fn compare(t: &Target, a: &At, b: &At, ta: &Tree, tb: &Tree, want_text: bool) -> Result<Report> {
-    let base = &t.path;
+/// One side of a comparison: the instant and the path diffed there.
+type Side<'a> = (&'a At, &'a Components);
+
+fn compare(
+    t: &Target,
+    (a, base_a): Side,
+    (b, base_b): Side,
+    ta: &Tree,
+    tb: &Tree,
+    want_text: bool,
+) -> Result<Report> {
     let mut report = Report {
         changes: Vec::new(),
         texts: Vec::new(),
@@ -286,14 +324,18 @@ fn compare(t: &Target, a: &At, b: &At, ta: &Tree, tb: &Tree, want_text: bool) ->
         let v = &ta[*p];
         entries.push((
             p,
-            json!({"change": "removed", "path": show(&joined(base, p)), "kind": v["kind"], "obj": v["obj"]}),
+            json!({"change": "removed", "path": show(&joined(base_a, p)), "kind": v["kind"], "obj": v["obj"]}),
         ));
     }
     for (rel, y) in tb {
-        let full_b = joined(base, rel);
+        let full_b = joined(base_b, rel);
         if let Some(x) = ta.get(rel) {
-            let d = delta(t, (a, &full_b, x), (b, &full_b, y), want_text)?;
-            if d.any() {
+            let full_a = joined(base_a, rel);
+            let d = delta(t, (a, &full_a, x), (b, &full_b, y), want_text)?;
+            if full_a != full_b && rel.is_empty() {
+                entries.push((rel, change_value("renamed", Some(&full_a), &full_b, y, &d)));
+                report.texts.extend(d.text);
+            } else if d.any() {
                 entries.push((rel, change_value("changed", None, &full_b, y, &d)));
                 report.texts.extend(d.text);
             }
@@ -306,7 +348,7 @@ fn compare(t: &Target, a: &At, b: &At, ta: &Tree, tb: &Tree, want_text: bool) ->
             ));
             continue;
         };
-        let full_a = joined(base, from);
+        let full_a = joined(base_a, from);
         let d = delta(t, (a, &full_a, &ta[*from]), (b, &full_b, y), want_text)?;
         // Moved along with its directory, unchanged: the directory's
         // rename says it all.

@@ -391,8 +391,12 @@ pub fn log(
             println!("---- incarnation {inc} (object {}) ----", r["obj"]);
             last_inc = inc;
         }
+        let then = match r["as"].as_str() {
+            Some(p) => format!("  (as {p})"),
+            None => String::new(),
+        };
         println!(
-            "{:>4} {:>8}  {:<19}  {:<11} {:>10}  {:<8} {proc_}{gone}",
+            "{:>4} {:>8}  {:<19}  {:<11} {:>10}  {:<8} {proc_}{gone}{then}",
             size_str(&r["n"]),
             seq,
             time,

@@ -63,6 +63,14 @@ pub enum Request {
         at: At,
         version: Option<i64>,
     },
+    /// Where the file or directory at `path` at instant `at` was at
+    /// instant `to`: its own path then, or that of the nearest of its
+    /// directories that existed then (history follows renames).
+    Follow {
+        path: Components,
+        at: At,
+        to: At,
+    },
     Log {
         path: Components,
         since: Option<At>,

@@ -152,6 +152,12 @@ impl Service {
                 let node = self.node(path, seq)?;
                 Ok(self.describe(&node))
             }
+            Request::Follow { path, at, to } => {
+                let (at, _) = self.resolve_at(at)?;
+                let (to, _) = self.resolve_at(to)?;
+                let then = self.past().follow(path, at, to)?;
+                Ok(json!({"path": then}))
+            }
             Request::List { path, at, deleted } => self.list(path, at, *deleted),
             Request::Read { path, at, version } => self.read(path, at, *version, peer, reply),
             Request::Log {
@@ -420,16 +426,25 @@ impl Service {
             .into_iter()
             .filter(|r| since.is_none_or(|a| r.1 >= a) && until.is_none_or(|b| r.1 <= b))
             .collect();
-        let out: Vec<Value> = rows
-            .iter()
-            .map(|(obj, s, v, inc)| {
-                let mut row = version_row(*obj, *s, v);
-                row["n"] = json!(number.get(&(*obj, *s)));
-                row["incarnation"] = json!(inc + 1);
-                row["path"] = json!(show_path(path));
-                row
-            })
-            .collect();
+        let mut out: Vec<Value> = Vec::with_capacity(rows.len());
+        for (obj, s, v, inc) in &rows {
+            let mut row = version_row(*obj, *s, v);
+            row["n"] = json!(number.get(&(*obj, *s)));
+            row["incarnation"] = json!(inc + 1);
+            row["path"] = json!(show_path(path));
+            // Recorded before the object got this path (history follows
+            // renames): the name it had then.
+            if incarnations.get(*inc).is_some_and(|i| *s < i.1) {
+                let then = match self.history.path_at(*obj, *s)? {
+                    Some(p) => Some(p),
+                    None => self.history.path_at(*obj, s.saturating_sub(1))?,
+                };
+                if let Some(p) = then.filter(|p| p != path) {
+                    row["as"] = json!(show_path(&p));
+                }
+            }
+            out.push(row);
+        }
         let incs: Vec<Value> = incarnations
             .iter()
             .map(|(o, a, b)| json!({"obj": o, "from_seq": a, "until_seq": b}))

@@ -329,6 +329,9 @@ impl Past<'_> {
                 continue;
             }
             if let Some(obj) = was {
+                if !self.removal_deletes(dir, obj, s, seq, present)? {
+                    continue;
+                }
                 let before = self.history.object_at(obj, s.saturating_sub(1))?;
                 out.push(Deleted {
                     name,
@@ -340,6 +343,90 @@ impl Past<'_> {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    /// Whether the removal at `s` of a name of `obj` in `dir` is a
+    /// deletion worth listing under `;deleted` at `seq` (see "Renames in
+    /// history" in docs/ARCHITECTURE.md). It is not when:
+    /// - the object was renamed away (it lives on under its new name);
+    /// - it got this name by a rename from a name that is present at
+    ///   `seq`, and did not change under it (an editor's backup such as
+    ///   vim's `f~`: its last state is in that name's log);
+    /// - one process created and removed it empty, with nothing in
+    ///   between (a probe, such as vim's `4913`).
+    fn removal_deletes(
+        &self,
+        dir: ObjectId,
+        obj: ObjectId,
+        s: Seq,
+        seq: Seq,
+        present: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<bool> {
+        let lived = self.history.versions(obj, 0, s)?;
+        let Some((last_s, last)) = lived.last() else {
+            return Ok(true);
+        };
+        if *last_s == s && last.cause == Cause::Rename {
+            return Ok(false);
+        }
+        let before: Vec<_> = lived.iter().filter(|(v_s, _)| *v_s < s).collect();
+        if let [(_, first)] = before.as_slice() {
+            if first.cause == Cause::Create
+                && *last_s == s
+                && first.who.pid == last.who.pid
+                && first.who.pid != 0
+                && first.attrs.size == 0
+                && last.attrs.size == 0
+            {
+                return Ok(false);
+            }
+        }
+        if let Some((renamed, v)) = before.last() {
+            if v.cause == Cause::Rename {
+                for l in self.history.links(obj)? {
+                    if l.seq != *renamed || l.bound {
+                        continue;
+                    }
+                    let here = if l.parent == dir {
+                        present(&l.name)
+                    } else {
+                        false
+                    };
+                    let there = matches!(
+                        self.history.lookup_at(l.parent, &l.name, seq)?,
+                        Lookup::Found(_)
+                    );
+                    if here || there {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The path at `to` of what `path` named at `at`: the object's own
+    /// path then, or, if it did not exist then, the path then of its
+    /// nearest directory that did, with the rest of `path` below it.
+    /// `None` if nothing of it existed at `to`.
+    pub fn follow(&self, path: &[Vec<u8>], at: Seq, to: Seq) -> Result<Option<Vec<Vec<u8>>>> {
+        if self.resolve(path, to)?.is_some() {
+            return Ok(Some(path.to_vec()));
+        }
+        for keep in (1..=path.len()).rev() {
+            let obj = match self.resolve(&path[..keep], at)? {
+                Some(Node::Hist { obj, .. }) | Some(Node::Live { obj: Some(obj), .. }) => obj,
+                _ => continue,
+            };
+            let Some(mut then) = self.history.path_at(obj, to)? else {
+                continue;
+            };
+            then.extend(path[keep..].iter().cloned());
+            if self.resolve(&then, to)?.is_some() {
+                return Ok(Some(then));
+            }
+        }
+        Ok(None)
     }
 
     /// Objects bound to `path` over time.
@@ -386,6 +473,14 @@ impl Past<'_> {
 
     /// Every version of every incarnation, oldest first, numbered by
     /// position (1 = the oldest).
+    ///
+    /// An incarnation brings its object's whole history up to its end,
+    /// including what the object went through under earlier names (its
+    /// own or its directories' renames): history follows the file, as
+    /// `git log --follow` does. An object that comes back to the path
+    /// brings only what it did since its previous incarnation here ended,
+    /// so each version is listed once and numbers already shown never
+    /// change.
     pub fn path_versions(
         &self,
         incarnations: &[Incarnation],
@@ -393,22 +488,20 @@ impl Past<'_> {
         until: Option<Seq>,
     ) -> Result<Vec<PathVersion>> {
         let mut rows = Vec::new();
-        for (i, &(obj, from, to)) in incarnations.iter().enumerate() {
+        let mut shown: HashMap<ObjectId, Seq> = HashMap::new();
+        for (i, &(obj, _, to)) in incarnations.iter().enumerate() {
             let hi = to.unwrap_or(Seq::MAX);
-            for (s, v) in self.history.versions(obj, 0, hi)? {
-                // What was at this path: the incarnation's versions from
-                // the moment it got the name (a baseline counts from the
-                // object's first appearance) to its end. Its life under
-                // an earlier name is in that name's log.
-                let inside = s >= from || v.cause == Cause::Baseline;
-                if !inside || (s == hi && Some(s) != to) {
-                    continue;
-                }
+            let lo = shown.get(&obj).map_or(0, |s| s.saturating_add(1));
+            if lo > hi {
+                continue;
+            }
+            for (s, v) in self.history.versions(obj, lo, hi)? {
                 if since.is_some_and(|a| s < a) || until.is_some_and(|b| s > b) {
                     continue;
                 }
                 rows.push((obj, s, v, i));
             }
+            shown.insert(obj, hi);
         }
         // Incarnation by incarnation, so the numbers of versions already
         // shown never change.

@@ -604,7 +604,16 @@ impl Vfs {
             };
             self.with_past(|p| {
                 let (seq, _) = p.resolve_at(&at).map_err(past_err)?;
-                match p.resolve(&path, seq).map_err(past_err)? {
+                // A version name follows the file: where the path named
+                // nothing then, the file it names now, where it was then.
+                let mut node = p.resolve(&path, seq).map_err(past_err)?;
+                if node.is_none() {
+                    let (now, _) = p.resolve_at(&At::Now).map_err(past_err)?;
+                    if let Some(then) = p.follow(&path, now, seq).map_err(past_err)? {
+                        node = p.resolve(&then, seq).map_err(past_err)?;
+                    }
+                }
+                match node {
                     Some(node) => Ok((seq, node)),
                     None => enoent(format!(
                         "{} did not exist at #{seq}",
