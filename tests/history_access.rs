@@ -218,3 +218,85 @@ fn a_directory_made_private_keeps_its_past_listing_private() {
         assert_reads("root: ls .history/@a/d/", &o, "secret-name");
     });
 }
+
+/// Runs `prog args` in the mount as nobody with `groups` as its
+/// supplementary groups (std's Command cannot set them on stable).
+fn as_nobody_in(m: &Mount, groups: &str, prog: &Path, args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            &format!("--groups={groups}"),
+            "--",
+        ])
+        .arg(prog)
+        .args(args)
+        .current_dir(&m.mnt)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv (util-linux) is needed")
+}
+
+/// ACLs, supplementary groups and deleted files: the same arithmetic as
+/// the kernel's, on the state then and now.
+#[test]
+fn acls_groups_and_deleted_files_decide_as_natively() {
+    each_versioning_mode(|m| {
+        // Readable by nobody through a named-user ACL entry, then that
+        // entry is removed.
+        write_file(&m.p("acl"), b"secret acl\n");
+        chmod(&m.p("acl"), 0o600);
+        run(&m.mnt, "setfacl", &["-m", &format!("u:{NOBODY}:r"), "acl"]);
+        // Keeps its ACL entry: stays readable to nobody.
+        write_file(&m.p("acl-kept"), b"public acl\n");
+        chmod(&m.p("acl-kept"), 0o600);
+        run(
+            &m.mnt,
+            "setfacl",
+            &["-m", &format!("u:{NOBODY}:r"), "acl-kept"],
+        );
+        // Readable to members of OTHER_USER's group.
+        write_file(&m.p("grp"), b"group data\n");
+        chmod(&m.p("grp"), 0o640);
+        sys::chown(&cstr(m.p("grp")), 0, OTHER_USER).unwrap();
+        // World-readable, made private, then deleted.
+        write_file(&m.p("gone"), b"secret gone\n");
+        chmod(&m.p("gone"), 0o644);
+        tag(m, "a");
+        run(&m.mnt, "setfacl", &["-x", &format!("u:{NOBODY}"), "acl"]);
+        chmod(&m.p("gone"), 0o600);
+        fs::remove_file(m.p("gone")).unwrap();
+
+        assert_denied(".history/@a/acl", &cat_as(m, NOBODY_IDS, ".history/@a/acl"));
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "acl"]);
+        assert_denied("chronofs cat --at a acl", &o);
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/acl-kept");
+        assert_reads(".history/@a/acl-kept", &o, "public acl");
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "acl-kept"]);
+        assert_reads("chronofs cat --at a acl-kept", &o, "public acl");
+
+        let cat = Path::new("/bin/cat");
+        let member = OTHER_USER.to_string();
+        let o = as_nobody_in(m, &member, cat, &[".history/@a/grp"]);
+        assert_reads("member: .history/@a/grp", &o, "group data");
+        let o = as_nobody_in(m, &member, &bin(), &["cat", "--at", "a", "grp"]);
+        assert_reads("member: chronofs cat --at a grp", &o, "group data");
+        assert_denied(
+            "non-member: .history/@a/grp",
+            &cat_as(m, NOBODY_IDS, ".history/@a/grp"),
+        );
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "grp"]);
+        assert_denied("non-member: chronofs cat --at a grp", &o);
+
+        // Deleted: as it was last recorded (private).
+        assert_denied(
+            ".history/@a/gone",
+            &cat_as(m, NOBODY_IDS, ".history/@a/gone"),
+        );
+        assert_denied("gone;1", &cat_as(m, NOBODY_IDS, "gone;1"));
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "gone"]);
+        assert_denied("chronofs cat --at a gone", &o);
+        let o = cat_as(m, ROOT_IDS, ".history/@a/gone");
+        assert_reads("root: .history/@a/gone", &o, "secret gone");
+    });
+}
