@@ -193,14 +193,16 @@ fn a_file_made_private_keeps_its_past_private() {
 }
 
 #[test]
-fn a_directory_made_private_keeps_its_past_listing_private() {
+fn a_directory_made_private_keeps_its_past_listing_and_files_private() {
     each_versioning_mode(|m| {
         fs::create_dir(m.p("d")).unwrap();
         chmod(&m.p("d"), 0o755);
-        write_file(&m.p("d/secret-name"), b"x\n");
+        write_file(&m.p("d/secret-name"), b"secret in d\n");
+        chmod(&m.p("d/secret-name"), 0o644);
         fs::create_dir(m.p("open")).unwrap();
         chmod(&m.p("open"), 0o755);
-        write_file(&m.p("open/visible-name"), b"x\n");
+        write_file(&m.p("open/visible-name"), b"public in open\n");
+        chmod(&m.p("open/visible-name"), 0o644);
         tag(m, "a");
         chmod(&m.p("d"), 0o700);
 
@@ -209,6 +211,20 @@ fn a_directory_made_private_keeps_its_past_listing_private() {
         assert!(!String::from_utf8_lossy(&o.stdout).contains("secret-name"));
         let o = chronofs_as(m, NOBODY_IDS, &["ls", "--at", "a", "d"]);
         assert_denied("chronofs ls --at a d", &o);
+        // Its files stay world-readable, but the way to them is closed
+        // now (`chmod 700 ~`): their past is closed too.
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/d/secret-name");
+        assert_denied("cat .history/@a/d/secret-name", &o);
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "d/secret-name"]);
+        assert_denied("chronofs cat --at a d/secret-name", &o);
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/open/visible-name");
+        assert_reads(".history/@a/open/visible-name", &o, "public in open");
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "open/visible-name"]);
+        assert_reads(
+            "chronofs cat --at a open/visible-name",
+            &o,
+            "public in open",
+        );
 
         let o = ls_as(m, NOBODY_IDS, ".history/@a/open/");
         assert_reads("ls .history/@a/open/", &o, "visible-name");
@@ -216,6 +232,8 @@ fn a_directory_made_private_keeps_its_past_listing_private() {
         assert_reads("ls .history/@a/", &o, "open");
         let o = ls_as(m, ROOT_IDS, ".history/@a/d/");
         assert_reads("root: ls .history/@a/d/", &o, "secret-name");
+        let o = cat_as(m, ROOT_IDS, ".history/@a/d/secret-name");
+        assert_reads("root: cat .history/@a/d/secret-name", &o, "secret in d");
     });
 }
 

@@ -9,13 +9,20 @@
 //! state). Root and the object's owner now keep full access: the owner
 //! could grant themselves any access to the live object anyway.
 //!
-//! Pure permission arithmetic plus the one /proc read that loads a
-//! caller's supplementary groups (only when a group decides).
+//! "Now" covers the way to the object too: search permission on each
+//! directory of its current path (`chmod 700 ~` makes everything below
+//! private, natively and here). For a deleted object, the state it was
+//! last recorded in, below its last parent's way now.
+//!
+//! Permission arithmetic, the /proc read that loads a caller's
+//! supplementary groups (only when a group decides), and the walks that
+//! find an object's state now.
 
 use std::cell::OnceCell;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
-use super::Version;
+use super::past::{show_path, Cur, Error, Node, Past, Result};
+use super::{ObjectId, Seq, Version, ROOT};
 use crate::sys::{self, Stat};
 
 pub const READ: u32 = 4;
@@ -194,11 +201,156 @@ fn acl_entries(value: &[u8]) -> Vec<(u16, u32, u32)> {
         .collect()
 }
 
+/// An object as it is now, and the directories of its way from the root.
+#[derive(Clone, Debug, Default)]
+pub struct Now {
+    pub perms: Perms,
+    /// From the root down to its parent.
+    pub dirs: Vec<Perms>,
+}
+
 /// The rule: `want` on a past state `then` of an object whose state now is
-/// `now` (`None`: the same as then).
-pub fn may(who: &Who, then: &Perms, now: Option<&Perms>, want: u32) -> bool {
-    let now = now.unwrap_or(then);
-    who.uid == 0 || who.uid == now.uid || (then.permits(who, want) && now.permits(who, want))
+/// `now` (`None`: unknown, taken as then).
+pub fn may(who: &Who, then: &Perms, now: Option<&Now>, want: u32) -> bool {
+    let perms = now.map_or(then, |n| &n.perms);
+    let dirs = now.map_or(&[][..], |n| n.dirs.as_slice());
+    who.uid == 0
+        || who.uid == perms.uid
+        || (then.permits(who, want)
+            && perms.permits(who, want)
+            && dirs.iter().all(|d| d.permits(who, SEARCH)))
+}
+
+impl Past<'_> {
+    /// `obj` as it is now, if history or the live tree knows it: the live
+    /// object at its recorded path, or its last recorded state under its
+    /// last parent's way now.
+    pub fn now_of(&self, obj: ObjectId) -> Result<Option<Now>> {
+        // Recorded states of deleted objects, from `obj` up.
+        let mut gone: Vec<Perms> = Vec::new();
+        let mut cur = obj;
+        for _ in 0..4096 {
+            if let Some(live) = self.live_way(cur)? {
+                let Some((first, above)) = gone.split_first() else {
+                    return Ok(Some(live));
+                };
+                let mut dirs = live.dirs;
+                dirs.push(live.perms);
+                dirs.extend(above.iter().rev().cloned());
+                return Ok(Some(Now {
+                    perms: first.clone(),
+                    dirs,
+                }));
+            }
+            let Some((seq, v)) = self.history.latest(cur)? else {
+                break;
+            };
+            gone.push(Perms::of_version(&v));
+            // A removal's version is recorded with the name already gone.
+            let named = if v.gone { seq.saturating_sub(1) } else { seq };
+            match self.history.name_at(cur, named)? {
+                Some((parent, _)) if parent != cur => cur = parent,
+                _ => break,
+            }
+        }
+        // No live ancestor found: what was recorded, without a way.
+        Ok(gone.first().cloned().map(|perms| Now {
+            perms,
+            dirs: Vec::new(),
+        }))
+    }
+
+    /// The live object `obj` at its recorded path (checked to be the
+    /// same object), with the permissions of each directory on the way.
+    fn live_way(&self, obj: ObjectId) -> Result<Option<Now>> {
+        let mut fd = sys::reopen(self.root, libc::O_PATH)?;
+        let mut dirs = Vec::new();
+        if obj != ROOT {
+            let Some(path) = self.history.path_at(obj, Seq::MAX)? else {
+                return Ok(None);
+            };
+            for (i, comp) in path.iter().enumerate() {
+                dirs.push(Perms::of_live(fd.as_fd(), &sys::fstat(fd.as_fd())?)?);
+                match self.live_step(fd.as_fd(), i == 0, comp)? {
+                    Some(Cur::Live { fd: next, .. }) => fd = next,
+                    _ => return Ok(None),
+                }
+            }
+        }
+        let st = sys::fstat(fd.as_fd())?;
+        if obj != ROOT && self.live.identify(&st) != Some(obj) {
+            return Ok(None);
+        }
+        Ok(Some(Now {
+            perms: Perms::of_live(fd.as_fd(), &st)?,
+            dirs,
+        }))
+    }
+
+    /// A node's permissions as the past shows it, and its object now.
+    fn perms_of(&self, node: &Node) -> Result<(Perms, Option<Now>)> {
+        match node {
+            Node::Hist { obj, v, .. } => Ok((Perms::of_version(v), self.now_of(*obj)?)),
+            Node::Live { obj, fd, st } => {
+                let then = Perms::of_live(fd.as_fd(), st)?;
+                let now = match obj {
+                    Some(o) => self.now_of(*o)?,
+                    None => None,
+                };
+                Ok((then, now))
+            }
+        }
+    }
+
+    /// Whether `who` may `want` (`READ`) `node`, reached by `path` at
+    /// `seq`: search permission on each ancestor as it was at `seq` (as
+    /// `.history/@seq/` presents them), and the rule of [`may`].
+    pub fn check(
+        &self,
+        who: &Who,
+        path: &[Vec<u8>],
+        seq: Seq,
+        node: &Node,
+        want: u32,
+    ) -> Result<()> {
+        if who.uid == 0 {
+            return Ok(());
+        }
+        for depth in 0..path.len() {
+            // A prefix that did not resolve at `seq` (a version from before
+            // the object got this name) is not presented, so not checked.
+            let Some(dir) = self.resolve(&path[..depth], seq)? else {
+                continue;
+            };
+            let (then, _) = self.perms_of(&dir)?;
+            if !then.permits(who, SEARCH) {
+                return Err(Error::Denied(format!(
+                    "{} at #{seq} could not be searched by uid {}",
+                    show_path(&path[..depth]),
+                    who.uid
+                )));
+            }
+        }
+        let (then, now) = self.perms_of(node)?;
+        if may(who, &then, now.as_ref(), want) {
+            return Ok(());
+        }
+        let what = if want == READ {
+            "readable"
+        } else {
+            "searchable"
+        };
+        let when = if then.permits(who, want) {
+            "as it is now"
+        } else {
+            "as it was then"
+        };
+        Err(Error::Denied(format!(
+            "{} at #{seq} is not {what} by uid {} {when}",
+            show_path(path),
+            who.uid
+        )))
+    }
 }
 
 #[cfg(test)]
@@ -272,11 +424,30 @@ mod tests {
     fn both_then_and_now() {
         let open = perms(0o644, None);
         let private = perms(0o600, None);
+        let now = |p: &Perms, dirs: Vec<Perms>| Now {
+            perms: p.clone(),
+            dirs,
+        };
         let w = who(11, 1);
         assert!(may(&w, &open, None, READ));
-        assert!(!may(&w, &open, Some(&private), READ));
-        assert!(!may(&w, &private, Some(&open), READ));
-        assert!(may(&who(10, 1), &private, Some(&private), READ), "owner");
-        assert!(may(&who(0, 0), &private, Some(&private), READ), "root");
+        assert!(!may(&w, &open, Some(&now(&private, vec![])), READ));
+        assert!(!may(&w, &private, Some(&now(&open, vec![])), READ));
+        let dir = |mode| Perms {
+            mode: libc::S_IFDIR | mode,
+            ..Perms::default()
+        };
+        assert!(may(&w, &open, Some(&now(&open, vec![dir(0o755)])), READ));
+        assert!(
+            !may(
+                &w,
+                &open,
+                Some(&now(&open, vec![dir(0o755), dir(0o700)])),
+                READ
+            ),
+            "a directory on the way closed now"
+        );
+        let mine = Some(now(&private, vec![dir(0o700)]));
+        assert!(may(&who(10, 1), &private, mine.as_ref(), READ), "owner");
+        assert!(may(&who(0, 0), &private, mine.as_ref(), READ), "root");
     }
 }

@@ -13,7 +13,6 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
-use super::access::{self, Perms, Who};
 use super::query::Lookup;
 use super::spec::{self, At};
 use super::{Cause, History, HistoryError, ObjectId, Seq, Version, ROOT};
@@ -432,78 +431,6 @@ impl Past<'_> {
         }
         let (obj, seq, v, _) = rows[idx as usize].clone();
         Ok(Node::Hist { obj, seq, v })
-    }
-
-    /// The permissions of `obj` now: the live object's, or, for an object
-    /// no longer found live (deleted), its last recorded ones.
-    pub fn perms_now(&self, obj: ObjectId) -> Result<Option<Perms>> {
-        if let Some((fd, st)) = self.live_object(obj)? {
-            return Ok(Some(Perms::of_live(fd.as_fd(), &st)?));
-        }
-        Ok(self
-            .history
-            .latest(obj)?
-            .map(|(_, v)| Perms::of_version(&v)))
-    }
-
-    /// The permissions of a node as the past shows it, and its object's
-    /// now (`None` when the node is the live object itself).
-    fn perms_of(&self, node: &Node) -> Result<(Perms, Option<Perms>)> {
-        match node {
-            Node::Hist { obj, v, .. } => Ok((Perms::of_version(v), self.perms_now(*obj)?)),
-            Node::Live { fd, st, .. } => Ok((Perms::of_live(fd.as_fd(), st)?, None)),
-        }
-    }
-
-    /// Whether `who` may read `node`, reached by `path` at `seq` (the rule
-    /// of `access`): search permission on each ancestor as it was at
-    /// `seq` (as `.history/@seq/` presents them), and `want` on the node
-    /// both as it was and as it is now.
-    pub fn check(
-        &self,
-        who: &Who,
-        path: &[Vec<u8>],
-        seq: Seq,
-        node: &Node,
-        want: u32,
-    ) -> Result<()> {
-        if who.uid == 0 {
-            return Ok(());
-        }
-        for depth in 0..path.len() {
-            // A prefix that did not resolve at `seq` (a version from before
-            // the object got this name) is not presented, so not checked.
-            let Some(dir) = self.resolve(&path[..depth], seq)? else {
-                continue;
-            };
-            let (then, _) = self.perms_of(&dir)?;
-            if !then.permits(who, access::SEARCH) {
-                return Err(Error::Denied(format!(
-                    "{} at #{seq} could not be searched by uid {}",
-                    show_path(&path[..depth]),
-                    who.uid
-                )));
-            }
-        }
-        let (then, now) = self.perms_of(node)?;
-        if access::may(who, &then, now.as_ref(), want) {
-            return Ok(());
-        }
-        let what = if want == access::READ {
-            "readable"
-        } else {
-            "searchable"
-        };
-        let when = if then.permits(who, want) {
-            "as it is now"
-        } else {
-            "as it was then"
-        };
-        Err(Error::Denied(format!(
-            "{} at #{seq} is not {what} by uid {} {when}",
-            show_path(path),
-            who.uid
-        )))
     }
 
     /// The instant to show a deleted entry at: just before its removal;

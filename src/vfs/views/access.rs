@@ -2,15 +2,16 @@
 //!
 //! The kernel checks every access to a view against the attributes the
 //! view shows (`default_permissions`), which are the object's as they
-//! were. It cannot know the object's state now, and it caches view
-//! entries for a day whoever looked them up first, so the daemon checks
-//! the live object's permissions at each open of a view file or
-//! directory: every open(2) reaches it, whatever the kernel cached.
+//! were. It cannot know the object's state now (nor the directories on
+//! its way now), and it caches view entries for a day whoever looked them
+//! up first, so the daemon checks the object as it is now at each open of
+//! a view file or directory: every open(2) reaches it, whatever the
+//! kernel cached.
 
 use std::os::fd::AsFd;
 
 use super::{past_err, State, ViewNode, What};
-use crate::history::access::{self, Perms, Who};
+use crate::history::access::{self, Now, Perms, Who};
 use crate::sys;
 use crate::vfs::{errno, Caller, Result, Vfs};
 
@@ -32,16 +33,22 @@ impl Vfs {
             gid: node.st.st_gid,
             acl,
         };
-        let (then, now) = match state {
-            State::Hist { v } => (
-                Perms::of_version(v),
-                self.with_past(|p| p.perms_now(*obj).map_err(past_err))?,
-            ),
+        let mut now = self.with_past(|p| p.now_of(*obj).map_err(past_err))?;
+        let then = match state {
+            State::Hist { v } => Perms::of_version(v),
             State::Live { inode } => {
+                // Unchanged since the instant: as the attributes the kernel
+                // was shown, with the ACL it has now.
                 let fd = self.inodes.fd(inode)?;
-                let st = sys::fstat(fd.as_fd())?;
-                let now = Perms::of_live(fd.as_fd(), &st)?;
-                (shown(now.acl.clone()), Some(now))
+                let live = Perms::of_live(fd.as_fd(), &sys::fstat(fd.as_fd())?)?;
+                let then = shown(live.acl.clone());
+                // Never recorded: history knows no way to it, but the
+                // object itself is at hand.
+                now.get_or_insert(Now {
+                    perms: live,
+                    dirs: Vec::new(),
+                });
+                then
             }
         };
         let who = Who::new(caller.uid, caller.gid, caller.pid);
