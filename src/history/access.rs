@@ -287,18 +287,19 @@ impl Past<'_> {
         }))
     }
 
-    /// A node's permissions as the past shows it, and its object now.
-    fn perms_of(&self, node: &Node) -> Result<(Perms, Option<Now>)> {
+    /// A node's permissions as the past shows it.
+    fn then_of(node: &Node) -> Result<Perms> {
         match node {
-            Node::Hist { obj, v, .. } => Ok((Perms::of_version(v), self.now_of(*obj)?)),
-            Node::Live { obj, fd, st } => {
-                let then = Perms::of_live(fd.as_fd(), st)?;
-                let now = match obj {
-                    Some(o) => self.now_of(*o)?,
-                    None => None,
-                };
-                Ok((then, now))
-            }
+            Node::Hist { v, .. } => Ok(Perms::of_version(v)),
+            Node::Live { fd, st, .. } => Ok(Perms::of_live(fd.as_fd(), st)?),
+        }
+    }
+
+    /// A node's object as it is now.
+    fn now_of_node(&self, node: &Node) -> Result<Option<Now>> {
+        match node {
+            Node::Hist { obj, .. } | Node::Live { obj: Some(obj), .. } => self.now_of(*obj),
+            Node::Live { obj: None, .. } => Ok(None),
         }
     }
 
@@ -322,8 +323,7 @@ impl Past<'_> {
             let Some(dir) = self.resolve(&path[..depth], seq)? else {
                 continue;
             };
-            let (then, _) = self.perms_of(&dir)?;
-            if !then.permits(who, SEARCH) {
+            if !Self::then_of(&dir)?.permits(who, SEARCH) {
                 return Err(Error::Denied(format!(
                     "{} at #{seq} could not be searched by uid {}",
                     show_path(&path[..depth]),
@@ -331,7 +331,8 @@ impl Past<'_> {
                 )));
             }
         }
-        let (then, now) = self.perms_of(node)?;
+        let then = Self::then_of(node)?;
+        let now = self.now_of_node(node)?;
         if may(who, &then, now.as_ref(), want) {
             return Ok(());
         }
