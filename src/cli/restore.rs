@@ -169,31 +169,28 @@ fn restore_node(
     }
     match kind {
         "file" => {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(dest)
-                .with_context(|| format!("cannot write {}", dest.display()))?;
-            let mut buf = std::io::BufWriter::with_capacity(1 << 20, &mut f);
+            // Opened (and truncated) only once the daemon sends data or
+            // succeeds: a refused read (EACCES) leaves DEST as it was.
+            let mut out = LazyFile { dest, file: None };
             let req = Request::Read {
                 path: path.clone(),
                 at: at.clone(),
                 version: None,
             };
-            t.call(&req, &mut buf)?;
-            buf.flush()?;
+            t.call(&req, &mut out)?;
+            out.file()?.flush()?;
         }
         "dir" => {
-            if !dest.is_dir() {
-                std::fs::create_dir(dest)
-                    .with_context(|| format!("cannot create {}", dest.display()))?;
-            }
+            // Asked first, so a refused listing creates nothing.
             let listing = t.query(&Request::List {
                 path: path.clone(),
                 at: at.clone(),
                 deleted: false,
             })?;
+            if !dest.is_dir() {
+                std::fs::create_dir(dest)
+                    .with_context(|| format!("cannot create {}", dest.display()))?;
+            }
             let empty = Vec::new();
             let entries = listing["entries"].as_array().unwrap_or(&empty);
             let mut keep = std::collections::HashSet::new();
@@ -298,4 +295,46 @@ pub fn before_deletion(t: &Target) -> Result<At> {
         )
     })?;
     Ok(At::Seq(seq))
+}
+
+/// A restored file's destination, created or truncated at its first
+/// write.
+struct LazyFile<'a> {
+    dest: &'a Path,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl LazyFile<'_> {
+    fn file(&mut self) -> std::io::Result<&mut std::io::BufWriter<std::fs::File>> {
+        if self.file.is_none() {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(self.dest)
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot write {}: {e}", self.dest.display()),
+                    )
+                })?;
+            self.file = Some(std::io::BufWriter::with_capacity(1 << 20, f));
+        }
+        match self.file.as_mut() {
+            Some(f) => Ok(f),
+            None => Err(std::io::Error::other("restore destination not open")),
+        }
+    }
+}
+
+impl Write for LazyFile<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file()?.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self.file.as_mut() {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
 }

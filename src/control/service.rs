@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use super::spec::{self, At};
 use super::{Components, Reply, Request};
+use crate::history::access::{self, Who};
 use crate::history::content;
 use crate::history::past::{kind_name, name_str, show_path, LiveIds, Node, Past};
 use crate::history::verify::{HeadFiles, Unreadable};
@@ -158,7 +159,7 @@ impl Service {
                 let then = self.past().follow(path, at, to)?;
                 Ok(json!({"path": then}))
             }
-            Request::List { path, at, deleted } => self.list(path, at, *deleted),
+            Request::List { path, at, deleted } => self.list(path, at, *deleted, peer),
             Request::Read { path, at, version } => self.read(path, at, *version, peer, reply),
             Request::Log {
                 path,
@@ -234,9 +235,13 @@ impl Service {
         }
     }
 
-    fn list(&self, path: &Components, at: &At, deleted: bool) -> Result<Value> {
+    fn list(&self, path: &Components, at: &At, deleted: bool, peer: &Peer) -> Result<Value> {
         let (seq, time) = self.resolve_at(at)?;
         let dir = self.node(path, seq)?;
+        if dir.mode() & libc::S_IFMT == libc::S_IFDIR {
+            self.past()
+                .check(&who(peer), path, seq, &dir, access::READ)?;
+        }
         let mut entries = Vec::new();
         let mut present: HashSet<Vec<u8>> = HashSet::new();
         let hist_dir = match &dir {
@@ -286,20 +291,6 @@ impl Service {
         Ok(json!({"seq": seq, "time_ns": time, "entries": entries, "deleted": gone}))
     }
 
-    fn may_read(&self, v: &Version, peer: &Peer) -> bool {
-        if peer.uid == 0 {
-            return true;
-        }
-        let mode = v.attrs.mode;
-        if peer.uid == v.attrs.uid {
-            return mode & 0o400 != 0;
-        }
-        if peer.gid == v.attrs.gid || sys::in_group(peer.pid, v.attrs.gid) {
-            return mode & 0o040 != 0;
-        }
-        mode & 0o004 != 0
-    }
-
     fn read(
         &self,
         path: &Components,
@@ -308,71 +299,49 @@ impl Service {
         peer: &Peer,
         reply: &mut dyn Reply,
     ) -> Result<Value> {
-        let node = match version {
-            Some(n) => self.past().nth_version(path, n)?,
+        let (node, seq) = match version {
+            Some(n) => {
+                let node = self.past().nth_version(path, n)?;
+                let seq = match &node {
+                    Node::Hist { seq, .. } => *seq,
+                    Node::Live { .. } => self.resolve_at(at)?.0,
+                };
+                (node, seq)
+            }
             None => {
                 let (seq, _) = self.resolve_at(at)?;
-                self.node(path, seq)?
+                (self.node(path, seq)?, seq)
             }
         };
+        self.past()
+            .check(&who(peer), path, seq, &node, access::READ)?;
         match &node {
-            Node::Hist { v, seq, .. } => {
-                if !self.may_read(v, peer) {
-                    return Err(Error::Denied(format!(
-                        "{} at #{seq} was not readable by uid {}",
+            Node::Hist { v, seq, .. } => match &v.content {
+                Content::File { manifest } => {
+                    let m = self.history.manifest(manifest)?;
+                    content::write_to(self.history.chunks(), &m, &mut ReplyWriter(reply))?;
+                }
+                Content::Symlink { target } => reply.data(target)?,
+                Content::Unrecorded => {
+                    return Err(Error::NotFound(format!(
+                        "{} at #{seq}: its content was not kept (not versioned by policy)",
+                        show_path(path)
+                    )))
+                }
+                Content::Lost { .. } => {
+                    return Err(HistoryError::Lost(format!("{} at #{seq}", show_path(path))).into())
+                }
+                _ => {
+                    return Err(Error::Usage(format!(
+                        "{} is a {} at #{seq}, not a file",
                         show_path(path),
-                        peer.uid
-                    )));
+                        kind_name(v.attrs.mode)
+                    )))
                 }
-                match &v.content {
-                    Content::File { manifest } => {
-                        let m = self.history.manifest(manifest)?;
-                        content::write_to(self.history.chunks(), &m, &mut ReplyWriter(reply))?;
-                    }
-                    Content::Symlink { target } => reply.data(target)?,
-                    Content::Unrecorded => {
-                        return Err(Error::NotFound(format!(
-                            "{} at #{seq}: its content was not kept (not versioned by policy)",
-                            show_path(path)
-                        )))
-                    }
-                    Content::Lost { .. } => {
-                        return Err(
-                            HistoryError::Lost(format!("{} at #{seq}", show_path(path))).into()
-                        )
-                    }
-                    _ => {
-                        return Err(Error::Usage(format!(
-                            "{} is a {} at #{seq}, not a file",
-                            show_path(path),
-                            kind_name(v.attrs.mode)
-                        )))
-                    }
-                }
-            }
+            },
             Node::Live { fd, st, .. } => {
                 if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                     return Err(Error::Usage(format!("{} is not a file", show_path(path))));
-                }
-                let probe = Version {
-                    time_ns: 0,
-                    who: Default::default(),
-                    cause: crate::history::Cause::Baseline,
-                    attrs: crate::history::Attrs {
-                        mode: st.st_mode,
-                        uid: st.st_uid,
-                        gid: st.st_gid,
-                        ..Default::default()
-                    },
-                    content: Content::Special,
-                    xattrs: Vec::new(),
-                    gone: false,
-                };
-                if !self.may_read(&probe, peer) {
-                    return Err(Error::Denied(format!(
-                        "{} is not readable",
-                        show_path(path)
-                    )));
                 }
                 let file = sys::reopen(fd.as_fd(), libc::O_RDONLY)?;
                 let mut buf = vec![0u8; 1 << 20];
@@ -623,6 +592,11 @@ impl Service {
         self.history.set_tag_owner(name, None)?;
         Ok(json!({"name": name, "deleted": true}))
     }
+}
+
+/// The identity a peer's reads are checked for.
+fn who(peer: &Peer) -> Who {
+    Who::new(peer.uid, peer.gid, peer.pid)
 }
 
 fn ratio(a: u64, b: u64) -> f64 {

@@ -15,6 +15,7 @@
 //! journal's records beyond the last durable commit are applied again at
 //! open (applying is idempotent).
 
+pub mod access;
 pub mod chain;
 pub mod content;
 pub mod gc;

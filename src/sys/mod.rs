@@ -802,17 +802,6 @@ pub fn peer_credentials(sock: &impl std::os::fd::AsRawFd) -> io::Result<Peer> {
     })
 }
 
-/// Whether process `pid` has `gid` among its supplementary groups.
-pub fn in_group(pid: u32, gid: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
-}
-
 /// The login name of `uid`, from the passwd database.
 pub fn user_name(uid: u32) -> Option<String> {
     passwd_entry(Ok(uid)).map(|(name, _, _)| name)

@@ -110,7 +110,7 @@ fn is_dot(name: &[u8]) -> bool {
 impl Vfs {
     pub fn opendir(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<u64> {
         if is_view(ino) {
-            return self.view_opendir(ino);
+            return self.view_opendir(caller, ino);
         }
         let inode = self.inodes.node(ino)?;
         if !inode.is_dir() {

@@ -82,7 +82,7 @@ impl Vfs {
 
     pub fn open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
         if is_view(ino) {
-            return self.view_open(ino, flags);
+            return self.view_open(caller, ino, flags);
         }
         let inode = self.inodes.node(ino)?;
         match inode.kind {

@@ -8,7 +8,11 @@
 //! links) and two instants never share one (`diff -r` compares them).
 //! Nothing here changes anything: every modifying call on a view is EROFS.
 //! Permission checks are the kernel's (`default_permissions`), made against
-//! the attributes shown, which are the object's attributes at the instant.
+//! the attributes shown, which are the object's attributes at the instant,
+//! plus the daemon's check of the object as it is now at each open
+//! (`access.rs`).
+
+mod access;
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -883,7 +887,12 @@ impl Vfs {
         }
     }
 
-    pub(super) fn view_open(&self, ino: InodeNo, flags: i32) -> Result<super::Opened> {
+    pub(super) fn view_open(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        flags: i32,
+    ) -> Result<super::Opened> {
         if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             return erofs();
         }
@@ -895,6 +904,7 @@ impl Vfs {
         if node.st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(VfsError::WrongKind);
         }
+        self.view_permits(caller, &node, crate::history::access::READ)?;
         let source = self.source_for(*obj, *at, state)?;
         let passthrough = self.clone_for(&node, *obj, &source);
         let reader = Reader {
@@ -1172,9 +1182,10 @@ impl Vfs {
         }
     }
 
-    pub(super) fn view_opendir(&self, ino: InodeNo) -> Result<u64> {
+    pub(super) fn view_opendir(&self, caller: &Caller, ino: InodeNo) -> Result<u64> {
         let node = self.view(ino)?;
         self.current(&node)?;
+        self.view_permits(caller, &node, crate::history::access::READ)?;
         let entries = match &node.what {
             What::Top => {
                 let mut out = Vec::new();

@@ -1,0 +1,329 @@
+//! Who may read the past: a version (or a past listing) is readable only
+//! by a caller who may read it both as it was and as it is now (for a
+//! deleted object: as it was last); the owner and root keep full access.
+//! Every route is checked with a second, unprivileged user: version names
+//! (`f;N`), `.history/@T/`, and the CLI's `cat`, `diff` and `restore --to`.
+
+#![deny(unsafe_code)]
+
+mod common;
+use common::*;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+const NOBODY_IDS: (u32, u32) = (NOBODY, NOBODY);
+const OTHER_IDS: (u32, u32) = (OTHER_USER, OTHER_USER);
+const ROOT_IDS: (u32, u32) = (0, 0);
+
+/// Runs `prog args` in `cwd` as `ids` (std drops a root parent's
+/// supplementary groups when it sets the uid).
+fn run_as(cwd: &Path, ids: (u32, u32), prog: &Path, args: &[&str]) -> Output {
+    Command::new(prog)
+        .args(args)
+        .current_dir(cwd)
+        .env("TZ", "UTC")
+        .uid(ids.0)
+        .gid(ids.1)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", prog.display()))
+}
+
+fn chronofs_as(m: &Mount, ids: (u32, u32), args: &[&str]) -> Output {
+    run_as(&m.mnt, ids, &bin(), args)
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "status {}, stdout {:?}, stderr {:?}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `cat` of a path under the mount as `ids`.
+fn cat_as(m: &Mount, ids: (u32, u32), rel: &str) -> Output {
+    run_as(&m.mnt, ids, Path::new("/bin/cat"), &[rel])
+}
+
+fn ls_as(m: &Mount, ids: (u32, u32), rel: &str) -> Output {
+    run_as(&m.mnt, ids, Path::new("/bin/ls"), &[rel])
+}
+
+fn assert_denied(what: &str, o: &Output) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.to_lowercase().contains("permission denied"),
+        "{what}: expected permission denied, got {}",
+        show(o)
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("secret"),
+        "{what}: leaked {}",
+        show(o)
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{what}: one line: {}",
+        show(o)
+    );
+}
+
+fn assert_reads(what: &str, o: &Output, want: &str) {
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(want),
+        "{what}: expected {want:?}, got {}",
+        show(o)
+    );
+}
+
+/// `diff` exits 1 when it finds differences, as diff(1) does.
+fn assert_differs(what: &str, o: &Output, want: &str) {
+    assert!(
+        o.status.code() == Some(1) && String::from_utf8_lossy(&o.stdout).contains(want),
+        "{what}: expected differences with {want:?}, got {}",
+        show(o)
+    );
+}
+
+fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn tag(m: &Mount, name: &str) {
+    let o = chronofs_as(m, ROOT_IDS, &["tag", name]);
+    assert!(o.status.success(), "tag {name}: {}", show(&o));
+}
+
+/// A directory anyone may write into, for `restore --to`.
+fn drop_box() -> tempfile::TempDir {
+    let d = tempdir();
+    chmod(d.path(), 0o1777);
+    d
+}
+
+#[test]
+fn a_file_made_private_keeps_its_past_private() {
+    each_versioning_mode(|m| {
+        // Written while world-readable, then made private: the pattern of
+        // `echo secret > f; chmod 600 f`.
+        write_file(&m.p("f"), b"secret one\n");
+        chmod(&m.p("f"), 0o644);
+        write_file(&m.p("pub"), b"public one\n");
+        chmod(&m.p("pub"), 0o644);
+        // Owned by the second user, made private by its owner's wish.
+        write_file(&m.p("theirs"), b"secret theirs\n");
+        chmod(&m.p("theirs"), 0o644);
+        sys::chown(&cstr(m.p("theirs")), OTHER_USER, OTHER_USER).unwrap();
+        tag(m, "a");
+        write_file(&m.p("f"), b"secret two\n");
+        write_file(&m.p("pub"), b"public two\n");
+        tag(m, "b");
+        chmod(&m.p("f"), 0o600);
+        chmod(&m.p("theirs"), 0o600);
+
+        // The second user, by every route.
+        let o = cat_as(m, NOBODY_IDS, "f;1");
+        assert_denied("cat f;1", &o);
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/f");
+        assert_denied("cat .history/@a/f", &o);
+        let o = cat_as(m, NOBODY_IDS, ".history/@b/f");
+        assert_denied("cat .history/@b/f", &o);
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--version", "1", "f"]);
+        assert_denied("chronofs cat --version 1 f", &o);
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "f"]);
+        assert_denied("chronofs cat --at a f", &o);
+        let o = chronofs_as(m, NOBODY_IDS, &["diff", "f", "a", "b"]);
+        assert_denied("chronofs diff f a b", &o);
+        let dest = drop_box();
+        let to = dest.path().join("f");
+        let o = chronofs_as(
+            m,
+            NOBODY_IDS,
+            &["restore", "f", "--at", "a", "--to", to.to_str().unwrap()],
+        );
+        assert_denied("chronofs restore f --at a --to", &o);
+        assert!(
+            !to.exists(),
+            "a refused restore --to still created its destination"
+        );
+        let o = cat_as(m, NOBODY_IDS, "theirs;1");
+        assert_denied("cat theirs;1", &o);
+
+        // A file that stayed public: its past stays readable to them (the
+        // rule does not deny everything).
+        assert_reads("cat pub;1", &cat_as(m, NOBODY_IDS, "pub;1"), "public one");
+        assert_reads(
+            "cat .history/@a/pub",
+            &cat_as(m, NOBODY_IDS, ".history/@a/pub"),
+            "public one",
+        );
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--version", "1", "pub"]);
+        assert_reads("chronofs cat --version 1 pub", &o, "public one");
+        let o = chronofs_as(m, NOBODY_IDS, &["diff", "pub", "a", "b"]);
+        assert_differs("chronofs diff pub a b", &o, "public two");
+        let to = dest.path().join("pub");
+        let o = chronofs_as(
+            m,
+            NOBODY_IDS,
+            &["restore", "pub", "--at", "a", "--to", to.to_str().unwrap()],
+        );
+        assert!(o.status.success(), "restore pub --to: {}", show(&o));
+        assert_eq!(fs::read(&to).unwrap(), b"public one\n");
+
+        // The owner keeps full access to their file's past.
+        let o = cat_as(m, OTHER_IDS, "theirs;1");
+        assert_reads("owner: cat theirs;1", &o, "secret theirs");
+        let o = cat_as(m, OTHER_IDS, ".history/@a/theirs");
+        assert_reads("owner: cat .history/@a/theirs", &o, "secret theirs");
+        let o = chronofs_as(m, OTHER_IDS, &["cat", "--version", "1", "theirs"]);
+        assert_reads("owner: chronofs cat theirs", &o, "secret theirs");
+        let o = chronofs_as(m, OTHER_IDS, &["cat", "--version", "1", "f"]);
+        assert_denied("other user: chronofs cat --version 1 f", &o);
+
+        // Root too.
+        assert_reads("root: cat f;1", &cat_as(m, ROOT_IDS, "f;1"), "secret one");
+        assert_reads(
+            "root: cat .history/@a/f",
+            &cat_as(m, ROOT_IDS, ".history/@a/f"),
+            "secret one",
+        );
+        let o = chronofs_as(m, ROOT_IDS, &["cat", "--version", "1", "f"]);
+        assert_reads("root: chronofs cat f", &o, "secret one");
+        let o = chronofs_as(m, ROOT_IDS, &["diff", "f", "a", "b"]);
+        assert_differs("root: chronofs diff f", &o, "secret two");
+    });
+}
+
+#[test]
+fn a_directory_made_private_keeps_its_past_listing_and_files_private() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("d")).unwrap();
+        chmod(&m.p("d"), 0o755);
+        write_file(&m.p("d/secret-name"), b"secret in d\n");
+        chmod(&m.p("d/secret-name"), 0o644);
+        fs::create_dir(m.p("open")).unwrap();
+        chmod(&m.p("open"), 0o755);
+        write_file(&m.p("open/visible-name"), b"public in open\n");
+        chmod(&m.p("open/visible-name"), 0o644);
+        tag(m, "a");
+        chmod(&m.p("d"), 0o700);
+
+        let o = ls_as(m, NOBODY_IDS, ".history/@a/d/");
+        assert_denied("ls .history/@a/d/", &o);
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("secret-name"));
+        let o = chronofs_as(m, NOBODY_IDS, &["ls", "--at", "a", "d"]);
+        assert_denied("chronofs ls --at a d", &o);
+        // Its files stay world-readable, but the way to them is closed
+        // now (`chmod 700 ~`): their past is closed too.
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/d/secret-name");
+        assert_denied("cat .history/@a/d/secret-name", &o);
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "d/secret-name"]);
+        assert_denied("chronofs cat --at a d/secret-name", &o);
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/open/visible-name");
+        assert_reads(".history/@a/open/visible-name", &o, "public in open");
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "open/visible-name"]);
+        assert_reads(
+            "chronofs cat --at a open/visible-name",
+            &o,
+            "public in open",
+        );
+
+        let o = ls_as(m, NOBODY_IDS, ".history/@a/open/");
+        assert_reads("ls .history/@a/open/", &o, "visible-name");
+        let o = ls_as(m, NOBODY_IDS, ".history/@a/");
+        assert_reads("ls .history/@a/", &o, "open");
+        let o = ls_as(m, ROOT_IDS, ".history/@a/d/");
+        assert_reads("root: ls .history/@a/d/", &o, "secret-name");
+        let o = cat_as(m, ROOT_IDS, ".history/@a/d/secret-name");
+        assert_reads("root: cat .history/@a/d/secret-name", &o, "secret in d");
+    });
+}
+
+/// Runs `prog args` in the mount as nobody with `groups` as its
+/// supplementary groups (std's Command cannot set them on stable).
+fn as_nobody_in(m: &Mount, groups: &str, prog: &Path, args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            &format!("--groups={groups}"),
+            "--",
+        ])
+        .arg(prog)
+        .args(args)
+        .current_dir(&m.mnt)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv (util-linux) is needed")
+}
+
+/// ACLs, supplementary groups and deleted files: the same arithmetic as
+/// the kernel's, on the state then and now.
+#[test]
+fn acls_groups_and_deleted_files_decide_as_natively() {
+    each_versioning_mode(|m| {
+        // Readable by nobody through a named-user ACL entry, then that
+        // entry is removed.
+        write_file(&m.p("acl"), b"secret acl\n");
+        chmod(&m.p("acl"), 0o600);
+        run(&m.mnt, "setfacl", &["-m", &format!("u:{NOBODY}:r"), "acl"]);
+        // Keeps its ACL entry: stays readable to nobody.
+        write_file(&m.p("acl-kept"), b"public acl\n");
+        chmod(&m.p("acl-kept"), 0o600);
+        run(
+            &m.mnt,
+            "setfacl",
+            &["-m", &format!("u:{NOBODY}:r"), "acl-kept"],
+        );
+        // Readable to members of OTHER_USER's group.
+        write_file(&m.p("grp"), b"group data\n");
+        chmod(&m.p("grp"), 0o640);
+        sys::chown(&cstr(m.p("grp")), 0, OTHER_USER).unwrap();
+        // World-readable, made private, then deleted.
+        write_file(&m.p("gone"), b"secret gone\n");
+        chmod(&m.p("gone"), 0o644);
+        tag(m, "a");
+        run(&m.mnt, "setfacl", &["-x", &format!("u:{NOBODY}"), "acl"]);
+        chmod(&m.p("gone"), 0o600);
+        fs::remove_file(m.p("gone")).unwrap();
+
+        assert_denied(".history/@a/acl", &cat_as(m, NOBODY_IDS, ".history/@a/acl"));
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "acl"]);
+        assert_denied("chronofs cat --at a acl", &o);
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/acl-kept");
+        assert_reads(".history/@a/acl-kept", &o, "public acl");
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "acl-kept"]);
+        assert_reads("chronofs cat --at a acl-kept", &o, "public acl");
+
+        let cat = Path::new("/bin/cat");
+        let member = OTHER_USER.to_string();
+        let o = as_nobody_in(m, &member, cat, &[".history/@a/grp"]);
+        assert_reads("member: .history/@a/grp", &o, "group data");
+        let o = as_nobody_in(m, &member, &bin(), &["cat", "--at", "a", "grp"]);
+        assert_reads("member: chronofs cat --at a grp", &o, "group data");
+        assert_denied(
+            "non-member: .history/@a/grp",
+            &cat_as(m, NOBODY_IDS, ".history/@a/grp"),
+        );
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "grp"]);
+        assert_denied("non-member: chronofs cat --at a grp", &o);
+
+        // Deleted: as it was last recorded (private).
+        assert_denied(
+            ".history/@a/gone",
+            &cat_as(m, NOBODY_IDS, ".history/@a/gone"),
+        );
+        assert_denied("gone;1", &cat_as(m, NOBODY_IDS, "gone;1"));
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "gone"]);
+        assert_denied("chronofs cat --at a gone", &o);
+        let o = cat_as(m, ROOT_IDS, ".history/@a/gone");
+        assert_reads("root: .history/@a/gone", &o, "secret gone");
+    });
+}
