@@ -245,29 +245,42 @@ fn restore_sets_privileges_only_for_who_may() {
 /// What the stale cached mode would have let through: a set-user-ID root
 /// program that an unprivileged user has appended to must not run as
 /// root. `id -u` reports the effective user.
+/// `PROG -u` as nobody. ETXTBSY is retried: another test thread's fork
+/// may briefly hold a copy of the descriptor that wrote PROG (until its
+/// child execs), natively as through the mount.
+fn run_id_as_nobody(prog: &Path) -> std::io::Result<String> {
+    use std::os::unix::process::CommandExt;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = std::process::Command::new(prog)
+            .arg("-u")
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output();
+        match out {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETXTBSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::yield_now()
+            }
+            other => return other.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()),
+        }
+    }
+}
+
 #[test]
 fn exec_after_unprivileged_write_is_not_setuid() {
-    use std::os::unix::process::CommandExt;
     each_mode(|m| {
         m.compare("exec", |d| {
             let prog = d.join("id");
             std::fs::copy("/usr/bin/id", &prog).unwrap();
             let c = cstr(&prog);
             sys::chmod(&c, 0o4755).unwrap();
-            let before = std::process::Command::new(&prog)
-                .arg("-u")
-                .uid(NOBODY)
-                .gid(NOBODY)
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            let before = run_id_as_nobody(&prog);
             sys::chmod(&c, 0o4777).unwrap();
             let appended = op_in_child(&c, Op::Append, Some((NOBODY, NOBODY)));
-            let after = std::process::Command::new(&prog)
-                .arg("-u")
-                .uid(NOBODY)
-                .gid(NOBODY)
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            let after = run_id_as_nobody(&prog);
             (format!("{before:?}"), appended, format!("{after:?}"))
         });
     });
