@@ -371,6 +371,12 @@ impl Builder<'_> {
         if root["kind"].as_str() != Some("dir") && same_as_live(root, dest, self.is_root) {
             return Ok(());
         }
+        if root["kind"].as_str() == Some("file") && live.as_ref().is_some_and(|m| m.is_file()) {
+            // One file over a live one: written in place, so it stays the
+            // same object (its hard links, its history's numbering) and a
+            // user who may write the file needs no right on its directory.
+            return self.file_in_place(root, dest);
+        }
         let parent = dest
             .parent()
             .ok_or_else(|| anyhow!("cannot restore {}", dest.display()))?;
@@ -389,6 +395,32 @@ impl Builder<'_> {
             return Err(self.abandon(&staged, e));
         }
         commit(&staged, dest)
+    }
+
+    fn file_in_place(&mut self, node: &Value, dest: &Path) -> Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(dest)
+            .with_context(|| format!("cannot write {}", dest.display()))?;
+        self.content(&self.t.path.clone(), &mut f)?;
+        drop(f);
+        set_meta(dest, &Meta::of_node(node)?, false, self.is_root)?;
+        self.progress.add(1, dest);
+        Ok(())
+    }
+
+    /// Writes the content of the file at `path` then to `f`.
+    fn content(&self, path: &Components, f: &mut std::fs::File) -> Result<()> {
+        let mut buf = std::io::BufWriter::with_capacity(1 << 20, f);
+        let req = Request::Read {
+            path: path.clone(),
+            at: self.at.clone(),
+            version: None,
+        };
+        self.t.call(&req, &mut buf)?;
+        buf.flush()?;
+        Ok(())
     }
 
     fn abandon(&self, staged: &Path, e: anyhow::Error) -> anyhow::Error {
@@ -478,15 +510,7 @@ impl Builder<'_> {
                 if !linked {
                     let mut f = std::fs::File::create_new(staged)
                         .with_context(|| format!("cannot write {}", staged.display()))?;
-                    let mut buf = std::io::BufWriter::with_capacity(1 << 20, &mut f);
-                    let req = Request::Read {
-                        path: path.clone(),
-                        at: self.at.clone(),
-                        version: None,
-                    };
-                    self.t.call(&req, &mut buf)?;
-                    buf.flush()?;
-                    drop(buf);
+                    self.content(path, &mut f)?;
                     drop(f);
                     set_meta(staged, &meta, false, self.is_root)?;
                     self.progress.add(1, staged);
