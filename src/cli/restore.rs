@@ -128,7 +128,7 @@ pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
 
 /// A name from a node: its bytes (`NAME_raw` when the daemon found them
 /// not UTF-8), never a lossy rendering.
-fn bytes_of(v: &Value, key: &str) -> Vec<u8> {
+pub(super) fn bytes_of(v: &Value, key: &str) -> Vec<u8> {
     if let Some(raw) = v[format!("{key}_raw")].as_array() {
         return raw.iter().map(|b| b.as_u64().unwrap_or(0) as u8).collect();
     }
