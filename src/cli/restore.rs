@@ -303,6 +303,12 @@ fn same_as_live(node: &Value, p: &Path, is_root: bool) -> bool {
         })
 }
 
+/// Whether this user may create and rename entries in `dir`.
+fn may_write(dir: &Path) -> bool {
+    use std::os::fd::AsFd;
+    open_path(dir).is_ok_and(|f| sys::access_fd(f.as_fd(), libc::W_OK | libc::X_OK).is_ok())
+}
+
 /// A hidden name in `dir` that nothing has.
 fn staging_name(dir: &Path) -> std::path::PathBuf {
     let mut n = 0u32;
@@ -380,12 +386,17 @@ impl Builder<'_> {
         let parent = dest
             .parent()
             .ok_or_else(|| anyhow!("cannot restore {}", dest.display()))?;
-        // A mount's root cannot be renamed: stage its entries inside it and
-        // swap them in one by one.
-        let root_of_mount = live.as_ref().is_some_and(|m| {
-            m.is_dir() && std::fs::symlink_metadata(parent).is_ok_and(|pm| pm.dev() != m.dev())
+        // A mount's root cannot be renamed, a user may own a directory in
+        // one they cannot write, and `revert .` must not leave the caller's
+        // shell in a removed directory: then the entries are staged inside
+        // the target and swapped in one by one.
+        let stage_inside = live.as_ref().is_some_and(|m| {
+            m.is_dir()
+                && (std::fs::symlink_metadata(parent).is_ok_and(|pm| pm.dev() != m.dev())
+                    || !may_write(parent)
+                    || std::env::current_dir().is_ok_and(|c| c.starts_with(dest)))
         });
-        if root_of_mount {
+        if stage_inside {
             return self.run_in_root(root, dest);
         }
         let staged = staging_name(parent);
