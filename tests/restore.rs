@@ -29,9 +29,13 @@ const SNAP: SnapOpts = SnapOpts {
 };
 
 fn chrono_as(m: &Mount, uid: Option<u32>, args: &[&str]) -> Output {
+    chrono_in(m, &m.mnt, uid, args)
+}
+
+fn chrono_in(m: &Mount, cwd: &Path, uid: Option<u32>, args: &[&str]) -> Output {
     let mut c = Command::new(bin());
     c.args(args)
-        .current_dir(&m.mnt)
+        .current_dir(cwd)
         .env("LC_ALL", "C")
         .env("TZ", "UTC")
         .env("RUST_BACKTRACE", "0")
@@ -277,5 +281,47 @@ fn a_tree_operation_that_fails_halfway_changes_nothing_and_can_be_retried() {
         no_staging_left(&m.p("shared"));
         chrono_ok(m, &["revert", "shared/t", "--at", "orig"]);
         check(m, &t, &want, "revert retried", false);
+    });
+}
+
+/// `cd t; chronofs revert . --at T` stages inside `t` (the shell's working
+/// directory stays the tree): the same exactness, and the same
+/// all-or-nothing build.
+#[test]
+fn revert_from_inside_the_tree_is_exact_and_all_or_nothing() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("shared")).unwrap();
+        fs::set_permissions(m.p("shared"), fs::Permissions::from_mode(0o777)).unwrap();
+        let t = m.p("shared/t");
+        build(&t);
+        fs::set_permissions(&t, fs::Permissions::from_mode(0o777)).unwrap();
+        let want = want_of(&t);
+        chrono_ok(m, &["tag", "orig"]);
+        change(&t);
+        let changed = snapshot(&t, SNAP);
+        let changed_names = all_names(&t);
+
+        let out = chrono_in(m, &t, Some(NOBODY), &["revert", ".", "--at", "orig"]);
+        assert!(!out.status.success(), "nobody's revert should fail");
+        assert_eq!(
+            all_names(&t),
+            changed_names,
+            "a failed revert changed names"
+        );
+        assert_same_tree(
+            &changed,
+            &snapshot(&t, SNAP),
+            "a failed revert changed the live tree",
+            &m.log_tail(),
+        );
+
+        let out = chrono_in(m, &t, None, &["revert", ".", "--at", "orig"]);
+        assert!(
+            out.status.success(),
+            "revert .: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check(m, &t, &want, "revert . from inside", false);
+        no_staging_left(&t);
     });
 }
