@@ -20,11 +20,10 @@ use std::process::{Command, Output, Stdio};
 /// A file name with byte 0xe9 (Latin-1 'é'), not UTF-8.
 const LATIN1: &[u8] = b"x\xe9y";
 
-/// Directory trees compare mtimes of files; directories' recorded mtimes
-/// are compared separately where history records them.
+/// Everything, directories' mtimes included.
 const SNAP: SnapOpts = SnapOpts {
     mtimes: true,
-    dir_mtimes: false,
+    dir_mtimes: true,
     dir_nlink: true,
 };
 
