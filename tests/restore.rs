@@ -71,6 +71,14 @@ fn build(root: &Path) {
     fs::hard_link(&latin, latin_dir.join(OsStr::from_bytes(b"link\xe9"))).unwrap();
     write_file(&root.join("m0750"), b"0750\n");
     fs::set_permissions(root.join("m0750"), fs::Permissions::from_mode(0o750)).unwrap();
+    // Root's own namespace comes back too when root brings it back.
+    set_xattr(
+        &root.join("m0750"),
+        "trusted.chronofs-test",
+        b"root only",
+        0,
+    )
+    .unwrap();
     write_file(&root.join("m0604"), b"0604\n");
     fs::set_permissions(root.join("m0604"), fs::Permissions::from_mode(0o604)).unwrap();
     run(root, "setfacl", &["-m", "u:65534:rw,g:65534:r", "m0604"]);
@@ -167,6 +175,11 @@ fn check(m: &Mount, got: &Path, want: &Want, what: &str, fresh: bool) {
         plain.ino(),
         "{what}: one inode"
     );
+    assert_eq!(
+        get_xattr(&got.join("m0750"), "trusted.chronofs-test").ok(),
+        Some(b"root only".to_vec()),
+        "{what}: trusted.* xattr"
+    );
     let latin = fs::metadata(got.join(OsStr::from_bytes(LATIN1))).unwrap();
     assert_eq!(latin.nlink(), 2, "{what}: the latin-1 pair");
     assert_eq!(
@@ -197,8 +210,21 @@ fn rm_rf_then_undelete_brings_back_links_xattrs_acls_owners_times_and_byte_names
         build(&m.p("t"));
         let want = want_of(&m.p("t"));
         run(&m.mnt, "rm", &["-rf", "t"]);
+        let out = chrono_as(m, None, &["ls", "--deleted", "--json", "."]);
+        let text = String::from_utf8_lossy(&out.stdout).replace([' ', '\n'], "");
+        assert!(
+            text.contains("\"name\":\"t\""),
+            "t is a deleted entry: {text}"
+        );
         chrono_ok(m, &["undelete", "t"]);
         check(m, &m.p("t"), &want, "undelete after rm -rf", true);
+        // --json carries names that are not UTF-8 as bytes.
+        let out = chrono_as(m, None, &["ls", "--json", "t"]);
+        let text = String::from_utf8_lossy(&out.stdout).replace([' ', '\n'], "");
+        assert!(
+            text.contains("\"name_raw\":[120,233,121]"),
+            "ls --json: {text}"
+        );
         no_staging_left(&m.mnt);
     });
 }
