@@ -28,10 +28,10 @@ const SNAP: SnapOpts = SnapOpts {
 };
 
 fn chrono_as(m: &Mount, uid: Option<u32>, args: &[&str]) -> Output {
-    chrono_in(m, &m.mnt, uid, args)
+    chrono_in(&m.mnt, uid, args)
 }
 
-fn chrono_in(m: &Mount, cwd: &Path, uid: Option<u32>, args: &[&str]) -> Output {
+fn chrono_in(cwd: &Path, uid: Option<u32>, args: &[&str]) -> Output {
     let mut c = Command::new(bin());
     c.args(args)
         .current_dir(cwd)
@@ -326,7 +326,7 @@ fn revert_from_inside_the_tree_is_exact_and_all_or_nothing() {
         let changed = snapshot(&t, SNAP);
         let changed_names = all_names(&t);
 
-        let out = chrono_in(m, &t, Some(NOBODY), &["revert", ".", "--at", "orig"]);
+        let out = chrono_in(&t, Some(NOBODY), &["revert", ".", "--at", "orig"]);
         assert!(!out.status.success(), "nobody's revert should fail");
         assert_eq!(
             all_names(&t),
@@ -340,7 +340,7 @@ fn revert_from_inside_the_tree_is_exact_and_all_or_nothing() {
             &m.log_tail(),
         );
 
-        let out = chrono_in(m, &t, None, &["revert", ".", "--at", "orig"]);
+        let out = chrono_in(&t, None, &["revert", ".", "--at", "orig"]);
         assert!(
             out.status.success(),
             "revert .: {}",
