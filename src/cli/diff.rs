@@ -147,10 +147,13 @@ fn walk(
         return Ok(());
     };
     for e in entries {
-        let Some(name) = e["name"].as_str() else {
+        // The bytes, not the lossy text: a name that is not UTF-8 must
+        // still be found when its subtree is listed.
+        let name = super::restore::bytes_of(e, "name");
+        if name.is_empty() {
             continue;
-        };
-        rel.push(name.as_bytes().to_vec());
+        }
+        rel.push(name);
         tree.insert(rel.clone(), e.clone());
         if e["kind"] == "dir" {
             walk(t, at, base, rel, tree)?;

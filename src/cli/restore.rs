@@ -3,8 +3,9 @@
 //! permissions are the file system's own and, through a mount, every
 //! change is itself a version that can be undone).
 
-use std::ffi::OsString;
+use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -98,160 +99,543 @@ impl Progress {
 }
 
 /// Restores `t.path` as of `at` to `dest`. `prune`: also remove what did
-/// not exist then (revert). Returns how many objects were written.
+/// not exist then (revert); otherwise (restore) what exists only live is
+/// kept. Returns how many objects were written or removed.
+///
+/// The result is built in a hidden staging directory beside `dest` (same
+/// file system, so the last step is a rename) and swapped into place only
+/// when complete: a failure anywhere leaves the live tree as it was and
+/// the operation can simply be run again.
 pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
-    let node = t.query(&Request::Stat {
+    let tree = t.query(&Request::Tree {
         path: t.path.clone(),
         at: at.clone(),
     })?;
-    let mut progress = Progress::new();
-    let r = restore_node(t, at, &t.path, &node, dest, prune, &mut progress);
-    progress.bar.finish_and_clear();
-    r?;
-    Ok(progress.count)
-}
-
-fn same_as_live(node: &Value, live: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let kind_ok = match node["kind"].as_str() {
-        Some("file") => live.file_type().is_file(),
-        Some("dir") => live.file_type().is_dir(),
-        Some("symlink") => live.file_type().is_symlink(),
-        _ => false,
+    let root = &tree["root"];
+    let mut b = Builder {
+        t,
+        at,
+        prune,
+        seen: HashMap::new(),
+        progress: Progress::new(),
+        is_root: sys::geteuid() == 0,
     };
-    kind_ok
-        && node["size"].as_u64() == Some(live.size())
-        && node["mode"].as_u64() == Some(u64::from(live.mode() & 0o7777))
-        && node["mtime_ns"].as_i64() == Some(live.mtime() * 1_000_000_000 + live.mtime_nsec())
+    let r = b.run(root, dest);
+    b.progress.bar.finish_and_clear();
+    r?;
+    Ok(b.progress.count)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn restore_node(
-    t: &Target,
-    at: &At,
-    path: &Components,
-    node: &Value,
-    dest: &Path,
-    prune: bool,
-    count: &mut Progress,
-) -> Result<()> {
-    let live = std::fs::symlink_metadata(dest).ok();
-    let kind = node["kind"].as_str().unwrap_or("");
-    if node["lost"].as_bool() == Some(true) {
-        // Marked lost by fsck --repair: nothing to bring back.
-        eprintln!(
-            "chronofs: {}: content lost (damaged in the store); left as it is",
-            dest.display()
-        );
-        return Ok(());
+/// A name from a node: its bytes (`NAME_raw` when the daemon found them
+/// not UTF-8), never a lossy rendering.
+pub(super) fn bytes_of(v: &Value, key: &str) -> Vec<u8> {
+    if let Some(raw) = v[format!("{key}_raw")].as_array() {
+        return raw.iter().map(|b| b.as_u64().unwrap_or(0) as u8).collect();
     }
-    if node["unrecorded"].as_bool() == Some(true) {
-        // Not versioned by policy: there is nothing to bring back, and the
-        // live file (if any) is the best there is.
-        eprintln!(
-            "chronofs: {}: content not versioned by policy; left as it is",
-            dest.display()
-        );
-        return Ok(());
+    v[key].as_str().unwrap_or("").as_bytes().to_vec()
+}
+
+fn unhex(s: &str) -> Result<Vec<u8>> {
+    (0..s.len() / 2)
+        .map(|i| {
+            s.get(2 * i..2 * i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .ok_or_else(|| anyhow!("malformed xattr value from the daemon"))
+        })
+        .collect()
+}
+
+/// Attributes to give an object.
+struct Meta {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    atime_ns: i64,
+    mtime_ns: i64,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Meta {
+    fn of_node(node: &Value) -> Result<Meta> {
+        let mut xattrs = Vec::new();
+        for x in node["xattr_values"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+        {
+            xattrs.push((bytes_of(x, "name"), unhex(x["hex"].as_str().unwrap_or(""))?));
+        }
+        xattrs.sort();
+        Ok(Meta {
+            mode: node["mode"].as_u64().unwrap_or(0o644) as u32,
+            uid: node["uid"].as_u64().unwrap_or(0) as u32,
+            gid: node["gid"].as_u64().unwrap_or(0) as u32,
+            atime_ns: node["atime_ns"].as_i64().unwrap_or(0),
+            mtime_ns: node["mtime_ns"].as_i64().unwrap_or(0),
+            xattrs,
+        })
     }
-    if let Some(m) = &live {
-        if kind != "dir" && same_as_live(node, m) {
-            return Ok(());
-        }
-        let wrong_kind = match kind {
-            "dir" => !m.file_type().is_dir(),
-            "file" => !m.file_type().is_file(),
-            _ => true,
-        };
-        if wrong_kind {
-            remove_tree(dest)?;
-        }
+
+    fn of_live(p: &Path, is_root: bool) -> Result<Meta> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(p)?;
+        Ok(Meta {
+            mode: m.mode() & 0o7777,
+            uid: m.uid(),
+            gid: m.gid(),
+            atime_ns: m.atime() * 1_000_000_000 + m.atime_nsec(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            xattrs: live_xattrs(p, is_root)?,
+        })
     }
-    match kind {
-        "file" => {
-            // Opened (and truncated) only once the daemon sends data or
-            // succeeds: a refused read (EACCES) leaves DEST as it was.
-            let mut out = LazyFile { dest, file: None };
-            let req = Request::Read {
-                path: path.clone(),
-                at: at.clone(),
-                version: None,
-            };
-            t.call(&req, &mut out)?;
-            out.file()?.flush()?;
-        }
-        "dir" => {
-            // Asked first, so a refused listing creates nothing.
-            let listing = t.query(&Request::List {
-                path: path.clone(),
-                at: at.clone(),
-                deleted: false,
-            })?;
-            if !dest.is_dir() {
-                std::fs::create_dir(dest)
-                    .with_context(|| format!("cannot create {}", dest.display()))?;
-            }
-            let empty = Vec::new();
-            let entries = listing["entries"].as_array().unwrap_or(&empty);
-            let mut keep = std::collections::HashSet::new();
-            for e in entries {
-                let name = e["name"].as_str().unwrap_or("").to_string();
-                keep.insert(OsString::from(&name));
-                let mut child = path.clone();
-                child.push(name.clone().into_bytes());
-                restore_node(t, at, &child, e, &dest.join(&name), prune, count)?;
-            }
-            if prune {
-                for entry in std::fs::read_dir(dest)? {
-                    let entry = entry?;
-                    if !keep.contains(&entry.file_name()) {
-                        remove_tree(&entry.path())?;
-                        count.add(1, dest);
+}
+
+fn open_path(p: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(p)
+        .with_context(|| format!("cannot open {}", p.display()))
+}
+
+/// Whether a user of this kind can see (and so set) an xattr namespace.
+fn settable(name: &[u8], is_root: bool) -> bool {
+    is_root || !(name.starts_with(b"trusted.") || name.starts_with(b"security."))
+}
+
+fn live_xattrs(p: &Path, is_root: bool) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use std::os::fd::AsFd;
+    let f = open_path(p)?;
+    let mut x = sys::xattrs_of(f.as_fd())
+        .with_context(|| format!("cannot read the xattrs of {}", p.display()))?;
+    x.retain(|(k, _)| settable(k, is_root));
+    Ok(x)
+}
+
+/// Gives `p` the recorded owner, xattrs (ACLs included), mode and times,
+/// in that order: chown clears set-ID bits, an access ACL sets the group
+/// bits, and every change but the times moves ctime only.
+fn set_meta(p: &Path, m: &Meta, symlink: bool, is_root: bool) -> Result<()> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::PermissionsExt;
+    if is_root {
+        std::os::unix::fs::lchown(p, Some(m.uid), Some(m.gid))
+            .with_context(|| format!("cannot set the owner of {}", p.display()))?;
+    } else {
+        // An owner may still give a file a group they belong to.
+        std::os::unix::fs::lchown(p, None, Some(m.gid)).ok();
+    }
+    if !symlink {
+        let f = open_path(p)?;
+        let want: Vec<_> = m
+            .xattrs
+            .iter()
+            .filter(|(k, _)| settable(k, is_root))
+            .collect();
+        // What the new object got by itself (a default ACL of its parent,
+        // a security label) goes unless it was recorded.
+        for (k, _) in live_xattrs(p, is_root)? {
+            if !want.iter().any(|(w, _)| *w == k) {
+                let c = sys::cstr(std::ffi::OsStr::from_bytes(&k))?;
+                match sys::removexattr_fd(f.as_fd(), &c) {
+                    Ok(()) => {}
+                    Err(_) if k.starts_with(b"security.") => {}
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!("cannot remove xattr {} of {}", name_str(&k), p.display())
+                        })
                     }
                 }
             }
         }
-        "symlink" => {
-            if live.is_some() {
-                std::fs::remove_file(dest).ok();
-            }
-            let target = node["target"].as_str().unwrap_or("");
-            std::os::unix::fs::symlink(target, dest)
-                .with_context(|| format!("cannot create {}", dest.display()))?;
-            count.add(1, dest);
-            return Ok(());
+        for (k, v) in want {
+            let c = sys::cstr(std::ffi::OsStr::from_bytes(k))?;
+            sys::setxattr_fd(f.as_fd(), &c, v, 0)
+                .with_context(|| format!("cannot set xattr {} of {}", name_str(k), p.display()))?;
         }
-        "fifo" => {
-            sys::mkfifo(dest, node["mode"].as_u64().unwrap_or(0o644) as u32)
-                .with_context(|| format!("cannot create {}", dest.display()))?;
-        }
-        other => {
-            eprintln!(
-                "chronofs: skipping {} ({other} files are not restored)",
-                dest.display()
-            );
-            return Ok(());
-        }
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m.mode))
+            .with_context(|| format!("cannot set the mode of {}", p.display()))?;
     }
-    set_meta(dest, node)?;
-    count.add(1, dest);
+    sys::set_times(p, m.atime_ns, m.mtime_ns)
+        .with_context(|| format!("cannot set the times of {}", p.display()))?;
     Ok(())
 }
 
-fn set_meta(dest: &Path, node: &Value) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = node["mode"].as_u64().unwrap_or(0o644) as u32;
-    if sys::geteuid() == 0 {
-        if let (Some(uid), Some(gid)) = (node["uid"].as_u64(), node["gid"].as_u64()) {
-            std::os::unix::fs::lchown(dest, Some(uid as u32), Some(gid as u32)).ok();
-        }
+fn name_str(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    let ft = m.file_type();
+    if ft.is_dir() {
+        "dir"
+    } else if ft.is_file() {
+        "file"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else {
+        "other"
     }
-    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot set the mode of {}", dest.display()))?;
-    if let (Some(a), Some(m)) = (node["atime_ns"].as_i64(), node["mtime_ns"].as_i64()) {
-        sys::set_times(dest, a, m).ok();
+}
+
+/// Whether the live object at `p` already is what `node` describes
+/// (content judged by size and mtime, as everywhere in chronofs).
+fn same_as_live(node: &Value, p: &Path, is_root: bool) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(live) = std::fs::symlink_metadata(p) else {
+        return false;
+    };
+    let Ok(want) = Meta::of_node(node) else {
+        return false;
+    };
+    node["kind"].as_str() == Some(file_kind(&live))
+        && node["size"].as_u64() == Some(live.size())
+        && want.mode == live.mode() & 0o7777
+        && want.uid == live.uid()
+        && want.gid == live.gid()
+        && i128::from(want.mtime_ns)
+            == i128::from(live.mtime()) * 1_000_000_000 + i128::from(live.mtime_nsec())
+        && live_xattrs(p, is_root).is_ok_and(|x| {
+            let mut w = want.xattrs;
+            w.retain(|(k, _)| settable(k, is_root));
+            x == w
+        })
+}
+
+/// Whether this user may create and rename entries in `dir`.
+fn may_write(dir: &Path) -> bool {
+    use std::os::fd::AsFd;
+    open_path(dir).is_ok_and(|f| sys::access_fd(f.as_fd(), libc::W_OK | libc::X_OK).is_ok())
+}
+
+/// A hidden name in `dir` that nothing has.
+fn staging_name(dir: &Path) -> std::path::PathBuf {
+    let mut n = 0u32;
+    loop {
+        let p = dir.join(format!(".chronofs-staging-{}-{n}", std::process::id()));
+        if std::fs::symlink_metadata(&p).is_err() {
+            return p;
+        }
+        n += 1;
+    }
+}
+
+fn rename2(from: &Path, to: &Path, flags: u32) -> Result<()> {
+    use std::os::fd::AsFd;
+    let dir = |p: &Path| -> Result<(std::fs::File, std::ffi::CString)> {
+        let parent = p
+            .parent()
+            .ok_or_else(|| anyhow!("{} has no parent", p.display()))?;
+        let name = p
+            .file_name()
+            .ok_or_else(|| anyhow!("{} has no name", p.display()))?;
+        Ok((open_path(parent)?, sys::cstr(name)?))
+    };
+    let (fd, fname) = dir(from)?;
+    let (td, tname) = dir(to)?;
+    sys::renameat2(fd.as_fd(), &fname, td.as_fd(), &tname, flags)
+        .with_context(|| format!("cannot move {} to {}", from.display(), to.display()))
+}
+
+/// Puts the finished `staged` at `dest`: a rename when nothing is there,
+/// else an exchange (one step: no instant without `dest`) and the removal
+/// of what was there.
+fn commit(staged: &Path, dest: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(dest).is_err() {
+        return rename2(staged, dest, libc::RENAME_NOREPLACE);
+    }
+    rename2(staged, dest, libc::RENAME_EXCHANGE)?;
+    if let Err(e) = remove_tree(staged) {
+        eprintln!(
+            "chronofs: {} is in place; the old tree could not all be removed from {}: {e:#}",
+            dest.display(),
+            staged.display()
+        );
     }
     Ok(())
+}
+
+struct Builder<'a> {
+    t: &'a Target,
+    at: &'a At,
+    prune: bool,
+    /// Objects already written, by object id: a second name of one is a
+    /// hard link to the first.
+    seen: HashMap<u64, std::path::PathBuf>,
+    progress: Progress,
+    is_root: bool,
+}
+
+impl Builder<'_> {
+    fn run(&mut self, root: &Value, dest: &Path) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        if self.left_alone(root, dest) {
+            return Ok(());
+        }
+        let live = std::fs::symlink_metadata(dest).ok();
+        if root["kind"].as_str() != Some("dir") && same_as_live(root, dest, self.is_root) {
+            return Ok(());
+        }
+        if root["kind"].as_str() == Some("file") && live.as_ref().is_some_and(|m| m.is_file()) {
+            // One file over a live one: written in place, so it stays the
+            // same object (its hard links, its history's numbering) and a
+            // user who may write the file needs no right on its directory.
+            return self.file_in_place(root, dest);
+        }
+        let parent = dest
+            .parent()
+            .ok_or_else(|| anyhow!("cannot restore {}", dest.display()))?;
+        // A mount's root cannot be renamed, a user may own a directory in
+        // one they cannot write, and `revert .` must not leave the caller's
+        // shell in a removed directory: then the entries are staged inside
+        // the target and swapped in one by one.
+        let stage_inside = live.as_ref().is_some_and(|m| {
+            m.is_dir()
+                && (std::fs::symlink_metadata(parent).is_ok_and(|pm| pm.dev() != m.dev())
+                    || !may_write(parent)
+                    || std::env::current_dir().is_ok_and(|c| c.starts_with(dest)))
+        });
+        if stage_inside {
+            return self.run_in_root(root, dest);
+        }
+        let staged = staging_name(parent);
+        let path = self.t.path.clone();
+        let live_dest = live.is_some().then_some(dest);
+        if let Err(e) = self.node(&path, root, &staged, live_dest) {
+            return Err(self.abandon(&staged, e));
+        }
+        commit(&staged, dest)
+    }
+
+    fn file_in_place(&mut self, node: &Value, dest: &Path) -> Result<()> {
+        // Opened (and truncated) only once the daemon sends data or
+        // succeeds: a refused read (EACCES) leaves DEST as it was.
+        let mut out = LazyFile { dest, file: None };
+        let req = Request::Read {
+            path: self.t.path.clone(),
+            at: self.at.clone(),
+            version: None,
+        };
+        self.t.call(&req, &mut out)?;
+        out.file()?.flush()?;
+        drop(out);
+        set_meta(dest, &Meta::of_node(node)?, false, self.is_root)?;
+        self.progress.add(1, dest);
+        Ok(())
+    }
+
+    /// Writes the content of the file at `path` then to `f`.
+    fn content(&self, path: &Components, f: &mut std::fs::File) -> Result<()> {
+        let mut buf = std::io::BufWriter::with_capacity(1 << 20, f);
+        let req = Request::Read {
+            path: path.clone(),
+            at: self.at.clone(),
+            version: None,
+        };
+        self.t.call(&req, &mut buf)?;
+        buf.flush()?;
+        Ok(())
+    }
+
+    fn abandon(&self, staged: &Path, e: anyhow::Error) -> anyhow::Error {
+        if std::fs::symlink_metadata(staged).is_ok() {
+            if let Err(r) = remove_tree(staged) {
+                return e.context(format!(
+                    "nothing was changed, but the unfinished copy {} could not be removed: {r:#}",
+                    staged.display()
+                ));
+            }
+        }
+        e.context("nothing was changed")
+    }
+
+    fn run_in_root(&mut self, root: &Value, dest: &Path) -> Result<()> {
+        let staged = staging_name(dest);
+        let names = match self.entries(&self.t.path.clone(), root, &staged, None) {
+            Ok(n) => n,
+            Err(e) => return Err(self.abandon(&staged, e)),
+        };
+        for name in &names {
+            let from = staged.join(std::ffi::OsStr::from_bytes(name));
+            if std::fs::symlink_metadata(&from).is_ok() {
+                commit(&from, &dest.join(std::ffi::OsStr::from_bytes(name)))?;
+            }
+        }
+        std::fs::remove_dir(&staged).ok();
+        if self.prune {
+            for entry in std::fs::read_dir(dest)? {
+                let entry = entry?;
+                if entry.path() != staged && !names.contains(&entry.file_name().as_bytes().to_vec())
+                {
+                    remove_tree(&entry.path())?;
+                    self.progress.add(1, dest);
+                }
+            }
+        }
+        set_meta(dest, &Meta::of_node(root)?, false, self.is_root)
+    }
+
+    /// Lost and unrecorded content cannot be brought back: say so, and
+    /// keep what is live.
+    fn left_alone(&self, node: &Value, dest: &Path) -> bool {
+        let why = if node["lost"].as_bool() == Some(true) {
+            "content lost (damaged in the store)"
+        } else if node["unrecorded"].as_bool() == Some(true) {
+            "content not versioned by policy"
+        } else {
+            return false;
+        };
+        eprintln!("chronofs: {}: {why}; left as it is", dest.display());
+        true
+    }
+
+    /// Writes `node` (at `path` in history) to `staged`; `live` is what
+    /// stands at its place now, if anything.
+    fn node(
+        &mut self,
+        path: &Components,
+        node: &Value,
+        staged: &Path,
+        live: Option<&Path>,
+    ) -> Result<()> {
+        let kind = node["kind"].as_str().unwrap_or("");
+        if self.left_alone(node, staged) {
+            if let Some(l) = live {
+                self.carry(l, staged)?;
+            }
+            return Ok(());
+        }
+        let obj = node["obj"].as_u64();
+        if kind != "dir" {
+            if let Some(first) = obj.and_then(|o| self.seen.get(&o)) {
+                std::fs::hard_link(first, staged)
+                    .with_context(|| format!("cannot link {}", staged.display()))?;
+                return Ok(());
+            }
+        }
+        let meta = Meta::of_node(node)?;
+        match kind {
+            "file" => {
+                // Unchanged: the live object itself, so it keeps its
+                // identity (and its history) instead of becoming a copy.
+                let linked = live.is_some_and(|l| {
+                    same_as_live(node, l, self.is_root) && std::fs::hard_link(l, staged).is_ok()
+                });
+                if !linked {
+                    let mut f = std::fs::File::create_new(staged)
+                        .with_context(|| format!("cannot write {}", staged.display()))?;
+                    self.content(path, &mut f)?;
+                    drop(f);
+                    set_meta(staged, &meta, false, self.is_root)?;
+                    self.progress.add(1, staged);
+                }
+            }
+            "dir" => {
+                self.entries(path, node, staged, live)?;
+                set_meta(staged, &meta, false, self.is_root)?;
+                self.progress.add(1, staged);
+            }
+            "symlink" => {
+                let target = bytes_of(node, "target");
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&target), staged)
+                    .with_context(|| format!("cannot create {}", staged.display()))?;
+                set_meta(staged, &meta, true, self.is_root)?;
+                self.progress.add(1, staged);
+            }
+            "fifo" => {
+                sys::mkfifo(staged, meta.mode)
+                    .with_context(|| format!("cannot create {}", staged.display()))?;
+                set_meta(staged, &meta, false, self.is_root)?;
+                self.progress.add(1, staged);
+            }
+            other => {
+                eprintln!(
+                    "chronofs: skipping {} ({other} files are not restored)",
+                    staged.display()
+                );
+                if let Some(l) = live {
+                    self.carry(l, staged)?;
+                }
+                return Ok(());
+            }
+        }
+        if let Some(o) = obj {
+            self.seen.insert(o, staged.to_path_buf());
+        }
+        Ok(())
+    }
+
+    /// Makes directory `staged` with the entries of `node`, then (restore)
+    /// whatever only the live directory has, or (revert) counts it as
+    /// removed. Returns the names written.
+    fn entries(
+        &mut self,
+        path: &Components,
+        node: &Value,
+        staged: &Path,
+        live: Option<&Path>,
+    ) -> Result<Vec<Vec<u8>>> {
+        std::fs::create_dir(staged)
+            .with_context(|| format!("cannot create {}", staged.display()))?;
+        let live = live.filter(|l| std::fs::symlink_metadata(l).is_ok_and(|m| m.is_dir()));
+        let mut names = Vec::new();
+        for e in node["entries"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let name = bytes_of(e, "name");
+            let os = std::ffi::OsStr::from_bytes(&name);
+            let live_child = live.map(|l| l.join(os));
+            let live_child = live_child
+                .as_deref()
+                .filter(|c| std::fs::symlink_metadata(c).is_ok());
+            let mut child = path.clone();
+            child.push(name.clone());
+            self.node(&child, e, &staged.join(os), live_child)?;
+            names.push(name);
+        }
+        if let Some(l) = live {
+            for entry in std::fs::read_dir(l)? {
+                let entry = entry?;
+                let n = entry.file_name();
+                if names.contains(&n.as_bytes().to_vec()) {
+                    continue;
+                }
+                if self.prune {
+                    self.progress.add(1, l);
+                } else {
+                    self.carry(&entry.path(), &staged.join(&n))?;
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    /// Puts the live object `live` at `staged` as it is: the object itself
+    /// (a hard link), or for a directory a new one with its attributes and
+    /// its entries carried the same way.
+    fn carry(&mut self, live: &Path, staged: &Path) -> Result<()> {
+        let m = std::fs::symlink_metadata(live)?;
+        if !m.is_dir() {
+            return std::fs::hard_link(live, staged).with_context(|| {
+                format!(
+                    "cannot keep {} (link to {})",
+                    live.display(),
+                    staged.display()
+                )
+            });
+        }
+        std::fs::create_dir(staged)
+            .with_context(|| format!("cannot create {}", staged.display()))?;
+        for entry in std::fs::read_dir(live)? {
+            let entry = entry?;
+            self.carry(&entry.path(), &staged.join(entry.file_name()))?;
+        }
+        set_meta(
+            staged,
+            &Meta::of_live(live, self.is_root)?,
+            false,
+            self.is_root,
+        )
+    }
 }
 
 fn remove_tree(p: &Path) -> Result<()> {
@@ -280,7 +664,7 @@ pub fn before_deletion(t: &Target) -> Result<At> {
         .as_array()
         .unwrap_or(&empty)
         .iter()
-        .find(|e| e["name"].as_str().map(str::as_bytes) == Some(name.as_slice()))
+        .find(|e| bytes_of(e, "name") == *name)
         .ok_or_else(|| {
             anyhow!(
                 "{} is not a deleted entry of its directory (see `chronofs ls --deleted`)",
@@ -297,8 +681,8 @@ pub fn before_deletion(t: &Target) -> Result<At> {
     Ok(At::Seq(seq))
 }
 
-/// A restored file's destination, created or truncated at its first
-/// write.
+/// A restored file's destination, opened (without creating it) and
+/// truncated at its first write.
 struct LazyFile<'a> {
     dest: &'a Path,
     file: Option<std::io::BufWriter<std::fs::File>>,
@@ -309,7 +693,6 @@ impl LazyFile<'_> {
         if self.file.is_none() {
             let f = std::fs::OpenOptions::new()
                 .write(true)
-                .create(true)
                 .truncate(true)
                 .open(self.dest)
                 .map_err(|e| {

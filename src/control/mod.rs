@@ -14,6 +14,7 @@
 
 mod maintain;
 pub mod service;
+mod tree;
 
 pub use crate::history::spec;
 
@@ -28,7 +29,7 @@ pub use maintain::PolicyHolder;
 pub use service::Service;
 pub use spec::At;
 
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -57,6 +58,13 @@ pub enum Request {
         path: Components,
         at: At,
         deleted: bool,
+    },
+    /// PATH and everything under it at an instant, in one answer, with
+    /// what a tree operation needs to bring it back exactly (object ids,
+    /// xattr values, names as bytes).
+    Tree {
+        path: Components,
+        at: At,
     },
     Read {
         path: Components,

@@ -160,6 +160,7 @@ impl Service {
                 Ok(json!({"path": then}))
             }
             Request::List { path, at, deleted } => self.list(path, at, *deleted, peer),
+            Request::Tree { path, at } => self.tree(path, at, peer),
             Request::Read { path, at, version } => self.read(path, at, *version, peer, reply),
             Request::Log {
                 path,
@@ -194,7 +195,7 @@ impl Service {
         }
     }
 
-    fn describe(&self, node: &Node) -> Value {
+    pub(super) fn describe(&self, node: &Node) -> Value {
         match node {
             Node::Hist { obj, seq, v } => {
                 let a = &v.attrs;
@@ -268,7 +269,7 @@ impl Service {
             child.push(name.clone());
             if let Some(node) = past.resolve(&child, seq)? {
                 let mut d = self.describe(&node);
-                d["name"] = json!(name_str(&name));
+                super::tree::put_bytes(&mut d, "name", &name);
                 present.insert(name);
                 entries.push(d);
             }
@@ -278,13 +279,15 @@ impl Service {
             if let Some(d) = hist_dir {
                 for g in past.deleted_in(d, seq, &|n| present.contains(n))? {
                     let before = g.before.as_ref().map(|(_, v)| v);
-                    gone.push(json!({
-                        "name": name_str(&g.name), "obj": g.obj, "deleted_seq": g.seq,
+                    let mut row = json!({
+                        "obj": g.obj, "deleted_seq": g.seq,
                         "deleted_time_ns": self.history.time_of_seq(g.seq)?,
                         "kind": before.map_or("unknown", |v| kind_name(v.attrs.mode)),
                         "size": before.map(|v| v.attrs.size),
                         "restore_seq": past.before_removal(&g)?,
-                    }));
+                    });
+                    super::tree::put_bytes(&mut row, "name", &g.name);
+                    gone.push(row);
                 }
             }
         }
@@ -595,7 +598,7 @@ impl Service {
 }
 
 /// The identity a peer's reads are checked for.
-fn who(peer: &Peer) -> Who {
+pub(super) fn who(peer: &Peer) -> Who {
     Who::new(peer.uid, peer.gid, peer.pid)
 }
 

@@ -1,0 +1,122 @@
+//! The `Tree` request: a whole subtree at an instant in one answer, with
+//! everything a tree operation (restore, revert, undelete) must bring back
+//! exactly: object ids (two names of one object are one hard-linked
+//! file), extended attribute values (ACLs included) and names as bytes.
+
+use serde_json::{json, Value};
+
+use super::service::{who, Result, Service};
+use super::Components;
+use crate::history::access;
+use crate::history::past::{name_str, Node};
+use crate::history::Content;
+use crate::sys::{self, Peer};
+
+/// Puts `bytes` under `key` as text and, when they are not UTF-8, also
+/// under `KEY_raw` as an array of bytes: JSON strings cannot carry them,
+/// and a lossy name written back would be another name.
+pub fn put_bytes(d: &mut Value, key: &str, bytes: &[u8]) {
+    d[key] = json!(name_str(bytes));
+    if std::str::from_utf8(bytes).is_err() {
+        d[format!("{key}_raw")] = json!(bytes);
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+impl Service {
+    /// `path` and everything under it at `at`: `{"seq", "time_ns", "root":
+    /// node}`, each directory node with `"entries": [node + "name"]`.
+    pub(super) fn tree(&self, path: &Components, at: &super::At, peer: &Peer) -> Result<Value> {
+        let (seq, time) = self.resolve_at(at)?;
+        let node = self.past().node(path, seq)?;
+        let mut path = path.clone();
+        let root = self.tree_node(&mut path, node, seq, peer)?;
+        Ok(json!({"seq": seq, "time_ns": time, "root": root}))
+    }
+
+    fn tree_node(
+        &self,
+        path: &mut Components,
+        node: Node,
+        seq: crate::history::Seq,
+        peer: &Peer,
+    ) -> Result<Value> {
+        let mut d = self.describe(&node);
+        // The rule of every past read (docs/ARCHITECTURE.md "Who may read
+        // the past"): a directory's listing needs it, an xattr's value too.
+        let readable = match self
+            .past()
+            .check(&who(peer), path, seq, &node, access::READ)
+        {
+            Ok(()) => true,
+            Err(e) if node.mode() & libc::S_IFMT == libc::S_IFDIR => return Err(e),
+            Err(_) => false,
+        };
+        let xattrs = match &node {
+            Node::Hist { v, .. } => {
+                if let Content::Symlink { target } = &v.content {
+                    put_bytes(&mut d, "target", target);
+                }
+                self.visible_xattrs(&v.xattrs, readable, peer)
+            }
+            Node::Live { fd, st, .. } => {
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    if let Ok(t) = sys::readlink_fd(std::os::fd::AsFd::as_fd(fd)) {
+                        put_bytes(&mut d, "target", &t);
+                    }
+                }
+                let live = sys::xattrs_of(std::os::fd::AsFd::as_fd(fd)).unwrap_or_default();
+                self.visible_xattrs(&live, readable, peer)
+            }
+        };
+        d["xattr_values"] = json!(xattrs);
+        if node.mode() & libc::S_IFMT == libc::S_IFDIR {
+            let past = self.past();
+            let mut entries = Vec::new();
+            for name in past.names(&node, seq, path.is_empty())? {
+                path.push(name);
+                if let Some(child) = past.resolve(path, seq)? {
+                    let mut e = self.tree_node(path, child, seq, peer)?;
+                    if let Some(name) = path.last() {
+                        put_bytes(&mut e, "name", name);
+                    }
+                    entries.push(e);
+                }
+                path.pop();
+            }
+            d["entries"] = json!(entries);
+        }
+        Ok(d)
+    }
+
+    /// The attributes a peer may have back: `trusted.*` for root only (as
+    /// the kernel hides them), `user.*` values only from a version the
+    /// peer could read; ACLs and `security.*` are readable by anyone.
+    fn visible_xattrs(
+        &self,
+        xattrs: &[(Vec<u8>, Vec<u8>)],
+        readable: bool,
+        peer: &Peer,
+    ) -> Vec<Value> {
+        xattrs
+            .iter()
+            .filter(|(k, _)| {
+                peer.uid == 0
+                    || (!k.starts_with(b"trusted.") && (readable || !k.starts_with(b"user.")))
+            })
+            .map(|(k, val)| {
+                let mut x = json!({"hex": hex(val)});
+                put_bytes(&mut x, "name", k);
+                x
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,352 @@
+//! Tree operations (`undelete`, `revert`, `restore --to`) bring a tree
+//! back exactly — hard links, symlinks, xattrs, ACLs, modes, owners, times
+//! and names that are not UTF-8 — and a failure halfway leaves the live
+//! tree as it was, so the operation can be run again.
+
+#![deny(unsafe_code)]
+
+mod common;
+use common::*;
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// A file name with byte 0xe9 (Latin-1 'é'), not UTF-8.
+const LATIN1: &[u8] = b"x\xe9y";
+
+/// Everything, directories' mtimes included.
+const SNAP: SnapOpts = SnapOpts {
+    mtimes: true,
+    dir_mtimes: true,
+    dir_nlink: true,
+};
+
+fn chrono_as(m: &Mount, uid: Option<u32>, args: &[&str]) -> Output {
+    chrono_in(&m.mnt, uid, args)
+}
+
+fn chrono_in(cwd: &Path, uid: Option<u32>, args: &[&str]) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args)
+        .current_dir(cwd)
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null());
+    if let Some(u) = uid {
+        c.uid(u).gid(u);
+    }
+    c.output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin().display()))
+}
+
+fn chrono_ok(m: &Mount, args: &[&str]) {
+    let out = chrono_as(m, None, args);
+    assert!(
+        out.status.success(),
+        "`chronofs {}` failed ({}): {}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        m.log_tail()
+    );
+}
+
+/// The rich tree plus modes 0750/0604, a name that is not UTF-8 (a file
+/// and a directory holding a hard link of it) and `stamp`, a file never
+/// read whose atime is checked.
+fn build(root: &Path) {
+    build_rich_tree(root);
+    let latin = root.join(OsStr::from_bytes(LATIN1));
+    write_file(&latin, b"latin-1 name\n");
+    set_xattr(&latin, "user.enc", b"latin1", 0).unwrap();
+    let latin_dir = root.join(OsStr::from_bytes(b"d\xe9"));
+    fs::create_dir(&latin_dir).unwrap();
+    fs::hard_link(&latin, latin_dir.join(OsStr::from_bytes(b"link\xe9"))).unwrap();
+    write_file(&root.join("m0750"), b"0750\n");
+    fs::set_permissions(root.join("m0750"), fs::Permissions::from_mode(0o750)).unwrap();
+    // Root's own namespace comes back too when root brings it back.
+    set_xattr(
+        &root.join("m0750"),
+        "trusted.chronofs-test",
+        b"root only",
+        0,
+    )
+    .unwrap();
+    write_file(&root.join("m0604"), b"0604\n");
+    fs::set_permissions(root.join("m0604"), fs::Permissions::from_mode(0o604)).unwrap();
+    run(root, "setfacl", &["-m", "u:65534:rw,g:65534:r", "m0604"]);
+    run(root, "setfacl", &["-d", "-m", "u:65534:rx", "dir/sub"]);
+    // Fixed times (with the writeback cache the kernel's own mtime of a
+    // fresh write may differ from the backing file's by microseconds).
+    let names: [&[u8]; 5] = [LATIN1, b"d\xe9/link\xe9", b"m0750", b"m0604", b"d\xe9"];
+    for (i, n) in names.iter().enumerate() {
+        set_times(
+            &root.join(OsStr::from_bytes(n)),
+            (1_650_000_000 + i as i64, 5),
+            (1_450_000_000 + i as i64, 7),
+            true,
+        );
+    }
+    write_file(&root.join("stamp"), b"never read\n");
+    set_times(
+        &root.join("stamp"),
+        (1_700_000_000, 111),
+        (1_400_000_000, 222),
+        true,
+    );
+}
+
+fn atime(p: &Path) -> (i64, i64) {
+    let md = fs::symlink_metadata(p).unwrap();
+    (md.atime(), md.atime_nsec())
+}
+
+/// The names in `dir` as bytes, sorted.
+fn raw_names(dir: &Path) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every name under `root` as bytes (relative), so a lossy name written
+/// beside the real one cannot hide behind the snapshot's lossy keys.
+fn all_names(root: &Path) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(
+                p.strip_prefix(root)
+                    .unwrap()
+                    .as_os_str()
+                    .as_bytes()
+                    .to_vec(),
+            );
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+struct Want {
+    tree: BTreeMap<String, Entry>,
+    names: Vec<Vec<u8>>,
+    stamp_atime: (i64, i64),
+}
+
+fn want_of(t: &Path) -> Want {
+    // Before anything reads `stamp`.
+    let stamp_atime = atime(&t.join("stamp"));
+    Want {
+        stamp_atime,
+        tree: snapshot(t, SNAP),
+        names: all_names(t),
+    }
+}
+
+/// `fresh`: every object was written anew (undelete, restore to a new
+/// place), so atimes are the recorded ones too; a revert keeps unchanged
+/// files as the live objects, with the atimes reads gave them since.
+fn check(m: &Mount, got: &Path, want: &Want, what: &str, fresh: bool) {
+    if fresh {
+        assert_eq!(atime(&got.join("stamp")), want.stamp_atime, "{what}: atime");
+    }
+    assert_eq!(all_names(got), want.names, "{what}: names (as bytes)");
+    assert_same_tree(&want.tree, &snapshot(got, SNAP), what, &m.log_tail());
+    let plain = fs::metadata(got.join("plain.txt")).unwrap();
+    assert_eq!(plain.nlink(), 3, "{what}: plain.txt's hard links");
+    assert_eq!(
+        fs::metadata(got.join("dir/sub/hardlink2")).unwrap().ino(),
+        plain.ino(),
+        "{what}: one inode"
+    );
+    assert_eq!(
+        get_xattr(&got.join("m0750"), "trusted.chronofs-test").ok(),
+        Some(b"root only".to_vec()),
+        "{what}: trusted.* xattr"
+    );
+    let latin = fs::metadata(got.join(OsStr::from_bytes(LATIN1))).unwrap();
+    assert_eq!(latin.nlink(), 2, "{what}: the latin-1 pair");
+    assert_eq!(
+        get_xattr(&got.join("dir/sub"), "system.posix_acl_default").ok(),
+        want.tree["dir/sub"]
+            .xattrs
+            .iter()
+            .find(|(k, _)| k == "system.posix_acl_default")
+            .map(|(_, v)| v.clone()),
+        "{what}: default ACL"
+    );
+}
+
+fn no_staging_left(dir: &Path) {
+    for n in raw_names(dir) {
+        assert!(
+            !n.starts_with(b".chronofs-staging"),
+            "a staging directory was left in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&n)
+        );
+    }
+}
+
+#[test]
+fn rm_rf_then_undelete_brings_back_links_xattrs_acls_owners_times_and_byte_names() {
+    each_versioning_mode(|m| {
+        build(&m.p("t"));
+        let want = want_of(&m.p("t"));
+        run(&m.mnt, "rm", &["-rf", "t"]);
+        let out = chrono_as(m, None, &["ls", "--deleted", "--json", "."]);
+        let text = String::from_utf8_lossy(&out.stdout).replace([' ', '\n'], "");
+        assert!(
+            text.contains("\"name\":\"t\""),
+            "t is a deleted entry: {text}"
+        );
+        chrono_ok(m, &["undelete", "t"]);
+        check(m, &m.p("t"), &want, "undelete after rm -rf", true);
+        // --json carries names that are not UTF-8 as bytes.
+        let out = chrono_as(m, None, &["ls", "--json", "t"]);
+        let text = String::from_utf8_lossy(&out.stdout).replace([' ', '\n'], "");
+        assert!(
+            text.contains("\"name_raw\":[120,233,121]"),
+            "ls --json: {text}"
+        );
+        no_staging_left(&m.mnt);
+    });
+}
+
+/// Changes every kind of thing the tree operations must undo.
+fn change(t: &Path) {
+    write_file(&t.join("plain.txt"), b"changed content\n");
+    fs::remove_file(t.join("dir/hardlink")).unwrap();
+    fs::set_permissions(t.join("m0750"), fs::Permissions::from_mode(0o777)).unwrap();
+    run(t, "setfacl", &["-b", "m0604"]);
+    run(t, "setfattr", &["-x", "user.color", "plain.txt"]);
+    fs::rename(
+        t.join(OsStr::from_bytes(LATIN1)),
+        t.join(OsStr::from_bytes(b"renamed\xe9")),
+    )
+    .unwrap();
+    write_file(&t.join("new-file"), b"new\n");
+    fs::create_dir(t.join("new-dir")).unwrap();
+    fs::remove_dir_all(t.join("dir/sub/deeper")).unwrap();
+    fs::remove_file(t.join("rel_link")).unwrap();
+    std::os::unix::fs::symlink("elsewhere", t.join("rel_link")).unwrap();
+}
+
+#[test]
+fn revert_and_restore_to_bring_back_the_tree_exactly() {
+    each_versioning_mode(|m| {
+        build(&m.p("t"));
+        let want = want_of(&m.p("t"));
+        chrono_ok(m, &["tag", "orig"]);
+        change(&m.p("t"));
+        chrono_ok(m, &["restore", "t", "--at", "orig", "--to", "t2"]);
+        check(m, &m.p("t2"), &want, "restore --to t2", true);
+        chrono_ok(m, &["revert", "t", "--at", "orig"]);
+        check(m, &m.p("t"), &want, "revert", false);
+        no_staging_left(&m.mnt);
+    });
+}
+
+#[test]
+fn a_tree_operation_that_fails_halfway_changes_nothing_and_can_be_retried() {
+    each_versioning_mode(|m| {
+        // `shared` lets nobody write; nobody cannot read `dir/odd mode`
+        // (root's, 04751), so nobody's undelete and revert fail halfway.
+        fs::create_dir(m.p("shared")).unwrap();
+        fs::set_permissions(m.p("shared"), fs::Permissions::from_mode(0o777)).unwrap();
+        let t = m.p("shared/t");
+        build(&t);
+        let want = want_of(&t);
+        chrono_ok(m, &["tag", "orig"]);
+        run(&m.mnt, "rm", &["-rf", "shared/t"]);
+
+        let out = chrono_as(m, Some(NOBODY), &["undelete", "shared/t"]);
+        assert!(!out.status.success(), "nobody's undelete should fail");
+        assert!(
+            fs::symlink_metadata(&t).is_err(),
+            "a failed undelete left a partial tree: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        no_staging_left(&m.p("shared"));
+        chrono_ok(m, &["undelete", "shared/t"]);
+        check(m, &t, &want, "undelete retried", true);
+
+        change(&t);
+        let changed = snapshot(&t, SNAP);
+        let changed_names = all_names(&t);
+        let out = chrono_as(m, Some(NOBODY), &["revert", "shared/t", "--at", "orig"]);
+        assert!(!out.status.success(), "nobody's revert should fail");
+        assert_eq!(
+            all_names(&t),
+            changed_names,
+            "a failed revert changed names"
+        );
+        assert_same_tree(
+            &changed,
+            &snapshot(&t, SNAP),
+            "a failed revert changed the live tree",
+            &m.log_tail(),
+        );
+        no_staging_left(&m.p("shared"));
+        chrono_ok(m, &["revert", "shared/t", "--at", "orig"]);
+        check(m, &t, &want, "revert retried", false);
+    });
+}
+
+/// `cd t; chronofs revert . --at T` stages inside `t` (the shell's working
+/// directory stays the tree): the same exactness, and the same
+/// all-or-nothing build.
+#[test]
+fn revert_from_inside_the_tree_is_exact_and_all_or_nothing() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("shared")).unwrap();
+        fs::set_permissions(m.p("shared"), fs::Permissions::from_mode(0o777)).unwrap();
+        let t = m.p("shared/t");
+        build(&t);
+        fs::set_permissions(&t, fs::Permissions::from_mode(0o777)).unwrap();
+        let want = want_of(&t);
+        chrono_ok(m, &["tag", "orig"]);
+        change(&t);
+        let changed = snapshot(&t, SNAP);
+        let changed_names = all_names(&t);
+
+        let out = chrono_in(&t, Some(NOBODY), &["revert", ".", "--at", "orig"]);
+        assert!(!out.status.success(), "nobody's revert should fail");
+        assert_eq!(
+            all_names(&t),
+            changed_names,
+            "a failed revert changed names"
+        );
+        assert_same_tree(
+            &changed,
+            &snapshot(&t, SNAP),
+            "a failed revert changed the live tree",
+            &m.log_tail(),
+        );
+
+        let out = chrono_in(&t, None, &["revert", ".", "--at", "orig"]);
+        assert!(
+            out.status.success(),
+            "revert .: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check(m, &t, &want, "revert . from inside", false);
+        no_staging_left(&t);
+    });
+}
