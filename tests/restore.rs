@@ -259,6 +259,15 @@ fn revert_and_restore_to_bring_back_the_tree_exactly() {
         check(m, &m.p("t2"), &want, "restore --to t2", true);
         chrono_ok(m, &["revert", "t", "--at", "orig"]);
         check(m, &m.p("t"), &want, "revert", false);
+        // The replaced tree went under a staging name: not a deletion.
+        let listed: Vec<String> = fs::read_dir(m.p(";deleted"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !listed.iter().any(|n| n.starts_with(".chronofs-staging-")),
+            "{listed:?}"
+        );
         no_staging_left(&m.mnt);
     });
 }

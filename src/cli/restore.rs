@@ -313,7 +313,8 @@ fn may_write(dir: &Path) -> bool {
 fn staging_name(dir: &Path) -> std::path::PathBuf {
     let mut n = 0u32;
     loop {
-        let p = dir.join(format!(".chronofs-staging-{}-{n}", std::process::id()));
+        let prefix = String::from_utf8_lossy(crate::history::past::STAGING_PREFIX);
+        let p = dir.join(format!("{prefix}{}-{n}", std::process::id()));
         if std::fs::symlink_metadata(&p).is_err() {
             return p;
         }

@@ -18,6 +18,11 @@ use super::spec::{self, At};
 use super::{Cause, History, HistoryError, ObjectId, Seq, Version, ROOT};
 use crate::sys::{self, Stat};
 
+/// Names tree operations build their result under (`cli/restore.rs`);
+/// what is removed under them is the tree a revert replaced, reachable as
+/// it was before the revert, not a deletion worth listing.
+pub const STAGING_PREFIX: &[u8] = b".chronofs-staging-";
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0}")]
@@ -325,7 +330,7 @@ impl Past<'_> {
         }
         let mut out = Vec::new();
         for (name, (s, child, was)) in last {
-            if child.is_some() || present(&name) {
+            if child.is_some() || present(&name) || name.starts_with(STAGING_PREFIX) {
                 continue;
             }
             if let Some(obj) = was {
