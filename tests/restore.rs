@@ -300,22 +300,29 @@ fn a_tree_operation_that_fails_halfway_changes_nothing_and_can_be_retried() {
         let changed = snapshot(&t, SNAP);
         let changed_names = all_names(&t);
         let out = chrono_as(m, Some(NOBODY), &["revert", "shared/t", "--at", "orig"]);
-        assert!(!out.status.success(), "nobody's revert should fail");
-        assert_eq!(
-            all_names(&t),
-            changed_names,
-            "a failed revert changed names"
-        );
-        assert_same_tree(
-            &changed,
-            &snapshot(&t, SNAP),
-            "a failed revert changed the live tree",
-            &m.log_tail(),
-        );
+        failed_revert_changed_nothing(m, &t, &out, &changed, &changed_names);
         no_staging_left(&m.p("shared"));
         chrono_ok(m, &["revert", "shared/t", "--at", "orig"]);
         check(m, &t, &want, "revert retried", false);
     });
+}
+
+/// A revert that failed left `t` as it was before it.
+fn failed_revert_changed_nothing(
+    m: &Mount,
+    t: &Path,
+    out: &Output,
+    changed: &BTreeMap<String, Entry>,
+    changed_names: &[Vec<u8>],
+) {
+    assert!(!out.status.success(), "nobody's revert should fail");
+    assert_eq!(all_names(t), changed_names, "a failed revert changed names");
+    assert_same_tree(
+        changed,
+        &snapshot(t, SNAP),
+        "a failed revert changed the live tree",
+        &m.log_tail(),
+    );
 }
 
 /// `cd t; chronofs revert . --at T` stages inside `t` (the shell's working
@@ -336,18 +343,7 @@ fn revert_from_inside_the_tree_is_exact_and_all_or_nothing() {
         let changed_names = all_names(&t);
 
         let out = chrono_in(&t, Some(NOBODY), &["revert", ".", "--at", "orig"]);
-        assert!(!out.status.success(), "nobody's revert should fail");
-        assert_eq!(
-            all_names(&t),
-            changed_names,
-            "a failed revert changed names"
-        );
-        assert_same_tree(
-            &changed,
-            &snapshot(&t, SNAP),
-            "a failed revert changed the live tree",
-            &m.log_tail(),
-        );
+        failed_revert_changed_nothing(m, &t, &out, &changed, &changed_names);
 
         let out = chrono_in(&t, None, &["revert", ".", "--at", "orig"]);
         assert!(
