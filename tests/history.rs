@@ -1500,6 +1500,10 @@ fn shared_mmap_writes_are_captured_for_small_and_tracked_large_files() {
 #[test]
 fn directory_entries_changed_behind_the_mount_are_recorded_when_listed() {
     each_versioning_mode(|m| {
+        if m.src == m.mnt {
+            // MNT = SRC: nothing can reach the source behind the mount.
+            return;
+        }
         fs::create_dir(m.p("d")).unwrap();
         write_file(&m.p("d/a"), b"a\n");
         write_file(&m.p("d/b"), b"b\n");

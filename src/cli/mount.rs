@@ -146,19 +146,20 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse does not exist: load the fuse kernel module (modprobe fuse)");
     }
+    // statfs always reaches the daemon; a stat may be answered from the
+    // kernel's attribute cache for a while after the daemon died. Cleared
+    // before SRC is looked at: with MNT = SRC, a crashed daemon's mount
+    // hides the source.
+    let dead = |r: std::io::Result<()>| matches!(r, Err(e) if is_enotconn(&e));
+    if dead(std::fs::metadata(mnt).map(drop)) || dead(sys::statvfs_flags(mnt).map(drop)) {
+        clear_dead_mount(mnt)?;
+    }
     let src = std::fs::canonicalize(src).with_context(|| format!("source {}", src.display()))?;
     let meta = std::fs::metadata(&src).with_context(|| format!("source {}", src.display()))?;
     if !meta.is_dir() {
         bail!("source {} is not a directory", src.display());
     }
     std::fs::read_dir(&src).with_context(|| format!("source {} is not readable", src.display()))?;
-
-    // statfs always reaches the daemon; a stat may be answered from the
-    // kernel's attribute cache for a while after the daemon died.
-    let dead = |r: std::io::Result<()>| matches!(r, Err(e) if is_enotconn(&e));
-    if dead(std::fs::metadata(mnt).map(drop)) || dead(sys::statvfs_flags(mnt).map(drop)) {
-        clear_dead_mount(mnt)?;
-    }
     let mnt =
         std::fs::canonicalize(mnt).with_context(|| format!("mount point {}", mnt.display()))?;
     if !std::fs::metadata(&mnt)?.is_dir() {

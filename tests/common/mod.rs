@@ -63,6 +63,16 @@ pub fn modes() -> Vec<String> {
     }
 }
 
+/// A mode's `-o` options: all but the harness's own `samedir` (which
+/// mounts SRC over itself, the README's MNT = SRC form).
+pub fn mount_options(mode: &str) -> String {
+    mode.split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty() && *o != "samedir")
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The first configured mode (for tests that need just one mount).
 pub fn first_mode() -> String {
     modes().remove(0)
@@ -285,6 +295,13 @@ impl Mount {
             fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
         }
         let log = dir.path().join("daemon.log");
+        // `samedir` in a mode: the README's MNT = SRC form (the mount
+        // covers its own source; SRC is then only reachable through it).
+        let mnt = if opts.split(',').any(|o| o.trim() == "samedir") {
+            src.clone()
+        } else {
+            mnt
+        };
         let mut m = Mount {
             mode: opts.to_string(),
             dir,
@@ -336,8 +353,9 @@ impl Mount {
         .unwrap();
         let mut cmd = Command::new(bin());
         cmd.arg("mount").arg(&self.src).arg(&self.mnt).arg("-f");
-        if !self.mode.is_empty() {
-            cmd.arg("-o").arg(&self.mode);
+        let opts = mount_options(&self.mode);
+        if !opts.is_empty() {
+            cmd.arg("-o").arg(opts);
         }
         cmd.stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
