@@ -132,8 +132,7 @@ pub fn apply_ops_with(
     durability: Durability,
     extra: impl FnOnce(&WriteTransaction) -> Result<()>,
 ) -> Result<()> {
-    let mut txn = db.begin_write().map_err(err)?;
-    txn.set_durability(durability).map_err(err)?;
+    let txn = db.begin_write_with(durability).map_err(err)?;
     {
         let mut versions = txn.open_table(VERSIONS).map_err(err)?;
         let mut dirents = txn.open_table(DIRENTS).map_err(err)?;

@@ -110,7 +110,7 @@ struct Writer {
 }
 
 /// Packs written since their last fsync. Shared with the index, which
-/// fsyncs them before every write transaction: any commit (a history
+/// fsyncs them before every durable write transaction: any such commit (a history
 /// apply, a collection, the inode map's flush, which also makes earlier
 /// non-durable commits durable) may make chunk references durable, so
 /// the bytes go first.

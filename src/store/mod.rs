@@ -320,6 +320,24 @@ impl Index {
         self.with(|db| db.begin_write())
     }
 
+    /// A write transaction that commits with `durability`. One that is
+    /// not durable (`Durability::None`) does not fsync the packs first: a
+    /// crash forgets it with everything it names, and the next durable
+    /// transaction (whose `begin_write` fsyncs every pack written since)
+    /// is what makes it durable. The writes in between cost no disk wait.
+    pub fn begin_write_with(
+        &self,
+        durability: redb::Durability,
+    ) -> Result<redb::WriteTransaction, redb::Error> {
+        let mut txn = if matches!(durability, redb::Durability::None) {
+            self.with(|db| db.begin_write())?
+        } else {
+            self.begin_write()?
+        };
+        txn.set_durability(durability)?;
+        Ok(txn)
+    }
+
     /// Closes the database and opens it again (waiting for transactions
     /// in flight to let go of the file); on failure it stays closed and
     /// the next use tries again. A poisoned store is not re-opened: its
