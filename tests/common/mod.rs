@@ -276,6 +276,11 @@ pub struct Mount {
     pub log: PathBuf,
     child: Option<Child>,
     generation: u32,
+    /// The daemon was killed: until the new one replaces its mount, a stat
+    /// may still be answered from the kernel's caches, and the new mount
+    /// may get the same device number and mount id; only a call that
+    /// reaches a daemon tells them apart.
+    after_kill: bool,
 }
 
 impl Mount {
@@ -311,6 +316,7 @@ impl Mount {
             log,
             child: None,
             generation: 0,
+            after_kill: false,
         };
         setup(&m.src);
         m.start();
@@ -380,7 +386,10 @@ impl Mount {
                 );
             }
             match fs::metadata(&self.mnt) {
-                Ok(md) if md.dev() != parent_dev => break,
+                Ok(md) if md.dev() != parent_dev && (!self.after_kill || self.answers()) => {
+                    self.after_kill = false;
+                    break;
+                }
                 _ => {}
             }
             if t0.elapsed() > READY_TIMEOUT {
@@ -398,6 +407,14 @@ impl Mount {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Whether a daemon answers at the mount point (an open of its root
+    /// and a statfs reach it; a dead mount says ENOTCONN).
+    fn answers(&self) -> bool {
+        sys::Fd::open(&self.mnt, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .and_then(|f| f.fstatfs())
+            .is_ok()
     }
 
     /// Waits until `chronofs status` run in the mount answers for this
@@ -578,6 +595,7 @@ impl Mount {
 
     /// kill -9 the daemon, leaving a stale mount behind.
     pub fn kill9(&mut self) {
+        self.after_kill = true;
         let mut c = self.child.take().expect("daemon not running");
         c.kill().unwrap();
         c.wait().unwrap();
