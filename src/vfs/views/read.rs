@@ -1,0 +1,307 @@
+//! Reading a file as it was: opening a view (a private clone for
+//! passthrough where the store's file system can share the live file's
+//! blocks), the chunks or live bytes behind it, and its handles.
+
+use super::*;
+
+impl Vfs {
+    pub(in crate::vfs) fn view_open(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        flags: i32,
+    ) -> Result<crate::vfs::Opened> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            return erofs();
+        }
+        let node = self.view(ino)?;
+        self.current(&node)?;
+        let What::At { at, obj, state } = &node.what else {
+            return Err(errno(libc::EISDIR));
+        };
+        if node.st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(VfsError::WrongKind);
+        }
+        self.view_permits(caller, &node, crate::history::access::READ)?;
+        let source = self.source_for(*obj, *at, state)?;
+        let passthrough = self.clone_for(&node, *obj, &source);
+        let reader = Reader {
+            obj: *obj,
+            at: *at,
+            source,
+        };
+        let passthrough_ok = passthrough.is_some();
+        let fh = self.insert_view_handle(ViewHandle::File {
+            reader: Mutex::new(reader),
+            passthrough,
+        });
+        Ok(crate::vfs::Opened {
+            fh,
+            passthrough_ok,
+            session: false,
+            per_write: false,
+        })
+    }
+
+    /// Gives the views the place for private clones of live files.
+    pub fn set_clone_dir(&self, dir: OwnedFd) {
+        let _ = self.views.clone_dir.set(dir);
+    }
+
+    /// A view of a file unchanged since its instant can be read by the
+    /// kernel itself (passthrough, as fast as the live file) only from a
+    /// file that can never change: a clone of the live file sharing its
+    /// blocks, where the source's file system can make one (FICLONE), made
+    /// while the live file still holds the instant's content. Passthrough
+    /// on the live file itself would show a later write to it through the
+    /// view.
+    pub(super) fn clone_for(
+        &self,
+        node: &ViewNode,
+        obj: ObjectId,
+        source: &Source,
+    ) -> Option<Arc<OwnedFd>> {
+        let mut slot = node.clone.lock();
+        if let Some(decided) = &*slot {
+            return decided.clone();
+        }
+        let Source::Head { fd, expect, latest } = source else {
+            return None;
+        };
+        let dir = self.views.clone_dir.get()?;
+        let made = match sys::clone_to_tmpfile(fd.as_fd(), dir.as_fd()) {
+            Ok(clone) => {
+                // Verified after the clone, as reads are (`view_read`).
+                let now = sys::fstat(fd.as_fd()).ok().map(|st| attrs_of(&st));
+                let newest = self
+                    .history()
+                    .ok()
+                    .and_then(|h| h.latest(obj).ok())
+                    .map(|l| l.map(|(s, _)| s));
+                (now.is_some_and(|n| expect.same_state(&n)) && newest == Some(*latest))
+                    .then(|| Arc::new(clone))
+            }
+            Err(e) => {
+                tracing::debug!("history view: no clone of object {obj}: {e}");
+                None
+            }
+        };
+        *slot = Some(made.clone());
+        made
+    }
+
+    /// The descriptor the kernel reads a passthrough view file from.
+    pub(in crate::vfs) fn view_backing<T>(
+        &self,
+        fh: u64,
+        f: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> Result<T>,
+    ) -> Result<T> {
+        match &*self.view_handle(fh)? {
+            ViewHandle::File {
+                passthrough: Some(fd),
+                ..
+            } => f(fd.as_fd()),
+            _ => Err(VfsError::WrongKind),
+        }
+    }
+
+    pub(super) fn insert_view_handle(&self, h: ViewHandle) -> u64 {
+        let fh = VIEW_BIT | (self.views.next_fh.fetch_add(1, Ordering::Relaxed) + 1);
+        self.views.handles.write().insert(fh, Arc::new(h));
+        fh
+    }
+
+    /// Where an open view file reads from: the live file if it still holds
+    /// exactly the content of the instant, else the chunks.
+    pub(super) fn source_for(&self, obj: ObjectId, at: Seq, state: &State) -> Result<Source> {
+        let h = self.history()?;
+        let latest = h
+            .latest(obj)
+            .map_err(|e| past_err(e.into()))?
+            .map(|(s, _)| s);
+        let live = match state {
+            State::Live { inode } => Some((self.inodes.fd(inode)?, None)),
+            State::Hist { v } => {
+                let (seq_v, _) = h
+                    .object_at(obj, at)
+                    .map_err(|e| past_err(e.into()))?
+                    .ok_or_else(|| errno(libc::EIO))?;
+                if latest != Some(seq_v) {
+                    None
+                } else {
+                    self.with_past(|p| p.live_object(obj).map_err(past_err))?
+                        .map(|(fd, _)| (Arc::new(fd), Some(v.attrs)))
+                }
+            }
+        };
+        if let Some((path_fd, expect)) = live {
+            let fd = sys::reopen(path_fd.as_fd(), libc::O_RDONLY)?;
+            let now = attrs_of(&sys::fstat(fd.as_fd())?);
+            let expect = expect.unwrap_or(now);
+            if expect.same_state(&now) {
+                return Ok(Source::Head { fd, expect, latest });
+            }
+        }
+        self.chunk_source(obj, at)
+    }
+
+    pub(super) fn chunk_source(&self, obj: ObjectId, at: Seq) -> Result<Source> {
+        let h = self.history()?;
+        let Some((_, v)) = h.object_at(obj, at).map_err(|e| past_err(e.into()))? else {
+            tracing::error!(
+                "history view: object {obj} changed behind the mount since #{at} and history holds no copy"
+            );
+            return Err(errno(libc::EIO));
+        };
+        let manifest = match v.content {
+            Content::File { manifest } => manifest,
+            // Not versioned by policy: the bytes of that instant are gone.
+            Content::Unrecorded => return Err(errno(libc::ENODATA)),
+            Content::Lost { .. } => {
+                tracing::warn!(
+                    "history view: object {obj} at #{at}: {}",
+                    crate::history::HistoryError::Lost("its version".into())
+                );
+                return Err(errno(libc::EIO));
+            }
+            _ => return Err(VfsError::WrongKind),
+        };
+        let manifest = h.manifest(&manifest).map_err(|e| past_err(e.into()))?;
+        let mut starts = Vec::with_capacity(manifest.extents.len());
+        let mut off = 0u64;
+        for e in &manifest.extents {
+            starts.push(off);
+            off += u64::from(e.len);
+        }
+        Ok(Source::Chunks {
+            manifest,
+            starts,
+            cached: None,
+        })
+    }
+
+    pub(in crate::vfs) fn view_read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let handle = self.view_handle(fh)?;
+        let ViewHandle::File { reader, .. } = &*handle else {
+            return Err(errno(libc::EISDIR));
+        };
+        let mut r = reader.lock();
+        if let Source::Head { fd, expect, latest } = &r.source {
+            let mut buf = vec![0u8; size as usize];
+            let n = sys::pread(fd.as_fd(), &mut buf, offset)?;
+            buf.truncate(n);
+            // Checked after the read: a writer through the mount records
+            // the old state before its first write, and any write changes
+            // mtime, so unchanged attributes and versions prove the bytes
+            // read were the instant's.
+            let now = attrs_of(&sys::fstat(fd.as_fd())?);
+            let h = self.history()?;
+            let newest = h
+                .latest(r.obj)
+                .map_err(|e| past_err(e.into()))?
+                .map(|(s, _)| s);
+            if expect.same_state(&now) && newest == *latest {
+                return Ok(buf);
+            }
+            tracing::debug!(
+                "history view: object {} changed while read; reading history",
+                r.obj
+            );
+            r.source = self.chunk_source(r.obj, r.at)?;
+        }
+        let Source::Chunks {
+            manifest,
+            starts,
+            cached,
+        } = &mut r.source
+        else {
+            return Err(VfsError::WrongKind);
+        };
+        self.read_chunks(manifest, starts, cached, offset, size as usize)
+    }
+
+    pub(super) fn read_chunks(
+        &self,
+        manifest: &Manifest,
+        starts: &[u64],
+        cached: &mut Option<(usize, Vec<u8>)>,
+        offset: u64,
+        size: usize,
+    ) -> Result<Vec<u8>> {
+        let chunks = self.history()?.chunks();
+        let mut out = Vec::with_capacity(size);
+        let mut i = starts.partition_point(|s| *s <= offset).saturating_sub(1);
+        let mut pos = offset;
+        while out.len() < size && i < manifest.extents.len() {
+            let e = manifest.extents[i];
+            let start = starts[i];
+            let end = start + u64::from(e.len);
+            if pos >= end {
+                i += 1;
+                continue;
+            }
+            let from = (pos - start) as usize;
+            let take = (end - pos).min((size - out.len()) as u64) as usize;
+            match e.chunk {
+                None => out.resize(out.len() + take, 0),
+                Some(hash) => {
+                    if cached.as_ref().is_none_or(|(idx, _)| *idx != i) {
+                        let data = chunks.get(&hash).map_err(|e| {
+                            tracing::error!("history view: {e}");
+                            errno(libc::EIO)
+                        })?;
+                        *cached = Some((i, data));
+                    }
+                    let data = cached
+                        .as_ref()
+                        .map(|(_, d)| d.as_slice())
+                        .unwrap_or_default();
+                    let slice = data
+                        .get(from..from + take)
+                        .ok_or_else(|| errno(libc::EIO))?;
+                    out.extend_from_slice(slice);
+                }
+            }
+            pos += take as u64;
+            i += 1;
+        }
+        Ok(out)
+    }
+
+    pub(super) fn view_handle(&self, fh: u64) -> Result<Arc<ViewHandle>> {
+        self.views
+            .handles
+            .read()
+            .get(&fh)
+            .cloned()
+            .ok_or(VfsError::UnknownHandle(fh))
+    }
+
+    pub(in crate::vfs) fn view_release(&self, fh: u64) -> Result<()> {
+        self.views
+            .handles
+            .write()
+            .remove(&fh)
+            .map(drop)
+            .ok_or(VfsError::UnknownHandle(fh))
+    }
+
+    pub(in crate::vfs) fn view_lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        let handle = self.view_handle(fh)?;
+        let ViewHandle::File { reader, .. } = &*handle else {
+            return Err(errno(libc::EISDIR));
+        };
+        let size = match &reader.lock().source {
+            Source::Head { expect, .. } => expect.size as i64,
+            Source::Chunks { manifest, .. } => {
+                manifest.extents.iter().map(|e| i64::from(e.len)).sum()
+            }
+        };
+        match whence {
+            libc::SEEK_DATA if offset < size => Ok(offset),
+            libc::SEEK_HOLE if offset < size => Ok(size),
+            libc::SEEK_DATA | libc::SEEK_HOLE => Err(errno(libc::ENXIO)),
+            _ => Err(errno(libc::EINVAL)),
+        }
+    }
+}
