@@ -1482,6 +1482,14 @@ fn shared_mmap_writes_are_captured_for_small_and_tracked_large_files() {
             map.msync().unwrap();
             map.unmap().unwrap();
             assert!(fs::read(&f).unwrap() == data, "{name}: live content");
+            // The mapping's last reference goes with munmap, and the kernel
+            // sends its RELEASE (which ends the write session) without
+            // waiting: the session's version appears when the daemon has
+            // it, so wait for it (bounded).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while count(m, name) < 2 && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
             let newest = cat_version(m, name, 0);
             assert!(
                 newest == data,
