@@ -587,12 +587,10 @@ impl Vfs {
             return Err(errno(libc::ENOTDIR));
         }
         let ino = InodeNo(VIEW_BIT | (DELETED_SLOT << OBJ_BITS) | (parent.0 & OBJ_MASK));
-        self.hold_view(ino, || {
-            let st = self.deleted_dir_stat(parent, ino)?;
-            Ok((What::Deleted { dir: parent.0 }, st))
-        })?;
-        // Its attributes follow the live directory and what is deleted.
+        // Its attributes follow the live directory and what is deleted
+        // (computed once: listing the deleted entries reads history).
         let st = self.deleted_dir_stat(parent, ino)?;
+        self.hold_view(ino, || Ok((What::Deleted { dir: parent.0 }, st)))?;
         Ok(entry(st, Duration::ZERO))
     }
 
