@@ -55,7 +55,7 @@ fn text(rng: &mut Rng, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 16);
     while out.len() < len {
         if rng.chance(7) {
-            out.extend_from_slice(format!("{:x} ", rng.next()).as_bytes());
+            out.extend_from_slice(format!("{:x} ", rng.next_u64()).as_bytes());
         } else {
             out.extend_from_slice(WORDS[rng.below(8) as usize].as_bytes());
         }

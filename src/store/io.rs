@@ -43,6 +43,9 @@ pub trait StoreFile: Send + Sync {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes every write so far durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
