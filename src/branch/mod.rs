@@ -37,7 +37,7 @@ impl DirBranch {
         reserved_root_name: Option<OsString>,
     ) -> io::Result<Self> {
         let cpath = sys::cstr(path.as_os_str())?;
-        let root = sys::openat(libc::AT_FDCWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        let root = sys::openat(sys::CWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)?;
         Ok(DirBranch {
             id,
             root,

@@ -163,7 +163,7 @@ fn open_local(src: &Path, store_dir: &Path) -> Result<LocalStore> {
     let history = History::open(&store, false).map_err(|e| anyhow!("{e}"))?;
     let inomap = store.inode_map().map_err(|e| anyhow!("{e}"))?;
     let root = sys::openat(
-        libc::AT_FDCWD,
+        sys::CWD,
         &sys::cstr(src.as_os_str())?,
         libc::O_PATH | libc::O_DIRECTORY,
         0,

@@ -401,7 +401,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         // the file system can clone); without it they read through the
         // daemon.
         let dir = sys::cstr(store.dir().as_os_str())
-            .and_then(|c| sys::openat(libc::AT_FDCWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0));
+            .and_then(|c| sys::openat(sys::CWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0));
         match dir {
             Ok(fd) => vfs.set_clone_dir(fd),
             Err(e) => tracing::warn!("store directory {}: {e}", store.dir().display()),
@@ -448,7 +448,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     // Opened before the mount: with MNT = SRC the path then leads into the
     // mount itself, and a descriptor there would keep it busy forever.
     let src_root = sys::openat(
-        libc::AT_FDCWD,
+        sys::CWD,
         &sys::cstr(plan.src.as_os_str())?,
         libc::O_PATH | libc::O_DIRECTORY,
         0,

@@ -291,7 +291,7 @@ impl Past<'_> {
             },
             Node::Live { fd, .. } => sys::reopen(fd.as_fd(), LIST)?,
         };
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = sys::DirBuf::new(64 * 1024);
         let mut names = Vec::new();
         loop {
             let batch = sys::getdents(fd.as_fd(), &mut buf)?;

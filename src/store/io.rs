@@ -16,7 +16,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,7 +85,7 @@ impl DiskIo {
     pub fn open(dir: &Path) -> io::Result<DiskIo> {
         let c = sys::cstr(dir.as_os_str())?;
         let root = sys::openat(
-            libc::AT_FDCWD,
+            sys::CWD,
             &c,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
             0,
@@ -103,7 +103,7 @@ impl DiskIo {
             };
         let c = sys::cstr(name.as_ref())?;
         Ok(File::from(sys::openat(
-            self.root.as_raw_fd(),
+            self.root.as_fd(),
             &c,
             flags,
             0o600,
@@ -114,7 +114,7 @@ impl DiskIo {
         let name = if name.is_empty() { "." } else { name };
         let c = sys::cstr(name.as_ref())?;
         sys::openat(
-            self.root.as_raw_fd(),
+            self.root.as_fd(),
             &c,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
             0,
@@ -169,7 +169,7 @@ impl StoreIo for DiskIo {
             other => other?,
         };
         let mut names = Vec::new();
-        let mut buf = vec![0u8; 32 << 10];
+        let mut buf = sys::DirBuf::new(32 << 10);
         loop {
             let batch = sys::getdents(fd.as_fd(), &mut buf)?;
             if batch.is_empty() {

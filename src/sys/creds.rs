@@ -4,10 +4,16 @@
 //! `unshare(CLONE_FS)`) the umask per thread, so each request thread can take
 //! on its caller's identity without affecting the others. glibc's wrappers
 //! for setgroups/setfsuid broadcast to all threads, so the raw syscalls are
-//! used instead.
+//! used instead: rustix's `set_thread_groups` and capability calls issue
+//! them directly; setfsuid/setfsgid, which rustix lacks, stay raw
+//! `syscall()`s here.
 
 use std::cell::Cell;
 use std::io;
+
+use rustix::fs::Mode;
+use rustix::process::Gid;
+use rustix::thread::{capabilities, set_capabilities, set_thread_groups, CapabilitySet};
 
 /// Who made a request: the ids the kernel reports for the calling thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,20 +43,8 @@ fn raw_setfsgid(gid: u32) {
 }
 
 fn raw_setgroups(groups: &[u32]) -> io::Result<()> {
-    // SAFETY: pointer/length describe a valid gid array; the raw syscall
-    // affects only the calling thread.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_setgroups,
-            groups.len() as libc::c_long,
-            groups.as_ptr(),
-        )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    let groups: Vec<Gid> = groups.iter().map(|&g| Gid::from_raw(g)).collect();
+    set_thread_groups(&groups).map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
 }
 
 /// Gives the calling thread its own umask/cwd, once per thread.
@@ -58,11 +52,11 @@ fn unshare_fs_once() -> io::Result<()> {
     if FS_UNSHARED.with(|u| u.get()) {
         return Ok(());
     }
-    // SAFETY: CLONE_FS unshare only detaches this thread's fs_struct.
-    let ret = unsafe { libc::unshare(libc::CLONE_FS) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // SAFETY: CLONE_FS detaches only this thread's umask, cwd and root;
+    // chronofs holds no pointer or cached path that depends on sharing
+    // them (every backing-tree call is relative to a descriptor).
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::FS) }
+        .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))?;
     FS_UNSHARED.with(|u| u.set(true));
     Ok(())
 }
@@ -70,81 +64,56 @@ fn unshare_fs_once() -> io::Result<()> {
 /// Sets this thread's umask (after giving it a private one); returns the old one.
 pub fn set_thread_umask(mask: u32) -> io::Result<u32> {
     unshare_fs_once()?;
-    // SAFETY: umask cannot fail.
-    Ok(unsafe { libc::umask(mask as libc::mode_t) } as u32)
+    Ok(rustix::process::umask(Mode::from_bits_retain(mask)).bits())
 }
 
-/// Reads the supplementary groups of thread `pid` from /proc.
+/// Reads the supplementary groups of thread `pid` from /proc. The file is
+/// read whole, so a list of any length (up to the kernel's 65536) is kept.
 pub fn supplementary_groups(pid: u32) -> io::Result<Vec<u32>> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(parse_groups(&status))
+}
+
+/// The ids on the `Groups:` line of a /proc/PID/status text.
+fn parse_groups(status: &str) -> Vec<u32> {
     let line = status
         .lines()
         .find_map(|l| l.strip_prefix("Groups:"))
         .unwrap_or("");
-    Ok(line
-        .split_whitespace()
+    line.split_whitespace()
         .filter_map(|g| g.parse::<u32>().ok())
-        .collect())
+        .collect()
 }
 
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_SYS_RESOURCE: u32 = 24;
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// Sets or clears `bits` (capabilities below 32) in this thread's
-/// effective set. Capabilities are per thread in Linux.
-fn set_effective_caps(bits: u32, on: bool) -> io::Result<()> {
-    let mut header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: header and a two-element data array as capget(2) expects for v3.
-    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+/// Sets or clears `bits` in this thread's effective capability set
+/// (capabilities are per thread in Linux); a bit not permitted is never set.
+fn set_effective_caps(bits: CapabilitySet, on: bool) -> io::Result<()> {
+    let errno = |e: rustix::io::Errno| io::Error::from_raw_os_error(e.raw_os_error());
+    let mut sets = capabilities(None).map_err(errno)?;
     if on {
-        data[0].effective |= bits & data[0].permitted;
+        sets.effective |= bits & sets.permitted;
     } else {
-        data[0].effective &= !bits;
+        sets.effective &= !bits;
     }
-    // SAFETY: as above; only the calling thread's effective set changes.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_capabilities(None, sets).map_err(errno)
 }
 
 /// Capabilities a daemon running as root keeps even after setfsuid, but
 /// that an ordinary caller does not have: CAP_SYS_RESOURCE (reserved
 /// blocks, quota limits) and CAP_SYS_ADMIN (trusted.* xattrs).
-const PRIVILEGE_CAPS: u32 = (1 << CAP_SYS_RESOURCE) | (1 << CAP_SYS_ADMIN);
+const PRIVILEGE_CAPS: CapabilitySet = CapabilitySet::SYS_RESOURCE.union(CapabilitySet::SYS_ADMIN);
 
 /// Restores root credentials when dropped.
 struct Switched {
     groups_set: bool,
-    dropped_caps: u32,
+    dropped_caps: CapabilitySet,
 }
 
 impl Drop for Switched {
     fn drop(&mut self) {
         raw_setfsuid(0);
         raw_setfsgid(0);
-        if self.dropped_caps != 0 {
+        if !self.dropped_caps.is_empty() {
             if let Err(e) = set_effective_caps(self.dropped_caps, true) {
                 tracing::error!("cannot restore capabilities: {e}");
             }
@@ -157,10 +126,10 @@ impl Drop for Switched {
     }
 }
 
-fn switch_to(caller: &Caller, groups: Option<&[u32]>, keep: u32) -> io::Result<Switched> {
+fn switch_to(caller: &Caller, groups: Option<&[u32]>, keep: CapabilitySet) -> io::Result<Switched> {
     let mut guard = Switched {
         groups_set: false,
-        dropped_caps: 0,
+        dropped_caps: CapabilitySet::empty(),
     };
     if let Some(groups) = groups {
         raw_setgroups(groups)?;
@@ -171,9 +140,9 @@ fn switch_to(caller: &Caller, groups: Option<&[u32]>, keep: u32) -> io::Result<S
     let drop_caps = if caller.uid != 0 {
         PRIVILEGE_CAPS & !keep
     } else {
-        0
+        CapabilitySet::empty()
     };
-    if drop_caps != 0 {
+    if !drop_caps.is_empty() {
         set_effective_caps(drop_caps, false)?;
         guard.dropped_caps = drop_caps;
     }
@@ -189,7 +158,7 @@ fn is_permission_error(e: &io::Error) -> bool {
 /// for lack of permission; `op` must be a single call whose failure leaves
 /// no trace, so the retry is safe.
 pub fn as_caller<T>(caller: &Caller, op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
-    as_caller_keeping(caller, 0, op)
+    as_caller_keeping(caller, CapabilitySet::empty(), op)
 }
 
 /// [`as_caller`] for registering a passthrough backing file: the kernel
@@ -199,12 +168,12 @@ pub fn as_caller_with_admin<T>(
     caller: &Caller,
     op: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
-    as_caller_keeping(caller, 1 << CAP_SYS_ADMIN, op)
+    as_caller_keeping(caller, CapabilitySet::SYS_ADMIN, op)
 }
 
 fn as_caller_keeping<T>(
     caller: &Caller,
-    keep: u32,
+    keep: CapabilitySet,
     mut op: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
     if caller.uid == 0 && caller.gid == 0 {
@@ -243,7 +212,7 @@ pub fn as_caller_with_groups<T>(
     } else {
         Vec::new()
     };
-    let _guard = switch_to(caller, Some(&groups), 0)?;
+    let _guard = switch_to(caller, Some(&groups), CapabilitySet::empty())?;
     op()
 }
 
@@ -265,15 +234,10 @@ pub fn as_caller_with_umask<T>(
 }
 
 /// Empties the supplementary groups of the whole process. Only called
-/// while the process is single-threaded.
+/// while the process is single-threaded, where the calling thread's groups
+/// are the process's.
 pub fn clear_process_groups() -> io::Result<()> {
-    // SAFETY: an empty list with a null pointer is valid for setgroups.
-    let ret = unsafe { libc::setgroups(0, std::ptr::null()) };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    raw_setgroups(&[])
 }
 
 /// Checks that this process can take on other users' fs identities (it
@@ -298,4 +262,34 @@ pub fn verify_switching() -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's largest list (NGROUPS_MAX, 65536) comes through whole:
+    /// nothing in the path has a fixed-size buffer.
+    #[test]
+    fn a_full_group_list_is_read_whole() {
+        let groups: Vec<u32> = (0..65_536u32).map(|g| g * 7 + 1000).collect();
+        let line: Vec<String> = groups.iter().map(u32::to_string).collect();
+        let status = format!(
+            "Name:\tcat\nUid:\t1000\t1000\t1000\t1000\nGroups:\t{} \nNStgid:\t1\n",
+            line.join(" ")
+        );
+        assert_eq!(parse_groups(&status), groups);
+    }
+
+    #[test]
+    fn no_groups_line_means_no_groups() {
+        assert!(parse_groups("Name:\tcat\nGroups:\t\n").is_empty());
+        assert!(parse_groups("Name:\tcat\n").is_empty());
+    }
+
+    #[test]
+    fn this_threads_groups_are_readable() {
+        let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        assert!(supplementary_groups(tid).is_ok());
+    }
 }

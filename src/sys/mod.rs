@@ -1,36 +1,47 @@
 //! Raw system calls: the one place in chronofs with `unsafe`.
 //!
-//! Owns: thin, safe wrappers over the Linux calls that neither `std` nor
-//! `libc`'s safe surface offer — per-thread credential switching, `*at()`
-//! calls on directory descriptors, `getdents64`, xattrs, `renameat2`,
-//! `copy_file_range`, `fallocate`, `lseek` with `SEEK_DATA`/`SEEK_HOLE`.
+//! Owns: thin, safe wrappers over the Linux calls that `std` does not
+//! offer — per-thread credential switching, `*at()` calls on directory
+//! descriptors, `getdents64`, xattrs, `renameat2`, `copy_file_range`,
+//! `fallocate`, `lseek` with `SEEK_DATA`/`SEEK_HOLE`, file handles.
 //! Uses: nothing of chronofs. Must not know about FUSE, inodes or the store.
+//!
+//! Most calls go through `rustix`, which issues the system call itself
+//! and reports the kernel's errno. What rustix does not offer stays here as
+//! a small `unsafe` wrapper over `libc`, each with its `SAFETY` reason:
+//! setfsuid/setfsgid, name_to_handle_at/open_by_handle_at, truncate(2) by
+//! path, fork, signal masks and dispositions, getpwuid_r/getgrgid_r.
 //!
 //! Every wrapper returns `io::Result` carrying the raw errno, so callers can
 //! hand the kernel exactly the error the backing file system gave.
 #![allow(unsafe_code)]
 
 pub mod creds;
+mod lookup;
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
-/// Converts a `-1`-on-error return into `io::Result`.
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
+
+pub use lookup::{group_name, user_home, user_name};
+
+/// The current directory, for the `*at()` calls that take a path.
+pub const CWD: BorrowedFd<'static> = rfs::CWD;
+
+/// The errno-carrying `io::Error` of a failed rustix call.
+fn os_err(e: rustix::io::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.raw_os_error())
+}
+
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {
         Ok(ret)
-    }
-}
-
-fn check_size(ret: libc::ssize_t) -> io::Result<usize> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret as usize)
     }
 }
 
@@ -48,6 +59,8 @@ pub fn proc_fd_path(fd: BorrowedFd<'_>) -> CString {
     CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
 }
 
+/// chronofs's `struct stat`: libc's, because the views build synthetic
+/// ones field by field, which rustix's non-exhaustive `Stat` forbids.
 pub type Stat = libc::stat;
 
 pub fn zeroed_stat() -> Stat {
@@ -55,64 +68,97 @@ pub fn zeroed_stat() -> Stat {
     unsafe { std::mem::zeroed() }
 }
 
+fn to_stat(r: &rfs::Stat) -> Stat {
+    let mut st = zeroed_stat();
+    // The casts only restate the same kernel field in libc's spelling
+    // (e.g. `c_ulong` nanoseconds as `c_long`): values are never truncated.
+    st.st_dev = r.st_dev as _;
+    st.st_ino = r.st_ino as _;
+    st.st_nlink = r.st_nlink as _;
+    st.st_mode = r.st_mode as _;
+    st.st_uid = r.st_uid as _;
+    st.st_gid = r.st_gid as _;
+    st.st_rdev = r.st_rdev as _;
+    st.st_size = r.st_size as _;
+    st.st_blksize = r.st_blksize as _;
+    st.st_blocks = r.st_blocks as _;
+    st.st_atime = r.st_atime as _;
+    st.st_atime_nsec = r.st_atime_nsec as _;
+    st.st_mtime = r.st_mtime as _;
+    st.st_mtime_nsec = r.st_mtime_nsec as _;
+    st.st_ctime = r.st_ctime as _;
+    st.st_ctime_nsec = r.st_ctime_nsec as _;
+    st
+}
+
+fn oflags(flags: i32) -> OFlags {
+    OFlags::from_bits_retain(flags as u32)
+}
+
+fn mode(mode: u32) -> Mode {
+    Mode::from_bits_retain(mode)
+}
+
 /// `fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW)`; an empty name stats `dirfd` itself.
 pub fn fstatat(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
-    let mut st = zeroed_stat();
-    let flags = libc::AT_SYMLINK_NOFOLLOW
+    let flags = AtFlags::SYMLINK_NOFOLLOW
         | if name.is_empty() {
-            libc::AT_EMPTY_PATH
+            AtFlags::EMPTY_PATH
         } else {
-            0
+            AtFlags::empty()
         };
-    // SAFETY: valid fd, NUL-terminated name, and `st` is a writable stat buffer.
-    check(unsafe { libc::fstatat(dirfd.as_raw_fd(), name.as_ptr(), &mut st, flags) })?;
-    Ok(st)
+    let st = rfs::statat(dirfd, name, flags).map_err(os_err)?;
+    Ok(to_stat(&st))
 }
 
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     fstatat(fd, c"")
 }
 
-/// `openat(dirfd, name, flags, mode)` returning an owned descriptor.
-pub fn openat(dirfd: RawFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    // SAFETY: NUL-terminated name; the returned fd is fresh and owned by us.
-    let fd = check(unsafe {
-        libc::openat(
-            dirfd,
-            name.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            mode as libc::c_uint,
-        )
-    })?;
-    // SAFETY: `fd` was just returned by openat and is not owned elsewhere.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// `openat(dirfd, name, flags | O_CLOEXEC, mode)`; `dirfd` may be [`CWD`].
+pub fn openat(
+    dirfd: BorrowedFd<'_>,
+    name: &CStr,
+    flags: i32,
+    mode_bits: u32,
+) -> io::Result<OwnedFd> {
+    rfs::openat(
+        dirfd,
+        name,
+        oflags(flags) | OFlags::CLOEXEC,
+        mode(mode_bits),
+    )
+    .map_err(os_err)
 }
 
 /// Opens `name` below `dirfd` as an O_PATH handle without following a
 /// trailing symlink, so a symlink in the backing tree can never lead out.
 pub fn open_path(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
-    openat(dirfd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+    openat(dirfd, name, libc::O_PATH | libc::O_NOFOLLOW, 0)
 }
 
 /// Re-opens an O_PATH handle with real access flags.
 pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
     let path = proc_fd_path(fd);
-    openat(libc::AT_FDCWD, &path, flags & !libc::O_NOFOLLOW, 0)
+    openat(CWD, &path, flags & !libc::O_NOFOLLOW, 0)
 }
 
-pub fn mkdirat(dirfd: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
-    // SAFETY: valid fd and NUL-terminated name.
-    check(unsafe { libc::mkdirat(dirfd.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+pub fn mkdirat(dirfd: BorrowedFd<'_>, name: &CStr, mode_bits: u32) -> io::Result<()> {
+    rfs::mkdirat(dirfd, name, mode(mode_bits)).map_err(os_err)
 }
 
-pub fn mknodat(dirfd: BorrowedFd<'_>, name: &CStr, mode: u32, rdev: u64) -> io::Result<()> {
-    // SAFETY: valid fd and NUL-terminated name.
-    check(unsafe { libc::mknodat(dirfd.as_raw_fd(), name.as_ptr(), mode, rdev) }).map(drop)
+pub fn mknodat(dirfd: BorrowedFd<'_>, name: &CStr, mode_bits: u32, rdev: u64) -> io::Result<()> {
+    // mknod(2) takes no type bits as a regular file; rustix's "unknown"
+    // type would instead send all S_IFMT bits and get EINVAL.
+    let kind = match mode_bits & libc::S_IFMT {
+        0 => rfs::FileType::RegularFile,
+        t => rfs::FileType::from_raw_mode(t),
+    };
+    rfs::mknodat(dirfd, name, kind, Mode::from_raw_mode(mode_bits), rdev).map_err(os_err)
 }
 
 pub fn symlinkat(target: &CStr, dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-    // SAFETY: NUL-terminated strings and a valid fd.
-    check(unsafe { libc::symlinkat(target.as_ptr(), dirfd.as_raw_fd(), name.as_ptr()) }).map(drop)
+    rfs::symlinkat(target, dirfd, name).map_err(os_err)
 }
 
 /// Hard-links the object behind an O_PATH handle. Going through the
@@ -120,22 +166,11 @@ pub fn symlinkat(target: &CStr, dirfd: BorrowedFd<'_>, name: &CStr) -> io::Resul
 /// so it works under the caller's credentials.
 pub fn link_fd(fd: BorrowedFd<'_>, newdir: BorrowedFd<'_>, newname: &CStr) -> io::Result<()> {
     let path = proc_fd_path(fd);
-    // SAFETY: NUL-terminated strings and valid fds.
-    check(unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            newdir.as_raw_fd(),
-            newname.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    })
-    .map(drop)
+    rfs::linkat(CWD, &path, newdir, newname, AtFlags::SYMLINK_FOLLOW).map_err(os_err)
 }
 
 pub fn unlinkat(dirfd: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<()> {
-    // SAFETY: valid fd and NUL-terminated name.
-    check(unsafe { libc::unlinkat(dirfd.as_raw_fd(), name.as_ptr(), flags) }).map(drop)
+    rfs::unlinkat(dirfd, name, AtFlags::from_bits_retain(flags as u32)).map_err(os_err)
 }
 
 pub fn renameat2(
@@ -145,69 +180,59 @@ pub fn renameat2(
     newname: &CStr,
     flags: u32,
 ) -> io::Result<()> {
-    // SAFETY: valid fds and NUL-terminated names.
-    check(unsafe {
-        libc::renameat2(
-            olddir.as_raw_fd(),
-            oldname.as_ptr(),
-            newdir.as_raw_fd(),
-            newname.as_ptr(),
-            flags,
-        )
-    })
-    .map(drop)
+    rfs::renameat_with(
+        olddir,
+        oldname,
+        newdir,
+        newname,
+        rfs::RenameFlags::from_bits_retain(flags),
+    )
+    .map_err(os_err)
 }
 
 pub fn readlink_fd(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-    // SAFETY: empty path with an O_PATH fd reads the link itself; buf is writable.
-    let n = check_size(unsafe {
-        libc::readlinkat(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    })?;
+    // An empty path with an O_PATH descriptor reads the link itself.
+    let n = rfs::readlinkat_raw(fd, c"", &mut buf[..]).map_err(os_err)?;
     buf.truncate(n);
     Ok(buf)
 }
 
 /// chmod of the object behind an O_PATH handle (not a symlink).
-pub fn chmod_fd(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+pub fn chmod_fd(fd: BorrowedFd<'_>, mode_bits: u32) -> io::Result<()> {
     let path = proc_fd_path(fd);
-    // SAFETY: NUL-terminated path.
-    check(unsafe { libc::chmod(path.as_ptr(), mode) }).map(drop)
+    rfs::chmod(&*path, mode(mode_bits)).map_err(os_err)
 }
 
 /// chown of the object behind an O_PATH handle, symlinks included.
 /// `u32::MAX` leaves the id unchanged, as chown(2) does with -1.
 pub fn chown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: valid fd; AT_EMPTY_PATH operates on the fd itself.
-    check(unsafe {
-        libc::fchownat(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            uid,
-            gid,
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })
-    .map(drop)
+    let uid = (uid != u32::MAX).then(|| rustix::fs::Uid::from_raw(uid));
+    let gid = (gid != u32::MAX).then(|| rustix::fs::Gid::from_raw(gid));
+    rfs::chownat(
+        fd,
+        c"",
+        uid,
+        gid,
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(os_err)
 }
 
+/// truncate(2) of the object behind an O_PATH handle. rustix has only
+/// ftruncate, and opening the file instead would block on a FIFO and
+/// check different permissions.
 pub fn truncate_fd_path(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
     let path = proc_fd_path(fd);
-    // SAFETY: NUL-terminated path.
+    // SAFETY: NUL-terminated path; no memory is written.
     check(unsafe { libc::truncate(path.as_ptr(), size as libc::off_t) }).map(drop)
 }
 
 pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
-    // SAFETY: valid fd.
-    check(unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) }).map(drop)
+    rfs::ftruncate(fd, size).map_err(os_err)
 }
 
-/// A time for `utimensat`: `None` means UTIME_OMIT.
+/// A time for `utimensat`.
 #[derive(Clone, Copy, Debug)]
 pub enum TimeSpec {
     Omit,
@@ -216,60 +241,45 @@ pub enum TimeSpec {
 }
 
 impl TimeSpec {
-    fn to_timespec(self) -> libc::timespec {
-        match self {
-            TimeSpec::Omit => libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-            TimeSpec::Now => libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_NOW,
-            },
-            TimeSpec::At { secs, nsecs } => libc::timespec {
-                tv_sec: secs,
-                tv_nsec: nsecs,
-            },
-        }
+    fn to_timespec(self) -> rustix::fs::Timespec {
+        let (tv_sec, tv_nsec) = match self {
+            TimeSpec::Omit => (0, rfs::UTIME_OMIT),
+            TimeSpec::Now => (0, rfs::UTIME_NOW),
+            TimeSpec::At { secs, nsecs } => (secs, nsecs as _),
+        };
+        rustix::fs::Timespec { tv_sec, tv_nsec }
     }
 }
 
 /// utimensat on the object behind an O_PATH handle, symlinks included.
 pub fn utimens_fd(fd: BorrowedFd<'_>, atime: TimeSpec, mtime: TimeSpec) -> io::Result<()> {
-    let times = [atime.to_timespec(), mtime.to_timespec()];
-    // SAFETY: valid fd and a two-element timespec array.
-    check(unsafe {
-        libc::utimensat(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            times.as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })
-    .map(drop)
+    let times = rfs::Timestamps {
+        last_access: atime.to_timespec(),
+        last_modification: mtime.to_timespec(),
+    };
+    rfs::utimensat(
+        fd,
+        c"",
+        &times,
+        AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(os_err)
 }
 
+/// Reads until `buf` is full or the file ends; an error after some bytes
+/// were read ends the read short instead of losing them.
 pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of `buf`.
-        let n = check_size(unsafe {
-            libc::pread64(
-                fd.as_raw_fd(),
-                buf[done..].as_mut_ptr().cast(),
-                buf.len() - done,
-                (offset + done as u64) as libc::off64_t,
-            )
-        });
-        match n {
+        match rustix::io::pread(fd, &mut buf[done..], offset + done as u64) {
             Ok(0) => break,
             Ok(n) => done += n,
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(rustix::io::Errno::INTR) => continue,
             Err(e) if done > 0 => {
                 tracing::debug!("short read after error: {e}");
                 break;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(os_err(e)),
         }
     }
     Ok(done)
@@ -278,35 +288,23 @@ pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usiz
 pub fn pwrite(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
-        // SAFETY: the pointer and length describe the unwritten tail of `buf`.
-        let n = check_size(unsafe {
-            libc::pwrite64(
-                fd.as_raw_fd(),
-                buf[done..].as_ptr().cast(),
-                buf.len() - done,
-                (offset + done as u64) as libc::off64_t,
-            )
-        });
-        match n {
+        match rustix::io::pwrite(fd, &buf[done..], offset + done as u64) {
             Ok(n) => done += n,
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(rustix::io::Errno::INTR) => continue,
             Err(_) if done > 0 => break,
-            Err(e) => return Err(e),
+            Err(e) => return Err(os_err(e)),
         }
     }
     Ok(done)
 }
 
 pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
-    // SAFETY: valid fd.
-    let ret = unsafe {
-        if datasync {
-            libc::fdatasync(fd.as_raw_fd())
-        } else {
-            libc::fsync(fd.as_raw_fd())
-        }
-    };
-    check(ret).map(drop)
+    if datasync {
+        rfs::fdatasync(fd)
+    } else {
+        rfs::fsync(fd)
+    }
+    .map_err(os_err)
 }
 
 /// A private copy of the file `src` sharing its blocks (FICLONE: btrfs,
@@ -314,34 +312,30 @@ pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
 /// on the same file system. EOPNOTSUPP/EXDEV/EINVAL where cloning is not
 /// possible.
 pub fn clone_to_tmpfile(src: BorrowedFd<'_>, dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let fd = openat(dir.as_raw_fd(), c".", libc::O_TMPFILE | libc::O_RDWR, 0o600)?;
-    // SAFETY: both are valid descriptors; FICLONE takes the source fd as
-    // its argument and reads nothing else.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) })?;
+    let fd = openat(dir, c".", libc::O_TMPFILE | libc::O_RDWR, 0o600)?;
+    rfs::ioctl_ficlone(&fd, src).map_err(os_err)?;
     Ok(fd)
 }
 
-pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> io::Result<()> {
-    // SAFETY: valid fd.
-    check(unsafe {
-        libc::fallocate64(
-            fd.as_raw_fd(),
-            mode,
-            offset as libc::off64_t,
-            len as libc::off64_t,
-        )
-    })
-    .map(drop)
+pub fn fallocate(fd: BorrowedFd<'_>, mode_bits: i32, offset: u64, len: u64) -> io::Result<()> {
+    let flags = rfs::FallocateFlags::from_bits_retain(mode_bits as u32);
+    rfs::fallocate(fd, flags, offset, len).map_err(os_err)
 }
 
+/// lseek(2) with any `whence` the kernel knows; others are EINVAL, as the
+/// kernel answers them.
 pub fn lseek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> io::Result<i64> {
-    // SAFETY: valid fd.
-    let ret = unsafe { libc::lseek64(fd.as_raw_fd(), offset, whence) };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
+    // A negative absolute offset is passed through unchanged (as the same
+    // bits), so the kernel, not this wrapper, answers it with EINVAL.
+    let pos = match whence {
+        libc::SEEK_SET => rfs::SeekFrom::Start(offset as u64),
+        libc::SEEK_CUR => rfs::SeekFrom::Current(offset),
+        libc::SEEK_END => rfs::SeekFrom::End(offset),
+        libc::SEEK_DATA => rfs::SeekFrom::Data(offset as u64),
+        libc::SEEK_HOLE => rfs::SeekFrom::Hole(offset as u64),
+        _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+    };
+    rfs::seek(fd, pos).map(|p| p as i64).map_err(os_err)
 }
 
 pub fn copy_file_range(
@@ -351,29 +345,21 @@ pub fn copy_file_range(
     off_out: u64,
     len: u64,
 ) -> io::Result<usize> {
-    let mut off_in = off_in as libc::loff_t;
-    let mut off_out = off_out as libc::loff_t;
-    // SAFETY: valid fds and pointers to live offset variables.
-    check_size(unsafe {
-        libc::copy_file_range(
-            fd_in.as_raw_fd(),
-            &mut off_in,
-            fd_out.as_raw_fd(),
-            &mut off_out,
-            len as usize,
-            0,
-        )
-    })
+    let (mut off_in, mut off_out) = (off_in, off_out);
+    rfs::copy_file_range(
+        fd_in,
+        Some(&mut off_in),
+        fd_out,
+        Some(&mut off_out),
+        usize::try_from(len).unwrap_or(usize::MAX),
+    )
+    .map_err(os_err)
 }
 
-pub type StatFs = libc::statvfs;
+pub type StatFs = rfs::StatVfs;
 
 pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<StatFs> {
-    // SAFETY: zeroed statvfs is valid POD and the fd is valid.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and writable buffer.
-    check(unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut st) })?;
-    Ok(st)
+    rfs::fstatvfs(fd).map_err(os_err)
 }
 
 /// One entry of a `getdents64` buffer.
@@ -381,55 +367,56 @@ pub struct DirEntry {
     pub ino: u64,
     /// The cookie that resumes reading after this entry.
     pub next_offset: i64,
+    /// The `DT_*` type, `DT_UNKNOWN` when the file system does not say.
     pub dtype: u8,
     pub name: Vec<u8>,
 }
 
-/// Reads the next batch of entries of an open directory.
-/// An empty result means the end of the directory.
-pub fn getdents(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Vec<DirEntry>> {
-    // SAFETY: buf is writable for its whole length.
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_getdents64,
-            fd.as_raw_fd(),
-            buf.as_mut_ptr(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
+/// The buffer `getdents64` fills; reused across batches.
+pub struct DirBuf(Vec<MaybeUninit<u8>>);
+
+impl DirBuf {
+    pub fn new(len: usize) -> Self {
+        DirBuf(vec![MaybeUninit::uninit(); len])
     }
-    let mut entries = Vec::new();
-    let mut pos = 0usize;
-    let end = n as usize;
-    // Layout of struct linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name.
-    while pos + 19 <= end {
-        let rec = &buf[pos..end];
-        let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap_or_default());
-        let off = i64::from_ne_bytes(rec[8..16].try_into().unwrap_or_default());
-        let reclen = u16::from_ne_bytes(rec[16..18].try_into().unwrap_or_default()) as usize;
-        if reclen == 0 || reclen > rec.len() {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        let name_bytes = &rec[19..reclen];
-        let len = name_bytes
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(name_bytes.len());
-        entries.push(DirEntry {
-            ino,
-            next_offset: off,
-            dtype: rec[18],
-            name: name_bytes[..len].to_vec(),
-        });
-        pos += reclen;
-    }
-    Ok(entries)
 }
 
-fn xattr_len(ret: libc::ssize_t) -> io::Result<usize> {
-    check_size(ret)
+fn dtype(t: rfs::FileType) -> u8 {
+    use rfs::FileType as T;
+    match t {
+        T::RegularFile => libc::DT_REG,
+        T::Directory => libc::DT_DIR,
+        T::Symlink => libc::DT_LNK,
+        T::Fifo => libc::DT_FIFO,
+        T::Socket => libc::DT_SOCK,
+        T::CharacterDevice => libc::DT_CHR,
+        T::BlockDevice => libc::DT_BLK,
+        T::Unknown => libc::DT_UNKNOWN,
+    }
+}
+
+/// Reads the next batch of entries of an open directory: one `getdents64`
+/// call, from the descriptor's current position. An empty result means the
+/// end of the directory.
+pub fn getdents(fd: BorrowedFd<'_>, buf: &mut DirBuf) -> io::Result<Vec<DirEntry>> {
+    let mut dir = rfs::RawDir::new(fd, &mut buf.0);
+    let mut entries = Vec::new();
+    // RawDir refills its buffer on its own; stopping once the buffer is
+    // used up keeps this to one batch, so `next_offset` of the last entry
+    // is where the descriptor stands.
+    while let Some(e) = dir.next() {
+        let e = e.map_err(os_err)?;
+        entries.push(DirEntry {
+            ino: e.ino(),
+            next_offset: e.next_entry_cookie() as i64,
+            dtype: dtype(e.file_type()),
+            name: e.file_name().to_bytes().to_vec(),
+        });
+        if dir.is_buffer_empty() {
+            break;
+        }
+    }
+    Ok(entries)
 }
 
 /// getxattr on the object behind an O_PATH handle — symlinks included: the
@@ -437,85 +424,69 @@ fn xattr_len(ret: libc::ssize_t) -> io::Result<usize> {
 /// asks the size.
 pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     let path = proc_fd_path(fd);
-    // SAFETY: NUL-terminated strings; buf pointer/len describe a writable region.
-    xattr_len(unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    })
+    rfs::getxattr(&*path, name, buf).map_err(os_err)
 }
 
 pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
     let path = proc_fd_path(fd);
-    // SAFETY: NUL-terminated strings; value pointer/len describe a readable region.
-    check(unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags,
-        )
-    })
-    .map(drop)
+    let flags = rfs::XattrFlags::from_bits_retain(flags as _);
+    rfs::setxattr(&*path, name, value, flags).map_err(os_err)
 }
 
 pub fn listxattr_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     let path = proc_fd_path(fd);
-    // SAFETY: NUL-terminated path; buf pointer/len describe a writable region.
-    xattr_len(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+    rfs::listxattr(&*path, buf).map_err(os_err)
 }
 
 pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     let path = proc_fd_path(fd);
-    // SAFETY: NUL-terminated strings.
-    check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
+    rfs::removexattr(&*path, name).map_err(os_err)
 }
 
 /// access(2) with the effective (here: fs) ids of the calling thread.
 pub fn access_fd(fd: BorrowedFd<'_>, mask: i32) -> io::Result<()> {
     let path = proc_fd_path(fd);
-    // SAFETY: NUL-terminated path.
-    check(unsafe { libc::faccessat(libc::AT_FDCWD, path.as_ptr(), mask, libc::AT_EACCESS) })
-        .map(drop)
+    let access = rfs::Access::from_bits_retain(mask as _);
+    rfs::accessat(CWD, &*path, access, AtFlags::EACCESS).map_err(os_err)
+}
+
+fn limit_value(v: Option<u64>) -> u64 {
+    v.unwrap_or(libc::RLIM_INFINITY)
+}
+
+fn limit_of(v: u64) -> Option<u64> {
+    (v != libc::RLIM_INFINITY).then_some(v)
 }
 
 /// Raises RLIMIT_NOFILE to its hard maximum: the daemon holds one O_PATH
 /// descriptor per inode the kernel remembers.
 pub fn raise_fd_limit() -> io::Result<u64> {
-    // SAFETY: zeroed rlimit is valid POD.
-    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: writable rlimit buffer.
-    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) })?;
-    let mut want = lim.rlim_max;
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let max = limit_value(getrlimit(Resource::Nofile).maximum);
+    let mut want = max;
     if let Ok(text) = std::fs::read_to_string("/proc/sys/fs/nr_open") {
         if let Ok(nr_open) = text.trim().parse::<u64>() {
             want = want.max(nr_open);
         }
     }
-    let new = libc::rlimit {
-        rlim_cur: want,
-        rlim_max: want,
+    let set = |v: u64| {
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: limit_of(v),
+                maximum: limit_of(v),
+            },
+        )
     };
-    // SAFETY: pointer to a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+    if set(want).is_ok() {
         return Ok(want);
     }
-    let new = libc::rlimit {
-        rlim_cur: lim.rlim_max,
-        rlim_max: lim.rlim_max,
-    };
-    // SAFETY: pointer to a valid rlimit.
-    check(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) })?;
-    Ok(lim.rlim_max)
+    set(max).map_err(os_err)?;
+    Ok(max)
 }
 
 pub fn geteuid() -> u32 {
-    // SAFETY: no arguments, cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// fork(2). Only called before any thread is started.
@@ -524,6 +495,7 @@ pub enum Forked {
     Child,
 }
 
+/// rustix offers no fork (only a raw one for runtimes), so this stays libc's.
 pub fn fork() -> io::Result<Forked> {
     // SAFETY: called while the process is single-threaded (before the
     // session starts), so the child may run arbitrary code.
@@ -536,38 +508,31 @@ pub fn fork() -> io::Result<Forked> {
 }
 
 pub fn setsid() -> io::Result<()> {
-    // SAFETY: no pointers involved.
-    check(unsafe { libc::setsid() }).map(drop)
+    rustix::process::setsid().map(drop).map_err(os_err)
 }
 
 /// A pipe (read end, write end), both close-on-exec.
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: fds is a two-element array.
-    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: both fds were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(os_err)
 }
 
 /// Points stdin, stdout and stderr at `fd` (used when daemonizing).
 pub fn redirect_stdio(fd: BorrowedFd<'_>, stdin_null: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: valid source fds; targets are the standard descriptors.
-    unsafe {
-        check(libc::dup2(stdin_null.as_raw_fd(), 0))?;
-        check(libc::dup2(fd.as_raw_fd(), 1))?;
-        check(libc::dup2(fd.as_raw_fd(), 2))?;
-    }
-    Ok(())
+    rustix::stdio::dup2_stdin(stdin_null).map_err(os_err)?;
+    rustix::stdio::dup2_stdout(fd).map_err(os_err)?;
+    rustix::stdio::dup2_stderr(fd).map_err(os_err)
 }
 
 /// umount2(path, flags) — used to clear a dead mount left by a crashed daemon.
 pub fn umount2(path: &CStr, flags: i32) -> io::Result<()> {
-    // SAFETY: NUL-terminated path.
-    check(unsafe { libc::umount2(path.as_ptr(), flags) }).map(drop)
+    let flags = rustix::mount::UnmountFlags::from_bits_retain(flags as u32);
+    rustix::mount::unmount(path, flags).map_err(os_err)
 }
 
 /// Blocks the termination signals in the calling thread (and threads it
 /// starts later) and returns a waiter that receives them synchronously.
+/// rustix exposes signal masks only through its unsafe runtime module, so
+/// these stay libc's.
 pub struct SignalWaiter {
     set: libc::sigset_t,
 }
@@ -601,11 +566,15 @@ impl SignalWaiter {
     }
 }
 
+/// Waits for child `pid` and returns its raw wait status.
 pub fn waitpid(pid: libc::pid_t) -> io::Result<i32> {
-    let mut status = 0;
-    // SAFETY: status is a valid output pointer.
-    check(unsafe { libc::waitpid(pid, &mut status, 0) })?;
-    Ok(status)
+    use rustix::process::{Pid, WaitOptions};
+    let pid = Pid::from_raw(pid).ok_or_else(|| io::Error::from_raw_os_error(libc::ECHILD))?;
+    match rustix::process::waitpid(Some(pid), WaitOptions::empty()).map_err(os_err)? {
+        Some((_, status)) => Ok(status.as_raw()),
+        // Only with WNOHANG, which is not passed.
+        None => Err(io::Error::from_raw_os_error(libc::ECHILD)),
+    }
 }
 
 /// Largest `struct file_handle` payload the kernel produces (MAX_HANDLE_SZ).
@@ -694,23 +663,12 @@ pub fn open_by_handle(
 
 /// The current soft limit on open files.
 pub fn fd_limit() -> u64 {
-    // SAFETY: zeroed rlimit is valid POD.
-    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: writable rlimit buffer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 {
-        return 1024;
-    }
-    lim.rlim_cur
+    limit_value(rustix::process::getrlimit(rustix::process::Resource::Nofile).current)
 }
 
 /// The mount flags (ST_*) of the file system holding `path`.
 pub fn statvfs_flags(path: &std::path::Path) -> io::Result<u64> {
-    let c = cstr(path.as_os_str())?;
-    // SAFETY: zeroed statvfs is valid POD.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: NUL-terminated path and a writable buffer.
-    check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
-    Ok(st.f_flag)
+    Ok(rfs::statvfs(path).map_err(os_err)?.f_flag.bits())
 }
 
 /// Every extended attribute of the object behind `fd` (ACLs included),
@@ -755,8 +713,7 @@ pub fn xattrs_of(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
 }
 
 pub fn getegid() -> u32 {
-    // SAFETY: no arguments, cannot fail.
-    unsafe { libc::getegid() }
+    rustix::process::getegid().as_raw()
 }
 
 /// Lets SIGPIPE end the process, as for any Unix filter: `chronofs log |
@@ -765,6 +722,7 @@ pub fn getegid() -> u32 {
 /// goes away must not kill a mount).
 pub fn default_sigpipe() {
     // SAFETY: installs the default disposition; no handler code runs.
+    // (rustix offers signal dispositions only in its unsafe runtime module.)
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
@@ -778,7 +736,9 @@ pub struct Peer {
     pub pid: u32,
 }
 
-pub fn peer_credentials(sock: &impl std::os::fd::AsRawFd) -> io::Result<Peer> {
+/// SO_PEERCRED through libc: rustix's `UCred` holds a non-zero `Pid`, but
+/// the kernel reports pid 0 for a peer outside this pid namespace.
+pub fn peer_credentials(sock: &impl AsRawFd) -> io::Result<Peer> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -802,108 +762,21 @@ pub fn peer_credentials(sock: &impl std::os::fd::AsRawFd) -> io::Result<Peer> {
     })
 }
 
-/// The login name of `uid`, from the passwd database.
-pub fn user_name(uid: u32) -> Option<String> {
-    passwd_entry(Ok(uid)).map(|(name, _, _)| name)
-}
-
-/// A user's uid and home directory, by login name or number.
-pub fn user_home(user: &str) -> Option<(u32, std::path::PathBuf)> {
-    passwd_entry(user.parse().map_err(|_| user)).map(|(_, uid, home)| (uid, home))
-}
-
-/// A passwd entry (login name, uid, home), by uid or by name.
-fn passwd_entry(user: Result<u32, &str>) -> Option<(String, u32, std::path::PathBuf)> {
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: zeroed passwd is a valid out-parameter.
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    let rc = match user {
-        // SAFETY: pwd, buf and result are valid for the call; buf's length is passed.
-        Ok(uid) => unsafe {
-            libc::getpwuid_r(
-                uid,
-                &mut pwd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut result,
-            )
-        },
-        Err(name) => {
-            let name = CString::new(name).ok()?;
-            // SAFETY: as above; name is NUL-terminated.
-            unsafe {
-                libc::getpwnam_r(
-                    name.as_ptr(),
-                    &mut pwd,
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    &mut result,
-                )
-            }
-        }
-    };
-    if rc != 0 || result.is_null() {
-        return None;
-    }
-    // SAFETY: on success pw_name and pw_dir point to NUL-terminated
-    // strings inside buf.
-    let (name, home) = unsafe { (CStr::from_ptr(pwd.pw_name), CStr::from_ptr(pwd.pw_dir)) };
-    Some((
-        name.to_string_lossy().into_owned(),
-        pwd.pw_uid,
-        std::path::PathBuf::from(OsStr::from_bytes(home.to_bytes())),
-    ))
-}
-
-/// The name of group `gid`, from the group database.
-pub fn group_name(gid: u32) -> Option<String> {
-    let mut buf = vec![0u8; 16384];
-    // SAFETY: zeroed group is a valid out-parameter.
-    let mut grp: libc::group = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: grp, buf and result are valid for the call; buf's length is passed.
-    let rc = unsafe {
-        libc::getgrgid_r(
-            gid,
-            &mut grp,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if rc != 0 || result.is_null() {
-        return None;
-    }
-    // SAFETY: on success gr_name points to a NUL-terminated string inside buf.
-    let name = unsafe { CStr::from_ptr(grp.gr_name) };
-    Some(name.to_string_lossy().into_owned())
-}
-
-pub fn mkfifo(path: &std::path::Path, mode: u32) -> io::Result<()> {
-    let c = cstr(path.as_os_str())?;
-    // SAFETY: NUL-terminated path.
-    check(unsafe { libc::mkfifo(c.as_ptr(), mode) }).map(drop)
+pub fn mkfifo(path: &std::path::Path, mode_bits: u32) -> io::Result<()> {
+    rfs::mknodat(CWD, path, rfs::FileType::Fifo, mode(mode_bits), 0).map_err(os_err)
 }
 
 /// Sets atime and mtime (ns since the epoch) without following a symlink.
 pub fn set_times(path: &std::path::Path, atime_ns: i64, mtime_ns: i64) -> io::Result<()> {
-    let c = cstr(path.as_os_str())?;
-    let ts = |ns: i64| libc::timespec {
+    let ts = |ns: i64| rustix::fs::Timespec {
         tv_sec: ns.div_euclid(1_000_000_000),
-        tv_nsec: ns.rem_euclid(1_000_000_000),
+        tv_nsec: ns.rem_euclid(1_000_000_000) as _,
     };
-    let times = [ts(atime_ns), ts(mtime_ns)];
-    // SAFETY: NUL-terminated path; times is an array of two timespecs.
-    check(unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })
-    .map(drop)
+    let times = rfs::Timestamps {
+        last_access: ts(atime_ns),
+        last_modification: ts(mtime_ns),
+    };
+    rfs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW).map_err(os_err)
 }
 
 /// The data ranges (offset, length) of a file of `size` bytes, found with

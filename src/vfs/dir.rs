@@ -22,7 +22,7 @@ pub struct DirStream {
     /// Offset of the first entry in `pending`.
     pos: i64,
     pending: VecDeque<Dirent>,
-    buf: Vec<u8>,
+    buf: sys::DirBuf,
 }
 
 impl DirStream {
@@ -123,7 +123,7 @@ impl Vfs {
             fd,
             pos: 0,
             pending: VecDeque::new(),
-            buf: vec![0u8; GETDENTS_BUF],
+            buf: sys::DirBuf::new(GETDENTS_BUF),
         };
         Ok(self.handles.insert(Handle::Dir {
             ino,

@@ -2,7 +2,7 @@
 //! fallocate, lseek, copy_file_range.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::inodes::Handle;
 use super::versioning::writes;
@@ -183,7 +183,7 @@ impl Vfs {
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         creds::set_thread_umask(umask)?;
-        let dirfd = dir.fd().as_raw_fd();
+        let dirfd = dir.fd();
         let cname = &cname;
         let open_in_dir = |extra: i32| {
             move |f: i32| sys::openat(dirfd, cname, f | extra | libc::O_NOFOLLOW, mode)
@@ -298,7 +298,7 @@ impl Vfs {
         }
         let dir = self.inodes.node(parent)?;
         creds::set_thread_umask(umask)?;
-        let dirfd = dir.fd().as_raw_fd();
+        let dirfd = dir.fd();
         // O_EXCL means "never linkable" here; the rest is handled as for open.
         let keep = (flags & libc::O_EXCL) | libc::O_TMPFILE;
         let requested = flags & !libc::O_TMPFILE;

@@ -86,7 +86,7 @@ impl Live<'_> {
         in_root: bool,
     ) -> io::Result<Vec<(Vec<u8>, Binding)>> {
         let fd = sys::reopen(dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = sys::DirBuf::new(64 * 1024);
         let mut names = Vec::new();
         let mut keys = Vec::new();
         loop {
