@@ -424,7 +424,14 @@ pub fn getdents(fd: BorrowedFd<'_>, buf: &mut DirBuf) -> io::Result<Vec<DirEntry
 /// asks the size.
 pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     let path = proc_fd_path(fd);
-    rfs::getxattr(&*path, name, buf).map_err(os_err)
+    // rustix answers an empty buffer with 0, not the size: the size query
+    // is its own call.
+    if buf.is_empty() {
+        rfs::getxattr_query(&*path, name)
+    } else {
+        rfs::getxattr(&*path, name, buf)
+    }
+    .map_err(os_err)
 }
 
 pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
@@ -433,9 +440,17 @@ pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) ->
     rfs::setxattr(&*path, name, value, flags).map_err(os_err)
 }
 
+/// listxattr on the object behind an O_PATH handle; `buf` empty asks the
+/// size.
 pub fn listxattr_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     let path = proc_fd_path(fd);
-    rfs::listxattr(&*path, buf).map_err(os_err)
+    // As for getxattr_fd: an empty buffer asks the size.
+    if buf.is_empty() {
+        rfs::listxattr_query(&*path)
+    } else {
+        rfs::listxattr(&*path, buf)
+    }
+    .map_err(os_err)
 }
 
 pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
@@ -801,4 +816,87 @@ pub fn data_ranges(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<(u64, u64)>>
         pos = end.max(start + 1);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn scratch() -> Option<(tempfile::TempDir, OwnedFd)> {
+        let dir = tempfile::tempdir().ok()?;
+        let c = cstr(dir.path().join("f").as_os_str()).ok()?;
+        let fd = openat(CWD, &c, libc::O_CREAT | libc::O_RDWR, 0o600).ok()?;
+        drop(fd);
+        let fd = openat(CWD, &c, libc::O_PATH | libc::O_NOFOLLOW, 0).ok()?;
+        Some((dir, fd))
+    }
+
+    /// An empty buffer asks the size, as getxattr(2) and listxattr(2) do;
+    /// the kernel's vfs relies on it to size its replies.
+    #[test]
+    fn empty_xattr_buffers_ask_the_size() {
+        let Some((_dir, fd)) = scratch() else { return };
+        match setxattr_fd(fd.as_fd(), c"user.k", b"three", 0) {
+            Ok(()) => {}
+            // A temporary directory without user xattrs proves nothing.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return,
+            Err(e) => panic!("setxattr: {e}"),
+        }
+        assert_eq!(getxattr_fd(fd.as_fd(), c"user.k", &mut []).ok(), Some(5));
+        let mut value = [0u8; 5];
+        assert_eq!(getxattr_fd(fd.as_fd(), c"user.k", &mut value).ok(), Some(5));
+        assert_eq!(&value, b"three");
+        let mut small = [0u8; 2];
+        let err = getxattr_fd(fd.as_fd(), c"user.k", &mut small).err();
+        assert_eq!(err.and_then(|e| e.raw_os_error()), Some(libc::ERANGE));
+        let need = listxattr_fd(fd.as_fd(), &mut []).ok();
+        assert!(need.is_some_and(|n| n >= b"user.k\0".len()));
+    }
+
+    /// Errors carry the kernel's errno unchanged.
+    #[test]
+    fn errnos_pass_through() {
+        let err = fstatat(CWD, c"/nonexistent/chronofs-test").err();
+        assert_eq!(err.and_then(|e| e.raw_os_error()), Some(libc::ENOENT));
+        let err = lseek(CWD, 0, 12345).err();
+        assert_eq!(err.and_then(|e| e.raw_os_error()), Some(libc::EINVAL));
+    }
+
+    /// mknod with no type bits makes a regular file, as mknod(2) does.
+    #[test]
+    fn mknod_without_type_is_a_regular_file() {
+        let Ok(dir) = tempfile::tempdir() else { return };
+        let Ok(c) = cstr(dir.path().as_os_str()) else {
+            return;
+        };
+        let Ok(dfd) = openat(CWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0) else {
+            return;
+        };
+        assert!(mknodat(dfd.as_fd(), c"r", 0o600, 0).is_ok());
+        let st = fstatat(dfd.as_fd(), c"r").ok();
+        assert_eq!(st.map(|s| s.st_mode & libc::S_IFMT), Some(libc::S_IFREG));
+    }
+
+    /// One getdents call lists a small directory; the next reports its end.
+    #[test]
+    fn getdents_reads_one_batch_then_the_end() {
+        let Ok(dir) = tempfile::tempdir() else { return };
+        for n in ["a", "b"] {
+            assert!(std::fs::write(dir.path().join(n), b"").is_ok());
+        }
+        let Ok(c) = cstr(dir.path().as_os_str()) else {
+            return;
+        };
+        let Ok(fd) = openat(CWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0) else {
+            return;
+        };
+        let mut buf = DirBuf::new(4096);
+        let mut names: Vec<Vec<u8>> = getdents(fd.as_fd(), &mut buf)
+            .map(|b| b.into_iter().map(|e| e.name).collect())
+            .unwrap_or_default();
+        names.sort();
+        assert_eq!(names, [&b"."[..], b"..", b"a", b"b"]);
+        assert!(getdents(fd.as_fd(), &mut buf).is_ok_and(|b| b.is_empty()));
+    }
 }
