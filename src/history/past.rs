@@ -41,6 +41,20 @@ pub enum Error {
     Io(#[from] io::Error),
 }
 
+impl Error {
+    /// No wildcard arm: a new variant must choose its errno here.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Usage(_) => libc::EINVAL,
+            Error::NotFound(_) => libc::ENOENT,
+            Error::Denied(_) => libc::EACCES,
+            Error::NotPermitted(_) => libc::EPERM,
+            Error::History(e) => e.errno(),
+            Error::Io(e) => crate::store::io_errno(e),
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// A path's object at an instant.

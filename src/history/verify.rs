@@ -402,12 +402,7 @@ impl History {
         bad: &HashMap<Hash, Bad>,
         restored: &mut HashSet<Hash>,
     ) -> Result<()> {
-        let io = |source| {
-            HistoryError::Store(StoreError::Io {
-                path: "(live file)".into(),
-                source,
-            })
-        };
+        let io = HistoryError::Source;
         let size = sys::fstat(fd.as_fd()).map_err(io)?.st_size as u64;
         let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
         // Where the version had them: an append or an edit elsewhere leaves

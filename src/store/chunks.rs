@@ -558,9 +558,9 @@ impl ChunkStore {
             Err(e) => return Err(index_error(e)),
         };
         match table.get(h.as_slice()).map_err(index_error)? {
-            Some(v) => Location::decode(v.value())
-                .map(Some)
-                .ok_or_else(|| StoreError::Index(format!("bad location for chunk {}", hex(h)))),
+            Some(v) => Location::decode(v.value()).map(Some).ok_or_else(|| {
+                StoreError::IndexCorrupt(format!("bad location for chunk {}", hex(h)))
+            }),
             None => Ok(None),
         }
     }
@@ -572,9 +572,13 @@ impl ChunkStore {
         raw_len: usize,
         body: &[u8],
     ) -> Result<Location, StoreError> {
-        let too_big = || StoreError::Index("chunk larger than 4 GiB".into());
-        let raw_len = u32::try_from(raw_len).map_err(|_| too_big())?;
-        let stored_len = u32::try_from(body.len()).map_err(|_| too_big())?;
+        // A pack entry records lengths in 32 bits.
+        let too_big = |size: usize| StoreError::TooLarge {
+            what: "a chunk",
+            size: size as u64,
+        };
+        let raw_len = u32::try_from(raw_len).map_err(|_| too_big(raw_len))?;
+        let stored_len = u32::try_from(body.len()).map_err(|_| too_big(body.len()))?;
         let mut entry = Vec::with_capacity(ENTRY_HEADER_LEN + body.len());
         entry.extend_from_slice(&ENTRY_MAGIC.to_be_bytes());
         entry.push(encoding as u8);

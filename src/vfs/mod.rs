@@ -64,7 +64,7 @@ pub enum VfsError {
 impl VfsError {
     pub fn errno(&self) -> i32 {
         match self {
-            VfsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            VfsError::Io(e) => crate::store::io_errno(e),
             VfsError::UnknownInode(_) => libc::ESTALE,
             VfsError::UnknownHandle(_) => libc::EBADF,
             VfsError::Reserved(_) => libc::EPERM,
@@ -281,7 +281,7 @@ mod tests {
         assert_eq!(VfsError::UnknownHandle(9).errno(), libc::EBADF);
         assert_eq!(VfsError::Reserved(".chronofs".into()).errno(), libc::EPERM);
         assert_eq!(VfsError::WrongKind.errno(), libc::EINVAL);
-        let store = VfsError::Store(StoreError::Index("x".into()));
-        assert_eq!(store.errno(), libc::EIO);
+        let store = VfsError::Store(StoreError::IndexBusy("x".into()));
+        assert_eq!(store.errno(), libc::EBUSY);
     }
 }
