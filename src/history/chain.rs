@@ -45,30 +45,29 @@ fn record(kind: u8, key: &[u8], value: &[u8]) -> Hash {
     h.update(&(key.len() as u64).to_be_bytes());
     h.update(key);
     h.update(value);
-    *h.finalize().as_bytes()
+    Hash::from_bytes(*h.finalize().as_bytes())
 }
 
 fn digest(mut records: Vec<Hash>) -> Hash {
     records.sort_unstable();
     let mut h = blake3::Hasher::new();
     for r in &records {
-        h.update(r);
+        h.update(r.as_slice());
     }
-    *h.finalize().as_bytes()
+    Hash::from_bytes(*h.finalize().as_bytes())
 }
 
 fn link(prev: &Hash, seq: u64, digest: &Hash) -> Hash {
     let mut h = blake3::Hasher::new();
-    h.update(prev);
+    h.update(prev.as_slice());
     h.update(&seq.to_be_bytes());
-    h.update(digest);
-    *h.finalize().as_bytes()
+    h.update(digest.as_slice());
+    Hash::from_bytes(*h.finalize().as_bytes())
 }
 
 fn to_hash(bytes: &[u8]) -> Result<Hash> {
-    bytes
-        .try_into()
-        .map_err(|_| HistoryError::Corrupt("malformed hash-chain entry".into()))
+    Hash::from_slice(bytes)
+        .ok_or_else(|| HistoryError::Corrupt("malformed hash-chain entry".into()))
 }
 
 /// Extends the chain with op `seq`, whose records hash to `records`.
@@ -77,7 +76,7 @@ pub fn extend(txn: &WriteTransaction, seq: u64, records: Vec<Hash>) -> Result<()
     let mut t = txn.open_table(CHAIN).map_err(err)?;
     let prev = match t.range(..seq).map_err(err)?.next_back() {
         Some(e) => to_hash(e.map_err(err)?.1.value())?,
-        None => [0u8; 32],
+        None => Hash::default(),
     };
     let value = link(&prev, seq, &digest(records));
     t.insert(seq, value.as_slice()).map_err(err)?;
@@ -86,7 +85,7 @@ pub fn extend(txn: &WriteTransaction, seq: u64, records: Vec<Hash>) -> Result<()
 
 fn note(table: &mut Table<&[u8], u8>, seq: u64, record: &Hash) -> Result<()> {
     let mut key = seq.to_be_bytes().to_vec();
-    key.extend_from_slice(record);
+    key.extend_from_slice(record.as_slice());
     table.insert(key.as_slice(), 1).map_err(err)?;
     Ok(())
 }
@@ -196,7 +195,7 @@ pub fn verify(db: &Index) -> Result<ChainReport> {
     let retired = notes(&txn, RETIRED)?;
     let amended = notes(&txn, AMENDED)?;
     let first = chain.first().map_err(err)?.map(|(k, _)| k.value());
-    let mut prev = [0u8; 32];
+    let mut prev = Hash::default();
     for e in chain.iter().map_err(err)? {
         let (k, v) = e.map_err(err)?;
         let seq = k.value();

@@ -437,9 +437,7 @@ struct Dead {
 }
 
 fn to_hash(bytes: &[u8]) -> Result<Hash> {
-    bytes
-        .try_into()
-        .map_err(|_| HistoryError::Corrupt("malformed chunk key".into()))
+    Hash::from_slice(bytes).ok_or_else(|| HistoryError::Corrupt("malformed chunk key".into()))
 }
 
 fn decode_loc(h: &Hash, bytes: &[u8]) -> Result<Location> {

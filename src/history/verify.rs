@@ -559,8 +559,9 @@ impl History {
                 let head = &bytes[off..off + ENTRY_HEADER_LEN];
                 let raw = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
                 let stored = u32::from_be_bytes([head[9], head[10], head[11], head[12]]);
-                let mut h = [0u8; 32];
-                h.copy_from_slice(&head[13..45]);
+                let Some(h) = Hash::from_slice(&head[13..45]) else {
+                    break;
+                };
                 let end = off + ENTRY_HEADER_LEN + stored as usize;
                 if head[..4] != [0x43, 0x48, 0x4b, 0x31] || end > bytes.len() {
                     break;

@@ -115,9 +115,9 @@ pub enum StoreError {
         source: std::io::Error,
     },
     #[error("chunk {0} is referenced but missing from the store")]
-    MissingChunk(String),
+    MissingChunk(Hash),
     #[error("chunk {hash} is damaged: {detail}")]
-    CorruptChunk { hash: String, detail: String },
+    CorruptChunk { hash: Hash, detail: String },
 }
 
 impl StoreError {
@@ -787,10 +787,10 @@ mod tests {
                 },
                 libc::EAGAIN,
             ),
-            (StoreError::MissingChunk(String::new()), libc::EIO),
+            (StoreError::MissingChunk(Hash::default()), libc::EIO),
             (
                 StoreError::CorruptChunk {
-                    hash: String::new(),
+                    hash: Hash::default(),
                     detail: String::new(),
                 },
                 libc::EIO,
