@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use super::tables::{DIRENTS, VERSIONS};
-use super::{read_txn, HistoryError, Result};
+use super::{read_txn, HistoryError, Result, Seq};
 use crate::store::{index_error, Hash, Index};
 
 /// seq → chain hash after that op.
@@ -72,7 +72,9 @@ fn to_hash(bytes: &[u8]) -> Result<Hash> {
 
 /// Extends the chain with op `seq`, whose records hash to `records`.
 /// Idempotent: replaying an op recomputes the same entry.
-pub fn extend(txn: &WriteTransaction, seq: u64, records: Vec<Hash>) -> Result<()> {
+pub fn extend(txn: &WriteTransaction, seq: Seq, records: Vec<Hash>) -> Result<()> {
+    // The chain table is keyed by the bare number.
+    let seq = seq.get();
     let mut t = txn.open_table(CHAIN).map_err(err)?;
     let prev = match t.range(..seq).map_err(err)?.next_back() {
         Some(e) => to_hash(e.map_err(err)?.1.value())?,
@@ -91,12 +93,16 @@ fn note(table: &mut Table<&[u8], u8>, seq: u64, record: &Hash) -> Result<()> {
 }
 
 /// Retention removed a record of op `seq`.
-pub fn retire(txn: &WriteTransaction, seq: u64, record: &Hash) -> Result<()> {
+pub fn retire(txn: &WriteTransaction, seq: Seq, record: &Hash) -> Result<()> {
+    // The chain table is keyed by the bare number.
+    let seq = seq.get();
     note(&mut txn.open_table(RETIRED).map_err(err)?, seq, record)
 }
 
 /// Retention wrote a record under op `seq` that the op did not have.
-pub fn amend(txn: &WriteTransaction, seq: u64, record: &Hash) -> Result<()> {
+pub fn amend(txn: &WriteTransaction, seq: Seq, record: &Hash) -> Result<()> {
+    // The chain table is keyed by the bare number.
+    let seq = seq.get();
     note(&mut txn.open_table(AMENDED).map_err(err)?, seq, record)
 }
 

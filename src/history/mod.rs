@@ -251,7 +251,7 @@ impl History {
         let chunks = Arc::new(store.chunk_store()?);
         let (journal_a, recs_a) = store.journal(0)?;
         let (journal_b, recs_b) = store.journal(1)?;
-        let durable = tables::meta_get(&db, META_DURABLE_SEQ)?.unwrap_or(0);
+        let durable = tables::meta_get(&db, META_DURABLE_SEQ)?.map_or(Seq::ZERO, Seq::new);
         let mut replay = Vec::new();
         for rec in recs_a.iter().chain(recs_b.iter()) {
             let op = Op::decode(rec).map_err(HistoryError::Corrupt)?;
@@ -269,7 +269,7 @@ impl History {
                     .flat_map(|op| op.chunks.iter().map(|(h, _)| *h)),
             );
         }
-        let next_seq = tables::meta_get(&db, META_NEXT_SEQ)?.unwrap_or(1);
+        let next_seq = tables::meta_get(&db, META_NEXT_SEQ)?.map_or(Seq::new(1), Seq::new);
         let last_time = tables::meta_get(&db, META_LAST_TIME)?.unwrap_or(0) as i64;
         let mut journals = [journal_a, journal_b];
         for j in &mut journals {
@@ -360,7 +360,7 @@ impl History {
             self.space.note(&e);
             return Err(e.into());
         }
-        st.next_seq = seq + 1;
+        st.next_seq = seq.next();
         st.last_time = time_ns;
         for (obj, v) in &op.versions {
             st.latest.insert(*obj, (seq, Arc::new(v.clone())));
@@ -482,7 +482,7 @@ impl History {
             } else {
                 None
             };
-            (batch, reapply, retired, st.next_seq - 1)
+            (batch, reapply, retired, st.next_seq.prev())
         };
         if batch.is_empty() && reapply.is_empty() && !durable {
             return Ok(());
@@ -498,7 +498,7 @@ impl History {
         let ops: Vec<Op> = reapply.iter().chain(batch.iter()).cloned().collect();
         let txn_result = tables::apply_ops_with(&self.db, &ops, durability, |txn| {
             if durable {
-                tables::meta_put(txn, META_DURABLE_SEQ, last_seq)?;
+                tables::meta_put(txn, META_DURABLE_SEQ, last_seq.get())?;
             }
             Ok(())
         });
@@ -665,7 +665,7 @@ fn replayable(chunks: &ChunkStore, durable: Seq, mut ops: Vec<Op>) -> Vec<Op> {
     ops.dedup_by_key(|op| op.seq);
     let total = ops.len();
     let mut good = Vec::with_capacity(total);
-    for (expected, op) in (durable + 1..).zip(ops) {
+    for (expected, op) in (durable.get() + 1..).map(Seq::new).zip(ops) {
         if op.seq != expected {
             tracing::warn!(
                 "journal: change #{expected} is missing; {} later change(s) are dropped",

@@ -263,7 +263,7 @@ impl History {
             let path = match self.path_at(obj, seq)? {
                 Some(p) => Some(p),
                 // A version recording a removal: its last name.
-                None => self.path_at(obj, seq.saturating_sub(1))?,
+                None => self.path_at(obj, seq.prev())?,
             };
             scan.report.unreadable.push(Unreadable {
                 obj,
@@ -295,10 +295,10 @@ impl History {
                 decode_version(v.value()),
                 key.get(..8)
                     .and_then(|b| b.try_into().ok())
-                    .map(u64::from_be_bytes),
+                    .map(ObjectId::from_be_bytes),
                 key.get(8..16)
                     .and_then(|b| b.try_into().ok())
-                    .map(u64::from_be_bytes),
+                    .map(Seq::from_be_bytes),
             ) else {
                 report
                     .problems

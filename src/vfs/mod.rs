@@ -253,14 +253,17 @@ impl Vfs {
 
     /// The object id (inode number) of a live backing object, if it has
     /// one; never assigns a number.
-    pub fn object_of(&self, st: &Stat) -> Option<u64> {
+    pub fn object_of(&self, st: &Stat) -> Option<crate::history::ObjectId> {
         self.inodes.object_of(st)
     }
 
     /// The name the kernel last reached `obj` by: (parent, name).
-    pub fn name_of(&self, obj: u64) -> Option<(u64, Vec<u8>)> {
-        let inode = self.inodes.get(InodeNo(obj)).ok()?;
-        inode.name().map(|(p, n)| (p.0, n))
+    pub fn name_of(
+        &self,
+        obj: crate::history::ObjectId,
+    ) -> Option<(crate::history::ObjectId, Vec<u8>)> {
+        let inode = self.inodes.get(obj.into()).ok()?;
+        inode.name().map(|(p, n)| (p.object(), n))
     }
 
     /// Writes pending inode-map entries durably.
