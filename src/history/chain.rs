@@ -116,7 +116,7 @@ pub fn head(db: &Index) -> Result<Option<(u64, String)>> {
     };
     let last = t.last().map_err(err)?;
     Ok(match last {
-        Some((k, v)) => Some((k.value(), crate::store::chunks::hex(&to_hash(v.value())?))),
+        Some((k, v)) => Some((k.value(), to_hash(v.value())?.to_string())),
         None => None,
     })
 }
@@ -222,7 +222,7 @@ pub fn verify(db: &Index) -> Result<ChainReport> {
         }
         prev = stored;
         report.ops += 1;
-        report.head = Some((seq, crate::store::chunks::hex(&stored)));
+        report.head = Some((seq, stored.to_string()));
     }
     let mut counted: HashMap<u64, ()> = HashMap::new();
     for seq in present.keys() {

@@ -193,10 +193,7 @@ impl History {
                 }
             };
             let m = Manifest::decode(&bytes).ok_or_else(|| {
-                HistoryError::Corrupt(format!(
-                    "manifest {} does not decode",
-                    crate::store::chunks::hex(&manifest)
-                ))
+                HistoryError::Corrupt(format!("manifest {} does not decode", manifest))
             })?;
             live.extend(super::content::chunk_refs(&m));
         }
@@ -441,10 +438,6 @@ fn to_hash(bytes: &[u8]) -> Result<Hash> {
 }
 
 fn decode_loc(h: &Hash, bytes: &[u8]) -> Result<Location> {
-    Location::decode(bytes).ok_or_else(|| {
-        HistoryError::Corrupt(format!(
-            "bad location for chunk {}",
-            crate::store::chunks::hex(h)
-        ))
-    })
+    Location::decode(bytes)
+        .ok_or_else(|| HistoryError::Corrupt(format!("bad location for chunk {}", h)))
 }

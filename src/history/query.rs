@@ -304,10 +304,9 @@ impl History {
         let bytes = match tables::manifest_bytes(self.db(), hash)? {
             Some(b) => b,
             None => self.chunks().get(hash).map_err(|e| match e {
-                crate::store::StoreError::MissingChunk(_) => HistoryError::Corrupt(format!(
-                    "manifest {} is missing",
-                    crate::store::chunks::hex(hash)
-                )),
+                crate::store::StoreError::MissingChunk(_) => {
+                    HistoryError::Corrupt(format!("manifest {} is missing", hash))
+                }
                 other => other.into(),
             })?,
         };

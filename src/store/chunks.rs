@@ -224,10 +224,6 @@ pub fn hash(data: &[u8]) -> Hash {
     Hash(*blake3::hash(data).as_bytes())
 }
 
-pub fn hex(h: &Hash) -> String {
-    h.to_string()
-}
-
 fn pack_name(id: u32) -> String {
     format!("{id:08}.pack")
 }
@@ -391,7 +387,7 @@ impl ChunkStore {
         let base_data = match self.read_entry(&base, &base_loc) {
             Ok((d, _)) => d,
             Err(e) => {
-                tracing::debug!("chunk {} unusable as a delta base: {e}", hex(&base));
+                tracing::debug!("chunk {} unusable as a delta base: {e}", base);
                 return Ok(None);
             }
         };
@@ -590,9 +586,9 @@ impl ChunkStore {
             Err(e) => return Err(index_error(e)),
         };
         match table.get(h.as_slice()).map_err(index_error)? {
-            Some(v) => Location::decode(v.value()).map(Some).ok_or_else(|| {
-                StoreError::IndexCorrupt(format!("bad location for chunk {}", hex(h)))
-            }),
+            Some(v) => Location::decode(v.value())
+                .map(Some)
+                .ok_or_else(|| StoreError::IndexCorrupt(format!("bad location for chunk {}", h))),
             None => Ok(None),
         }
     }
@@ -785,7 +781,7 @@ impl ChunkStore {
                 }
                 let base_loc = self
                     .locate(&base)?
-                    .ok_or_else(|| corrupt(&format!("delta base {} is missing", hex(&base))))?;
+                    .ok_or_else(|| corrupt(&format!("delta base {} is missing", base)))?;
                 let (base_data, base_n) = self.read_entry(&base, &base_loc)?;
                 if base_n != skip_base(n) {
                     return Err(corrupt("delta base has the wrong lineage number"));
