@@ -38,7 +38,8 @@ pub use inodes::InodeNo;
 pub use views::{is_view, ViewConfig};
 
 use crate::branch::DirBranch;
-use crate::capture::Capture;
+use crate::capture::{Capture, CaptureError};
+use crate::history::HistoryError;
 use crate::store::{InodeMap, StoreError};
 use crate::sys;
 use inodes::{HandleTable, InodeTable};
@@ -59,9 +60,16 @@ pub enum VfsError {
     WrongKind,
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Recording a change failed (the message says why; the caller sees
+    /// its errno).
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error(transparent)]
+    History(#[from] HistoryError),
 }
 
 impl VfsError {
+    /// No wildcard arm: a new variant must choose its errno here.
     pub fn errno(&self) -> i32 {
         match self {
             VfsError::Io(e) => crate::store::io_errno(e),
@@ -70,6 +78,8 @@ impl VfsError {
             VfsError::Reserved(_) => libc::EPERM,
             VfsError::WrongKind => libc::EINVAL,
             VfsError::Store(e) => e.errno(),
+            VfsError::Capture(e) => e.errno(),
+            VfsError::History(e) => e.errno(),
         }
     }
 
@@ -286,5 +296,9 @@ mod tests {
         assert_eq!(VfsError::WrongKind.errno(), libc::EINVAL);
         let store = VfsError::Store(StoreError::IndexBusy("x".into()));
         assert_eq!(store.errno(), libc::EBUSY);
+        let capture = VfsError::Capture(CaptureError::TooDeep(1));
+        assert_eq!(capture.errno(), libc::ELOOP);
+        let history = VfsError::History(HistoryError::SourceShrank);
+        assert_eq!(history.errno(), libc::EAGAIN);
     }
 }

@@ -18,12 +18,6 @@ use crate::capture::{Capture, CaptureError, Tree};
 use crate::history::{Binding, Cause, ObjectId, Who, ROOT};
 use crate::sys::{self, Stat};
 
-impl From<CaptureError> for VfsError {
-    fn from(e: CaptureError) -> Self {
-        VfsError::Io(io::Error::from_raw_os_error(e.errno()))
-    }
-}
-
 /// The vfs's live objects as capture sees them.
 pub(super) struct Live<'a>(pub &'a Vfs);
 

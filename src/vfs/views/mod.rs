@@ -212,7 +212,7 @@ fn past_err(e: past::Error) -> VfsError {
         }
         past::Error::Denied(_) => errno(libc::EACCES),
         past::Error::NotPermitted(_) => errno(libc::EPERM),
-        past::Error::History(h) => errno(h.errno()),
+        past::Error::History(h) => VfsError::History(h),
         past::Error::Io(e) => VfsError::Io(e),
     }
 }
