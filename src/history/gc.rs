@@ -193,7 +193,7 @@ impl History {
                 }
             };
             let m = Manifest::decode(&bytes).ok_or_else(|| {
-                HistoryError::Corrupt(format!("manifest {} does not decode", manifest))
+                HistoryError::Corrupt(format!("manifest {manifest} does not decode"))
             })?;
             live.extend(super::content::chunk_refs(&m));
         }
@@ -439,5 +439,5 @@ fn to_hash(bytes: &[u8]) -> Result<Hash> {
 
 fn decode_loc(h: &Hash, bytes: &[u8]) -> Result<Location> {
     Location::decode(bytes)
-        .ok_or_else(|| HistoryError::Corrupt(format!("bad location for chunk {}", h)))
+        .ok_or_else(|| HistoryError::Corrupt(format!("bad location for chunk {h}")))
 }

@@ -305,7 +305,7 @@ impl History {
             Some(b) => b,
             None => self.chunks().get(hash).map_err(|e| match e {
                 crate::store::StoreError::MissingChunk(_) => {
-                    HistoryError::Corrupt(format!("manifest {} is missing", hash))
+                    HistoryError::Corrupt(format!("manifest {hash} is missing"))
                 }
                 other => other.into(),
             })?,

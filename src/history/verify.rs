@@ -244,8 +244,8 @@ impl History {
                 "chunk"
             };
             report.problems.push(match bad {
-                Bad::Missing => format!("{what} {} is referenced but missing", h),
-                Bad::Damaged(why) => format!("{what} {} is damaged: {why}", h),
+                Bad::Missing => format!("{what} {h} is referenced but missing"),
+                Bad::Damaged(why) => format!("{what} {h} is damaged: {why}"),
             });
         }
         if scan.bad.is_empty() {
@@ -337,8 +337,8 @@ impl History {
         bad: &HashMap<Hash, Bad>,
     ) -> Result<Option<(String, Lacking)>> {
         let describe = |what: &str, h: &Hash, b: &Bad| match b {
-            Bad::Missing => format!("{what} {} is missing", h),
-            Bad::Damaged(_) => format!("{what} {} is damaged", h),
+            Bad::Missing => format!("{what} {h} is missing"),
+            Bad::Damaged(_) => format!("{what} {h} is damaged"),
         };
         if let Some(b) = bad.get(m) {
             return Ok(Some((describe("its manifest", m, b), Vec::new())));

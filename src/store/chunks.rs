@@ -387,7 +387,7 @@ impl ChunkStore {
         let base_data = match self.read_entry(&base, &base_loc) {
             Ok((d, _)) => d,
             Err(e) => {
-                tracing::debug!("chunk {} unusable as a delta base: {e}", base);
+                tracing::debug!("chunk {base} unusable as a delta base: {e}");
                 return Ok(None);
             }
         };
@@ -588,7 +588,7 @@ impl ChunkStore {
         match table.get(h.as_slice()).map_err(index_error)? {
             Some(v) => Location::decode(v.value())
                 .map(Some)
-                .ok_or_else(|| StoreError::IndexCorrupt(format!("bad location for chunk {}", h))),
+                .ok_or_else(|| StoreError::IndexCorrupt(format!("bad location for chunk {h}"))),
             None => Ok(None),
         }
     }
@@ -781,7 +781,7 @@ impl ChunkStore {
                 }
                 let base_loc = self
                     .locate(&base)?
-                    .ok_or_else(|| corrupt(&format!("delta base {} is missing", base)))?;
+                    .ok_or_else(|| corrupt(&format!("delta base {base} is missing")))?;
                 let (base_data, base_n) = self.read_entry(&base, &base_loc)?;
                 if base_n != skip_base(n) {
                     return Err(corrupt("delta base has the wrong lineage number"));
