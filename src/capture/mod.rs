@@ -33,6 +33,9 @@ pub use state::Known;
 
 pub type Result<T> = std::result::Result<T, CaptureError>;
 
+/// The deepest directory a baseline walks into: deeper means a loop.
+const MAX_DEPTH: usize = 4096;
+
 /// How long a query waits for the release that follows a close(2).
 const CLOSE_GRACE: Duration = Duration::from_millis(200);
 
@@ -46,13 +49,49 @@ pub enum CaptureError {
     History(#[from] HistoryError),
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// A directory deeper than any walk should meet: the live tree's
+    /// parent links form a loop.
+    #[error("directory nesting deeper than {0} levels")]
+    TooDeep(usize),
+    /// A tracked file's previous manifest, which its new version is built
+    /// on, cannot be read (yet): the file is read whole next time.
+    #[error("the previous version's manifest is not readable yet")]
+    PreviousUnreadable,
 }
 
 impl CaptureError {
+    /// No wildcard arm: a new variant must choose its errno here.
     pub fn errno(&self) -> i32 {
         match self {
             CaptureError::History(e) => e.errno(),
-            CaptureError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            CaptureError::Io(e) => crate::store::io_errno(e),
+            CaptureError::TooDeep(_) => libc::ELOOP,
+            // The next try reads the whole file instead.
+            CaptureError::PreviousUnreadable => libc::EAGAIN,
+        }
+    }
+}
+
+#[cfg(test)]
+mod errno {
+    use super::*;
+
+    #[test]
+    fn every_capture_error_has_its_errno() {
+        let table = [
+            (
+                CaptureError::History(HistoryError::Corrupt(String::new())),
+                libc::EUCLEAN,
+            ),
+            (
+                CaptureError::Io(io::Error::from_raw_os_error(libc::ESTALE)),
+                libc::ESTALE,
+            ),
+            (CaptureError::TooDeep(MAX_DEPTH), libc::ELOOP),
+            (CaptureError::PreviousUnreadable, libc::EAGAIN),
+        ];
+        for (e, errno) in table {
+            assert_eq!(e.errno(), errno, "{e:?}");
         }
     }
 }
@@ -493,8 +532,8 @@ impl Capture {
         if self.known(dir)?.is_some() {
             return Ok(());
         }
-        if depth > 4096 {
-            return Err(HistoryError::Corrupt("directory nesting too deep".into()).into());
+        if depth > MAX_DEPTH {
+            return Err(CaptureError::TooDeep(MAX_DEPTH));
         }
         let mut draft = Draft::default();
         if dir != ROOT {
@@ -606,9 +645,10 @@ impl Capture {
         ranges: &[(u64, u64)],
         level: i32,
     ) -> Result<Content> {
-        let prev = self.history.recent_manifest(previous)?.ok_or_else(|| {
-            HistoryError::Corrupt("the previous version's manifest is not readable yet".into())
-        })?;
+        let prev = self
+            .history
+            .recent_manifest(previous)?
+            .ok_or(CaptureError::PreviousUnreadable)?;
         let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
         let size = sys::fstat(fd.as_fd())?.st_size as u64;
         let (manifest, _) =

@@ -182,11 +182,7 @@ pub fn plan(
         };
         let gone = newest.gone;
         // A deleted object's path is the one it had just before.
-        let at = if gone {
-            last_seq.saturating_sub(1)
-        } else {
-            Seq::MAX
-        };
+        let at = if gone { last_seq.prev() } else { Seq::MAX };
         let path = paths.of(obj, at)?.unwrap_or_default();
         names.fill(newest.attrs.uid, newest.attrs.gid);
         let Some(retention) = decide.retention(&subject(newest, &path, &names)) else {
@@ -198,7 +194,8 @@ pub fn plan(
             .iter()
             .zip(&pins)
             .map(|((seq, v), p)| Candidate {
-                seq: *seq,
+                // The policy layer knows sequence numbers as numbers.
+                seq: seq.get(),
                 time_ns: v.time_ns,
                 size: v.attrs.size,
                 pinned: *p,

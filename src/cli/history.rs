@@ -224,7 +224,11 @@ impl crate::history::past::LiveIds for StoreHost {
             dev: st.st_dev,
             ino: st.st_ino,
         };
-        self.inomap.get(&key).ok().flatten()
+        self.inomap
+            .get(&key)
+            .ok()
+            .flatten()
+            .map(crate::history::ObjectId::new)
     }
 }
 
@@ -293,7 +297,7 @@ fn range_bound(t: &Target, flag: &str, s: &str) -> Result<At> {
                 spec::show(ns),
                 spec::show(first)
             );
-            Ok(At::Seq(seq))
+            Ok(At::Seq(crate::history::Seq::new(seq)))
         }
         _ => Err(e),
     }

@@ -506,7 +506,7 @@ struct Recording {
 struct MountHost(std::sync::Weak<Vfs>);
 
 impl crate::history::past::LiveIds for MountHost {
-    fn identify(&self, st: &sys::Stat) -> Option<u64> {
+    fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
         self.0.upgrade().and_then(|v| v.object_of(st))
     }
 }
@@ -522,7 +522,7 @@ impl control::service::Host for MountHost {
         }
     }
 
-    fn history_rewritten(&self, objs: &[u64]) {
+    fn history_rewritten(&self, objs: &[crate::history::ObjectId]) {
         if let Some(v) = self.0.upgrade() {
             v.forget_known(objs);
         }

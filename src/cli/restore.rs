@@ -679,7 +679,7 @@ pub fn before_deletion(t: &Target) -> Result<At> {
             t.abs.display()
         )
     })?;
-    Ok(At::Seq(seq))
+    Ok(At::Seq(crate::history::Seq::new(seq)))
 }
 
 /// A restored file's destination, opened (without creating it) and

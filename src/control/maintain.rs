@@ -12,7 +12,7 @@ use super::{Components, Reply};
 use crate::capture::retention::{self, CleanReport, Decide, PolicyCell};
 use crate::history::past::show_path;
 use crate::history::prune::{Pins, Removal};
-use crate::history::ObjectId;
+use crate::history::{ObjectId, Seq};
 use crate::policy::{Policy, Retention, Subject};
 use crate::sys::{self, Peer};
 
@@ -209,11 +209,11 @@ impl Service {
     /// Refuses unless `peer` owns every object (its newest version).
     fn check_owner(&self, scope: &HashSet<ObjectId>, peer: &Peer) -> Result<()> {
         for &obj in scope {
-            if let Some((_, v)) = self.history().object_at(obj, u64::MAX)? {
+            if let Some((_, v)) = self.history().object_at(obj, Seq::MAX)? {
                 if v.attrs.uid != peer.uid {
                     let path = self
                         .history()
-                        .path_at(obj, u64::MAX)?
+                        .path_at(obj, Seq::MAX)?
                         .map_or_else(|| format!("object {obj}"), |p| show_path(&p));
                     return Err(Error::NotPermitted(format!(
                         "{path} belongs to uid {}: only its owner or root may prune its history",
@@ -238,7 +238,7 @@ impl Service {
         let mut kept = 0u64;
         let mut versions = 0u64;
         for &obj in &scope {
-            let Some((_, newest)) = self.history().object_at(obj, u64::MAX)? else {
+            let Some((_, newest)) = self.history().object_at(obj, Seq::MAX)? else {
                 continue;
             };
             if !newest.gone {
@@ -247,7 +247,7 @@ impl Service {
                 // each object still in it: a dry run counts those too, so
                 // its figures are the real run's.
                 if dry_run && (own.contains(&obj) || self.lives_under(obj, path)?) {
-                    versions += self.history().versions(obj, 0, u64::MAX)?.len() as u64 + 1;
+                    versions += self.history().versions(obj, Seq::ZERO, Seq::MAX)?.len() as u64 + 1;
                     plan.push((obj, Removal::Whole));
                     continue;
                 }
@@ -261,7 +261,7 @@ impl Service {
                 kept += 1;
                 continue;
             }
-            versions += self.history().versions(obj, 0, u64::MAX)?.len() as u64;
+            versions += self.history().versions(obj, Seq::ZERO, Seq::MAX)?.len() as u64;
             plan.push((obj, Removal::Whole));
         }
         let detail = json!({"path": show_path(path), "objects": plan.len(), "versions": versions});
@@ -283,7 +283,7 @@ impl Service {
     fn lives_under(&self, obj: ObjectId, path: &Components) -> Result<bool> {
         Ok(self
             .history()
-            .path_at(obj, u64::MAX)?
+            .path_at(obj, Seq::MAX)?
             .is_some_and(|p| p.starts_with(path)))
     }
 

@@ -409,7 +409,7 @@ impl Service {
             if incarnations.get(*inc).is_some_and(|i| *s < i.1) {
                 let then = match self.history.path_at(*obj, *s)? {
                     Some(p) => Some(p),
-                    None => self.history.path_at(*obj, s.saturating_sub(1))?,
+                    None => self.history.path_at(*obj, s.prev())?,
                 };
                 if let Some(p) = then.filter(|p| p != path) {
                     row["as"] = json!(show_path(&p));
@@ -474,7 +474,7 @@ impl Service {
         since: Option<Seq>,
         until: Option<Seq>,
     ) -> Result<Answer> {
-        let (lo, hi) = (since.unwrap_or(0), until.unwrap_or(Seq::MAX));
+        let (lo, hi) = (since.unwrap_or(Seq::ZERO), until.unwrap_or(Seq::MAX));
         // Rows stay typed until sorted: sorting tens of thousands of JSON
         // objects by field lookups cost most of a `log -r`.
         let mut paths: Vec<String> = Vec::new();

@@ -247,7 +247,7 @@ impl Past<'_> {
             };
             gone.push(Perms::of_version(&v));
             // A removal's version is recorded with the name already gone.
-            let named = if v.gone { seq.saturating_sub(1) } else { seq };
+            let named = if v.gone { seq.prev() } else { seq };
             match self.history.name_at(cur, named)? {
                 Some((parent, _)) if parent != cur => cur = parent,
                 _ => break,

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use super::tables::{DIRENTS, VERSIONS};
-use super::{read_txn, HistoryError, Result};
+use super::{read_txn, HistoryError, Result, Seq};
 use crate::store::{index_error, Hash, Index};
 
 /// seq → chain hash after that op.
@@ -45,39 +45,40 @@ fn record(kind: u8, key: &[u8], value: &[u8]) -> Hash {
     h.update(&(key.len() as u64).to_be_bytes());
     h.update(key);
     h.update(value);
-    *h.finalize().as_bytes()
+    Hash::from_bytes(*h.finalize().as_bytes())
 }
 
 fn digest(mut records: Vec<Hash>) -> Hash {
     records.sort_unstable();
     let mut h = blake3::Hasher::new();
     for r in &records {
-        h.update(r);
+        h.update(r.as_slice());
     }
-    *h.finalize().as_bytes()
+    Hash::from_bytes(*h.finalize().as_bytes())
 }
 
 fn link(prev: &Hash, seq: u64, digest: &Hash) -> Hash {
     let mut h = blake3::Hasher::new();
-    h.update(prev);
+    h.update(prev.as_slice());
     h.update(&seq.to_be_bytes());
-    h.update(digest);
-    *h.finalize().as_bytes()
+    h.update(digest.as_slice());
+    Hash::from_bytes(*h.finalize().as_bytes())
 }
 
 fn to_hash(bytes: &[u8]) -> Result<Hash> {
-    bytes
-        .try_into()
-        .map_err(|_| HistoryError::Corrupt("malformed hash-chain entry".into()))
+    Hash::from_slice(bytes)
+        .ok_or_else(|| HistoryError::Corrupt("malformed hash-chain entry".into()))
 }
 
 /// Extends the chain with op `seq`, whose records hash to `records`.
 /// Idempotent: replaying an op recomputes the same entry.
-pub fn extend(txn: &WriteTransaction, seq: u64, records: Vec<Hash>) -> Result<()> {
+pub fn extend(txn: &WriteTransaction, seq: Seq, records: Vec<Hash>) -> Result<()> {
+    // The chain table is keyed by the bare number.
+    let seq = seq.get();
     let mut t = txn.open_table(CHAIN).map_err(err)?;
     let prev = match t.range(..seq).map_err(err)?.next_back() {
         Some(e) => to_hash(e.map_err(err)?.1.value())?,
-        None => [0u8; 32],
+        None => Hash::default(),
     };
     let value = link(&prev, seq, &digest(records));
     t.insert(seq, value.as_slice()).map_err(err)?;
@@ -86,18 +87,22 @@ pub fn extend(txn: &WriteTransaction, seq: u64, records: Vec<Hash>) -> Result<()
 
 fn note(table: &mut Table<&[u8], u8>, seq: u64, record: &Hash) -> Result<()> {
     let mut key = seq.to_be_bytes().to_vec();
-    key.extend_from_slice(record);
+    key.extend_from_slice(record.as_slice());
     table.insert(key.as_slice(), 1).map_err(err)?;
     Ok(())
 }
 
 /// Retention removed a record of op `seq`.
-pub fn retire(txn: &WriteTransaction, seq: u64, record: &Hash) -> Result<()> {
+pub fn retire(txn: &WriteTransaction, seq: Seq, record: &Hash) -> Result<()> {
+    // The chain table is keyed by the bare number.
+    let seq = seq.get();
     note(&mut txn.open_table(RETIRED).map_err(err)?, seq, record)
 }
 
 /// Retention wrote a record under op `seq` that the op did not have.
-pub fn amend(txn: &WriteTransaction, seq: u64, record: &Hash) -> Result<()> {
+pub fn amend(txn: &WriteTransaction, seq: Seq, record: &Hash) -> Result<()> {
+    // The chain table is keyed by the bare number.
+    let seq = seq.get();
     note(&mut txn.open_table(AMENDED).map_err(err)?, seq, record)
 }
 
@@ -111,7 +116,7 @@ pub fn head(db: &Index) -> Result<Option<(u64, String)>> {
     };
     let last = t.last().map_err(err)?;
     Ok(match last {
-        Some((k, v)) => Some((k.value(), crate::store::chunks::hex(&to_hash(v.value())?))),
+        Some((k, v)) => Some((k.value(), to_hash(v.value())?.to_string())),
         None => None,
     })
 }
@@ -196,7 +201,7 @@ pub fn verify(db: &Index) -> Result<ChainReport> {
     let retired = notes(&txn, RETIRED)?;
     let amended = notes(&txn, AMENDED)?;
     let first = chain.first().map_err(err)?.map(|(k, _)| k.value());
-    let mut prev = [0u8; 32];
+    let mut prev = Hash::default();
     for e in chain.iter().map_err(err)? {
         let (k, v) = e.map_err(err)?;
         let seq = k.value();
@@ -217,7 +222,7 @@ pub fn verify(db: &Index) -> Result<ChainReport> {
         }
         prev = stored;
         report.ops += 1;
-        report.head = Some((seq, crate::store::chunks::hex(&stored)));
+        report.head = Some((seq, stored.to_string()));
     }
     let mut counted: HashMap<u64, ()> = HashMap::new();
     for seq in present.keys() {

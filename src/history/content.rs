@@ -13,7 +13,7 @@ use fastcdc::v2020::StreamCDC;
 
 use super::model::{Extent, Manifest};
 use super::{HistoryError, Result};
-use crate::store::{ChunkStore, Hash, StoreError};
+use crate::store::{ChunkStore, Hash};
 
 /// Chunk sizes (min, avg, max) for files below `LARGE_FILE`: small average
 /// chunks, so an edit of a text or source file costs a few KiB (measured,
@@ -99,11 +99,8 @@ fn ingest_at(
     let (min, avg, max) = sizes(size_hint);
     for piece in StreamCDC::new(source, min as usize, avg as usize, max as usize) {
         let piece = piece.map_err(|e| match e {
-            fastcdc::v2020::Error::IoError(io) => HistoryError::Store(StoreError::Io {
-                path: "(file being versioned)".into(),
-                source: io,
-            }),
-            other => HistoryError::Corrupt(format!("chunking failed: {other}")),
+            fastcdc::v2020::Error::IoError(io) => HistoryError::Source(io),
+            other => HistoryError::Chunker(other.to_string()),
         })?;
         let len = piece.length as u32;
         stats.bytes += u64::from(len);
@@ -287,10 +284,7 @@ pub fn ingest_changes(
         let reader = PositionalReader { read_at, offset: a }.take(b - a);
         let (part, st) = ingest_at(chunks, reader, size, a, Some(&bases), level)?;
         if part.extents.iter().map(|e| u64::from(e.len)).sum::<u64>() != b - a {
-            return Err(HistoryError::Store(StoreError::Io {
-                path: "(file being versioned)".into(),
-                source: std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
-            }));
+            return Err(HistoryError::SourceShrank);
         }
         for e in part.extents {
             push(&mut manifest, e);
@@ -365,12 +359,7 @@ fn push(m: &mut Manifest, e: Extent) {
 /// Writes the content of `manifest` to `out`.
 pub fn write_to(chunks: &ChunkStore, manifest: &Manifest, out: &mut impl Write) -> Result<()> {
     let zeros = vec![0u8; 1 << 20];
-    let io = |e| {
-        HistoryError::Store(StoreError::Io {
-            path: "(output)".into(),
-            source: e,
-        })
-    };
+    let io = HistoryError::Output;
     for e in &manifest.extents {
         match e.chunk {
             Some(h) => out.write_all(&chunks.get(&h)?).map_err(io)?,
@@ -400,11 +389,8 @@ pub fn recut(
     let (min, avg, max) = sizes(size);
     for piece in StreamCDC::new(source, min as usize, avg as usize, max as usize) {
         let piece = piece.map_err(|e| match e {
-            fastcdc::v2020::Error::IoError(io) => HistoryError::Store(StoreError::Io {
-                path: "(live file)".into(),
-                source: io,
-            }),
-            other => HistoryError::Corrupt(format!("chunking failed: {other}")),
+            fastcdc::v2020::Error::IoError(io) => HistoryError::Source(io),
+            other => HistoryError::Chunker(other.to_string()),
         })?;
         let len = piece.length as u32;
         if piece.data.iter().all(|b| *b == 0) {

@@ -193,10 +193,7 @@ impl History {
                 }
             };
             let m = Manifest::decode(&bytes).ok_or_else(|| {
-                HistoryError::Corrupt(format!(
-                    "manifest {} does not decode",
-                    crate::store::chunks::hex(&manifest)
-                ))
+                HistoryError::Corrupt(format!("manifest {manifest} does not decode"))
             })?;
             live.extend(super::content::chunk_refs(&m));
         }
@@ -437,16 +434,10 @@ struct Dead {
 }
 
 fn to_hash(bytes: &[u8]) -> Result<Hash> {
-    bytes
-        .try_into()
-        .map_err(|_| HistoryError::Corrupt("malformed chunk key".into()))
+    Hash::from_slice(bytes).ok_or_else(|| HistoryError::Corrupt("malformed chunk key".into()))
 }
 
 fn decode_loc(h: &Hash, bytes: &[u8]) -> Result<Location> {
-    Location::decode(bytes).ok_or_else(|| {
-        HistoryError::Corrupt(format!(
-            "bad location for chunk {}",
-            crate::store::chunks::hex(h)
-        ))
-    })
+    Location::decode(bytes)
+        .ok_or_else(|| HistoryError::Corrupt(format!("bad location for chunk {h}")))
 }

@@ -60,14 +60,94 @@ pub enum HistoryError {
     /// A version `fsck --repair` marked lost.
     #[error("{0}: its content was lost (damaged in the store; `fsck --repair` marked it lost): input/output error")]
     Lost(String),
+    /// Reading the live file being versioned (or recut) failed.
+    #[error("reading the file being versioned: {0}")]
+    Source(#[source] std::io::Error),
+    /// The file being versioned ended before the range being read: it
+    /// shrank meanwhile, and a later version records what it became.
+    #[error("the file being versioned shrank while it was read")]
+    SourceShrank,
+    /// Writing a version's content out failed.
+    #[error("writing the content out: {0}")]
+    Output(#[source] std::io::Error),
+    /// The chunker failed other than by I/O.
+    #[error("chunking failed: {0}")]
+    Chunker(String),
+    /// A background thread of the history could not be started.
+    #[error("cannot start the {what} thread: {source}")]
+    Spawn {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl HistoryError {
+    /// No wildcard arm: a new variant must choose its errno here.
     pub fn errno(&self) -> i32 {
         match self {
             HistoryError::Store(e) => e.errno(),
             HistoryError::Corrupt(_) => libc::EUCLEAN,
+            // Damaged content reads as a failed read.
             HistoryError::Lost(_) => libc::EIO,
+            HistoryError::Source(e) => store::io_errno(e),
+            // Trying again reads the file as it is now.
+            HistoryError::SourceShrank => libc::EAGAIN,
+            HistoryError::Output(e) => store::io_errno(e),
+            // fastcdc's "something unexpected" has no errno of its own.
+            HistoryError::Chunker(_) => libc::EIO,
+            HistoryError::Spawn { source, .. } => store::io_errno(source),
+        }
+    }
+}
+
+#[cfg(test)]
+mod errno {
+    use super::*;
+
+    #[test]
+    fn every_history_error_has_its_errno() {
+        let os = |errno| std::io::Error::from_raw_os_error(errno);
+        let table = [
+            (
+                HistoryError::Store(StoreError::IndexBusy(String::new())),
+                libc::EBUSY,
+            ),
+            (HistoryError::Corrupt(String::new()), libc::EUCLEAN),
+            (HistoryError::Lost(String::new()), libc::EIO),
+            (HistoryError::Source(os(libc::EACCES)), libc::EACCES),
+            (HistoryError::SourceShrank, libc::EAGAIN),
+            (HistoryError::Output(os(libc::EPIPE)), libc::EPIPE),
+            (HistoryError::Chunker(String::new()), libc::EIO),
+            (
+                HistoryError::Spawn {
+                    what: "t",
+                    source: os(libc::EAGAIN),
+                },
+                libc::EAGAIN,
+            ),
+        ];
+        for (e, errno) in table {
+            assert_eq!(e.errno(), errno, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn every_past_error_has_its_errno() {
+        use past::Error;
+        let table = [
+            (Error::Usage(String::new()), libc::EINVAL),
+            (Error::NotFound(String::new()), libc::ENOENT),
+            (Error::Denied(String::new()), libc::EACCES),
+            (Error::NotPermitted(String::new()), libc::EPERM),
+            (Error::History(HistoryError::Lost(String::new())), libc::EIO),
+            (
+                Error::Io(std::io::Error::from_raw_os_error(libc::ENOTDIR)),
+                libc::ENOTDIR,
+            ),
+        ];
+        for (e, errno) in table {
+            assert_eq!(e.errno(), errno, "{e:?}");
         }
     }
 }
@@ -171,7 +251,7 @@ impl History {
         let chunks = Arc::new(store.chunk_store()?);
         let (journal_a, recs_a) = store.journal(0)?;
         let (journal_b, recs_b) = store.journal(1)?;
-        let durable = tables::meta_get(&db, META_DURABLE_SEQ)?.unwrap_or(0);
+        let durable = tables::meta_get(&db, META_DURABLE_SEQ)?.map_or(Seq::ZERO, Seq::new);
         let mut replay = Vec::new();
         for rec in recs_a.iter().chain(recs_b.iter()) {
             let op = Op::decode(rec).map_err(HistoryError::Corrupt)?;
@@ -189,7 +269,7 @@ impl History {
                     .flat_map(|op| op.chunks.iter().map(|(h, _)| *h)),
             );
         }
-        let next_seq = tables::meta_get(&db, META_NEXT_SEQ)?.unwrap_or(1);
+        let next_seq = tables::meta_get(&db, META_NEXT_SEQ)?.map_or(Seq::new(1), Seq::new);
         let last_time = tables::meta_get(&db, META_LAST_TIME)?.unwrap_or(0) as i64;
         let mut journals = [journal_a, journal_b];
         for j in &mut journals {
@@ -226,7 +306,10 @@ impl History {
                 std::thread::Builder::new()
                     .name("history-apply".into())
                     .spawn(move || bg.apply_loop())
-                    .map_err(|e| StoreError::Index(format!("cannot start applier: {e}")))?,
+                    .map_err(|source| HistoryError::Spawn {
+                        what: "history applier",
+                        source,
+                    })?,
             )
         } else {
             None
@@ -277,7 +360,7 @@ impl History {
             self.space.note(&e);
             return Err(e.into());
         }
-        st.next_seq = seq + 1;
+        st.next_seq = seq.next();
         st.last_time = time_ns;
         for (obj, v) in &op.versions {
             st.latest.insert(*obj, (seq, Arc::new(v.clone())));
@@ -399,7 +482,7 @@ impl History {
             } else {
                 None
             };
-            (batch, reapply, retired, st.next_seq - 1)
+            (batch, reapply, retired, st.next_seq.prev())
         };
         if batch.is_empty() && reapply.is_empty() && !durable {
             return Ok(());
@@ -415,7 +498,7 @@ impl History {
         let ops: Vec<Op> = reapply.iter().chain(batch.iter()).cloned().collect();
         let txn_result = tables::apply_ops_with(&self.db, &ops, durability, |txn| {
             if durable {
-                tables::meta_put(txn, META_DURABLE_SEQ, last_seq)?;
+                tables::meta_put(txn, META_DURABLE_SEQ, last_seq.get())?;
             }
             Ok(())
         });
@@ -582,7 +665,7 @@ fn replayable(chunks: &ChunkStore, durable: Seq, mut ops: Vec<Op>) -> Vec<Op> {
     ops.dedup_by_key(|op| op.seq);
     let total = ops.len();
     let mut good = Vec::with_capacity(total);
-    for (expected, op) in (durable + 1..).zip(ops) {
+    for (expected, op) in (durable.get() + 1..).map(Seq::new).zip(ops) {
         if op.seq != expected {
             tracing::warn!(
                 "journal: change #{expected} is missing; {} later change(s) are dropped",

@@ -7,13 +7,107 @@ use crate::store::{BackingKey, Hash};
 
 /// A file's identity: the inode number chronofs shows for it, allocated
 /// once and never reused, so it is stable across renames and shared by
-/// hard links.
-pub type ObjectId = u64;
-/// The global order of changes: one number per recorded change.
-pub type Seq = u64;
+/// hard links. Serialized as the bare number (records and `--json`
+/// output predate the type).
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct ObjectId(u64);
+
+impl ObjectId {
+    pub const fn new(n: u64) -> ObjectId {
+        ObjectId(n)
+    }
+
+    /// The number, for table keys, inode numbers and the wire.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl ObjectId {
+    /// The big-endian key bytes (keys sort numerically).
+    pub const fn to_be_bytes(self) -> [u8; 8] {
+        self.0.to_be_bytes()
+    }
+
+    pub const fn from_be_bytes(bytes: [u8; 8]) -> ObjectId {
+        ObjectId(u64::from_be_bytes(bytes))
+    }
+}
+
+impl From<u64> for ObjectId {
+    fn from(n: u64) -> ObjectId {
+        ObjectId(n)
+    }
+}
+
+impl std::fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The global order of changes: one number per recorded change (0 is
+/// before the first). Serialized as the bare number.
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Seq(u64);
+
+impl Seq {
+    /// Before every recorded change.
+    pub const ZERO: Seq = Seq(0);
+    /// After every recorded change (an open upper bound).
+    pub const MAX: Seq = Seq(u64::MAX);
+
+    pub const fn new(n: u64) -> Seq {
+        Seq(n)
+    }
+
+    /// The number, for table keys and the wire.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The change after this one.
+    pub const fn next(self) -> Seq {
+        Seq(self.0.saturating_add(1))
+    }
+
+    /// The change before this one (ZERO stays ZERO).
+    pub const fn prev(self) -> Seq {
+        Seq(self.0.saturating_sub(1))
+    }
+}
+
+impl Seq {
+    /// The big-endian key bytes (keys sort numerically).
+    pub const fn to_be_bytes(self) -> [u8; 8] {
+        self.0.to_be_bytes()
+    }
+
+    pub const fn from_be_bytes(bytes: [u8; 8]) -> Seq {
+        Seq(u64::from_be_bytes(bytes))
+    }
+}
+
+impl From<u64> for Seq {
+    fn from(n: u64) -> Seq {
+        Seq(n)
+    }
+}
+
+impl std::fmt::Display for Seq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// The mount root's object id (the kernel's root inode number).
-pub const ROOT: ObjectId = 1;
+pub const ROOT: ObjectId = ObjectId(1);
 
 /// Why a version was recorded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,5 +376,32 @@ pub fn decode_version(bytes: &[u8]) -> Option<Version> {
     match bytes.split_first() {
         Some((&VERSION_FORMAT, rest)) => postcard::from_bytes(rest).ok(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod newtypes {
+    use super::*;
+
+    /// The newtypes replaced bare numbers and arrays in journal records,
+    /// version records and `--json` output: each must encode exactly as
+    /// the value it wraps, or old stores and scripts break.
+    #[test]
+    fn encode_exactly_as_the_values_they_wrap() {
+        let n = 300_000_000_007u64;
+        assert_eq!(post(&ObjectId::new(n)), post(&n));
+        assert_eq!(post(&Seq::new(n)), post(&n));
+        let bytes = [7u8; 32];
+        assert_eq!(post(&Hash::from_bytes(bytes)), post(&bytes));
+        assert_eq!(serde_json::json!(Seq::new(n)), serde_json::json!(n));
+        assert_eq!(serde_json::json!(ObjectId::new(n)), serde_json::json!(n));
+        let back: (ObjectId, Seq) = postcard::from_bytes(&post(&(n, n))).unwrap();
+        assert_eq!(back, (ObjectId::new(n), Seq::new(n)));
+        assert_eq!(Seq::new(5).to_string(), "5");
+        assert_eq!(Hash::from_bytes(bytes).to_string(), "07".repeat(32));
+    }
+
+    fn post<T: Serialize>(v: &T) -> Vec<u8> {
+        postcard::to_allocvec(v).unwrap()
     }
 }

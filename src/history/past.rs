@@ -41,6 +41,20 @@ pub enum Error {
     Io(#[from] io::Error),
 }
 
+impl Error {
+    /// No wildcard arm: a new variant must choose its errno here.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Usage(_) => libc::EINVAL,
+            Error::NotFound(_) => libc::ENOENT,
+            Error::Denied(_) => libc::EACCES,
+            Error::NotPermitted(_) => libc::EPERM,
+            Error::History(e) => e.errno(),
+            Error::Io(e) => crate::store::io_errno(e),
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// A path's object at an instant.
@@ -337,7 +351,7 @@ impl Past<'_> {
                 if !self.removal_deletes(dir, obj, s, seq, present)? {
                     continue;
                 }
-                let before = self.history.object_at(obj, s.saturating_sub(1))?;
+                let before = self.history.object_at(obj, s.prev())?;
                 out.push(Deleted {
                     name,
                     obj,
@@ -367,7 +381,7 @@ impl Past<'_> {
         seq: Seq,
         present: &dyn Fn(&[u8]) -> bool,
     ) -> Result<bool> {
-        let lived = self.history.versions(obj, 0, s)?;
+        let lived = self.history.versions(obj, Seq::ZERO, s)?;
         let Some((last_s, last)) = lived.last() else {
             return Ok(true);
         };
@@ -436,7 +450,7 @@ impl Past<'_> {
 
     /// Objects bound to `path` over time.
     pub fn incarnations(&self, path: &[Vec<u8>]) -> Result<Vec<Incarnation>> {
-        let mut level = vec![(ROOT, 0, None)];
+        let mut level = vec![(ROOT, Seq::ZERO, None)];
         for (i, comp) in path.iter().enumerate() {
             let mut next = Vec::new();
             for (dir, from, until) in level {
@@ -496,7 +510,7 @@ impl Past<'_> {
         let mut shown: HashMap<ObjectId, Seq> = HashMap::new();
         for (i, &(obj, _, to)) in incarnations.iter().enumerate() {
             let hi = to.unwrap_or(Seq::MAX);
-            let lo = shown.get(&obj).map_or(0, |s| s.saturating_add(1));
+            let lo = shown.get(&obj).map_or(Seq::ZERO, |s| s.next());
             if lo > hi {
                 continue;
             }
@@ -549,7 +563,7 @@ impl Past<'_> {
                 if !seen.insert(obj) {
                     continue;
                 }
-                for (s, v) in self.history.versions(obj, 0, d.seq)? {
+                for (s, v) in self.history.versions(obj, Seq::ZERO, d.seq)? {
                     changes.push((s, v.cause));
                 }
                 stack.extend(
@@ -567,6 +581,6 @@ impl Past<'_> {
                 start = start.min(s);
             }
         }
-        Ok(start.saturating_sub(1).max(1))
+        Ok(start.prev().max(Seq::new(1)))
     }
 }

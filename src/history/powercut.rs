@@ -137,7 +137,7 @@ fn run(seed: u64) -> Run {
     let mut versions = Vec::new();
     let mut acks = Vec::new();
     for _ in 0..40 {
-        let obj = 100 + rng.below(5);
+        let obj = ObjectId::new(100 + rng.below(5));
         let (old, prev) = files.get(&obj).cloned().unwrap_or_default();
         let bytes = edit(&mut rng, &old);
         let seq = record(&history, obj, &bytes, prev.as_ref());
@@ -278,12 +278,22 @@ fn a_failed_fsync_poisons_the_store_and_acknowledges_nothing_more() {
     let sim = Sim::new();
     let history = open(&sim);
     let acked = vec![Expected {
-        seq: record(&history, 7, b"durable before the failure", None),
-        obj: 7,
+        seq: record(
+            &history,
+            ObjectId::new(7),
+            b"durable before the failure",
+            None,
+        ),
+        obj: ObjectId::new(7),
         bytes: b"durable before the failure".to_vec(),
     }];
     history.sync().expect("first sync");
-    record(&history, 7, &text(&mut Rng::new(3), 50_000), None);
+    record(
+        &history,
+        ObjectId::new(7),
+        &text(&mut Rng::new(3), 50_000),
+        None,
+    );
     sim.fail_sync_after(1);
     let err = history
         .sync()

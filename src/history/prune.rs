@@ -126,7 +126,7 @@ impl History {
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
             Err(e) => return Err(err(e)),
         };
-        Ok(t.get(obj).map_err(err)?.is_some())
+        Ok(t.get(obj.get()).map_err(err)?.is_some())
     }
 
     /// Records an administrative act in the audit log (durably).
@@ -218,7 +218,7 @@ impl History {
                 let t = txn.open_table(TAGS).map_err(err)?;
                 let mut v = Vec::new();
                 for e in t.iter().map_err(err)? {
-                    v.push(e.map_err(err)?.1.value());
+                    v.push(Seq::new(e.map_err(err)?.1.value()));
                 }
                 v
             };
@@ -253,7 +253,7 @@ impl History {
         let marked = txn
             .open_table(PRUNED)
             .map_err(err)?
-            .get(obj)
+            .get(obj.get())
             .map_err(err)?
             .is_some();
         let pin = match pins {
@@ -287,8 +287,11 @@ impl History {
                 }
                 if lowest_removed == Some(oldest) {
                     let mut p = txn.open_table(PRUNED).map_err(err)?;
-                    let keep = p.get(obj).map_err(err)?.map_or(oldest, |v| v.value());
-                    p.insert(obj, keep.min(oldest)).map_err(err)?;
+                    let keep = p
+                        .get(obj.get())
+                        .map_err(err)?
+                        .map_or(oldest, |v| Seq::new(v.value()));
+                    p.insert(obj.get(), keep.min(oldest).get()).map_err(err)?;
                 }
             }
         }
@@ -298,8 +301,8 @@ impl History {
 
 fn split_version_key(k: &[u8]) -> Result<(ObjectId, Seq)> {
     let bad = || HistoryError::Corrupt("malformed version key".into());
-    let obj = u64::from_be_bytes(k.get(..8).and_then(|b| b.try_into().ok()).ok_or_else(bad)?);
-    let seq = u64::from_be_bytes(
+    let obj = ObjectId::from_be_bytes(k.get(..8).and_then(|b| b.try_into().ok()).ok_or_else(bad)?);
+    let seq = Seq::from_be_bytes(
         k.get(8..16)
             .and_then(|b| b.try_into().ok())
             .ok_or_else(bad)?,
@@ -309,7 +312,7 @@ fn split_version_key(k: &[u8]) -> Result<(ObjectId, Seq)> {
 
 fn versions_in(txn: &WriteTransaction, obj: ObjectId) -> Result<Versions> {
     let t = txn.open_table(VERSIONS).map_err(err)?;
-    let lo = tables::version_key(obj, 0);
+    let lo = tables::version_key(obj, Seq::ZERO);
     let hi = tables::version_key(obj, Seq::MAX);
     let mut out = Vec::new();
     for e in t.range(lo.as_slice()..=hi.as_slice()).map_err(err)? {
@@ -333,13 +336,13 @@ fn remove_whole(txn: &WriteTransaction, obj: ObjectId, versions: &Versions) -> R
     }
     txn.open_table(PRUNED)
         .map_err(err)?
-        .remove(obj)
+        .remove(obj.get())
         .map_err(err)?;
     let mut links = txn.open_table(LINKS).map_err(err)?;
     let mut dirents = txn.open_table(DIRENTS).map_err(err)?;
     let mut own = Vec::new();
     for e in links
-        .range(obj.to_be_bytes().as_slice()..(obj + 1).to_be_bytes().as_slice())
+        .range(obj.to_be_bytes().as_slice()..(obj.get() + 1).to_be_bytes().as_slice())
         .map_err(err)?
     {
         let (k, v) = e.map_err(err)?;
@@ -354,7 +357,7 @@ fn remove_whole(txn: &WriteTransaction, obj: ObjectId, versions: &Versions) -> R
             .map_err(err)?
             .map(|v| v.value());
         let ours = if bound == 1 {
-            here == Some(obj)
+            here == Some(obj.get())
         } else {
             here == Some(0)
         };
@@ -375,7 +378,7 @@ fn remove_whole(txn: &WriteTransaction, obj: ObjectId, versions: &Versions) -> R
         .any(|(_, v)| v.attrs.mode & libc::S_IFMT == libc::S_IFDIR)
     {
         let lo = obj.to_be_bytes();
-        let hi = (obj + 1).to_be_bytes();
+        let hi = (obj.get() + 1).to_be_bytes();
         let mut inside = Vec::new();
         for e in dirents.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
             let (k, v) = e.map_err(err)?;
@@ -387,7 +390,7 @@ fn remove_whole(txn: &WriteTransaction, obj: ObjectId, versions: &Versions) -> R
                 chain::retire(txn, seq, &chain::dirent_record(&k, child))?;
             }
             if let Some((name, seq)) = tables::split_dirent_key(&k) {
-                if child != 0 {
+                if let Some(child) = tables::child(child) {
                     let lk = tables::link_key(child, seq, obj, name);
                     links.remove(lk.as_slice()).map_err(err)?;
                 }
@@ -405,7 +408,7 @@ fn previous_binding(
     name: &[u8],
     seq: Seq,
 ) -> Result<bool> {
-    let lo = tables::dirent_key(parent, name, 0);
+    let lo = tables::dirent_key(parent, name, Seq::ZERO);
     let hi = tables::dirent_key(parent, name, seq);
     let mut r = dirents.range(lo.as_slice()..hi.as_slice()).map_err(err)?;
     Ok(match r.next_back() {

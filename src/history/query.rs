@@ -66,7 +66,7 @@ impl History {
         let t = open_or_empty!(txn, TIMES, None);
         let mut r = t.range(..=time_ns).map_err(err)?;
         Ok(match r.next_back() {
-            Some(e) => Some(e.map_err(err)?.1.value()),
+            Some(e) => Some(Seq::new(e.map_err(err)?.1.value())),
             None => None,
         })
     }
@@ -75,7 +75,7 @@ impl History {
         self.settle()?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, SEQS, None);
-        Ok(t.get(seq).map_err(err)?.map(|v| v.value()))
+        Ok(t.get(seq.get()).map_err(err)?.map(|v| v.value()))
     }
 
     /// First and last recorded sequence numbers with their times.
@@ -83,8 +83,11 @@ impl History {
         self.settle()?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, SEQS, None);
-        let first = t.first().map_err(err)?.map(|(k, v)| (k.value(), v.value()));
-        let last = t.last().map_err(err)?.map(|(k, v)| (k.value(), v.value()));
+        let stamp = |(k, v): (redb::AccessGuard<u64>, redb::AccessGuard<i64>)| {
+            (Seq::new(k.value()), v.value())
+        };
+        let first = t.first().map_err(err)?.map(stamp);
+        let last = t.last().map_err(err)?.map(stamp);
         Ok(first.zip(last))
     }
 
@@ -92,7 +95,7 @@ impl History {
         self.settle()?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, TAGS, None);
-        Ok(t.get(name).map_err(err)?.map(|v| v.value()))
+        Ok(t.get(name).map_err(err)?.map(|v| Seq::new(v.value())))
     }
 
     pub fn tags(&self) -> Result<Vec<(String, Seq)>> {
@@ -102,7 +105,7 @@ impl History {
         let mut out = Vec::new();
         for e in t.iter().map_err(err)? {
             let (k, v) = e.map_err(err)?;
-            out.push((k.value().to_string(), v.value()));
+            out.push((k.value().to_string(), Seq::new(v.value())));
         }
         Ok(out)
     }
@@ -117,7 +120,7 @@ impl History {
         let mut out = Vec::new();
         for e in t.range(lo.as_slice()..=hi.as_slice()).map_err(err)? {
             let (k, v) = e.map_err(err)?;
-            let seq = u64::from_be_bytes(
+            let seq = Seq::from_be_bytes(
                 k.value()[8..16]
                     .try_into()
                     .map_err(|_| HistoryError::Corrupt("malformed version key".into()))?,
@@ -143,13 +146,13 @@ impl History {
     fn versions_first(&self, obj: ObjectId) -> Result<Option<(Seq, Cause)>> {
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, VERSIONS, None);
-        let lo = tables::version_key(obj, 0);
+        let lo = tables::version_key(obj, Seq::ZERO);
         let hi = tables::version_key(obj, Seq::MAX);
         let mut r = t.range(lo.as_slice()..=hi.as_slice()).map_err(err)?;
         match r.next() {
             Some(e) => {
                 let (k, v) = e.map_err(err)?;
-                let seq = u64::from_be_bytes(k.value()[8..16].try_into().unwrap_or([0; 8]));
+                let seq = Seq::from_be_bytes(k.value()[8..16].try_into().unwrap_or([0; 8]));
                 Ok(Some((seq, tables::decode(v.value())?.cause)))
             }
             None => Ok(None),
@@ -195,13 +198,13 @@ impl History {
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, DIRENTS, Vec::new());
         let lo = dir.to_be_bytes();
-        let hi = (dir + 1).to_be_bytes();
+        let hi = (dir.get() + 1).to_be_bytes();
         let mut out = Vec::new();
         for e in t.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
             let (k, v) = e.map_err(err)?;
             let (name, seq) = tables::split_dirent_key(k.value())
                 .ok_or_else(|| HistoryError::Corrupt("malformed dirent key".into()))?;
-            out.push((name.to_vec(), seq, Some(v.value()).filter(|c| *c != 0)));
+            out.push((name.to_vec(), seq, tables::child(v.value())));
         }
         Ok(out)
     }
@@ -240,7 +243,7 @@ impl History {
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, LINKS, Vec::new());
         let lo = obj.to_be_bytes();
-        let hi = (obj + 1).to_be_bytes();
+        let hi = (obj.get() + 1).to_be_bytes();
         let mut out = Vec::new();
         for e in t.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
             let (k, v) = e.map_err(err)?;
@@ -301,10 +304,9 @@ impl History {
         let bytes = match tables::manifest_bytes(self.db(), hash)? {
             Some(b) => b,
             None => self.chunks().get(hash).map_err(|e| match e {
-                crate::store::StoreError::MissingChunk(_) => HistoryError::Corrupt(format!(
-                    "manifest {} is missing",
-                    crate::store::chunks::hex(hash)
-                )),
+                crate::store::StoreError::MissingChunk(_) => {
+                    HistoryError::Corrupt(format!("manifest {hash} is missing"))
+                }
                 other => other.into(),
             })?,
         };
@@ -370,14 +372,14 @@ impl History {
         self.settle()?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, DIRENTS, Vec::new());
-        let lo = tables::dirent_key(dir, name, 0);
+        let lo = tables::dirent_key(dir, name, Seq::ZERO);
         let hi = tables::dirent_key(dir, name, Seq::MAX);
         let mut out = Vec::new();
         for e in t.range(lo.as_slice()..=hi.as_slice()).map_err(err)? {
             let (k, v) = e.map_err(err)?;
             let (_, seq) = tables::split_dirent_key(k.value())
                 .ok_or_else(|| HistoryError::Corrupt("malformed dirent key".into()))?;
-            out.push((seq, Some(v.value()).filter(|c| *c != 0)));
+            out.push((seq, tables::child(v.value())));
         }
         Ok(out)
     }

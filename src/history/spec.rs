@@ -4,13 +4,14 @@
 //! `yesterday 14:00`, a sequence number (`1234` or `#1234`), or a tag name.
 //! A bare number is always a sequence number, never a year.
 
+use super::Seq;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum At {
     Now,
-    Seq(u64),
+    Seq(Seq),
     /// Nanoseconds since the epoch.
     Time(i64),
     Tag(String),
@@ -33,7 +34,7 @@ pub fn parse(s: &str) -> Result<At, String> {
     if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         return digits
             .parse()
-            .map(At::Seq)
+            .map(|n| At::Seq(Seq::new(n)))
             .map_err(|_| format!("sequence number {s} is too large"));
     }
     if let Some(rel) = s.strip_prefix('-') {
@@ -186,8 +187,8 @@ mod tests {
     #[test]
     fn parses_each_form() {
         assert_eq!(parse("now"), Ok(At::Now));
-        assert_eq!(parse("42"), Ok(At::Seq(42)));
-        assert_eq!(parse("#42"), Ok(At::Seq(42)));
+        assert_eq!(parse("42"), Ok(At::Seq(Seq::new(42))));
+        assert_eq!(parse("#42"), Ok(At::Seq(Seq::new(42))));
         assert_eq!(parse("release-1.0"), Ok(At::Tag("release-1.0".into())));
         let z = parse("2026-11-21T10:00:00Z").unwrap();
         assert_eq!(z, At::Time(1_795_255_200_000_000_000));

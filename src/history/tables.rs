@@ -75,7 +75,7 @@ pub fn split_dirent_key(key: &[u8]) -> Option<(&[u8], Seq)> {
         return None;
     }
     let name = &key[8..key.len() - 9];
-    let seq = u64::from_be_bytes(key[key.len() - 8..].try_into().ok()?);
+    let seq = Seq::from_be_bytes(key[key.len() - 8..].try_into().ok()?);
     Some((name, seq))
 }
 
@@ -93,9 +93,14 @@ pub fn split_link_key(key: &[u8]) -> Option<(Seq, ObjectId, &[u8])> {
     if key.len() < 24 {
         return None;
     }
-    let seq = u64::from_be_bytes(key[8..16].try_into().ok()?);
-    let parent = u64::from_be_bytes(key[16..24].try_into().ok()?);
+    let seq = Seq::from_be_bytes(key[8..16].try_into().ok()?);
+    let parent = ObjectId::from_be_bytes(key[16..24].try_into().ok()?);
     Some((seq, parent, &key[24..]))
+}
+
+/// A `DIRENTS` value: the child object, or `None` (0) for a removal.
+pub fn child(value: u64) -> Option<ObjectId> {
+    Some(value).filter(|c| *c != 0).map(ObjectId::new)
 }
 
 fn err(e: impl Into<redb::Error>) -> HistoryError {
@@ -158,7 +163,7 @@ pub fn apply_ops_with(
             for d in &op.dirents {
                 let key = dirent_key(d.parent, &d.name, op.seq);
                 dirents
-                    .insert(key.as_slice(), d.child.unwrap_or(0))
+                    .insert(key.as_slice(), d.child.map_or(0, ObjectId::get))
                     .map_err(err)?;
             }
             for d in &op.dirents {
@@ -175,12 +180,12 @@ pub fn apply_ops_with(
             }
             for (name, target) in &op.tags {
                 match target {
-                    Some(seq) => tags.insert(name.as_str(), *seq).map_err(err)?,
+                    Some(seq) => tags.insert(name.as_str(), seq.get()).map_err(err)?,
                     None => tags.remove(name.as_str()).map_err(err)?,
                 };
             }
-            seqs.insert(op.seq, op.time_ns).map_err(err)?;
-            times.insert(op.time_ns, op.seq).map_err(err)?;
+            seqs.insert(op.seq.get(), op.time_ns).map_err(err)?;
+            times.insert(op.time_ns, op.seq.get()).map_err(err)?;
         }
     }
     for op in ops {
@@ -191,21 +196,24 @@ pub fn apply_ops_with(
         }
         for d in &op.dirents {
             let key = dirent_key(d.parent, &d.name, op.seq);
-            records.push(super::chain::dirent_record(&key, d.child.unwrap_or(0)));
+            records.push(super::chain::dirent_record(
+                &key,
+                d.child.map_or(0, ObjectId::get),
+            ));
         }
         super::chain::extend(&txn, op.seq, records)?;
     }
     if let Some(last) = ops.last() {
         let bind: Vec<_> = ops
             .iter()
-            .flat_map(|op| op.bind.iter().map(|b| (b.key(), b.object)))
+            .flat_map(|op| op.bind.iter().map(|b| (b.key(), b.object.get())))
             .collect();
         let unbind: Vec<_> = ops
             .iter()
-            .flat_map(|op| op.unbind.iter().map(|b| (b.key(), b.object)))
+            .flat_map(|op| op.unbind.iter().map(|b| (b.key(), b.object.get())))
             .collect();
         inomap::write_bindings(&txn, &bind, &unbind)?;
-        super::tables::meta_put(&txn, super::META_NEXT_SEQ, last.seq + 1)?;
+        super::tables::meta_put(&txn, super::META_NEXT_SEQ, last.seq.next().get())?;
         super::tables::meta_put(&txn, super::META_LAST_TIME, last.time_ns as u64)?;
     }
     extra(&txn)?;
@@ -218,13 +226,13 @@ fn previous_child(
     d: &Dirent,
     seq: Seq,
 ) -> Result<Option<ObjectId>> {
-    let lo = dirent_key(d.parent, &d.name, 0);
+    let lo = dirent_key(d.parent, &d.name, Seq::ZERO);
     let hi = dirent_key(d.parent, &d.name, seq);
     let mut range = dirents.range(lo.as_slice()..hi.as_slice()).map_err(err)?;
     match range.next_back() {
         Some(entry) => {
             let (_, v) = entry.map_err(err)?;
-            Ok(Some(v.value()).filter(|c| *c != 0))
+            Ok(child(v.value()))
         }
         None => Ok(None),
     }
@@ -258,7 +266,7 @@ pub fn version_at_in(
     obj: ObjectId,
     seq: Seq,
 ) -> Result<Option<(Seq, Version)>> {
-    let lo = version_key(obj, 0);
+    let lo = version_key(obj, Seq::ZERO);
     let hi = version_key(obj, seq);
     let mut range = table.range(lo.as_slice()..=hi.as_slice()).map_err(err)?;
     match range.next_back() {
@@ -273,7 +281,7 @@ pub fn version_at_in(
 fn decode_seq(key: &[u8]) -> Result<Seq> {
     key.get(8..16)
         .and_then(|b| b.try_into().ok())
-        .map(u64::from_be_bytes)
+        .map(Seq::from_be_bytes)
         .ok_or_else(|| HistoryError::Corrupt("malformed version key".into()))
 }
 
@@ -304,13 +312,13 @@ pub fn dirent_at_in(
     name: &[u8],
     seq: Seq,
 ) -> Result<Option<Option<ObjectId>>> {
-    let lo = dirent_key(parent, name, 0);
+    let lo = dirent_key(parent, name, Seq::ZERO);
     let hi = dirent_key(parent, name, seq);
     let mut range = table.range(lo.as_slice()..=hi.as_slice()).map_err(err)?;
     match range.next_back() {
         Some(entry) => {
             let (_, v) = entry.map_err(err)?;
-            Ok(Some(Some(v.value()).filter(|c| *c != 0)))
+            Ok(Some(child(v.value())))
         }
         None => Ok(None),
     }

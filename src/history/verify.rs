@@ -244,8 +244,8 @@ impl History {
                 "chunk"
             };
             report.problems.push(match bad {
-                Bad::Missing => format!("{what} {} is referenced but missing", chunks::hex(h)),
-                Bad::Damaged(why) => format!("{what} {} is damaged: {why}", chunks::hex(h)),
+                Bad::Missing => format!("{what} {h} is referenced but missing"),
+                Bad::Damaged(why) => format!("{what} {h} is damaged: {why}"),
             });
         }
         if scan.bad.is_empty() {
@@ -263,7 +263,7 @@ impl History {
             let path = match self.path_at(obj, seq)? {
                 Some(p) => Some(p),
                 // A version recording a removal: its last name.
-                None => self.path_at(obj, seq.saturating_sub(1))?,
+                None => self.path_at(obj, seq.prev())?,
             };
             scan.report.unreadable.push(Unreadable {
                 obj,
@@ -295,10 +295,10 @@ impl History {
                 decode_version(v.value()),
                 key.get(..8)
                     .and_then(|b| b.try_into().ok())
-                    .map(u64::from_be_bytes),
+                    .map(ObjectId::from_be_bytes),
                 key.get(8..16)
                     .and_then(|b| b.try_into().ok())
-                    .map(u64::from_be_bytes),
+                    .map(Seq::from_be_bytes),
             ) else {
                 report
                     .problems
@@ -337,8 +337,8 @@ impl History {
         bad: &HashMap<Hash, Bad>,
     ) -> Result<Option<(String, Lacking)>> {
         let describe = |what: &str, h: &Hash, b: &Bad| match b {
-            Bad::Missing => format!("{what} {} is missing", chunks::hex(h)),
-            Bad::Damaged(_) => format!("{what} {} is damaged", chunks::hex(h)),
+            Bad::Missing => format!("{what} {h} is missing"),
+            Bad::Damaged(_) => format!("{what} {h} is damaged"),
         };
         if let Some(b) = bad.get(m) {
             return Ok(Some((describe("its manifest", m, b), Vec::new())));
@@ -402,12 +402,7 @@ impl History {
         bad: &HashMap<Hash, Bad>,
         restored: &mut HashSet<Hash>,
     ) -> Result<()> {
-        let io = |source| {
-            HistoryError::Store(StoreError::Io {
-                path: "(live file)".into(),
-                source,
-            })
-        };
+        let io = HistoryError::Source;
         let size = sys::fstat(fd.as_fd()).map_err(io)?.st_size as u64;
         let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
         // Where the version had them: an append or an edit elsewhere leaves
@@ -564,8 +559,9 @@ impl History {
                 let head = &bytes[off..off + ENTRY_HEADER_LEN];
                 let raw = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
                 let stored = u32::from_be_bytes([head[9], head[10], head[11], head[12]]);
-                let mut h = [0u8; 32];
-                h.copy_from_slice(&head[13..45]);
+                let Some(h) = Hash::from_slice(&head[13..45]) else {
+                    break;
+                };
                 let end = off + ENTRY_HEADER_LEN + stored as usize;
                 if head[..4] != [0x43, 0x48, 0x4b, 0x31] || end > bytes.len() {
                     break;

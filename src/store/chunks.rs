@@ -19,7 +19,39 @@ use serde::{Deserialize, Serialize};
 use super::io::{Create, Guarded, StoreFile};
 use super::{index_error, Index, Space, StoreError, PACK_DIR};
 
-pub type Hash = [u8; 32];
+/// A chunk's BLAKE3 hash: its name in the store. Serialized as the bare
+/// 32 bytes (journal records and version records predate the type).
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Hash([u8; 32]);
+
+impl Hash {
+    pub const fn from_bytes(bytes: [u8; 32]) -> Hash {
+        Hash(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The key of the hash in the index's tables.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The hash a stored key or record holds, if it is one.
+    pub fn from_slice(bytes: &[u8]) -> Option<Hash> {
+        bytes.try_into().ok().map(Hash)
+    }
+}
+
+impl std::fmt::Display for Hash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
 
 /// Key: BLAKE3 hash (32 bytes). Value: an encoded `Location`.
 pub const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
@@ -189,11 +221,7 @@ struct Successors {
 const SUCCESSORS_LIMIT: usize = 1 << 16;
 
 pub fn hash(data: &[u8]) -> Hash {
-    *blake3::hash(data).as_bytes()
-}
-
-pub fn hex(h: &Hash) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
+    Hash(*blake3::hash(data).as_bytes())
 }
 
 fn pack_name(id: u32) -> String {
@@ -359,7 +387,7 @@ impl ChunkStore {
         let base_data = match self.read_entry(&base, &base_loc) {
             Ok((d, _)) => d,
             Err(e) => {
-                tracing::debug!("chunk {} unusable as a delta base: {e}", hex(&base));
+                tracing::debug!("chunk {base} unusable as a delta base: {e}");
                 return Ok(None);
             }
         };
@@ -368,7 +396,7 @@ impl ChunkStore {
         }
         let frame = compress_with_prefix(data, &base_data, level).map_err(|e| self.io_err(e))?;
         let mut body = Vec::with_capacity(DELTA_PREFIX_LEN + frame.len());
-        body.extend_from_slice(&base);
+        body.extend_from_slice(base.as_slice());
         body.extend_from_slice(&n.to_be_bytes());
         body.extend_from_slice(&frame);
         Ok(Some(body))
@@ -399,7 +427,7 @@ impl ChunkStore {
         let mut base = [0u8; 32];
         base.copy_from_slice(&prefix[..32]);
         let n = u32::from_be_bytes([prefix[32], prefix[33], prefix[34], prefix[35]]);
-        Ok(Some((base, n)))
+        Ok(Some((Hash(base), n)))
     }
 
     /// The ancestor of `from` with lineage number `want`, found by following
@@ -423,7 +451,7 @@ impl ChunkStore {
     pub fn delta_base(&self, h: &Hash, loc: &Location) -> Result<Option<Hash>, StoreError> {
         match self.delta_header(loc)? {
             Some((base, _)) if base == *h => Err(StoreError::CorruptChunk {
-                hash: hex(h),
+                hash: *h,
                 detail: "delta names itself as its base".into(),
             }),
             other => Ok(other.map(|(base, _)| base)),
@@ -474,7 +502,7 @@ impl ChunkStore {
             .map_err(|e| self.io_err(e))?;
         if entry[..4] != ENTRY_MAGIC.to_be_bytes() || &entry[13..45] != h.as_slice() {
             return Err(StoreError::CorruptChunk {
-                hash: hex(h),
+                hash: *h,
                 detail: "pack entry header does not match the index".into(),
             });
         }
@@ -560,7 +588,7 @@ impl ChunkStore {
         match table.get(h.as_slice()).map_err(index_error)? {
             Some(v) => Location::decode(v.value())
                 .map(Some)
-                .ok_or_else(|| StoreError::Index(format!("bad location for chunk {}", hex(h)))),
+                .ok_or_else(|| StoreError::IndexCorrupt(format!("bad location for chunk {h}"))),
             None => Ok(None),
         }
     }
@@ -572,15 +600,19 @@ impl ChunkStore {
         raw_len: usize,
         body: &[u8],
     ) -> Result<Location, StoreError> {
-        let too_big = || StoreError::Index("chunk larger than 4 GiB".into());
-        let raw_len = u32::try_from(raw_len).map_err(|_| too_big())?;
-        let stored_len = u32::try_from(body.len()).map_err(|_| too_big())?;
+        // A pack entry records lengths in 32 bits.
+        let too_big = |size: usize| StoreError::TooLarge {
+            what: "a chunk",
+            size: size as u64,
+        };
+        let raw_len = u32::try_from(raw_len).map_err(|_| too_big(raw_len))?;
+        let stored_len = u32::try_from(body.len()).map_err(|_| too_big(body.len()))?;
         let mut entry = Vec::with_capacity(ENTRY_HEADER_LEN + body.len());
         entry.extend_from_slice(&ENTRY_MAGIC.to_be_bytes());
         entry.push(encoding as u8);
         entry.extend_from_slice(&raw_len.to_be_bytes());
         entry.extend_from_slice(&stored_len.to_be_bytes());
-        entry.extend_from_slice(h);
+        entry.extend_from_slice(h.as_slice());
         entry.extend_from_slice(body);
         self.space.check()?;
         let mut guard = self.writer.lock();
@@ -702,15 +734,11 @@ impl ChunkStore {
 
     /// The plain bytes of a chunk, verified against its hash.
     pub fn get(&self, h: &Hash) -> Result<Vec<u8>, StoreError> {
-        let loc = self
-            .locate(h)?
-            .ok_or_else(|| StoreError::MissingChunk(hex(h)))?;
+        let loc = self.locate(h)?.ok_or(StoreError::MissingChunk(*h))?;
         match self.read_at(h, &loc) {
             // A collection moved it and removed its old pack meanwhile.
             Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                let moved = self
-                    .locate(h)?
-                    .ok_or_else(|| StoreError::MissingChunk(hex(h)))?;
+                let moved = self.locate(h)?.ok_or(StoreError::MissingChunk(*h))?;
                 self.read_at(h, &moved)
             }
             other => other,
@@ -731,7 +759,7 @@ impl ChunkStore {
         file.read_exact_at(&mut buf, loc.offset)
             .map_err(|e| self.io_err(e))?;
         let corrupt = |what: &str| StoreError::CorruptChunk {
-            hash: hex(h),
+            hash: *h,
             detail: what.to_string(),
         };
         if buf[..4] != ENTRY_MAGIC.to_be_bytes() || &buf[13..45] != h.as_slice() {
@@ -753,7 +781,7 @@ impl ChunkStore {
                 }
                 let base_loc = self
                     .locate(&base)?
-                    .ok_or_else(|| corrupt(&format!("delta base {} is missing", hex(&base))))?;
+                    .ok_or_else(|| corrupt(&format!("delta base {base} is missing")))?;
                 let (base_data, base_n) = self.read_entry(&base, &base_loc)?;
                 if base_n != skip_base(n) {
                     return Err(corrupt("delta base has the wrong lineage number"));
@@ -788,7 +816,7 @@ impl ChunkStore {
     pub fn store_again(&self, h: &Hash, data: &[u8]) -> Result<Location, StoreError> {
         if hash(data) != *h {
             return Err(StoreError::CorruptChunk {
-                hash: hex(h),
+                hash: *h,
                 detail: "the bytes offered to restore it do not match its hash".into(),
             });
         }
@@ -804,7 +832,7 @@ impl ChunkStore {
             if let Some(base_data) = base_data {
                 let frame = compress_with_prefix(data, &base_data, ZSTD_LEVEL)
                     .map_err(|e| self.io_err(e))?;
-                let body = [&base[..], &n.to_be_bytes(), &frame].concat();
+                let body = [base.as_slice(), &n.to_be_bytes(), &frame].concat();
                 let loc = self.append(h, Encoding::Delta, data.len(), &body)?;
                 if self.read_at(h, &loc).is_ok() {
                     return Ok(loc);
@@ -840,7 +868,7 @@ fn split_delta(body: &[u8]) -> Option<(Hash, u32, &[u8])> {
     let mut base = [0u8; 32];
     base.copy_from_slice(&body[..32]);
     let n = u32::from_be_bytes([body[32], body[33], body[34], body[35]]);
-    Some((base, n, &body[DELTA_PREFIX_LEN..]))
+    Some((Hash(base), n, &body[DELTA_PREFIX_LEN..]))
 }
 
 fn zstd_error(code: usize) -> std::io::Error {

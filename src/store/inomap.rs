@@ -136,7 +136,10 @@ impl InodeMap {
         let flusher = std::thread::Builder::new()
             .name("inomap-flush".into())
             .spawn(move || bg.flush_loop())
-            .map_err(|e| StoreError::Index(format!("cannot start flusher: {e}")))?;
+            .map_err(|source| StoreError::Spawn {
+                what: "inode-map flusher",
+                source,
+            })?;
         Ok(InodeMap {
             shared,
             flusher: Some(flusher),

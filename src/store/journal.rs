@@ -88,7 +88,10 @@ impl Journal {
         let len = u32::try_from(payload.len())
             .ok()
             .filter(|l| *l <= MAX_RECORD)
-            .ok_or_else(|| StoreError::Index("journal record too large".into()))?;
+            .ok_or(StoreError::TooLarge {
+                what: "a journal record",
+                size: payload.len() as u64,
+            })?;
         let mut rec = Vec::with_capacity(8 + payload.len());
         rec.extend_from_slice(&len.to_be_bytes());
         rec.extend_from_slice(&crc32fast::hash(payload).to_be_bytes());

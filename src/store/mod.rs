@@ -56,6 +56,9 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// The store directory is a symbolic link (see `Store::open`).
+    #[error("store {path} is a symbolic link; refusing to follow it")]
+    Symlink { path: PathBuf },
     #[error("store {path} is in use by another chronofs process")]
     InUse { path: PathBuf },
     #[error("store {path} has format version {found}; this chronofs reads version {supported}")]
@@ -66,33 +69,81 @@ pub enum StoreError {
     },
     #[error("store index {path} is damaged or not a chronofs index: {detail}")]
     Corrupt { path: PathBuf, detail: String },
-    #[error("store index write failed: {0}")]
-    Index(String),
-    /// The index's file failed (a full disk): redb must be re-opened.
-    #[error("store index write failed: {0}")]
-    IndexIo(String),
+    /// A read or write of the index's file failed. redb then refuses
+    /// every transaction until the database is opened again (see
+    /// `Index::reopen`).
+    #[error("store index: {0}")]
+    IndexIo(#[source] std::io::Error),
+    /// An earlier write of the index failed (it was reported then) and
+    /// the database could not be re-opened since: nothing says why.
+    #[error("store index: an earlier write failed and the index is not re-opened yet")]
+    IndexFailedEarlier,
+    /// redb found a damaged page, or a record of ours does not decode.
+    #[error("store index is damaged: {0}")]
+    IndexCorrupt(String),
+    /// A table's key or value types, or the file format, differ from
+    /// this build's.
+    #[error("store index layout differs from this build's: {0}")]
+    IndexLayout(String),
+    /// Another process or transaction holds what this one needs.
+    #[error("store index is busy: {0}")]
+    IndexBusy(String),
+    /// A transaction failed part way through an earlier operation (that
+    /// failure was reported) and can no longer commit.
+    #[error("store index transaction abandoned after an earlier failure in it")]
+    TransactionPoisoned,
+    /// The index's storage backend lacks an operation redb needs.
+    #[error("store index backend does not support an operation redb needs")]
+    IndexUnsupported,
+    /// redb refused a use of its API (a transaction still in use, a table
+    /// opened twice, a poisoned lock): a chronofs bug, not the disk's.
+    #[error("store index misused (a chronofs bug): {0}")]
+    IndexMisuse(String),
+    /// A record too large for its container: a chunk over 4 GiB, a
+    /// journal record over its limit, a value over redb's limit.
+    #[error("{what} of {size} bytes is too large for the store")]
+    TooLarge { what: &'static str, size: u64 },
     /// An earlier fsync (or write) of the store failed: nothing more is
     /// written until the daemon restarts (see `io::Health`).
     #[error("{0}")]
     Poisoned(String),
+    /// A background thread of the store could not be started.
+    #[error("cannot start the {what} thread: {source}")]
+    Spawn {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("chunk {0} is referenced but missing from the store")]
-    MissingChunk(String),
+    MissingChunk(Hash),
     #[error("chunk {hash} is damaged: {detail}")]
-    CorruptChunk { hash: String, detail: String },
+    CorruptChunk { hash: Hash, detail: String },
 }
 
 impl StoreError {
     /// The errno a file system call reports when the store fails under it.
+    /// No wildcard arm: a new variant must choose its errno here.
     pub fn errno(&self) -> i32 {
         match self {
-            StoreError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            StoreError::Io { source, .. } => io_errno(source),
+            StoreError::Symlink { .. } => libc::ELOOP,
             StoreError::InUse { .. } => libc::EBUSY,
             StoreError::UnsupportedFormat { .. } => libc::EPROTO,
             StoreError::Corrupt { .. } => libc::EUCLEAN,
-            StoreError::Index(_) => libc::EIO,
-            // Most often a full disk.
-            StoreError::IndexIo(_) => libc::ENOSPC,
+            StoreError::IndexIo(e) => io_errno(e),
+            // The cause was an I/O error, reported when it happened.
+            StoreError::IndexFailedEarlier => libc::EIO,
+            StoreError::IndexCorrupt(_) => libc::EUCLEAN,
+            StoreError::IndexLayout(_) => libc::EPROTO,
+            StoreError::IndexBusy(_) => libc::EBUSY,
+            StoreError::TransactionPoisoned => libc::EIO,
+            StoreError::IndexUnsupported => libc::EOPNOTSUPP,
+            // A bug has no errno of its own; the caller sees a failed I/O.
+            StoreError::IndexMisuse(_) => libc::EIO,
+            StoreError::TooLarge { .. } => libc::EFBIG,
             StoreError::Poisoned(_) => libc::EIO,
+            StoreError::Spawn { source, .. } => io_errno(source),
+            // Damaged data reads as a failed read, as a bad disk block does.
             StoreError::MissingChunk(_) | StoreError::CorruptChunk { .. } => libc::EIO,
         }
     }
@@ -107,24 +158,83 @@ impl StoreError {
     }
 }
 
+/// An I/O error's errno: the system's own when it has one, else the one
+/// its kind stands for (errors made in user space carry no errno).
+pub fn io_errno(e: &std::io::Error) -> i32 {
+    if let Some(errno) = e.raw_os_error() {
+        return errno;
+    }
+    use std::io::ErrorKind as K;
+    // ErrorKind is non-exhaustive: kinds without an errno of their own
+    // (and kinds added later) are failed I/O.
+    match e.kind() {
+        K::NotFound => libc::ENOENT,
+        K::PermissionDenied => libc::EACCES,
+        K::AlreadyExists => libc::EEXIST,
+        K::WouldBlock => libc::EAGAIN,
+        K::InvalidInput => libc::EINVAL,
+        K::TimedOut => libc::ETIMEDOUT,
+        K::Interrupted => libc::EINTR,
+        K::Unsupported => libc::EOPNOTSUPP,
+        K::OutOfMemory => libc::ENOMEM,
+        K::StorageFull => libc::ENOSPC,
+        K::FileTooLarge => libc::EFBIG,
+        K::NotADirectory => libc::ENOTDIR,
+        K::IsADirectory => libc::EISDIR,
+        K::DirectoryNotEmpty => libc::ENOTEMPTY,
+        K::ReadOnlyFilesystem => libc::EROFS,
+        K::CrossesDevices => libc::EXDEV,
+        K::InvalidFilename => libc::ENAMETOOLONG,
+        _ => libc::EIO,
+    }
+}
+
 fn poisoned_cause(e: &std::io::Error) -> Option<String> {
     e.get_ref()
         .and_then(|inner| inner.downcast_ref::<io::PoisonedIo>())
         .map(|p| p.to_string())
 }
 
+/// Converts a redb error into what it means for the store.
 pub fn index_error(e: impl Into<redb::Error>) -> StoreError {
-    let e: redb::Error = e.into();
-    if let redb::Error::Io(io) = &e {
-        if let Some(why) = poisoned_cause(io) {
-            return StoreError::Poisoned(why);
-        }
+    use redb::Error as R;
+    match e.into() {
+        R::Io(io) => match poisoned_cause(&io) {
+            Some(why) => StoreError::Poisoned(why),
+            None => StoreError::IndexIo(io),
+        },
+        R::PreviousIo => StoreError::IndexFailedEarlier,
+        R::Corrupted(what) => StoreError::IndexCorrupt(what),
+        R::ValueTooLarge(size) => StoreError::TooLarge {
+            what: "an index value",
+            size: size as u64,
+        },
+        R::TransactionPoisoned => StoreError::TransactionPoisoned,
+        R::Unsupported => StoreError::IndexUnsupported,
+        e @ (R::UpgradeRequired(_)
+        | R::TableTypeMismatch { .. }
+        | R::TableIsMultimap(_)
+        | R::TableIsNotMultimap(_)
+        | R::TypeDefinitionChanged { .. }
+        | R::TableDoesNotExist(_)) => StoreError::IndexLayout(e.to_string()),
+        e @ (R::DatabaseAlreadyOpen
+        | R::LockProtocolMismatch
+        | R::WouldBlock
+        | R::TransactionInProgress) => StoreError::IndexBusy(e.to_string()),
+        // The rest are uses redb refuses (redb::Error is non-exhaustive,
+        // so new kinds land here too).
+        other => StoreError::IndexMisuse(other.to_string()),
     }
+}
+
+/// Why the index at `path` does not open.
+fn open_error(path: PathBuf, e: redb::DatabaseError) -> StoreError {
+    use redb::{DatabaseError as D, StorageError as S};
     match e {
-        // redb refuses every transaction after a failed write until the
-        // database is opened again (see `Index::reopen`).
-        redb::Error::Io(_) | redb::Error::PreviousIo => StoreError::IndexIo(e.to_string()),
-        other => StoreError::Index(other.to_string()),
+        D::DatabaseAlreadyOpen | D::LockProtocolMismatch => StoreError::InUse { path },
+        D::Storage(S::Io(source)) => StoreError::from_io(path, source),
+        D::Storage(S::Corrupted(detail)) => StoreError::Corrupt { path, detail },
+        other => index_error(other),
     }
 }
 
@@ -264,6 +374,10 @@ pub struct Index {
     reopening: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Counts re-opens: a re-opened index has lost its non-durable commits.
     generation: std::sync::atomic::AtomicU64,
+    /// The errno the last failed re-open met (0 if it met none): what a
+    /// transaction that finds the index closed reports (a full disk stays
+    /// ENOSPC).
+    reopen_errno: std::sync::atomic::AtomicI32,
 }
 
 impl Index {
@@ -274,6 +388,7 @@ impl Index {
             db: parking_lot::RwLock::new(Some(Arc::new(db))),
             reopening: parking_lot::Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
+            reopen_errno: std::sync::atomic::AtomicI32::new(0),
         }
     }
 
@@ -288,7 +403,13 @@ impl Index {
             return Ok(db);
         }
         self.reopen();
-        self.db.read().clone().ok_or(redb::Error::PreviousIo)
+        if let Some(db) = self.db.read().clone() {
+            return Ok(db);
+        }
+        match self.reopen_errno.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Err(redb::Error::PreviousIo),
+            errno => Err(redb::Error::Io(std::io::Error::from_raw_os_error(errno))),
+        }
     }
 
     /// Runs `f` on the database, re-opening it first if a previous write
@@ -363,13 +484,19 @@ impl Index {
                     *reported = Some(std::time::Instant::now());
                 }
                 *self.db.write() = Some(Arc::new(db));
+                self.reopen_errno
+                    .store(0, std::sync::atomic::Ordering::Release);
                 self.generation
                     .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             }
-            Err(e) => tracing::error!(
-                "store index {} cannot be re-opened yet: {e}",
-                self.io.path(INDEX_FILE).display()
-            ),
+            Err(e) => {
+                self.reopen_errno
+                    .store(e.errno(), std::sync::atomic::Ordering::Release);
+                tracing::error!(
+                    "store index {} cannot be re-opened yet: {e}",
+                    self.io.path(INDEX_FILE).display()
+                )
+            }
         }
     }
 }
@@ -384,9 +511,9 @@ impl Store {
         if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
             // Whoever can write SRC's root could otherwise point the store,
             // written by root, anywhere.
-            return Err(io_err(std::io::Error::other(
-                "is a symbolic link; refusing to follow it",
-            )));
+            return Err(StoreError::Symlink {
+                path: dir.to_path_buf(),
+            });
         }
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(io_err)?;
@@ -442,10 +569,7 @@ impl Store {
             let backend = io.open_index(INDEX_NEW).map_err(io_err)?;
             let db = Database::builder()
                 .create_with_backend(backend)
-                .map_err(|e| StoreError::Corrupt {
-                    path: io.path(INDEX_NEW),
-                    detail: e.to_string(),
-                })?;
+                .map_err(|e| open_error(io.path(INDEX_NEW), e))?;
             let txn = db.begin_write().map_err(index_error)?;
             {
                 let mut table = txn.open_table(META).map_err(index_error)?;
@@ -481,16 +605,7 @@ impl Store {
             .map_err(|source| StoreError::from_io(path.clone(), source))?;
         Database::builder()
             .create_with_backend(backend)
-            .map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path },
-                redb::DatabaseError::Storage(redb::StorageError::Io(source)) => {
-                    StoreError::from_io(path, source)
-                }
-                other => StoreError::Corrupt {
-                    path,
-                    detail: other.to_string(),
-                },
-            })
+            .map_err(|e| open_error(path, e))
     }
 
     fn check_format(&self) -> Result<(), StoreError> {
@@ -621,35 +736,109 @@ mod tests {
     }
 
     #[test]
-    fn errno_mapping_is_specific() {
-        let p = PathBuf::from("/x");
-        assert_eq!(StoreError::InUse { path: p.clone() }.errno(), libc::EBUSY);
+    fn every_store_error_has_its_errno() {
+        let p = || PathBuf::from("/x");
+        let os = |errno| std::io::Error::from_raw_os_error(errno);
+        let table: Vec<(StoreError, i32)> = vec![
+            (
+                StoreError::Io {
+                    path: p(),
+                    source: os(libc::EDQUOT),
+                },
+                libc::EDQUOT,
+            ),
+            (StoreError::Symlink { path: p() }, libc::ELOOP),
+            (StoreError::InUse { path: p() }, libc::EBUSY),
+            (
+                StoreError::UnsupportedFormat {
+                    path: p(),
+                    found: 2,
+                    supported: 1,
+                },
+                libc::EPROTO,
+            ),
+            (
+                StoreError::Corrupt {
+                    path: p(),
+                    detail: String::new(),
+                },
+                libc::EUCLEAN,
+            ),
+            (StoreError::IndexIo(os(libc::ENOSPC)), libc::ENOSPC),
+            (StoreError::IndexFailedEarlier, libc::EIO),
+            (StoreError::IndexCorrupt(String::new()), libc::EUCLEAN),
+            (StoreError::IndexLayout(String::new()), libc::EPROTO),
+            (StoreError::IndexBusy(String::new()), libc::EBUSY),
+            (StoreError::TransactionPoisoned, libc::EIO),
+            (StoreError::IndexUnsupported, libc::EOPNOTSUPP),
+            (StoreError::IndexMisuse(String::new()), libc::EIO),
+            (
+                StoreError::TooLarge {
+                    what: "a chunk",
+                    size: 1 << 33,
+                },
+                libc::EFBIG,
+            ),
+            (StoreError::Poisoned(String::new()), libc::EIO),
+            (
+                StoreError::Spawn {
+                    what: "t",
+                    source: os(libc::EAGAIN),
+                },
+                libc::EAGAIN,
+            ),
+            (StoreError::MissingChunk(Hash::default()), libc::EIO),
+            (
+                StoreError::CorruptChunk {
+                    hash: Hash::default(),
+                    detail: String::new(),
+                },
+                libc::EIO,
+            ),
+        ];
+        for (e, errno) in table {
+            assert_eq!(e.errno(), errno, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn redb_errors_convert_by_meaning() {
+        let os = |errno| std::io::Error::from_raw_os_error(errno);
+        let table: Vec<(redb::Error, i32)> = vec![
+            // A full disk under the index stays ENOSPC; nothing else is.
+            (redb::Error::Io(os(libc::ENOSPC)), libc::ENOSPC),
+            (redb::Error::Io(os(libc::EROFS)), libc::EROFS),
+            (redb::Error::PreviousIo, libc::EIO),
+            (redb::Error::Corrupted("page".into()), libc::EUCLEAN),
+            (redb::Error::UpgradeRequired(1), libc::EPROTO),
+            (redb::Error::TableIsMultimap("t".into()), libc::EPROTO),
+            (redb::Error::DatabaseAlreadyOpen, libc::EBUSY),
+            (redb::Error::WouldBlock, libc::EBUSY),
+            (redb::Error::ValueTooLarge(1 << 32), libc::EFBIG),
+            (redb::Error::TransactionPoisoned, libc::EIO),
+            (redb::Error::Unsupported, libc::EOPNOTSUPP),
+            (redb::Error::DatabaseClosed, libc::EIO),
+        ];
+        for (e, errno) in table {
+            let what = format!("{e:?}");
+            assert_eq!(index_error(e).errno(), errno, "{what}");
+        }
+        let poisoned = std::io::Error::other(io::PoisonedIo("fsync".into()));
+        assert!(matches!(
+            index_error(redb::Error::Io(poisoned)),
+            StoreError::Poisoned(_)
+        ));
+    }
+
+    #[test]
+    fn io_errors_without_an_errno_map_by_kind() {
+        use std::io::{Error, ErrorKind};
         assert_eq!(
-            StoreError::UnsupportedFormat {
-                path: p.clone(),
-                found: 2,
-                supported: 1
-            }
-            .errno(),
-            libc::EPROTO
+            io_errno(&Error::from_raw_os_error(libc::EXDEV)),
+            libc::EXDEV
         );
-        assert_eq!(
-            StoreError::Corrupt {
-                path: p.clone(),
-                detail: String::new()
-            }
-            .errno(),
-            libc::EUCLEAN
-        );
-        assert_eq!(StoreError::Index(String::new()).errno(), libc::EIO);
-        let io = std::io::Error::from_raw_os_error(libc::ENOSPC);
-        assert_eq!(
-            StoreError::Io {
-                path: p,
-                source: io
-            }
-            .errno(),
-            libc::ENOSPC
-        );
+        assert_eq!(io_errno(&Error::from(ErrorKind::NotFound)), libc::ENOENT);
+        assert_eq!(io_errno(&Error::from(ErrorKind::StorageFull)), libc::ENOSPC);
+        assert_eq!(io_errno(&Error::other("x")), libc::EIO);
     }
 }

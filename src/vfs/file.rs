@@ -102,7 +102,7 @@ impl Vfs {
             && flags & libc::O_TRUNC == 0
             && self
                 .capture()
-                .is_some_and(|c| c.trackable(ino.0, fd.as_fd()));
+                .is_some_and(|c| c.trackable(ino.object(), fd.as_fd()));
         // The policy may want each write to be a version: the daemon must
         // then see the writes.
         let every_write = versioned && self.every_write(caller, ino, fd.as_fd());
@@ -167,7 +167,7 @@ impl Vfs {
     /// the write is to be a version of its own.
     pub(super) fn wrote_range(&self, ino: InodeNo, off: u64, len: u64) -> bool {
         self.capture()
-            .is_some_and(|c| c.wrote_range(ino.0, off, len))
+            .is_some_and(|c| c.wrote_range(ino.object(), off, len))
     }
 
     pub fn create(
@@ -219,9 +219,9 @@ impl Vfs {
             match self.capture() {
                 // Recorded with the session's version at close.
                 Some(c) if writes(flags) => c.created_in_session(
-                    parent.0,
+                    parent.object(),
                     name.as_encoded_bytes(),
-                    entry.attr.ino.0,
+                    entry.attr.ino.object(),
                     self.binding_of(entry.attr.ino),
                 ),
                 _ => self.after_create(caller, parent, name, entry.attr.ino, &entry.attr.st),
@@ -439,7 +439,7 @@ impl Vfs {
         // or finds the range in the next set.
         if self.wrote_range(*ino, offset, n as u64) {
             if let Some(c) = self.capture() {
-                c.wrote(ino.0)?;
+                c.wrote(ino.object())?;
             }
         }
         Ok(n)
@@ -462,7 +462,7 @@ impl Vfs {
             ino, session: true, ..
         } = &*handle
         {
-            c.flushed(ino.0);
+            c.flushed(ino.object());
         }
         Ok(true)
     }
@@ -494,7 +494,7 @@ impl Vfs {
                 sys::fsync(fd.as_fd(), datasync)?;
                 if *session {
                     if let Some(c) = self.capture() {
-                        c.fsync(ino.0)?;
+                        c.fsync(ino.object())?;
                     }
                 }
             }

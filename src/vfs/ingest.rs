@@ -92,7 +92,7 @@ impl Tree for Walk<'_> {
 
     fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>> {
         match self.fd(dir) {
-            Ok(fd) => self.live.list_fd(fd, dir == InodeNo::ROOT.0),
+            Ok(fd) => self.live.list_fd(fd, dir == InodeNo::ROOT.object()),
             Err(_) => self.live.list(dir),
         }
     }
@@ -184,7 +184,7 @@ impl Vfs {
                 return false;
             }
         };
-        let mut queue: Vec<(ObjectId, OwnedFd, Place)> = vec![(InodeNo::ROOT.0, root, None)];
+        let mut queue: Vec<(ObjectId, OwnedFd, Place)> = vec![(InodeNo::ROOT.object(), root, None)];
         while let Some((dir, fd, parent)) = queue.pop() {
             if p.stop.load(Ordering::Acquire) {
                 tracing::info!("ingest stopped; the next mount resumes it");
@@ -194,7 +194,7 @@ impl Vfs {
                 live: Live(self),
                 objects: HashMap::new(),
             };
-            let listing = match walk.live.list_fd(fd.as_fd(), dir == InodeNo::ROOT.0) {
+            let listing = match walk.live.list_fd(fd.as_fd(), dir == InodeNo::ROOT.object()) {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::warn!("ingest: cannot list directory {dir}: {e}");

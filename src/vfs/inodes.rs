@@ -9,6 +9,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{Result, Stat, VfsError};
 use crate::branch::BranchId;
+use crate::history::ObjectId;
 use crate::store::{BackingKey, InodeMap, StoreError};
 use crate::sys;
 
@@ -18,8 +19,20 @@ use crate::sys;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct InodeNo(pub u64);
 
+impl From<ObjectId> for InodeNo {
+    fn from(obj: ObjectId) -> InodeNo {
+        InodeNo(obj.get())
+    }
+}
+
 impl InodeNo {
     pub const ROOT: InodeNo = InodeNo(1);
+
+    /// The history object this inode is: the persistent inode number is
+    /// the object id (see `history::ObjectId`).
+    pub const fn object(self) -> ObjectId {
+        ObjectId::new(self.0)
+    }
 }
 
 /// An object the kernel holds a reference to. Lives from the first lookup
@@ -197,15 +210,15 @@ impl InodeTable {
     }
 
     /// The number of a backing object without assigning one.
-    pub fn object_of(&self, st: &Stat) -> Option<u64> {
+    pub fn object_of(&self, st: &Stat) -> Option<ObjectId> {
         let key = self.key_of(st);
         if key == self.root_key {
-            return Some(InodeNo::ROOT.0);
+            return Some(InodeNo::ROOT.object());
         }
         if let Some(ino) = self.tables.read().by_key.get(&key) {
-            return Some(ino.0);
+            return Some(ino.object());
         }
-        self.map.get(&key).ok().flatten()
+        self.map.get(&key).ok().flatten().map(ObjectId::new)
     }
 
     pub fn get(&self, ino: InodeNo) -> Result<Arc<Inode>> {

@@ -38,7 +38,8 @@ pub use inodes::InodeNo;
 pub use views::{is_view, ViewConfig};
 
 use crate::branch::DirBranch;
-use crate::capture::Capture;
+use crate::capture::{Capture, CaptureError};
+use crate::history::HistoryError;
 use crate::store::{InodeMap, StoreError};
 use crate::sys;
 use inodes::{HandleTable, InodeTable};
@@ -59,17 +60,26 @@ pub enum VfsError {
     WrongKind,
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Recording a change failed (the message says why; the caller sees
+    /// its errno).
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error(transparent)]
+    History(#[from] HistoryError),
 }
 
 impl VfsError {
+    /// No wildcard arm: a new variant must choose its errno here.
     pub fn errno(&self) -> i32 {
         match self {
-            VfsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            VfsError::Io(e) => crate::store::io_errno(e),
             VfsError::UnknownInode(_) => libc::ESTALE,
             VfsError::UnknownHandle(_) => libc::EBADF,
             VfsError::Reserved(_) => libc::EPERM,
             VfsError::WrongKind => libc::EINVAL,
             VfsError::Store(e) => e.errno(),
+            VfsError::Capture(e) => e.errno(),
+            VfsError::History(e) => e.errno(),
         }
     }
 
@@ -253,14 +263,17 @@ impl Vfs {
 
     /// The object id (inode number) of a live backing object, if it has
     /// one; never assigns a number.
-    pub fn object_of(&self, st: &Stat) -> Option<u64> {
+    pub fn object_of(&self, st: &Stat) -> Option<crate::history::ObjectId> {
         self.inodes.object_of(st)
     }
 
     /// The name the kernel last reached `obj` by: (parent, name).
-    pub fn name_of(&self, obj: u64) -> Option<(u64, Vec<u8>)> {
-        let inode = self.inodes.get(InodeNo(obj)).ok()?;
-        inode.name().map(|(p, n)| (p.0, n))
+    pub fn name_of(
+        &self,
+        obj: crate::history::ObjectId,
+    ) -> Option<(crate::history::ObjectId, Vec<u8>)> {
+        let inode = self.inodes.get(obj.into()).ok()?;
+        inode.name().map(|(p, n)| (p.object(), n))
     }
 
     /// Writes pending inode-map entries durably.
@@ -281,7 +294,11 @@ mod tests {
         assert_eq!(VfsError::UnknownHandle(9).errno(), libc::EBADF);
         assert_eq!(VfsError::Reserved(".chronofs".into()).errno(), libc::EPERM);
         assert_eq!(VfsError::WrongKind.errno(), libc::EINVAL);
-        let store = VfsError::Store(StoreError::Index("x".into()));
-        assert_eq!(store.errno(), libc::EIO);
+        let store = VfsError::Store(StoreError::IndexBusy("x".into()));
+        assert_eq!(store.errno(), libc::EBUSY);
+        let capture = VfsError::Capture(CaptureError::TooDeep(1));
+        assert_eq!(capture.errno(), libc::ELOOP);
+        let history = VfsError::History(HistoryError::SourceShrank);
+        assert_eq!(history.errno(), libc::EAGAIN);
     }
 }

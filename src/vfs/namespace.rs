@@ -47,7 +47,7 @@ impl Vfs {
                 inode.set_name(parent, name.as_encoded_bytes());
                 let first = inode.first_sight();
                 let live = super::versioning::Live(self);
-                if let Err(e) = c.looked_up(&live, entry.attr.ino.0, &entry.attr.st, first) {
+                if let Err(e) = c.looked_up(&live, entry.attr.ino.object(), &entry.attr.st, first) {
                     tracing::error!("history: recording an external change failed: {e}");
                 }
             }

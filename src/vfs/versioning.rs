@@ -15,14 +15,8 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::{Caller, InodeNo, Result, Vfs, VfsError};
 use crate::capture::{Capture, CaptureError, Tree};
-use crate::history::{Binding, Cause, ObjectId, Who};
+use crate::history::{Binding, Cause, ObjectId, Who, ROOT};
 use crate::sys::{self, Stat};
-
-impl From<CaptureError> for VfsError {
-    fn from(e: CaptureError) -> Self {
-        VfsError::Io(io::Error::from_raw_os_error(e.errno()))
-    }
-}
 
 /// The vfs's live objects as capture sees them.
 pub(super) struct Live<'a>(pub &'a Vfs);
@@ -33,23 +27,23 @@ fn io_err(e: VfsError) -> io::Error {
 
 impl Tree for Live<'_> {
     fn stat(&self, obj: ObjectId) -> io::Result<Stat> {
-        let node = self.0.inodes.node(InodeNo(obj)).map_err(io_err)?;
+        let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
         sys::fstat(node.fd())
     }
 
     fn open_read(&self, obj: ObjectId) -> io::Result<OwnedFd> {
-        let node = self.0.inodes.node(InodeNo(obj)).map_err(io_err)?;
+        let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
         sys::reopen(node.fd(), libc::O_RDONLY | libc::O_NOATIME)
             .or_else(|_| sys::reopen(node.fd(), libc::O_RDONLY))
     }
 
     fn readlink(&self, obj: ObjectId) -> io::Result<Vec<u8>> {
-        let node = self.0.inodes.node(InodeNo(obj)).map_err(io_err)?;
+        let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
         sys::readlink_fd(node.fd())
     }
 
     fn xattrs(&self, obj: ObjectId) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let node = self.0.inodes.node(InodeNo(obj)).map_err(io_err)?;
+        let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
         sys::xattrs_of(node.fd())
     }
 
@@ -58,15 +52,15 @@ impl Tree for Live<'_> {
     }
 
     fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>> {
-        let node = self.0.inodes.node(InodeNo(dir)).map_err(io_err)?;
-        self.list_fd(node.fd(), dir == InodeNo::ROOT.0)
+        let node = self.0.inodes.node(InodeNo::from(dir)).map_err(io_err)?;
+        self.list_fd(node.fd(), dir == ROOT)
     }
 
     fn binding(&self, obj: ObjectId) -> Option<Binding> {
-        if obj == InodeNo::ROOT.0 {
+        if obj == ROOT {
             return None;
         }
-        let inode = self.0.inodes.get(InodeNo(obj)).ok()?;
+        let inode = self.0.inodes.get(InodeNo::from(obj)).ok()?;
         Some(Binding {
             branch: inode.key.branch,
             dev: inode.key.dev,
@@ -122,7 +116,7 @@ impl Live<'_> {
                     branch: key.branch,
                     dev: key.dev,
                     ino: key.ino,
-                    object: ino.0,
+                    object: ino.object(),
                 };
                 (name, binding)
             })
@@ -153,7 +147,7 @@ impl Vfs {
     /// Before `ino` changes.
     pub(super) fn before_change(&self, ino: InodeNo) -> Result<()> {
         if let Some(c) = self.capture() {
-            c.before_change(&Live(self), ino.0)?;
+            c.before_change(&Live(self), ino.object())?;
         }
         Ok(())
     }
@@ -170,8 +164,8 @@ impl Vfs {
         };
         let tree = Live(self);
         let secured = dir
-            .map_or(Ok(()), |d| c.before_dir_change(&tree, d.0))
-            .and_then(|()| ino.map_or(Ok(()), |i| c.before_change(&tree, i.0)));
+            .map_or(Ok(()), |d| c.before_dir_change(&tree, d.object()))
+            .and_then(|()| ino.map_or(Ok(()), |i| c.before_change(&tree, i.object())));
         match secured {
             Err(e) if is_store_full(e.errno()) => {
                 c.history().note_unrecorded(&format!(
@@ -187,7 +181,7 @@ impl Vfs {
     /// Before an entry of `dir` is added, removed or replaced.
     pub(super) fn before_dir_change(&self, dir: InodeNo) -> Result<()> {
         if let Some(c) = self.capture() {
-            c.before_dir_change(&Live(self), dir.0)?;
+            c.before_dir_change(&Live(self), dir.object())?;
         }
         Ok(())
     }
@@ -198,7 +192,7 @@ impl Vfs {
         for dir in dirs {
             if let Ok(node) = self.inodes.node(*dir) {
                 if let Ok(st) = sys::fstat(node.fd()) {
-                    c.dir_verified(dir.0, &st);
+                    c.dir_verified(dir.object(), &st);
                 }
             }
         }
@@ -213,9 +207,9 @@ impl Vfs {
         match sys::fstat(fd) {
             Ok(st) => logged(
                 "a directory's entries",
-                c.dir_seen(&Live(self), dir.0, &st, true),
+                c.dir_seen(&Live(self), dir.object(), &st, true),
             ),
-            Err(e) => tracing::error!("history: directory {} cannot be checked: {e}", dir.0),
+            Err(e) => tracing::error!("history: directory {} cannot be checked: {e}", dir.object()),
         }
     }
 
@@ -234,7 +228,14 @@ impl Vfs {
             let who = self.who(c, caller);
             logged(
                 "a creation",
-                c.created(&Live(self), parent.0, name.as_bytes(), ino.0, st, &who),
+                c.created(
+                    &Live(self),
+                    parent.object(),
+                    name.as_bytes(),
+                    ino.object(),
+                    st,
+                    &who,
+                ),
             );
             self.dirs_verified(c, &[parent]);
         }
@@ -245,7 +246,13 @@ impl Vfs {
             let who = self.who(c, caller);
             logged(
                 "a link",
-                c.linked(&Live(self), parent.0, name.as_bytes(), ino.0, &who),
+                c.linked(
+                    &Live(self),
+                    parent.object(),
+                    name.as_bytes(),
+                    ino.object(),
+                    &who,
+                ),
             );
             self.dirs_verified(c, &[parent]);
         }
@@ -273,7 +280,7 @@ impl Vfs {
     }
 
     pub(super) fn binding_of(&self, ino: InodeNo) -> Option<Binding> {
-        Live(self).binding(ino.0)
+        Live(self).binding(ino.object())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -290,9 +297,9 @@ impl Vfs {
         if let Some(c) = self.capture() {
             let who = self.who(c, caller);
             let recorded = c.removed(
-                parent.0,
+                parent.object(),
                 name.as_bytes(),
-                victim.0,
+                victim.object(),
                 binding,
                 gone,
                 cause,
@@ -334,10 +341,10 @@ impl Vfs {
                 "a rename",
                 c.renamed(
                     &Live(self),
-                    (old.0 .0, old.1.as_bytes()),
-                    (new.0 .0, new.1.as_bytes()),
-                    moved.0,
-                    victim.map(|(v, b, g)| (v.0, b, g)),
+                    (old.0.object(), old.1.as_bytes()),
+                    (new.0.object(), new.1.as_bytes()),
+                    moved.object(),
+                    victim.map(|(v, b, g)| (v.object(), b, g)),
                     exchange,
                     &who,
                 ),
@@ -362,7 +369,7 @@ impl Vfs {
             let who = self.who(c, caller);
             logged(
                 "a change",
-                c.changed(&Live(self), ino.0, cause, &who, set_times),
+                c.changed(&Live(self), ino.object(), cause, &who, set_times),
             );
         }
     }
@@ -370,7 +377,7 @@ impl Vfs {
     /// Opening `ino` for writing: secure its prior state first.
     pub(super) fn before_write_open(&self, ino: InodeNo) -> Result<()> {
         if let Some(c) = self.capture() {
-            c.session_opening(&Live(self), ino.0)?;
+            c.session_opening(&Live(self), ino.object())?;
         }
         Ok(())
     }
@@ -389,10 +396,10 @@ impl Vfs {
         let Some(c) = self.capture() else {
             return Ok(false);
         };
-        let reader = Live(self).open_read(ino.0)?;
+        let reader = Live(self).open_read(ino.object())?;
         let who = self.who(c, caller);
         c.session_opened(
-            ino.0,
+            ino.object(),
             reader,
             who,
             daemon_path,
@@ -406,12 +413,12 @@ impl Vfs {
     /// option or policy).
     pub(super) fn every_write(&self, caller: &Caller, ino: InodeNo, fd: BorrowedFd) -> bool {
         self.capture()
-            .is_some_and(|c| c.every_write_for(ino.0, fd, || self.who(c, caller)))
+            .is_some_and(|c| c.every_write_for(ino.object(), fd, || self.who(c, caller)))
     }
 
     pub(super) fn session_closed(&self, ino: InodeNo) {
         if let Some(c) = self.capture() {
-            c.session_closed(ino.0);
+            c.session_closed(ino.object());
         }
     }
 

@@ -212,7 +212,7 @@ fn past_err(e: past::Error) -> VfsError {
         }
         past::Error::Denied(_) => errno(libc::EACCES),
         past::Error::NotPermitted(_) => errno(libc::EPERM),
-        past::Error::History(h) => errno(h.errno()),
+        past::Error::History(h) => VfsError::History(h),
         past::Error::Io(e) => VfsError::Io(e),
     }
 }
@@ -307,7 +307,7 @@ impl Vfs {
 
     /// The inode number of `obj` at `at`.
     fn view_number(&self, at: Seq, obj: ObjectId) -> Result<InodeNo> {
-        if obj > OBJ_MASK {
+        if obj.get() > OBJ_MASK {
             return Err(errno(libc::EOVERFLOW));
         }
         let slot = {
@@ -328,7 +328,7 @@ impl Vfs {
                 }
             }
         };
-        Ok(InodeNo(VIEW_BIT | (slot << OBJ_BITS) | obj))
+        Ok(InodeNo(VIEW_BIT | (slot << OBJ_BITS) | obj.get()))
     }
 
     /// Registers (or takes one more kernel reference on) a view node.
@@ -422,7 +422,7 @@ impl Vfs {
             Node::Hist { obj, v, .. } => return self.hist_at(at, obj, Arc::new(v)),
             Node::Live { fd, st, .. } => {
                 let inode = self.inodes.acquire_new(fd, &st, false)?;
-                (inode.ino.0, State::Live { inode }, st)
+                (inode.ino.object(), State::Live { inode }, st)
             }
         };
         let ino = match self.view_number(at, obj) {
@@ -590,7 +590,14 @@ impl Vfs {
         // Its attributes follow the live directory and what is deleted
         // (computed once: listing the deleted entries reads history).
         let st = self.deleted_dir_stat(parent, ino)?;
-        self.hold_view(ino, || Ok((What::Deleted { dir: parent.0 }, st)))?;
+        self.hold_view(ino, || {
+            Ok((
+                What::Deleted {
+                    dir: parent.object(),
+                },
+                st,
+            ))
+        })?;
         Ok(entry(st, Duration::ZERO))
     }
 
@@ -599,7 +606,7 @@ impl Vfs {
         let mut st = live;
         st.st_ino = ino.0;
         st.st_mode = libc::S_IFDIR | (live.st_mode & 0o555);
-        let deleted = self.deleted_entries(dir.0)?;
+        let deleted = self.deleted_entries(dir.object())?;
         st.st_nlink = dir_nlink(deleted.iter().map(|(_, _, n)| n.mode() & libc::S_IFMT));
         Ok(st)
     }
@@ -689,7 +696,7 @@ impl Vfs {
     /// What was deleted in the live directory `dir`: each name's last
     /// object, as it was just before its removal began.
     fn deleted_entries(&self, dir: ObjectId) -> Result<Vec<(Vec<u8>, Seq, Node)>> {
-        let live = self.inodes.node(InodeNo(dir))?;
+        let live = self.inodes.node(dir.into())?;
         self.settle_capture();
         self.with_past(|p| {
             let Some(((_, _), (last, _))) = p.history.bounds().map_err(|e| past_err(e.into()))?
@@ -762,7 +769,7 @@ impl Vfs {
         let node = self.view(ino)?;
         self.current(&node)?;
         if let What::Deleted { dir } = node.what {
-            let st = self.deleted_dir_stat(InodeNo(dir), ino)?;
+            let st = self.deleted_dir_stat(dir.into(), ino)?;
             return Ok(Attr { ino, st });
         }
         Ok(Attr { ino, st: node.st })
@@ -877,7 +884,10 @@ impl Vfs {
         let (obj, hist) = match node {
             Node::Hist { obj, v, .. } => (obj, Some((at, obj, Arc::new(v)))),
             Node::Live { obj: Some(o), .. } => (o, None),
-            Node::Live { st, .. } => (self.inodes.number_for(self.inodes.key_of(&st))?.0, None),
+            Node::Live { st, .. } => (
+                self.inodes.number_for(self.inodes.key_of(&st))?.object(),
+                None,
+            ),
         };
         Ok(Listed {
             name,

@@ -22,7 +22,7 @@ impl Vfs {
             state: State::Hist { v },
         } = &node.what
         {
-            let now = history.object_at(*obj, *at).map_err(|e| errno(e.errno()))?;
+            let now = history.object_at(*obj, *at)?;
             if !now.is_some_and(|(_, n)| n == **v) {
                 return enoent(format_args!(
                     "object {obj} at {at} was removed from history"
