@@ -373,7 +373,7 @@ impl Cleaner {
                     if p.is_trivial() {
                         continue;
                     }
-                    match clean(&history, &p, crate::history::now_ns(), false, None) {
+                    match clean(&history, &p, history.now_ns(), false, None) {
                         Ok(r) if r.outcome.versions_removed > 0 => {
                             tracing::info!(
                                 "cleaner: removed {} version(s), of them those of {} expired deleted object(s)",

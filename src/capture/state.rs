@@ -70,7 +70,8 @@ pub struct Session {
     /// Times were set explicitly during the session (a change even if the
     /// bytes end up the same).
     retimed: bool,
-    last_version: Instant,
+    /// By the history's monotonic clock (`Clock::monotonic`).
+    last_version: Duration,
     /// When close(2) last flushed a handle of it: its release (and version)
     /// is imminent.
     flushed: Option<Instant>,
@@ -105,8 +106,9 @@ pub struct PendingCreate {
 #[derive(Default)]
 pub struct Objects {
     /// Versions held back by interval mode: when due, and the job.
-    deferred: HashMap<ObjectId, (Instant, Job)>,
-    interval_built: HashMap<ObjectId, Instant>,
+    /// Times by the history's monotonic clock (`Clock::monotonic`).
+    deferred: HashMap<ObjectId, (Duration, Job)>,
+    interval_built: HashMap<ObjectId, Duration>,
     known: HashMap<ObjectId, Arc<Known>>,
     sessions: HashMap<ObjectId, Session>,
     ingesting: HashMap<ObjectId, u32>,
@@ -199,7 +201,7 @@ impl Objects {
     /// of the object's last one (`capture = "interval"`): built when
     /// `due`, or sooner if something needs it. Hands the job back when too
     /// many are held (each holds a descriptor).
-    pub fn defer(&mut self, job: Job, due: Instant) -> Result<(), Box<Job>> {
+    pub fn defer(&mut self, job: Job, due: Duration) -> Result<(), Box<Job>> {
         if self.deferred.len() >= DEFER_LIMIT && !self.deferred.contains_key(&job.obj) {
             return Err(Box::new(job));
         }
@@ -214,7 +216,7 @@ impl Objects {
     }
 
     /// Deferred versions due by `now` (all with `None`).
-    pub fn due_deferred(&mut self, now: Option<Instant>) -> Vec<Job> {
+    pub fn due_deferred(&mut self, now: Option<Duration>) -> Vec<Job> {
         let due: Vec<ObjectId> = self
             .deferred
             .iter()
@@ -227,16 +229,15 @@ impl Objects {
     }
 
     /// When an interval-mode version of `obj` was last built.
-    pub fn interval_built(&self, obj: ObjectId) -> Option<Instant> {
+    pub fn interval_built(&self, obj: ObjectId) -> Option<Duration> {
         self.interval_built.get(&obj).copied()
     }
 
-    pub fn note_interval_built(&mut self, obj: ObjectId, interval: Duration) {
-        let now = Instant::now();
+    pub fn note_interval_built(&mut self, obj: ObjectId, interval: Duration, now: Duration) {
         if self.interval_built.len() >= DEFER_LIMIT * 4 {
             // Only recent builds can hold a version back.
             self.interval_built
-                .retain(|_, t| now.duration_since(*t) < interval);
+                .retain(|_, t| now.saturating_sub(*t) < interval);
         }
         self.interval_built.insert(obj, now);
     }
@@ -298,7 +299,14 @@ impl Objects {
         self.untrack(obj);
     }
 
-    pub fn open_session(&mut self, obj: ObjectId, reader: OwnedFd, who: Who, every_write: bool) {
+    pub fn open_session(
+        &mut self,
+        obj: ObjectId,
+        reader: OwnedFd,
+        who: Who,
+        every_write: bool,
+        now: Duration,
+    ) {
         match self.sessions.get_mut(&obj) {
             Some(s) => {
                 s.writers += 1;
@@ -313,7 +321,7 @@ impl Objects {
                         who,
                         dirty: false,
                         retimed: false,
-                        last_version: Instant::now(),
+                        last_version: now,
                         flushed: None,
                         every_write,
                     },
@@ -344,9 +352,9 @@ impl Objects {
     }
 
     /// A job capturing an open session's current state now.
-    pub fn snapshot_job(&mut self, obj: ObjectId, cause: Cause) -> Option<Job> {
+    pub fn snapshot_job(&mut self, obj: ObjectId, cause: Cause, now: Duration) -> Option<Job> {
         let s = self.sessions.get_mut(&obj)?;
-        s.last_version = Instant::now();
+        s.last_version = now;
         let dirty = std::mem::take(&mut s.dirty);
         let retimed = std::mem::take(&mut s.retimed);
         Some(Job {
@@ -361,15 +369,15 @@ impl Objects {
         })
     }
 
-    pub fn due_sessions(&mut self, now: Instant, interval: Duration) -> Vec<Job> {
+    pub fn due_sessions(&mut self, now: Duration, interval: Duration) -> Vec<Job> {
         let due: Vec<ObjectId> = self
             .sessions
             .iter()
-            .filter(|(_, s)| now.duration_since(s.last_version) >= interval)
+            .filter(|(_, s)| now.saturating_sub(s.last_version) >= interval)
             .map(|(o, _)| *o)
             .collect();
         due.into_iter()
-            .filter_map(|o| self.snapshot_job(o, Cause::Interval))
+            .filter_map(|o| self.snapshot_job(o, Cause::Interval, now))
             .collect()
     }
 
@@ -470,12 +478,7 @@ pub fn worker_loop(capture: Weak<Capture>) {
         }
         if last_check.elapsed() >= INTERVAL_CHECK {
             last_check = Instant::now();
-            for job in c.interval_jobs() {
-                let obj = job.obj;
-                if let Err(e) = c.run_job(job) {
-                    tracing::error!("interval version of inode {obj} failed: {e}");
-                }
-            }
+            c.run_due();
         }
     }
 }
