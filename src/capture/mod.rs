@@ -1120,7 +1120,10 @@ impl Capture {
 
     pub fn settle(&self) {
         let mut st = self.state.lock();
-        while st.any_ingesting() || st.closing(CLOSE_GRACE) {
+        // A version the worker is building (an interval version is not
+        // counted in `ingesting`) is waited for too: a query right after
+        // the interval is up must see it.
+        while st.any_ingesting() || !st.building.is_empty() || st.closing(CLOSE_GRACE) {
             self.idle.wait_for(&mut st, Duration::from_millis(5));
         }
     }

@@ -17,13 +17,15 @@ use chronofs::branch::{BranchId, DirBranch};
 use chronofs::capture::retention::PolicyCell;
 use chronofs::capture::{Capture, CaptureConfig};
 use chronofs::history::clock::ManualClock;
-use chronofs::history::{self, Content, History, HistoryHandle, Seq};
+use chronofs::history::{self, Cause, Content, History, HistoryHandle, ObjectId, Seq};
 use chronofs::policy::Policy;
 use chronofs::store::Store;
 use chronofs::vfs::{Caller, InodeNo, SetAttr, Vfs, VfsConfig};
 
-/// 2026-01-01T00:00:00Z, a Thursday: far from any DST change.
-pub const START_NS: i64 = 1_767_225_600_000_000_000;
+/// 2035-01-01T00:00:00Z: years after any real time these tests run, so a
+/// rule that read the system clock instead of the injected one would see
+/// every version in the future (nothing old enough to thin or expire).
+pub const START_NS: i64 = 2_051_222_400_000_000_000;
 
 pub struct Rig {
     pub vfs: Arc<Vfs>,
@@ -183,6 +185,49 @@ fn scratch() -> PathBuf {
         return shm.into();
     }
     std::env::temp_dir()
+}
+
+/// The history object of a live inode (the inode number is its id).
+pub fn object(ino: InodeNo) -> ObjectId {
+    ino.0
+}
+
+impl Rig {
+    /// Every recorded version of the file at `path` (live now): why it was
+    /// recorded and its bytes (`None`: a deletion), what `chronofs log`
+    /// and `cat --version` read.
+    pub fn versions(&self, path: &str) -> Vec<(Cause, Option<Vec<u8>>)> {
+        let obj = object(self.resolve(path).unwrap());
+        self.versions_of(obj)
+    }
+
+    pub fn versions_of(&self, obj: ObjectId) -> Vec<(Cause, Option<Vec<u8>>)> {
+        self.capture.settle();
+        self.history
+            .versions(obj, 0, Seq::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(_, v)| {
+                let data = match (&v.content, v.gone) {
+                    (_, true) => None,
+                    (Content::File { manifest }, false) => {
+                        let m = self.history.manifest(manifest).unwrap();
+                        let mut data = Vec::new();
+                        history::content::write_to(self.history.chunks(), &m, &mut data).unwrap();
+                        Some(data)
+                    }
+                    (other, false) => panic!("not a file's content: {other:?}"),
+                };
+                (v.cause, data)
+            })
+            .collect()
+    }
+}
+
+/// A policy from the text of an administrator's file.
+pub fn policy(text: &str) -> chronofs::policy::Policy {
+    let file = chronofs::policy::parse(text, "test", chronofs::policy::Level::Admin).unwrap();
+    chronofs::policy::Policy::new(Some(file), Vec::new())
 }
 
 /// What a path holds, as far as the tests compare it.
