@@ -28,6 +28,8 @@ pub mod prune;
 pub mod query;
 pub mod spec;
 mod tables;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod verify;
 
 use std::collections::HashMap;
