@@ -76,6 +76,27 @@ impl Rig {
         }
     }
 
+    /// Ends the rig as an unmount does (held-back versions built, every
+    /// handle on the store dropped) and hands back its directory: the
+    /// store can then be opened directly, as the CLI does with nothing
+    /// mounted. Returns the directory, SRC and the store's path.
+    pub fn close(self) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        self.capture.finish();
+        let store = self.dir.path().join("store");
+        let Rig {
+            vfs,
+            capture,
+            history,
+            src,
+            dir,
+            ..
+        } = self;
+        drop(vfs);
+        drop(capture);
+        drop(history);
+        (dir, src, store)
+    }
+
     /// Walks `path` from the root with lookups, as the kernel would.
     pub fn resolve(&self, path: &str) -> Result<InodeNo, i32> {
         let mut ino = InodeNo::ROOT;
@@ -147,6 +168,10 @@ impl Rig {
         let written = self.vfs.write(&self.caller, fh, off, data, false);
         self.vfs.flush(fh).map_err(|e| e.errno())?;
         self.vfs.release(fh).map_err(|e| e.errno())?;
+        // The session's version is built by the ingest worker: waiting for
+        // it here stamps it with the clock as it is now, whatever the test
+        // does to the clock next.
+        self.capture.settle();
         match written {
             Ok(n) if n == data.len() => Ok(()),
             Ok(_) => Err(libc::EIO),
