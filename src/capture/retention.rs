@@ -453,20 +453,20 @@ mod tests {
         mkdir(h, ROOT, None);
         for i in 0..5u8 {
             let named = (i == 0).then_some((ROOT, &b"f"[..]));
-            write(h, 10, named, &[b'a' + i]);
-            write(h, 11, (i == 0).then_some((ROOT, &b"g"[..])), &[b'A' + i]);
+            write(h, o(10), named, &[b'a' + i]);
+            write(h, o(11), (i == 0).then_some((ROOT, &b"g"[..])), &[b'A' + i]);
             k.clock.advance(std::time::Duration::from_secs(3600));
         }
         let r = Retention {
             max_count: Some(2),
             ..Retention::default()
         };
-        let only_f: HashSet<ObjectId> = [10].into();
+        let only_f: HashSet<ObjectId> = [o(10)].into();
         let report = pass(&k, r.clone(), Some(&only_f));
         assert_eq!(report.planned_versions, 3);
         assert_eq!(report.outcome.versions_removed, 3);
-        assert_eq!(kept(h, 10), [b"d".to_vec(), b"e".to_vec()]);
-        assert_eq!(kept(h, 11).len(), 5, "out of scope");
+        assert_eq!(kept(h, o(10)), [b"d".to_vec(), b"e".to_vec()]);
+        assert_eq!(kept(h, o(11)).len(), 5, "out of scope");
         // Ages by the history's clock: versions at 0..4 h, now 5 h; only
         // the one older than a 4 h maximum age goes.
         let r = Retention {
@@ -475,10 +475,10 @@ mod tests {
         };
         pass(&k, r, None);
         assert_eq!(
-            kept(h, 11),
+            kept(h, o(11)),
             [b"B".to_vec(), b"C".to_vec(), b"D".to_vec(), b"E".to_vec()]
         );
-        assert_eq!(kept(h, 10), [b"d".to_vec(), b"e".to_vec()]);
+        assert_eq!(kept(h, o(10)), [b"d".to_vec(), b"e".to_vec()]);
     }
 
     #[test]
@@ -486,8 +486,8 @@ mod tests {
         let k = kit();
         let h = &k.history;
         mkdir(h, ROOT, None);
-        write(h, 10, Some((ROOT, b"f")), b"x");
-        unlink(h, ROOT, b"f", 10);
+        write(h, o(10), Some((ROOT, b"f")), b"x");
+        unlink(h, ROOT, b"f", o(10));
         let r = Retention {
             max_age_secs: Some(3600),
             ..Retention::default()
@@ -497,6 +497,6 @@ mod tests {
         let report = pass(&k, r, None);
         assert_eq!(report.planned_objects, 1);
         assert_eq!(report.outcome.objects_removed, 1);
-        assert!(kept(h, 10).is_empty());
+        assert!(kept(h, o(10)).is_empty());
     }
 }

@@ -251,11 +251,11 @@ mod tests {
         let k = kit();
         let h = &k.history;
         assert_eq!(head(h.db()).unwrap(), None);
-        let s1 = write(h, 10, Some((ROOT, b"f")), b"one");
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
         h.settle().unwrap();
         let first = head(h.db()).unwrap().unwrap();
         assert_eq!(first.0, s1);
-        let s2 = write(h, 10, None, b"two");
+        let s2 = write(h, o(10), None, b"two");
         h.settle().unwrap();
         let second = head(h.db()).unwrap().unwrap();
         assert_eq!(second.0, s2);
@@ -284,12 +284,12 @@ mod tests {
     fn an_edit_behind_chronofs_back_is_found() {
         let k = kit();
         let h = &k.history;
-        write(h, 10, Some((ROOT, b"f")), b"one");
-        let s2 = write(h, 10, None, b"two");
-        write(h, 10, None, b"three");
+        write(h, o(10), Some((ROOT, b"f")), b"one");
+        let s2 = write(h, o(10), None, b"two");
+        write(h, o(10), None, b"three");
         assert!(problems(h).is_empty());
         // Rewrite version s2's record in place (its attributes, say).
-        let key = super::super::tables::version_key(10, s2);
+        let key = super::super::tables::version_key(o(10), s2);
         let txn = h.db().begin_write().unwrap();
         {
             let mut t = txn.open_table(VERSIONS).unwrap();
@@ -310,7 +310,7 @@ mod tests {
     fn a_record_added_behind_chronofs_back_is_found() {
         let k = kit();
         let h = &k.history;
-        write(h, 10, Some((ROOT, b"f")), b"one");
+        write(h, o(10), Some((ROOT, b"f")), b"one");
         assert!(problems(h).is_empty());
         let forged = version(
             libc::S_IFREG | 0o644,
@@ -318,7 +318,7 @@ mod tests {
             super::super::Content::Special,
             super::super::Cause::Write,
         );
-        let key = super::super::tables::version_key(10, 999);
+        let key = super::super::tables::version_key(o(10), 999);
         let txn = h.db().begin_write().unwrap();
         {
             let mut t = txn.open_table(VERSIONS).unwrap();
@@ -339,12 +339,12 @@ mod tests {
     fn pruning_is_not_tampering() {
         let k = kit();
         let h = &k.history;
-        let s1 = write(h, 10, Some((ROOT, b"f")), b"one");
-        let s2 = write(h, 10, None, b"two");
-        write(h, 10, None, b"three");
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
+        let s2 = write(h, o(10), None, b"two");
+        write(h, o(10), None, b"three");
         let out = h
             .prune(
-                &[(10, Removal::Versions(vec![s1, s2]))],
+                &[(o(10), Removal::Versions(vec![s1, s2]))],
                 Pins::Respect,
                 None,
             )

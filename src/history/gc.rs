@@ -473,12 +473,12 @@ mod tests {
         let h = &k.history;
         let a = noise(200_000, 1);
         let b = noise(150_000, 2);
-        write(h, 10, Some((ROOT, b"f")), &a);
-        write(h, 10, None, &b);
+        write(h, o(10), Some((ROOT, b"f")), &a);
+        write(h, o(10), None, &b);
         let r = collect(h, false);
         assert_eq!(r.removed_chunks, 0);
         assert_eq!(r.live_chunks, r.chunks);
-        let versions = h.versions(10, 0, Seq::MAX).unwrap();
+        let versions = h.versions(o(10), 0, Seq::MAX).unwrap();
         assert_eq!(read(h, &versions[0].1), a);
         assert_eq!(read(h, &versions[1].1), b);
     }
@@ -492,13 +492,13 @@ mod tests {
         // Shares v1's first 150 kB (whole chunks of it), so those stay.
         let mut sharer = v1[..150_000].to_vec();
         sharer.extend(noise(50_000, 3));
-        let s1 = write(h, 10, Some((ROOT, b"f")), &v1);
-        let old = latest(h, 10);
-        write(h, 10, None, &v2);
-        write(h, 11, Some((ROOT, b"g")), &sharer);
-        let kept: HashSet<Hash> = chunks_of(h, &latest(h, 10))
+        let s1 = write(h, o(10), Some((ROOT, b"f")), &v1);
+        let old = latest(h, o(10));
+        write(h, o(10), None, &v2);
+        write(h, o(11), Some((ROOT, b"g")), &sharer);
+        let kept: HashSet<Hash> = chunks_of(h, &latest(h, o(10)))
             .into_iter()
-            .chain(chunks_of(h, &latest(h, 11)))
+            .chain(chunks_of(h, &latest(h, o(11))))
             .collect();
         // A kept chunk stored as a delta keeps its base (the sharer's
         // chunk across the 150 kB boundary may be one against v1's).
@@ -520,7 +520,7 @@ mod tests {
         );
 
         let out = h
-            .prune(&[(10, Removal::Versions(vec![s1]))], Pins::Respect, None)
+            .prune(&[(o(10), Removal::Versions(vec![s1]))], Pins::Respect, None)
             .unwrap();
         assert_eq!(out.versions_removed, 1);
         let dry = collect(h, true);
@@ -538,8 +538,8 @@ mod tests {
         for c in kept.iter().chain(&bases) {
             assert!(h.chunks().contains(c).unwrap(), "referenced chunk freed");
         }
-        assert_eq!(read(h, &latest(h, 10)), v2);
-        assert_eq!(read(h, &latest(h, 11)), sharer);
+        assert_eq!(read(h, &latest(h, o(10))), v2);
+        assert_eq!(read(h, &latest(h, o(11))), sharer);
         assert_eq!(
             collect(h, false).removed_chunks,
             0,

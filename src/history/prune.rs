@@ -468,27 +468,35 @@ mod tests {
         let s: Vec<Seq> = (0..4)
             .map(|i| {
                 let named = (i == 0).then_some((ROOT, &b"f"[..]));
-                write(h, 10, named, format!("v{i}").as_bytes())
+                write(h, o(10), named, format!("v{i}").as_bytes())
             })
             .collect();
         tag(h, "keep", s[1]);
         let out = h
-            .prune(&[(10, Removal::Versions(s.clone()))], Pins::Respect, None)
+            .prune(
+                &[(o(10), Removal::Versions(s.clone()))],
+                Pins::Respect,
+                None,
+            )
             .unwrap();
         assert_eq!(out.versions_removed, 2);
         assert_eq!(out.versions_spared, 2);
-        assert_eq!(seqs(h, 10), [s[1], s[3]]);
+        assert_eq!(seqs(h, o(10)), [s[1], s[3]]);
         // A query before the oldest kept version reads it (the nearest
         // state history holds), not "did not exist".
-        assert!(h.prefix_pruned(10).unwrap());
-        let (at, old) = h.object_at(10, s[0]).unwrap().unwrap();
+        assert!(h.prefix_pruned(o(10)).unwrap());
+        let (at, old) = h.object_at(o(10), s[0]).unwrap().unwrap();
         assert_eq!((at, read(h, &old)), (s[1], b"v1".to_vec()));
         // Purge overrides tags, never the newest of a live object.
         let out = h
-            .prune(&[(10, Removal::Versions(s.clone()))], Pins::Override, None)
+            .prune(
+                &[(o(10), Removal::Versions(s.clone()))],
+                Pins::Override,
+                None,
+            )
             .unwrap();
         assert_eq!(out.versions_removed, 1);
-        assert_eq!(seqs(h, 10), [s[3]]);
+        assert_eq!(seqs(h, o(10)), [s[3]]);
     }
 
     #[test]
@@ -496,30 +504,30 @@ mod tests {
         let k = kit();
         let h = &k.history;
         mkdir(h, ROOT, None);
-        let s1 = write(h, 10, Some((ROOT, b"f")), b"one");
-        write(h, 10, None, b"two");
-        write(h, 11, Some((ROOT, b"g")), b"other");
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
+        write(h, o(10), None, b"two");
+        write(h, o(11), Some((ROOT, b"g")), b"other");
         let out = h
-            .prune(&[(10, Removal::Whole)], Pins::Respect, None)
+            .prune(&[(o(10), Removal::Whole)], Pins::Respect, None)
             .unwrap();
         assert_eq!(
             out.objects_removed, 0,
             "a live object is never removed whole"
         );
-        assert_eq!(seqs(h, 10).len(), 2);
+        assert_eq!(seqs(h, o(10)).len(), 2);
 
-        let gone = unlink(h, ROOT, b"f", 10);
-        assert_eq!(h.lookup_at(ROOT, b"f", s1).unwrap(), Lookup::Found(10));
+        let gone = unlink(h, ROOT, b"f", o(10));
+        assert_eq!(h.lookup_at(ROOT, b"f", s1).unwrap(), Lookup::Found(o(10)));
         let out = h
-            .prune(&[(10, Removal::Whole)], Pins::Respect, None)
+            .prune(&[(o(10), Removal::Whole)], Pins::Respect, None)
             .unwrap();
         assert_eq!(out.objects_removed, 1);
         assert_eq!(out.versions_removed, 3);
-        assert!(seqs(h, 10).is_empty());
+        assert!(seqs(h, o(10)).is_empty());
         // Its names went with it; the other file is untouched.
         assert_eq!(h.lookup_at(ROOT, b"f", s1).unwrap(), Lookup::Absent);
         assert_eq!(h.lookup_at(ROOT, b"f", gone).unwrap(), Lookup::Absent);
-        assert_eq!(h.lookup_at(ROOT, b"g", gone).unwrap(), Lookup::Found(11));
+        assert_eq!(h.lookup_at(ROOT, b"g", gone).unwrap(), Lookup::Found(o(11)));
         let report = super::super::chain::verify(h.db()).unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
     }

@@ -428,11 +428,11 @@ mod tests {
         assert_eq!(h.bounds().unwrap(), None);
         let s1 = mkdir(h, ROOT, None);
         k.clock.advance(std::time::Duration::from_secs(3600));
-        let s2 = write(h, 10, Some((ROOT, b"f")), b"a");
+        let s2 = write(h, o(10), Some((ROOT, b"f")), b"a");
         k.clock.advance(std::time::Duration::from_secs(3600));
-        let s3 = write(h, 10, None, b"b");
+        let s3 = write(h, o(10), None, b"b");
         // The clock did not move: times still strictly increase.
-        let s4 = write(h, 10, None, b"c");
+        let s4 = write(h, o(10), None, b"c");
         assert!(s1 < s2 && s2 < s3 && s3 < s4);
         assert_eq!(h.time_of_seq(s1).unwrap(), Some(T0));
         assert_eq!(h.time_of_seq(s2).unwrap(), Some(T0 + HOUR));
@@ -452,12 +452,12 @@ mod tests {
         let k = kit();
         let h = &k.history;
         mkdir(h, ROOT, None);
-        let s1 = write(h, 10, Some((ROOT, b"f")), b"one");
-        let s2 = write(h, 10, None, b"two");
-        let s3 = write(h, 11, Some((ROOT, b"g")), b"other");
-        let s4 = write(h, 10, None, b"three");
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
+        let s2 = write(h, o(10), None, b"two");
+        let s3 = write(h, o(11), Some((ROOT, b"g")), b"other");
+        let s4 = write(h, o(10), None, b"three");
         let log: Vec<(Seq, Vec<u8>)> = h
-            .versions(10, 0, Seq::MAX)
+            .versions(o(10), 0, Seq::MAX)
             .unwrap()
             .into_iter()
             .map(|(s, v)| (s, read(h, &v)))
@@ -470,16 +470,24 @@ mod tests {
                 (s4, b"three".to_vec())
             ]
         );
-        assert_eq!(h.versions(10, s2, s3).unwrap().len(), 1, "inclusive range");
-        assert_eq!(h.object_at(10, s1 - 1).unwrap(), None, "not yet recorded");
+        assert_eq!(
+            h.versions(o(10), s2, s3).unwrap().len(),
+            1,
+            "inclusive range"
+        );
+        assert_eq!(
+            h.object_at(o(10), s1 - 1).unwrap(),
+            None,
+            "not yet recorded"
+        );
         let at = |seq| {
-            let (s, v) = h.object_at(10, seq).unwrap().unwrap();
+            let (s, v) = h.object_at(o(10), seq).unwrap().unwrap();
             (s, read(h, &v))
         };
         assert_eq!(at(s3), (s2, b"two".to_vec()));
         assert_eq!(at(Seq::MAX), (s4, b"three".to_vec()));
-        assert!(h.has_versions(10).unwrap());
-        assert!(!h.has_versions(12).unwrap());
+        assert!(h.has_versions(o(10)).unwrap());
+        assert!(!h.has_versions(o(12)).unwrap());
     }
 
     #[test]
@@ -492,29 +500,32 @@ mod tests {
             "never recorded"
         );
         let s0 = mkdir(h, ROOT, None);
-        let s1 = mkdir(h, 20, Some((ROOT, b"d")));
-        let s2 = write(h, 10, Some((20, b"f")), b"x");
-        let s3 = write(h, 11, Some((ROOT, b"a")), b"y");
-        let s4 = unlink(h, 20, b"f", 10);
+        let s1 = mkdir(h, o(20), Some((ROOT, b"d")));
+        let s2 = write(h, o(10), Some((o(20), b"f")), b"x");
+        let s3 = write(h, o(11), Some((ROOT, b"a")), b"y");
+        let s4 = unlink(h, o(20), b"f", o(10));
         assert_eq!(h.list_at(ROOT, s0).unwrap(), Some(vec![]));
         assert_eq!(
             h.list_at(ROOT, s3).unwrap(),
-            Some(vec![(b"a".to_vec(), 11), (b"d".to_vec(), 20)]),
+            Some(vec![(b"a".to_vec(), o(11)), (b"d".to_vec(), o(20))]),
             "sorted by name"
         );
-        assert_eq!(h.list_at(20, s2).unwrap(), Some(vec![(b"f".to_vec(), 10)]));
-        assert_eq!(h.list_at(20, s4).unwrap(), Some(vec![]));
-        assert_eq!(h.lookup_at(20, b"f", s1).unwrap(), Lookup::Absent);
-        assert_eq!(h.lookup_at(20, b"f", s3).unwrap(), Lookup::Found(10));
-        assert_eq!(h.lookup_at(20, b"f", s4).unwrap(), Lookup::Absent);
-        assert_eq!(h.name_at(10, s2).unwrap(), Some((20, b"f".to_vec())));
         assert_eq!(
-            h.path_at(10, s3).unwrap(),
+            h.list_at(o(20), s2).unwrap(),
+            Some(vec![(b"f".to_vec(), o(10))])
+        );
+        assert_eq!(h.list_at(o(20), s4).unwrap(), Some(vec![]));
+        assert_eq!(h.lookup_at(o(20), b"f", s1).unwrap(), Lookup::Absent);
+        assert_eq!(h.lookup_at(o(20), b"f", s3).unwrap(), Lookup::Found(o(10)));
+        assert_eq!(h.lookup_at(o(20), b"f", s4).unwrap(), Lookup::Absent);
+        assert_eq!(h.name_at(o(10), s2).unwrap(), Some((o(20), b"f".to_vec())));
+        assert_eq!(
+            h.path_at(o(10), s3).unwrap(),
             Some(vec![b"d".to_vec(), b"f".to_vec()])
         );
         assert_eq!(
-            h.name_history(20, b"f").unwrap(),
-            [(s2, Some(10)), (s4, None)]
+            h.name_history(o(20), b"f").unwrap(),
+            [(s2, Some(o(10))), (s4, None)]
         );
     }
 
@@ -522,7 +533,7 @@ mod tests {
     fn tags_name_instants() {
         let k = kit();
         let h = &k.history;
-        let s1 = write(h, 10, Some((ROOT, b"f")), b"x");
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"x");
         let mut d = super::super::Draft::default();
         d.tags.push(("release".into(), Some(s1)));
         h.commit(d).unwrap();

@@ -9,6 +9,12 @@ use super::model::*;
 use super::{Draft, History, HistoryHandle};
 use crate::store::{chunks::ZSTD_LEVEL, Hash, Store};
 
+/// An object id in a test: the one place to change if `ObjectId` stops
+/// being a plain integer.
+pub fn o(n: u64) -> ObjectId {
+    n
+}
+
 /// 2035-01-01T00:00:00Z.
 pub const T0: i64 = 2_051_222_400_000_000_000;
 pub const HOUR: i64 = 3_600_000_000_000;
