@@ -3,7 +3,8 @@
 //! write-at, truncate, chmod, mkdir, rmdir, symlink, link, unlink and
 //! rename run on a `Vfs` with history capture and on the model. After each
 //! operation its outcome (success or the exact errno) must match the
-//! model's, and so must the backing tree; every instant a successful
+//! model's, and so must the backing tree and the tree as the vfs shows it
+//! (lookup, getattr, read, readlink); every instant a successful
 //! operation left is then read back from history (`list_at`/`object_at`
 //! and the file's chunks, what `ls --at` and `cat --at` use) and must be
 //! the model's tree at that point.
@@ -374,6 +375,34 @@ fn run(rig: &Rig, op: &Op) -> Result<(), i32> {
     }
 }
 
+/// The model's paths as the vfs shows them (lookup, getattr, read,
+/// readlink): what the kernel would be told.
+fn vfs_tree(rig: &Rig, model: &BTreeMap<String, Seen>) -> BTreeMap<String, Seen> {
+    let vfs = &rig.vfs;
+    model
+        .keys()
+        .map(|p| {
+            let ino = rig.resolve(p).unwrap();
+            let attr = vfs.getattr(ino, None).unwrap();
+            let mode = attr.st.st_mode & 0o7777;
+            let seen = match attr.kind() {
+                libc::S_IFDIR => Seen::Dir { mode },
+                libc::S_IFLNK => Seen::Symlink {
+                    target: String::from_utf8(vfs.readlink(ino).unwrap()).unwrap(),
+                },
+                _ => {
+                    let fh = vfs.open(&rig.caller, ino, libc::O_RDONLY).unwrap().fh;
+                    let data = vfs.read(fh, 0, attr.st.st_size as u32 + 1).unwrap();
+                    vfs.release(fh).unwrap();
+                    assert_eq!(data.len() as i64, attr.st.st_size, "{p}: size");
+                    Seen::File { mode, data }
+                }
+            };
+            (p.clone(), seen)
+        })
+        .collect()
+}
+
 fn errname(r: &Result<(), i32>) -> String {
     match r {
         Ok(()) => "ok".into(),
@@ -404,6 +433,11 @@ fn check_case(ops: &[Op]) -> Result<(), TestCaseError> {
         prop_assert!(
             live == want,
             "after op {i} {op:?}: live tree {live:#?}\nmodel {want:#?}"
+        );
+        let seen = vfs_tree(&rig, &want);
+        prop_assert!(
+            seen == want,
+            "after op {i} {op:?}: through the vfs {seen:#?}\nmodel {want:#?}"
         );
         if got.is_ok() {
             rig.clock.advance(secs(1));
