@@ -1600,7 +1600,10 @@ fn a_full_store_refuses_changes_with_enospc_and_resumes_when_freed() {
             refused = Some(e.raw_os_error());
             break;
         }
-        std::thread::sleep(Duration::from_millis(300));
+        // Every control request first waits for the versions being built
+        // (the daemon's settle): once `status` answers, f{i}'s version was
+        // stored or found the store full.
+        chrono_ok(&m, &["status"]);
     }
     assert_eq!(
         refused,

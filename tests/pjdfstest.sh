@@ -176,7 +176,10 @@ unmount_fs() {
         if kill -0 "$pid" 2>/dev/null; then
             warn "daemon $pid still running 10 s after unmount: SIGTERM"
             kill -TERM "$pid" 2>/dev/null || true
-            sleep 3
+            for _ in $(seq 30); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.1
+            done
             if kill -0 "$pid" 2>/dev/null; then
                 warn "daemon $pid ignores SIGTERM: SIGKILL"
                 kill -KILL "$pid" 2>/dev/null || true

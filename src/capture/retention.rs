@@ -370,7 +370,7 @@ impl Cleaner {
                     if p.is_trivial() {
                         continue;
                     }
-                    match clean(&history, &p, crate::history::now_ns(), false, None) {
+                    match clean(&history, &p, history.now_ns(), false, None) {
                         Ok(r) if r.outcome.versions_removed > 0 => {
                             tracing::info!(
                                 "cleaner: removed {} version(s), of them those of {} expired deleted object(s)",
@@ -408,5 +408,92 @@ impl Drop for Cleaner {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::prune::Pins;
+    use crate::history::testkit::*;
+
+    /// The same retention for every object.
+    struct Fixed(Retention);
+
+    impl Decide for Fixed {
+        fn retention(&self, _: &Subject) -> Option<Retention> {
+            Some(self.0.clone())
+        }
+    }
+
+    fn kept(h: &History, obj: ObjectId) -> Vec<Vec<u8>> {
+        h.versions(obj, 0, Seq::MAX)
+            .unwrap()
+            .iter()
+            .map(|(_, v)| read(h, v))
+            .collect()
+    }
+
+    fn pass(k: &Kit, r: Retention, scope: Option<&HashSet<ObjectId>>) -> CleanReport {
+        let h = &k.history;
+        let mut report = CleanReport::default();
+        let tz = jiff::tz::TimeZone::UTC;
+        let plan = plan(h, &Fixed(r), h.now_ns(), &tz, scope, &mut report).unwrap();
+        report.outcome = h.prune(&plan, Pins::Respect, None).unwrap();
+        report
+    }
+
+    #[test]
+    fn prune_keeps_what_the_retention_says() {
+        let k = kit();
+        let h = &k.history;
+        mkdir(h, ROOT, None);
+        for i in 0..5u8 {
+            let named = (i == 0).then_some((ROOT, &b"f"[..]));
+            write(h, o(10), named, &[b'a' + i]);
+            write(h, o(11), (i == 0).then_some((ROOT, &b"g"[..])), &[b'A' + i]);
+            k.clock.advance(std::time::Duration::from_secs(3600));
+        }
+        let r = Retention {
+            max_count: Some(2),
+            ..Retention::default()
+        };
+        let only_f: HashSet<ObjectId> = [o(10)].into();
+        let report = pass(&k, r.clone(), Some(&only_f));
+        assert_eq!(report.planned_versions, 3);
+        assert_eq!(report.outcome.versions_removed, 3);
+        assert_eq!(kept(h, o(10)), [b"d".to_vec(), b"e".to_vec()]);
+        assert_eq!(kept(h, o(11)).len(), 5, "out of scope");
+        // Ages by the history's clock: versions at 0..4 h, now 5 h; only
+        // the one older than a 4 h maximum age goes.
+        let r = Retention {
+            max_age_secs: Some(4 * 3600),
+            ..Retention::default()
+        };
+        pass(&k, r, None);
+        assert_eq!(
+            kept(h, o(11)),
+            [b"B".to_vec(), b"C".to_vec(), b"D".to_vec(), b"E".to_vec()]
+        );
+        assert_eq!(kept(h, o(10)), [b"d".to_vec(), b"e".to_vec()]);
+    }
+
+    #[test]
+    fn a_deleted_file_expires_whole_when_nothing_of_it_is_kept() {
+        let k = kit();
+        let h = &k.history;
+        mkdir(h, ROOT, None);
+        write(h, o(10), Some((ROOT, b"f")), b"x");
+        unlink(h, ROOT, b"f", o(10));
+        let r = Retention {
+            max_age_secs: Some(3600),
+            ..Retention::default()
+        };
+        assert_eq!(pass(&k, r.clone(), None).planned_objects, 0, "not old yet");
+        k.clock.advance(std::time::Duration::from_secs(7200));
+        let report = pass(&k, r, None);
+        assert_eq!(report.planned_objects, 1);
+        assert_eq!(report.outcome.objects_removed, 1);
+        assert!(kept(h, o(10)).is_empty());
     }
 }

@@ -70,7 +70,8 @@ pub struct Session {
     /// Times were set explicitly during the session (a change even if the
     /// bytes end up the same).
     retimed: bool,
-    last_version: Instant,
+    /// By the history's monotonic clock (`Clock::monotonic`).
+    last_version: Duration,
     /// When close(2) last flushed a handle of it: its release (and version)
     /// is imminent.
     flushed: Option<Instant>,
@@ -105,8 +106,9 @@ pub struct PendingCreate {
 #[derive(Default)]
 pub struct Objects {
     /// Versions held back by interval mode: when due, and the job.
-    deferred: HashMap<ObjectId, (Instant, Job)>,
-    interval_built: HashMap<ObjectId, Instant>,
+    /// Times by the history's monotonic clock (`Clock::monotonic`).
+    deferred: HashMap<ObjectId, (Duration, Job)>,
+    interval_built: HashMap<ObjectId, Duration>,
     known: HashMap<ObjectId, Arc<Known>>,
     sessions: HashMap<ObjectId, Session>,
     ingesting: HashMap<ObjectId, u32>,
@@ -199,7 +201,7 @@ impl Objects {
     /// of the object's last one (`capture = "interval"`): built when
     /// `due`, or sooner if something needs it. Hands the job back when too
     /// many are held (each holds a descriptor).
-    pub fn defer(&mut self, job: Job, due: Instant) -> Result<(), Box<Job>> {
+    pub fn defer(&mut self, job: Job, due: Duration) -> Result<(), Box<Job>> {
         if self.deferred.len() >= DEFER_LIMIT && !self.deferred.contains_key(&job.obj) {
             return Err(Box::new(job));
         }
@@ -214,7 +216,7 @@ impl Objects {
     }
 
     /// Deferred versions due by `now` (all with `None`).
-    pub fn due_deferred(&mut self, now: Option<Instant>) -> Vec<Job> {
+    pub fn due_deferred(&mut self, now: Option<Duration>) -> Vec<Job> {
         let due: Vec<ObjectId> = self
             .deferred
             .iter()
@@ -227,16 +229,15 @@ impl Objects {
     }
 
     /// When an interval-mode version of `obj` was last built.
-    pub fn interval_built(&self, obj: ObjectId) -> Option<Instant> {
+    pub fn interval_built(&self, obj: ObjectId) -> Option<Duration> {
         self.interval_built.get(&obj).copied()
     }
 
-    pub fn note_interval_built(&mut self, obj: ObjectId, interval: Duration) {
-        let now = Instant::now();
+    pub fn note_interval_built(&mut self, obj: ObjectId, interval: Duration, now: Duration) {
         if self.interval_built.len() >= DEFER_LIMIT * 4 {
             // Only recent builds can hold a version back.
             self.interval_built
-                .retain(|_, t| now.duration_since(*t) < interval);
+                .retain(|_, t| now.saturating_sub(*t) < interval);
         }
         self.interval_built.insert(obj, now);
     }
@@ -298,7 +299,14 @@ impl Objects {
         self.untrack(obj);
     }
 
-    pub fn open_session(&mut self, obj: ObjectId, reader: OwnedFd, who: Who, every_write: bool) {
+    pub fn open_session(
+        &mut self,
+        obj: ObjectId,
+        reader: OwnedFd,
+        who: Who,
+        every_write: bool,
+        now: Duration,
+    ) {
         match self.sessions.get_mut(&obj) {
             Some(s) => {
                 s.writers += 1;
@@ -313,7 +321,7 @@ impl Objects {
                         who,
                         dirty: false,
                         retimed: false,
-                        last_version: Instant::now(),
+                        last_version: now,
                         flushed: None,
                         every_write,
                     },
@@ -344,9 +352,9 @@ impl Objects {
     }
 
     /// A job capturing an open session's current state now.
-    pub fn snapshot_job(&mut self, obj: ObjectId, cause: Cause) -> Option<Job> {
+    pub fn snapshot_job(&mut self, obj: ObjectId, cause: Cause, now: Duration) -> Option<Job> {
         let s = self.sessions.get_mut(&obj)?;
-        s.last_version = Instant::now();
+        s.last_version = now;
         let dirty = std::mem::take(&mut s.dirty);
         let retimed = std::mem::take(&mut s.retimed);
         Some(Job {
@@ -361,15 +369,15 @@ impl Objects {
         })
     }
 
-    pub fn due_sessions(&mut self, now: Instant, interval: Duration) -> Vec<Job> {
+    pub fn due_sessions(&mut self, now: Duration, interval: Duration) -> Vec<Job> {
         let due: Vec<ObjectId> = self
             .sessions
             .iter()
-            .filter(|(_, s)| now.duration_since(s.last_version) >= interval)
+            .filter(|(_, s)| now.saturating_sub(s.last_version) >= interval)
             .map(|(o, _)| *o)
             .collect();
         due.into_iter()
-            .filter_map(|o| self.snapshot_job(o, Cause::Interval))
+            .filter_map(|o| self.snapshot_job(o, Cause::Interval, now))
             .collect()
     }
 
@@ -470,12 +478,115 @@ pub fn worker_loop(capture: Weak<Capture>) {
         }
         if last_check.elapsed() >= INTERVAL_CHECK {
             last_check = Instant::now();
-            for job in c.interval_jobs() {
-                let obj = job.obj;
-                if let Err(e) = c.run_job(job) {
-                    tracing::error!("interval version of inode {obj} failed: {e}");
-                }
-            }
+            c.run_due();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fd() -> OwnedFd {
+        std::fs::File::open("/dev/null").unwrap().into()
+    }
+
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn written_ranges_merge_into_page_aligned_spans() {
+        let mut d = Dirty::new();
+        d.add(10, 5);
+        assert_eq!(d.ranges(), [(0, 4096)]);
+        d.add(8192, 1);
+        assert_eq!(d.ranges(), [(0, 4096), (8192, 4096)]);
+        // Touching the gap joins all three.
+        d.add(4096, 4096);
+        assert_eq!(d.ranges(), [(0, 12288)]);
+        d.add(100_000, 0);
+        d.add(u64::MAX - 5, 10);
+        assert_eq!(d.ranges().len(), 3, "no overflow at the end of the range");
+    }
+
+    #[test]
+    fn a_session_ends_with_its_last_writer_as_one_job() {
+        let mut o = Objects::default();
+        o.open_session(7, fd(), Who::default(), false, s(0));
+        o.open_session(7, fd(), Who::default(), false, s(1));
+        assert!(o.mark_dirty(7, true));
+        assert!(!o.mark_dirty(8, false), "no session of 8");
+        assert!(o.close_session(7).is_none(), "one writer is still open");
+        let job = o.close_session(7).unwrap();
+        assert_eq!((job.obj, job.cause), (7, Cause::Write));
+        assert!(job.dirty && job.retimed && job.queued && job.deferrable);
+        assert!(o.ingesting(7) && !o.has_writers(7));
+        o.job_done(7, true);
+        assert!(!o.any_ingesting());
+        assert!(o.close_session(7).is_none());
+    }
+
+    #[test]
+    fn open_sessions_are_due_an_interval_after_their_last_version() {
+        let mut o = Objects::default();
+        o.open_session(1, fd(), Who::default(), false, s(100));
+        o.open_session(2, fd(), Who::default(), false, s(130));
+        assert!(o.due_sessions(s(159), s(60)).is_empty());
+        let due = o.due_sessions(s(160), s(60));
+        assert_eq!(due.iter().map(|j| j.obj).collect::<Vec<_>>(), [1]);
+        assert_eq!(due[0].cause, Cause::Interval);
+        assert!(!due[0].deferrable, "an interval version is built now");
+        // The snapshot restarted 1's interval; 2's is due at 190.
+        let due = o.due_sessions(s(190), s(60));
+        assert_eq!(due.iter().map(|j| j.obj).collect::<Vec<_>>(), [2]);
+        assert!(o.due_sessions(s(219), s(60)).is_empty());
+        assert_eq!(o.due_sessions(s(220), s(60)).len(), 1);
+    }
+
+    fn job(obj: ObjectId) -> Job {
+        Job {
+            obj,
+            reader: Arc::new(fd()),
+            who: Who::default(),
+            cause: Cause::Interval,
+            dirty: true,
+            retimed: false,
+            queued: false,
+            deferrable: false,
+        }
+    }
+
+    #[test]
+    fn a_held_back_version_keeps_its_first_due_time() {
+        let mut o = Objects::default();
+        assert!(o.defer(job(1), s(60)).is_ok());
+        // A later session of the same file replaces the job, not the time.
+        assert!(o.defer(job(1), s(90)).is_ok());
+        assert!(o.defer(job(2), s(75)).is_ok());
+        assert!(o.due_deferred(Some(s(59))).is_empty());
+        let due = o.due_deferred(Some(s(60)));
+        assert_eq!(due.iter().map(|j| j.obj).collect::<Vec<_>>(), [1]);
+        assert!(o.take_deferred(2).is_some());
+        assert!(o.due_deferred(None).is_empty());
+        o.defer(job(3), s(1_000)).ok();
+        assert_eq!(o.due_deferred(None).len(), 1, "unmount builds all");
+    }
+
+    #[test]
+    fn tracked_ranges_are_handed_over_once() {
+        let mut o = Objects::default();
+        o.open_session(1, fd(), Who::default(), false, s(0));
+        o.track(1);
+        o.wrote_range(1, 0, 10);
+        assert_eq!(o.take_dirty(1), Some(vec![(0, 4096)]));
+        assert_eq!(o.take_dirty(1), Some(vec![]), "taken");
+        o.wrote_range(1, 5000, 10);
+        o.untrack(1);
+        assert_eq!(o.take_dirty(1), None, "a passthrough writer: read it all");
+        o.close_session(1);
+        o.wrote_range(1, 0, 1);
+        assert_eq!(o.take_dirty(1), Some(vec![(0, 4096)]));
+        assert_eq!(o.take_dirty(1), None, "tracking ended with the session");
     }
 }

@@ -122,7 +122,7 @@ impl Service {
 
     pub(super) fn clean(&self, now_ns: Option<i64>, dry_run: bool, peer: &Peer) -> Result<Value> {
         root_only(peer, "run the cleaner")?;
-        let now = now_ns.unwrap_or_else(crate::history::now_ns);
+        let now = now_ns.unwrap_or_else(|| self.history().now_ns());
         let policy = self.policy.current()?;
         let report = retention::clean(self.history(), &policy, now, dry_run, None)?;
         if !dry_run {
@@ -171,7 +171,7 @@ impl Service {
             dry_run,
             ..Default::default()
         };
-        let now = crate::history::now_ns();
+        let now = self.history().now_ns();
         let plan = retention::plan(self.history(), &decide, now, &tz, Some(&scope), &mut report)?;
         // What the request alone would take, to say why less goes.
         let held_back = if peer.uid != 0 {

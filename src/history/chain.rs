@@ -238,3 +238,123 @@ pub fn verify(db: &Index) -> Result<ChainReport> {
     report.unchained_ops = counted.len() as u64;
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::prune::{Pins, Removal};
+    use super::super::testkit::*;
+    use super::super::ROOT;
+    use super::*;
+
+    fn problems(h: &super::super::History) -> Vec<String> {
+        h.settle().unwrap();
+        verify(h.db()).unwrap().problems
+    }
+
+    #[test]
+    fn each_change_extends_the_chain_and_verifies() {
+        let k = kit();
+        let h = &k.history;
+        assert_eq!(head(h.db()).unwrap(), None);
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
+        h.settle().unwrap();
+        let first = head(h.db()).unwrap().unwrap();
+        assert_eq!(first.0, s1);
+        let s2 = write(h, o(10), None, b"two");
+        h.settle().unwrap();
+        let second = head(h.db()).unwrap().unwrap();
+        assert_eq!(second.0, s2);
+        assert_ne!(first.1, second.1);
+        let report = verify(h.db()).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_eq!(report.ops, 2);
+        assert_eq!(report.head, Some(second));
+    }
+
+    #[test]
+    fn links_depend_on_order_and_on_every_record() {
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        assert_eq!(digest(vec![a, b]), digest(vec![b, a]), "records are a set");
+        assert_ne!(digest(vec![a]), digest(vec![a, b]));
+        let d = digest(vec![a]);
+        assert_ne!(link(&[0; 32], 1, &d), link(&[0; 32], 2, &d));
+        assert_ne!(link(&[0; 32], 1, &d), link(&[9; 32], 1, &d));
+        assert_ne!(version_record(b"k", b"v"), dirent_record(b"k", 0));
+        // The key's length is hashed: moving a byte between key and value
+        // is a different record.
+        assert_ne!(version_record(b"ab", b"c"), version_record(b"a", b"bc"));
+    }
+
+    #[test]
+    fn an_edit_behind_chronofs_back_is_found() {
+        let k = kit();
+        let h = &k.history;
+        write(h, o(10), Some((ROOT, b"f")), b"one");
+        let s2 = write(h, o(10), None, b"two");
+        write(h, o(10), None, b"three");
+        assert!(problems(h).is_empty());
+        // Rewrite version s2's record in place (its attributes, say).
+        let key = super::super::tables::version_key(o(10), s2);
+        let txn = h.db().begin_write().unwrap();
+        {
+            let mut t = txn.open_table(VERSIONS).unwrap();
+            let mut v =
+                super::super::tables::decode(t.get(key.as_slice()).unwrap().unwrap().value())
+                    .unwrap();
+            v.attrs.mode = libc::S_IFREG | 0o4755;
+            let bytes = super::super::model::encode_version(&v);
+            t.insert(key.as_slice(), bytes.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+        let found = problems(h);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains(&format!("#{s2}")), "{found:?}");
+    }
+
+    #[test]
+    fn a_record_added_behind_chronofs_back_is_found() {
+        let k = kit();
+        let h = &k.history;
+        write(h, o(10), Some((ROOT, b"f")), b"one");
+        assert!(problems(h).is_empty());
+        let forged = version(
+            libc::S_IFREG | 0o644,
+            0,
+            super::super::Content::Special,
+            super::super::Cause::Write,
+        );
+        let key = super::super::tables::version_key(o(10), 999);
+        let txn = h.db().begin_write().unwrap();
+        {
+            let mut t = txn.open_table(VERSIONS).unwrap();
+            let bytes = super::super::model::encode_version(&forged);
+            t.insert(key.as_slice(), bytes.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+        let found = problems(h);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("#999") && p.contains("not in the chain")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn pruning_is_not_tampering() {
+        let k = kit();
+        let h = &k.history;
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
+        let s2 = write(h, o(10), None, b"two");
+        write(h, o(10), None, b"three");
+        let out = h
+            .prune(
+                &[(o(10), Removal::Versions(vec![s1, s2]))],
+                Pins::Respect,
+                None,
+            )
+            .unwrap();
+        assert_eq!(out.versions_removed, 2);
+        assert!(problems(h).is_empty(), "{:?}", problems(h));
+    }
+}

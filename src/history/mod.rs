@@ -17,6 +17,7 @@
 
 pub mod access;
 pub mod chain;
+pub mod clock;
 pub mod content;
 pub mod gc;
 pub mod model;
@@ -27,6 +28,8 @@ pub mod prune;
 pub mod query;
 pub mod spec;
 mod tables;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod verify;
 
 use std::collections::HashMap;
@@ -209,6 +212,7 @@ pub struct History {
     /// versions marked lost): views built before may show what is gone.
     removals: std::sync::atomic::AtomicU64,
     removal_hooks: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
+    clock: Arc<dyn clock::Clock>,
 }
 
 pub struct HistoryHandle {
@@ -247,6 +251,17 @@ impl History {
     /// left unapplied. Must run before the inode map is opened (replay may
     /// restore inode-map entries).
     pub fn open(store: &Store, background: bool) -> Result<HistoryHandle> {
+        History::open_with_clock(store, background, clock::system())
+    }
+
+    /// [`History::open`] with the clock that stamps versions and that
+    /// time-dependent rules above history (retention, interval capture)
+    /// read.
+    pub fn open_with_clock(
+        store: &Store,
+        background: bool,
+        clock: Arc<dyn clock::Clock>,
+    ) -> Result<HistoryHandle> {
         let db = store.index();
         let chunks = Arc::new(store.chunk_store()?);
         let (journal_a, recs_a) = store.journal(0)?;
@@ -299,6 +314,7 @@ impl History {
             unrecorded: std::sync::atomic::AtomicU64::new(0),
             removals: std::sync::atomic::AtomicU64::new(0),
             removal_hooks: Mutex::new(Vec::new()),
+            clock,
         });
         let applier = if background {
             let bg = history.clone();
@@ -317,6 +333,15 @@ impl History {
         Ok(HistoryHandle { history, applier })
     }
 
+    pub fn clock(&self) -> &Arc<dyn clock::Clock> {
+        &self.clock
+    }
+
+    /// The time now, by this history's clock.
+    pub fn now_ns(&self) -> i64 {
+        self.clock.now_ns()
+    }
+
     pub fn chunks(&self) -> &Arc<ChunkStore> {
         &self.chunks
     }
@@ -333,7 +358,7 @@ impl History {
         self.space.check()?;
         let mut st = self.state.lock();
         let seq = st.next_seq;
-        let time_ns = now_ns().max(st.last_time + 1);
+        let time_ns = self.clock.now_ns().max(st.last_time + 1);
         let fresh = self.chunks.take_unjournaled();
         let mut op = Op {
             seq,
@@ -437,7 +462,11 @@ impl History {
             .db()
             .begin_write()
             .map_err(|e| HistoryError::Store(index_error(e)))?;
-        tables::meta_put(&txn, META_INGEST_COMPLETE, now_ns().max(0) as u64)?;
+        tables::meta_put(
+            &txn,
+            META_INGEST_COMPLETE,
+            self.clock.now_ns().max(0) as u64,
+        )?;
         txn.commit()
             .map_err(|e| HistoryError::Store(index_error(e)))?;
         Ok(())

@@ -166,7 +166,7 @@ impl Past<'_> {
                 .tag(name)?
                 .ok_or_else(|| Error::NotFound(format!("no tag named '{name}'")))?,
             At::Time(t) => {
-                if *t > super::now_ns() + 1_000_000_000 {
+                if *t > self.history.now_ns() + 1_000_000_000 {
                     return Err(Error::NotFound(format!(
                         "{} is in the future",
                         spec::show(*t)

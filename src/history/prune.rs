@@ -416,3 +416,122 @@ fn previous_binding(
         None => false,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::query::Lookup;
+    use super::super::testkit::*;
+    use super::*;
+
+    fn seqs(h: &History, obj: ObjectId) -> Vec<Seq> {
+        h.versions(obj, 0, Seq::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect()
+    }
+
+    fn tag(h: &History, name: &str, at: Seq) {
+        let mut d = super::super::Draft::default();
+        d.tags.push((name.into(), Some(at)));
+        h.commit(d).unwrap();
+    }
+
+    fn v(cause: Cause) -> (Seq, Version) {
+        (
+            0,
+            version(libc::S_IFREG | 0o644, 0, Content::Special, cause),
+        )
+    }
+
+    #[test]
+    fn a_tag_pins_the_newest_version_at_or_before_it() {
+        let versions: Vec<(Seq, Version)> =
+            [(3, Cause::Create), (5, Cause::Write), (9, Cause::Write)]
+                .into_iter()
+                .map(|(s, c)| (s, v(c).1))
+                .collect();
+        assert_eq!(pinned(&versions, &[], false), [false, false, false]);
+        assert_eq!(pinned(&versions, &[5], false), [false, true, false]);
+        assert_eq!(pinned(&versions, &[8], false), [false, true, false]);
+        assert_eq!(pinned(&versions, &[4, 100], false), [true, false, true]);
+        // Before the first version: nothing, unless it stands for earlier
+        // states (a baseline, or pruning made it the oldest).
+        assert_eq!(pinned(&versions, &[1], false), [false, false, false]);
+        assert_eq!(pinned(&versions, &[1], true), [true, false, false]);
+        let mut baseline = versions.clone();
+        baseline[0].1.cause = Cause::Baseline;
+        assert_eq!(pinned(&baseline, &[1], false), [true, false, false]);
+    }
+
+    #[test]
+    fn prune_spares_the_newest_and_tagged_versions() {
+        let k = kit();
+        let h = &k.history;
+        let s: Vec<Seq> = (0..4)
+            .map(|i| {
+                let named = (i == 0).then_some((ROOT, &b"f"[..]));
+                write(h, o(10), named, format!("v{i}").as_bytes())
+            })
+            .collect();
+        tag(h, "keep", s[1]);
+        let out = h
+            .prune(
+                &[(o(10), Removal::Versions(s.clone()))],
+                Pins::Respect,
+                None,
+            )
+            .unwrap();
+        assert_eq!(out.versions_removed, 2);
+        assert_eq!(out.versions_spared, 2);
+        assert_eq!(seqs(h, o(10)), [s[1], s[3]]);
+        // A query before the oldest kept version reads it (the nearest
+        // state history holds), not "did not exist".
+        assert!(h.prefix_pruned(o(10)).unwrap());
+        let (at, old) = h.object_at(o(10), s[0]).unwrap().unwrap();
+        assert_eq!((at, read(h, &old)), (s[1], b"v1".to_vec()));
+        // Purge overrides tags, never the newest of a live object.
+        let out = h
+            .prune(
+                &[(o(10), Removal::Versions(s.clone()))],
+                Pins::Override,
+                None,
+            )
+            .unwrap();
+        assert_eq!(out.versions_removed, 1);
+        assert_eq!(seqs(h, o(10)), [s[3]]);
+    }
+
+    #[test]
+    fn an_object_goes_whole_only_once_deleted() {
+        let k = kit();
+        let h = &k.history;
+        mkdir(h, ROOT, None);
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
+        write(h, o(10), None, b"two");
+        write(h, o(11), Some((ROOT, b"g")), b"other");
+        let out = h
+            .prune(&[(o(10), Removal::Whole)], Pins::Respect, None)
+            .unwrap();
+        assert_eq!(
+            out.objects_removed, 0,
+            "a live object is never removed whole"
+        );
+        assert_eq!(seqs(h, o(10)).len(), 2);
+
+        let gone = unlink(h, ROOT, b"f", o(10));
+        assert_eq!(h.lookup_at(ROOT, b"f", s1).unwrap(), Lookup::Found(o(10)));
+        let out = h
+            .prune(&[(o(10), Removal::Whole)], Pins::Respect, None)
+            .unwrap();
+        assert_eq!(out.objects_removed, 1);
+        assert_eq!(out.versions_removed, 3);
+        assert!(seqs(h, o(10)).is_empty());
+        // Its names went with it; the other file is untouched.
+        assert_eq!(h.lookup_at(ROOT, b"f", s1).unwrap(), Lookup::Absent);
+        assert_eq!(h.lookup_at(ROOT, b"f", gone).unwrap(), Lookup::Absent);
+        assert_eq!(h.lookup_at(ROOT, b"g", gone).unwrap(), Lookup::Found(o(11)));
+        let report = super::super::chain::verify(h.db()).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
+}

@@ -417,3 +417,133 @@ impl History {
         Ok(total)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+
+    #[test]
+    fn instants_map_to_the_changes_made_by_then() {
+        let k = kit();
+        let h = &k.history;
+        assert_eq!(h.bounds().unwrap(), None);
+        let s1 = mkdir(h, ROOT, None);
+        k.clock.advance(std::time::Duration::from_secs(3600));
+        let s2 = write(h, o(10), Some((ROOT, b"f")), b"a");
+        k.clock.advance(std::time::Duration::from_secs(3600));
+        let s3 = write(h, o(10), None, b"b");
+        // The clock did not move: times still strictly increase.
+        let s4 = write(h, o(10), None, b"c");
+        assert!(s1 < s2 && s2 < s3 && s3 < s4);
+        assert_eq!(h.time_of_seq(s1).unwrap(), Some(T0));
+        assert_eq!(h.time_of_seq(s2).unwrap(), Some(T0 + HOUR));
+        assert_eq!(h.time_of_seq(s4).unwrap(), Some(T0 + 2 * HOUR + 1));
+        assert_eq!(h.seq_at_time(T0 - 1).unwrap(), None);
+        assert_eq!(h.seq_at_time(T0).unwrap(), Some(s1));
+        assert_eq!(h.seq_at_time(T0 + HOUR + HOUR / 2).unwrap(), Some(s2));
+        assert_eq!(h.seq_at_time(i64::MAX).unwrap(), Some(s4));
+        assert_eq!(
+            h.bounds().unwrap(),
+            Some(((s1, T0), (s4, T0 + 2 * HOUR + 1)))
+        );
+    }
+
+    #[test]
+    fn log_and_object_at_answer_each_instant() {
+        let k = kit();
+        let h = &k.history;
+        mkdir(h, ROOT, None);
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
+        let s2 = write(h, o(10), None, b"two");
+        let s3 = write(h, o(11), Some((ROOT, b"g")), b"other");
+        let s4 = write(h, o(10), None, b"three");
+        let log: Vec<(Seq, Vec<u8>)> = h
+            .versions(o(10), 0, Seq::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|(s, v)| (s, read(h, &v)))
+            .collect();
+        assert_eq!(
+            log,
+            [
+                (s1, b"one".to_vec()),
+                (s2, b"two".to_vec()),
+                (s4, b"three".to_vec())
+            ]
+        );
+        assert_eq!(
+            h.versions(o(10), s2, s3).unwrap().len(),
+            1,
+            "inclusive range"
+        );
+        assert_eq!(
+            h.object_at(o(10), s1 - 1).unwrap(),
+            None,
+            "not yet recorded"
+        );
+        let at = |seq| {
+            let (s, v) = h.object_at(o(10), seq).unwrap().unwrap();
+            (s, read(h, &v))
+        };
+        assert_eq!(at(s3), (s2, b"two".to_vec()));
+        assert_eq!(at(Seq::MAX), (s4, b"three".to_vec()));
+        assert!(h.has_versions(o(10)).unwrap());
+        assert!(!h.has_versions(o(12)).unwrap());
+    }
+
+    #[test]
+    fn names_and_listings_at_an_instant() {
+        let k = kit();
+        let h = &k.history;
+        assert_eq!(
+            h.lookup_at(ROOT, b"f", 1).unwrap(),
+            Lookup::Live,
+            "never recorded"
+        );
+        let s0 = mkdir(h, ROOT, None);
+        let s1 = mkdir(h, o(20), Some((ROOT, b"d")));
+        let s2 = write(h, o(10), Some((o(20), b"f")), b"x");
+        let s3 = write(h, o(11), Some((ROOT, b"a")), b"y");
+        let s4 = unlink(h, o(20), b"f", o(10));
+        assert_eq!(h.list_at(ROOT, s0).unwrap(), Some(vec![]));
+        assert_eq!(
+            h.list_at(ROOT, s3).unwrap(),
+            Some(vec![(b"a".to_vec(), o(11)), (b"d".to_vec(), o(20))]),
+            "sorted by name"
+        );
+        assert_eq!(
+            h.list_at(o(20), s2).unwrap(),
+            Some(vec![(b"f".to_vec(), o(10))])
+        );
+        assert_eq!(h.list_at(o(20), s4).unwrap(), Some(vec![]));
+        assert_eq!(h.lookup_at(o(20), b"f", s1).unwrap(), Lookup::Absent);
+        assert_eq!(h.lookup_at(o(20), b"f", s3).unwrap(), Lookup::Found(o(10)));
+        assert_eq!(h.lookup_at(o(20), b"f", s4).unwrap(), Lookup::Absent);
+        assert_eq!(h.name_at(o(10), s2).unwrap(), Some((o(20), b"f".to_vec())));
+        assert_eq!(
+            h.path_at(o(10), s3).unwrap(),
+            Some(vec![b"d".to_vec(), b"f".to_vec()])
+        );
+        assert_eq!(
+            h.name_history(o(20), b"f").unwrap(),
+            [(s2, Some(o(10))), (s4, None)]
+        );
+    }
+
+    #[test]
+    fn tags_name_instants() {
+        let k = kit();
+        let h = &k.history;
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"x");
+        let mut d = super::super::Draft::default();
+        d.tags.push(("release".into(), Some(s1)));
+        h.commit(d).unwrap();
+        assert_eq!(h.tag("release").unwrap(), Some(s1));
+        assert_eq!(h.tag("other").unwrap(), None);
+        let mut d = super::super::Draft::default();
+        d.tags.push(("release".into(), None));
+        h.commit(d).unwrap();
+        assert_eq!(h.tags().unwrap(), []);
+    }
+}

@@ -323,3 +323,145 @@ pub fn dirent_at_in(
         None => Ok(None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_keys_sort_by_object_then_sequence() {
+        let mut keys = vec![
+            version_key(2, 0),
+            version_key(1, 256),
+            version_key(1, u64::MAX),
+            version_key(1, 255),
+        ];
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                version_key(1, 255),
+                version_key(1, 256),
+                version_key(1, u64::MAX),
+                version_key(2, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_names_entries_are_contiguous_and_before_its_extensions() {
+        let a_late = dirent_key(7, b"a", u64::MAX);
+        let ab_early = dirent_key(7, b"ab", 0);
+        assert!(dirent_key(7, b"a", 1) < a_late);
+        assert!(a_late < ab_early, "every entry of `a` before any of `ab`");
+        assert!(dirent_key(7, b"\xff", 0) < dirent_key(8, b"", 0));
+        assert!(dirent_key(7, b"a", 5).starts_with(&dirent_prefix(7, b"a")));
+        assert!(!ab_early.starts_with(&dirent_prefix(7, b"a")));
+    }
+
+    #[test]
+    fn keys_split_back_into_their_parts() {
+        let name: &[u8] = b"n\xffame\n";
+        let k = dirent_key(9, name, 42);
+        assert_eq!(split_dirent_key(&k), Some((name, 42)));
+        assert_eq!(split_dirent_key(&k[..16]), None);
+        let k = link_key(3, 44, 9, name);
+        assert_eq!(split_link_key(&k), Some((44, 9, name)));
+        assert_eq!(split_link_key(&k[..23]), None);
+    }
+
+    fn sample() -> Version {
+        Version {
+            time_ns: 17,
+            who: Who {
+                uid: 1000,
+                gid: 100,
+                pid: 4242,
+                comm: "vim".into(),
+            },
+            cause: Cause::Write,
+            attrs: Attrs {
+                mode: libc::S_IFREG | 0o640,
+                size: 3,
+                nlink: 2,
+                ..Attrs::default()
+            },
+            content: Content::Symlink {
+                target: b"t\xff".to_vec(),
+            },
+            xattrs: vec![(b"user.k".to_vec(), b"v".to_vec())],
+            gone: false,
+        }
+    }
+
+    #[test]
+    fn versions_round_trip_and_a_newer_format_is_refused() {
+        let v = sample();
+        let bytes = encode_version(&v);
+        assert_eq!(bytes[0], VERSION_FORMAT);
+        assert_eq!(decode(&bytes).unwrap(), v);
+        let mut newer = bytes.clone();
+        newer[0] = VERSION_FORMAT + 1;
+        assert!(matches!(decode(&newer), Err(HistoryError::Corrupt(_))));
+        assert!(decode(&bytes[..bytes.len() / 2]).is_err());
+        assert!(decode(&[]).is_err());
+    }
+
+    #[test]
+    fn journal_records_round_trip_and_a_newer_format_is_refused() {
+        let op = Op {
+            seq: 5,
+            time_ns: 99,
+            versions: vec![(10, sample())],
+            dirents: vec![Dirent {
+                parent: 1,
+                name: b"f".to_vec(),
+                child: Some(10),
+            }],
+            tags: vec![("t".into(), Some(5))],
+            ..Op::default()
+        };
+        let bytes = op.encode();
+        let back = Op::decode(&bytes).unwrap();
+        assert_eq!((back.seq, back.time_ns), (5, 99));
+        assert_eq!(back.versions, op.versions);
+        assert_eq!(back.tags, op.tags);
+        let mut newer = bytes;
+        newer[0] = OP_FORMAT + 1;
+        let e = Op::decode(&newer).unwrap_err();
+        assert!(e.contains("unknown format"), "{e}");
+    }
+
+    #[test]
+    fn applying_an_op_twice_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("s")).unwrap();
+        let db = store.index();
+        let op = Op {
+            seq: 3,
+            time_ns: 1_000,
+            versions: vec![(10, sample())],
+            dirents: vec![Dirent {
+                parent: 1,
+                name: b"f".to_vec(),
+                child: Some(10),
+            }],
+            ..Op::default()
+        };
+        apply_ops(&db, std::slice::from_ref(&op), Durability::Immediate).unwrap();
+        let once = (
+            version_at(&db, 10, u64::MAX).unwrap(),
+            dirent_at(&db, 1, b"f", u64::MAX).unwrap(),
+        );
+        apply_ops(&db, &[op], Durability::Immediate).unwrap();
+        let twice = (
+            version_at(&db, 10, u64::MAX).unwrap(),
+            dirent_at(&db, 1, b"f", u64::MAX).unwrap(),
+        );
+        assert_eq!(once, twice);
+        assert_eq!(once.0, Some((3, sample())));
+        assert_eq!(once.1, Some(Some(10)));
+        assert_eq!(version_at(&db, 10, 2).unwrap(), None);
+        assert_eq!(dirent_at(&db, 1, b"f", 2).unwrap(), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! Capture in process: what makes a version, through the vfs calls the
+//! FUSE adapter makes, with no mount.
+
+mod inproc;
+
+use inproc::*;
+
+use chronofs::history::Cause;
+use chronofs::vfs::{InodeNo, SetAttr};
+
+fn causes(v: &[(Cause, Option<Vec<u8>>)]) -> Vec<Cause> {
+    v.iter().map(|(c, _)| *c).collect()
+}
+
+#[test]
+fn a_write_session_is_one_version() {
+    let rig = Rig::new();
+    rig.write_file("f", 0o644, b"").unwrap();
+    let ino = rig.resolve("f").unwrap();
+    let open = || rig.vfs.open(&rig.caller, ino, libc::O_WRONLY).unwrap().fh;
+    // Two handles, interleaved writes: one session, ended by the last close.
+    let (a, b) = (open(), open());
+    rig.vfs.write(&rig.caller, a, 0, b"one ", false).unwrap();
+    rig.vfs.write(&rig.caller, b, 4, b"two ", false).unwrap();
+    rig.vfs.release(a).unwrap();
+    assert_eq!(rig.versions("f").len(), 1, "a writer is still open");
+    rig.vfs.write(&rig.caller, b, 8, b"three", false).unwrap();
+    rig.vfs.flush(b).unwrap();
+    rig.vfs.release(b).unwrap();
+    let v = rig.versions("f");
+    assert_eq!(causes(&v), [Cause::Create, Cause::Write]);
+    assert_eq!(v[1].1.as_deref(), Some(&b"one two three"[..]));
+}
+
+#[test]
+fn unchanged_content_makes_no_version() {
+    let rig = Rig::new();
+    rig.write_file("f", 0o644, b"same").unwrap();
+    rig.write_file("f", 0o644, b"same").unwrap();
+    // Opened for writing and closed without a write.
+    let ino = rig.resolve("f").unwrap();
+    let fh = rig.vfs.open(&rig.caller, ino, libc::O_WRONLY).unwrap().fh;
+    rig.vfs.release(fh).unwrap();
+    assert_eq!(causes(&rig.versions("f")), [Cause::Create]);
+}
+
+#[test]
+fn metadata_changes_and_removal_are_versions() {
+    let rig = Rig::new();
+    rig.write_file("f", 0o644, b"data").unwrap();
+    rig.setattr(
+        "f",
+        SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    rig.setattr(
+        "f",
+        SetAttr {
+            size: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let obj = object(rig.resolve("f").unwrap());
+    rig.vfs
+        .unlink(&rig.caller, InodeNo::ROOT, "f".as_ref())
+        .unwrap();
+    let v = rig.versions_of(obj);
+    assert_eq!(
+        causes(&v),
+        [Cause::Create, Cause::Chmod, Cause::Truncate, Cause::Unlink]
+    );
+    assert_eq!(v[2].1.as_deref(), Some(&b"da"[..]));
+    assert_eq!(v[3].1, None, "the last version records the deletion");
+}
+
+#[test]
+fn a_file_that_predates_history_gets_a_baseline_before_its_first_change() {
+    let rig = Rig::new();
+    std::fs::write(rig.src.join("old"), b"before").unwrap();
+    rig.write_file("old", 0o644, b"after").unwrap();
+    let v = rig.versions("old");
+    assert_eq!(causes(&v), [Cause::Baseline, Cause::Write]);
+    assert_eq!(v[0].1.as_deref(), Some(&b"before"[..]));
+    assert_eq!(v[1].1.as_deref(), Some(&b"after"[..]));
+}

@@ -1,0 +1,236 @@
+//! The control service answering from a store opened directly, with
+//! nothing mounted (what the CLI does after an unmount): the history is
+//! made in process by a vfs on a manual clock, the rig is closed, and the
+//! requests `chronofs log`, `cat --version`, `ls --at` and `tag` send are
+//! answered by a `Service` over the store alone.
+//!
+//! Requests and replies go through `control::call_local`, the CLI's own
+//! entry for a local store.
+
+mod inproc;
+
+use inproc::*;
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use chronofs::capture::retention::PolicyCell;
+use chronofs::control::{self, At, PolicyHolder, Service};
+use chronofs::history::clock::ManualClock;
+use chronofs::history::past::LiveIds;
+use chronofs::history::{History, HistoryHandle, ObjectId, ROOT};
+use chronofs::store::{BackingKey, InodeMap, Store};
+use serde_json::Value;
+
+/// What the CLI's host for a local store knows: the persistent inode map.
+struct StoreHost {
+    inomap: InodeMap,
+    root: (u64, u64),
+}
+
+impl control::service::Host for StoreHost {}
+
+impl LiveIds for StoreHost {
+    fn identify(&self, st: &chronofs::sys::Stat) -> Option<ObjectId> {
+        if (st.st_dev, st.st_ino) == self.root {
+            return Some(ROOT);
+        }
+        let key = BackingKey {
+            branch: 0,
+            dev: st.st_dev,
+            ino: st.st_ino,
+        };
+        self.inomap.get(&key).ok().flatten()
+    }
+}
+
+struct Local {
+    service: Service,
+    _history: HistoryHandle,
+}
+
+fn open_local(src: &Path, store_dir: &Path) -> Local {
+    let store = Store::open(store_dir).unwrap();
+    // The CLI's history reads the system clock; this one is just past the
+    // rig's instants (in 2035), so they are not "in the future".
+    let clock = ManualClock::new(START_NS + 60_000_000_000);
+    let history = History::open_with_clock(&store, false, clock).unwrap();
+    let inomap = store.inode_map().unwrap();
+    let root: OwnedFd = std::fs::File::open(src).unwrap().into();
+    let md = std::fs::metadata(src).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let host = Box::new(StoreHost {
+        inomap,
+        root: (md.dev(), md.ino()),
+    });
+    let service = Service::new(
+        Arc::clone(&history),
+        root,
+        None,
+        host,
+        store_dir.to_path_buf(),
+        PolicyHolder {
+            cell: Arc::new(PolicyCell::default()),
+            source: chronofs::policy::load::Source {
+                admin: None,
+                users: false,
+            },
+            broken: None,
+        },
+    );
+    Local {
+        service,
+        _history: history,
+    }
+}
+
+fn path(p: &str) -> Vec<Vec<u8>> {
+    p.split('/').map(|c| c.as_bytes().to_vec()).collect()
+}
+
+impl Local {
+    fn call(&self, req: control::Request) -> (Value, Vec<u8>) {
+        let mut data = Vec::new();
+        let v = control::call_local(&self.service, &req, &mut data).unwrap();
+        (v, data)
+    }
+
+    fn fails(&self, req: control::Request) -> String {
+        control::call_local(&self.service, &req, &mut Vec::new()).unwrap_err()
+    }
+
+    fn cat(&self, p: &str, version: i64) -> Vec<u8> {
+        self.call(control::Request::Read {
+            path: path(p),
+            at: At::Now,
+            version: Some(version),
+        })
+        .1
+    }
+}
+
+/// f: three versions a second apart from START_NS; at +3 s d/g made, at
+/// +4 s g removed.
+fn made_history() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let rig = Rig::new();
+    for (i, text) in ["one", "two", "three"].iter().enumerate() {
+        if i > 0 {
+            rig.clock.advance(secs(1));
+        }
+        rig.write_file("f", 0o644, text.as_bytes()).unwrap();
+    }
+    rig.clock.advance(secs(1));
+    let d = rig
+        .vfs
+        .mkdir(
+            &rig.caller,
+            chronofs::vfs::InodeNo::ROOT,
+            "d".as_ref(),
+            0o755,
+            0,
+        )
+        .unwrap();
+    rig.write_file("d/g", 0o600, b"gone soon").unwrap();
+    rig.clock.advance(secs(1));
+    rig.vfs
+        .unlink(&rig.caller, d.attr.ino, "g".as_ref())
+        .unwrap();
+    rig.close()
+}
+
+#[test]
+fn log_and_cat_are_answered_from_the_store_alone() {
+    let (_dir, src, store) = made_history();
+    let local = open_local(&src, &store);
+    let (log, _) = local.call(control::Request::Log {
+        path: path("f"),
+        since: None,
+        until: None,
+        recursive: false,
+    });
+    let rows = log["versions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{log}"));
+    assert_eq!(rows.len(), 3, "{log}");
+    let times: Vec<i64> = rows
+        .iter()
+        .map(|r| r["time_ns"].as_i64().unwrap())
+        .collect();
+    // Stamped by the injected clock (the creation just after the root's
+    // baseline: times strictly increase).
+    assert!((START_NS..START_NS + 1000).contains(&times[0]), "{log}");
+    assert_eq!(
+        times[1..],
+        [START_NS + 1_000_000_000, START_NS + 2_000_000_000],
+        "{log}"
+    );
+    let n: Vec<i64> = rows.iter().map(|r| r["n"].as_i64().unwrap()).collect();
+    assert_eq!(n, [1, 2, 3]);
+    assert_eq!(local.cat("f", 1), b"one");
+    assert_eq!(local.cat("f", 2), b"two");
+    // 0 is the newest, -1 the one before it.
+    assert_eq!(local.cat("f", 0), b"three");
+    assert_eq!(local.cat("f", -1), b"two");
+    let e = local.fails(control::Request::Read {
+        path: path("f"),
+        at: At::Now,
+        version: Some(4),
+    });
+    assert!(e.contains("there is no version 4"), "{e}");
+}
+
+#[test]
+fn instants_resolve_and_deleted_files_read_back() {
+    let (_dir, src, store) = made_history();
+    let local = open_local(&src, &store);
+    let resolve = |t: i64| {
+        local.call(control::Request::Resolve { at: At::Time(t) }).0["time_ns"]
+            .as_i64()
+            .unwrap()
+    };
+    assert_eq!(resolve(START_NS + 1_500_000_000), START_NS + 1_000_000_000);
+    let e = local.fails(control::Request::Resolve {
+        at: At::Time(START_NS - 1),
+    });
+    assert!(e.contains("before history began"), "{e}");
+    // d/g is gone live; at the instant before its removal it reads back.
+    let at = At::Time(START_NS + 3_500_000_000);
+    let (listing, _) = local.call(control::Request::List {
+        path: path("d"),
+        at: at.clone(),
+        deleted: false,
+    });
+    assert!(listing.to_string().contains("\"g\""), "{listing}");
+    let (_, data) = local.call(control::Request::Read {
+        path: path("d/g"),
+        at,
+        version: None,
+    });
+    assert_eq!(data, b"gone soon");
+    let (now, _) = local.call(control::Request::List {
+        path: path("d"),
+        at: At::Now,
+        deleted: false,
+    });
+    assert!(!now.to_string().contains("\"g\""), "{now}");
+}
+
+#[test]
+fn a_tag_made_without_a_mount_names_its_instant() {
+    let (_dir, src, store) = made_history();
+    let local = open_local(&src, &store);
+    local.call(control::Request::Tag {
+        name: "v1".into(),
+        at: At::Time(START_NS + 500_000_000),
+    });
+    let (tags, _) = local.call(control::Request::Tags);
+    assert!(tags.to_string().contains("v1"), "{tags}");
+    // Reading at the tag gives the file as it was then.
+    let (_, data) = local.call(control::Request::Read {
+        path: path("f"),
+        at: At::Tag("v1".into()),
+        version: None,
+    });
+    assert_eq!(data, b"one");
+}
