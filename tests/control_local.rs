@@ -41,7 +41,7 @@ impl LiveIds for StoreHost {
             dev: st.st_dev,
             ino: st.st_ino,
         };
-        self.inomap.get(&key).ok().flatten()
+        self.inomap.get(&key).ok().flatten().map(ObjectId::new)
     }
 }
 

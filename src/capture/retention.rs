@@ -427,7 +427,7 @@ mod tests {
     }
 
     fn kept(h: &History, obj: ObjectId) -> Vec<Vec<u8>> {
-        h.versions(obj, 0, Seq::MAX)
+        h.versions(obj, Seq::ZERO, Seq::MAX)
             .unwrap()
             .iter()
             .map(|(_, v)| read(h, v))

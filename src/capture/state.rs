@@ -495,6 +495,10 @@ mod tests {
         Duration::from_secs(n)
     }
 
+    fn id(n: u64) -> ObjectId {
+        ObjectId::new(n)
+    }
+
     #[test]
     fn written_ranges_merge_into_page_aligned_spans() {
         let mut d = Dirty::new();
@@ -513,40 +517,40 @@ mod tests {
     #[test]
     fn a_session_ends_with_its_last_writer_as_one_job() {
         let mut o = Objects::default();
-        o.open_session(7, fd(), Who::default(), false, s(0));
-        o.open_session(7, fd(), Who::default(), false, s(1));
-        assert!(o.mark_dirty(7, true));
-        assert!(!o.mark_dirty(8, false), "no session of 8");
-        assert!(o.close_session(7).is_none(), "one writer is still open");
-        let job = o.close_session(7).unwrap();
-        assert_eq!((job.obj, job.cause), (7, Cause::Write));
+        o.open_session(id(7), fd(), Who::default(), false, s(0));
+        o.open_session(id(7), fd(), Who::default(), false, s(1));
+        assert!(o.mark_dirty(id(7), true));
+        assert!(!o.mark_dirty(id(8), false), "no session of 8");
+        assert!(o.close_session(id(7)).is_none(), "one writer is still open");
+        let job = o.close_session(id(7)).unwrap();
+        assert_eq!((job.obj, job.cause), (id(7), Cause::Write));
         assert!(job.dirty && job.retimed && job.queued && job.deferrable);
-        assert!(o.ingesting(7) && !o.has_writers(7));
-        o.job_done(7, true);
+        assert!(o.ingesting(id(7)) && !o.has_writers(id(7)));
+        o.job_done(id(7), true);
         assert!(!o.any_ingesting());
-        assert!(o.close_session(7).is_none());
+        assert!(o.close_session(id(7)).is_none());
     }
 
     #[test]
     fn open_sessions_are_due_an_interval_after_their_last_version() {
         let mut o = Objects::default();
-        o.open_session(1, fd(), Who::default(), false, s(100));
-        o.open_session(2, fd(), Who::default(), false, s(130));
+        o.open_session(id(1), fd(), Who::default(), false, s(100));
+        o.open_session(id(2), fd(), Who::default(), false, s(130));
         assert!(o.due_sessions(s(159), s(60)).is_empty());
         let due = o.due_sessions(s(160), s(60));
-        assert_eq!(due.iter().map(|j| j.obj).collect::<Vec<_>>(), [1]);
+        assert_eq!(due.iter().map(|j| j.obj.get()).collect::<Vec<_>>(), [1]);
         assert_eq!(due[0].cause, Cause::Interval);
         assert!(!due[0].deferrable, "an interval version is built now");
         // The snapshot restarted 1's interval; 2's is due at 190.
         let due = o.due_sessions(s(190), s(60));
-        assert_eq!(due.iter().map(|j| j.obj).collect::<Vec<_>>(), [2]);
+        assert_eq!(due.iter().map(|j| j.obj.get()).collect::<Vec<_>>(), [2]);
         assert!(o.due_sessions(s(219), s(60)).is_empty());
         assert_eq!(o.due_sessions(s(220), s(60)).len(), 1);
     }
 
-    fn job(obj: ObjectId) -> Job {
+    fn job(obj: u64) -> Job {
         Job {
-            obj,
+            obj: id(obj),
             reader: Arc::new(fd()),
             who: Who::default(),
             cause: Cause::Interval,
@@ -566,8 +570,8 @@ mod tests {
         assert!(o.defer(job(2), s(75)).is_ok());
         assert!(o.due_deferred(Some(s(59))).is_empty());
         let due = o.due_deferred(Some(s(60)));
-        assert_eq!(due.iter().map(|j| j.obj).collect::<Vec<_>>(), [1]);
-        assert!(o.take_deferred(2).is_some());
+        assert_eq!(due.iter().map(|j| j.obj.get()).collect::<Vec<_>>(), [1]);
+        assert!(o.take_deferred(id(2)).is_some());
         assert!(o.due_deferred(None).is_empty());
         o.defer(job(3), s(1_000)).ok();
         assert_eq!(o.due_deferred(None).len(), 1, "unmount builds all");
@@ -576,17 +580,21 @@ mod tests {
     #[test]
     fn tracked_ranges_are_handed_over_once() {
         let mut o = Objects::default();
-        o.open_session(1, fd(), Who::default(), false, s(0));
-        o.track(1);
-        o.wrote_range(1, 0, 10);
-        assert_eq!(o.take_dirty(1), Some(vec![(0, 4096)]));
-        assert_eq!(o.take_dirty(1), Some(vec![]), "taken");
-        o.wrote_range(1, 5000, 10);
-        o.untrack(1);
-        assert_eq!(o.take_dirty(1), None, "a passthrough writer: read it all");
-        o.close_session(1);
-        o.wrote_range(1, 0, 1);
-        assert_eq!(o.take_dirty(1), Some(vec![(0, 4096)]));
-        assert_eq!(o.take_dirty(1), None, "tracking ended with the session");
+        o.open_session(id(1), fd(), Who::default(), false, s(0));
+        o.track(id(1));
+        o.wrote_range(id(1), 0, 10);
+        assert_eq!(o.take_dirty(id(1)), Some(vec![(0, 4096)]));
+        assert_eq!(o.take_dirty(id(1)), Some(vec![]), "taken");
+        o.wrote_range(id(1), 5000, 10);
+        o.untrack(id(1));
+        assert_eq!(
+            o.take_dirty(id(1)),
+            None,
+            "a passthrough writer: read it all"
+        );
+        o.close_session(id(1));
+        o.wrote_range(id(1), 0, 1);
+        assert_eq!(o.take_dirty(id(1)), Some(vec![(0, 4096)]));
+        assert_eq!(o.take_dirty(id(1)), None, "tracking ended with the session");
     }
 }

@@ -259,11 +259,11 @@ mod tests {
         let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
         h.settle().unwrap();
         let first = head(h.db()).unwrap().unwrap();
-        assert_eq!(first.0, s1);
+        assert_eq!(first.0, s1.get());
         let s2 = write(h, o(10), None, b"two");
         h.settle().unwrap();
         let second = head(h.db()).unwrap().unwrap();
-        assert_eq!(second.0, s2);
+        assert_eq!(second.0, s2.get());
         assert_ne!(first.1, second.1);
         let report = verify(h.db()).unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
@@ -273,12 +273,13 @@ mod tests {
 
     #[test]
     fn links_depend_on_order_and_on_every_record() {
-        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let (a, b) = (Hash::from_bytes([1; 32]), Hash::from_bytes([2; 32]));
+        let (zero, nine) = (Hash::from_bytes([0; 32]), Hash::from_bytes([9; 32]));
         assert_eq!(digest(vec![a, b]), digest(vec![b, a]), "records are a set");
         assert_ne!(digest(vec![a]), digest(vec![a, b]));
         let d = digest(vec![a]);
-        assert_ne!(link(&[0; 32], 1, &d), link(&[0; 32], 2, &d));
-        assert_ne!(link(&[0; 32], 1, &d), link(&[9; 32], 1, &d));
+        assert_ne!(link(&zero, 1, &d), link(&zero, 2, &d));
+        assert_ne!(link(&zero, 1, &d), link(&nine, 1, &d));
         assert_ne!(version_record(b"k", b"v"), dirent_record(b"k", 0));
         // The key's length is hashed: moving a byte between key and value
         // is a different record.
@@ -323,7 +324,7 @@ mod tests {
             super::super::Content::Special,
             super::super::Cause::Write,
         );
-        let key = super::super::tables::version_key(o(10), 999);
+        let key = super::super::tables::version_key(o(10), sq(999));
         let txn = h.db().begin_write().unwrap();
         {
             let mut t = txn.open_table(VERSIONS).unwrap();

@@ -469,7 +469,7 @@ mod tests {
         let r = collect(h, false);
         assert_eq!(r.removed_chunks, 0);
         assert_eq!(r.live_chunks, r.chunks);
-        let versions = h.versions(o(10), 0, Seq::MAX).unwrap();
+        let versions = h.versions(o(10), Seq::ZERO, Seq::MAX).unwrap();
         assert_eq!(read(h, &versions[0].1), a);
         assert_eq!(read(h, &versions[1].1), b);
     }

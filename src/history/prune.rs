@@ -424,7 +424,7 @@ mod tests {
     use super::*;
 
     fn seqs(h: &History, obj: ObjectId) -> Vec<Seq> {
-        h.versions(obj, 0, Seq::MAX)
+        h.versions(obj, Seq::ZERO, Seq::MAX)
             .unwrap()
             .into_iter()
             .map(|(s, _)| s)
@@ -439,7 +439,7 @@ mod tests {
 
     fn v(cause: Cause) -> (Seq, Version) {
         (
-            0,
+            Seq::ZERO,
             version(libc::S_IFREG | 0o644, 0, Content::Special, cause),
         )
     }
@@ -449,19 +449,22 @@ mod tests {
         let versions: Vec<(Seq, Version)> =
             [(3, Cause::Create), (5, Cause::Write), (9, Cause::Write)]
                 .into_iter()
-                .map(|(s, c)| (s, v(c).1))
+                .map(|(s, c)| (sq(s), v(c).1))
                 .collect();
         assert_eq!(pinned(&versions, &[], false), [false, false, false]);
-        assert_eq!(pinned(&versions, &[5], false), [false, true, false]);
-        assert_eq!(pinned(&versions, &[8], false), [false, true, false]);
-        assert_eq!(pinned(&versions, &[4, 100], false), [true, false, true]);
+        assert_eq!(pinned(&versions, &[sq(5)], false), [false, true, false]);
+        assert_eq!(pinned(&versions, &[sq(8)], false), [false, true, false]);
+        assert_eq!(
+            pinned(&versions, &[sq(4), sq(100)], false),
+            [true, false, true]
+        );
         // Before the first version: nothing, unless it stands for earlier
         // states (a baseline, or pruning made it the oldest).
-        assert_eq!(pinned(&versions, &[1], false), [false, false, false]);
-        assert_eq!(pinned(&versions, &[1], true), [true, false, false]);
+        assert_eq!(pinned(&versions, &[sq(1)], false), [false, false, false]);
+        assert_eq!(pinned(&versions, &[sq(1)], true), [true, false, false]);
         let mut baseline = versions.clone();
         baseline[0].1.cause = Cause::Baseline;
-        assert_eq!(pinned(&baseline, &[1], false), [true, false, false]);
+        assert_eq!(pinned(&baseline, &[sq(1)], false), [true, false, false]);
     }
 
     #[test]

@@ -459,7 +459,7 @@ mod tests {
         let s3 = write(h, o(11), Some((ROOT, b"g")), b"other");
         let s4 = write(h, o(10), None, b"three");
         let log: Vec<(Seq, Vec<u8>)> = h
-            .versions(o(10), 0, Seq::MAX)
+            .versions(o(10), Seq::ZERO, Seq::MAX)
             .unwrap()
             .into_iter()
             .map(|(s, v)| (s, read(h, &v)))
@@ -478,7 +478,7 @@ mod tests {
             "inclusive range"
         );
         assert_eq!(
-            h.object_at(o(10), s1 - 1).unwrap(),
+            h.object_at(o(10), s1.prev()).unwrap(),
             None,
             "not yet recorded"
         );
@@ -497,7 +497,7 @@ mod tests {
         let k = kit();
         let h = &k.history;
         assert_eq!(
-            h.lookup_at(ROOT, b"f", 1).unwrap(),
+            h.lookup_at(ROOT, b"f", sq(1)).unwrap(),
             Lookup::Live,
             "never recorded"
         );

@@ -328,6 +328,39 @@ pub fn dirent_at_in(
 mod tests {
     use super::*;
 
+    // The keys' tests read best with plain numbers; these shadow the
+    // typed functions of the same names.
+    fn o(n: u64) -> ObjectId {
+        ObjectId::new(n)
+    }
+    fn sq(n: u64) -> Seq {
+        Seq::new(n)
+    }
+    fn version_key(obj: u64, seq: u64) -> [u8; 16] {
+        super::version_key(o(obj), sq(seq))
+    }
+    fn dirent_key(parent: u64, name: &[u8], seq: u64) -> Vec<u8> {
+        super::dirent_key(o(parent), name, sq(seq))
+    }
+    fn dirent_prefix(parent: u64, name: &[u8]) -> Vec<u8> {
+        super::dirent_prefix(o(parent), name)
+    }
+    fn link_key(child: u64, seq: u64, parent: u64, name: &[u8]) -> Vec<u8> {
+        super::link_key(o(child), sq(seq), o(parent), name)
+    }
+    fn split_dirent_key(key: &[u8]) -> Option<(&[u8], u64)> {
+        super::split_dirent_key(key).map(|(n, s)| (n, s.get()))
+    }
+    fn split_link_key(key: &[u8]) -> Option<(u64, u64, &[u8])> {
+        super::split_link_key(key).map(|(s, p, n)| (s.get(), p.get(), n))
+    }
+    fn version_at(db: &Index, obj: u64, seq: u64) -> Result<Option<(u64, Version)>> {
+        Ok(super::version_at(db, o(obj), sq(seq))?.map(|(s, v)| (s.get(), v)))
+    }
+    fn dirent_at(db: &Index, parent: u64, name: &[u8], seq: u64) -> Result<Option<Option<u64>>> {
+        Ok(super::dirent_at(db, o(parent), name, sq(seq))?.map(|c| c.map(ObjectId::get)))
+    }
+
     #[test]
     fn version_keys_sort_by_object_then_sequence() {
         let mut keys = vec![
@@ -410,20 +443,20 @@ mod tests {
     #[test]
     fn journal_records_round_trip_and_a_newer_format_is_refused() {
         let op = Op {
-            seq: 5,
+            seq: sq(5),
             time_ns: 99,
-            versions: vec![(10, sample())],
+            versions: vec![(o(10), sample())],
             dirents: vec![Dirent {
-                parent: 1,
+                parent: o(1),
                 name: b"f".to_vec(),
-                child: Some(10),
+                child: Some(o(10)),
             }],
-            tags: vec![("t".into(), Some(5))],
+            tags: vec![("t".into(), Some(sq(5)))],
             ..Op::default()
         };
         let bytes = op.encode();
         let back = Op::decode(&bytes).unwrap();
-        assert_eq!((back.seq, back.time_ns), (5, 99));
+        assert_eq!((back.seq, back.time_ns), (sq(5), 99));
         assert_eq!(back.versions, op.versions);
         assert_eq!(back.tags, op.tags);
         let mut newer = bytes;
@@ -438,13 +471,13 @@ mod tests {
         let store = crate::store::Store::open(&dir.path().join("s")).unwrap();
         let db = store.index();
         let op = Op {
-            seq: 3,
+            seq: sq(3),
             time_ns: 1_000,
-            versions: vec![(10, sample())],
+            versions: vec![(o(10), sample())],
             dirents: vec![Dirent {
-                parent: 1,
+                parent: o(1),
                 name: b"f".to_vec(),
-                child: Some(10),
+                child: Some(o(10)),
             }],
             ..Op::default()
         };

@@ -12,7 +12,12 @@ use crate::store::{chunks::ZSTD_LEVEL, Hash, Store};
 /// An object id in a test: the one place to change if `ObjectId` stops
 /// being a plain integer.
 pub fn o(n: u64) -> ObjectId {
-    n
+    ObjectId::new(n)
+}
+
+/// A sequence number in a test.
+pub fn sq(n: u64) -> Seq {
+    Seq::new(n)
 }
 
 /// 2035-01-01T00:00:00Z.

@@ -194,7 +194,7 @@ impl Rig {
         self.history
             .bounds()
             .unwrap()
-            .map_or(0, |(_, (seq, _))| seq)
+            .map_or(Seq::ZERO, |(_, (seq, _))| seq)
     }
 }
 
@@ -214,7 +214,7 @@ fn scratch() -> PathBuf {
 
 /// The history object of a live inode (the inode number is its id).
 pub fn object(ino: InodeNo) -> ObjectId {
-    ino.0
+    ino.object()
 }
 
 impl Rig {
@@ -229,7 +229,7 @@ impl Rig {
     pub fn versions_of(&self, obj: ObjectId) -> Vec<(Cause, Option<Vec<u8>>)> {
         self.capture.settle();
         self.history
-            .versions(obj, 0, Seq::MAX)
+            .versions(obj, Seq::ZERO, Seq::MAX)
             .unwrap()
             .into_iter()
             .map(|(_, v)| {
