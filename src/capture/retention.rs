@@ -33,7 +33,7 @@ impl PolicyCell {
 }
 
 /// What one pass decided and did.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CleanReport {
     pub dry_run: bool,
     pub objects_scanned: u64,
