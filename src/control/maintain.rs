@@ -321,11 +321,8 @@ impl Service {
                 .map(|(id, _)| id)
                 .ok_or_else(|| Error::NotFound(format!("no user '{u}'")))?;
         }
-        let rel = path
-            .iter()
-            .map(|c| String::from_utf8_lossy(c).into_owned())
-            .collect::<Vec<_>>()
-            .join("/");
+        // Bytes: the policy's globs match the real name.
+        let rel = path.join(&b'/');
         let owner = sys::user_name(uid);
         let group = sys::group_name(gid);
         let local = jiff::Zoned::now().datetime();

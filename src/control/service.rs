@@ -217,7 +217,7 @@ impl Service {
                     gid: a.gid,
                     size: a.size,
                     nlink: u64::from(a.nlink),
-                    rdev: u64::from(a.rdev),
+                    rdev: a.rdev,
                     mtime_ns: ns(a.mtime.sec, i64::from(a.mtime.nsec)),
                     atime_ns: ns(a.atime.sec, i64::from(a.atime.nsec)),
                     xattrs: Some(v.xattrs.iter().map(|(k, _)| name_str(k)).collect()),
