@@ -338,10 +338,14 @@ impl Service {
             local_time: Some(local),
         };
         let resolved = self.policy.current()?.resolve(&subject);
-        let resolved_doc = match serde_json::to_value(&resolved) {
+        let mut resolved_doc = match serde_json::to_value(&resolved) {
             Ok(Value::Object(map)) => map,
             _ => serde_json::Map::new(),
         };
+        // The reply's own fields win over a policy field of the same name.
+        for own in ["text", "path", "path_raw", "exists"] {
+            resolved_doc.remove(own);
+        }
         let (shown, shown_raw) = super::proto::path_text(path);
         Ok(ExplainReply {
             resolved: resolved_doc,
