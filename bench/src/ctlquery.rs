@@ -33,7 +33,9 @@ fn run() -> Result<()> {
         .ok_or_else(|| anyhow!("{} is not inside a chronofs mount", abs.display()))?;
     let socket = control::socket_of(&mount, chronofs::sys::geteuid())
         .ok_or_else(|| anyhow!("the mount has no control socket"))?;
-    let rel = abs.strip_prefix(&mount.mount_point).unwrap_or(Path::new(""));
+    let rel = abs
+        .strip_prefix(&mount.mount_point)
+        .unwrap_or(Path::new(""));
     let components: control::Components = rel
         .components()
         .map(|c| std::os::unix::ffi::OsStrExt::as_bytes(c.as_os_str()).to_vec())

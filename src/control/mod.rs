@@ -145,20 +145,27 @@ fn handle(conn: UnixStream, svc: &Service) {
         return;
     }
     let mut out = FrameWriter(io::BufWriter::new(conn));
+    let refuse = |errno, message| ErrorReply { errno, message };
     let result = match serde_json::from_str::<Envelope>(&line) {
-        Ok(env) if env.protocol == PROTOCOL => svc.answer(&env.request, &peer, &mut out),
-        Ok(env) => Err(service::Error::Usage(format!(
-            "client speaks control protocol {}, this daemon {PROTOCOL}",
-            env.protocol
-        ))),
-        Err(e) => Err(service::Error::Usage(format!("malformed request: {e}"))),
+        Ok(env) if env.protocol == PROTOCOL => svc
+            .answer(&env.request, &peer, &mut out)
+            .map_err(|e| error_reply(&e))
+            .and_then(|a| {
+                serde_json::to_vec(&a)
+                    .map_err(|e| refuse(libc::EIO, format!("cannot encode the answer: {e}")))
+            }),
+        Ok(env) => Err(refuse(
+            libc::EPROTO,
+            format!(
+                "client speaks control protocol {}, this daemon {PROTOCOL}",
+                env.protocol
+            ),
+        )),
+        Err(e) => Err(refuse(libc::EINVAL, format!("malformed request: {e}"))),
     };
-    let end = match result.and_then(|a| {
-        serde_json::to_vec(&a)
-            .map_err(|e| service::Error::Usage(format!("cannot encode the answer: {e}")))
-    }) {
+    let end = match result {
         Ok(v) => frame(&mut out.0, b'J', &v),
-        Err(e) => match serde_json::to_vec(&error_reply(&e)) {
+        Err(e) => match serde_json::to_vec(&e) {
             Ok(v) => frame(&mut out.0, b'E', &v),
             Err(e) => Err(io::Error::other(e)),
         },

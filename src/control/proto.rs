@@ -583,3 +583,103 @@ pub enum Answer {
     Reload(ReloadReply),
     Audit(AuditReply),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_that_are_not_utf8_travel_raw_and_come_back_exact() {
+        for name in [&b"plain"[..], b"x\xffy", b"n\nl", b"\xe9", b""] {
+            let mut n = NodeInfo::default();
+            n.set_name(name);
+            n.set_target(name);
+            assert_eq!(n.name_raw.is_some(), std::str::from_utf8(name).is_err());
+            let wire = serde_json::to_string(&n).unwrap();
+            let back: NodeInfo = serde_json::from_str(&wire).unwrap();
+            assert_eq!(back.name_bytes(), name, "{wire}");
+            assert_eq!(back.target_bytes().unwrap(), name, "{wire}");
+        }
+    }
+
+    #[test]
+    fn paths_show_as_text_with_raw_bytes_when_needed() {
+        assert_eq!(path_text(&[]), ("/".to_string(), None));
+        assert_eq!(path_text(&[b"a".to_vec(), b"b".to_vec()]).0, "/a/b");
+        let (text, raw) = path_text(&[b"d".to_vec(), b"\xff".to_vec()]);
+        assert_eq!(text, "/d/\u{fffd}");
+        assert_eq!(raw.as_deref(), Some(&b"/d/\xff"[..]));
+        assert_eq!(bytes_or_text(&text, raw.as_deref()), b"/d/\xff");
+    }
+
+    #[test]
+    fn optional_fields_stay_absent_and_keep_the_documented_keys() {
+        // A live node: no time_ns, xattrs, unrecorded or lost; seq and cause
+        // are present as null (docs/CLI.md, "A node").
+        let live = NodeInfo {
+            source: "live".into(),
+            kind: "file".into(),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&live).unwrap();
+        for absent in [
+            "time_ns",
+            "xattrs",
+            "unrecorded",
+            "lost",
+            "name",
+            "name_raw",
+        ] {
+            assert!(v.get(absent).is_none(), "{absent} in {v}");
+        }
+        assert!(v["seq"].is_null() && v["cause"].is_null() && v["target"].is_null());
+        // A row of `log`: `lost` only when true, `as` under its own name.
+        let row = VersionRow {
+            as_path: Some("/old".into()),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&row).unwrap();
+        assert!(v.get("lost").is_none());
+        assert_eq!(v["as"], "/old");
+    }
+
+    #[test]
+    fn a_prune_reply_is_the_report_with_held_back_beside_it() {
+        let r = PruneReply {
+            report: CleanReport {
+                planned_versions: 3,
+                ..Default::default()
+            },
+            held_back: HeldBack {
+                versions: 2,
+                protect_secs: 60,
+                why: Some("kept".into()),
+            },
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["planned_versions"], 3);
+        assert_eq!(v["held_back"]["versions"], 2);
+        let back: PruneReply = serde_json::from_value(v).unwrap();
+        assert_eq!(back.report.planned_versions, 3);
+        assert_eq!(back.held_back.why.as_deref(), Some("kept"));
+    }
+
+    #[test]
+    fn an_answer_serializes_as_its_reply_alone() {
+        let a = Answer::Tag(TagInfo {
+            name: "t".into(),
+            seq: 4,
+            time_ns: Some(5),
+        });
+        assert_eq!(
+            serde_json::to_value(&a).unwrap(),
+            serde_json::json!({"name": "t", "seq": 4, "time_ns": 5})
+        );
+        let e = ErrorReply {
+            errno: libc::ENOENT,
+            message: "gone".into(),
+        };
+        let wire = serde_json::to_string(&e).unwrap();
+        assert_eq!(serde_json::from_str::<ErrorReply>(&wire).unwrap(), e);
+    }
+}
