@@ -15,6 +15,9 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use chronofs::control::{self, At, Client};
 
+/// One request, returning the data it brought.
+type Query<'a> = dyn FnMut() -> Result<Vec<u8>> + 'a;
+
 fn main() {
     if let Err(e) = run() {
         eprintln!("ctlquery: {e:#}");
@@ -42,7 +45,7 @@ fn run() -> Result<()> {
         .collect();
     let client = Client::Daemon(&socket);
     let number = |s: &str| -> Result<usize> { s.parse().with_context(|| format!("'{s}'")) };
-    let (runs, mut once): (usize, Box<dyn FnMut() -> Result<Vec<u8>>>) = match (op, rest) {
+    let (runs, mut once): (usize, Box<Query>) = match (op, rest) {
         ("read", [version, runs]) => {
             let version = i64::try_from(number(version)?)?;
             let comps = components.clone();
