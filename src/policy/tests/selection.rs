@@ -194,6 +194,9 @@ fn globs_match_the_bytes_of_names_that_are_not_utf8() {
     let newline = r#"paths = ["keep/**"]"#;
     assert!(matches(newline, &at_bytes(b"keep/a\nb")));
     assert!(matches(r#"extensions = ["tmp"]"#, &at_bytes(b"x\xff.tmp")));
+    // A truncated UTF-8 sequence is two bytes, one U+FFFD when lossy.
+    assert!(matches(r#"paths = ["??.o"]"#, &at_bytes(b"\xe2\x82.o")));
+    assert!(!matches(r#"paths = ["?.o"]"#, &at_bytes(b"\xe2\x82.o")));
     // A glob naming U+FFFD itself does not catch a name that is not UTF-8.
     assert!(!matches("paths = [\"a/\u{fffd}\"]", &at_bytes(b"a/\xff")));
 }
