@@ -294,11 +294,18 @@ fn user_name(uid: u32) -> String {
 
 /// A name or path for a terminal: the text, with bytes that are not
 /// UTF-8 shown as U+FFFD and control characters (a newline in a name)
-/// escaped so that one entry stays on one line.
+/// escaped (`\n`, `\u{1b}`) so that one entry stays on one line and
+/// cannot drive the terminal. Quotes and backslashes stay as they are.
 pub(super) fn shown(text: &str) -> String {
-    text.chars()
-        .flat_map(char::escape_debug)
-        .collect::<String>()
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 pub fn log(
