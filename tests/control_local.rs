@@ -21,7 +21,6 @@ use chronofs::history::clock::ManualClock;
 use chronofs::history::past::LiveIds;
 use chronofs::history::{History, HistoryHandle, ObjectId, ROOT};
 use chronofs::store::{BackingKey, InodeMap, Store};
-use serde_json::Value;
 
 /// What the CLI's host for a local store knows: the persistent inode map.
 struct StoreHost {
@@ -90,23 +89,27 @@ fn path(p: &str) -> Vec<Vec<u8>> {
 }
 
 impl Local {
-    fn call(&self, req: control::Request) -> (Value, Vec<u8>) {
-        let mut data = Vec::new();
-        let v = control::call_local(&self.service, &req, &mut data).unwrap();
-        (v, data)
-    }
-
-    fn fails(&self, req: control::Request) -> String {
-        control::call_local(&self.service, &req, &mut Vec::new()).unwrap_err()
+    fn client(&self) -> control::Client<'_> {
+        control::Client::Local(&self.service)
     }
 
     fn cat(&self, p: &str, version: i64) -> Vec<u8> {
-        self.call(control::Request::Read {
-            path: path(p),
-            at: At::Now,
-            version: Some(version),
-        })
-        .1
+        let mut data = Vec::new();
+        self.client()
+            .read(&path(p), &At::Now, Some(version), &mut data)
+            .unwrap();
+        data
+    }
+
+    fn read_at(&self, p: &str, at: &At) -> Vec<u8> {
+        let mut data = Vec::new();
+        self.client().read(&path(p), at, None, &mut data).unwrap();
+        data
+    }
+
+    fn names(&self, p: &str, at: &At) -> Vec<String> {
+        let listing = self.client().list(&path(p), at, false).unwrap();
+        listing.entries.into_iter().filter_map(|e| e.name).collect()
     }
 }
 
@@ -143,94 +146,63 @@ fn made_history() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)
 fn log_and_cat_are_answered_from_the_store_alone() {
     let (_dir, src, store) = made_history();
     let local = open_local(&src, &store);
-    let (log, _) = local.call(control::Request::Log {
-        path: path("f"),
-        since: None,
-        until: None,
-        recursive: false,
-    });
-    let rows = log["versions"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{log}"));
-    assert_eq!(rows.len(), 3, "{log}");
-    let times: Vec<i64> = rows
-        .iter()
-        .map(|r| r["time_ns"].as_i64().unwrap())
-        .collect();
+    let log = local.client().log(&path("f"), None, None).unwrap();
+    let rows = &log.versions;
+    assert_eq!(rows.len(), 3, "{log:?}");
+    let times: Vec<i64> = rows.iter().map(|r| r.time_ns).collect();
     // Stamped by the injected clock (the creation just after the root's
     // baseline: times strictly increase).
-    assert!((START_NS..START_NS + 1000).contains(&times[0]), "{log}");
+    assert!((START_NS..START_NS + 1000).contains(&times[0]), "{log:?}");
     assert_eq!(
         times[1..],
         [START_NS + 1_000_000_000, START_NS + 2_000_000_000],
-        "{log}"
+        "{log:?}"
     );
-    let n: Vec<i64> = rows.iter().map(|r| r["n"].as_i64().unwrap()).collect();
+    let n: Vec<usize> = rows.iter().filter_map(|r| r.n).collect();
     assert_eq!(n, [1, 2, 3]);
     assert_eq!(local.cat("f", 1), b"one");
     assert_eq!(local.cat("f", 2), b"two");
     // 0 is the newest, -1 the one before it.
     assert_eq!(local.cat("f", 0), b"three");
     assert_eq!(local.cat("f", -1), b"two");
-    let e = local.fails(control::Request::Read {
-        path: path("f"),
-        at: At::Now,
-        version: Some(4),
-    });
-    assert!(e.contains("there is no version 4"), "{e}");
+    let e = local
+        .client()
+        .read(&path("f"), &At::Now, Some(4), &mut Vec::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("there is no version 4"), "{e}");
 }
 
 #[test]
 fn instants_resolve_and_deleted_files_read_back() {
     let (_dir, src, store) = made_history();
     let local = open_local(&src, &store);
-    let resolve = |t: i64| {
-        local.call(control::Request::Resolve { at: At::Time(t) }).0["time_ns"]
-            .as_i64()
-            .unwrap()
-    };
+    let resolve = |t: i64| local.client().resolve(&At::Time(t)).unwrap().time_ns;
     assert_eq!(resolve(START_NS + 1_500_000_000), START_NS + 1_000_000_000);
-    let e = local.fails(control::Request::Resolve {
-        at: At::Time(START_NS - 1),
-    });
-    assert!(e.contains("before history began"), "{e}");
+    let e = local.client().resolve(&At::Time(START_NS - 1)).unwrap_err();
+    assert!(e.to_string().contains("before history began"), "{e}");
     // d/g is gone live; at the instant before its removal it reads back.
     let at = At::Time(START_NS + 3_500_000_000);
-    let (listing, _) = local.call(control::Request::List {
-        path: path("d"),
-        at: at.clone(),
-        deleted: false,
-    });
-    assert!(listing.to_string().contains("\"g\""), "{listing}");
-    let (_, data) = local.call(control::Request::Read {
-        path: path("d/g"),
-        at,
-        version: None,
-    });
-    assert_eq!(data, b"gone soon");
-    let (now, _) = local.call(control::Request::List {
-        path: path("d"),
-        at: At::Now,
-        deleted: false,
-    });
-    assert!(!now.to_string().contains("\"g\""), "{now}");
+    assert_eq!(local.names("d", &at), ["g"]);
+    assert_eq!(local.read_at("d/g", &at), b"gone soon");
+    assert!(local.names("d", &At::Now).is_empty());
 }
 
 #[test]
 fn a_tag_made_without_a_mount_names_its_instant() {
     let (_dir, src, store) = made_history();
     let local = open_local(&src, &store);
-    local.call(control::Request::Tag {
-        name: "v1".into(),
-        at: At::Time(START_NS + 500_000_000),
-    });
-    let (tags, _) = local.call(control::Request::Tags);
-    assert!(tags.to_string().contains("v1"), "{tags}");
+    local
+        .client()
+        .tag("v1", At::Time(START_NS + 500_000_000))
+        .unwrap();
+    let tags = local.client().tags().unwrap();
+    assert_eq!(
+        tags.tags
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>(),
+        ["v1"]
+    );
     // Reading at the tag gives the file as it was then.
-    let (_, data) = local.call(control::Request::Read {
-        path: path("f"),
-        at: At::Tag("v1".into()),
-        version: None,
-    });
-    assert_eq!(data, b"one");
+    assert_eq!(local.read_at("f", &At::Tag("v1".into())), b"one");
 }

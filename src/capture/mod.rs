@@ -226,22 +226,23 @@ impl Capture {
         *self.namer.write() = Some(namer);
     }
 
-    /// The object's live path from the mount root, if it can be named.
-    fn live_path(&self, obj: ObjectId) -> Option<String> {
+    /// The object's live path from the mount root, if it can be named:
+    /// its bytes, for policy globs to match exactly.
+    fn live_path(&self, obj: ObjectId) -> Option<Vec<u8>> {
         let namer = self.namer.read();
         let namer = namer.as_ref()?;
         let mut parts = Vec::new();
         let mut cur = obj;
         while cur != ROOT {
             let (parent, name) = namer(cur)?;
-            parts.push(String::from_utf8_lossy(&name).into_owned());
+            parts.push(name);
             cur = parent;
             if parts.len() > 4096 {
                 return None;
             }
         }
         parts.reverse();
-        Some(parts.join("/"))
+        Some(parts.join(&b'/'))
     }
 
     /// The zstd level the policy gives the content of file `obj` (in

@@ -33,7 +33,7 @@ impl PolicyCell {
 }
 
 /// What one pass decided and did.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CleanReport {
     pub dry_run: bool,
     pub objects_scanned: u64,
@@ -75,13 +75,13 @@ impl Decide for ByPolicy<'_> {
 /// rules go by the path it had at its own instant.
 struct Paths<'a> {
     history: &'a History,
-    dirs: HashMap<(ObjectId, Seq), Option<String>>,
+    dirs: HashMap<(ObjectId, Seq), Option<Vec<u8>>>,
 }
 
 impl Paths<'_> {
-    fn of(&mut self, obj: ObjectId, seq: Seq) -> crate::history::Result<Option<String>> {
+    fn of(&mut self, obj: ObjectId, seq: Seq) -> crate::history::Result<Option<Vec<u8>>> {
         if obj == ROOT {
-            return Ok(Some(String::new()));
+            return Ok(Some(Vec::new()));
         }
         let Some((parent, name)) = self.history.name_at(obj, seq)? else {
             return Ok(None);
@@ -94,13 +94,13 @@ impl Paths<'_> {
                 d
             }
         };
-        let name = String::from_utf8_lossy(&name);
-        Ok(dir.map(|d| {
-            if d.is_empty() {
-                name.into_owned()
-            } else {
-                format!("{d}/{name}")
+        // Bytes, not text: policy globs match the name as it is.
+        Ok(dir.map(|mut d| {
+            if !d.is_empty() {
+                d.push(b'/');
             }
+            d.extend_from_slice(&name);
+            d
         }))
     }
 }
@@ -110,7 +110,7 @@ fn is_dir(v: &Version) -> bool {
 }
 
 /// An object as retention sees it: its newest state, at `path`.
-fn subject<'a>(newest: &Version, path: &'a str, names: &'a Names) -> Subject<'a> {
+fn subject<'a>(newest: &Version, path: &'a [u8], names: &'a Names) -> Subject<'a> {
     Subject {
         path,
         is_dir: is_dir(newest),

@@ -13,18 +13,78 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
 use anyhow::{bail, Result};
-use serde_json::{json, Value};
+use serde::Serialize;
 
-use super::history::Target;
-use crate::control::{At, Components, Request};
+use super::history::{shown, Target};
+use crate::control::proto::{path_text, Instant, NodeInfo, ObjectId};
+use crate::control::{At, Components};
 
 /// One side of the comparison: relative path (components below the diffed
 /// path) to the entry's description, as `List`/`Stat` give it.
-type Tree = BTreeMap<Components, Value>;
+type Tree = BTreeMap<Components, NodeInfo>;
+
+/// `diff --json` (docs/CLI.md).
+#[derive(Serialize)]
+struct DiffReply {
+    path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path_raw: Option<Vec<u8>>,
+    a: Instant,
+    b: Instant,
+    differ: bool,
+    changes: Vec<Change>,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct ModeChange {
+    a: u32,
+    b: u32,
+}
+
+/// One difference. Added and removed entries carry no `content` and
+/// `mode`; changed and renamed ones always do (`mode` null when equal).
+#[derive(Serialize)]
+struct Change {
+    change: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from_raw: Option<Vec<u8>>,
+    path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path_raw: Option<Vec<u8>>,
+    kind: String,
+    obj: Option<ObjectId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mode: Option<Option<ModeChange>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind_before: Option<String>,
+}
+
+impl Change {
+    /// An entry on one side only.
+    fn one_side(change: &'static str, path: &Components, v: &NodeInfo) -> Change {
+        let (path, path_raw) = path_text(path);
+        Change {
+            change,
+            from: None,
+            from_raw: None,
+            path,
+            path_raw,
+            kind: v.kind.clone(),
+            obj: v.obj,
+            content: None,
+            mode: None,
+            kind_before: None,
+        }
+    }
+}
 
 /// The differences, ready to print or to serialize.
 struct Report {
-    changes: Vec<Value>,
+    changes: Vec<Change>,
     /// Unified diffs (or binary summaries) of changed files, by path shown.
     texts: Vec<String>,
 }
@@ -33,8 +93,9 @@ struct Report {
 /// they differ.
 pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> Result<bool> {
     // A bad instant is an error, not an absent file.
-    let ra = t.query(&Request::Resolve { at: a.clone() })?;
-    let rb = t.query(&Request::Resolve { at: b.clone() })?;
+    let client = t.client();
+    let ra = client.resolve(a)?;
+    let rb = client.resolve(b)?;
     let (mut pa, mut pb) = (t.path.clone(), t.path.clone());
     let (mut na, mut nb) = (stat(t, &pa, a), stat(t, &pb, b));
     // The path names nothing at one instant: that side follows what it
@@ -54,23 +115,22 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
         }
         _ => {}
     }
-    let shown_root = show(&t.path);
+    let (shown_root, shown_root_raw) = path_text(&t.path);
     let (ta, tb) = match (&na, &nb) {
-        (None, None) => bail!("{shown_root} existed at neither instant"),
+        (None, None) => bail!("{} existed at neither instant", shown(&shown_root)),
         (x, y) => (side(t, a, &pa, x.as_ref())?, side(t, b, &pb, y.as_ref())?),
     };
     let report = compare(t, (a, &pa), (b, &pb), &ta, &tb, !json_out)?;
     let differ = !report.changes.is_empty();
     if json_out {
-        let instant =
-            |r: &Value| json!({"seq": r["seq"], "time_ns": r["time_ns"], "time": r["time"]});
-        let v = json!({
-            "path": shown_root,
-            "a": instant(&ra),
-            "b": instant(&rb),
-            "differ": differ,
-            "changes": report.changes,
-        });
+        let v = DiffReply {
+            path: shown_root,
+            path_raw: shown_root_raw,
+            a: ra,
+            b: rb,
+            differ,
+            changes: report.changes,
+        };
         writeln!(
             out,
             "{}",
@@ -81,11 +141,11 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
     for c in &report.changes {
         // A file's own content change is said by its unified diff alone,
         // as diff(1) does.
-        let content_only = c["path"] == shown_root.as_str()
-            && c["change"] == "changed"
-            && c["kind"] == "file"
-            && c["mode"].is_null()
-            && c["kind_before"].is_null();
+        let content_only = c.path == shown_root
+            && c.change == "changed"
+            && c.kind == "file"
+            && c.mode.flatten().is_none()
+            && c.kind_before.is_none();
         if !content_only {
             writeln!(out, "{}", summary_line(c))?;
         }
@@ -96,34 +156,23 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
     Ok(differ)
 }
 
-fn stat(t: &Target, path: &Components, at: &At) -> Option<Value> {
-    t.query(&Request::Stat {
-        path: path.clone(),
-        at: at.clone(),
-    })
-    .ok()
+fn stat(t: &Target, path: &Components, at: &At) -> Option<NodeInfo> {
+    t.client().stat(path, at).ok()
 }
 
 /// Where the object `t.path` names at `from` was at `to`.
 fn follow(t: &Target, from: &At, to: &At) -> Option<Components> {
-    let v = t
-        .query(&Request::Follow {
-            path: t.path.clone(),
-            at: from.clone(),
-            to: to.clone(),
-        })
-        .ok()?;
-    serde_json::from_value(v["path"].clone()).ok()
+    t.client().follow(&t.path, from, to).ok()?.path
 }
 
 /// Everything at and below `base` at one instant.
-fn side(t: &Target, at: &At, base: &Components, top: Option<&Value>) -> Result<Tree> {
+fn side(t: &Target, at: &At, base: &Components, top: Option<&NodeInfo>) -> Result<Tree> {
     let mut tree = Tree::new();
     let Some(top) = top else {
         return Ok(tree);
     };
     tree.insert(Vec::new(), top.clone());
-    if top["kind"] == "dir" {
+    if top.kind == "dir" {
         walk(t, at, base, &mut Vec::new(), &mut tree)?;
     }
     Ok(tree)
@@ -138,24 +187,18 @@ fn walk(
 ) -> Result<()> {
     let mut path = base.clone();
     path.extend(rel.iter().cloned());
-    let v = t.query(&Request::List {
-        path,
-        at: at.clone(),
-        deleted: false,
-    })?;
-    let Some(entries) = v["entries"].as_array() else {
-        return Ok(());
-    };
-    for e in entries {
+    let v = t.client().list(&path, at, false)?;
+    for e in v.entries {
         // The bytes, not the lossy text: a name that is not UTF-8 must
         // still be found when its subtree is listed.
-        let name = super::restore::bytes_of(e, "name");
+        let name = e.name_bytes();
         if name.is_empty() {
             continue;
         }
         rel.push(name);
-        tree.insert(rel.clone(), e.clone());
-        if e["kind"] == "dir" {
+        let is_dir = e.kind == "dir";
+        tree.insert(rel.clone(), e);
+        if is_dir {
             walk(t, at, base, rel, tree)?;
         }
         rel.pop();
@@ -163,12 +206,9 @@ fn walk(
     Ok(())
 }
 
+/// A path for a diff header (one line whatever its bytes).
 fn show(p: &Components) -> String {
-    let parts: Vec<String> = p
-        .iter()
-        .map(|c| String::from_utf8_lossy(c).into_owned())
-        .collect();
-    format!("/{}", parts.join("/"))
+    shown(&path_text(p).0)
 }
 
 fn joined(base: &Components, rel: &Components) -> Components {
@@ -179,22 +219,19 @@ fn joined(base: &Components, rel: &Components) -> Components {
 
 /// The object id, when the entry has one (live objects never recorded
 /// have none and cannot be matched across paths).
-fn obj(v: &Value) -> Option<u64> {
-    v["obj"].as_u64()
+fn obj(v: &NodeInfo) -> Option<ObjectId> {
+    v.obj
 }
 
-fn same_version(x: &Value, y: &Value) -> bool {
-    x["obj"] == y["obj"]
-        && x["seq"] == y["seq"]
-        && x["source"] == y["source"]
-        && !x["seq"].is_null()
+fn same_version(x: &NodeInfo, y: &NodeInfo) -> bool {
+    x.obj == y.obj && x.seq == y.seq && x.source == y.source && x.seq.is_some()
 }
 
 /// How two entries of the same object or path differ: (content differs,
 /// mode change, kind change), plus the text of a content diff.
 struct Delta {
     content: bool,
-    mode: Option<(u64, u64)>,
+    mode: Option<(u32, u32)>,
     kind: Option<(String, String)>,
     text: Option<String>,
 }
@@ -207,12 +244,12 @@ impl Delta {
 
 fn delta(
     t: &Target,
-    (a, pa, x): (&At, &Components, &Value),
-    (b, pb, y): (&At, &Components, &Value),
+    (a, pa, x): (&At, &Components, &NodeInfo),
+    (b, pb, y): (&At, &Components, &NodeInfo),
     want_text: bool,
 ) -> Result<Delta> {
-    let kx = x["kind"].as_str().unwrap_or("").to_string();
-    let ky = y["kind"].as_str().unwrap_or("").to_string();
+    let kx = x.kind.clone();
+    let ky = y.kind.clone();
     let mut d = Delta {
         content: false,
         mode: None,
@@ -223,21 +260,18 @@ fn delta(
         d.kind = Some((kx, ky));
         return Ok(d);
     }
-    let (mx, my) = (
-        x["mode"].as_u64().unwrap_or(0),
-        y["mode"].as_u64().unwrap_or(0),
-    );
+    let (mx, my) = (x.mode, y.mode);
     if mx != my {
         d.mode = Some((mx, my));
     }
     match kx.as_str() {
-        "symlink" => d.content = x["target"] != y["target"],
+        "symlink" => d.content = x.target_bytes() != y.target_bytes(),
         "file" if !same_version(x, y) => {
-            let unknown = |v: &Value| v["unrecorded"] == true || v["lost"] == true;
+            let unknown = |v: &NodeInfo| v.is_unrecorded() || v.is_lost();
             if unknown(x) || unknown(y) {
                 // No bytes to compare: only what the attributes say.
-                d.content = x["size"] != y["size"] || x["mtime_ns"] != y["mtime_ns"];
-            } else if x["size"] != y["size"] && !want_text {
+                d.content = x.size != y.size || x.mtime_ns != y.mtime_ns;
+            } else if x.size != y.size && !want_text {
                 d.content = true;
             } else {
                 let (da, db) = (read(t, pa, a)?, read(t, pb, b)?);
@@ -256,14 +290,7 @@ fn delta(
 
 fn read(t: &Target, path: &Components, at: &At) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
-    t.call(
-        &Request::Read {
-            path: path.clone(),
-            at: at.clone(),
-            version: None,
-        },
-        &mut buf,
-    )?;
+    t.client().read(path, at, None, &mut buf)?;
     Ok(buf)
 }
 
@@ -301,7 +328,7 @@ fn compare(
     // are renames.
     let only_a: Vec<&Components> = ta.keys().filter(|k| !tb.contains_key(*k)).collect();
     let only_b: Vec<&Components> = tb.keys().filter(|k| !ta.contains_key(*k)).collect();
-    let mut b_by_obj: HashMap<u64, Vec<&Components>> = HashMap::new();
+    let mut b_by_obj: HashMap<ObjectId, Vec<&Components>> = HashMap::new();
     for p in &only_b {
         if let Some(o) = obj(&tb[*p]) {
             b_by_obj.entry(o).or_default().push(p);
@@ -319,16 +346,12 @@ fn compare(
     }
     let from_of: HashMap<&Components, &Components> =
         renamed.iter().map(|(p, q)| (*q, *p)).collect();
-    let mut entries: Vec<(&Components, Value)> = Vec::new();
+    let mut entries: Vec<(&Components, Change)> = Vec::new();
     for p in &only_a {
         if renamed.contains_key(p) {
             continue;
         }
-        let v = &ta[*p];
-        entries.push((
-            p,
-            json!({"change": "removed", "path": show(&joined(base_a, p)), "kind": v["kind"], "obj": v["obj"]}),
-        ));
+        entries.push((p, Change::one_side("removed", &joined(base_a, p), &ta[*p])));
     }
     for (rel, y) in tb {
         let full_b = joined(base_b, rel);
@@ -345,10 +368,7 @@ fn compare(
             continue;
         }
         let Some(from) = from_of.get(rel) else {
-            entries.push((
-                rel,
-                json!({"change": "added", "path": show(&full_b), "kind": y["kind"], "obj": y["obj"]}),
-            ));
+            entries.push((rel, Change::one_side("added", &full_b, y)));
             continue;
         };
         let full_a = joined(base_a, from);
@@ -377,37 +397,32 @@ fn compare(
 }
 
 fn change_value(
-    what: &str,
+    what: &'static str,
     from: Option<&Components>,
     path: &Components,
-    y: &Value,
+    y: &NodeInfo,
     d: &Delta,
-) -> Value {
-    let mut v = json!({
-        "change": what,
-        "path": show(path),
-        "kind": y["kind"],
-        "obj": y["obj"],
-        "content": d.content,
-        "mode": d.mode.map(|(ma, mb)| json!({"a": ma, "b": mb})),
-    });
+) -> Change {
+    let mut c = Change::one_side(what, path, y);
+    c.content = Some(d.content);
+    c.mode = Some(d.mode.map(|(a, b)| ModeChange { a, b }));
     if let Some(f) = from {
-        v["from"] = json!(show(f));
+        let (text, raw) = path_text(f);
+        c.from = Some(text);
+        c.from_raw = raw;
     }
-    if let Some((ka, _)) = &d.kind {
-        v["kind_before"] = json!(ka);
-    }
-    v
+    c.kind_before = d.kind.as_ref().map(|(ka, _)| ka.clone());
+    c
 }
 
-fn summary_line(c: &Value) -> String {
-    let path = c["path"].as_str().unwrap_or("?");
-    let kind = c["kind"].as_str().unwrap_or("?");
+fn summary_line(c: &Change) -> String {
+    let path = shown(&c.path);
+    let kind = &c.kind;
     let mut details = Vec::new();
-    if let Some(k) = c["kind_before"].as_str() {
+    if let Some(k) = &c.kind_before {
         details.push(format!("{k} -> {kind}"));
     }
-    if c["content"] == true {
+    if c.content == Some(true) {
         details.push(
             if kind == "symlink" {
                 "target"
@@ -417,18 +432,18 @@ fn summary_line(c: &Value) -> String {
             .to_string(),
         );
     }
-    if let (Some(ma), Some(mb)) = (c["mode"]["a"].as_u64(), c["mode"]["b"].as_u64()) {
-        details.push(format!("mode {ma:o} -> {mb:o}"));
+    if let Some(ModeChange { a, b }) = c.mode.flatten() {
+        details.push(format!("mode {a:o} -> {b:o}"));
     }
     let details = if details.is_empty() {
         String::new()
     } else {
         format!(" ({})", details.join(", "))
     };
-    match c["change"].as_str().unwrap_or("") {
+    match c.change {
         "renamed" => format!(
             "renamed: {} -> {path}{details}",
-            c["from"].as_str().unwrap_or("?")
+            shown(c.from.as_deref().unwrap_or("?"))
         ),
         other => format!("{other}: {path} [{kind}]{details}"),
     }

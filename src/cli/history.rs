@@ -13,9 +13,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{anyhow, Context, Result};
-use serde_json::Value;
+use serde::Serialize;
 
-use crate::control::{self, spec, At, Components, Request};
+use crate::control::{self, spec, At, Client, Components};
 use crate::history::History;
 use crate::store::Store;
 use crate::sys;
@@ -233,27 +233,12 @@ impl crate::history::past::LiveIds for StoreHost {
 }
 
 impl Target {
-    pub fn call(&self, req: &Request, data: &mut dyn Write) -> Result<Value> {
-        let r = match &self.backend {
-            Backend::Daemon(sock) => control::call(sock, req, data),
-            Backend::Local(local) => control::call_local(&local.service, req, data),
-        };
-        r.map_err(|e| anyhow!(e))
-    }
-
-    pub fn query(&self, req: &Request) -> Result<Value> {
-        self.call(req, &mut std::io::sink())
-    }
-
-    /// The result's JSON text, unparsed (for `--json` output of answers
-    /// too large to parse and print again cheaply).
-    pub fn query_raw(&self, req: &Request) -> Result<Vec<u8>> {
-        let mut sink = std::io::sink();
-        let r = match &self.backend {
-            Backend::Daemon(sock) => control::call_raw(sock, req, &mut sink),
-            Backend::Local(local) => control::call_local_raw(&local.service, req, &mut sink),
-        };
-        r.map_err(|e| anyhow!(e))
+    /// The typed client of whoever answers for this path.
+    pub fn client(&self) -> Client<'_> {
+        match &self.backend {
+            Backend::Daemon(sock) => Client::Daemon(sock),
+            Backend::Local(local) => Client::Local(&local.service),
+        }
     }
 }
 
@@ -281,38 +266,50 @@ fn range_bound(t: &Target, flag: &str, s: &str) -> Result<At> {
         );
         return Ok(At::Now);
     }
-    let Err(e) = t.query(&Request::Resolve { at: at.clone() }) else {
+    let client = t.client();
+    let Err(e) = client.resolve(&at) else {
         return Ok(at);
     };
     // Only an instant before the first change is clamped; any other
     // failure (an empty history...) is reported as it is.
-    let status = t.query(&Request::Status)?;
-    match (
-        status["first"]["seq"].as_u64(),
-        status["first"]["time_ns"].as_i64(),
-    ) {
-        (Some(seq), Some(first)) if ns < first => {
+    match client.status()?.first {
+        Some(control::proto::SeqTime {
+            seq,
+            time_ns: first,
+        }) if ns < first => {
             eprintln!(
                 "chronofs: {flag} '{s}' ({}) is before history began; using its start ({}, #{seq})",
                 spec::show(ns),
                 spec::show(first)
             );
-            Ok(At::Seq(crate::history::Seq::new(seq)))
+            Ok(At::Seq(seq))
         }
-        _ => Err(e),
+        _ => Err(e.into()),
     }
 }
 
-pub(super) fn print_json(v: &Value) {
+pub(super) fn print_json(v: &impl Serialize) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
-fn user_name(uid: u64) -> String {
-    sys::user_name(uid as u32).unwrap_or_else(|| uid.to_string())
+fn user_name(uid: u32) -> String {
+    sys::user_name(uid).unwrap_or_else(|| uid.to_string())
 }
 
-fn size_str(v: &Value) -> String {
-    v.as_u64().map_or("-".into(), |n| n.to_string())
+/// A name or path for a terminal: the text, with bytes that are not
+/// UTF-8 shown as U+FFFD and control characters (a newline in a name)
+/// escaped (`\n`, `\u{1b}`) so that one entry stays on one line and
+/// cannot drive the terminal. Quotes and backslashes stay as they are.
+pub(super) fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 pub fn log(
@@ -322,29 +319,29 @@ pub fn log(
     recursive: bool,
     json: bool,
 ) -> Result<()> {
-    let req = Request::Log {
-        path: t.path.clone(),
-        since: since.map(|s| range_bound(t, "--since", s)).transpose()?,
-        until: until.map(|s| range_bound(t, "--until", s)).transpose()?,
-        recursive,
+    let since = since.map(|s| range_bound(t, "--since", s)).transpose()?;
+    let until = until.map(|s| range_bound(t, "--until", s)).transpose()?;
+    let client = t.client();
+    let rows = if recursive {
+        let tree = client.log_tree(&t.path, since, until)?;
+        if json {
+            // One line: a tree's log is large, and scripts read it whole.
+            let line = serde_json::to_string(&tree)?;
+            let mut out = std::io::stdout().lock();
+            out.write_all(line.as_bytes())
+                .and_then(|()| out.write_all(b"\n"))
+                .map_err(|e| anyhow!("writing output: {e}"))?;
+            return Ok(());
+        }
+        tree.versions
+    } else {
+        let log = client.log(&t.path, since, until)?;
+        if json {
+            print_json(&log);
+            return Ok(());
+        }
+        log.versions
     };
-    if json && recursive {
-        // Passed through as the daemon encoded it (compact, one line):
-        // parsing and pretty-printing 10+ MB cost as much as answering.
-        let raw = t.query_raw(&req)?;
-        let mut out = std::io::stdout().lock();
-        out.write_all(&raw)
-            .and_then(|()| out.write_all(b"\n"))
-            .map_err(|e| anyhow!("writing output: {e}"))?;
-        return Ok(());
-    }
-    let v = t.query(&req)?;
-    if json {
-        print_json(&v);
-        return Ok(());
-    }
-    let empty = Vec::new();
-    let rows = v["versions"].as_array().unwrap_or(&empty);
     if rows.is_empty() {
         println!("no versions recorded in that range (unchanged since history began)");
         return Ok(());
@@ -361,51 +358,48 @@ pub fn log(
             "#", "SEQ", "TIME", "CAUSE", "SIZE", "USER"
         );
     }
-    for r in rows {
-        let time = spec::show(r["time_ns"].as_i64().unwrap_or(0));
-        let cause = r["cause"].as_str().unwrap_or("?");
-        let gone = match (r["gone"].as_bool(), r["lost"].as_bool()) {
-            (Some(true), Some(true)) => " (gone) (lost: cannot be read)",
-            (_, Some(true)) => " (lost: cannot be read)",
-            (Some(true), _) => " (gone)",
+    for r in &rows {
+        let time = spec::show(r.time_ns);
+        let gone = match (r.gone, r.lost) {
+            (true, true) => " (gone) (lost: cannot be read)",
+            (_, true) => " (lost: cannot be read)",
+            (true, _) => " (gone)",
             _ => "",
         };
-        let user = user_name(r["uid"].as_u64().unwrap_or(0));
-        let proc_ = match (r["process"].as_str(), r["pid"].as_u64()) {
-            (_, Some(0)) | (_, None) => "-".to_string(),
-            (Some(name), Some(pid)) => format!("{name}[{pid}]"),
-            (None, Some(pid)) => format!("[{pid}]"),
+        let user = user_name(r.uid);
+        let proc_ = match r.pid {
+            0 => "-".to_string(),
+            pid => format!("{}[{pid}]", r.process),
         };
-        let seq = r["seq"].to_string();
         if recursive {
             println!(
                 "{:>8}  {:<19}  {:<11} {:>10}  {:<8} {:<12} {}{gone}",
-                seq,
+                r.seq,
                 time,
-                cause,
-                size_str(&r["size"]),
+                r.cause,
+                r.size,
                 user,
                 proc_,
-                r["path"].as_str().unwrap_or("")
+                shown(r.path.as_deref().unwrap_or(""))
             );
             continue;
         }
-        let inc = r["incarnation"].as_u64().unwrap_or(1);
+        let inc = r.incarnation.unwrap_or(1);
         if inc != last_inc {
-            println!("---- incarnation {inc} (object {}) ----", r["obj"]);
+            println!("---- incarnation {inc} (object {}) ----", r.obj);
             last_inc = inc;
         }
-        let then = match r["as"].as_str() {
-            Some(p) => format!("  (as {p})"),
+        let then = match &r.as_path {
+            Some(p) => format!("  (as {})", shown(p)),
             None => String::new(),
         };
         println!(
             "{:>4} {:>8}  {:<19}  {:<11} {:>10}  {:<8} {proc_}{gone}{then}",
-            size_str(&r["n"]),
-            seq,
+            r.n.map_or("-".into(), |n| n.to_string()),
+            r.seq,
             time,
-            cause,
-            size_str(&r["size"]),
+            r.cause,
+            r.size,
             user
         );
     }
@@ -413,16 +407,13 @@ pub fn log(
 }
 
 pub fn cat(t: &Target, at: Option<&str>, version: Option<i64>, json: bool) -> Result<()> {
-    let req = Request::Read {
-        path: t.path.clone(),
-        at: parse_at(at)?,
-        version,
-    };
+    let at = parse_at(at)?;
+    let client = t.client();
     if json {
         // The bytes as a JSON string (hex when they are not UTF-8) beside
         // the version's description: for scripts reading small files.
         let mut bytes = Vec::new();
-        let meta = t.call(&req, &mut bytes)?;
+        let meta = client.read(&t.path, &at, version, &mut bytes)?;
         let (encoding, content) = match String::from_utf8(bytes) {
             Ok(text) => ("utf-8", text),
             Err(e) => (
@@ -430,22 +421,35 @@ pub fn cat(t: &Target, at: Option<&str>, version: Option<i64>, json: bool) -> Re
                 e.as_bytes().iter().map(|b| format!("{b:02x}")).collect(),
             ),
         };
-        print_json(&serde_json::json!({
-            "path": t.abs.display().to_string(),
-            "version": meta,
-            "encoding": encoding,
-            "content": content,
-        }));
+        let (path, path_raw) = control::proto::split_bytes(t.abs.as_os_str().as_bytes());
+        print_json(&CatReply {
+            path,
+            path_raw,
+            version: meta,
+            encoding,
+            content,
+        });
         return Ok(());
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    t.call(&req, &mut out)?;
+    client.read(&t.path, &at, version, &mut out)?;
     out.flush()?;
     Ok(())
 }
 
-fn mode_str(kind: &str, mode: u64) -> String {
+/// `cat --json`.
+#[derive(Serialize)]
+struct CatReply {
+    path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path_raw: Option<Vec<u8>>,
+    version: control::proto::NodeInfo,
+    encoding: &'static str,
+    content: String,
+}
+
+fn mode_str(kind: &str, mode: u32) -> String {
     let k = match kind {
         "dir" => 'd',
         "symlink" => 'l',
@@ -466,35 +470,27 @@ fn mode_str(kind: &str, mode: u64) -> String {
 }
 
 pub fn ls(t: &Target, at: Option<&str>, deleted: bool, long: bool, json: bool) -> Result<()> {
-    let v = t.query(&Request::List {
-        path: t.path.clone(),
-        at: parse_at(at)?,
-        deleted,
-    })?;
+    let v = t.client().list(&t.path, &parse_at(at)?, deleted)?;
     if json {
         print_json(&v);
         return Ok(());
     }
-    let empty = Vec::new();
     if !deleted {
-        for e in v["entries"].as_array().unwrap_or(&empty) {
-            let name = e["name"].as_str().unwrap_or("?");
+        for e in &v.entries {
+            let name = shown(e.name.as_deref().unwrap_or("?"));
             if long {
-                let mtime = e["mtime_ns"].as_i64().unwrap_or(0);
-                let target = e["target"]
-                    .as_str()
-                    .map(|t| format!(" -> {t}"))
+                let target = e
+                    .target
+                    .as_deref()
+                    .map(|t| format!(" -> {}", shown(t)))
                     .unwrap_or_default();
                 println!(
                     "{} {:>3} {:<8} {:>10} {} {name}{target}",
-                    mode_str(
-                        e["kind"].as_str().unwrap_or(""),
-                        e["mode"].as_u64().unwrap_or(0)
-                    ),
-                    e["nlink"].to_string(),
-                    user_name(e["uid"].as_u64().unwrap_or(0)),
-                    size_str(&e["size"]),
-                    spec::show(mtime)
+                    mode_str(&e.kind, e.mode),
+                    e.nlink,
+                    user_name(e.uid),
+                    e.size,
+                    spec::show(e.mtime_ns)
                 );
             } else {
                 println!("{name}");
@@ -502,93 +498,90 @@ pub fn ls(t: &Target, at: Option<&str>, deleted: bool, long: bool, json: bool) -
         }
         return Ok(());
     }
-    for e in v["deleted"].as_array().unwrap_or(&empty) {
+    for e in &v.deleted {
         println!(
             "{:<24} {:<7} {:>10}  deleted {} (#{})",
-            e["name"].as_str().unwrap_or("?"),
-            e["kind"].as_str().unwrap_or("?"),
-            size_str(&e["size"]),
-            spec::show(e["deleted_time_ns"].as_i64().unwrap_or(0)),
-            e["deleted_seq"]
+            shown(&e.name),
+            e.kind,
+            e.size.map_or("-".into(), |n| n.to_string()),
+            spec::show(e.deleted_time_ns.unwrap_or(0)),
+            e.deleted_seq
         );
     }
     Ok(())
 }
 
 pub fn status(t: &Target, json: bool) -> Result<()> {
-    let v = t.query(&Request::Status)?;
+    let v = t.client().status()?;
     if json {
         print_json(&v);
         return Ok(());
     }
-    let mib = |k: &str| v[k].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
-    println!("store:        {}", v["store"].as_str().unwrap_or("?"));
-    match v["poisoned"].as_str() {
+    let mib = |n: u64| n as f64 / (1 << 20) as f64;
+    println!("store:        {}", v.store);
+    match &v.poisoned {
         Some(why) => println!(
             "health:       POISONED: {why}; changes are refused (EIO) until the mount is restarted"
         ),
         None => println!("health:       ok"),
     }
-    if let Some(n) = v["unrecorded"].as_u64().filter(|n| *n > 0) {
-        println!("unrecorded:   {n} change(s) made while the store was full (see the log)");
+    if v.unrecorded > 0 {
+        println!(
+            "unrecorded:   {} change(s) made while the store was full (see the log)",
+            v.unrecorded
+        );
     }
     println!(
         "store size:   {:.1} MiB ({:.1} MiB in packs)",
-        mib("store_bytes"),
-        mib("pack_bytes")
+        mib(v.store_bytes),
+        mib(v.pack_bytes)
     );
-    println!("changes:      {}", v["changes"]);
-    println!("versions:     {}", v["versions"]);
+    println!("changes:      {}", v.changes);
+    println!("versions:     {}", v.versions);
     println!(
         "chunks:       {} ({:.1} MiB, {:.1} MiB stored)",
-        v["chunks"],
-        mib("chunk_bytes"),
-        mib("stored_bytes")
+        v.chunks,
+        mib(v.chunk_bytes),
+        mib(v.stored_bytes)
     );
     println!(
         "content:      {:.1} MiB across all versions",
-        mib("logical_bytes")
+        mib(v.logical_bytes)
     );
     println!(
         "dedup:        {:.2}x   compression: {:.2}x",
-        v["dedup_ratio"].as_f64().unwrap_or(1.0),
-        v["compression_ratio"].as_f64().unwrap_or(1.0)
+        v.dedup_ratio, v.compression_ratio
     );
-    println!("tags:         {}", v["tags"]);
-    if let Some(head) = v["chain_head"].as_object() {
+    println!("tags:         {}", v.tags);
+    if let Some(head) = &v.chain_head {
         // What an administrator notes elsewhere: a store rewritten behind
         // chronofs's back cannot keep this value.
-        println!(
-            "chain head:   #{} {}",
-            head["seq"],
-            head["hash"].as_str().unwrap_or("?")
-        );
+        println!("chain head:   #{} {}", head.seq, head.hash);
     }
-    let ing = &v["ingest"];
-    if !ing.is_null() {
-        let state = if ing["running"].as_bool() == Some(true) {
+    if let Some(ing) = &v.ingest {
+        let state = if ing.running {
             "running"
-        } else if ing["complete"].as_bool() == Some(false) {
+        } else if !ing.complete {
             "incomplete"
         } else {
             "done"
         };
-        if ing["complete"].as_bool() == Some(false) {
+        if !ing.complete {
             println!(
                 "coverage:     files that predate the first mount and were not reached yet have no recorded content: an outside change loses them (`chronofs ingest` finishes the walk)"
             );
         }
         println!(
             "ingest:       {state}: {} dirs, {} files, {:.1} MiB, {} error(s)",
-            ing["dirs"],
-            ing["files"],
-            ing["bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64,
-            ing["errors"]
+            ing.dirs,
+            ing.files,
+            mib(ing.bytes),
+            ing.errors
         );
     }
-    for (label, key) in [("first change", "first"), ("last change", "last")] {
-        if let Some(t) = v[key]["time_ns"].as_i64() {
-            println!("{label}: {} (#{})", spec::show(t), v[key]["seq"]);
+    for (label, st) in [("first change", &v.first), ("last change", &v.last)] {
+        if let Some(st) = st {
+            println!("{label}: {} (#{})", spec::show(st.time_ns), st.seq);
         }
     }
     Ok(())
@@ -596,7 +589,8 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
 
 /// Starts the eager baseline and shows its progress until done.
 pub fn ingest(t: &Target, wait: bool, json: bool) -> Result<()> {
-    let started = t.query(&Request::Ingest)?;
+    let client = t.client();
+    let started = client.ingest()?;
     if !wait {
         if json {
             print_json(&started);
@@ -611,21 +605,23 @@ pub fn ingest(t: &Target, wait: bool, json: bool) -> Result<()> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
     loop {
-        let v = t.query(&Request::Status)?;
-        let p = &v["ingest"];
-        let msg = format!(
-            "{} dirs, {} files, {:.1} MiB",
-            p["dirs"],
-            p["files"],
-            p["bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64
-        );
+        let p = client.status()?.ingest;
+        let msg = p.as_ref().map_or_else(String::new, |p| {
+            format!(
+                "{} dirs, {} files, {:.1} MiB",
+                p.dirs,
+                p.files,
+                p.bytes as f64 / (1 << 20) as f64
+            )
+        });
         bar.set_message(msg.clone());
-        if p["done"].as_bool() == Some(true) || p.is_null() {
+        if p.as_ref().is_none_or(|p| p.done) {
             bar.finish_and_clear();
             if json {
-                print_json(p);
+                print_json(&p);
             } else {
-                println!("ingest done: {msg}, {} error(s)", p["errors"]);
+                let errors = p.as_ref().map_or(0, |p| p.errors);
+                println!("ingest done: {msg}, {errors} error(s)");
             }
             return Ok(());
         }
@@ -635,42 +631,41 @@ pub fn ingest(t: &Target, wait: bool, json: bool) -> Result<()> {
 }
 
 pub fn tag(t: &Target, name: &str, at: Option<&str>, delete: bool, json: bool) -> Result<()> {
-    let req = if delete {
-        Request::Untag { name: name.into() }
-    } else {
-        Request::Tag {
-            name: name.into(),
-            at: parse_at(at)?,
+    let client = t.client();
+    if delete {
+        let v = client.untag(name)?;
+        if json {
+            print_json(&v);
+        } else {
+            println!("removed tag {name}");
         }
-    };
-    let v = t.query(&req)?;
+        return Ok(());
+    }
+    let v = client.tag(name, parse_at(at)?)?;
     if json {
         print_json(&v);
-    } else if delete {
-        println!("removed tag {name}");
     } else {
         println!(
             "tagged #{} ({}) as {name}",
-            v["seq"],
-            spec::show(v["time_ns"].as_i64().unwrap_or(0))
+            v.seq,
+            spec::show(v.time_ns.unwrap_or(0))
         );
     }
     Ok(())
 }
 
 pub fn tags(t: &Target, json: bool) -> Result<()> {
-    let v = t.query(&Request::Tags)?;
+    let v = t.client().tags()?;
     if json {
         print_json(&v);
         return Ok(());
     }
-    let empty = Vec::new();
-    for e in v["tags"].as_array().unwrap_or(&empty) {
+    for e in &v.tags {
         println!(
             "{:<24} #{:<8} {}",
-            e["name"].as_str().unwrap_or("?"),
-            e["seq"],
-            spec::show(e["time_ns"].as_i64().unwrap_or(0))
+            e.name,
+            e.seq,
+            spec::show(e.time_ns.unwrap_or(0))
         );
     }
     Ok(())
@@ -700,83 +695,74 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
                 })
                 .map_err(|e| anyhow!("{e}"))?;
             bar.finish_and_clear();
-            serde_json::to_value(r)?
+            r
         }
-        Backend::Daemon(_) => t.query(&Request::Fsck { repair })?,
+        Backend::Daemon(_) => t.client().fsck(repair)?,
     };
-    let problems = report["problems"].as_array().map_or(0, Vec::len);
+    let problems = report.problems.len();
     if json {
         print_json(&report);
         return Ok(problems == 0);
     }
-    let empty = Vec::new();
-    let list = |v: &Value| v.as_array().unwrap_or(&empty).clone();
-    let cost = |c: &Value| {
+    let cost = |c: &control::proto::Cost| {
         format!(
             "{}: {} (#{}, {})",
-            c["path"].as_str().unwrap_or("?"),
-            c["version"]
-                .as_u64()
+            c.path,
+            c.version
                 .map_or_else(|| "a version".to_string(), |n| format!("version {n}")),
-            c["seq"],
-            c["time"].as_str().unwrap_or("?"),
+            c.seq,
+            c.time,
         )
     };
-    let rep = &report["repair"];
-    if rep.is_object() {
-        for p in list(&rep["found"]) {
-            println!("found: {}", p.as_str().unwrap_or(""));
+    if let Some(rep) = &report.repair {
+        for p in &rep.found {
+            println!("found: {p}");
         }
-        let n = |k: &str| rep[k].as_u64().unwrap_or(0);
-        if n("reindexed") > 0 {
+        if rep.reindexed > 0 {
             println!(
                 "re-indexed {} chunk(s) from intact copies in the packs",
-                n("reindexed")
+                rep.reindexed
             );
         }
-        if n("restored_chunks") > 0 {
+        if rep.restored_chunks > 0 {
             println!(
                 "stored {} chunk(s) again from live files",
-                n("restored_chunks")
+                rep.restored_chunks
             );
         }
-        for c in list(&rep["restored"]) {
-            println!("restored: {} reads again", cost(&c));
+        for c in &rep.restored {
+            println!("restored: {} reads again", cost(c));
         }
-        for c in list(&rep["lost"]) {
-            println!(
-                "marked lost: {} ({})",
-                cost(&c),
-                c["why"].as_str().unwrap_or("")
-            );
+        for c in &rep.lost {
+            println!("marked lost: {} ({})", cost(c), c.why);
         }
-        if n("removed_index_entries") > 0 {
+        if rep.removed_index_entries > 0 {
             println!(
                 "dropped {} index entries of damaged chunks (their bytes are stored again when met)",
-                n("removed_index_entries")
+                rep.removed_index_entries
             );
         }
         println!("after repair:");
     }
     println!(
         "checked {} versions, {} manifests, {} chunks ({} bytes)",
-        report["versions"],
-        report["manifests_checked"],
-        report["chunks_checked"],
-        report["bytes_checked"]
+        report.versions, report.manifests_checked, report.chunks_checked, report.bytes_checked
     );
-    for p in list(&report["problems"]) {
-        println!("problem: {}", p.as_str().unwrap_or(""));
+    for p in &report.problems {
+        println!("problem: {p}");
     }
-    if let Some(n) = report["lost_versions"].as_u64().filter(|n| *n > 0) {
-        println!("{n} version(s) are marked lost (`chronofs log` shows them; they cannot be read)");
+    if report.lost_versions > 0 {
+        println!(
+            "{} version(s) are marked lost (`chronofs log` shows them; they cannot be read)",
+            report.lost_versions
+        );
     }
-    if let Some(head) = report["chain_head"].as_str() {
+    if let Some(head) = &report.chain_head {
         println!(
             "hash chain: {} change(s) verified, head #{} {head}{}",
-            report["chained_changes"],
-            report["chain_head_seq"],
-            match report["unchained_changes"].as_u64().unwrap_or(0) {
+            report.chained_changes,
+            report.chain_head_seq.unwrap_or(0),
+            match report.unchained_changes {
                 0 => String::new(),
                 n => format!(" ({n} older change(s) predate the chain)"),
             }

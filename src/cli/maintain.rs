@@ -5,10 +5,10 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Result};
-use serde_json::Value;
 
 use super::history::{print_json, Target};
-use crate::control::{spec, Request};
+use crate::control::proto::CleanReport;
+use crate::control::spec;
 use crate::policy::{self, Level, Retention};
 
 fn mib(bytes: u64) -> String {
@@ -67,58 +67,46 @@ impl Write for ProgressLines {
 
 pub fn gc(t: &Target, dry_run: bool, json: bool) -> Result<()> {
     let mut bar = ProgressLines::new(json);
-    let r = t.call(&Request::Gc { dry_run }, &mut bar);
+    let r = t.client().gc(dry_run, &mut bar);
     bar.bar.finish_and_clear();
     let r = r?;
     if json {
         print_json(&r);
         return Ok(());
     }
-    let n = |k: &str| r[k].as_u64().unwrap_or(0);
     let verb = if dry_run { "would free" } else { "freed" };
     println!(
         "{verb} {} of {} chunk(s) ({}); {} version(s) reference the {} kept",
-        n("removed_chunks"),
-        n("chunks"),
-        mib(n("removed_bytes")),
-        n("versions"),
-        n("live_chunks"),
+        r.removed_chunks,
+        r.chunks,
+        mib(r.removed_bytes),
+        r.versions,
+        r.live_chunks,
     );
     if !dry_run {
         println!(
             "packs: {} deleted, {} rewritten ({} moved); {} -> {} in {:.1} s",
-            n("packs_deleted"),
-            n("packs_rewritten"),
-            mib(n("moved_bytes")),
-            mib(n("pack_bytes_before")),
-            mib(n("pack_bytes_after")),
-            n("elapsed_ms") as f64 / 1000.0
+            r.packs_deleted,
+            r.packs_rewritten,
+            mib(r.moved_bytes),
+            mib(r.pack_bytes_before),
+            mib(r.pack_bytes_after),
+            r.elapsed_ms as f64 / 1000.0
         );
     }
     Ok(())
 }
 
-fn print_clean(r: &Value, json: bool) {
-    if json {
-        print_json(r);
-        return;
-    }
-    let n = |k: &str| r[k].as_u64().unwrap_or(0);
-    let o = |k: &str| r["outcome"][k].as_u64().unwrap_or(0);
-    if r["dry_run"].as_bool() == Some(true) {
+fn print_clean(r: &CleanReport) {
+    if r.dry_run {
         println!(
             "would remove {} version(s) and {} expired deleted object(s) (of {} version(s) of {} object(s))",
-            n("planned_versions"),
-            n("planned_objects"),
-            n("versions_scanned"),
-            n("objects_scanned")
+            r.planned_versions, r.planned_objects, r.versions_scanned, r.objects_scanned
         );
     } else {
         println!(
             "removed {} version(s), {} expired deleted object(s); kept {} asked for (newest, tagged or changed meanwhile)",
-            o("versions_removed"),
-            o("objects_removed"),
-            o("versions_spared")
+            r.outcome.versions_removed, r.outcome.objects_removed, r.outcome.versions_spared
         );
         println!("space is freed by `chronofs gc`");
     }
@@ -126,8 +114,12 @@ fn print_clean(r: &Value, json: bool) {
 
 pub fn clean(t: &Target, now: Option<&str>, dry_run: bool, json: bool) -> Result<()> {
     let now_ns = now.map(spec::clock).transpose().map_err(|e| anyhow!(e))?;
-    let r = t.query(&Request::Clean { now_ns, dry_run })?;
-    print_clean(&r, json);
+    let r = t.client().clean(now_ns, dry_run)?;
+    if json {
+        print_json(&r);
+    } else {
+        print_clean(&r);
+    }
     Ok(())
 }
 
@@ -199,13 +191,13 @@ pub fn prune(t: &Target, keep: Retention, dry_run: bool, json: bool) -> Result<(
     if keep.keeps_all() {
         bail!("nothing to prune: give a limit (--keep-last, --keep-daily, --max-count, --max-age, ...)");
     }
-    let r = t.query(&Request::Prune {
-        path: t.path.clone(),
-        keep,
-        dry_run,
-    })?;
-    print_clean(&r, json);
-    if let (false, Some(why)) = (json, r["held_back"]["why"].as_str()) {
+    let r = t.client().prune(&t.path, keep, dry_run)?;
+    if json {
+        print_json(&r);
+        return Ok(());
+    }
+    print_clean(&r.report);
+    if let Some(why) = &r.held_back.why {
         println!("{why}");
     }
     Ok(())
@@ -234,20 +226,17 @@ pub fn purge(t: &Target, dry_run: bool, json: bool) -> Result<()> {
         };
         removed.map_err(|e| anyhow!("cannot remove {}: {e}", t.abs.display()))?;
     }
-    let r = t.query(&Request::Purge {
-        path: t.path.clone(),
-        dry_run,
-    })?;
+    let r = t.client().purge(&t.path, dry_run)?;
     if json {
         print_json(&r);
     } else {
         let verb = if dry_run { "would purge" } else { "purged" };
         println!(
             "{verb} {} object(s) and {} version(s) of {}{}",
-            r["objects"],
-            r["versions"],
+            r.objects,
+            r.versions,
             t.abs.display(),
-            match r["kept_alive_elsewhere"].as_u64().unwrap_or(0) {
+            match r.kept_alive_elsewhere {
                 0 => String::new(),
                 n => format!("; {n} object(s) moved out of it still live and keep their history"),
             }
@@ -287,48 +276,43 @@ pub fn policy_explain(
     process: Option<String>,
     json: bool,
 ) -> Result<()> {
-    let r = t.query(&Request::PolicyExplain {
-        path: t.path.clone(),
-        user,
-        process,
-    })?;
+    let r = t.client().policy_explain(&t.path, user, process)?;
     if json {
         print_json(&r);
     } else {
         println!("{}:", t.abs.display());
-        print!("{}", r["text"].as_str().unwrap_or(""));
+        print!("{}", r.text);
     }
     Ok(())
 }
 
 pub fn policy_reload(t: &Target, json: bool) -> Result<()> {
-    let r = t.query(&Request::PolicyReload)?;
+    let r = t.client().policy_reload()?;
     if json {
         print_json(&r);
     } else {
-        println!("policy reloaded ({} rule(s))", r["rules"]);
-        for w in r["warnings"].as_array().into_iter().flatten() {
-            println!("warning: {}", w.as_str().unwrap_or(""));
+        println!("policy reloaded ({} rule(s))", r.rules);
+        for w in &r.warnings {
+            println!("warning: {w}");
         }
     }
     Ok(())
 }
 
 pub fn audit(t: &Target, json: bool) -> Result<()> {
-    let r = t.query(&Request::Audit)?;
+    let r = t.client().audit()?;
     if json {
         print_json(&r);
         return Ok(());
     }
-    for rec in r["records"].as_array().into_iter().flatten() {
-        let when = rec["time_ns"]
-            .as_i64()
-            .map_or_else(|| "-".to_string(), spec::show);
+    for rec in &r.records {
+        let when = match rec.time_ns {
+            0 => "-".to_string(),
+            t => spec::show(t),
+        };
         println!(
             "{when}  uid {:<5} {:<14} {}",
-            rec["uid"],
-            rec["action"].as_str().unwrap_or("?"),
-            rec["detail"]
+            rec.uid, rec.action, rec.detail
         );
     }
     Ok(())

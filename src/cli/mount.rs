@@ -535,19 +535,21 @@ impl control::service::Host for MountHost {
         }
     }
 
-    fn ingest_status(&self) -> Option<serde_json::Value> {
+    fn ingest_status(&self) -> Option<control::proto::IngestStatus> {
         use std::sync::atomic::Ordering::Relaxed;
         let v = self.0.upgrade()?;
         let p = v.ingest_progress();
         let running = p.running.load(Relaxed);
         let done = p.done.load(Relaxed);
         let complete = v.ingest_complete();
-        (running || done || !complete).then(|| {
-            serde_json::json!({
-                "running": running, "done": done, "complete": complete,
-                "dirs": p.dirs.load(Relaxed), "files": p.files.load(Relaxed),
-                "bytes": p.bytes.load(Relaxed), "errors": p.errors.load(Relaxed),
-            })
+        (running || done || !complete).then(|| control::proto::IngestStatus {
+            running,
+            done,
+            complete,
+            dirs: p.dirs.load(Relaxed),
+            files: p.files.load(Relaxed),
+            bytes: p.bytes.load(Relaxed),
+            errors: p.errors.load(Relaxed),
         })
     }
 }

@@ -9,10 +9,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use super::history::{print_json, Target};
-use crate::control::{At, Components, Request};
+use crate::control::proto::{split_bytes, Instant, NodeInfo};
+use crate::control::{At, Components};
 use crate::sys;
 
 /// Which verb runs (they share the walk; they differ in what they print
@@ -38,16 +39,20 @@ impl Verb {
 /// README).
 pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Result<()> {
     // The instant as a sequence number, so the report says what was meant.
-    let resolved = t.query(&Request::Resolve { at: at.clone() })?;
+    let resolved = t.client().resolve(at)?;
     let n = restore(t, at, dest, verb == Verb::Revert)?;
     if json_out {
-        print_json(&json!({
-            "verb": verb.name(),
-            "path": t.abs.display().to_string(),
-            "dest": dest.display().to_string(),
-            "at": {"seq": resolved["seq"], "time_ns": resolved["time_ns"], "time": resolved["time"]},
-            "objects": n,
-        }));
+        let (path, path_raw) = split_bytes(t.abs.as_os_str().as_bytes());
+        let (dest, dest_raw) = split_bytes(dest.as_os_str().as_bytes());
+        print_json(&Report {
+            verb: verb.name(),
+            path,
+            path_raw,
+            dest,
+            dest_raw,
+            at: resolved,
+            objects: n,
+        });
         return Ok(());
     }
     let what = match verb {
@@ -62,6 +67,20 @@ pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Resu
     };
     println!("{done} {} ({n} {what})", dest.display());
     Ok(())
+}
+
+/// `restore --json` and its siblings.
+#[derive(Serialize)]
+struct Report {
+    verb: &'static str,
+    path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path_raw: Option<Vec<u8>>,
+    dest: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dest_raw: Option<Vec<u8>>,
+    at: Instant,
+    objects: u64,
 }
 
 /// Objects written so far, shown on stderr while a tree is brought back
@@ -107,11 +126,8 @@ impl Progress {
 /// when complete: a failure anywhere leaves the live tree as it was and
 /// the operation can simply be run again.
 pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
-    let tree = t.query(&Request::Tree {
-        path: t.path.clone(),
-        at: at.clone(),
-    })?;
-    let root = &tree["root"];
+    let tree = t.client().tree(&t.path, at)?;
+    let root = &tree.root;
     let mut b = Builder {
         t,
         at,
@@ -124,15 +140,6 @@ pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
     b.progress.bar.finish_and_clear();
     r?;
     Ok(b.progress.count)
-}
-
-/// A name from a node: its bytes (`NAME_raw` when the daemon found them
-/// not UTF-8), never a lossy rendering.
-pub(super) fn bytes_of(v: &Value, key: &str) -> Vec<u8> {
-    if let Some(raw) = v[format!("{key}_raw")].as_array() {
-        return raw.iter().map(|b| b.as_u64().unwrap_or(0) as u8).collect();
-    }
-    v[key].as_str().unwrap_or("").as_bytes().to_vec()
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>> {
@@ -156,22 +163,19 @@ struct Meta {
 }
 
 impl Meta {
-    fn of_node(node: &Value) -> Result<Meta> {
+    fn of_node(node: &NodeInfo) -> Result<Meta> {
         let mut xattrs = Vec::new();
-        for x in node["xattr_values"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
-        {
-            xattrs.push((bytes_of(x, "name"), unhex(x["hex"].as_str().unwrap_or(""))?));
+        for x in node.xattr_values.iter().flatten() {
+            let name = crate::control::proto::bytes_or_text(&x.name, x.name_raw.as_deref());
+            xattrs.push((name, unhex(&x.hex)?));
         }
         xattrs.sort();
         Ok(Meta {
-            mode: node["mode"].as_u64().unwrap_or(0o644) as u32,
-            uid: node["uid"].as_u64().unwrap_or(0) as u32,
-            gid: node["gid"].as_u64().unwrap_or(0) as u32,
-            atime_ns: node["atime_ns"].as_i64().unwrap_or(0),
-            mtime_ns: node["mtime_ns"].as_i64().unwrap_or(0),
+            mode: node.mode,
+            uid: node.uid,
+            gid: node.gid,
+            atime_ns: node.atime_ns,
+            mtime_ns: node.mtime_ns,
             xattrs,
         })
     }
@@ -281,7 +285,7 @@ fn file_kind(m: &std::fs::Metadata) -> &'static str {
 
 /// Whether the live object at `p` already is what `node` describes
 /// (content judged by size and mtime, as everywhere in chronofs).
-fn same_as_live(node: &Value, p: &Path, is_root: bool) -> bool {
+fn same_as_live(node: &NodeInfo, p: &Path, is_root: bool) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(live) = std::fs::symlink_metadata(p) else {
         return false;
@@ -289,8 +293,8 @@ fn same_as_live(node: &Value, p: &Path, is_root: bool) -> bool {
     let Ok(want) = Meta::of_node(node) else {
         return false;
     };
-    node["kind"].as_str() == Some(file_kind(&live))
-        && node["size"].as_u64() == Some(live.size())
+    node.kind == file_kind(&live)
+        && node.size == live.size()
         && want.mode == live.mode() & 0o7777
         && want.uid == live.uid()
         && want.gid == live.gid()
@@ -363,22 +367,22 @@ struct Builder<'a> {
     prune: bool,
     /// Objects already written, by object id: a second name of one is a
     /// hard link to the first.
-    seen: HashMap<u64, std::path::PathBuf>,
+    seen: HashMap<crate::history::ObjectId, std::path::PathBuf>,
     progress: Progress,
     is_root: bool,
 }
 
 impl Builder<'_> {
-    fn run(&mut self, root: &Value, dest: &Path) -> Result<()> {
+    fn run(&mut self, root: &NodeInfo, dest: &Path) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
         if self.left_alone(root, dest) {
             return Ok(());
         }
         let live = std::fs::symlink_metadata(dest).ok();
-        if root["kind"].as_str() != Some("dir") && same_as_live(root, dest, self.is_root) {
+        if root.kind != "dir" && same_as_live(root, dest, self.is_root) {
             return Ok(());
         }
-        if root["kind"].as_str() == Some("file") && live.as_ref().is_some_and(|m| m.is_file()) {
+        if root.kind == "file" && live.as_ref().is_some_and(|m| m.is_file()) {
             // One file over a live one: written in place, so it stays the
             // same object (its hard links, its history's numbering) and a
             // user who may write the file needs no right on its directory.
@@ -409,16 +413,13 @@ impl Builder<'_> {
         commit(&staged, dest)
     }
 
-    fn file_in_place(&mut self, node: &Value, dest: &Path) -> Result<()> {
+    fn file_in_place(&mut self, node: &NodeInfo, dest: &Path) -> Result<()> {
         // Opened (and truncated) only once the daemon sends data or
         // succeeds: a refused read (EACCES) leaves DEST as it was.
         let mut out = LazyFile { dest, file: None };
-        let req = Request::Read {
-            path: self.t.path.clone(),
-            at: self.at.clone(),
-            version: None,
-        };
-        self.t.call(&req, &mut out)?;
+        self.t
+            .client()
+            .read(&self.t.path, self.at, None, &mut out)?;
         out.file()?.flush()?;
         drop(out);
         set_meta(dest, &Meta::of_node(node)?, false, self.is_root)?;
@@ -429,12 +430,7 @@ impl Builder<'_> {
     /// Writes the content of the file at `path` then to `f`.
     fn content(&self, path: &Components, f: &mut std::fs::File) -> Result<()> {
         let mut buf = std::io::BufWriter::with_capacity(1 << 20, f);
-        let req = Request::Read {
-            path: path.clone(),
-            at: self.at.clone(),
-            version: None,
-        };
-        self.t.call(&req, &mut buf)?;
+        self.t.client().read(path, self.at, None, &mut buf)?;
         buf.flush()?;
         Ok(())
     }
@@ -451,7 +447,7 @@ impl Builder<'_> {
         e.context("nothing was changed")
     }
 
-    fn run_in_root(&mut self, root: &Value, dest: &Path) -> Result<()> {
+    fn run_in_root(&mut self, root: &NodeInfo, dest: &Path) -> Result<()> {
         let staged = staging_name(dest);
         let names = match self.entries(&self.t.path.clone(), root, &staged, None) {
             Ok(n) => n,
@@ -479,10 +475,10 @@ impl Builder<'_> {
 
     /// Lost and unrecorded content cannot be brought back: say so, and
     /// keep what is live.
-    fn left_alone(&self, node: &Value, dest: &Path) -> bool {
-        let why = if node["lost"].as_bool() == Some(true) {
+    fn left_alone(&self, node: &NodeInfo, dest: &Path) -> bool {
+        let why = if node.is_lost() {
             "content lost (damaged in the store)"
-        } else if node["unrecorded"].as_bool() == Some(true) {
+        } else if node.is_unrecorded() {
             "content not versioned by policy"
         } else {
             return false;
@@ -496,18 +492,18 @@ impl Builder<'_> {
     fn node(
         &mut self,
         path: &Components,
-        node: &Value,
+        node: &NodeInfo,
         staged: &Path,
         live: Option<&Path>,
     ) -> Result<()> {
-        let kind = node["kind"].as_str().unwrap_or("");
+        let kind = node.kind.as_str();
         if self.left_alone(node, staged) {
             if let Some(l) = live {
                 self.carry(l, staged)?;
             }
             return Ok(());
         }
-        let obj = node["obj"].as_u64();
+        let obj = node.obj;
         if kind != "dir" {
             if let Some(first) = obj.and_then(|o| self.seen.get(&o)) {
                 std::fs::hard_link(first, staged)
@@ -538,7 +534,7 @@ impl Builder<'_> {
                 self.progress.add(1, staged);
             }
             "symlink" => {
-                let target = bytes_of(node, "target");
+                let target = node.target_bytes().unwrap_or_default();
                 std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&target), staged)
                     .with_context(|| format!("cannot create {}", staged.display()))?;
                 set_meta(staged, &meta, true, self.is_root)?;
@@ -573,7 +569,7 @@ impl Builder<'_> {
     fn entries(
         &mut self,
         path: &Components,
-        node: &Value,
+        node: &NodeInfo,
         staged: &Path,
         live: Option<&Path>,
     ) -> Result<Vec<Vec<u8>>> {
@@ -581,8 +577,8 @@ impl Builder<'_> {
             .with_context(|| format!("cannot create {}", staged.display()))?;
         let live = live.filter(|l| std::fs::symlink_metadata(l).is_ok_and(|m| m.is_dir()));
         let mut names = Vec::new();
-        for e in node["entries"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            let name = bytes_of(e, "name");
+        for e in node.entries.iter().flatten() {
+            let name = e.name_bytes();
             let os = std::ffi::OsStr::from_bytes(&name);
             let live_child = live.map(|l| l.join(os));
             let live_child = live_child
@@ -655,17 +651,11 @@ pub fn before_deletion(t: &Target) -> Result<At> {
     let Some((name, parent)) = t.path.split_last() else {
         bail!("the mount root cannot be deleted");
     };
-    let v = t.query(&Request::List {
-        path: parent.to_vec(),
-        at: At::Now,
-        deleted: true,
-    })?;
-    let empty = Vec::new();
-    let hit = v["deleted"]
-        .as_array()
-        .unwrap_or(&empty)
+    let v = t.client().list(&parent.to_vec(), &At::Now, true)?;
+    let hit = v
+        .deleted
         .iter()
-        .find(|e| bytes_of(e, "name") == *name)
+        .find(|e| e.name_bytes() == *name)
         .ok_or_else(|| {
             anyhow!(
                 "{} is not a deleted entry of its directory (see `chronofs ls --deleted`)",
@@ -673,13 +663,7 @@ pub fn before_deletion(t: &Target) -> Result<At> {
             )
         })?;
     // The instant before the removal (of a tree: before `rm -rf` began).
-    let seq = hit["restore_seq"].as_u64().ok_or_else(|| {
-        anyhow!(
-            "the daemon did not say when {} was removed",
-            t.abs.display()
-        )
-    })?;
-    Ok(At::Seq(crate::history::Seq::new(seq)))
+    Ok(At::Seq(hit.restore_seq))
 }
 
 /// A restored file's destination, opened (without creating it) and

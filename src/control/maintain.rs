@@ -7,6 +7,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::proto::{
+    AuditRecord, AuditReply, ExplainReply, GcReport, HeldBack, PruneReply, PurgeReply, ReloadReply,
+};
 use super::service::{Error, Result, Service};
 use super::{Components, Reply};
 use crate::capture::retention::{self, CleanReport, Decide, PolicyCell};
@@ -101,7 +104,7 @@ impl Decide for Manual<'_> {
 }
 
 impl Service {
-    pub(super) fn gc(&self, dry_run: bool, peer: &Peer, reply: &mut dyn Reply) -> Result<Value> {
+    pub(super) fn gc(&self, dry_run: bool, peer: &Peer, reply: &mut dyn Reply) -> Result<GcReport> {
         root_only(peer, "collect garbage")?;
         let mut last = std::time::Instant::now();
         let mut progress = |phase: &str, done: u64, total: u64| {
@@ -112,15 +115,20 @@ impl Service {
             }
         };
         let report = self.history().gc(dry_run, &mut progress)?;
-        let value = serde_json::to_value(&report).unwrap_or(Value::Null);
         if !dry_run {
+            let detail = serde_json::to_value(&report).unwrap_or(Value::Null);
             self.history()
-                .audit(&self.audit_record(peer, "gc", value.clone()))?;
+                .audit(&self.audit_record(peer, "gc", detail))?;
         }
-        Ok(value)
+        Ok(report)
     }
 
-    pub(super) fn clean(&self, now_ns: Option<i64>, dry_run: bool, peer: &Peer) -> Result<Value> {
+    pub(super) fn clean(
+        &self,
+        now_ns: Option<i64>,
+        dry_run: bool,
+        peer: &Peer,
+    ) -> Result<CleanReport> {
         root_only(peer, "run the cleaner")?;
         let now = now_ns.unwrap_or_else(|| self.history().now_ns());
         let policy = self.policy.current()?;
@@ -132,7 +140,7 @@ impl Service {
             self.history()
                 .audit(&self.audit_record(peer, "clean", detail))?;
         }
-        Ok(serde_json::to_value(report).unwrap_or(Value::Null))
+        Ok(report)
     }
 
     /// Every object ever at `path` or under it.
@@ -150,7 +158,7 @@ impl Service {
         keep: &Retention,
         dry_run: bool,
         peer: &Peer,
-    ) -> Result<Value> {
+    ) -> Result<PruneReply> {
         if keep.keeps_all() {
             return Err(Error::Usage(
                 "nothing to prune: give a limit (--keep-last, --keep-daily, --max-count, --max-age, ...)"
@@ -194,16 +202,17 @@ impl Service {
                 &mut report,
             )?;
         }
-        let mut value = serde_json::to_value(report).unwrap_or(Value::Null);
-        value["held_back"] = json!({
-            "versions": held_back,
-            "protect_secs": policy.owner_protect_secs(),
-            "why": (held_back > 0).then(|| format!(
-                "kept {held_back} version(s) inside the protection window ({}) or the policy's minimums: only root may prune them",
-                crate::policy::format_duration(policy.owner_protect_secs())
-            )),
-        });
-        Ok(value)
+        Ok(PruneReply {
+            report,
+            held_back: HeldBack {
+                versions: held_back,
+                protect_secs: policy.owner_protect_secs(),
+                why: (held_back > 0).then(|| format!(
+                    "kept {held_back} version(s) inside the protection window ({}) or the policy's minimums: only root may prune them",
+                    crate::policy::format_duration(policy.owner_protect_secs())
+                )),
+            },
+        })
     }
 
     /// Refuses unless `peer` owns every object (its newest version).
@@ -225,7 +234,12 @@ impl Service {
         Ok(())
     }
 
-    pub(super) fn purge(&self, path: &Components, dry_run: bool, peer: &Peer) -> Result<Value> {
+    pub(super) fn purge(
+        &self,
+        path: &Components,
+        dry_run: bool,
+        peer: &Peer,
+    ) -> Result<PurgeReply> {
         root_only(peer, "purge history")?;
         let own: HashSet<ObjectId> = self
             .past()
@@ -266,17 +280,24 @@ impl Service {
         }
         let detail = json!({"path": show_path(path), "objects": plan.len(), "versions": versions});
         if dry_run {
-            return Ok(
-                json!({"dry_run": true, "objects": plan.len(), "versions": versions, "kept_alive_elsewhere": kept}),
-            );
+            return Ok(PurgeReply {
+                dry_run: true,
+                objects: plan.len() as u64,
+                versions,
+                kept_alive_elsewhere: kept,
+            });
         }
         let outcome = self.history().prune(
             &plan,
             Pins::Override,
             Some(self.audit_record(peer, "purge", detail)),
         )?;
-        Ok(json!({"dry_run": false, "objects": outcome.objects_removed,
-            "versions": outcome.versions_removed, "kept_alive_elsewhere": kept}))
+        Ok(PurgeReply {
+            dry_run: false,
+            objects: outcome.objects_removed,
+            versions: outcome.versions_removed,
+            kept_alive_elsewhere: kept,
+        })
     }
 
     /// Whether live `obj`'s current name lies at or under `path`.
@@ -292,7 +313,7 @@ impl Service {
         path: &Components,
         user: Option<&str>,
         process: Option<&str>,
-    ) -> Result<Value> {
+    ) -> Result<ExplainReply> {
         let live = self.live_stat(path)?;
         let (mut uid, gid) = live.map_or((0, 0), |st| (st.st_uid, st.st_gid));
         if let Some(u) = user {
@@ -300,11 +321,8 @@ impl Service {
                 .map(|(id, _)| id)
                 .ok_or_else(|| Error::NotFound(format!("no user '{u}'")))?;
         }
-        let rel = path
-            .iter()
-            .map(|c| String::from_utf8_lossy(c).into_owned())
-            .collect::<Vec<_>>()
-            .join("/");
+        // Bytes: the policy's globs match the real name.
+        let rel = path.join(&b'/');
         let owner = sys::user_name(uid);
         let group = sys::group_name(gid);
         let local = jiff::Zoned::now().datetime();
@@ -320,11 +338,22 @@ impl Service {
             local_time: Some(local),
         };
         let resolved = self.policy.current()?.resolve(&subject);
-        let mut v = serde_json::to_value(&resolved).unwrap_or(Value::Null);
-        v["text"] = json!(resolved.explain());
-        v["path"] = json!(show_path(path));
-        v["exists"] = json!(live.is_some());
-        Ok(v)
+        let mut resolved_doc = match serde_json::to_value(&resolved) {
+            Ok(Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
+        // The reply's own fields win over a policy field of the same name.
+        for own in ["text", "path", "path_raw", "exists"] {
+            resolved_doc.remove(own);
+        }
+        let (shown, shown_raw) = super::proto::path_text(path);
+        Ok(ExplainReply {
+            resolved: resolved_doc,
+            text: resolved.explain(),
+            path: shown,
+            path_raw: shown_raw,
+            exists: live.is_some(),
+        })
     }
 
     /// The live object at `path`, if there is one.
@@ -340,7 +369,7 @@ impl Service {
         Ok(Some(sys::fstat(std::os::fd::AsFd::as_fd(&fd))?))
     }
 
-    pub(super) fn reload(&self, peer: &Peer) -> Result<Value> {
+    pub(super) fn reload(&self, peer: &Peer) -> Result<ReloadReply> {
         root_only(peer, "reload the policy")?;
         let previous = self.policy.cell.get();
         match self.policy.source.load(Some(&previous)) {
@@ -349,8 +378,8 @@ impl Service {
                 self.policy.cell.set(policy);
                 let detail = json!({"rules": rules, "warnings": warnings});
                 self.history()
-                    .audit(&self.audit_record(peer, "policy-reload", detail.clone()))?;
-                Ok(detail)
+                    .audit(&self.audit_record(peer, "policy-reload", detail))?;
+                Ok(ReloadReply { rules, warnings })
             }
             Err(errors) => Err(Error::Usage(format!(
                 "{} (the previous policy stays in force{})",
@@ -363,14 +392,20 @@ impl Service {
         }
     }
 
-    pub(super) fn audit_log(&self, peer: &Peer) -> Result<Value> {
+    pub(super) fn audit_log(&self, peer: &Peer) -> Result<AuditReply> {
         root_only(peer, "read the audit log")?;
-        let records: Vec<Value> = self
+        let records = self
             .history()
             .audit_log()?
             .into_iter()
-            .map(|(_, v)| v)
+            .map(|(_, v)| {
+                // A record of an older layout keeps what still parses.
+                serde_json::from_value(v.clone()).unwrap_or_else(|_| AuditRecord {
+                    detail: v,
+                    ..Default::default()
+                })
+            })
             .collect();
-        Ok(json!({"records": records}))
+        Ok(AuditReply { records })
     }
 }

@@ -7,132 +7,32 @@
 //! and peer-credential checks, and the answers (`service`). Uses:
 //! `history`, `store`, `branch`, `sys`.
 //!
-//! Protocol (version `PROTOCOL`): the client sends one JSON line, a
-//! `Request`. The server answers with frames `kind u8 ‖ length u32 (BE) ‖
-//! payload`: any number of `D` (raw data, e.g. file content), then exactly
-//! one `J` (the JSON result) or `E` (a one-line error).
+//! Protocol (version `PROTOCOL`, messages in `proto`): the client sends
+//! one JSON line, an `Envelope` holding a `Request`. The server answers
+//! with frames `kind u8 ‖ length u32 (BE) ‖ payload`: any number of `D`
+//! (raw data, e.g. file content), then exactly one `J` (the request's
+//! typed reply as JSON) or `E` (an `ErrorReply`: errno and message, JSON).
+//! `Client` speaks it; nothing else should.
 
+mod client;
 mod maintain;
+pub mod proto;
 pub mod service;
 mod tree;
 
+pub use client::{Client, ControlError};
+pub use proto::{Components, Envelope, ErrorReply, Request, PROTOCOL};
+
 pub use crate::history::spec;
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 pub use maintain::PolicyHolder;
 pub use service::Service;
 pub use spec::At;
-
-pub const PROTOCOL: u32 = 3;
-
-/// A path inside the mount, as name components from its root.
-pub type Components = Vec<Vec<u8>>;
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "snake_case")]
-pub enum Request {
-    Status,
-    Tags,
-    Tag {
-        name: String,
-        at: At,
-    },
-    Untag {
-        name: String,
-    },
-    /// The sequence number and time an instant means.
-    Resolve {
-        at: At,
-    },
-    Stat {
-        path: Components,
-        at: At,
-    },
-    List {
-        path: Components,
-        at: At,
-        deleted: bool,
-    },
-    /// PATH and everything under it at an instant, in one answer, with
-    /// what a tree operation needs to bring it back exactly (object ids,
-    /// xattr values, names as bytes).
-    Tree {
-        path: Components,
-        at: At,
-    },
-    Read {
-        path: Components,
-        at: At,
-        version: Option<i64>,
-    },
-    /// Where the file or directory at `path` at instant `at` was at
-    /// instant `to`: its own path then, or that of the nearest of its
-    /// directories that existed then (history follows renames).
-    Follow {
-        path: Components,
-        at: At,
-        to: At,
-    },
-    Log {
-        path: Components,
-        since: Option<At>,
-        until: Option<At>,
-        recursive: bool,
-    },
-    /// Start recording the whole tree (eager baseline) in the background.
-    Ingest,
-    Fsck {
-        repair: bool,
-    },
-    /// Free unreferenced chunks and compact packs (root only). Progress
-    /// comes as data frames, one `PHASE DONE TOTAL` line each.
-    Gc {
-        dry_run: bool,
-    },
-    /// One retention pass under the policy now; `now_ns` (root only)
-    /// evaluates it as of another instant.
-    Clean {
-        now_ns: Option<i64>,
-        dry_run: bool,
-    },
-    /// Remove versions of PATH (everything ever under it, for a
-    /// directory) beyond `keep`. Non-root users: only their own files,
-    /// never past the policy's minimums or protection window.
-    Prune {
-        path: Components,
-        keep: crate::policy::Retention,
-        dry_run: bool,
-    },
-    /// Remove the objects once at PATH (and under it) and all their
-    /// history (root only; they must no longer exist live).
-    Purge {
-        path: Components,
-        dry_run: bool,
-    },
-    /// Which policy rules apply to PATH and why.
-    PolicyExplain {
-        path: Components,
-        user: Option<String>,
-        process: Option<String>,
-    },
-    /// Load the policy files again (root only); on error the old policy
-    /// stays in force.
-    PolicyReload,
-    /// The audit log: prunes, purges, collections, policy reloads.
-    Audit,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Envelope {
-    pub protocol: u32,
-    pub request: Request,
-}
 
 /// Where a request's answer goes: data frames, then a result or an error.
 pub trait Reply {
@@ -245,105 +145,52 @@ fn handle(conn: UnixStream, svc: &Service) {
         return;
     }
     let mut out = FrameWriter(io::BufWriter::new(conn));
+    let refuse = |errno, message| ErrorReply { errno, message };
     let result = match serde_json::from_str::<Envelope>(&line) {
-        Ok(env) if env.protocol == PROTOCOL => svc.answer(&env.request, &peer, &mut out),
-        Ok(env) => Err(service::Error::Usage(format!(
-            "client speaks control protocol {}, this daemon {PROTOCOL}",
-            env.protocol
-        ))),
-        Err(e) => Err(service::Error::Usage(format!("malformed request: {e}"))),
+        Ok(env) if env.protocol == PROTOCOL => svc
+            .answer(&env.request, &peer, &mut out)
+            .map_err(|e| error_reply(&e))
+            .and_then(|a| {
+                serde_json::to_vec(&a)
+                    .map_err(|e| refuse(libc::EIO, format!("cannot encode the answer: {e}")))
+            }),
+        Ok(env) => Err(refuse(
+            libc::EPROTO,
+            format!(
+                "client speaks control protocol {}, this daemon {PROTOCOL}",
+                env.protocol
+            ),
+        )),
+        Err(e) => Err(refuse(libc::EINVAL, format!("malformed request: {e}"))),
     };
     let end = match result {
-        Ok(v) => frame(&mut out.0, b'J', &v.to_bytes()),
-        Err(e) => frame(&mut out.0, b'E', e.to_string().as_bytes()),
+        Ok(v) => frame(&mut out.0, b'J', &v),
+        Err(e) => match serde_json::to_vec(&e) {
+            Ok(v) => frame(&mut out.0, b'E', &v),
+            Err(e) => Err(io::Error::other(e)),
+        },
     };
     if let Err(e) = end.and_then(|()| out.0.flush()) {
         tracing::debug!("control: client went away: {e}");
     }
 }
 
-/// Sends a request to the daemon at `socket`; data frames go to `data`.
-pub fn call(
-    socket: &Path,
-    request: &Request,
-    data: &mut dyn Write,
-) -> Result<serde_json::Value, String> {
-    let payload = call_raw(socket, request, data)?;
-    serde_json::from_slice(&payload).map_err(|e| format!("malformed answer from the daemon: {e}"))
-}
-
-/// Like [`call`], returning the result's JSON text as the daemon sent it
-/// (for output that passes it through unparsed).
-pub fn call_raw(socket: &Path, request: &Request, data: &mut dyn Write) -> Result<Vec<u8>, String> {
-    let mut conn = UnixStream::connect(socket)
-        .map_err(|e| format!("cannot reach the daemon at {}: {e}", socket.display()))?;
-    let env = Envelope {
-        protocol: PROTOCOL,
-        request: request.clone(),
+/// The error frame of a failed request: what it is as an errno (the
+/// CLI's exit and a script's check), and the line a person reads.
+pub fn error_reply(e: &service::Error) -> ErrorReply {
+    use service::Error;
+    let errno = match e {
+        Error::Usage(_) => libc::EINVAL,
+        Error::NotFound(_) => libc::ENOENT,
+        Error::Denied(_) => libc::EACCES,
+        Error::NotPermitted(_) => libc::EPERM,
+        Error::History(h) => h.errno(),
+        Error::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
     };
-    let mut line = serde_json::to_string(&env).map_err(|e| e.to_string())?;
-    line.push('\n');
-    conn.write_all(line.as_bytes())
-        .map_err(|e| format!("control socket: {e}"))?;
-    let mut reader = BufReader::new(conn);
-    loop {
-        let mut head = [0u8; 5];
-        reader
-            .read_exact(&mut head)
-            .map_err(|e| format!("the daemon closed the connection: {e}"))?;
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        let mut payload = vec![0u8; len];
-        reader
-            .read_exact(&mut payload)
-            .map_err(|e| format!("the daemon closed the connection: {e}"))?;
-        match head[0] {
-            b'D' => data
-                .write_all(&payload)
-                .map_err(|e| format!("writing output: {e}"))?,
-            b'J' => return Ok(payload),
-            b'E' => return Err(String::from_utf8_lossy(&payload).into_owned()),
-            other => return Err(format!("unknown frame {other} from the daemon")),
-        }
+    ErrorReply {
+        errno,
+        message: e.to_string(),
     }
-}
-
-/// Answers a request in this process (no daemon: the store was opened
-/// directly).
-pub fn call_local(
-    svc: &Service,
-    request: &Request,
-    data: &mut dyn Write,
-) -> Result<serde_json::Value, String> {
-    answer_local(svc, request, data).map(service::Answer::into_value)
-}
-
-/// Like [`call_local`], returning the result's JSON text.
-pub fn call_local_raw(
-    svc: &Service,
-    request: &Request,
-    data: &mut dyn Write,
-) -> Result<Vec<u8>, String> {
-    answer_local(svc, request, data).map(|a| a.to_bytes())
-}
-
-fn answer_local(
-    svc: &Service,
-    request: &Request,
-    data: &mut dyn Write,
-) -> Result<service::Answer, String> {
-    struct Direct<'a>(&'a mut dyn Write);
-    impl Reply for Direct<'_> {
-        fn data(&mut self, bytes: &[u8]) -> io::Result<()> {
-            self.0.write_all(bytes)
-        }
-    }
-    let me = crate::sys::Peer {
-        uid: crate::sys::geteuid(),
-        gid: crate::sys::getegid(),
-        pid: std::process::id(),
-    };
-    svc.answer(request, &me, &mut Direct(data))
-        .map_err(|e| e.to_string())
 }
 
 /// A chronofs mount as /proc/self/mountinfo lists it.

@@ -12,13 +12,19 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
+use super::proto::{
+    self, path_text, Answer, ChainHead, Cost, DeletedEntry, FsckReport, Incarnation, IngestStatus,
+    Instant, Listing, LogReply, LogTreeReply, NodeInfo, RepairReport, SeqTime, StatusReply,
+    TagInfo, TagsReply, UntagReply,
+};
 use super::spec::{self, At};
 use super::{Components, Reply, Request};
 use crate::history::access::{self, Who};
 use crate::history::content;
 use crate::history::past::{kind_name, name_str, show_path, LiveIds, Node, Past};
+
 use crate::history::verify::{HeadFiles, Unreadable};
 use crate::history::{Content, Draft, History, HistoryError, ObjectId, Seq, Version, ROOT};
 use crate::sys::{self, Peer};
@@ -41,7 +47,7 @@ pub trait Host: LiveIds {
         Err("nothing is mounted: mount the directory, then run `chronofs ingest` on it".into())
     }
     /// Progress of the eager baseline, if one ran.
-    fn ingest_status(&self) -> Option<Value> {
+    fn ingest_status(&self) -> Option<IngestStatus> {
         None
     }
 }
@@ -120,123 +126,136 @@ impl Service {
             ));
         }
         self.host.settle();
-        if let Request::Log {
-            path,
-            since,
-            until,
-            recursive: true,
-        } = req
-        {
-            let since = self.opt_seq(since.as_ref())?;
-            let until = self.opt_seq(until.as_ref())?;
-            return self.log_tree(path, since, until);
-        }
-        self.answer_value(req, peer, reply).map(Answer::Value)
-    }
-
-    fn answer_value(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Value> {
-        match req {
+        Ok(match req {
             Request::Ingest => {
                 self.host.start_ingest().map_err(Error::Usage)?;
-                Ok(self.host.ingest_status().unwrap_or(Value::Null))
+                Answer::Ingest(self.host.ingest_status())
             }
-            Request::Status => self.status(),
-            Request::Tags => self.tags(),
-            Request::Tag { name, at } => self.tag(name, at, peer),
-            Request::Untag { name } => self.untag(name, peer),
+            Request::Status => Answer::Status(Box::new(self.status()?)),
+            Request::Tags => Answer::Tags(self.tags()?),
+            Request::Tag { name, at } => Answer::Tag(self.tag(name, at, peer)?),
+            Request::Untag { name } => Answer::Untag(self.untag(name, peer)?),
             Request::Resolve { at } => {
                 let (seq, t) = self.resolve_at(at)?;
-                Ok(json!({"seq": seq, "time_ns": t, "time": spec::iso(t)}))
+                Answer::Instant(Instant {
+                    seq,
+                    time_ns: t,
+                    time: spec::iso(t),
+                })
             }
             Request::Stat { path, at } => {
                 let (seq, _) = self.resolve_at(at)?;
                 let node = self.node(path, seq)?;
-                Ok(self.describe(&node))
+                Answer::Node(Box::new(self.describe(&node)))
             }
             Request::Follow { path, at, to } => {
                 let (at, _) = self.resolve_at(at)?;
                 let (to, _) = self.resolve_at(to)?;
                 let then = self.past().follow(path, at, to)?;
-                Ok(json!({"path": then}))
+                Answer::Follow(proto::FollowReply { path: then })
             }
-            Request::List { path, at, deleted } => self.list(path, at, *deleted, peer),
-            Request::Tree { path, at } => self.tree(path, at, peer),
-            Request::Read { path, at, version } => self.read(path, at, *version, peer, reply),
+            Request::List { path, at, deleted } => {
+                Answer::List(self.list(path, at, *deleted, peer)?)
+            }
+            Request::Tree { path, at } => Answer::Tree(Box::new(self.tree(path, at, peer)?)),
+            Request::Read { path, at, version } => {
+                Answer::Node(Box::new(self.read(path, at, *version, peer, reply)?))
+            }
             Request::Log {
                 path,
                 since,
                 until,
                 recursive,
-            } => self.log(path, since.as_ref(), until.as_ref(), *recursive),
+            } => {
+                let since = self.opt_seq(since.as_ref())?;
+                let until = self.opt_seq(until.as_ref())?;
+                if *recursive {
+                    Answer::LogTree(self.log_tree(path, since, until)?)
+                } else {
+                    Answer::Log(self.log(path, since, until)?)
+                }
+            }
             Request::Fsck { repair } => {
                 if peer.uid != 0 && *repair {
                     return Err(Error::Denied("only root may repair a store".into()));
                 }
-                Ok(
-                    serde_json::to_value(self.fsck(*repair, peer, &mut |_, _| {})?)
-                        .unwrap_or(Value::Null),
-                )
+                Answer::Fsck(Box::new(self.fsck(*repair, peer, &mut |_, _| {})?))
             }
-            Request::Gc { dry_run } => self.gc(*dry_run, peer, reply),
-            Request::Clean { now_ns, dry_run } => self.clean(*now_ns, *dry_run, peer),
+            Request::Gc { dry_run } => Answer::Gc(self.gc(*dry_run, peer, reply)?),
+            Request::Clean { now_ns, dry_run } => {
+                Answer::Clean(self.clean(*now_ns, *dry_run, peer)?)
+            }
             Request::Prune {
                 path,
                 keep,
                 dry_run,
-            } => self.prune(path, keep, *dry_run, peer),
-            Request::Purge { path, dry_run } => self.purge(path, *dry_run, peer),
+            } => Answer::Prune(self.prune(path, keep, *dry_run, peer)?),
+            Request::Purge { path, dry_run } => Answer::Purge(self.purge(path, *dry_run, peer)?),
             Request::PolicyExplain {
                 path,
                 user,
                 process,
-            } => self.explain(path, user.as_deref(), process.as_deref()),
-            Request::PolicyReload => self.reload(peer),
-            Request::Audit => self.audit_log(peer),
-        }
+            } => Answer::Explain(self.explain(path, user.as_deref(), process.as_deref())?),
+            Request::PolicyReload => Answer::Reload(self.reload(peer)?),
+            Request::Audit => Answer::Audit(self.audit_log(peer)?),
+        })
     }
 
-    pub(super) fn describe(&self, node: &Node) -> Value {
+    pub(super) fn describe(&self, node: &Node) -> NodeInfo {
         match node {
             Node::Hist { obj, seq, v } => {
                 let a = &v.attrs;
-                let target = match &v.content {
-                    Content::Symlink { target } => Some(name_str(target)),
-                    _ => None,
+                let mut n = NodeInfo {
+                    obj: Some(*obj),
+                    source: "history".into(),
+                    seq: Some(*seq),
+                    cause: Some(v.cause.as_str().into()),
+                    time_ns: Some(v.time_ns),
+                    kind: kind_name(a.mode).into(),
+                    mode: a.mode & 0o7777,
+                    uid: a.uid,
+                    gid: a.gid,
+                    size: a.size,
+                    nlink: u64::from(a.nlink),
+                    rdev: a.rdev,
+                    mtime_ns: ns(a.mtime.sec, i64::from(a.mtime.nsec)),
+                    atime_ns: ns(a.atime.sec, i64::from(a.atime.nsec)),
+                    xattrs: Some(v.xattrs.iter().map(|(k, _)| name_str(k)).collect()),
+                    unrecorded: Some(v.content == Content::Unrecorded),
+                    lost: Some(matches!(v.content, Content::Lost { .. })),
+                    ..Default::default()
                 };
-                json!({
-                    "obj": obj, "source": "history", "seq": seq,
-                    "cause": v.cause.as_str(), "time_ns": v.time_ns,
-                    "kind": kind_name(a.mode), "mode": a.mode & 0o7777,
-                    "uid": a.uid, "gid": a.gid, "size": a.size, "nlink": a.nlink,
-                    "rdev": a.rdev,
-                    "mtime_ns": a.mtime.sec as i128 * 1_000_000_000 + i128::from(a.mtime.nsec),
-                    "atime_ns": a.atime.sec as i128 * 1_000_000_000 + i128::from(a.atime.nsec),
-                    "target": target,
-                    "xattrs": v.xattrs.iter().map(|(k, _)| name_str(k)).collect::<Vec<_>>(),
-                    "unrecorded": v.content == Content::Unrecorded,
-                    "lost": matches!(v.content, Content::Lost { .. }),
-                })
+                if let Content::Symlink { target } = &v.content {
+                    n.set_target(target);
+                }
+                n
             }
             Node::Live { obj, fd, st } => {
-                let target = if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                    sys::readlink_fd(fd.as_fd()).ok().map(|t| name_str(&t))
-                } else {
-                    None
+                let mut n = NodeInfo {
+                    obj: *obj,
+                    source: "live".into(),
+                    kind: kind_name(st.st_mode).into(),
+                    mode: st.st_mode & 0o7777,
+                    uid: st.st_uid,
+                    gid: st.st_gid,
+                    size: u64::try_from(st.st_size).unwrap_or(0),
+                    nlink: st.st_nlink,
+                    rdev: st.st_rdev,
+                    mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
+                    atime_ns: ns(st.st_atime, st.st_atime_nsec),
+                    ..Default::default()
                 };
-                json!({
-                    "obj": obj, "source": "live", "seq": null, "cause": null,
-                    "kind": kind_name(st.st_mode), "mode": st.st_mode & 0o7777,
-                    "uid": st.st_uid, "gid": st.st_gid, "size": st.st_size,
-                    "nlink": st.st_nlink, "rdev": st.st_rdev,
-                    "mtime_ns": st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128,
-                    "atime_ns": st.st_atime as i128 * 1_000_000_000 + st.st_atime_nsec as i128,
-                    "target": target,
-                })
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    if let Ok(t) = sys::readlink_fd(fd.as_fd()) {
+                        n.set_target(&t);
+                    }
+                }
+                n
             }
         }
     }
 
-    fn list(&self, path: &Components, at: &At, deleted: bool, peer: &Peer) -> Result<Value> {
+    fn list(&self, path: &Components, at: &At, deleted: bool, peer: &Peer) -> Result<Listing> {
         let (seq, time) = self.resolve_at(at)?;
         let dir = self.node(path, seq)?;
         if dir.mode() & libc::S_IFMT == libc::S_IFDIR {
@@ -269,7 +288,7 @@ impl Service {
             child.push(name.clone());
             if let Some(node) = past.resolve(&child, seq)? {
                 let mut d = self.describe(&node);
-                super::tree::put_bytes(&mut d, "name", &name);
+                d.set_name(&name);
                 present.insert(name);
                 entries.push(d);
             }
@@ -279,19 +298,26 @@ impl Service {
             if let Some(d) = hist_dir {
                 for g in past.deleted_in(d, seq, &|n| present.contains(n))? {
                     let before = g.before.as_ref().map(|(_, v)| v);
-                    let mut row = json!({
-                        "obj": g.obj, "deleted_seq": g.seq,
-                        "deleted_time_ns": self.history.time_of_seq(g.seq)?,
-                        "kind": before.map_or("unknown", |v| kind_name(v.attrs.mode)),
-                        "size": before.map(|v| v.attrs.size),
-                        "restore_seq": past.before_removal(&g)?,
+                    let (name, name_raw) = proto::split_bytes(&g.name);
+                    gone.push(DeletedEntry {
+                        name,
+                        name_raw,
+                        obj: g.obj,
+                        deleted_seq: g.seq,
+                        deleted_time_ns: self.history.time_of_seq(g.seq)?,
+                        kind: before.map_or("unknown", |v| kind_name(v.attrs.mode)).into(),
+                        size: before.map(|v| v.attrs.size),
+                        restore_seq: past.before_removal(&g)?,
                     });
-                    super::tree::put_bytes(&mut row, "name", &g.name);
-                    gone.push(row);
                 }
             }
         }
-        Ok(json!({"seq": seq, "time_ns": time, "entries": entries, "deleted": gone}))
+        Ok(Listing {
+            seq,
+            time_ns: time,
+            entries,
+            deleted: gone,
+        })
     }
 
     fn read(
@@ -301,7 +327,7 @@ impl Service {
         version: Option<i64>,
         peer: &Peer,
         reply: &mut dyn Reply,
-    ) -> Result<Value> {
+    ) -> Result<NodeInfo> {
         let (node, seq) = match version {
             Some(n) => {
                 let node = self.past().nth_version(path, n)?;
@@ -366,19 +392,7 @@ impl Service {
         at.map(|a| self.resolve_at(a).map(|(s, _)| s)).transpose()
     }
 
-    fn log(
-        &self,
-        path: &Components,
-        since: Option<&At>,
-        until: Option<&At>,
-        recursive: bool,
-    ) -> Result<Value> {
-        let since = self.opt_seq(since)?;
-        let until = self.opt_seq(until)?;
-        if recursive {
-            let tree = self.log_tree(path, since, until)?;
-            return Ok(tree.into_value());
-        }
+    fn log(&self, path: &Components, since: Option<Seq>, until: Option<Seq>) -> Result<LogReply> {
         let past = self.past();
         let incarnations = past.incarnations(path)?;
         if incarnations.is_empty() {
@@ -398,12 +412,14 @@ impl Service {
             .into_iter()
             .filter(|r| since.is_none_or(|a| r.1 >= a) && until.is_none_or(|b| r.1 <= b))
             .collect();
-        let mut out: Vec<Value> = Vec::with_capacity(rows.len());
+        let (shown, shown_raw) = path_text(path);
+        let mut out = Vec::with_capacity(rows.len());
         for (obj, s, v, inc) in &rows {
             let mut row = version_row(*obj, *s, v);
-            row["n"] = json!(number.get(&(*obj, *s)));
-            row["incarnation"] = json!(inc + 1);
-            row["path"] = json!(show_path(path));
+            row.n = number.get(&(*obj, *s)).copied();
+            row.incarnation = Some(inc + 1);
+            row.path = Some(shown.clone());
+            row.path_raw = shown_raw.clone();
             // Recorded before the object got this path (history follows
             // renames): the name it had then.
             if incarnations.get(*inc).is_some_and(|i| *s < i.1) {
@@ -412,16 +428,27 @@ impl Service {
                     None => self.history.path_at(*obj, s.prev())?,
                 };
                 if let Some(p) = then.filter(|p| p != path) {
-                    row["as"] = json!(show_path(&p));
+                    let (text, raw) = path_text(&p);
+                    row.as_path = Some(text);
+                    row.as_path_raw = raw;
                 }
             }
             out.push(row);
         }
-        let incs: Vec<Value> = incarnations
+        let incarnations = incarnations
             .iter()
-            .map(|(o, a, b)| json!({"obj": o, "from_seq": a, "until_seq": b}))
+            .map(|(o, a, b)| Incarnation {
+                obj: *o,
+                from_seq: *a,
+                until_seq: *b,
+            })
             .collect();
-        Ok(json!({"path": show_path(path), "incarnations": incs, "versions": out}))
+        Ok(LogReply {
+            path: shown,
+            path_raw: shown_raw,
+            incarnations,
+            versions: out,
+        })
     }
 
     /// Every object ever at `path` or under it, with the path it was
@@ -473,40 +500,38 @@ impl Service {
         path: &Components,
         since: Option<Seq>,
         until: Option<Seq>,
-    ) -> Result<Answer> {
+    ) -> Result<LogTreeReply> {
         let (lo, hi) = (since.unwrap_or(Seq::ZERO), until.unwrap_or(Seq::MAX));
-        // Rows stay typed until sorted: sorting tens of thousands of JSON
-        // objects by field lookups cost most of a `log -r`.
-        let mut paths: Vec<String> = Vec::new();
+        // Rows stay without their paths until sorted: sorting tens of
+        // thousands of rows that each own a path cost most of a `log -r`.
+        let mut paths: Vec<(String, Option<Vec<u8>>)> = Vec::new();
         let mut rows: Vec<(Seq, usize, ObjectId, Version)> = Vec::new();
         for (obj, p) in self.tree_objects(path)? {
             let path_idx = paths.len();
-            paths.push(show_path(&p));
+            paths.push(path_text(&p));
             for (s, v) in self.history.versions(obj, lo, hi)? {
                 rows.push((s, path_idx, obj, v));
             }
         }
-        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| paths[a.1].cmp(&paths[b.1])));
-        #[derive(serde::Serialize)]
-        struct Tree<'a> {
-            path: String,
-            versions: Vec<VersionRow<'a>>,
-        }
-        let tree = Tree {
-            path: show_path(path),
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| paths[a.1].0.cmp(&paths[b.1].0)));
+        let (shown, shown_raw) = path_text(path);
+        Ok(LogTreeReply {
+            path: shown,
+            path_raw: shown_raw,
             versions: rows
                 .iter()
-                .map(|(s, path_idx, obj, v)| VersionRow::new(*obj, *s, v, Some(&paths[*path_idx])))
+                .map(|(s, path_idx, obj, v)| {
+                    let mut row = version_row(*obj, *s, v);
+                    let (text, raw) = &paths[*path_idx];
+                    row.path = Some(text.clone());
+                    row.path_raw = raw.clone();
+                    row
+                })
                 .collect(),
-        };
-        // Serialized once, straight from the rows: building a JSON value
-        // per row first cost more than the index reads.
-        serde_json::value::to_raw_value(&tree)
-            .map(Answer::Raw)
-            .map_err(|e| Error::Usage(format!("cannot encode the answer: {e}")))
+        })
     }
 
-    fn status(&self) -> Result<Value> {
+    fn status(&self) -> Result<StatusReply> {
         let c = self.history.counts()?;
         let bounds = self.history.bounds()?;
         let logical = self.history.logical_bytes()?;
@@ -519,42 +544,47 @@ impl Service {
         let index_file =
             std::fs::metadata(self.store_dir.join(crate::store::INDEX_FILE)).map_or(0, |m| m.len());
         let index_used = self.history.index_used_bytes()?;
-        Ok(json!({
-            "store": self.store_dir.display().to_string(),
-            "poisoned": self.history.poisoned(),
-            "unrecorded": self.history.unrecorded(),
-            "store_bytes": store_bytes,
+        Ok(StatusReply {
+            store: self.store_dir.display().to_string(),
+            poisoned: self.history.poisoned(),
+            unrecorded: self.history.unrecorded(),
+            store_bytes,
             // What the store holds, counting the index by its pages in use.
-            "store_used_bytes": store_bytes.saturating_sub(index_file) + index_used,
-            "index_bytes": index_file,
-            "index_used_bytes": index_used,
-            "pack_bytes": packs,
-            "versions": c.versions,
-            "changes": c.changes,
-            "chunks": c.chunks,
-            "chunk_bytes": c.chunk_raw_bytes,
-            "stored_bytes": c.chunk_stored_bytes,
-            "logical_bytes": logical,
-            "dedup_ratio": ratio(logical, c.chunk_raw_bytes),
-            "compression_ratio": ratio(c.chunk_raw_bytes, c.chunk_stored_bytes),
-            "tags": c.tags,
-            "chain_head": crate::history::chain::head(self.history.db())?
-                .map(|(seq, hash)| json!({"seq": seq, "hash": hash})),
-            "ingest": self.host.ingest_status(),
-            "first": bounds.map(|((s, t), _)| json!({"seq": s, "time_ns": t})),
-            "last": bounds.map(|(_, (s, t))| json!({"seq": s, "time_ns": t})),
-        }))
+            store_used_bytes: store_bytes.saturating_sub(index_file) + index_used,
+            index_bytes: index_file,
+            index_used_bytes: index_used,
+            pack_bytes: packs,
+            versions: c.versions,
+            changes: c.changes,
+            chunks: c.chunks,
+            chunk_bytes: c.chunk_raw_bytes,
+            stored_bytes: c.chunk_stored_bytes,
+            logical_bytes: logical,
+            dedup_ratio: ratio(logical, c.chunk_raw_bytes),
+            compression_ratio: ratio(c.chunk_raw_bytes, c.chunk_stored_bytes),
+            tags: c.tags,
+            chain_head: crate::history::chain::head(self.history.db())?.map(|(seq, hash)| {
+                ChainHead {
+                    seq: Seq::new(seq),
+                    hash,
+                }
+            }),
+            ingest: self.host.ingest_status(),
+            first: bounds.map(|((seq, time_ns), _)| SeqTime { seq, time_ns }),
+            last: bounds.map(|(_, (seq, time_ns))| SeqTime { seq, time_ns }),
+        })
     }
 
-    fn tags(&self) -> Result<Value> {
-        let mut out = Vec::new();
+    fn tags(&self) -> Result<TagsReply> {
+        let mut tags = Vec::new();
         for (name, seq) in self.history.tags()? {
-            out.push(json!({"name": name, "seq": seq, "time_ns": self.history.time_of_seq(seq)?}));
+            let time_ns = self.history.time_of_seq(seq)?;
+            tags.push(TagInfo { name, seq, time_ns });
         }
-        Ok(json!({"tags": out}))
+        Ok(TagsReply { tags })
     }
 
-    fn tag(&self, name: &str, at: &At, peer: &Peer) -> Result<Value> {
+    fn tag(&self, name: &str, at: &At, peer: &Peer) -> Result<TagInfo> {
         if name.is_empty()
             || name.bytes().all(|b| b.is_ascii_digit())
             || spec::parse(name) != Ok(At::Tag(name.to_string()))
@@ -574,10 +604,14 @@ impl Service {
             ..Default::default()
         })?;
         self.history.set_tag_owner(name, Some(peer.uid))?;
-        Ok(json!({"name": name, "seq": seq, "time_ns": t}))
+        Ok(TagInfo {
+            name: name.to_string(),
+            seq,
+            time_ns: Some(t),
+        })
     }
 
-    fn untag(&self, name: &str, peer: &Peer) -> Result<Value> {
+    fn untag(&self, name: &str, peer: &Peer) -> Result<UntagReply> {
         if self.history.tag(name)?.is_none() {
             return Err(Error::NotFound(format!("no tag named '{name}'")));
         }
@@ -593,7 +627,10 @@ impl Service {
             ..Default::default()
         })?;
         self.history.set_tag_owner(name, None)?;
-        Ok(json!({"name": name, "deleted": true}))
+        Ok(UntagReply {
+            name: name.to_string(),
+            deleted: true,
+        })
     }
 }
 
@@ -628,127 +665,31 @@ fn dir_size(dir: &std::path::Path) -> u64 {
     total
 }
 
-/// One version as `log` shows it.
-#[derive(serde::Serialize)]
-struct VersionRow<'a> {
-    obj: ObjectId,
-    seq: Seq,
-    time_ns: i64,
-    cause: &'static str,
-    kind: &'static str,
-    size: u64,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    pid: u32,
-    process: &'a str,
-    owner: u32,
-    gone: bool,
-    /// Marked lost by `fsck --repair`: recorded, but its bytes are gone.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    lost: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    path: Option<&'a str>,
+/// Nanoseconds since the epoch, saturating (a timestamp so far off
+/// that it overflows is shown as the end of the range, not wrapped).
+fn ns(sec: i64, nsec: i64) -> i64 {
+    sec.saturating_mul(1_000_000_000).saturating_add(nsec)
 }
 
-impl<'a> VersionRow<'a> {
-    fn new(obj: ObjectId, seq: Seq, v: &'a Version, path: Option<&'a str>) -> Self {
-        VersionRow {
-            obj,
-            seq,
-            time_ns: v.time_ns,
-            cause: v.cause.as_str(),
-            kind: kind_name(v.attrs.mode),
-            size: v.attrs.size,
-            mode: v.attrs.mode & 0o7777,
-            uid: v.who.uid,
-            gid: v.who.gid,
-            pid: v.who.pid,
-            process: &v.who.comm,
-            owner: v.attrs.uid,
-            gone: v.gone,
-            lost: matches!(v.content, Content::Lost { .. }),
-            path,
-        }
+/// One version as `log` shows it (without the fields of a path).
+fn version_row(obj: ObjectId, seq: Seq, v: &Version) -> proto::VersionRow {
+    proto::VersionRow {
+        obj,
+        seq,
+        time_ns: v.time_ns,
+        cause: v.cause.as_str().into(),
+        kind: kind_name(v.attrs.mode).into(),
+        size: v.attrs.size,
+        mode: v.attrs.mode & 0o7777,
+        uid: v.who.uid,
+        gid: v.who.gid,
+        pid: v.who.pid,
+        process: v.who.comm.clone(),
+        owner: v.attrs.uid,
+        gone: v.gone,
+        lost: matches!(v.content, Content::Lost { .. }),
+        ..Default::default()
     }
-}
-
-fn version_row(obj: ObjectId, seq: Seq, v: &Version) -> Value {
-    serde_json::to_value(VersionRow::new(obj, seq, v, None)).unwrap_or(Value::Null)
-}
-
-/// A request's result: a JSON value, or JSON already encoded (large
-/// answers, serialized straight from typed rows).
-pub enum Answer {
-    Value(Value),
-    Raw(Box<serde_json::value::RawValue>),
-}
-
-impl Answer {
-    pub fn to_bytes(&self) -> Vec<u8> {
-        match self {
-            Answer::Value(v) => v.to_string().into_bytes(),
-            Answer::Raw(r) => r.get().as_bytes().to_vec(),
-        }
-    }
-
-    pub fn into_value(self) -> Value {
-        match self {
-            Answer::Value(v) => v,
-            Answer::Raw(r) => serde_json::from_str(r.get()).unwrap_or(Value::Null),
-        }
-    }
-}
-
-/// A version that does not read, as fsck names it.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct Cost {
-    pub path: String,
-    /// Its number as `log` shows it, if its path still leads to it.
-    pub version: Option<usize>,
-    pub seq: Seq,
-    pub time_ns: i64,
-    pub time: String,
-    pub obj: ObjectId,
-    pub why: String,
-}
-
-/// What `fsck --repair` did.
-#[derive(Debug, Default, serde::Serialize)]
-pub struct RepairReport {
-    /// Problems found before repairing.
-    pub found: Vec<String>,
-    pub reindexed: u64,
-    pub restored_chunks: u64,
-    /// Versions that read again.
-    pub restored: Vec<Cost>,
-    /// Versions marked lost.
-    pub lost: Vec<Cost>,
-    pub removed_index_entries: u64,
-}
-
-/// What `fsck` found.
-#[derive(Debug, Default, serde::Serialize)]
-pub struct FsckReport {
-    pub versions: u64,
-    pub manifests_checked: u64,
-    pub chunks_checked: u64,
-    pub bytes_checked: u64,
-    /// What is wrong now, each unreadable version first (path, version,
-    /// time), then the damage itself. Empty: the store is consistent.
-    pub problems: Vec<String>,
-    /// The versions that do not read now.
-    pub unreadable: Vec<Cost>,
-    /// Versions marked lost by a repair (not problems: they are known).
-    pub lost_versions: u64,
-    /// Changes the repair made (index entries re-pointed, chunks stored
-    /// again, versions marked lost, damaged entries dropped).
-    pub repaired: u64,
-    pub repair: Option<RepairReport>,
-    pub chained_changes: u64,
-    pub unchained_changes: u64,
-    pub chain_head_seq: Option<u64>,
-    pub chain_head: Option<String>,
 }
 
 impl Service {
@@ -913,6 +854,6 @@ fn cost_line(c: &Cost) -> String {
     )
 }
 
-fn cost_brief(c: &Cost) -> Value {
+fn cost_brief(c: &Cost) -> serde_json::Value {
     json!({"path": c.path, "version": c.version, "seq": c.seq, "time_ns": c.time_ns})
 }

@@ -3,24 +3,12 @@
 //! exactly: object ids (two names of one object are one hard-linked
 //! file), extended attribute values (ACLs included) and names as bytes.
 
-use serde_json::{json, Value};
-
+use super::proto::{NodeInfo, TreeReply, XattrValue};
 use super::service::{who, Result, Service};
 use super::Components;
 use crate::history::access;
-use crate::history::past::{name_str, Node};
-use crate::history::Content;
+use crate::history::past::Node;
 use crate::sys::{self, Peer};
-
-/// Puts `bytes` under `key` as text and, when they are not UTF-8, also
-/// under `KEY_raw` as an array of bytes: JSON strings cannot carry them,
-/// and a lossy name written back would be another name.
-pub fn put_bytes(d: &mut Value, key: &str, bytes: &[u8]) {
-    d[key] = json!(name_str(bytes));
-    if std::str::from_utf8(bytes).is_err() {
-        d[format!("{key}_raw")] = json!(bytes);
-    }
-}
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -32,14 +20,18 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 impl Service {
-    /// `path` and everything under it at `at`: `{"seq", "time_ns", "root":
-    /// node}`, each directory node with `"entries": [node + "name"]`.
-    pub(super) fn tree(&self, path: &Components, at: &super::At, peer: &Peer) -> Result<Value> {
+    /// `path` and everything under it at `at`, each directory node with
+    /// its entries.
+    pub(super) fn tree(&self, path: &Components, at: &super::At, peer: &Peer) -> Result<TreeReply> {
         let (seq, time) = self.resolve_at(at)?;
         let node = self.past().node(path, seq)?;
         let mut path = path.clone();
         let root = self.tree_node(&mut path, node, seq, peer)?;
-        Ok(json!({"seq": seq, "time_ns": time, "root": root}))
+        Ok(TreeReply {
+            seq,
+            time_ns: time,
+            root,
+        })
     }
 
     fn tree_node(
@@ -48,7 +40,7 @@ impl Service {
         node: Node,
         seq: crate::history::Seq,
         peer: &Peer,
-    ) -> Result<Value> {
+    ) -> Result<NodeInfo> {
         let mut d = self.describe(&node);
         // The rule of every past read (docs/ARCHITECTURE.md "Who may read
         // the past"): a directory's listing needs it, an xattr's value too.
@@ -61,23 +53,13 @@ impl Service {
             Err(_) => false,
         };
         let xattrs = match &node {
-            Node::Hist { v, .. } => {
-                if let Content::Symlink { target } = &v.content {
-                    put_bytes(&mut d, "target", target);
-                }
-                self.visible_xattrs(&v.xattrs, readable, peer)
-            }
-            Node::Live { fd, st, .. } => {
-                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                    if let Ok(t) = sys::readlink_fd(std::os::fd::AsFd::as_fd(fd)) {
-                        put_bytes(&mut d, "target", &t);
-                    }
-                }
+            Node::Hist { v, .. } => self.visible_xattrs(&v.xattrs, readable, peer),
+            Node::Live { fd, .. } => {
                 let live = sys::xattrs_of(std::os::fd::AsFd::as_fd(fd)).unwrap_or_default();
                 self.visible_xattrs(&live, readable, peer)
             }
         };
-        d["xattr_values"] = json!(xattrs);
+        d.xattr_values = Some(xattrs);
         if node.mode() & libc::S_IFMT == libc::S_IFDIR {
             let past = self.past();
             let mut entries = Vec::new();
@@ -86,13 +68,13 @@ impl Service {
                 if let Some(child) = past.resolve(path, seq)? {
                     let mut e = self.tree_node(path, child, seq, peer)?;
                     if let Some(name) = path.last() {
-                        put_bytes(&mut e, "name", name);
+                        e.set_name(name);
                     }
                     entries.push(e);
                 }
                 path.pop();
             }
-            d["entries"] = json!(entries);
+            d.entries = Some(entries);
         }
         Ok(d)
     }
@@ -105,7 +87,7 @@ impl Service {
         xattrs: &[(Vec<u8>, Vec<u8>)],
         readable: bool,
         peer: &Peer,
-    ) -> Vec<Value> {
+    ) -> Vec<XattrValue> {
         xattrs
             .iter()
             .filter(|(k, _)| {
@@ -113,9 +95,12 @@ impl Service {
                     || (!k.starts_with(b"trusted.") && (readable || !k.starts_with(b"user.")))
             })
             .map(|(k, val)| {
-                let mut x = json!({"hex": hex(val)});
-                put_bytes(&mut x, "name", k);
-                x
+                let (name, name_raw) = super::proto::split_bytes(k);
+                XattrValue {
+                    name,
+                    name_raw,
+                    hex: hex(val),
+                }
             })
             .collect()
     }

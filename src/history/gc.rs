@@ -44,7 +44,7 @@ const COMPACT_LIVE_SHARE: f64 = 0.8;
 const BATCH: usize = 50_000;
 
 /// What a collection found and did.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GcReport {
     pub dry_run: bool,
     pub versions: u64,

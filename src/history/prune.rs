@@ -49,7 +49,7 @@ pub enum Pins {
     Override,
 }
 
-#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct PruneOutcome {
     pub versions_removed: u64,
     pub objects_removed: u64,

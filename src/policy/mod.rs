@@ -57,8 +57,9 @@ pub enum Level {
 /// One file, and optionally one change to it, to resolve a policy for.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Subject<'a> {
-    /// Relative to the mount root, no leading '/'; "" for the root.
-    pub path: &'a str,
+    /// Relative to the mount root, no leading '/'; "" for the root. Bytes,
+    /// as names are: globs match them exactly, whatever their encoding.
+    pub path: &'a [u8],
     pub is_dir: bool,
     pub size: u64,
     pub owner_uid: u32,

@@ -101,12 +101,15 @@ impl Selector {
             && self
                 .names
                 .as_ref()
-                .is_none_or(|g| g.is_match(final_component(s.path)))
-            && self.paths.as_ref().is_none_or(|g| g.is_match(s.path))
+                .is_none_or(|g| g.is_match(as_path(final_component(s.path))))
+            && self
+                .paths
+                .as_ref()
+                .is_none_or(|g| g.is_match(as_path(s.path)))
             && !self
                 .exclude_paths
                 .as_ref()
-                .is_some_and(|g| g.is_match(s.path))
+                .is_some_and(|g| g.is_match(as_path(s.path)))
     }
 
     // Unknown callers and times fail their selectors: a rule about "gcc"
@@ -125,11 +128,11 @@ impl Selector {
         }
     }
 
-    fn matches_extension(&self, name: &str) -> bool {
+    fn matches_extension(&self, name: &[u8]) -> bool {
         let Some(list) = &self.extensions else {
             return true;
         };
-        let ext = Path::new(name).extension().and_then(|e| e.to_str());
+        let ext = as_path(name).extension().and_then(|e| e.to_str());
         ext.is_some_and(|ext| list.iter().any(|want| want == ext))
     }
 }
@@ -139,6 +142,14 @@ fn any_principal(list: &Option<Vec<Principal>>, id: u32, name: Option<&str>) -> 
         .is_none_or(|list| list.iter().any(|p| p.is(id, name)))
 }
 
-fn final_component(path: &str) -> &str {
-    path.rsplit_once('/').map_or(path, |(_, name)| name)
+fn final_component(path: &[u8]) -> &[u8] {
+    path.rsplit(|&b| b == b'/').next().unwrap_or(path)
+}
+
+/// The bytes as a path, without conversion: globset matches a Unix path
+/// by its bytes, so a name that is not UTF-8 is matched as it is (a lossy
+/// text would merge distinct names and shift every byte offset).
+fn as_path(bytes: &[u8]) -> &Path {
+    use std::os::unix::ffi::OsStrExt;
+    Path::new(std::ffi::OsStr::from_bytes(bytes))
 }

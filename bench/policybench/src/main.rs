@@ -49,7 +49,7 @@ fn main() {
         // resolution.
         let path = paths[i % paths.len()];
         let subject = policy::Subject {
-            path,
+            path: path.as_bytes(),
             is_dir: false,
             size: 4096,
             owner_uid: 0,

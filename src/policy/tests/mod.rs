@@ -29,7 +29,7 @@ fn errors(text: &str, level: Level) -> Vec<String> {
 /// A 100-byte file owned by alice (1000) of group staff (100).
 fn subject(path: &str) -> Subject<'_> {
     Subject {
-        path,
+        path: path.as_bytes(),
         is_dir: false,
         size: 100,
         owner_uid: 1000,

@@ -175,3 +175,28 @@ fn every_selector_must_match() {
     };
     assert!(!matches(sel, &bobs));
 }
+
+/// A subject whose path is arbitrary bytes.
+fn at_bytes(path: &[u8]) -> Subject<'_> {
+    Subject { path, ..at("") }
+}
+
+#[test]
+fn globs_match_the_bytes_of_names_that_are_not_utf8() {
+    // One byte 0xff is one character for `?`: a lossy U+FFFD would be
+    // three bytes, and two distinct names would become one.
+    let one = r#"paths = ["a/?.o"]"#;
+    assert!(matches(one, &at_bytes(b"a/\xff.o")));
+    assert!(!matches(one, &at_bytes(b"a/\xff\xfe.o")));
+    let names = r#"names = ["*.swp"]"#;
+    assert!(matches(names, &at_bytes(b"d\xff/x\xfe.swp")));
+    assert!(!matches(names, &at_bytes(b"d\xff.swp/x")));
+    let newline = r#"paths = ["keep/**"]"#;
+    assert!(matches(newline, &at_bytes(b"keep/a\nb")));
+    assert!(matches(r#"extensions = ["tmp"]"#, &at_bytes(b"x\xff.tmp")));
+    // A truncated UTF-8 sequence is two bytes, one U+FFFD when lossy.
+    assert!(matches(r#"paths = ["??.o"]"#, &at_bytes(b"\xe2\x82.o")));
+    assert!(!matches(r#"paths = ["?.o"]"#, &at_bytes(b"\xe2\x82.o")));
+    // A glob naming U+FFFD itself does not catch a name that is not UTF-8.
+    assert!(!matches("paths = [\"a/\u{fffd}\"]", &at_bytes(b"a/\xff")));
+}
