@@ -249,6 +249,16 @@ fn unknown_mount_option() {
         t.path(),
         "negative attr_timeout",
     );
+    // A readiness descriptor that is not open, or is stdio.
+    for fd in ["97", "1", "0"] {
+        expect_mount_failure(
+            &src,
+            &mnt,
+            &["--ready-fd", fd],
+            t.path(),
+            &format!("--ready-fd {fd}"),
+        );
+    }
     // Argument-parser errors may come with a usage block.
     expect_mount_failure_lines(
         &src,

@@ -90,6 +90,7 @@ import hashlib
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -439,40 +440,46 @@ class Driver:
         self.it_logs.append(self.daemon_log)
         before = set(self.mount_ids())
         logf = open(self.daemon_log, "ab")
-        cmd = [self.bin, "mount", self.src, self.mnt, "-f"] + (["-o", mode] if mode else [])
+        # The daemon writes one line on the pipe once the mount and its
+        # control socket are ready ("ok"), or why it failed.
+        ready_r, ready_w = os.pipe()
+        cmd = [self.bin, "mount", self.src, self.mnt, "-f", "--ready-fd", str(ready_w)] + (
+            ["-o", mode] if mode else [])
         self.log("start: " + " ".join(cmd))
         self.daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
-                                       stderr=subprocess.STDOUT,
+                                       stderr=subprocess.STDOUT, pass_fds=(ready_w,),
                                        env=dict(os.environ, RUST_BACKTRACE="1"))
+        os.close(ready_w)
         logf.close()
         if kill_after is not None:
+            os.close(ready_r)
             # A crash during start-up (journal replay, recovery).
             time.sleep(kill_after)
             self.log("kill -9 during start-up after %.3fs" % kill_after)
             self.kill_daemon()
             self.clear_mount()
             return
-        t0 = time.time()
-        # Ready when a new mount sits on MNT and answers. (st_dev alone would
-        # not do: a dead mount's root may still stat from the attribute cache.)
-        # Mount ids and device numbers are reused at once after a dead
-        # mount is cleared, so readiness is: statfs (never answered from a
-        # cache) reaches a daemon.
-        while not (self.mounted() and self.mnt_state() == "live" and self.statfs_ok()):
-            if self.daemon.poll() is not None:
-                raise Failure("daemon exited (%d) before the mount was ready: %s" % (
-                    self.daemon.returncode, self.tail(self.daemon_log)))
-            if time.time() - t0 > 20:
-                raise Failure("mount not ready after 20s" + self.daemon_threads())
-            time.sleep(0.005)
-        # The control socket appears just after the mount.
-        while True:
-            rc, _, err = self.cli(["status", "--json", self.mnt])
-            if rc == 0:
-                break
-            if self.daemon.poll() is not None or time.time() - t0 > 20:
-                raise Failure("control socket not answering: %s" % err.strip())
-            time.sleep(0.01)
+        report = b""
+        deadline = time.time() + 20
+        with os.fdopen(ready_r, "rb", buffering=0) as ready:
+            while b"\n" not in report:
+                left = deadline - time.time()
+                if left <= 0:
+                    raise Failure("mount not ready after 20s" + self.daemon_threads())
+                if not select.select([ready], [], [], left)[0]:
+                    continue
+                chunk = ready.read(512)
+                if not chunk:
+                    break
+                report += chunk
+        if report.strip() != b"ok":
+            self.daemon.wait(timeout=20)
+            raise Failure("daemon exited (%s) before the mount was ready: %r %s" % (
+                self.daemon.returncode, report, self.tail(self.daemon_log)))
+        # Ready means the control socket answers too: one check, no wait.
+        rc, _, err = self.cli(["status", "--json", self.mnt])
+        if rc != 0:
+            raise Failure("control socket not answering after ready: %s" % err.strip())
 
     def stop_daemon(self):
         """Clean unmount; the daemon must exit 0."""

@@ -235,22 +235,52 @@ mode_opts() {
 }
 
 # mount_fs MODE SRC MNT LOG: start the daemon in the foreground (-f) in the
-# background, wait for the mount; sets CUR_MNT/CUR_PID.
+# background and wait for it to say the mount is ready (--ready-fd: one
+# line on a FIFO, "ok" or why it failed); sets CUR_MNT/CUR_PID. A custom
+# CHRONOFS_MOUNT_CMD gets no --ready-fd: its mount is awaited by polling.
 mount_fs() {
-    local mode=$1 src=$2 mnt=$3 log=$4 opts rc
+    local mode=$1 src=$2 mnt=$3 log=$4 opts rc report="" fifo
     local -a cmd
     opts=$(mode_opts "$mode")
     if [ -n "${CHRONOFS_MOUNT_CMD:-}" ]; then
         read -r -a cmd <<<"$CHRONOFS_MOUNT_CMD"
         cmd+=("$src" "$mnt")
-    else
-        cmd=("$CHRONOFS_BIN" mount "$src" "$mnt" -f)
-        [ -n "$opts" ] && cmd+=(-o "$opts")
+        printf '+ %s\n' "${cmd[*]}" >"$log"
+        CHRONOFS_MODE_OPTS=$opts "${cmd[@]}" </dev/null >>"$log" 2>&1 &
+        CUR_PID=$!
+        CUR_MNT=$mnt
+        poll_mounted "$mode" "$mnt" "$log"
+        return
     fi
+    cmd=("$CHRONOFS_BIN" mount "$src" "$mnt" -f --ready-fd 3)
+    [ -n "$opts" ] && cmd+=(-o "$opts")
+    fifo=$(dirname "$log")/ready.$$.$RANDOM
+    mkfifo "$fifo"
     printf '+ %s\n' "${cmd[*]}" >"$log"
-    CHRONOFS_MODE_OPTS=$opts "${cmd[@]}" </dev/null >>"$log" 2>&1 &
+    # The daemon's side of the FIFO opens when the read below opens it.
+    "${cmd[@]}" </dev/null >>"$log" 2>&1 3>"$fifo" &
     CUR_PID=$!
     CUR_MNT=$mnt
+    read -r -t "$CHRONOFS_MOUNT_TIMEOUT" report <"$fifo" || true
+    rm -f "$fifo"
+    [ "$report" = ok ] && return 0
+    if kill -0 "$CUR_PID" 2>/dev/null; then
+        warn "mount ($mode) not ready within ${CHRONOFS_MOUNT_TIMEOUT}s${report:+: $report}; log tail ($log):"
+        kill -KILL "$CUR_PID" 2>/dev/null || true
+    else
+        wait "$CUR_PID" 2>/dev/null && rc=0 || rc=$?
+        warn "mount ($mode) failed: daemon exited with status $rc${report:+: $report}; log tail ($log):"
+    fi
+    tail -n 30 "$log" | sed 's/^/    /' >&2
+    CUR_PID=""
+    CUR_MNT=""
+    return 1
+}
+
+# poll_mounted MODE MNT LOG: waits (bounded) for a mount started by a
+# custom command, which cannot say when it is ready.
+poll_mounted() {
+    local mode=$1 mnt=$2 log=$3 rc
     for _ in $(seq $((CHRONOFS_MOUNT_TIMEOUT * 10))); do
         if is_mounted "$mnt"; then
             return 0

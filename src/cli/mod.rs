@@ -56,6 +56,11 @@ enum Command {
         /// Log every request (implies -f).
         #[arg(short = 'd', long)]
         debug: bool,
+        /// Write one line to inherited descriptor FD once the mount and its
+        /// control socket are ready ("ok"), or the error that stopped it,
+        /// then close FD (for supervisors and tests; FD 3 or above).
+        #[arg(long, value_name = "FD")]
+        ready_fd: Option<i32>,
     },
     /// Unmount a chronofs mount.
     Umount {
@@ -419,6 +424,7 @@ pub fn main() -> i32 {
             foreground,
             options,
             debug,
+            ready_fd,
         } => {
             let mut opts = MountOptions::default();
             for list in &options {
@@ -428,7 +434,18 @@ pub fn main() -> i32 {
                 }
             }
             opts.debug |= debug;
-            mount::run(&src, &mnt, opts, foreground || debug)
+            if let Some(fd) = ready_fd.filter(|fd| *fd < 3) {
+                eprintln!("chronofs: --ready-fd {fd}: must be 3 or above (0-2 are stdio)");
+                return exit::USAGE;
+            }
+            let ready = match ready_fd.map(crate::sys::inherited_fd).transpose() {
+                Ok(fd) => fd.map(std::fs::File::from),
+                Err(e) => {
+                    eprintln!("chronofs: --ready-fd {}: {e}", ready_fd.unwrap_or(-1));
+                    return exit::USAGE;
+                }
+            };
+            mount::run(&src, &mnt, opts, foreground || debug, ready)
         }
         Command::Umount { mnt, lazy } => report(mount::unmount(&mnt, lazy)),
         Command::Diff { path, a, b, common } => {

@@ -31,16 +31,31 @@ struct Plan {
     reserved: Option<OsString>,
 }
 
-pub fn run(src: &Path, mnt: &Path, opts: MountOptions, foreground: bool) -> i32 {
+/// Mounts SRC at MNT. `ready` (`--ready-fd`) is told when the mount is
+/// ready, or why it failed.
+pub fn run(
+    src: &Path,
+    mnt: &Path,
+    opts: MountOptions,
+    foreground: bool,
+    ready: Option<std::fs::File>,
+) -> i32 {
     let plan = match validate(src, mnt, &opts) {
         Ok(p) => p,
         Err(e) => {
+            if let Some(mut w) = ready.as_ref() {
+                let _ = writeln!(w, "{e:#}");
+            }
             eprintln!("chronofs: {e:#}");
             return exit::FAILURE;
         }
     };
+    let notify = Notify {
+        daemon: None,
+        ready,
+    };
     if foreground {
-        return match serve(&plan, &opts, None) {
+        return match serve(&plan, &opts, notify) {
             Ok(()) => exit::OK,
             Err(e) => {
                 eprintln!("chronofs: {e:#}");
@@ -48,12 +63,31 @@ pub fn run(src: &Path, mnt: &Path, opts: MountOptions, foreground: bool) -> i32 
             }
         };
     }
-    daemonize(&plan, &opts)
+    daemonize(&plan, &opts, notify)
+}
+
+/// Who hears that the mount is ready: the parent of a daemon (a pipe read
+/// to its end: "ok" or the error) and the `--ready-fd` descriptor (one
+/// line).
+struct Notify {
+    daemon: Option<std::fs::File>,
+    ready: Option<std::fs::File>,
+}
+
+impl Notify {
+    fn report(&mut self, msg: &str) {
+        if let Some(mut w) = self.daemon.take() {
+            let _ = w.write_all(msg.as_bytes());
+        }
+        if let Some(mut w) = self.ready.take() {
+            let _ = writeln!(w, "{msg}");
+        }
+    }
 }
 
 /// Forks; the parent returns only once the child reports the mount ready
 /// (exit 0) or failed (its one-line error, exit 1).
-fn daemonize(plan: &Plan, opts: &MountOptions) -> i32 {
+fn daemonize(plan: &Plan, opts: &MountOptions, mut notify: Notify) -> i32 {
     let (mut reader, writer) = match sys::pipe() {
         Ok((r, w)) => (std::fs::File::from(r), std::fs::File::from(w)),
         Err(e) => {
@@ -84,11 +118,12 @@ fn daemonize(plan: &Plan, opts: &MountOptions) -> i32 {
         }
         Ok(sys::Forked::Child) => {
             drop(reader);
+            notify.daemon = Some(writer);
             if let Err(e) = sys::setsid() {
-                let _ = writeln!(&writer, "cannot start a session: {e}");
+                notify.report(&format!("cannot start a session: {e}"));
                 return exit::FAILURE;
             }
-            match serve(plan, opts, Some(writer)) {
+            match serve(plan, opts, notify) {
                 Ok(()) => exit::OK,
                 Err(e) => {
                     tracing::error!("{e:#}");
@@ -275,22 +310,17 @@ fn init_logging(opts: &MountOptions, daemon: bool) -> Result<()> {
     Ok(())
 }
 
-/// Mounts and serves until unmounted. `ready` (daemon mode) receives "ok"
-/// once mounted, or the error.
-fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Result<()> {
-    let daemon = ready.is_some();
-    let report = |ready: &Option<std::fs::File>, msg: &str| {
-        if let Some(mut w) = ready.as_ref() {
-            let _ = w.write_all(msg.as_bytes());
-        }
-    };
+/// Mounts and serves until unmounted. `notify` hears "ok" once the mount
+/// and its control socket are ready, or the error.
+fn serve(plan: &Plan, opts: &MountOptions, mut notify: Notify) -> Result<()> {
+    let daemon = notify.daemon.is_some();
     // Blocked before any thread exists, so every thread inherits the mask
     // and only the waiter below ever receives these signals.
     let signals = sys::SignalWaiter::block_termination_signals()?;
     let (session, history) = match prepare(plan, opts, daemon) {
         Ok(s) => s,
         Err(e) => {
-            report(&ready, &format!("{e:#}"));
+            notify.report(&format!("{e:#}"));
             return Err(e);
         }
     };
@@ -305,8 +335,7 @@ fn serve(plan: &Plan, opts: &MountOptions, ready: Option<std::fs::File>) -> Resu
     if daemon {
         detach_stdio()?;
     }
-    report(&ready, "ok");
-    drop(ready);
+    notify.report("ok");
     tracing::info!("mounted {} at {}", plan.src.display(), plan.mnt.display());
     let result = session.run().context("FUSE session failed");
     // No request can come any more: record what is queued, durably.

@@ -531,6 +531,25 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(os_err)
 }
 
+/// Takes ownership of descriptor `fd`, inherited from the process that
+/// started this one (`mount --ready-fd`); EBADF if it is not open. It is
+/// made close-on-exec so no child of the daemon keeps it.
+pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
+    if fd < 3 {
+        // 0-2 are stdio: closing one after the report would let the next
+        // open take its number.
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: only borrowed for the checks below; ownership is taken once
+    // F_GETFD proves the number is an open descriptor.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd as RawFd) };
+    let flags = rustix::io::fcntl_getfd(borrowed).map_err(os_err)?;
+    rustix::io::fcntl_setfd(borrowed, flags | rustix::io::FdFlags::CLOEXEC).map_err(os_err)?;
+    // SAFETY: the descriptor is open (F_GETFD succeeded) and was handed to
+    // this process for it alone to use and close.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// Points stdin, stdout and stderr at `fd` (used when daemonizing).
 pub fn redirect_stdio(fd: BorrowedFd<'_>, stdin_null: BorrowedFd<'_>) -> io::Result<()> {
     rustix::stdio::dup2_stdin(stdin_null).map_err(os_err)?;

@@ -276,11 +276,6 @@ pub struct Mount {
     pub log: PathBuf,
     child: Option<Child>,
     generation: u32,
-    /// The daemon was killed: until the new one replaces its mount, a stat
-    /// may still be answered from the kernel's caches, and the new mount
-    /// may get the same device number and mount id; only a call that
-    /// reaches a daemon tells them apart.
-    after_kill: bool,
 }
 
 impl Mount {
@@ -316,7 +311,6 @@ impl Mount {
             log,
             child: None,
             generation: 0,
-            after_kill: false,
         };
         setup(&m.src);
         m.start();
@@ -340,8 +334,11 @@ impl Mount {
         log_tail_of(&self.log, 60)
     }
 
-    /// Spawns `chronofs mount SRC MNT -f -o OPTS` and waits until the mount
-    /// point's st_dev differs from its parent's.
+    /// Spawns `chronofs mount SRC MNT -f -o OPTS --ready-fd 3` and waits
+    /// for the daemon to say the mount is ready. (Watching the mount point
+    /// instead is not enough: after a kill -9 a stat can be answered from
+    /// the kernel's caches, and the new mount may get the dead one's device
+    /// number and mount id.)
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "daemon already running");
         self.generation += 1;
@@ -369,57 +366,55 @@ impl Mount {
             .env("RUST_BACKTRACE", "1");
         // If the test process dies without running Drop, take the daemon with it.
         sys::term_on_parent_death(&mut cmd);
+        // The daemon says on descriptor 3 when the mount and its control
+        // socket are ready ("ok"), or why it failed.
+        let (ready, ready_w) = sys::pipe_cloexec().unwrap();
+        sys::pass_fd(&mut cmd, &ready_w, 3);
+        cmd.arg("--ready-fd").arg("3");
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", bin().display()));
+        drop(ready_w);
         self.child = Some(child);
-        let parent_dev = fs::metadata(self.dir.path()).unwrap().dev();
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                let _ = self.force_unmount();
-                panic!(
-                    "chronofs mount (mode {}) exited before the mount was ready: {st}\n{}",
-                    self.mode,
-                    self.log_tail()
-                );
-            }
-            match fs::metadata(&self.mnt) {
-                Ok(md) if md.dev() != parent_dev && (!self.after_kill || self.answers()) => {
-                    self.after_kill = false;
-                    break;
-                }
-                _ => {}
-            }
-            if t0.elapsed() > READY_TIMEOUT {
-                let mut c = self.child.take().unwrap();
-                let _ = c.kill();
-                let _ = c.wait();
-                let _ = self.force_unmount();
-                panic!(
-                    "chronofs mount (mode {}) not ready after {:?} (st_dev of {} unchanged)\n{}",
-                    self.mode,
-                    READY_TIMEOUT,
-                    self.mnt.display(),
-                    self.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let report = self.wait_ready_line(&ready);
+        if report.trim_end() != "ok" {
+            let mut c = self.child.take().unwrap();
+            let _ = c.kill();
+            let status = c.wait();
+            let _ = self.force_unmount();
+            panic!(
+                "chronofs mount (mode {}) did not become ready ({status:?}): {report:?}\n{}",
+                self.mode,
+                self.log_tail()
+            );
         }
     }
 
-    /// Whether a daemon answers at the mount point (an open of its root
-    /// and a statfs reach it; a dead mount says ENOTCONN).
-    fn answers(&self) -> bool {
-        sys::Fd::open(&self.mnt, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-            .and_then(|f| f.fstatfs())
-            .is_ok()
+    /// The daemon's readiness line (up to its newline), or what it wrote
+    /// before it exited or READY_TIMEOUT passed.
+    fn wait_ready_line(&mut self, ready: &std::os::fd::OwnedFd) -> String {
+        let mut pipe = fs::File::from(ready.try_clone().unwrap());
+        let mut line = Vec::new();
+        let t0 = Instant::now();
+        while !line.contains(&b'\n') && t0.elapsed() < READY_TIMEOUT {
+            if !sys::readable_within(ready, 100) {
+                continue;
+            }
+            let mut buf = [0u8; 512];
+            match pipe.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => line.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => panic!("reading the daemon's readiness: {e}"),
+            }
+        }
+        String::from_utf8_lossy(&line).into_owned()
     }
 
-    /// Waits until `chronofs status` run in the mount answers for this
-    /// mount's store (`-f` reports nothing: the mount appears before its
-    /// control socket).
+    /// Checks that `chronofs status` run in the mount answers for this
+    /// mount's store (the daemon reported ready after starting its control
+    /// socket, so this answers at once; the bounded retry only covers a
+    /// mount started by other means).
     pub fn wait_history_ready(&self) {
         let want = match self.mode.split(',').find_map(|o| o.strip_prefix("store=")) {
             Some(dir) => dir.to_string(),
@@ -595,7 +590,6 @@ impl Mount {
 
     /// kill -9 the daemon, leaving a stale mount behind.
     pub fn kill9(&mut self) {
-        self.after_kill = true;
         let mut c = self.child.take().expect("daemon not running");
         c.kill().unwrap();
         c.wait().unwrap();

@@ -629,3 +629,43 @@ pub fn in_child(ids: Option<(u32, u32)>, f: impl FnOnce() -> i32) -> i32 {
         None => panic!("child died: {st}"),
     }
 }
+
+/// A close-on-exec pipe (read end, write end).
+pub fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Makes `fd` descriptor `target` in the child `cmd` starts (and only
+/// there: `fd` itself stays close-on-exec, so other children never hold
+/// it).
+pub fn pass_fd(cmd: &mut Command, fd: &OwnedFd, target: RawFd) {
+    let raw = fd.as_raw_fd();
+    // SAFETY: the hook runs in the forked child before exec and only calls
+    // dup2 (async-signal-safe) on integers; dup2's copy is not
+    // close-on-exec, so the new program inherits it.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(raw, target) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Whether `fd` becomes readable within `timeout_ms` (EINTR: not yet).
+pub fn readable_within(fd: &OwnedFd, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, its count, a timeout.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+}
