@@ -265,13 +265,19 @@ mount_fs() {
     rm -f "$fifo"
     [ "$report" = ok ] && return 0
     if kill -0 "$CUR_PID" 2>/dev/null; then
-        warn "mount ($mode) not ready within ${CHRONOFS_MOUNT_TIMEOUT}s${report:+: $report}; log tail ($log):"
         kill -KILL "$CUR_PID" 2>/dev/null || true
+        mount_failed "$log" "mount ($mode) not ready within ${CHRONOFS_MOUNT_TIMEOUT}s${report:+: $report}"
     else
         wait "$CUR_PID" 2>/dev/null && rc=0 || rc=$?
-        warn "mount ($mode) failed: daemon exited with status $rc${report:+: $report}; log tail ($log):"
+        mount_failed "$log" "mount ($mode) failed: daemon exited with status $rc${report:+: $report}"
     fi
-    tail -n 30 "$log" | sed 's/^/    /' >&2
+}
+
+# mount_failed LOG MESSAGE: says why, shows the daemon's log tail, forgets
+# the mount; returns 1.
+mount_failed() {
+    warn "$2; log tail ($1):"
+    tail -n 30 "$1" | sed 's/^/    /' >&2
     CUR_PID=""
     CUR_MNT=""
     return 1
@@ -287,11 +293,8 @@ poll_mounted() {
         fi
         if ! kill -0 "$CUR_PID" 2>/dev/null; then
             wait "$CUR_PID" 2>/dev/null && rc=0 || rc=$?
-            warn "mount ($mode) failed: daemon exited with status $rc; log tail ($log):"
-            tail -n 30 "$log" | sed 's/^/    /' >&2
-            CUR_PID=""
-            CUR_MNT=""
-            return 1
+            mount_failed "$log" "mount ($mode) failed: daemon exited with status $rc"
+            return
         fi
         sleep 0.1
     done

@@ -85,12 +85,7 @@ fn record(h: &History, obj: ObjectId, bytes: &[u8], prev: Option<&Hash>) -> Seq 
     let _building = h.building();
     let chunks = h.chunks();
     let bases = prev.and_then(|m| h.manifest(m).ok()).map(|m| Bases::of(&m));
-    let read_at = |buf: &mut [u8], off: u64| -> std::io::Result<usize> {
-        let off = (off as usize).min(bytes.len());
-        let n = buf.len().min(bytes.len() - off);
-        buf[..n].copy_from_slice(&bytes[off..off + n]);
-        Ok(n)
-    };
+    let read_at = super::testkit::reader(bytes);
     let size = bytes.len() as u64;
     let (manifest, _) = content::ingest_sparse(
         chunks,

@@ -79,14 +79,19 @@ pub fn version(mode: u32, size: u64, content: Content, cause: Cause) -> Version 
     }
 }
 
-/// Stores `bytes` as file content; returns the manifest's hash.
-pub fn store_bytes(h: &History, bytes: &[u8]) -> Hash {
-    let read_at = |buf: &mut [u8], off: u64| -> std::io::Result<usize> {
+/// A positional reader over `bytes`, as content ingestion reads a file.
+pub fn reader(bytes: &[u8]) -> impl Fn(&mut [u8], u64) -> std::io::Result<usize> + '_ {
+    move |buf, off| {
         let off = (off as usize).min(bytes.len());
         let n = buf.len().min(bytes.len() - off);
         buf[..n].copy_from_slice(&bytes[off..off + n]);
         Ok(n)
-    };
+    }
+}
+
+/// Stores `bytes` as file content; returns the manifest's hash.
+pub fn store_bytes(h: &History, bytes: &[u8]) -> Hash {
+    let read_at = reader(bytes);
     let size = bytes.len() as u64;
     let (manifest, _) =
         content::ingest_sparse(h.chunks(), &read_at, size, &[(0, size)], None, ZSTD_LEVEL).unwrap();
@@ -113,6 +118,11 @@ pub fn write(h: &History, obj: ObjectId, named: Option<(ObjectId, &[u8])>, bytes
             cause,
         ),
     ));
+    commit_named(h, d, obj, named)
+}
+
+/// Commits `d`, with `obj` entered under `named` (parent, name) if given.
+fn commit_named(h: &History, mut d: Draft, obj: ObjectId, named: Option<(ObjectId, &[u8])>) -> Seq {
     if let Some((parent, name)) = named {
         d.dirents.push(Dirent {
             parent,
@@ -130,14 +140,7 @@ pub fn mkdir(h: &History, obj: ObjectId, named: Option<(ObjectId, &[u8])>) -> Se
         obj,
         version(libc::S_IFDIR | 0o755, 0, Content::Dir, Cause::Mkdir),
     ));
-    if let Some((parent, name)) = named {
-        d.dirents.push(Dirent {
-            parent,
-            name: name.to_vec(),
-            child: Some(obj),
-        });
-    }
-    h.commit(d).unwrap()
+    commit_named(h, d, obj, named)
 }
 
 /// Records the removal of `name` from `parent`, naming `obj`.
