@@ -10,10 +10,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const N: usize = 200_000;
+/// Keys per run: 200k for the recorded figures; `KVBENCH_KEYS` makes the
+/// smoke run in CI (bench/smoke) small.
+fn n() -> usize {
+    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        std::env::var("KVBENCH_KEYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&k: &usize| k >= BRANCHES * (20_000 + SCAN_LEN)) // the scan reads j in 20k..30k
+            .unwrap_or(200_000)
+    })
+}
 const BATCH: usize = 256;
 const BRANCHES: usize = 4;
-const PER_BRANCH: usize = N / BRANCHES; // 50_000
+fn per_branch() -> usize {
+    n() / BRANCHES // 50_000 by default
+}
 const DEV: u64 = 0x803; // a typical st_dev
 const DURABLE_SINGLE: usize = 2_000; // extra: durable commit per insert, small sample
 const SCAN_LEN: usize = 10_000;
@@ -31,14 +44,14 @@ fn key(branch: u32, dev: u64, ino: u64) -> Key {
 
 /// i-th existing key: 4 branches x 50k inodes, inode numbers spaced by 2 (gaps = misses).
 fn key_of(i: usize) -> Key {
-    let b = (i / PER_BRANCH) as u32;
-    let j = (i % PER_BRANCH) as u64;
+    let b = (i / per_branch()) as u32;
+    let j = (i % per_branch()) as u64;
     key(b, DEV, 1000 + 2 * j)
 }
 /// i-th missing key: falls in the gaps inside the populated range (no key-range pruning possible).
 fn missing_key_of(i: usize) -> Key {
-    let b = (i / PER_BRANCH) as u32;
-    let j = (i % PER_BRANCH) as u64;
+    let b = (i / per_branch()) as u32;
+    let j = (i % per_branch()) as u64;
     key(b, DEV, 1000 + 2 * j + 1)
 }
 fn val_of(i: usize) -> u64 {
@@ -308,16 +321,16 @@ fn bench(engine: &'static str, base: &Path) {
     fresh(&dir_a);
     fresh(&dir_b);
     fresh(&dir_c);
-    let order = shuffled(N, 42);
-    let hit_idx = random_idx(N, N, 7);
+    let order = shuffled(n(), 42);
+    let hit_idx = random_idx(n(), n(), 7);
     let hit_keys: Vec<Key> = hit_idx.iter().map(|&i| key_of(i)).collect();
-    let hit_keys2: Vec<Key> = random_idx(N, N, 8).iter().map(|&i| key_of(i)).collect();
-    let miss_keys: Vec<Key> = random_idx(N, N, 9).iter().map(|&i| missing_key_of(i)).collect();
+    let hit_keys2: Vec<Key> = random_idx(n(), n(), 8).iter().map(|&i| key_of(i)).collect();
+    let miss_keys: Vec<Key> = random_idx(n(), n(), 9).iter().map(|&i| missing_key_of(i)).collect();
     // 10k consecutive keys under prefix (branch 1, DEV): j in [20000, 30000)
     let scan_lo = key(1, DEV, 1000 + 2 * 20_000);
     let scan_hi = key(1, DEV, 1000 + 2 * 30_000);
-    let expect_sum: u64 = (0..SCAN_LEN).map(|j| val_of(PER_BRANCH + 20_000 + j)).sum();
-    let nb = N.div_ceil(BATCH);
+    let expect_sum: u64 = (0..SCAN_LEN).map(|j| val_of(per_branch() + 20_000 + j)).sum();
+    let nb = n().div_ceil(BATCH);
 
     // ---- 1. batched durable inserts
     let rpath_a = dir_a.join("db.redb");
@@ -327,7 +340,7 @@ fn bench(engine: &'static str, base: &Path) {
             let t0 = Instant::now();
             rb::insert_batched_durable(&db, &order);
             let e = t0.elapsed();
-            assert_eq!(rb::count(&db), N as u64);
+            assert_eq!(rb::count(&db), n() as u64);
             e
         }
         _ => {
@@ -335,13 +348,13 @@ fn bench(engine: &'static str, base: &Path) {
             let t0 = Instant::now();
             fj::insert_batched_durable(&db, &ks, &order);
             let e = t0.elapsed();
-            assert_eq!(fj::count(&ks), N as u64);
+            assert_eq!(fj::count(&ks), n() as u64);
             e
         }
     };
     r.add(
         "1. 200k inserts, 256/batch, fsync per batch: total",
-        format!("{:.2} s  ({:.2} µs/insert, {:.2} ms/commit of {} commits)", t.as_secs_f64(), us_per(t, N), t.as_secs_f64() * 1e3 / nb as f64, nb),
+        format!("{:.2} s  ({:.2} µs/insert, {:.2} ms/commit of {} commits)", t.as_secs_f64(), us_per(t, n()), t.as_secs_f64() * 1e3 / nb as f64, nb),
     );
     let (app, alloc) = disk_usage(&dir_a);
     r.add("6a. on-disk size after inserts (open, apparent/allocated)", format!("{:.2} MiB / {:.2} MiB, {} files", app as f64 / 1048576.0, alloc as f64 / 1048576.0, count_files(&dir_a)));
@@ -354,7 +367,7 @@ fn bench(engine: &'static str, base: &Path) {
             let t0 = Instant::now();
             let f = rb::insert_single_nondurable(&db, &order);
             let e = t0.elapsed();
-            assert_eq!(rb::count(&db), N as u64);
+            assert_eq!(rb::count(&db), n() as u64);
             (e, f)
         }
         _ => {
@@ -362,13 +375,13 @@ fn bench(engine: &'static str, base: &Path) {
             let t0 = Instant::now();
             let f = fj::insert_single_nondurable(&db, &ks, &order);
             let e = t0.elapsed();
-            assert_eq!(fj::count(&ks), N as u64);
+            assert_eq!(fj::count(&ks), n() as u64);
             (e, f)
         }
     };
     r.add(
         "2. 200k inserts, 1 non-durable commit each + final persist",
-        format!("{:.2} s  ({:.2} µs/insert; final durable persist {:.1} ms)", t.as_secs_f64(), us_per(t, N), tfinal.as_secs_f64() * 1e3),
+        format!("{:.2} s  ({:.2} µs/insert; final durable persist {:.1} ms)", t.as_secs_f64(), us_per(t, n()), tfinal.as_secs_f64() * 1e3),
     );
     let _ = std::fs::remove_dir_all(&dir_b);
 
@@ -446,20 +459,20 @@ fn two_threads<F: Fn(&[Key]) -> usize + Sync>(a: &[Key], b: &[Key], f: F) -> Dur
 #[allow(clippy::too_many_arguments)]
 fn reads_redb(r: &mut Report, db: &redb::Database, hit: &[Key], hit2: &[Key], miss: &[Key], lo: &Key, hi: &Key, expect_sum: u64) {
     // warm-up
-    assert_eq!(rb::lookups_one_txn(db, hit), N);
+    assert_eq!(rb::lookups_one_txn(db, hit), n());
     let t0 = Instant::now();
-    assert_eq!(rb::lookups_one_txn(db, hit), N);
-    r.add("3a. 200k random hits, 1 thread, one read txn", format!("{:.3} µs/lookup", us_per(t0.elapsed(), N)));
+    assert_eq!(rb::lookups_one_txn(db, hit), n());
+    r.add("3a. 200k random hits, 1 thread, one read txn", format!("{:.3} µs/lookup", us_per(t0.elapsed(), n())));
     let t0 = Instant::now();
-    assert_eq!(rb::lookups_txn_each(db, hit), N);
-    r.add("3b. 200k random hits, 1 thread, begin_read per lookup", format!("{:.3} µs/lookup", us_per(t0.elapsed(), N)));
+    assert_eq!(rb::lookups_txn_each(db, hit), n());
+    r.add("3b. 200k random hits, 1 thread, begin_read per lookup", format!("{:.3} µs/lookup", us_per(t0.elapsed(), n())));
     let d = two_threads(hit, hit2, |k| rb::lookups_one_txn(db, k));
-    r.add("3c. 2 threads x 200k hits, one txn/thread (wall)", format!("{:.3} µs/lookup/thread, {:.2} M lookups/s aggregate", us_per(d, N), 2.0 * N as f64 / d.as_secs_f64() / 1e6));
+    r.add("3c. 2 threads x 200k hits, one txn/thread (wall)", format!("{:.3} µs/lookup/thread, {:.2} M lookups/s aggregate", us_per(d, n()), 2.0 * n() as f64 / d.as_secs_f64() / 1e6));
     let d = two_threads(hit, hit2, |k| rb::lookups_txn_each(db, k));
-    r.add("3d. 2 threads x 200k hits, begin_read per lookup (wall)", format!("{:.3} µs/lookup/thread, {:.2} M lookups/s aggregate", us_per(d, N), 2.0 * N as f64 / d.as_secs_f64() / 1e6));
+    r.add("3d. 2 threads x 200k hits, begin_read per lookup (wall)", format!("{:.3} µs/lookup/thread, {:.2} M lookups/s aggregate", us_per(d, n()), 2.0 * n() as f64 / d.as_secs_f64() / 1e6));
     let t0 = Instant::now();
     assert_eq!(rb::lookups_one_txn(db, miss), 0);
-    r.add("4. 200k missing keys, 1 thread, one read txn", format!("{:.3} µs/lookup", us_per(t0.elapsed(), N)));
+    r.add("4. 200k missing keys, 1 thread, one read txn", format!("{:.3} µs/lookup", us_per(t0.elapsed(), n())));
     let t0 = Instant::now();
     let (n, s) = rb::scan(db, lo, hi);
     let first = t0.elapsed();
@@ -473,15 +486,15 @@ fn reads_redb(r: &mut Report, db: &redb::Database, hit: &[Key], hit2: &[Key], mi
 
 #[allow(clippy::too_many_arguments)]
 fn reads_fjall(r: &mut Report, ks: &fjall::Keyspace, hit: &[Key], hit2: &[Key], miss: &[Key], lo: &Key, hi: &Key, expect_sum: u64) {
-    assert_eq!(fj::lookups(ks, hit), N);
+    assert_eq!(fj::lookups(ks, hit), n());
     let t0 = Instant::now();
-    assert_eq!(fj::lookups(ks, hit), N);
-    r.add("3a. 200k random hits, 1 thread", format!("{:.3} µs/lookup", us_per(t0.elapsed(), N)));
+    assert_eq!(fj::lookups(ks, hit), n());
+    r.add("3a. 200k random hits, 1 thread", format!("{:.3} µs/lookup", us_per(t0.elapsed(), n())));
     let d = two_threads(hit, hit2, |k| fj::lookups(ks, k));
-    r.add("3c. 2 threads x 200k hits (wall)", format!("{:.3} µs/lookup/thread, {:.2} M lookups/s aggregate", us_per(d, N), 2.0 * N as f64 / d.as_secs_f64() / 1e6));
+    r.add("3c. 2 threads x 200k hits (wall)", format!("{:.3} µs/lookup/thread, {:.2} M lookups/s aggregate", us_per(d, n()), 2.0 * n() as f64 / d.as_secs_f64() / 1e6));
     let t0 = Instant::now();
     assert_eq!(fj::lookups(ks, miss), 0);
-    r.add("4. 200k missing keys, 1 thread", format!("{:.3} µs/lookup", us_per(t0.elapsed(), N)));
+    r.add("4. 200k missing keys, 1 thread", format!("{:.3} µs/lookup", us_per(t0.elapsed(), n())));
     let t0 = Instant::now();
     let (n, s) = fj::scan(ks, lo, hi);
     let first = t0.elapsed();
@@ -497,7 +510,7 @@ fn reads_fjall(r: &mut Report, ks: &fjall::Keyspace, hit: &[Key], hit2: &[Key], 
 
 /// Child: durable 256-key batches forever, printing the number of acknowledged batches.
 fn crash_child(engine: &str, dir: &Path) {
-    let order = shuffled(N, 1234);
+    let order = shuffled(n(), 1234);
     let mut out = std::io::stdout().lock();
     match engine {
         "redb" => {
@@ -556,8 +569,8 @@ fn crash_test(engine: &str, base: &Path) {
         };
         let rec = t0.elapsed();
         let batches = count / BATCH as u64;
-        let nb = N.div_ceil(BATCH) as u64;
-        let ok = (count == N as u64 && acked == nb) || (count % BATCH as u64 == 0 && batches >= acked && batches <= acked + 1);
+        let nb = n().div_ceil(BATCH) as u64;
+        let ok = (count == n() as u64 && acked == nb) || (count % BATCH as u64 == 0 && batches >= acked && batches <= acked + 1);
         println!(
             "[{engine}] crash round {round}: killed after {delay_ms} ms, acked batches {acked}, recovered keys {count} ({batches} batches), recovery open {:.1} ms -> {}",
             rec.as_secs_f64() * 1e3,
