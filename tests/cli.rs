@@ -318,6 +318,40 @@ fn sigint_unmounts_cleanly() {
     signal_unmounts(libc::SIGINT);
 }
 
+/// A mount that stays busy past the daemon's grace period is left mounted
+/// on the first SIGTERM (and keeps working); the second detaches it
+/// lazily, and the daemon exits once the last file is closed.
+#[test]
+fn sigterm_of_a_busy_mount_waits_then_the_second_detaches() {
+    let mut m = Mount::new(&first_mode());
+    write_file(&m.p("held"), b"data");
+    let held = fs::File::open(m.p("held")).unwrap();
+    let pid = m.pid().unwrap() as i32;
+    let _ = sys::kill(pid, libc::SIGTERM);
+    let t0 = Instant::now();
+    while !m.log_tail().contains("is busy") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no busy report after SIGTERM\n{}",
+            m.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(is_mounted(&m.mnt), "a busy mount was unmounted");
+    assert_eq!(
+        fs::read(m.p("held")).unwrap(),
+        b"data",
+        "mount still serves"
+    );
+    let _ = sys::kill(pid, libc::SIGTERM);
+    drop(held);
+    // Signal 0: only waits for the exit the second SIGTERM set off.
+    let st = m.signal_and_wait(0);
+    assert!(st.success(), "exit status {st}\n{}", m.log_tail());
+    assert!(!is_mounted(&m.mnt), "still mounted after a lazy detach");
+    m.start();
+}
+
 fn signal_unmounts(sig: i32) {
     let mut m = Mount::new(&first_mode());
     write_file(&m.p("before-signal"), b"data");

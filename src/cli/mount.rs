@@ -356,12 +356,38 @@ fn unmount_on_signals(signals: &sys::SignalWaiter, mnt: &Path) {
     let mut lazy = false;
     while let Ok(sig) = signals.wait() {
         tracing::info!("signal {sig}: unmounting {}", mnt.display());
-        match unmount(mnt, lazy) {
+        let result = if lazy {
+            unmount(mnt, true)
+        } else {
+            unmount_when_idle(mnt)
+        };
+        match result {
             Ok(()) => return,
             Err(e) => {
                 tracing::error!("{e:#}; the next signal detaches it lazily");
                 lazy = true;
             }
+        }
+    }
+}
+
+/// How long a signal's unmount waits for a busy mount to become idle.
+const BUSY_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Unmounts, retrying while the mount is busy for up to `BUSY_GRACE`: a
+/// file closed a moment ago can still be referenced (a sibling process
+/// between fork and exec holds a copy of its descriptor; the kernel
+/// finishes some closes asynchronously), which is not a user inside the
+/// mount.
+fn unmount_when_idle(mnt: &Path) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let c = sys::cstr(mnt.as_os_str())?;
+        match sys::umount2(&c, 0) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && t0.elapsed() < BUSY_GRACE => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            result => return explain_unmount(mnt, result),
         }
     }
 }
@@ -649,7 +675,12 @@ fn nix_free_setgroups_empty() -> Result<()> {
 pub fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
     let c = sys::cstr(mnt.as_os_str())?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    match sys::umount2(&c, flags) {
+    explain_unmount(mnt, sys::umount2(&c, flags))
+}
+
+/// An unmount's outcome, with a message a user can act on.
+fn explain_unmount(mnt: &Path, result: std::io::Result<()>) -> Result<()> {
+    match result {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Err(anyhow!(
             "{} is busy (files open or a process inside it); use --lazy to detach anyway",
