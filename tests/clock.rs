@@ -86,6 +86,47 @@ fn interval_mode_holds_sessions_back_until_the_clock_passes_the_interval() {
     );
 }
 
+/// The kernel sends RELEASE after close(2) returns, so the next
+/// open(O_TRUNC) of the same file can arrive first: the session it finds
+/// still open has ended for its writer and is held back like any other
+/// (CI saw it recorded at once, as a version inside the interval).
+#[test]
+fn a_release_that_arrives_after_the_next_open_is_held_back_too() {
+    let rig = interval_rig();
+    rig.write_file("x.dat", 0o644, b"d0").unwrap();
+    let ino = rig.resolve("x.dat").unwrap();
+    let mut late = None;
+    for i in 1..=3 {
+        let fh = rig
+            .vfs
+            .open(&rig.caller, ino, libc::O_WRONLY | libc::O_TRUNC)
+            .unwrap()
+            .fh;
+        if let Some(prev) = late.replace(fh) {
+            rig.vfs.release(prev).unwrap();
+        }
+        rig.vfs
+            .write(&rig.caller, fh, 0, format!("d{i}").as_bytes(), false)
+            .unwrap();
+        rig.vfs.flush(fh).unwrap();
+    }
+    if let Some(fh) = late {
+        rig.vfs.release(fh).unwrap();
+    }
+    rig.capture.run_due();
+    assert_eq!(
+        contents(&rig.versions("x.dat")),
+        [Some(&b"d0"[..])],
+        "inside the interval: held back"
+    );
+    rig.clock.advance(secs(60));
+    rig.capture.run_due();
+    assert_eq!(
+        contents(&rig.versions("x.dat")),
+        [Some(&b"d0"[..]), Some(&b"d3"[..])]
+    );
+}
+
 #[test]
 fn session_mode_files_are_not_held_back() {
     let rig = interval_rig();

@@ -1005,8 +1005,17 @@ impl Capture {
     pub fn session_opening(&self, tree: &dyn Tree, obj: ObjectId) -> Result<()> {
         // A session may still be open only because the kernel has not sent
         // the release of a handle already closed: record what it wrote
-        // before this open (which may truncate) joins it.
-        self.flush_session(obj)?;
+        // before this open (which may truncate) joins it. That session
+        // has ended for its writer, so interval mode may hold it back like
+        // any other session's end.
+        let job = self
+            .state
+            .lock()
+            .snapshot_job(obj, Cause::Write, self.mono());
+        if let Some(mut job) = job {
+            job.deferrable = true;
+            self.run_job(job)?;
+        }
         self.before_change(tree, obj)
     }
 
