@@ -18,4 +18,5 @@ pub mod history;
 pub mod policy;
 pub mod store;
 pub mod sys;
+pub mod union;
 pub mod vfs;

@@ -1,0 +1,2 @@
+//! On-disk formats shared with kernel overlayfs: whiteouts, opaque
+//! directories and redirects.
