@@ -29,6 +29,9 @@ struct Plan {
     store: PathBuf,
     /// The store's name in SRC's root when it lives there (hidden).
     reserved: Option<OsString>,
+    /// A union: every branch top-down and whether it is writable (`src`
+    /// is the one of them the store lives in); empty for one SRC.
+    union: Vec<(PathBuf, bool)>,
 }
 
 /// Mounts SRC at MNT. `ready` (`--ready-fd`) is told when the mount is
@@ -189,6 +192,11 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
     if dead(std::fs::metadata(mnt).map(drop)) || dead(sys::statvfs_flags(mnt).map(drop)) {
         clear_dead_mount(mnt)?;
     }
+    let union = union_branches(src)?;
+    let src = match union.iter().find(|(_, rw)| *rw).or(union.first()) {
+        Some((primary, _)) => primary.as_path(),
+        None => src,
+    };
     let src = std::fs::canonicalize(src).with_context(|| format!("source {}", src.display()))?;
     let meta = std::fs::metadata(&src).with_context(|| format!("source {}", src.display()))?;
     if !meta.is_dir() {
@@ -251,7 +259,45 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
         mnt,
         store,
         reserved,
+        union,
     })
+}
+
+/// `BR1[=rw|=ro]:BR2[=ro]:...` as branches, top first (the first is
+/// read-write unless it says otherwise, the others read-only); an
+/// argument without `:` is one SRC (empty result).
+fn union_branches(arg: &Path) -> Result<Vec<(PathBuf, bool)>> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = arg.as_os_str().as_bytes();
+    if !bytes.contains(&b':') {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for (i, part) in bytes.split(|b| *b == b':').enumerate() {
+        let (path, rw) = match part.iter().rposition(|b| *b == b'=') {
+            Some(at) => match &part[at + 1..] {
+                b"rw" => (&part[..at], true),
+                b"ro" => (&part[..at], false),
+                other => bail!(
+                    "branch {}: unknown mode {:?} (use =rw or =ro)",
+                    String::from_utf8_lossy(&part[..at]),
+                    String::from_utf8_lossy(other)
+                ),
+            },
+            None => (part, i == 0),
+        };
+        if path.is_empty() {
+            bail!("branch {}: empty path in {}", i + 1, arg.display());
+        }
+        let path = Path::new(std::ffi::OsStr::from_bytes(path));
+        let canon =
+            std::fs::canonicalize(path).with_context(|| format!("branch {}", path.display()))?;
+        if !canon.is_dir() {
+            bail!("branch {} is not a directory", path.display());
+        }
+        out.push((canon, rw));
+    }
+    Ok(out)
 }
 
 /// `p` made absolute with symlinks and `..` resolved, as far as it exists
@@ -402,6 +448,31 @@ fn detach_stdio() -> Result<()> {
     Ok(())
 }
 
+enum Branches {
+    One(DirBranch),
+    Union(Vec<crate::vfs::UnionBranch>),
+}
+
+/// The branch descriptors, taken before the mount covers any of them.
+fn open_branches(plan: &Plan) -> Result<Branches> {
+    if plan.union.is_empty() {
+        let branch = DirBranch::open(BranchId(0), &plan.src, plan.reserved.clone())
+            .with_context(|| format!("source {}", plan.src.display()))?;
+        return Ok(Branches::One(branch));
+    }
+    let mut list = Vec::with_capacity(plan.union.len());
+    for (i, (path, writable)) in plan.union.iter().enumerate() {
+        let reserved = (path == &plan.src).then(|| plan.reserved.clone()).flatten();
+        let branch = DirBranch::open(BranchId(i as u32), path, reserved)
+            .with_context(|| format!("branch {}", path.display()))?;
+        list.push(crate::vfs::UnionBranch {
+            branch,
+            writable: *writable,
+        });
+    }
+    Ok(Branches::Union(list))
+}
+
 fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, Option<Recording>)> {
     init_logging(opts, daemon)?;
     if let Err(e) = sys::raise_fd_limit() {
@@ -411,8 +482,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     // made under a caller's identity. Done while still single-threaded.
     nix_free_setgroups_empty()?;
     sys::creds::verify_switching()?;
-    let branch = DirBranch::open(BranchId(0), &plan.src, plan.reserved.clone())
-        .with_context(|| format!("source {}", plan.src.display()))?;
+    let branches = open_branches(plan)?;
     let store = Store::open(&plan.store)?;
     if !opts.plain {
         store.keep_reserve();
@@ -446,7 +516,17 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
         write_path: opts.write_path,
         views: opts.views.clone(),
     };
-    let vfs = Vfs::new(branch, inomap, vfs_cfg, capture.clone()).map_err(|e| anyhow!("{e}"))?;
+    let vfs = match branches {
+        Branches::One(branch) => Vfs::new(branch, inomap, vfs_cfg, capture.clone()),
+        Branches::Union(list) => Vfs::new_union(
+            list,
+            inomap,
+            vfs_cfg,
+            capture.clone(),
+            crate::union::copyup::Owner::default(),
+        ),
+    }
+    .map_err(|e| anyhow!("{e}"))?;
     if let Some(c) = &capture {
         let weak = Arc::downgrade(&vfs);
         c.set_namer(Box::new(move |obj| weak.upgrade()?.name_of(obj)));

@@ -255,6 +255,14 @@ impl InodeMap {
         self.shared.wake.notify_one();
     }
 
+    /// Maps `key` to an existing number: an object copied up into another
+    /// branch keeps its number (and with it its history).
+    pub fn bind(&self, key: BackingKey, ino: u64) {
+        let mut state = self.shared.state.lock();
+        state.recent.remove(&key);
+        state.pending.insert(key, ino);
+    }
+
     /// A new number for `key`, replacing any earlier mapping: used for
     /// objects just created (the backing number may be a deleted object's)
     /// and for backing numbers found reused behind the mount's back.

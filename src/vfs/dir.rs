@@ -23,6 +23,9 @@ pub struct DirStream {
     pos: i64,
     pending: VecDeque<Dirent>,
     buf: sys::DirBuf,
+    /// A union directory's merged listing, read at opendir: entries in
+    /// cookie order, and the read position in it.
+    merged: Option<(Vec<Dirent>, usize)>,
 }
 
 impl DirStream {
@@ -31,6 +34,10 @@ impl DirStream {
     }
 
     fn seek(&mut self, offset: i64) -> Result<()> {
+        if let Some((entries, at)) = &mut self.merged {
+            *at = crate::union::merge::seek(entries.iter().map(|d| d.cookie), offset);
+            return Ok(());
+        }
         if offset != self.pos || (offset == 0 && self.pending.is_empty()) {
             sys::lseek(self.fd.as_fd(), offset, libc::SEEK_SET)?;
             self.pending.clear();
@@ -43,10 +50,16 @@ impl DirStream {
     /// given, maps entries to their `d_ino` a batch at a time (entries read
     /// for a readdirplus request carry none yet).
     fn peek(&mut self, numbers: Option<&NumberBatch<'_>>) -> Result<Option<&Dirent>> {
+        if let Some((entries, at)) = &self.merged {
+            return Ok(entries.get(*at));
+        }
         if self.pending.is_empty() {
             let entries = sys::getdents(self.fd.as_fd(), &mut self.buf)?;
-            self.pending
-                .extend(entries.into_iter().map(|e| Dirent { e, ino: None }));
+            self.pending.extend(entries.into_iter().map(|e| Dirent {
+                e,
+                ino: None,
+                cookie: 0,
+            }));
         }
         if let Some(resolve) = numbers {
             if self.pending.front().is_some_and(|d| d.ino.is_none()) {
@@ -67,6 +80,10 @@ impl DirStream {
     }
 
     fn advance(&mut self) {
+        if let Some((_, at)) = &mut self.merged {
+            *at += 1;
+            return;
+        }
         if let Some(d) = self.pending.pop_front() {
             self.pos = d.e.next_offset;
         }
@@ -74,9 +91,11 @@ impl DirStream {
 }
 
 /// A raw entry and, for plain readdir, the inode number shown for it.
-struct Dirent {
-    e: sys::DirEntry,
-    ino: Option<InodeNo>,
+pub(super) struct Dirent {
+    pub e: sys::DirEntry,
+    pub ino: Option<InodeNo>,
+    /// In a merged listing: the position a seek to it resumes at.
+    pub cookie: i64,
 }
 
 type NumberBatch<'a> = dyn Fn(&[&sys::DirEntry]) -> Result<Vec<InodeNo>> + 'a;
@@ -119,11 +138,17 @@ impl Vfs {
         let access = libc::O_RDONLY | libc::O_DIRECTORY | (flags & libc::O_NOATIME);
         let fd = creds::as_caller(caller, || sys::reopen(inode.fd(), access))?;
         self.dir_opened(ino, fd.as_fd());
+        let merged = if inode.layers.is_empty() {
+            None
+        } else {
+            Some((self.merged_listing(caller, &inode, access)?, 0))
+        };
         let stream = DirStream {
             fd,
             pos: 0,
             pending: VecDeque::new(),
             buf: sys::DirBuf::new(GETDENTS_BUF),
+            merged,
         };
         Ok(self.handles.insert(Handle::Dir {
             ino,

@@ -84,7 +84,11 @@ impl Vfs {
         if is_view(ino) {
             return self.view_open(caller, ino, flags);
         }
-        let inode = self.inodes.node(ino)?;
+        let inode = if writes(flags) || flags & libc::O_TRUNC != 0 {
+            self.writable_node(ino)?
+        } else {
+            self.inodes.node(ino)?
+        };
         match inode.kind {
             libc::S_IFDIR => return Err(errno(libc::EISDIR)),
             libc::S_IFLNK => return Err(errno(libc::ELOOP)),
@@ -180,8 +184,9 @@ impl Vfs {
         flags: i32,
     ) -> Result<(Entry, Opened)> {
         self.check_name(parent, name)?;
-        let dir = self.inodes.node(parent)?;
+        let dir = self.writable_dir(parent)?;
         let cname = sys::cstr(name)?;
+        self.clear_whiteout(&dir, &cname)?;
         creds::set_thread_umask(umask)?;
         let dirfd = dir.fd();
         let cname = &cname;
@@ -296,7 +301,7 @@ impl Vfs {
         if is_view(parent) {
             return Err(errno(libc::EROFS));
         }
-        let dir = self.inodes.node(parent)?;
+        let dir = self.writable_dir(parent)?;
         creds::set_thread_umask(umask)?;
         let dirfd = dir.fd();
         // O_EXCL means "never linkable" here; the rest is handled as for open.

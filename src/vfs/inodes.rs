@@ -49,6 +49,16 @@ pub struct Inode {
     name: Mutex<Option<(InodeNo, Vec<u8>)>>,
     /// Set once the first lookup has compared the object with history.
     seen: AtomicBool,
+    /// A union directory: the same directory in the branches below the
+    /// one `key` names, top-down (empty outside union mounts).
+    pub layers: Arc<[Layer]>,
+}
+
+/// One branch's copy of a union directory.
+#[derive(Clone)]
+pub struct Layer {
+    pub branch: BranchId,
+    pub fd: Arc<OwnedFd>,
 }
 
 /// How the backing object is reached. Holding an O_PATH descriptor per
@@ -61,6 +71,8 @@ enum FdSlot {
     /// systems or mounts without handle support).
     Pinned(Arc<OwnedFd>),
     Handle {
+        /// The branch whose mount the handle is re-opened on.
+        branch: usize,
         handle: sys::FileHandle,
         cached: Mutex<Option<Arc<OwnedFd>>>,
         /// Used since the last eviction pass (second-chance eviction).
@@ -82,6 +94,16 @@ pub struct Node {
 impl Node {
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    pub fn fd_arc(&self) -> Arc<OwnedFd> {
+        self.fd.clone()
+    }
+
+    /// The inode reached through another of its copies (a union
+    /// directory's upper one).
+    pub fn with_fd(inode: Arc<Inode>, fd: Arc<OwnedFd>) -> Node {
+        Node { inode, fd }
     }
 }
 
@@ -140,23 +162,24 @@ pub struct InodeTable {
     map: InodeMap,
     tables: RwLock<Tables>,
     root_key: BackingKey,
-    /// Descriptor used to re-open handles, and the mount it is on (`None`
-    /// when the backing file system has no file handles).
-    mount_fd: Option<Arc<OwnedFd>>,
-    mount_id: Option<i32>,
+    /// Per branch (indexed by `BranchId`), how handles are re-opened.
+    mounts: Vec<BranchMount>,
     /// Cached descriptors currently open, and how many may be.
     cache_count: Arc<AtomicUsize>,
     cache_budget: usize,
 }
 
-impl InodeTable {
-    pub fn new(branch: BranchId, map: InodeMap, root_fd: OwnedFd, root_st: &Stat) -> Self {
-        let root_key = BackingKey {
-            branch: branch.0,
-            dev: root_st.st_dev,
-            ino: root_st.st_ino,
-        };
-        let mount_id = match sys::name_to_handle(root_fd.as_fd()) {
+/// Descriptor used to re-open a branch's handles, and the mount it is on
+/// (`None` when the backing file system has no file handles).
+#[derive(Default)]
+pub struct BranchMount {
+    mount_fd: Option<Arc<OwnedFd>>,
+    mount_id: Option<i32>,
+}
+
+impl BranchMount {
+    pub fn of(root_fd: std::os::fd::BorrowedFd<'_>) -> BranchMount {
+        let mount_id = match sys::name_to_handle(root_fd) {
             Ok((_, id)) => Some(id),
             Err(e) => {
                 tracing::warn!(
@@ -168,10 +191,33 @@ impl InodeTable {
         };
         // open_by_handle_at refuses an O_PATH descriptor as its mount
         // reference, so a real (read-only) one of the root is kept.
-        let mount_fd = sys::reopen(root_fd.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY);
-        let (mount_id, mount_fd) = match (mount_id, mount_fd) {
-            (Some(id), Ok(fd)) => (Some(id), Some(Arc::new(fd))),
-            _ => (None, None),
+        let mount_fd = sys::reopen(root_fd, libc::O_RDONLY | libc::O_DIRECTORY);
+        match (mount_id, mount_fd) {
+            (Some(id), Ok(fd)) => BranchMount {
+                mount_fd: Some(Arc::new(fd)),
+                mount_id: Some(id),
+            },
+            _ => BranchMount::default(),
+        }
+    }
+}
+
+impl InodeTable {
+    /// `mounts`: every branch's, indexed by `BranchId`; `branch` is the
+    /// one the root and new objects belong to; `root_layers` the root's
+    /// copies in the other branches (a union).
+    pub fn new(
+        branch: BranchId,
+        map: InodeMap,
+        root_fd: OwnedFd,
+        root_st: &Stat,
+        mounts: Vec<BranchMount>,
+        root_layers: Vec<Layer>,
+    ) -> Self {
+        let root_key = BackingKey {
+            branch: branch.0,
+            dev: root_st.st_dev,
+            ino: root_st.st_ino,
         };
         let root_fd = Arc::new(root_fd);
         let root = Arc::new(Inode {
@@ -182,6 +228,7 @@ impl InodeTable {
             slot: FdSlot::Pinned(root_fd.clone()),
             name: Mutex::new(None),
             seen: AtomicBool::new(false),
+            layers: root_layers.into(),
         });
         let mut tables = Tables::default();
         tables.by_ino.insert(InodeNo::ROOT, root);
@@ -194,16 +241,20 @@ impl InodeTable {
             map,
             tables: RwLock::new(tables),
             root_key,
-            mount_fd,
-            mount_id,
+            mounts,
             cache_count: Arc::new(AtomicUsize::new(0)),
             cache_budget,
         }
     }
 
     pub fn key_of(&self, st: &Stat) -> BackingKey {
+        self.key_in(self.branch, st)
+    }
+
+    /// The key of an object of `branch`.
+    pub fn key_in(&self, branch: BranchId, st: &Stat) -> BackingKey {
         BackingKey {
-            branch: self.branch.0,
+            branch: branch.0,
             dev: st.st_dev,
             ino: st.st_ino,
         }
@@ -245,29 +296,34 @@ impl InodeTable {
     /// its handle if the cached one was evicted. Must be called with the
     /// daemon's own credentials (re-opening a handle needs them).
     pub fn fd(&self, inode: &Inode) -> Result<Arc<OwnedFd>> {
-        let (handle, cached, referenced) = match &inode.slot {
+        let (branch, handle, cached, referenced) = match &inode.slot {
             FdSlot::Pinned(fd) => return Ok(fd.clone()),
             FdSlot::Handle {
+                branch,
                 handle,
                 cached,
                 referenced,
                 ..
-            } => (handle, cached, referenced),
+            } => (*branch, handle, cached, referenced),
         };
         referenced.store(true, Ordering::Relaxed);
         let mut slot = cached.lock();
         if let Some(fd) = &*slot {
             return Ok(fd.clone());
         }
-        let fd = Arc::new(self.open_handle(handle)?);
+        let fd = Arc::new(self.open_handle(branch, handle)?);
         *slot = Some(fd.clone());
         drop(slot);
         self.count_cached();
         Ok(fd)
     }
 
-    fn open_handle(&self, handle: &sys::FileHandle) -> Result<OwnedFd> {
-        let mount_fd = self.mount_fd.as_ref().ok_or(VfsError::WrongKind)?;
+    fn open_handle(&self, branch: usize, handle: &sys::FileHandle) -> Result<OwnedFd> {
+        let mount_fd = self
+            .mounts
+            .get(branch)
+            .and_then(|m| m.mount_fd.as_ref())
+            .ok_or(VfsError::WrongKind)?;
         Ok(sys::open_by_handle(
             mount_fd.as_fd(),
             handle,
@@ -331,6 +387,7 @@ impl InodeTable {
             return Ok(());
         };
         let FdSlot::Handle {
+            branch,
             handle,
             cached,
             pinned,
@@ -346,7 +403,7 @@ impl InodeTable {
         if slot.is_some() {
             return Ok(());
         }
-        *slot = Some(Arc::new(self.open_handle(handle)?));
+        *slot = Some(Arc::new(self.open_handle(*branch, handle)?));
         drop(slot);
         self.count_cached();
         Ok(())
@@ -418,14 +475,16 @@ impl InodeTable {
         Some(inode)
     }
 
-    fn slot_for(&self, fd: OwnedFd) -> FdSlot {
-        let handle = match (self.mount_id, sys::name_to_handle(fd.as_fd())) {
+    fn slot_for(&self, branch: BranchId, fd: OwnedFd) -> FdSlot {
+        let mount_id = self.mounts.get(branch.0 as usize).and_then(|m| m.mount_id);
+        let handle = match (mount_id, sys::name_to_handle(fd.as_fd())) {
             (Some(root_mount), Ok((handle, mount))) if mount == root_mount => handle,
             // Another mount below SRC, or no handle support: keep it open.
             _ => return FdSlot::Pinned(Arc::new(fd)),
         };
         self.count_cached();
         FdSlot::Handle {
+            branch: branch.0 as usize,
             handle,
             cached: Mutex::new(Some(Arc::new(fd))),
             referenced: AtomicBool::new(true),
@@ -477,17 +536,37 @@ impl InodeTable {
     /// object was just created (or its backing number found reused), so it
     /// gets a new number and any entry under its key is stale.
     pub fn acquire_new(&self, fd: OwnedFd, st: &Stat, fresh: bool) -> Result<Arc<Inode>> {
-        self.acquire(fd, st, fresh, false)
+        self.acquire(self.branch, fd, st, fresh, false, Vec::new())
+    }
+
+    /// [`InodeTable::acquire_new`] for an object of `branch`, with the
+    /// lower copies of a union directory.
+    pub fn acquire_in(
+        &self,
+        branch: BranchId,
+        fd: OwnedFd,
+        st: &Stat,
+        layers: Vec<Layer>,
+    ) -> Result<Arc<Inode>> {
+        self.acquire(branch, fd, st, false, false, layers)
     }
 
     /// Registers an object that has no name (O_TMPFILE): a handle could
     /// never re-open it, so its descriptor is held for its lifetime.
     pub fn acquire_unnamed(&self, fd: OwnedFd, st: &Stat) -> Result<Arc<Inode>> {
-        self.acquire(fd, st, true, true)
+        self.acquire(self.branch, fd, st, true, true, Vec::new())
     }
 
-    fn acquire(&self, fd: OwnedFd, st: &Stat, fresh: bool, pin: bool) -> Result<Arc<Inode>> {
-        let key = self.key_of(st);
+    fn acquire(
+        &self,
+        branch: BranchId,
+        fd: OwnedFd,
+        st: &Stat,
+        fresh: bool,
+        pin: bool,
+        layers: Vec<Layer>,
+    ) -> Result<Arc<Inode>> {
+        let key = self.key_in(branch, st);
         let mut fresh = fresh;
         if !fresh {
             if let Some(inode) = self.acquire_known(&key) {
@@ -508,7 +587,7 @@ impl InodeTable {
         let slot = if pin {
             FdSlot::Pinned(Arc::new(fd))
         } else {
-            self.slot_for(fd)
+            self.slot_for(branch, fd)
         };
         let mut tables = self.tables.write();
         if !fresh {
@@ -525,7 +604,47 @@ impl InodeTable {
             slot,
             name: Mutex::new(None),
             seen: AtomicBool::new(false),
+            layers: layers.into(),
         });
+        tables.by_ino.insert(ino, inode.clone());
+        tables.by_key.insert(key, ino);
+        Ok(inode)
+    }
+
+    /// Copy-up: inode `ino` is now the object `fd` of `branch` (with
+    /// `layers` below it), under the same number, so st_ino and history
+    /// survive. Operations already holding the old inode finish on the
+    /// old object; every later one reaches the new.
+    pub fn rebind(
+        &self,
+        ino: InodeNo,
+        branch: BranchId,
+        fd: OwnedFd,
+        st: &Stat,
+        layers: Vec<Layer>,
+    ) -> Result<Arc<Inode>> {
+        let key = self.key_in(branch, st);
+        self.map.bind(key, ino.0);
+        let slot = self.slot_for(branch, fd);
+        let mut tables = self.tables.write();
+        let old = tables
+            .by_ino
+            .get(&ino)
+            .cloned()
+            .ok_or(VfsError::UnknownInode(ino.0))?;
+        let inode = Arc::new(Inode {
+            ino,
+            key,
+            kind: old.kind,
+            nlookup: AtomicU64::new(old.nlookup.load(Ordering::Acquire)),
+            slot,
+            name: Mutex::new(old.name()),
+            seen: AtomicBool::new(old.seen.load(Ordering::Relaxed)),
+            layers: layers.into(),
+        });
+        if tables.by_key.get(&old.key) == Some(&ino) {
+            tables.by_key.remove(&old.key);
+        }
         tables.by_ino.insert(ino, inode.clone());
         tables.by_key.insert(key, ino);
         Ok(inode)

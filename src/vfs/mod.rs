@@ -20,6 +20,7 @@ mod file;
 mod ingest;
 mod inodes;
 mod namespace;
+mod union;
 mod versioning;
 mod views;
 
@@ -35,6 +36,7 @@ pub use crate::sys::Stat;
 pub use attr::{SetAttr, Xattr};
 pub use file::Opened;
 pub use inodes::InodeNo;
+pub use union::UnionBranch;
 pub use views::{is_view, ViewConfig};
 
 use crate::branch::DirBranch;
@@ -66,6 +68,8 @@ pub enum VfsError {
     Capture(#[from] CaptureError),
     #[error(transparent)]
     History(#[from] HistoryError),
+    #[error(transparent)]
+    Union(#[from] crate::union::UnionError),
 }
 
 impl VfsError {
@@ -80,6 +84,7 @@ impl VfsError {
             VfsError::Store(e) => e.errno(),
             VfsError::Capture(e) => e.errno(),
             VfsError::History(e) => e.errno(),
+            VfsError::Union(e) => e.errno(),
         }
     }
 
@@ -182,6 +187,8 @@ pub struct Vfs {
     io_modes: parking_lot::Mutex<std::collections::HashMap<InodeNo, (bool, u32)>>,
     /// Nodes and handles of the time-travel views.
     views: views::Views,
+    /// The branches of a union mount (`None`: one branch).
+    union: Option<union::Union>,
 }
 
 impl Vfs {
@@ -193,7 +200,8 @@ impl Vfs {
     ) -> Result<Arc<Vfs>> {
         let root_fd = sys::reopen(branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
         let root_st = sys::fstat(root_fd.as_fd())?;
-        let inodes = InodeTable::new(branch.id(), inomap, root_fd, &root_st);
+        let mounts = vec![inodes::BranchMount::of(root_fd.as_fd())];
+        let inodes = InodeTable::new(branch.id(), inomap, root_fd, &root_st, mounts, Vec::new());
         Ok(Arc::new(Vfs {
             branch,
             inodes,
@@ -204,6 +212,37 @@ impl Vfs {
             capture,
             ingest: ingest::IngestProgress::default(),
             views: views::Views::default(),
+            union: None,
+        }))
+    }
+
+    /// A union of `branches` (top first); the store, if any, lives in the
+    /// upper (first read-write) branch, or the top one.
+    pub fn new_union(
+        mut branches: Vec<UnionBranch>,
+        inomap: InodeMap,
+        cfg: VfsConfig,
+        capture: Option<Arc<Capture>>,
+        owner: crate::union::copyup::Owner,
+    ) -> Result<Arc<Vfs>> {
+        let u = union::Union::new(&branches, owner)?;
+        let primary = u.primary();
+        let mounts = u.root_fds().map(inodes::BranchMount::of).collect();
+        let branch = branches.swap_remove(primary.0 as usize).branch;
+        let root_fd = sys::reopen(branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
+        let root_st = sys::fstat(root_fd.as_fd())?;
+        let inodes = InodeTable::new(primary, inomap, root_fd, &root_st, mounts, u.root_layers());
+        Ok(Arc::new(Vfs {
+            branch,
+            inodes,
+            handles: HandleTable::default(),
+            cfg,
+            writeback: AtomicBool::new(false),
+            io_modes: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            capture,
+            ingest: ingest::IngestProgress::default(),
+            views: views::Views::default(),
+            union: Some(u),
         }))
     }
 

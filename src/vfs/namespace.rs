@@ -56,6 +56,9 @@ impl Vfs {
     }
 
     pub(super) fn lookup_in(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
+        if self.union().is_some() {
+            return self.union_lookup(dir, name);
+        }
         let cname = sys::cstr(name)?;
         let st = sys::fstatat(dir.fd(), &cname)?;
         let mut reused = false;
@@ -114,9 +117,13 @@ impl Vfs {
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
         self.before_dir_change(parent)?;
-        let dir = self.inodes.node(parent)?;
+        let dir = self.writable_dir(parent)?;
         let cname = sys::cstr(name)?;
+        let hides_lower = self.clear_whiteout(&dir, &cname)?;
         creds::as_caller_with_umask(caller, umask, mode, || sys::mkdirat(dir.fd(), &cname, mode))?;
+        if hides_lower {
+            self.make_opaque(&dir, &cname)?;
+        }
         self.register_created(caller, &dir, name)
     }
 
@@ -131,8 +138,9 @@ impl Vfs {
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
         self.before_dir_change(parent)?;
-        let dir = self.inodes.node(parent)?;
+        let dir = self.writable_dir(parent)?;
         let cname = sys::cstr(name)?;
+        self.clear_whiteout(&dir, &cname)?;
         creds::as_caller_with_umask(caller, umask, mode, || {
             sys::mknodat(dir.fd(), &cname, mode, u64::from(rdev))
         })?;
@@ -148,8 +156,9 @@ impl Vfs {
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
         self.before_dir_change(parent)?;
-        let dir = self.inodes.node(parent)?;
+        let dir = self.writable_dir(parent)?;
         let cname = sys::cstr(name)?;
+        self.clear_whiteout(&dir, &cname)?;
         let ctarget = sys::cstr(target)?;
         creds::as_caller(caller, || sys::symlinkat(&ctarget, dir.fd(), &cname))?;
         self.register_created(caller, &dir, name)
@@ -168,9 +177,10 @@ impl Vfs {
         self.check_name(newparent, newname)?;
         self.before_dir_change(newparent)?;
         self.before_change(ino)?;
-        let inode = self.inodes.node(ino)?;
-        let dir = self.inodes.node(newparent)?;
+        let inode = self.writable_node(ino)?;
+        let dir = self.writable_dir(newparent)?;
         let cname = sys::cstr(newname)?;
+        self.clear_whiteout(&dir, &cname)?;
         creds::as_caller(caller, || sys::link_fd(inode.fd(), dir.fd(), &cname))?;
         // A new name for a known object, not a new object.
         let entry = self.lookup_in(&dir, newname)?;
@@ -214,8 +224,13 @@ impl Vfs {
     ) -> Result<()> {
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
-        let victim = self.pin_victim(&dir, &cname)?;
-        creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
+        let victim = if self.union().is_some() {
+            self.union_remove(caller, parent, name, flags)?
+        } else {
+            let victim = self.pin_victim(&dir, &cname)?;
+            creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
+            victim
+        };
         if let (Some(ino), Some(st)) = (held, victim) {
             let cause = if flags & libc::AT_REMOVEDIR != 0 {
                 Cause::Rmdir
@@ -308,19 +323,32 @@ impl Vfs {
         for held in [moved, target].into_iter().flatten() {
             self.before_change(held)?;
         }
-        let olddir = self.inodes.node(parent)?;
-        let newdir = self.inodes.node(newparent)?;
-        let old = sys::cstr(name)?;
-        let new = sys::cstr(newname)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let victim = if !exchange {
-            self.pin_victim(&newdir, &new)?
+        let (victim, _staged) = if self.union().is_some() {
+            let moved = moved.ok_or(errno(libc::ENOENT))?;
+            let staged = self.union_rename(
+                caller,
+                (parent, name),
+                (newparent, newname),
+                flags,
+                (moved, target),
+            )?;
+            (staged.victim, Some(staged))
         } else {
-            None
+            let olddir = self.inodes.node(parent)?;
+            let newdir = self.inodes.node(newparent)?;
+            let old = sys::cstr(name)?;
+            let new = sys::cstr(newname)?;
+            let victim = if !exchange {
+                self.pin_victim(&newdir, &new)?
+            } else {
+                None
+            };
+            creds::as_caller(caller, || {
+                sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
+            })?;
+            (victim, None)
         };
-        creds::as_caller(caller, || {
-            sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
-        })?;
         // Renaming a name onto another name of the same object changes nothing.
         if let Some(obj) = moved.filter(|m| Some(*m) != target) {
             let victim_info = target.map(|t| {

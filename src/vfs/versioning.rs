@@ -262,7 +262,7 @@ impl Vfs {
     /// an operation that will change or remove it (capture reads it through
     /// the inode table). The caller must `forget` it afterwards.
     pub(super) fn hold_named(&self, parent: InodeNo, name: &OsStr) -> Result<Option<InodeNo>> {
-        if self.capture.is_none() {
+        if self.capture.is_none() && self.union().is_none() {
             return Ok(None);
         }
         let dir = self.inodes.node(parent)?;

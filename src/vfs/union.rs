@@ -1,0 +1,564 @@
+//! Union mounts in the vfs: lookups through a directory's layers, the
+//! upper copy a change needs (copy-up), and whiteouts where a removed name
+//! lives on in a read-only branch. docs/ARCHITECTURE.md "Union mounts".
+//!
+//! Outside union mounts none of this runs: `Vfs::union` is `None` and every
+//! operation takes the single-branch path.
+
+use std::ffi::{CStr, OsStr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use super::inodes::{Layer, Node};
+use super::{errno, Attr, Entry, InodeNo, Result, Stat, Vfs, VfsError};
+use crate::branch::{BranchId, DirBranch};
+use crate::sys;
+use crate::union::{copyup, format, merge};
+
+/// A branch of a union mount as the vfs is given it.
+pub struct UnionBranch {
+    pub branch: DirBranch,
+    pub writable: bool,
+}
+
+/// What the vfs knows of a union mount's branches.
+pub struct Union {
+    /// Every branch's root, indexed by `BranchId` (position, top first).
+    roots: Vec<(Arc<OwnedFd>, bool)>,
+    /// Where creates and copy-ups go: the highest read-write branch.
+    upper: Option<BranchId>,
+    ns: format::XattrNs,
+    owner: copyup::Owner,
+}
+
+impl Union {
+    pub fn new(branches: &[UnionBranch], owner: copyup::Owner) -> Result<Union> {
+        let mut roots = Vec::with_capacity(branches.len());
+        for b in branches {
+            let fd = sys::reopen(b.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
+            roots.push((Arc::new(fd), b.writable));
+        }
+        let upper = branches
+            .iter()
+            .position(|b| b.writable)
+            .map(|i| BranchId(i as u32));
+        Ok(Union {
+            roots,
+            upper,
+            ns: format::XattrNs::for_daemon(),
+            owner,
+        })
+    }
+
+    /// The branch the root inode belongs to: the upper one, else the top.
+    pub fn primary(&self) -> BranchId {
+        self.upper.unwrap_or(BranchId(0))
+    }
+
+    /// The root's copies in the other branches.
+    pub fn root_layers(&self) -> Vec<Layer> {
+        let primary = self.primary();
+        (0..self.roots.len())
+            .map(|i| BranchId(i as u32))
+            .filter(|b| *b != primary)
+            .map(|b| Layer {
+                branch: b,
+                fd: self.roots[b.0 as usize].0.clone(),
+            })
+            .collect()
+    }
+
+    pub fn root_fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.roots.iter().map(|(fd, _)| fd.as_fd())
+    }
+
+    fn writable(&self, b: BranchId) -> bool {
+        self.roots.get(b.0 as usize).is_some_and(|(_, w)| *w)
+    }
+}
+
+/// What a walk down a directory's layers found under one name.
+struct Found {
+    /// The topmost copy: its branch, the directory holding it, its stat.
+    top: (BranchId, Arc<OwnedFd>, Stat),
+    /// Below a directory: the same directory in lower branches, down to an
+    /// opaque one.
+    lowers: Vec<Layer>,
+}
+
+fn is_absent(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+}
+
+fn is_dir(st: &Stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+impl Vfs {
+    pub(super) fn union(&self) -> Option<&Union> {
+        self.union.as_ref()
+    }
+
+    /// A directory's copies, top-down: its own and its layers.
+    pub(super) fn layers_of(&self, dir: &Node) -> Vec<Layer> {
+        let mut all = Vec::with_capacity(1 + dir.layers.len());
+        all.push(Layer {
+            branch: BranchId(dir.key.branch),
+            fd: dir.fd_arc(),
+        });
+        all.extend(dir.layers.iter().cloned());
+        all.sort_by_key(|l| l.branch.0);
+        all
+    }
+
+    /// Walks `name` down the layers of `dir`: whiteouts end it, a
+    /// non-directory ends it, an opaque directory ends it.
+    fn walk(&self, dir: &Node, name: &CStr) -> Result<Option<Found>> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let mut found: Option<Found> = None;
+        for layer in self.layers_of(dir) {
+            let st = match sys::fstatat(layer.fd.as_fd(), name) {
+                Ok(st) => st,
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if format::is_whiteout(&st) {
+                break;
+            }
+            let opaque_below = |fd: BorrowedFd<'_>| format::is_opaque(fd, u.ns).unwrap_or(false);
+            match &mut found {
+                None => {
+                    let stop = !is_dir(&st) || {
+                        let fd = sys::open_path(layer.fd.as_fd(), name)?;
+                        opaque_below(fd.as_fd())
+                    };
+                    found = Some(Found {
+                        top: (layer.branch, layer.fd.clone(), st),
+                        lowers: Vec::new(),
+                    });
+                    if stop {
+                        break;
+                    }
+                }
+                Some(f) => {
+                    if !is_dir(&st) {
+                        break;
+                    }
+                    let fd = sys::open_path(layer.fd.as_fd(), name)?;
+                    let opaque = opaque_below(fd.as_fd());
+                    f.lowers.push(Layer {
+                        branch: layer.branch,
+                        fd: Arc::new(fd),
+                    });
+                    if opaque {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Lookup in a union directory.
+    pub(super) fn union_lookup(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
+        let cname = sys::cstr(name)?;
+        let found = self.walk(dir, &cname)?.ok_or(errno(libc::ENOENT))?;
+        let (branch, parent, st) = found.top;
+        let key = self.inodes.key_in(branch, &st);
+        if let Some(inode) = self.inodes.acquire_known(&key) {
+            if self.inodes.still_names(&inode, parent.as_fd(), &cname) {
+                // Copy-up finds the lower copy by this name.
+                inode.set_name(dir.ino, name.as_encoded_bytes());
+                return Ok(Entry {
+                    attr: Attr { ino: inode.ino, st },
+                    entry_ttl: None,
+                });
+            }
+            self.inodes.forget(inode.ino, 1);
+            self.inodes.detach_key(&inode);
+        }
+        let fd = sys::open_path(parent.as_fd(), &cname)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let inode = self.inodes.acquire_in(branch, fd, &st, found.lowers)?;
+        inode.set_name(dir.ino, name.as_encoded_bytes());
+        Ok(Entry {
+            attr: Attr { ino: inode.ino, st },
+            entry_ttl: None,
+        })
+    }
+
+    /// The directory `ino` where a change to its entries goes: itself in a
+    /// single-branch mount; in a union its copy in the upper branch, made
+    /// (with its missing parents) if it has none yet.
+    pub(super) fn writable_dir(&self, ino: InodeNo) -> Result<Node> {
+        let node = self.inodes.node(ino)?;
+        let Some(u) = self.union.as_ref() else {
+            return Ok(node);
+        };
+        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        if node.key.branch == upper.0 {
+            return Ok(node);
+        }
+        if let Some(l) = node.layers.iter().find(|l| l.branch == upper) {
+            return Ok(Node::with_fd(node.inode.clone(), l.fd.clone()));
+        }
+        let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
+        let upper_parent = self.writable_dir(parent)?;
+        let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
+        let cname = sys::cstr(OsStr::from_bytes(&name))?;
+        let fd = copyup::copy_up_dir(lower_parent.as_fd(), upper_parent.fd(), &cname, &u.owner)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let mut layers = vec![Layer {
+            branch: BranchId(node.key.branch),
+            fd: node.fd_arc(),
+        }];
+        layers.extend(node.layers.iter().cloned());
+        let inode = self.inodes.rebind(ino, upper, fd, &st, layers)?;
+        self.inodes.node_of(inode)
+    }
+
+    /// The copy of directory `dir` in `branch`.
+    fn copy_in(&self, dir: InodeNo, branch: BranchId) -> Result<Arc<OwnedFd>> {
+        let node = self.inodes.node(dir)?;
+        self.layers_of(&node)
+            .into_iter()
+            .find(|l| l.branch == branch)
+            .map(|l| l.fd)
+            .ok_or(errno(libc::ESTALE))
+    }
+
+    /// The object `ino` where a change to it goes: itself, unless it lives
+    /// in a read-only branch of a union: then a copy in the upper branch,
+    /// under the same number.
+    pub(super) fn writable_node(&self, ino: InodeNo) -> Result<Node> {
+        let node = self.inodes.node(ino)?;
+        let Some(u) = self.union.as_ref() else {
+            return Ok(node);
+        };
+        if u.writable(BranchId(node.key.branch)) {
+            return Ok(node);
+        }
+        if node.is_dir() {
+            return self.writable_dir(ino);
+        }
+        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
+        let upper_parent = self.writable_dir(parent)?;
+        let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
+        let cname = sys::cstr(OsStr::from_bytes(&name))?;
+        let fd = copyup::copy_up_file(lower_parent.as_fd(), &cname, upper_parent.fd(), &u.owner)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let inode = self.inodes.rebind(ino, upper, fd, &st, Vec::new())?;
+        self.inodes.node_of(inode)
+    }
+
+    /// Before a name is created in `dir` (its upper copy): a whiteout there
+    /// gives way. Returns whether one did (a directory made in its place
+    /// must then be opaque, or the lower one's entries would show).
+    pub(super) fn clear_whiteout(&self, dir: &Node, name: &CStr) -> Result<bool> {
+        if self.union.is_none() {
+            return Ok(false);
+        }
+        match sys::fstatat(dir.fd(), name) {
+            Ok(st) if format::is_whiteout(&st) => {
+                sys::unlinkat(dir.fd(), name, 0)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// A directory made where a whiteout was hides what lower branches
+    /// hold under its name.
+    pub(super) fn make_opaque(&self, dir: &Node, name: &CStr) -> Result<()> {
+        let Some(u) = self.union.as_ref() else {
+            return Ok(());
+        };
+        let fd = sys::open_path(dir.fd(), name)?;
+        format::set_opaque(fd.as_fd(), u.ns)?;
+        Ok(())
+    }
+
+    /// Whether `name` in `dir` is visible from a branch below `upper`
+    /// (so removing the upper copy must leave a whiteout).
+    pub(super) fn visible_below(&self, dir: &Node, name: &CStr, upper: BranchId) -> Result<bool> {
+        for layer in self.layers_of(dir) {
+            if layer.branch.0 <= upper.0 {
+                if let Ok(st) = sys::fstatat(layer.fd.as_fd(), name) {
+                    if format::is_whiteout(&st) {
+                        return Ok(false);
+                    }
+                }
+                continue;
+            }
+            match sys::fstatat(layer.fd.as_fd(), name) {
+                Ok(st) => return Ok(!format::is_whiteout(&st)),
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Removes `name` from union directory `parent`: from the upper
+    /// branch, with a whiteout where a lower branch holds it. rmdir
+    /// refuses a directory whose merged listing is not empty.
+    pub(super) fn union_remove(
+        &self,
+        caller: &super::Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        flags: i32,
+    ) -> Result<Option<Stat>> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let cname = sys::cstr(name)?;
+        let dir = self.inodes.node(parent)?;
+        let found = self.walk(&dir, &cname)?.ok_or(errno(libc::ENOENT))?;
+        let visible = found.top.2;
+        let rmdir = flags & libc::AT_REMOVEDIR != 0;
+        match (rmdir, is_dir(&visible)) {
+            (true, false) => return Err(errno(libc::ENOTDIR)),
+            (false, true) => return Err(errno(libc::EISDIR)),
+            _ => {}
+        }
+        if rmdir {
+            self.check_merged_empty(&found, &cname)?;
+        }
+        let dir = self.writable_dir(parent)?;
+        let below = self.visible_below(&dir, &cname, upper)?;
+        let in_upper = match sys::fstatat(dir.fd(), &cname) {
+            Ok(st) => Some(st),
+            Err(e) if is_absent(&e) => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(st) = &in_upper {
+            self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
+            if rmdir {
+                self.clear_whiteouts_in(&dir, &cname)?;
+            }
+            crate::sys::creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
+        }
+        if below {
+            format::make_whiteout(dir.fd(), &cname)?;
+        }
+        Ok(in_upper.or(Some(visible)))
+    }
+
+    /// ENOTEMPTY unless every copy of the directory holds nothing a user
+    /// would see (whiteouts hide lower entries and are not themselves
+    /// entries).
+    fn check_merged_empty(&self, found: &Found, name: &CStr) -> Result<()> {
+        let (_, parent, _) = &found.top;
+        let top = sys::open_path(parent.as_fd(), name)?;
+        let mut copies = vec![Arc::new(top)];
+        copies.extend(found.lowers.iter().map(|l| l.fd.clone()));
+        let mut hidden = std::collections::HashSet::new();
+        for fd in copies {
+            let dirfd = sys::reopen(fd.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+            let mut buf = sys::DirBuf::new(64 * 1024);
+            loop {
+                let batch = sys::getdents(dirfd.as_fd(), &mut buf)?;
+                if batch.is_empty() {
+                    break;
+                }
+                for e in batch {
+                    if e.name == b"." || e.name == b".." || hidden.contains(&e.name) {
+                        continue;
+                    }
+                    let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
+                    match sys::fstatat(dirfd.as_fd(), &cn) {
+                        Ok(st) if format::is_whiteout(&st) => {
+                            hidden.insert(e.name);
+                        }
+                        Ok(_) => return Err(errno(libc::ENOTEMPTY)),
+                        Err(e) if is_absent(&e) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the whiteouts inside upper directory `name` of `dir`, so
+    /// that it can be removed (its merged listing is known empty).
+    fn clear_whiteouts_in(&self, dir: &Node, name: &CStr) -> Result<()> {
+        let sub = sys::openat(
+            dir.fd(),
+            name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )?;
+        let mut buf = sys::DirBuf::new(64 * 1024);
+        loop {
+            let batch = sys::getdents(sub.as_fd(), &mut buf)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for e in batch {
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
+                if let Ok(st) = sys::fstatat(sub.as_fd(), &cn) {
+                    if format::is_whiteout(&st) {
+                        sys::unlinkat(sub.as_fd(), &cn, 0)?;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a union rename did, for the history and the inode map.
+pub(super) struct Renamed {
+    /// The replaced object's attributes, if the target name existed.
+    pub victim: Option<Stat>,
+}
+
+impl Vfs {
+    /// rename in a union: the moved object (and, for an exchange, the
+    /// target) copied up first, the rename done in the upper branch, and a
+    /// whiteout left where the old name lives on below.
+    pub(super) fn union_rename(
+        &self,
+        caller: &super::Caller,
+        (parent, name): (InodeNo, &OsStr),
+        (newparent, newname): (InodeNo, &OsStr),
+        flags: u32,
+        (moved, target): (InodeNo, Option<InodeNo>),
+    ) -> Result<Renamed> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let source = self.inodes.node(moved)?;
+        if source.is_dir() && (source.key.branch != upper.0 || !source.layers.is_empty()) {
+            // A directory with lower copies moves by a redirect
+            // (overlayfs's redirect_dir), which is not built yet.
+            return Err(errno(libc::EXDEV));
+        }
+        let old = sys::cstr(name)?;
+        let new = sys::cstr(newname)?;
+        let olddir = self.writable_dir(parent)?;
+        let below_old = self.visible_below(&olddir, &old, upper)?;
+        self.writable_node(moved)?;
+        let newdir = self.writable_dir(newparent)?;
+        let target_below = self.visible_below(&newdir, &new, upper)?;
+        if let Some(t) = target {
+            if self.inodes.node(t)?.is_dir() && !exchange {
+                let found = self.walk(&self.inodes.node(newparent)?, &new)?;
+                if let Some(found) = found {
+                    self.check_merged_empty(&found, &new)?;
+                }
+            }
+            self.writable_node(t)?;
+        }
+        let cleared = self.clear_whiteout(&newdir, &new)?;
+        let victim = match sys::fstatat(newdir.fd(), &new) {
+            Ok(st) if !exchange => {
+                self.inodes.pin_if_known(&self.inodes.key_in(upper, &st))?;
+                if is_dir(&st) {
+                    self.clear_whiteouts_in(&newdir, &new)?;
+                }
+                Some(st)
+            }
+            _ => None,
+        };
+        crate::sys::creds::as_caller(caller, || {
+            sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
+        })?;
+        source.set_name(newparent, newname.as_encoded_bytes());
+        if exchange {
+            if let Some(t) = target.and_then(|t| self.inodes.get(t).ok()) {
+                t.set_name(parent, name.as_encoded_bytes());
+            }
+        }
+        if source.is_dir() && (cleared || target_below) {
+            self.make_opaque(&newdir, &new)?;
+        }
+        if below_old && !exchange {
+            format::make_whiteout(olddir.fd(), &old)?;
+        }
+        Ok(Renamed { victim })
+    }
+}
+
+impl Vfs {
+    /// A union directory's entries from all its layers, top first: each
+    /// name once, whiteouts hiding names below them and never shown,
+    /// ordered by cookie so offsets survive a reopen.
+    pub(super) fn merged_listing(
+        &self,
+        caller: &super::Caller,
+        dir: &Node,
+        access: i32,
+    ) -> Result<Vec<super::dir::Dirent>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut raw = Vec::new();
+        let mut keys = Vec::new();
+        let mut buf = sys::DirBuf::new(64 * 1024);
+        for layer in self.layers_of(dir) {
+            let fd =
+                crate::sys::creds::as_caller(caller, || sys::reopen(layer.fd.as_fd(), access))?;
+            let dev = sys::fstat(fd.as_fd())?.st_dev;
+            loop {
+                let batch = sys::getdents(fd.as_fd(), &mut buf)?;
+                if batch.is_empty() {
+                    break;
+                }
+                for e in batch {
+                    if e.name == b"." || e.name == b".." || !seen.insert(e.name.clone()) {
+                        continue;
+                    }
+                    if matches!(e.dtype, libc::DT_CHR | libc::DT_UNKNOWN) {
+                        let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
+                        if sys::fstatat(fd.as_fd(), &cn).is_ok_and(|st| format::is_whiteout(&st)) {
+                            continue;
+                        }
+                    }
+                    keys.push(crate::store::BackingKey {
+                        branch: layer.branch.0,
+                        dev,
+                        ino: e.ino,
+                    });
+                    raw.push(e);
+                }
+            }
+        }
+        let numbers = self.inodes.numbers_for(&keys)?;
+        let mut entries: Vec<super::dir::Dirent> = raw
+            .into_iter()
+            .zip(numbers)
+            .map(|(e, ino)| super::dir::Dirent {
+                cookie: merge::cookie_of(&e.name),
+                e,
+                ino: Some(ino),
+            })
+            .collect();
+        entries.sort_by(|a, b| (a.cookie, &a.e.name).cmp(&(b.cookie, &b.e.name)));
+        let dot = |name: &[u8], cookie: i64, ino: InodeNo| super::dir::Dirent {
+            e: sys::DirEntry {
+                ino: 0,
+                next_offset: 0,
+                dtype: libc::DT_DIR,
+                name: name.to_vec(),
+            },
+            ino: Some(ino),
+            cookie,
+        };
+        let parent = if dir.ino == InodeNo::ROOT {
+            InodeNo::ROOT
+        } else {
+            dir.name().map_or(InodeNo::ROOT, |(p, _)| p)
+        };
+        let mut all = vec![dot(b".", 0, dir.ino), dot(b"..", 1, parent)];
+        all.extend(entries);
+        let next: Vec<i64> = all.iter().skip(1).map(|d| d.cookie).collect();
+        for (d, n) in all.iter_mut().zip(next.into_iter().chain([i64::MAX])) {
+            d.e.next_offset = n;
+        }
+        Ok(all)
+    }
+}
