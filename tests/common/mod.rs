@@ -274,6 +274,9 @@ pub struct Mount {
     /// A native directory on the same file system, for comparisons.
     pub native: PathBuf,
     pub log: PathBuf,
+    /// A union: the read-only branches below `src` (which is the
+    /// read-write top), top first.
+    pub lowers: Vec<PathBuf>,
     child: Option<Child>,
     generation: u32,
 }
@@ -309,12 +312,58 @@ impl Mount {
             mnt,
             native,
             log,
+            lowers: Vec::new(),
             child: None,
             generation: 0,
         };
         setup(&m.src);
         m.start();
         m
+    }
+
+    /// A union mount: `src` read-write on top of `lowers` read-only
+    /// branches, which `setup` fills first (given `[src, lower1, ...]`).
+    pub fn union(opts: &str, lowers: usize, setup: impl FnOnce(&[PathBuf])) -> Mount {
+        let dir = tempdir();
+        let mut m = Mount {
+            mode: opts.to_string(),
+            src: dir.path().join("src"),
+            mnt: dir.path().join("mnt"),
+            native: dir.path().join("native"),
+            log: dir.path().join("daemon.log"),
+            lowers: (1..=lowers)
+                .map(|i| dir.path().join(format!("lower{i}")))
+                .collect(),
+            dir,
+            child: None,
+            generation: 0,
+        };
+        let mut all = vec![m.src.clone(), m.mnt.clone(), m.native.clone()];
+        all.extend(m.lowers.iter().cloned());
+        for d in &all {
+            fs::create_dir(d).unwrap();
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mut branches = vec![m.src.clone()];
+        branches.extend(m.lowers.iter().cloned());
+        setup(&branches);
+        m.start();
+        m
+    }
+
+    /// The source argument: SRC, or a union's branch list.
+    fn source_arg(&self) -> std::ffi::OsString {
+        if self.lowers.is_empty() {
+            return self.src.clone().into_os_string();
+        }
+        let mut arg = self.src.clone().into_os_string();
+        arg.push("=rw");
+        for l in &self.lowers {
+            arg.push(":");
+            arg.push(l);
+            arg.push("=ro");
+        }
+        arg
     }
 
     pub fn root(&self) -> &Path {
@@ -355,7 +404,10 @@ impl Mount {
         )
         .unwrap();
         let mut cmd = Command::new(bin());
-        cmd.arg("mount").arg(&self.src).arg(&self.mnt).arg("-f");
+        cmd.arg("mount")
+            .arg(self.source_arg())
+            .arg(&self.mnt)
+            .arg("-f");
         let opts = mount_options(&self.mode);
         if !opts.is_empty() {
             cmd.arg("-o").arg(opts);

@@ -1,0 +1,389 @@
+//! Union mounts through a real mount: `SRC=rw:LOWER1=ro:...`, each case
+//! with 1, 2 and 3 read-only branches (the categories of the overlayfs
+//! unionmount test suite), in the plain and the versioning mode.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MODES: [&str; 2] = ["plain", ""];
+
+/// Runs `f` on a union of a read-write branch over `n` read-only ones,
+/// for n = 1, 2, 3 and each mode; `setup` fills the branches first
+/// (`[upper, lower1, ...]`).
+fn each_union(setup: impl Fn(&[PathBuf]), f: impl Fn(&Mount)) {
+    for mode in MODES {
+        for n in 1..=3 {
+            let m = Mount::union(mode, n, &setup);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&m)));
+            if let Err(p) = r {
+                eprintln!("union of {n} lower branch(es), mode {mode:?}");
+                std::panic::resume_unwind(p);
+            }
+        }
+    }
+}
+
+/// The lowest branch.
+fn bottom(b: &[PathBuf]) -> &Path {
+    b.last().unwrap()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn is_whiteout(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)
+}
+
+fn lower_tree(b: &[PathBuf]) {
+    // Each branch holds its own file, every branch a file `shared` and a
+    // directory `d` with its own entry: the top copy of `shared` wins,
+    // `d` merges.
+    for (i, br) in b.iter().enumerate().skip(1) {
+        write_file(
+            &br.join(format!("only{i}")),
+            format!("only {i}\n").as_bytes(),
+        );
+        write_file(&br.join("shared"), format!("from {i}\n").as_bytes());
+        fs::create_dir_all(br.join("d")).unwrap();
+        write_file(&br.join(format!("d/in{i}")), b"x");
+    }
+    let low = bottom(b);
+    write_file(&low.join("data"), b"lower data\n");
+    fs::create_dir_all(low.join("tree/sub")).unwrap();
+    write_file(&low.join("tree/sub/leaf"), b"leaf");
+    write_file(&low.join("tree/top"), b"top");
+}
+
+#[test]
+fn lookups_and_listings_merge_the_branches() {
+    each_union(lower_tree, |m| {
+        let n = m.lowers.len();
+        assert_eq!(read_file(&m.p("shared")), b"from 1\n", "the top copy wins");
+        let mut want: BTreeSet<String> = ["d", "data", "shared", "tree"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut want_d = BTreeSet::new();
+        for i in 1..=n {
+            want.insert(format!("only{i}"));
+            want_d.insert(format!("in{i}"));
+            assert_eq!(
+                read_file(&m.p(&format!("only{i}"))),
+                format!("only {i}\n").as_bytes()
+            );
+        }
+        assert_eq!(names(&m.mnt), want.into_iter().collect::<Vec<_>>());
+        assert_eq!(names(&m.p("d")), want_d.into_iter().collect::<Vec<_>>());
+        assert_eq!(read_file(&m.p("tree/sub/leaf")), b"leaf");
+        let a = fs::metadata(m.p("data")).unwrap().ino();
+        let b = fs::metadata(m.p("d")).unwrap().ino();
+        assert_ne!(a, b);
+        assert_eq!(a, fs::metadata(m.p("data")).unwrap().ino(), "stable");
+    });
+}
+
+#[test]
+fn changes_copy_up_and_keep_the_inode_number() {
+    each_union(lower_tree, |m| {
+        let low = m.lowers.last().unwrap();
+        let ino = fs::metadata(m.p("data")).unwrap().ino();
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(m.p("data"))
+            .unwrap();
+        use std::io::Write;
+        f.write_all(b"more\n").unwrap();
+        drop(f);
+        assert_eq!(read_file(&m.p("data")), b"lower data\nmore\n");
+        assert_eq!(
+            read_file(&low.join("data")),
+            b"lower data\n",
+            "lower untouched"
+        );
+        assert_eq!(read_file(&m.src.join("data")), b"lower data\nmore\n");
+        assert_eq!(fs::metadata(m.p("data")).unwrap().ino(), ino, "same inode");
+
+        // A file deep in a lower tree: its parents are made in the upper
+        // branch with the lower ones' modes.
+        fs::set_permissions(low.join("tree/sub"), fs::Permissions::from_mode(0o750)).unwrap();
+        fs::set_permissions(m.p("tree/sub/leaf"), fs::Permissions::from_mode(0o600)).unwrap();
+        let up = fs::metadata(m.src.join("tree/sub/leaf")).unwrap();
+        assert_eq!(up.mode() & 0o7777, 0o600);
+        assert_eq!(read_file(&m.src.join("tree/sub/leaf")), b"leaf");
+        let sub = fs::metadata(m.src.join("tree/sub")).unwrap();
+        assert_eq!(sub.mode() & 0o7777, 0o750);
+        assert_eq!(
+            fs::metadata(low.join("tree/sub/leaf")).unwrap().mode() & 0o7777,
+            0o644
+        );
+
+        // O_TRUNC of a lower file.
+        fs::write(m.p("tree/top"), b"new").unwrap();
+        assert_eq!(read_file(&m.p("tree/top")), b"new");
+        assert_eq!(read_file(&low.join("tree/top")), b"top");
+
+        // xattrs.
+        set_xattr(&m.p("only1"), "user.k", b"v", 0).unwrap();
+        assert_eq!(get_xattr(&m.p("only1"), "user.k").unwrap(), b"v");
+        assert!(get_xattr(&m.lowers[0].join("only1"), "user.k").is_err());
+    });
+}
+
+#[test]
+fn unlink_whites_out_a_lower_name() {
+    each_union(lower_tree, |m| {
+        fs::remove_file(m.p("shared")).unwrap();
+        assert_eq!(e(fs::metadata(m.p("shared"))).unwrap_err(), libc::ENOENT);
+        assert!(!names(&m.mnt).contains(&"shared".to_string()));
+        assert!(is_whiteout(&m.src.join("shared")));
+        for l in &m.lowers {
+            assert!(l.join("shared").exists(), "lower branches untouched");
+        }
+        write_file(&m.p("shared"), b"again");
+        assert_eq!(read_file(&m.p("shared")), b"again");
+        fs::remove_file(m.p("shared")).unwrap();
+        assert!(!m.p("shared").exists());
+        assert!(is_whiteout(&m.src.join("shared")));
+    });
+}
+
+#[test]
+fn rmdir_sees_the_merged_listing_and_a_new_directory_is_opaque() {
+    each_union(lower_tree, |m| {
+        assert_eq!(e(fs::remove_dir(m.p("tree"))).unwrap_err(), libc::ENOTEMPTY);
+        fs::remove_dir_all(m.p("tree")).unwrap();
+        assert!(!m.p("tree").exists());
+        fs::create_dir(m.p("tree")).unwrap();
+        assert!(names(&m.p("tree")).is_empty(), "lower entries stay hidden");
+        assert_eq!(
+            get_xattr(&m.src.join("tree"), "trusted.overlay.opaque").unwrap(),
+            b"y"
+        );
+        write_file(&m.p("tree/x"), b"1");
+        assert_eq!(names(&m.p("tree")), vec!["x"]);
+        fs::remove_file(m.p("tree/x")).unwrap();
+        fs::remove_dir(m.p("tree")).unwrap();
+        assert!(!m.p("tree").exists());
+    });
+}
+
+#[test]
+fn renames_of_lower_files_never_fail_with_exdev() {
+    each_union(lower_tree, |m| {
+        let ino = fs::metadata(m.p("data")).unwrap().ino();
+        fs::rename(m.p("data"), m.p("renamed")).unwrap();
+        assert!(!m.p("data").exists());
+        assert_eq!(read_file(&m.p("renamed")), b"lower data\n");
+        assert_eq!(fs::metadata(m.p("renamed")).unwrap().ino(), ino);
+        // Over a lower file, into a lower directory.
+        fs::rename(m.p("renamed"), m.p("shared")).unwrap();
+        assert_eq!(read_file(&m.p("shared")), b"lower data\n");
+        fs::rename(m.p("shared"), m.p("tree/sub/moved")).unwrap();
+        assert_eq!(read_file(&m.p("tree/sub/moved")), b"lower data\n");
+        assert!(!m.p("shared").exists());
+        let mut want = vec!["leaf".to_string(), "moved".to_string()];
+        want.sort();
+        assert_eq!(names(&m.p("tree/sub")), want);
+    });
+}
+
+#[test]
+fn symlinks_and_links_to_lower_files() {
+    each_union(
+        |b| {
+            lower_tree(b);
+            std::os::unix::fs::symlink("data", bottom(b).join("ln")).unwrap();
+        },
+        |m| {
+            assert_eq!(read_file(&m.p("ln")), b"lower data\n");
+            std::os::unix::fs::symlink("tree/top", m.p("up-ln")).unwrap();
+            assert_eq!(read_file(&m.p("up-ln")), b"top");
+            fs::hard_link(m.p("data"), m.p("data2")).unwrap();
+            let a = fs::metadata(m.p("data")).unwrap();
+            let b = fs::metadata(m.p("data2")).unwrap();
+            assert_eq!(a.ino(), b.ino());
+            assert_eq!(a.nlink(), 2);
+            assert_eq!(read_file(&m.p("data2")), b"lower data\n");
+        },
+    );
+}
+
+/// Reads `dir` with readdir(3), stopping after `first` entries and taking
+/// the telldir cookie there; then reopens and seekdirs to it.
+fn read_resumed(dir: &Path, first: usize) -> (Vec<String>, Vec<String>) {
+    let c = cstr(dir);
+    // SAFETY: libc directory streams on a path we own, closed below.
+    unsafe {
+        let d = libc::opendir(c.as_ptr());
+        assert!(!d.is_null());
+        let mut head = Vec::new();
+        while head.len() < first {
+            let e = libc::readdir(d);
+            assert!(!e.is_null());
+            head.push(
+                std::ffi::CStr::from_ptr((*e).d_name.as_ptr())
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+        let cookie = libc::telldir(d);
+        libc::closedir(d);
+        let d = libc::opendir(c.as_ptr());
+        libc::seekdir(d, cookie);
+        let mut tail = Vec::new();
+        loop {
+            let e = libc::readdir(d);
+            if e.is_null() {
+                break;
+            }
+            tail.push(
+                std::ffi::CStr::from_ptr((*e).d_name.as_ptr())
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+        libc::closedir(d);
+        (head, tail)
+    }
+}
+
+#[test]
+fn directory_offsets_survive_a_reopen() {
+    each_union(
+        |b| {
+            for (i, br) in b.iter().enumerate() {
+                fs::create_dir(br.join("big")).unwrap();
+                for j in 0..200 {
+                    write_file(&br.join(format!("big/f{i}-{j}")), b"");
+                    write_file(&br.join(format!("big/common{j}")), b"");
+                }
+            }
+        },
+        |m| {
+            let n = m.lowers.len() + 1;
+            let (head, tail) = read_resumed(&m.p("big"), 150);
+            let mut all: Vec<String> = head.into_iter().chain(tail).collect();
+            let total = all.len();
+            all.sort();
+            all.dedup();
+            assert_eq!(all.len(), total, "no entry twice");
+            assert_eq!(total, 2 + 200 * n + 200, "none missing");
+        },
+    );
+}
+
+fn chronofs(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(bin()).args(args).output().unwrap()
+}
+
+#[test]
+fn bad_branch_lists_are_refused_with_one_line() {
+    let dir = tempdir();
+    let (a, b, mnt) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("m"),
+    );
+    for d in [&a, &b, &mnt] {
+        fs::create_dir(d).unwrap();
+    }
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    for (arg, says) in [
+        (format!("{}=rw:{}=rx", s(&a), s(&b)), "unknown mode"),
+        (format!("{}:{}/missing", s(&a), s(&b)), "missing"),
+        (format!("{}::{}", s(&a), s(&b)), "empty"),
+        (format!("{}:{}/f", s(&a), s(&a)), "f"),
+    ] {
+        if says == "f" {
+            write_file(&a.join("f"), b"");
+        }
+        let out = chronofs(&["mount".as_ref(), arg.as_ref(), mnt.as_os_str()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{arg} was accepted");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{arg}: {err}");
+        assert!(!is_mounted(&mnt));
+    }
+}
+
+#[test]
+fn a_union_of_read_only_branches_refuses_changes_with_erofs() {
+    let dir = tempdir();
+    let (a, b, mnt) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("m"),
+    );
+    for d in [&a, &b, &mnt] {
+        fs::create_dir(d).unwrap();
+    }
+    write_file(&b.join("f"), b"b");
+    let arg = format!("{}=ro:{}=ro", a.display(), b.display());
+    let out = chronofs(&[
+        "mount".as_ref(),
+        arg.as_ref(),
+        mnt.as_os_str(),
+        "-o".as_ref(),
+        "plain".as_ref(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = std::panic::catch_unwind(|| {
+        assert_eq!(read_file(&mnt.join("f")), b"b");
+        assert_eq!(e(fs::write(mnt.join("new"), b"")).unwrap_err(), libc::EROFS);
+        assert_eq!(
+            e(fs::OpenOptions::new().append(true).open(mnt.join("f"))).unwrap_err(),
+            libc::EROFS
+        );
+        assert_eq!(e(fs::remove_file(mnt.join("f"))).unwrap_err(), libc::EROFS);
+    });
+    let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
+}
+
+#[test]
+fn history_records_what_the_user_sees_and_copy_up_is_not_a_change() {
+    let m = Mount::union("", 2, lower_tree);
+    m.wait_history_ready();
+    let cli = |args: &[&str]| {
+        let out = Command::new(bin()).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let path = m.p("data");
+    let p = path.to_str().unwrap();
+    // Reading through the mount changes nothing.
+    assert_eq!(read_file(&path), b"lower data\n");
+    let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
+    use std::io::Write;
+    f.write_all(b"more\n").unwrap();
+    drop(f);
+    let log: serde_json::Value = serde_json::from_slice(&cli(&["log", p, "--json"])).unwrap();
+    let versions = log["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "the lower state, then the change: {log}");
+    assert_eq!(cli(&["cat", p, "--version", "1"]), b"lower data\n");
+    assert_eq!(cli(&["cat", p, "--version", "2"]), b"lower data\nmore\n");
+}
