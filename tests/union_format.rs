@@ -28,12 +28,18 @@ struct Overlay {
 
 impl Overlay {
     fn mount(base: &Path) -> Overlay {
-        let (l, u, w, m) = dirs(base);
+        Overlay::mount_over(base, &[&dirs(base).0])
+    }
+
+    /// A mount of `base`'s upper directory over `lowers` (top first).
+    fn mount_over(base: &Path, lowers: &[&Path]) -> Overlay {
+        let (_, u, w, m) = dirs(base);
         fs::create_dir_all(&w).unwrap();
         fs::create_dir_all(&m).unwrap();
+        let lowers: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
         let opts = format!(
             "lowerdir={},upperdir={},workdir={},redirect_dir=on",
-            l.display(),
+            lowers.join(":"),
             u.display(),
             w.display()
         );
@@ -139,12 +145,24 @@ fn overlayfs_reads_chronofs_markers() {
     write(&l.join("opq/old"), "hidden by opaque");
     write(&l.join("src/inner"), "followed through redirect");
     write(&u.join("opq/new"), "upper new");
+    write(&l.join("file_both"), "lower copy");
+    write(&u.join("file_both"), "upper copy");
+    write(&l.join("dir_both/low"), "lower entry");
+    fs::create_dir_all(u.join("dir_both")).unwrap();
+    let dir_both = open(&u.join("dir_both"));
+    format::make_whiteout(dir_both.as_fd(), &cname("low")).unwrap();
     fs::create_dir_all(u.join("moved")).unwrap();
     let upper = open(&u);
     format::make_whiteout(upper.as_fd(), &cname("gone")).unwrap();
     format::make_whiteout(upper.as_fd(), &cname("src")).unwrap();
     format::set_opaque(open(&u.join("opq")).as_fd(), NS).unwrap();
     format::set_redirect(open(&u.join("moved")).as_fd(), NS, b"/src").unwrap();
+    format::replace_with_whiteout(upper.as_fd(), &cname("file_both")).unwrap();
+    format::replace_with_whiteout(upper.as_fd(), &cname("dir_both")).unwrap();
+    assert_eq!(
+        ls(&u),
+        set(&["dir_both", "file_both", "gone", "moved", "opq", "src"])
+    );
 
     let ov = Overlay::mount(base.path());
     let m = ov.mnt.clone();
@@ -236,4 +254,28 @@ fn chronofs_reads_overlayfs_markers() {
     );
     assert_eq!(merged_names(&[&u.join("same2"), &l.join("same")]), seen[4]);
     assert_eq!(seen[3], set(&["child"]));
+}
+
+/// The xattr form of a whiteout (a lower layer built by a tool that cannot
+/// make device nodes): the kernel hides the name, and so does `merge`.
+#[test]
+fn xattr_whiteouts_hide_like_the_kernel() {
+    if !can_run() {
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let (l1, l2) = (base.path().join("l1"), base.path().join("l2"));
+    write(&l2.join("d/f"), "hidden");
+    write(&l2.join("d/k"), "kept");
+    write(&l1.join("d/f"), "");
+    write(&l1.join("d/notwh"), "");
+    fs::create_dir_all(dirs(base.path()).1).unwrap();
+    let f = open(&l1.join("d/f"));
+    sys::setxattr_fd(f.as_fd(), NS.whiteout(), b"", 0).unwrap();
+    sys::setxattr_fd(open(&l1.join("d")).as_fd(), NS.opaque(), b"x", 0).unwrap();
+
+    let ov = Overlay::mount_over(base.path(), &[&l1, &l2]);
+    let seen = ls(&ov.mnt.join("d"));
+    assert_eq!(seen, set(&["k", "notwh"]));
+    assert_eq!(merged_names(&[&l1.join("d"), &l2.join("d")]), seen);
 }
