@@ -155,6 +155,8 @@ pub fn set_redirect(dir_fd: BorrowedFd<'_>, ns: XattrNs, abs_path: &[u8]) -> io:
 /// An xattr's value; `None` where it is absent or the file system has no
 /// xattrs at all (then no layer below can be hidden by it either).
 fn read_xattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<Vec<u8>>> {
+    // Doubling up to the kernel's XATTR_SIZE_MAX needs no size query, which
+    // could itself race with a change.
     let mut buf = vec![0u8; 256];
     loop {
         match sys::getxattr_fd(fd, name, &mut buf) {
@@ -162,9 +164,8 @@ fn read_xattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<Vec<u8>>> {
                 buf.truncate(n);
                 return Ok(Some(buf));
             }
-            Err(e) if is_errno(&e, libc::ERANGE) => {
-                let need = sys::getxattr_fd(fd, name, &mut [])?;
-                buf.resize(need.max(buf.len() * 2), 0);
+            Err(e) if is_errno(&e, libc::ERANGE) && buf.len() < XATTR_SIZE_MAX => {
+                buf.resize(buf.len() * 2, 0);
             }
             Err(e) if is_errno(&e, libc::ENODATA) || is_errno(&e, libc::EOPNOTSUPP) => {
                 return Ok(None)
@@ -173,6 +174,8 @@ fn read_xattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<Vec<u8>>> {
         }
     }
 }
+
+const XATTR_SIZE_MAX: usize = 65536;
 
 fn is_errno(e: &io::Error, errno: i32) -> bool {
     e.raw_os_error() == Some(errno)
@@ -249,15 +252,28 @@ fn temp_name() -> CString {
 /// Puts a whiteout at directory `name` in one step and returns the
 /// temporary name the directory now has.
 fn swap_dir_for_whiteout(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<CString> {
+    match swap_by_rename_whiteout(dirfd, name) {
+        Err(e) if is_errno(&e, libc::EINVAL) || is_errno(&e, libc::EOPNOTSUPP) => {
+            swap_by_exchange(dirfd, name)
+        }
+        r => r,
+    }
+}
+
+/// RENAME_WHITEOUT: the kernel leaves the whiteout behind in the same step.
+fn swap_by_rename_whiteout(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<CString> {
     loop {
         let tmp = temp_name();
         match sys::renameat2(dirfd, name, dirfd, &tmp, libc::RENAME_WHITEOUT) {
-            Ok(()) => return Ok(tmp),
             Err(e) if is_errno(&e, libc::EEXIST) || is_errno(&e, libc::ENOTEMPTY) => continue,
-            Err(e) if is_errno(&e, libc::EINVAL) || is_errno(&e, libc::EOPNOTSUPP) => break,
-            Err(e) => return Err(e),
+            r => return r.map(|()| tmp),
         }
     }
+}
+
+/// For file systems without RENAME_WHITEOUT: a fresh whiteout trades
+/// places with the directory.
+fn swap_by_exchange(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<CString> {
     let tmp = make_temp_whiteout(dirfd)?;
     sys::renameat2(dirfd, &tmp, dirfd, name, libc::RENAME_EXCHANGE)
         .inspect_err(|_| {
@@ -488,6 +504,24 @@ mod tests {
         let err = replace_with_whiteout(fd.as_fd(), c"d").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOTEMPTY));
         assert_eq!(names_in(&dir.path().join("d")), ["keep"]);
+        assert_eq!(names_in(dir.path()), ["d"]);
+    }
+
+    /// The fallback for file systems without RENAME_WHITEOUT, which this
+    /// one has.
+    #[test]
+    fn exchange_fallback_swaps_in_a_whiteout() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        let fd = open_dir(dir.path());
+        let tmp = swap_by_exchange(fd.as_fd(), c"d").unwrap();
+        assert!(is_whiteout(&sys::fstatat(fd.as_fd(), c"d").unwrap()));
+        let moved = sys::fstatat(fd.as_fd(), &tmp).unwrap();
+        assert_eq!(moved.st_mode & libc::S_IFMT, libc::S_IFDIR);
+        remove_dir_of_whiteouts(fd.as_fd(), &tmp).unwrap();
         assert_eq!(names_in(dir.path()), ["d"]);
     }
 
