@@ -35,7 +35,7 @@ impl DirStream {
 
     fn seek(&mut self, offset: i64) -> Result<()> {
         if let Some((entries, at)) = &mut self.merged {
-            *at = crate::union::merge::seek(entries.iter().map(|d| d.cookie), offset);
+            *at = entries.partition_point(|d| d.cookie < offset);
             return Ok(());
         }
         if offset != self.pos || (offset == 0 && self.pending.is_empty()) {
@@ -141,7 +141,7 @@ impl Vfs {
         let merged = if inode.layers.is_empty() {
             None
         } else {
-            Some((self.merged_listing(caller, &inode, access)?, 0))
+            Some((self.merged_listing(caller, &inode)?, 0))
         };
         let stream = DirStream {
             fd,

@@ -333,15 +333,22 @@ impl Vfs {
             Err(e) if is_absent(&e) => None,
             Err(e) => return Err(e.into()),
         };
-        if let Some(st) = &in_upper {
-            self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
-            if rmdir {
-                self.clear_whiteouts_in(&dir, &cname)?;
+        match (&in_upper, below) {
+            (Some(st), true) => {
+                self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
+                // One step: the name never shows the lower copy meanwhile.
+                // (The kernel has checked the caller may delete it.)
+                format::replace_with_whiteout(dir.fd(), &cname)?;
             }
-            crate::sys::creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
-        }
-        if below {
-            format::make_whiteout(dir.fd(), &cname)?;
+            (Some(st), false) => {
+                self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
+                if rmdir {
+                    self.clear_whiteouts_in(&dir, &cname)?;
+                }
+                crate::sys::creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
+            }
+            (None, true) => format::make_whiteout(dir.fd(), &cname)?,
+            (None, false) => {}
         }
         Ok(in_upper.or(Some(visible)))
     }
@@ -486,79 +493,62 @@ impl Vfs {
 }
 
 impl Vfs {
-    /// A union directory's entries from all its layers, top first: each
-    /// name once, whiteouts hiding names below them and never shown,
-    /// ordered by cookie so offsets survive a reopen.
+    /// A union directory's entries from all its layers (read with the
+    /// caller's identity), merged by `union::merge`: each name once,
+    /// whiteouts hiding names below them and never shown, in cookie order
+    /// so offsets survive a reopen.
     pub(super) fn merged_listing(
         &self,
         caller: &super::Caller,
         dir: &Node,
-        access: i32,
     ) -> Result<Vec<super::dir::Dirent>> {
-        let mut seen = std::collections::HashSet::new();
-        let mut raw = Vec::new();
-        let mut keys = Vec::new();
-        let mut buf = sys::DirBuf::new(64 * 1024);
-        for layer in self.layers_of(dir) {
-            let fd =
-                crate::sys::creds::as_caller(caller, || sys::reopen(layer.fd.as_fd(), access))?;
-            let dev = sys::fstat(fd.as_fd())?.st_dev;
-            loop {
-                let batch = sys::getdents(fd.as_fd(), &mut buf)?;
-                if batch.is_empty() {
-                    break;
-                }
-                for e in batch {
-                    if e.name == b"." || e.name == b".." || !seen.insert(e.name.clone()) {
-                        continue;
-                    }
-                    if matches!(e.dtype, libc::DT_CHR | libc::DT_UNKNOWN) {
-                        let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
-                        if sys::fstatat(fd.as_fd(), &cn).is_ok_and(|st| format::is_whiteout(&st)) {
-                            continue;
-                        }
-                    }
-                    keys.push(crate::store::BackingKey {
-                        branch: layer.branch.0,
-                        dev,
-                        ino: e.ino,
-                    });
-                    raw.push(e);
-                }
-            }
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let layers = self.layers_of(dir);
+        let mut listings = Vec::with_capacity(layers.len());
+        let mut devs = Vec::with_capacity(layers.len());
+        for layer in &layers {
+            let fd = layer.fd.as_fd();
+            listings.push(crate::sys::creds::as_caller(caller, || {
+                merge::read_layer(fd, u.ns)
+            })?);
+            devs.push(sys::fstat(fd)?.st_dev);
         }
-        let numbers = self.inodes.numbers_for(&keys)?;
-        let mut entries: Vec<super::dir::Dirent> = raw
-            .into_iter()
-            .zip(numbers)
-            .map(|(e, ino)| super::dir::Dirent {
-                cookie: merge::cookie_of(&e.name),
-                e,
-                ino: Some(ino),
+        let merged = merge::merge(&listings);
+        let keys: Vec<_> = merged
+            .iter()
+            .filter_map(|m| {
+                let i = m.layer?;
+                Some(crate::store::BackingKey {
+                    branch: layers[i].branch.0,
+                    dev: devs[i],
+                    ino: m.ino,
+                })
             })
             .collect();
-        entries.sort_by(|a, b| (a.cookie, &a.e.name).cmp(&(b.cookie, &b.e.name)));
-        let dot = |name: &[u8], cookie: i64, ino: InodeNo| super::dir::Dirent {
-            e: sys::DirEntry {
-                ino: 0,
-                next_offset: 0,
-                dtype: libc::DT_DIR,
-                name: name.to_vec(),
-            },
-            ino: Some(ino),
-            cookie,
-        };
+        let mut numbers = self.inodes.numbers_for(&keys)?.into_iter();
         let parent = if dir.ino == InodeNo::ROOT {
             InodeNo::ROOT
         } else {
             dir.name().map_or(InodeNo::ROOT, |(p, _)| p)
         };
-        let mut all = vec![dot(b".", 0, dir.ino), dot(b"..", 1, parent)];
-        all.extend(entries);
-        let next: Vec<i64> = all.iter().skip(1).map(|d| d.cookie).collect();
-        for (d, n) in all.iter_mut().zip(next.into_iter().chain([i64::MAX])) {
-            d.e.next_offset = n;
+        let mut out = Vec::with_capacity(merged.len());
+        for m in merged {
+            let ino = match (m.layer, m.pos) {
+                (Some(_), _) => numbers.next().ok_or(VfsError::WrongKind)?,
+                (None, merge::DOT_POS) => dir.ino,
+                (None, _) => parent,
+            };
+            out.push(super::dir::Dirent {
+                e: sys::DirEntry {
+                    ino: m.ino,
+                    next_offset: m.d_off,
+                    dtype: m.dtype,
+                    name: m.name,
+                },
+                ino: Some(ino),
+                cookie: m.pos,
+            });
         }
-        Ok(all)
+        Ok(out)
     }
 }
