@@ -42,7 +42,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -226,7 +226,8 @@ trap 'exit 143' TERM
 
 mode_opts() {
     case $1 in
-    default | samedir) printf '' ;;
+    default | samedir | union) printf '' ;;
+    union-plain) printf 'plain' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
     policy) printf 'policy=%s,clean-interval=5' "$ROOT/tests/pjdfstest-policy.toml" ;;
@@ -447,7 +448,20 @@ for mode in "${MODES[@]}"; do
     mkdir -p "$src" "$mnt"
     chmod 755 "$src" "$mnt"
     rm -f "$out" "$out.res"
-    if ! mount_fs "$mode" "$src" "$mnt" "$log"; then
+    branches=$src
+    # A union: SRC read-write over three pre-filled read-only branches.
+    case $mode in
+    union*)
+        for l in 1 2 3; do
+            mkdir -p "$src.l$l/dir$l/sub" "$src.l$l/shared"
+            printf 'lower %s\n' "$l" >"$src.l$l/file$l"
+            printf 'shared %s\n' "$l" >"$src.l$l/shared/f"
+            : >"$src.l$l/dir$l/sub/leaf"
+        done
+        branches="$src=rw:$src.l1=ro:$src.l2=ro:$src.l3=ro"
+        ;;
+    esac
+    if ! mount_fs "$mode" "$branches" "$mnt" "$log"; then
         unmount_fs "$mnt" "$CUR_PID"
         CUR_MNT=""
         CUR_PID=""

@@ -92,6 +92,12 @@ pub fn is_overlay_xattr(name: &[u8], ns: XattrNs) -> bool {
 }
 
 /// A character device 0/0: overlayfs's whiteout.
+/// Whether mknod(`mode`, `rdev`) would make what a union reads as a
+/// whiteout.
+pub fn is_whiteout_dev(mode: u32, rdev: u32) -> bool {
+    mode & libc::S_IFMT == libc::S_IFCHR && rdev == 0
+}
+
 pub fn is_whiteout(st: &Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == 0
 }

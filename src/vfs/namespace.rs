@@ -138,6 +138,12 @@ impl Vfs {
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
         self.before_dir_change(parent)?;
+        if self.union().is_some() && crate::union::format::is_whiteout_dev(mode, rdev) {
+            // A 0/0 character device is a whiteout in a union's branches
+            // (overlayfs's format): one made here would vanish. overlayfs
+            // refuses it the same way.
+            return Err(errno(libc::EPERM));
+        }
         let dir = self.writable_dir(parent)?;
         let cname = sys::cstr(name)?;
         self.clear_whiteout(&dir, &cname)?;
