@@ -280,6 +280,27 @@ fn element(
     Ok(Element { path, mode })
 }
 
+/// The inverse of `split` for a list with a mode on every element.
+fn join_elements(elements: &[Element]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, el) in elements.iter().enumerate() {
+        if i > 0 {
+            out.push(b':');
+        }
+        for &c in &el.path {
+            if matches!(c, b':' | b'=' | b'\\') {
+                out.push(b'\\');
+            }
+            out.push(c);
+        }
+        if let Some(m) = el.mode {
+            out.push(b'=');
+            out.extend_from_slice(m.to_string().as_bytes());
+        }
+    }
+    out
+}
+
 /// `(dev, ino)` of `p` and every directory above it, `p` first.
 fn ancestry(p: &Path) -> Vec<(u64, u64)> {
     p.ancestors()
@@ -401,6 +422,21 @@ impl UnionSpec {
             }
         }
         Ok(())
+    }
+
+    /// The argument that parses back to these branches (every mode
+    /// written out, so it is never read as a lone literal SRC): for
+    /// messages, fsname and re-exec.
+    pub fn to_arg(&self) -> OsString {
+        let elements: Vec<Element> = self
+            .branches
+            .iter()
+            .map(|b| Element {
+                path: b.path.as_os_str().as_bytes().to_vec(),
+                mode: Some(b.mode),
+            })
+            .collect();
+        OsString::from_vec(join_elements(&elements))
     }
 
     /// Highest precedence first.
@@ -596,6 +632,40 @@ mod tests {
         assert_eq!(split(b"/\xff\xfe").unwrap(), vec![el(b"/\xff\xfe", None)]);
     }
 
+    proptest::proptest! {
+        /// Any paths (any bytes but NUL, never empty) with any modes come
+        /// back from their escaped list unchanged.
+        #[test]
+        fn escaping_round_trips(
+            els in proptest::collection::vec(
+                (
+                    proptest::collection::vec(1u8.., 1..12),
+                    proptest::option::of(proptest::bool::ANY),
+                ),
+                1..6,
+            )
+        ) {
+            let els: Vec<Element> = els
+                .into_iter()
+                .map(|(path, m)| Element {
+                    path,
+                    mode: m.map(|rw| if rw { Mode::Rw } else { Mode::Ro }),
+                })
+                .collect();
+            let arg = join_elements(&els);
+            // A lone element without a mode and without ':' or '=' is the
+            // literal SRC form, where escapes do not apply.
+            let literal = els.len() == 1
+                && els[0].mode.is_none()
+                && !arg.iter().any(|&b| b == b':' || b == b'=');
+            if literal {
+                proptest::prop_assert_eq!(split(&arg).unwrap()[0].path.clone(), arg);
+            } else {
+                proptest::prop_assert_eq!(split(&arg).unwrap(), els);
+            }
+        }
+    }
+
     #[test]
     fn syntax_errors() {
         let msg = |a: &[u8]| split(a).unwrap_err().to_string();
@@ -715,6 +785,7 @@ mod tests {
             ]
         );
         s.validate(&base.join("m")).unwrap();
+        assert_eq!(UnionSpec::parse(&s.to_arg()).unwrap(), s);
         // Single SRC, non-UTF-8, no escapes applied.
         let one = UnionSpec::parse(odd.as_os_str()).unwrap();
         assert_eq!(one.branches()[0].path(), odd);
