@@ -333,12 +333,18 @@ fn a_union_of_read_only_branches_refuses_changes_with_erofs() {
     }
     write_file(&b.join("f"), b"b");
     let arg = format!("{}=ro:{}=ro", a.display(), b.display());
+    let refused = chronofs(&["mount".as_ref(), arg.as_ref(), mnt.as_os_str()]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("-o store="),
+        "no place for the store"
+    );
     let out = chronofs(&[
         "mount".as_ref(),
         arg.as_ref(),
         mnt.as_os_str(),
         "-o".as_ref(),
-        "plain".as_ref(),
+        format!("plain,store={}", dir.path().join("store").display()).as_ref(),
     ]);
     assert!(
         out.status.success(),
@@ -355,6 +361,10 @@ fn a_union_of_read_only_branches_refuses_changes_with_erofs() {
         assert_eq!(e(fs::remove_file(mnt.join("f"))).unwrap_err(), libc::EROFS);
     });
     let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    assert!(
+        !a.join(".chronofs").exists(),
+        "nothing written to a read-only branch"
+    );
     if let Err(p) = r {
         std::panic::resume_unwind(p);
     }

@@ -17,6 +17,7 @@ use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
 use crate::history::{History, HistoryHandle};
 use crate::store::Store;
 use crate::sys;
+use crate::union::spec::UnionSpec;
 use crate::vfs::{Vfs, VfsConfig};
 use std::sync::Arc;
 
@@ -192,7 +193,7 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
     if dead(std::fs::metadata(mnt).map(drop)) || dead(sys::statvfs_flags(mnt).map(drop)) {
         clear_dead_mount(mnt)?;
     }
-    let union = union_branches(src)?;
+    let union = union_branches(src, mnt)?;
     let src = match union.iter().find(|(_, rw)| *rw).or(union.first()) {
         Some((primary, _)) => primary.as_path(),
         None => src,
@@ -226,6 +227,21 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
             mnt.display(),
             src.display()
         );
+    }
+    if !union.is_empty() && !union.iter().any(|(_, rw)| *rw) && opts.store.is_none() {
+        bail!(
+            "every branch is read-only: give the store (inode numbers, history) a place with -o store=DIR"
+        );
+    }
+    if let Some(dir) = &opts.store {
+        let dir = absolute(dir)?;
+        if let Some((b, _)) = union.iter().find(|(b, _)| dir.starts_with(b) && *b != src) {
+            bail!(
+                "store {} is inside branch {}: chronofs writes only to the read-write branch it keeps the store in",
+                dir.display(),
+                b.display()
+            );
+        }
     }
     let (store, reserved) = match &opts.store {
         None => (
@@ -263,41 +279,22 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
     })
 }
 
-/// `BR1[=rw|=ro]:BR2[=ro]:...` as branches, top first (the first is
-/// read-write unless it says otherwise, the others read-only); an
-/// argument without `:` is one SRC (empty result).
-fn union_branches(arg: &Path) -> Result<Vec<(PathBuf, bool)>> {
+/// `BR1[=rw|=ro]:BR2[=ro]:...` as branches, top first, checked against
+/// each other and the mount point (`union::spec`); an argument with no
+/// `:` or `=` is one SRC (empty result), as it always was.
+fn union_branches(arg: &Path, mnt: &Path) -> Result<Vec<(PathBuf, bool)>> {
     use std::os::unix::ffi::OsStrExt;
     let bytes = arg.as_os_str().as_bytes();
-    if !bytes.contains(&b':') {
+    if !bytes.iter().any(|b| matches!(b, b':' | b'=')) {
         return Ok(Vec::new());
     }
-    let mut out = Vec::new();
-    for (i, part) in bytes.split(|b| *b == b':').enumerate() {
-        let (path, rw) = match part.iter().rposition(|b| *b == b'=') {
-            Some(at) => match &part[at + 1..] {
-                b"rw" => (&part[..at], true),
-                b"ro" => (&part[..at], false),
-                other => bail!(
-                    "branch {}: unknown mode {:?} (use =rw or =ro)",
-                    String::from_utf8_lossy(&part[..at]),
-                    String::from_utf8_lossy(other)
-                ),
-            },
-            None => (part, i == 0),
-        };
-        if path.is_empty() {
-            bail!("branch {}: empty path in {}", i + 1, arg.display());
-        }
-        let path = Path::new(std::ffi::OsStr::from_bytes(path));
-        let canon =
-            std::fs::canonicalize(path).with_context(|| format!("branch {}", path.display()))?;
-        if !canon.is_dir() {
-            bail!("branch {} is not a directory", path.display());
-        }
-        out.push((canon, rw));
-    }
-    Ok(out)
+    let spec = UnionSpec::parse(arg.as_os_str())?;
+    spec.validate(mnt)?;
+    Ok(spec
+        .branches()
+        .iter()
+        .map(|b| (b.path().to_path_buf(), b.mode().is_writable()))
+        .collect())
 }
 
 /// `p` made absolute with symlinks and `..` resolved, as far as it exists
