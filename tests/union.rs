@@ -397,3 +397,35 @@ fn history_records_what_the_user_sees_and_copy_up_is_not_a_change() {
     assert_eq!(cli(&["cat", p, "--version", "1"]), b"lower data\n");
     assert_eq!(cli(&["cat", p, "--version", "2"]), b"lower data\nmore\n");
 }
+
+#[test]
+fn renames_of_populated_lower_directories_move_nothing_below() {
+    each_union(lower_tree, |m| {
+        let ino = fs::metadata(m.p("tree")).unwrap().ino();
+        fs::rename(m.p("tree"), m.p("moved")).unwrap();
+        assert!(!m.p("tree").exists());
+        assert_eq!(names(&m.p("moved")), vec!["sub", "top"]);
+        assert_eq!(read_file(&m.p("moved/sub/leaf")), b"leaf");
+        assert_eq!(fs::metadata(m.p("moved")).unwrap().ino(), ino);
+        // Nothing below was copied: the upper copy is an empty directory
+        // that says where its lower copies are.
+        assert!(names(&m.src.join("moved")).is_empty());
+        assert_eq!(
+            get_xattr(&m.src.join("moved"), "trusted.overlay.redirect").unwrap(),
+            b"/tree"
+        );
+        // Moved again, deeper, and changed there.
+        fs::create_dir(m.p("a")).unwrap();
+        fs::rename(m.p("moved/sub"), m.p("a/sub2")).unwrap();
+        write_file(&m.p("a/sub2/new"), b"n");
+        assert_eq!(names(&m.p("a/sub2")), vec!["leaf", "new"]);
+        assert_eq!(names(&m.p("moved")), vec!["top"]);
+        // A directory of the lower branch at the new name does not merge in.
+        fs::rename(m.p("a/sub2"), m.p("d")).unwrap_err();
+        // And the lower branch is as it was.
+        assert_eq!(
+            read_file(&m.lowers.last().unwrap().join("tree/sub/leaf")),
+            b"leaf"
+        );
+    });
+}

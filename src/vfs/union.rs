@@ -129,13 +129,23 @@ impl Vfs {
             let opaque_below = |fd: BorrowedFd<'_>| format::is_opaque(fd, u.ns).unwrap_or(false);
             match &mut found {
                 None => {
-                    let stop = !is_dir(&st) || {
+                    let mut stop = !is_dir(&st);
+                    let mut lowers = Vec::new();
+                    if !stop {
                         let fd = sys::open_path(layer.fd.as_fd(), name)?;
-                        opaque_below(fd.as_fd())
-                    };
+                        stop = opaque_below(fd.as_fd());
+                        if !stop {
+                            if let Some(origin) = format::redirect(fd.as_fd(), u.ns)? {
+                                // A directory renamed in the union: its lower
+                                // copies are where it came from.
+                                lowers = self.redirected_lowers(layer.branch, dir, &origin)?;
+                                stop = true;
+                            }
+                        }
+                    }
                     found = Some(Found {
                         top: (layer.branch, layer.fd.clone(), st),
-                        lowers: Vec::new(),
+                        lowers,
                     });
                     if stop {
                         break;
@@ -158,6 +168,95 @@ impl Vfs {
             }
         }
         Ok(found)
+    }
+
+    /// The lower copies of a directory whose redirect says it came from
+    /// `origin` (an absolute path in the lower branches, or a name in the
+    /// same parent, as overlayfs writes them), below branch `above`.
+    fn redirected_lowers(
+        &self,
+        above: BranchId,
+        parent: &Node,
+        origin: &[u8],
+    ) -> Result<Vec<Layer>> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let mut out = Vec::new();
+        let starts: Vec<(BranchId, Arc<OwnedFd>, &[u8])> = match origin.strip_prefix(b"/") {
+            Some(abs) => u
+                .roots
+                .iter()
+                .enumerate()
+                .map(|(i, (fd, _))| (BranchId(i as u32), fd.clone(), abs))
+                .collect(),
+            None => self
+                .layers_of(parent)
+                .into_iter()
+                .map(|l| (l.branch, l.fd, origin))
+                .collect(),
+        };
+        for (branch, start, rel) in starts {
+            if branch.0 <= above.0 {
+                continue;
+            }
+            let crel = sys::cstr(OsStr::from_bytes(rel))?;
+            let fd = match sys::openat(
+                start.as_fd(),
+                &crel,
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                0,
+            ) {
+                Ok(fd) => fd,
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let opaque = format::is_opaque(fd.as_fd(), u.ns).unwrap_or(false);
+            out.push(Layer {
+                branch,
+                fd: Arc::new(fd),
+            });
+            if opaque {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Before a directory with lower copies moves: its upper copy made,
+    /// and marked with where the lower copies are (overlayfs's
+    /// `redirect_dir`), so nothing below it is copied.
+    fn prepare_dir_move(&self, moved: InodeNo) -> Result<()> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let node = self.inodes.node(moved)?;
+        if node.layers.is_empty() && u.writable(BranchId(node.key.branch)) {
+            return Ok(());
+        }
+        let origin = self.origin_of(&node)?;
+        let upper = self.writable_dir(moved)?;
+        if format::redirect(upper.fd(), u.ns)?.is_none() {
+            format::set_redirect(upper.fd(), u.ns, &origin)?;
+        }
+        Ok(())
+    }
+
+    /// Where a directory's topmost lower copy is, as a path from its
+    /// branch's root (it may itself have moved before: the path the
+    /// kernel reached it by is not enough).
+    fn origin_of(&self, node: &Node) -> Result<Vec<u8>> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let lower = self
+            .layers_of(node)
+            .into_iter()
+            .find(|l| !u.writable(l.branch))
+            .ok_or(errno(libc::EXDEV))?;
+        let root = &u.roots[lower.branch.0 as usize].0;
+        let at = |fd: BorrowedFd<'_>| {
+            std::fs::read_link(sys::proc_fd_path(fd).to_str().unwrap_or_default())
+        };
+        let (dir, root) = (at(lower.fd.as_fd())?, at(root.as_fd())?);
+        let rel = dir.strip_prefix(&root).map_err(|_| errno(libc::EXDEV))?;
+        let mut path = b"/".to_vec();
+        path.extend_from_slice(rel.as_os_str().as_bytes());
+        Ok(path)
     }
 
     /// Lookup in a union directory.
@@ -441,11 +540,10 @@ impl Vfs {
         let upper = u.upper.ok_or(errno(libc::EROFS))?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let source = self.inodes.node(moved)?;
-        if source.is_dir() && (source.key.branch != upper.0 || !source.layers.is_empty()) {
-            // A directory with lower copies moves by a redirect
-            // (overlayfs's redirect_dir), which is not built yet.
-            return Err(errno(libc::EXDEV));
+        if source.is_dir() {
+            self.prepare_dir_move(moved)?;
         }
+        let source = self.inodes.node(moved)?;
         let old = sys::cstr(name)?;
         let new = sys::cstr(newname)?;
         let olddir = self.writable_dir(parent)?;
@@ -482,7 +580,11 @@ impl Vfs {
                 t.set_name(parent, name.as_encoded_bytes());
             }
         }
-        if source.is_dir() && (cleared || target_below) {
+        let redirected = source.is_dir() && format::redirect(newdir.fd(), u.ns).is_ok() && {
+            let moved_fd = sys::open_path(newdir.fd(), &new);
+            moved_fd.is_ok_and(|fd| format::redirect(fd.as_fd(), u.ns).is_ok_and(|r| r.is_some()))
+        };
+        if source.is_dir() && !redirected && (cleared || target_below) {
             self.make_opaque(&newdir, &new)?;
         }
         if below_old && !exchange {
