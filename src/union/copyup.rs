@@ -629,3 +629,465 @@ fn write_all(dst: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::{Path, PathBuf};
+
+    const KEEP: Owner = Owner::Keep;
+
+    fn c(p: &Path) -> CString {
+        CString::new(p.as_os_str().as_bytes()).unwrap()
+    }
+
+    fn dirfd(p: &Path) -> OwnedFd {
+        open_dir(sys::CWD, &c(p)).unwrap()
+    }
+
+    fn stat(p: &Path) -> Stat {
+        sys::fstatat(sys::CWD, &c(p)).unwrap()
+    }
+
+    fn is_root() -> bool {
+        sys::geteuid() == 0
+    }
+
+    fn names(p: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A lower and an upper directory, with O_PATH descriptors.
+    struct Pair {
+        _tmp: tempfile::TempDir,
+        l: PathBuf,
+        u: PathBuf,
+        lfd: OwnedFd,
+        ufd: OwnedFd,
+    }
+
+    fn pair_in(base: &Path) -> Pair {
+        let tmp = tempfile::tempdir_in(base).unwrap();
+        let (l, u) = (tmp.path().join("lower"), tmp.path().join("upper"));
+        std::fs::create_dir(&l).unwrap();
+        std::fs::create_dir(&u).unwrap();
+        let (lfd, ufd) = (dirfd(&l), dirfd(&u));
+        Pair {
+            _tmp: tmp,
+            l,
+            u,
+            lfd,
+            ufd,
+        }
+    }
+
+    fn pair() -> Pair {
+        pair_in(&std::env::temp_dir())
+    }
+
+    /// Times with nanoseconds, atime after mtime and recent, so relatime
+    /// leaves the lower atime alone while it is read.
+    fn set_odd_times(p: &Path, salt: i64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64;
+        let atime = now - 1_000_000_000_000 + 123_456_789 + salt;
+        let mtime = 1_500_000_000_000_000_000 + 987_654_321 + salt;
+        sys::set_times(p, atime, mtime).unwrap();
+    }
+
+    fn assert_same_meta(lower: &Stat, upper: &Stat) {
+        assert_eq!(upper.st_mode, lower.st_mode, "mode");
+        assert_eq!((upper.st_uid, upper.st_gid), (lower.st_uid, lower.st_gid));
+        assert_eq!(upper.st_rdev, lower.st_rdev, "rdev");
+        assert_eq!(upper.st_size, lower.st_size, "size");
+        assert_eq!(
+            (upper.st_atime, upper.st_atime_nsec),
+            (lower.st_atime, lower.st_atime_nsec),
+            "atime"
+        );
+        assert_eq!(
+            (upper.st_mtime, upper.st_mtime_nsec),
+            (lower.st_mtime, lower.st_mtime_nsec),
+            "mtime"
+        );
+    }
+
+    fn errno_of<T>(r: Result<T>) -> i32 {
+        match r {
+            Ok(_) => 0,
+            Err(e) => e.errno(),
+        }
+    }
+
+    #[test]
+    fn owner_option_parses_and_prints() {
+        for s in ["keep", "caller", "fixed:1000:100:4755", "fixed:0:0:0"] {
+            let o = OwnerOption::parse(s).unwrap();
+            assert_eq!(o.to_string(), s);
+        }
+        assert_eq!(
+            OwnerOption::parse("fixed:1:2:0644"),
+            Ok(OwnerOption::Fixed {
+                uid: 1,
+                gid: 2,
+                mode: 0o644
+            })
+        );
+        for bad in [
+            "",
+            "Keep",
+            "fixed",
+            "fixed:1:2",
+            "fixed:1:2:644:9",
+            "fixed:a:2:644",
+            "fixed:1:-2:644",
+            "fixed:4294967295:0:644",
+            "fixed:1:2:999",
+            "fixed:1:2:17777",
+            "fixed:1:2:",
+        ] {
+            let e = OwnerOption::parse(bad).unwrap_err();
+            assert!(e.starts_with("copyup-owner: ") && !e.contains('\n'), "{e}");
+        }
+        assert_eq!(
+            OwnerOption::Caller.resolve(5, 6),
+            Owner::Caller { uid: 5, gid: 6 }
+        );
+        assert_eq!(OwnerOption::Keep.resolve(5, 6), Owner::Keep);
+    }
+
+    #[test]
+    fn temp_names_are_recognised() {
+        let n = temp_name();
+        assert!(is_copyup_temp(n.as_bytes()), "{n:?}");
+        assert_ne!(temp_name(), n);
+        for other in [
+            &b".chronofs-copyup."[..],
+            b".chronofs-copyup.0123456789abcdeg",
+            b".chronofs-copyup.0123456789abcdef0",
+            b"chronofs-copyup.0123456789abcdef",
+            b"file",
+        ] {
+            assert!(!is_copyup_temp(other));
+        }
+    }
+
+    /// Every non-directory kind, under Keep: same type, content or target,
+    /// device number, owner, mode (set-user-ID too) and nanosecond times.
+    #[test]
+    fn every_kind_is_copied_with_its_metadata() {
+        let p = pair();
+        let root = is_root();
+        std::fs::write(p.l.join("reg"), b"hello, lower").unwrap();
+        std::os::unix::fs::symlink("../some/target", p.l.join("lnk")).unwrap();
+        let mut made = vec!["reg", "lnk"];
+        let mut nodes = vec![("fifo", libc::S_IFIFO, 0), ("sock", libc::S_IFSOCK, 0)];
+        if root {
+            nodes.push(("chr", libc::S_IFCHR, libc::makedev(1, 3)));
+            nodes.push(("blk", libc::S_IFBLK, libc::makedev(7, 200)));
+        }
+        for (n, kind, rdev) in &nodes {
+            sys::mknodat(p.lfd.as_fd(), &c(Path::new(n)), kind | 0o640, *rdev).unwrap();
+            made.push(n);
+        }
+        if root {
+            sys::chmod_fd(
+                sys::open_path(p.lfd.as_fd(), c"reg").unwrap().as_fd(),
+                0o4755,
+            )
+            .unwrap();
+            for (i, n) in made.iter().enumerate() {
+                let fd = sys::open_path(p.lfd.as_fd(), &c(Path::new(n))).unwrap();
+                sys::chown_fd(fd.as_fd(), 1000 + i as u32, 2000 + i as u32).unwrap();
+            }
+        }
+        for (i, n) in made.iter().enumerate() {
+            set_odd_times(&p.l.join(n), i as i64);
+        }
+        for n in &made {
+            let before = stat(&p.l.join(n));
+            let fd = copy_up_file(p.lfd.as_fd(), &c(Path::new(n)), p.ufd.as_fd(), &KEEP).unwrap();
+            let up = stat(&p.u.join(n));
+            assert_same_meta(&before, &up);
+            assert_eq!(sys::fstat(fd.as_fd()).unwrap().st_ino, up.st_ino, "{n}");
+        }
+        assert_eq!(std::fs::read(p.u.join("reg")).unwrap(), b"hello, lower");
+        let target = std::fs::read_link(p.u.join("lnk")).unwrap();
+        assert_eq!(target, Path::new("../some/target"));
+        let mut want: Vec<String> = made.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(names(&p.u), want, "no temporary left behind");
+        assert_eq!(names(&p.l).len(), made.len(), "lower unchanged");
+    }
+
+    #[test]
+    fn xattrs_are_copied_but_not_overlays() {
+        let p = pair();
+        std::fs::write(p.l.join("f"), b"x").unwrap();
+        let lf = sys::open_path(p.lfd.as_fd(), c"f").unwrap();
+        let mut set = vec![("user.a", &b"one"[..]), ("user.overlay.origin", b"o")];
+        if is_root() {
+            set.push(("trusted.t", b"two"));
+            set.push(("trusted.overlay.opaque", b"y"));
+            set.push(("security.chronofs", b"three"));
+        }
+        for (n, v) in &set {
+            if let Err(e) = sys::setxattr_fd(lf.as_fd(), &c(Path::new(n)), v, 0) {
+                eprintln!("skipped: {n} not supported here ({e})");
+                return;
+            }
+        }
+        let fd = copy_up_file(p.lfd.as_fd(), c"f", p.ufd.as_fd(), &KEEP).unwrap();
+        let got = sys::xattrs_of(fd.as_fd()).unwrap();
+        let mut want: Vec<(Vec<u8>, Vec<u8>)> = set
+            .iter()
+            .filter(|(n, _)| !n.contains(".overlay."))
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec()))
+            .collect();
+        want.sort();
+        let got: Vec<_> = got
+            .into_iter()
+            .filter(|(n, _)| n != b"security.selinux")
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// chown drops set-user-ID and security.capability: both survive.
+    #[test]
+    fn privileges_survive_the_chown() {
+        if !is_root() {
+            eprintln!("skipped: needs root to chown and set capabilities");
+            return;
+        }
+        let p = pair();
+        std::fs::write(p.l.join("f"), b"#!/bin/true\n").unwrap();
+        let lf = sys::open_path(p.lfd.as_fd(), c"f").unwrap();
+        // vfs_cap_data revision 2, CAP_NET_RAW permitted + effective.
+        let caps: Vec<u8> = [0x0200_0001u32, 1 << 13, 0, 0, 0]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        sys::chown_fd(lf.as_fd(), 1234, 5678).unwrap();
+        sys::setxattr_fd(lf.as_fd(), c"security.capability", &caps, 0).unwrap();
+        sys::chmod_fd(lf.as_fd(), 0o6755).unwrap();
+        let fd = copy_up_file(p.lfd.as_fd(), c"f", p.ufd.as_fd(), &KEEP).unwrap();
+        let st = sys::fstat(fd.as_fd()).unwrap();
+        assert_eq!(st.st_mode & 0o7777, 0o6755);
+        assert_eq!((st.st_uid, st.st_gid), (1234, 5678));
+        let xattrs = sys::xattrs_of(fd.as_fd()).unwrap();
+        assert!(xattrs.contains(&(b"security.capability".to_vec(), caps)));
+    }
+
+    #[test]
+    fn owner_modes_apply_to_the_copy() {
+        if !is_root() {
+            eprintln!("skipped: needs root to chown");
+            return;
+        }
+        let p = pair();
+        std::fs::write(p.l.join("f"), b"x").unwrap();
+        std::fs::create_dir(p.l.join("d")).unwrap();
+        for n in [c"f", c"d"] {
+            let fd = sys::open_path(p.lfd.as_fd(), n).unwrap();
+            sys::chown_fd(fd.as_fd(), 10, 20).unwrap();
+            sys::chmod_fd(fd.as_fd(), 0o2751).unwrap();
+        }
+        let fixed = Owner::Fixed {
+            uid: 42,
+            gid: 43,
+            mode: 0o640,
+        };
+        let f = copy_up_file(p.lfd.as_fd(), c"f", p.ufd.as_fd(), &fixed).unwrap();
+        let st = sys::fstat(f.as_fd()).unwrap();
+        assert_eq!((st.st_uid, st.st_gid, st.st_mode & 0o7777), (42, 43, 0o640));
+        let d = copy_up_dir(p.lfd.as_fd(), p.ufd.as_fd(), c"d", &fixed).unwrap();
+        let st = sys::fstat(d.as_fd()).unwrap();
+        assert_eq!((st.st_uid, st.st_gid, st.st_mode & 0o7777), (42, 43, 0o750));
+        std::fs::remove_file(p.u.join("f")).unwrap();
+        let caller = OwnerOption::Caller.resolve(7, 8);
+        let f = copy_up_file(p.lfd.as_fd(), c"f", p.ufd.as_fd(), &caller).unwrap();
+        let st = sys::fstat(f.as_fd()).unwrap();
+        assert_eq!((st.st_uid, st.st_gid, st.st_mode & 0o7777), (7, 8, 0o2751));
+    }
+
+    fn write_at(path: &Path, at: u64, data: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .unwrap();
+        f.write_all_at(data, at).unwrap();
+    }
+
+    fn ranges(p: &Path) -> Vec<(u64, u64)> {
+        let f = std::fs::File::open(p).unwrap();
+        let size = f.metadata().unwrap().len();
+        sys::data_ranges(f.as_fd(), size).unwrap()
+    }
+
+    #[test]
+    fn sparse_file_keeps_its_holes() {
+        let p = pair();
+        let lp = p.l.join("sparse");
+        write_at(&lp, 0, &[1u8; 65536]);
+        write_at(&lp, 32 << 20, &[2u8; 65536]);
+        write_at(&lp, (64 << 20) - 1, &[3u8]);
+        let before = stat(&lp);
+        copy_up_file(p.lfd.as_fd(), c"sparse", p.ufd.as_fd(), &KEEP).unwrap();
+        let up = p.u.join("sparse");
+        assert_same_meta(&before, &stat(&up));
+        assert_eq!(ranges(&up), ranges(&lp));
+        assert!(stat(&up).st_blocks <= before.st_blocks, "no hole filled");
+        assert!(stat(&up).st_blocks < 1024, "64 MiB mostly holes");
+        assert_eq!(std::fs::read(&up).unwrap(), std::fs::read(&lp).unwrap());
+    }
+
+    fn pattern(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn large_file_is_copied_exactly() {
+        let p = pair();
+        let data = pattern(96 << 20, 7);
+        std::fs::write(p.l.join("big"), &data).unwrap();
+        let fd = copy_up_file(p.lfd.as_fd(), c"big", p.ufd.as_fd(), &KEEP).unwrap();
+        assert_eq!(sys::fstat(fd.as_fd()).unwrap().st_size, data.len() as i64);
+        let got = std::fs::read(p.u.join("big")).unwrap();
+        assert!(blake3::hash(&got) == blake3::hash(&data));
+    }
+
+    #[test]
+    fn named_temporary_is_used_without_tmpfile() {
+        let p = pair();
+        std::fs::write(p.l.join("f"), pattern(300_000, 3)).unwrap();
+        set_odd_times(&p.l.join("f"), 0);
+        let before = stat(&p.l.join("f"));
+        let how = How {
+            tmpfile: false,
+            sync: true,
+        };
+        let fd = file_up(p.lfd.as_fd(), c"f", p.ufd.as_fd(), &KEEP, how).unwrap();
+        assert_same_meta(&before, &sys::fstat(fd.as_fd()).unwrap());
+        assert_eq!(names(&p.u), ["f"]);
+        assert_eq!(std::fs::read(p.u.join("f")).unwrap(), pattern(300_000, 3));
+    }
+
+    #[test]
+    fn an_existing_upper_name_is_eexist_and_untouched() {
+        let p = pair();
+        std::fs::write(p.l.join("f"), b"lower").unwrap();
+        std::fs::write(p.u.join("f"), b"upper").unwrap();
+        let r = copy_up_file(p.lfd.as_fd(), c"f", p.ufd.as_fd(), &KEEP);
+        assert_eq!(errno_of(r), libc::EEXIST);
+        assert_eq!(std::fs::read(p.u.join("f")).unwrap(), b"upper");
+        assert_eq!(names(&p.u), ["f"]);
+    }
+
+    /// The name appearing between the check and the link: EEXIST at the
+    /// link, the other file kept, no temporary left.
+    #[test]
+    fn a_name_appearing_during_the_copy_is_not_clobbered() {
+        for tmpfile in [true, false] {
+            let p = pair();
+            let temp = TempFile::create(p.ufd.as_fd(), tmpfile).unwrap();
+            std::fs::write(p.u.join("f"), b"theirs").unwrap();
+            let r = temp.publish(p.ufd.as_fd(), c"f");
+            assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::EEXIST));
+            assert_eq!(std::fs::read(p.u.join("f")).unwrap(), b"theirs");
+            assert_eq!(names(&p.u), ["f"]);
+        }
+        let p = pair();
+        std::fs::create_dir(p.l.join("d")).unwrap();
+        let r = file_up(
+            p.lfd.as_fd(),
+            c"d",
+            p.ufd.as_fd(),
+            &KEEP,
+            How {
+                tmpfile: true,
+                sync: true,
+            },
+        );
+        assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::EISDIR));
+    }
+
+    fn mkdir_with(path: &Path, mode: u32, uid: u32, salt: i64) {
+        std::fs::create_dir(path).unwrap();
+        let fd = dirfd(path);
+        sys::chmod_fd(fd.as_fd(), mode).unwrap();
+        if is_root() {
+            sys::chown_fd(fd.as_fd(), uid, uid + 100).unwrap();
+        }
+        set_odd_times(path, salt);
+    }
+
+    /// Only missing parents are made, each with the lower's mode, owner
+    /// and times, which creating its child does not change; the existing
+    /// upper directory keeps its own.
+    #[test]
+    fn copy_up_parents_makes_only_the_missing_ones() {
+        let p = pair();
+        mkdir_with(&p.l.join("a"), 0o751, 11, 1);
+        mkdir_with(&p.l.join("a/b"), 0o705, 12, 2);
+        mkdir_with(&p.l.join("a/b/c"), 0o1777, 13, 3);
+        std::fs::write(p.l.join("a/b/c/f"), b"f").unwrap();
+        mkdir_with(&p.u.join("a"), 0o777, 1, 4);
+        std::fs::write(p.u.join("a/mine"), b"m").unwrap();
+        set_odd_times(&p.u.join("a"), 4);
+        let upper_a = stat(&p.u.join("a"));
+        let lower: Vec<Stat> = ["a", "a/b", "a/b/c"].map(|d| stat(&p.l.join(d))).into();
+        let (la, lab) = (dirfd(&p.l.join("a")), dirfd(&p.l.join("a/b")));
+        let chain = [
+            (p.lfd.as_fd(), c"a"),
+            (la.as_fd(), c"b"),
+            (lab.as_fd(), c"c"),
+        ];
+        let deepest = copy_up_parents(&chain, p.ufd.as_fd(), &KEEP).unwrap();
+        let c_up = stat(&p.u.join("a/b/c"));
+        assert_eq!(sys::fstat(deepest.as_fd()).unwrap().st_ino, c_up.st_ino);
+        assert_same_meta(&upper_a, &stat(&p.u.join("a")));
+        assert_same_meta(&lower[1], &stat(&p.u.join("a/b")));
+        assert_same_meta(&lower[2], &c_up);
+        assert_eq!(names(&p.u.join("a")), ["b", "mine"]);
+        // Again: everything exists, nothing changes.
+        let again = copy_up_parents(&chain, p.ufd.as_fd(), &KEEP).unwrap();
+        assert_eq!(sys::fstat(again.as_fd()).unwrap().st_ino, c_up.st_ino);
+        assert_same_meta(&lower[1], &stat(&p.u.join("a/b")));
+        // A file copied into a just-copied parent keeps the parent's times.
+        let cfd = dirfd(&p.l.join("a/b/c"));
+        copy_up_file(cfd.as_fd(), c"f", deepest.as_fd(), &KEEP).unwrap();
+        assert_same_meta(&lower[2], &stat(&p.u.join("a/b/c")));
+        assert_eq!(names(&p.u.join("a/b/c")), ["f"], "no other contents copied");
+        let root = copy_up_parents(&[], p.ufd.as_fd(), &KEEP).unwrap();
+        assert_eq!(sys::fstat(root.as_fd()).unwrap().st_ino, stat(&p.u).st_ino);
+    }
+
+    #[test]
+    fn copy_up_dir_over_a_file_is_enotdir() {
+        let p = pair();
+        std::fs::create_dir(p.l.join("d")).unwrap();
+        std::fs::write(p.u.join("d"), b"").unwrap();
+        let r = copy_up_dir(p.lfd.as_fd(), p.ufd.as_fd(), c"d", &KEEP);
+        assert_eq!(errno_of(r), libc::ENOTDIR);
+        assert_eq!(names(&p.u), ["d"]);
+    }
+}
