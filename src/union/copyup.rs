@@ -635,6 +635,8 @@ mod tests {
     use super::*;
     use std::os::unix::ffi::OsStrExt;
     use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::time::Instant;
 
     const KEEP: Owner = Owner::Keep;
 
@@ -1089,5 +1091,236 @@ mod tests {
         let r = copy_up_dir(p.lfd.as_fd(), p.ufd.as_fd(), c"d", &KEEP);
         assert_eq!(errno_of(r), libc::ENOTDIR);
         assert_eq!(names(&p.u), ["d"]);
+    }
+
+    /// A file system mounted for one test; unmounted (and its loop device
+    /// detached) on drop.
+    struct Mount {
+        _tmp: tempfile::TempDir,
+        mnt: PathBuf,
+        dev: Option<String>,
+    }
+
+    impl Drop for Mount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+            if let Some(dev) = &self.dev {
+                let _ = Command::new("losetup").args(["-d", dev]).status();
+            }
+        }
+    }
+
+    fn run(cmd: &mut Command) -> Option<String> {
+        let out = cmd.output().ok()?;
+        if !out.status.success() {
+            eprintln!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+            return None;
+        }
+        Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn mount_tmpfs(opts: &str) -> Option<Mount> {
+        if !is_root() {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return None;
+        }
+        let tmp = tempfile::tempdir().ok()?;
+        let mnt = tmp.path().join("mnt");
+        std::fs::create_dir(&mnt).ok()?;
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(&mnt))?;
+        Some(Mount {
+            _tmp: tmp,
+            mnt,
+            dev: None,
+        })
+    }
+
+    fn mount_btrfs() -> Option<Mount> {
+        if !is_root() || run(Command::new("sh").args(["-c", "command -v mkfs.btrfs"])).is_none() {
+            eprintln!("skipped: needs root and mkfs.btrfs");
+            return None;
+        }
+        let tmp = tempfile::tempdir_in("/var/tmp").ok()?;
+        let (img, mnt) = (tmp.path().join("img"), tmp.path().join("mnt"));
+        std::fs::create_dir(&mnt).ok()?;
+        std::fs::File::create(&img).ok()?.set_len(512 << 20).ok()?;
+        let dev = run(Command::new("losetup").args(["--find", "--show"]).arg(&img))?;
+        let mut m = Mount {
+            _tmp: tmp,
+            mnt,
+            dev: Some(dev.clone()),
+        };
+        run(Command::new("mkfs.btrfs").args(["-q", &dev]))?;
+        if run(Command::new("mount").arg(&dev).arg(&m.mnt)).is_none() {
+            // Only the loop device to undo: umount of nothing is harmless.
+            m.mnt = PathBuf::new();
+            return None;
+        }
+        Some(m)
+    }
+
+    fn free_blocks(p: &Path) -> u64 {
+        sys::fstatvfs(dirfd(p).as_fd()).unwrap().f_bfree
+    }
+
+    /// A full upper file system fails the copy with ENOSPC and leaves no
+    /// trace: no name, no temporary, no space held.
+    #[test]
+    fn enospc_leaves_nothing_behind() {
+        let Some(m) = mount_tmpfs("size=1m") else {
+            return;
+        };
+        let p = pair();
+        std::fs::write(p.l.join("big"), pattern(4 << 20, 1)).unwrap();
+        std::fs::write(p.l.join("small"), b"fits").unwrap();
+        let ufd = dirfd(&m.mnt);
+        let free = free_blocks(&m.mnt);
+        for tmpfile in [true, false] {
+            let how = How {
+                tmpfile,
+                sync: true,
+            };
+            let r = file_up(p.lfd.as_fd(), c"big", ufd.as_fd(), &KEEP, how);
+            assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::ENOSPC));
+            assert!(names(&m.mnt).is_empty(), "{:?}", names(&m.mnt));
+            assert_eq!(free_blocks(&m.mnt), free, "space given back");
+        }
+        copy_up_file(p.lfd.as_fd(), c"small", ufd.as_fd(), &KEEP).unwrap();
+        assert_eq!(names(&m.mnt), ["small"]);
+    }
+
+    /// Failures after the object is made (its xattrs overflow the upper
+    /// tmpfs's inode space) leave nothing behind, for directories and for
+    /// both kinds of temporary file (user xattrs exist on nothing else).
+    #[test]
+    fn a_failure_after_creation_leaves_nothing_behind() {
+        let Some(m) = mount_tmpfs("size=1m,nr_inodes=4") else {
+            return;
+        };
+        let p = pair();
+        std::fs::create_dir(p.l.join("d")).unwrap();
+        std::fs::write(p.l.join("f"), b"data").unwrap();
+        for n in [c"d", c"f"] {
+            let fd = sys::open_path(p.lfd.as_fd(), n).unwrap();
+            for x in [c"user.a", c"user.b"] {
+                sys::setxattr_fd(fd.as_fd(), x, &[7u8; 1500], 0).unwrap();
+            }
+        }
+        let ufd = dirfd(&m.mnt);
+        let r = copy_up_dir(p.lfd.as_fd(), ufd.as_fd(), c"d", &KEEP);
+        assert_eq!(errno_of(r), libc::ENOSPC);
+        for tmpfile in [true, false] {
+            let how = How {
+                tmpfile,
+                sync: true,
+            };
+            let r = file_up(p.lfd.as_fd(), c"f", ufd.as_fd(), &KEEP, how);
+            assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::ENOSPC));
+        }
+        assert!(names(&m.mnt).is_empty(), "{:?}", names(&m.mnt));
+    }
+
+    fn filefrag(p: &Path) -> String {
+        run(Command::new("filefrag").arg("-v").arg(p)).unwrap_or_default()
+    }
+
+    /// On btrfs the copy is a reflink: its extents are shared and it takes
+    /// about as long for 256 MiB as for nothing.
+    #[test]
+    fn reflink_shares_extents_on_btrfs() {
+        let Some(m) = mount_btrfs() else {
+            return;
+        };
+        let p = pair_in(&m.mnt);
+        std::fs::write(p.l.join("big"), pattern(256 << 20, 9)).unwrap();
+        sys::fsync(std::fs::File::open(p.l.join("big")).unwrap().as_fd(), false).unwrap();
+        let t = Instant::now();
+        copy_up_file(p.lfd.as_fd(), c"big", p.ufd.as_fd(), &KEEP).unwrap();
+        let took = t.elapsed();
+        eprintln!("btrfs reflink copy-up of 256 MiB: {took:?}");
+        let frag = filefrag(&p.u.join("big"));
+        assert!(frag.contains("shared"), "extents not shared:\n{frag}");
+        assert!(took.as_millis() < 200, "{took:?}: not O(1)");
+        let got = std::fs::read(p.u.join("big")).unwrap();
+        assert!(blake3::hash(&got) == blake3::hash(&pattern(256 << 20, 9)));
+    }
+
+    fn drop_file(p: &Path) {
+        std::fs::remove_file(p).unwrap();
+        run(&mut Command::new("sync"));
+    }
+
+    fn timed(f: impl FnOnce()) -> f64 {
+        let t = Instant::now();
+        f();
+        t.elapsed().as_secs_f64()
+    }
+
+    /// `cargo test --release --lib bench_copy_up -- --ignored --nocapture`:
+    /// copy-up of a 1 GiB file on /var/tmp against `cp` + `sync`, and the
+    /// price of the fdatasync on small files.
+    #[test]
+    #[ignore]
+    fn bench_copy_up() {
+        let p = pair_in(Path::new("/var/tmp"));
+        let chunk = pattern(64 << 20, 5);
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(p.l.join("big")).unwrap();
+            for _ in 0..16 {
+                f.write_all(&chunk).unwrap();
+            }
+        }
+        run(&mut Command::new("sync"));
+        let (synced, unsynced) = (
+            How {
+                tmpfile: true,
+                sync: true,
+            },
+            How {
+                tmpfile: true,
+                sync: false,
+            },
+        );
+        let up = |how: How| {
+            file_up(p.lfd.as_fd(), c"big", p.ufd.as_fd(), &KEEP, how).unwrap();
+        };
+        for round in 0..2 {
+            let t_up = timed(|| up(synced));
+            drop_file(&p.u.join("big"));
+            let t_up_sync = timed(|| {
+                up(unsynced);
+                run(&mut Command::new("sync"));
+            });
+            drop_file(&p.u.join("big"));
+            let t_cp = timed(|| {
+                run(Command::new("cp").arg(p.l.join("big")).arg(p.u.join("big")));
+                run(&mut Command::new("sync"));
+            });
+            drop_file(&p.u.join("big"));
+            eprintln!(
+                "round {round}: 1 GiB copy-up (fdatasync) {t_up:.2} s, copy-up then sync {t_up_sync:.2} s, cp + sync {t_cp:.2} s: ratio {:.2}",
+                t_up / t_cp
+            );
+        }
+        drop_file(&p.l.join("big"));
+        for i in 0..200 {
+            std::fs::write(p.l.join(format!("s{i}")), pattern(4096, i)).unwrap();
+        }
+        run(&mut Command::new("sync"));
+        for (label, how) in [("fdatasync", synced), ("no sync", unsynced)] {
+            let t = timed(|| {
+                for i in 0..200 {
+                    let n = c(Path::new(&format!("s{i}")));
+                    file_up(p.lfd.as_fd(), &n, p.ufd.as_fd(), &KEEP, how).unwrap();
+                }
+            });
+            eprintln!("4 KiB copy-up, {label}: {:.0} µs each", t * 1e6 / 200.0);
+            for i in 0..200 {
+                std::fs::remove_file(p.u.join(format!("s{i}"))).unwrap();
+            }
+        }
     }
 }
