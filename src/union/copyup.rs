@@ -35,10 +35,19 @@
 //! Durability: copied (not cloned) data is `fdatasync`ed before the link.
 //! Without it a crash on a delayed-allocation file system (ext4, XFS) can
 //! keep the link, journaled, but not the data, and leave a file of zeros
-//! shadowing the intact lower one. The cost is the data's write-back, which
-//! `cp` + `sync` pays too (measured in the tests' `bench_1gib`). A clone or
-//! an empty file has no data of its own to lose and is not synced; the
-//! metadata steps are ordered by the file system's journal before the link.
+//! shadowing the intact lower one; overlayfs syncs too (unless mounted
+//! `volatile`). Measured on this project's test VM (ext4 on virtio,
+//! `bench_copy_up` in the tests): a 1 GiB copy-up takes 0.84 s against
+//! 0.84 s for `cp` + `sync` (the write-back is the cost either way); a
+//! 4 KiB file takes about 1.5 ms instead of 0.35 ms, the journal commit.
+//! A clone or an empty file has no data of its own to lose and is not
+//! synced; the metadata steps are ordered by the file system's journal
+//! before the link.
+//!
+//! Restoring the parent's times (step 5) is not atomic: a name another
+//! process creates in that directory during the copy can have its mtime
+//! update undone; the vfs should keep other changes to that directory out
+//! while it copies up into it, as overlayfs holds the parent's lock.
 
 use std::collections::hash_map::RandomState;
 use std::ffi::{CStr, CString};
@@ -860,6 +869,38 @@ mod tests {
             .filter(|(n, _)| n != b"security.selinux")
             .collect();
         assert_eq!(got, want);
+    }
+
+    /// trusted.* xattrs (root only) on a symlink, a FIFO and a directory,
+    /// read and written through /proc without following the symlink.
+    #[test]
+    fn xattrs_of_other_kinds_are_copied() {
+        if !is_root() {
+            eprintln!("skipped: trusted.* xattrs need root");
+            return;
+        }
+        let p = pair();
+        std::os::unix::fs::symlink("target", p.l.join("lnk")).unwrap();
+        std::fs::write(p.l.join("target"), b"").unwrap();
+        sys::mknodat(p.lfd.as_fd(), c"fifo", libc::S_IFIFO | 0o600, 0).unwrap();
+        std::fs::create_dir(p.l.join("dir")).unwrap();
+        for n in [c"lnk", c"fifo", c"dir"] {
+            let fd = sys::open_path(p.lfd.as_fd(), n).unwrap();
+            sys::setxattr_fd(fd.as_fd(), c"trusted.k", n.to_bytes(), 0).unwrap();
+            sys::setxattr_fd(fd.as_fd(), c"trusted.overlay.opaque", b"y", 0).unwrap();
+        }
+        let dir = copy_up_dir(p.lfd.as_fd(), p.ufd.as_fd(), c"dir", &KEEP).unwrap();
+        let lnk = copy_up_file(p.lfd.as_fd(), c"lnk", p.ufd.as_fd(), &KEEP).unwrap();
+        let fifo = copy_up_file(p.lfd.as_fd(), c"fifo", p.ufd.as_fd(), &KEEP).unwrap();
+        for (fd, n) in [(dir, "dir"), (lnk, "lnk"), (fifo, "fifo")] {
+            let got = sys::xattrs_of(fd.as_fd()).unwrap();
+            let want = vec![(b"trusted.k".to_vec(), n.as_bytes().to_vec())];
+            assert_eq!(got, want, "{n}");
+        }
+        assert!(
+            names(&p.u).iter().all(|n| n != "target"),
+            "symlink not followed"
+        );
     }
 
     /// chown drops set-user-ID and security.capability: both survive.
