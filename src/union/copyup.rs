@@ -389,12 +389,29 @@ fn apply_meta(
 }
 
 fn copy_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
-    for (name, value) in sys::xattrs_of(from)? {
+    let xattrs = sys::xattrs_of(from)?;
+    drop_inherited_acls(to, &xattrs)?;
+    for (name, value) in xattrs {
         if is_overlay_xattr(&name) {
             continue;
         }
         let name = CString::new(name).map_err(|_| err(libc::EINVAL))?;
         sys::setxattr_fd(to, &name, &value, 0)?;
+    }
+    Ok(())
+}
+
+/// A default ACL on the upper parent gives the new object ACLs the lower
+/// one does not have; the copy must have exactly the lower's.
+fn drop_inherited_acls(to: BorrowedFd<'_>, lower: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+    for acl in [c"system.posix_acl_access", c"system.posix_acl_default"] {
+        if lower.iter().any(|(n, _)| n.as_slice() == acl.to_bytes()) {
+            continue;
+        }
+        match sys::removexattr_fd(to, acl) {
+            Err(e) if ![libc::ENODATA, libc::EOPNOTSUPP].contains(&errno(&e)) => return Err(e),
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -901,6 +918,43 @@ mod tests {
             names(&p.u).iter().all(|n| n != "target"),
             "symlink not followed"
         );
+    }
+
+    /// A default ACL on the upper parent is not inherited by the copies:
+    /// they carry the lower's ACLs (here none, and one) and nothing else.
+    #[test]
+    fn acls_are_the_lower_ones_not_inherited() {
+        let p = pair();
+        let setfacl = |args: &[&str], path: &Path| {
+            run(Command::new("setfacl").args(args).arg(path)).is_some()
+        };
+        if !setfacl(&["-d", "-m", "u:1234:rwx"], &p.u) {
+            eprintln!("skipped: no setfacl or no ACL support");
+            return;
+        }
+        std::fs::write(p.l.join("plain"), b"").unwrap();
+        std::fs::write(p.l.join("acl"), b"").unwrap();
+        std::fs::create_dir(p.l.join("dir")).unwrap();
+        assert!(setfacl(&["-m", "u:4321:r"], &p.l.join("acl")));
+        copy_up_file(p.lfd.as_fd(), c"plain", p.ufd.as_fd(), &KEEP).unwrap();
+        copy_up_file(p.lfd.as_fd(), c"acl", p.ufd.as_fd(), &KEEP).unwrap();
+        copy_up_dir(p.lfd.as_fd(), p.ufd.as_fd(), c"dir", &KEEP).unwrap();
+        for n in ["plain", "acl", "dir"] {
+            let fd = sys::open_path(p.ufd.as_fd(), &c(Path::new(n))).unwrap();
+            let lfd = sys::open_path(p.lfd.as_fd(), &c(Path::new(n))).unwrap();
+            let acls = |fd: &OwnedFd| -> Vec<_> {
+                let all = sys::xattrs_of(fd.as_fd()).unwrap();
+                all.into_iter()
+                    .filter(|(n, _)| n.starts_with(b"system.posix_acl"))
+                    .collect()
+            };
+            assert_eq!(acls(&fd), acls(&lfd), "{n}");
+            assert_eq!(
+                stat(&p.u.join(n)).st_mode,
+                stat(&p.l.join(n)).st_mode,
+                "{n}"
+            );
+        }
     }
 
     /// chown drops set-user-ID and security.capability: both survive.
