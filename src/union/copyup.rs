@@ -264,6 +264,27 @@ pub fn copy_up_file(
     let how = How {
         tmpfile: true,
         sync: true,
+        len: None,
+    };
+    Ok(file_up(lower_parent, name, upper_parent, owner, how)?)
+}
+
+/// [`copy_up_file`] for a change that truncates the file to `len` bytes
+/// (open with O_TRUNC: 0; truncate(2)): only the bytes that survive the
+/// truncation are copied, so an O_TRUNC open of a large lower file costs
+/// nothing. The copy has the lower's times; the caller then applies its
+/// truncate as on any upper file, which sets mtime and ctime.
+pub fn copy_up_file_truncated(
+    lower_parent: BorrowedFd<'_>,
+    name: &CStr,
+    upper_parent: BorrowedFd<'_>,
+    owner: &Owner,
+    len: u64,
+) -> Result<OwnedFd> {
+    let how = How {
+        tmpfile: true,
+        sync: true,
+        len: Some(len),
     };
     Ok(file_up(lower_parent, name, upper_parent, owner, how)?)
 }
@@ -275,6 +296,8 @@ struct How {
     tmpfile: bool,
     /// fdatasync copied data before the link.
     sync: bool,
+    /// The copy's length, if not the lower's.
+    len: Option<u64>,
 }
 
 fn open_dir(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
@@ -566,8 +589,9 @@ fn copy_regular(
     let src = open_for_read(lower)?;
     let temp = TempFile::create(dir, how.tmpfile)?;
     let size = u64::try_from(st.st_size).unwrap_or(0);
-    let cloned = fill(src.as_fd(), temp.fd(), size)?;
-    if how.sync && !cloned && size > 0 {
+    let len = how.len.unwrap_or(size);
+    let cloned = fill(src.as_fd(), temp.fd(), len.min(size), len)?;
+    if how.sync && !cloned && len.min(size) > 0 {
         sys::fsync(temp.fd(), true)?;
     }
     apply_meta(temp.fd(), lower, st, owner)?;
@@ -583,19 +607,23 @@ fn open_for_read(lower: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     }
 }
 
-/// Fills the empty `dst` with `src`'s `size` bytes; true if by a clone.
-fn fill(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64) -> io::Result<bool> {
-    match sys::ficlone(dst, src) {
-        Ok(()) => return Ok(true),
+/// Makes the empty `dst` a file of `len` bytes, the first `data` of them
+/// `src`'s, the rest a hole; true if by a clone.
+fn fill(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, data: u64, len: u64) -> io::Result<bool> {
+    let cloned = match sys::ficlone(dst, src) {
+        Ok(()) => true,
         Err(e) if !cannot_clone(&e) => return Err(e),
-        Err(_) => {}
+        Err(_) => false,
+    };
+    // Setting the length first leaves every range not copied below a hole
+    // (and cuts a clone to length).
+    sys::ftruncate(dst, len)?;
+    if !cloned {
+        for (offset, n) in sys::data_ranges(src, data)? {
+            copy_range(src, dst, offset, n)?;
+        }
     }
-    // Setting the size first leaves every range not copied below a hole.
-    sys::ftruncate(dst, size)?;
-    for (offset, len) in sys::data_ranges(src, size)? {
-        copy_range(src, dst, offset, len)?;
-    }
-    Ok(false)
+    Ok(cloned)
 }
 
 fn cannot_clone(e: &io::Error) -> bool {
@@ -1072,6 +1100,40 @@ mod tests {
         assert!(blake3::hash(&got) == blake3::hash(&data));
     }
 
+    /// A truncating copy-up copies only what survives: nothing for
+    /// O_TRUNC, a prefix when shrinking, the whole file and a hole when
+    /// growing; the times are still the lower's.
+    #[test]
+    fn truncating_copy_up_copies_only_what_survives() {
+        let data = pattern(8 << 20, 11);
+        for (i, len) in [0u64, 1000, (8 << 20) + 5000].into_iter().enumerate() {
+            let p = pair();
+            std::fs::write(p.l.join("f"), &data).unwrap();
+            set_odd_times(&p.l.join("f"), i as i64);
+            let before = stat(&p.l.join("f"));
+            let fd =
+                copy_up_file_truncated(p.lfd.as_fd(), c"f", p.ufd.as_fd(), &KEEP, len).unwrap();
+            let st = sys::fstat(fd.as_fd()).unwrap();
+            assert_eq!(st.st_size as u64, len);
+            assert_eq!(
+                (st.st_mtime, st.st_mtime_nsec),
+                (before.st_mtime, before.st_mtime_nsec)
+            );
+            let got = std::fs::read(p.u.join("f")).unwrap();
+            let keep = (len as usize).min(data.len());
+            assert!(got[..keep] == data[..keep] && got[keep..].iter().all(|b| *b == 0));
+            assert!(
+                st.st_blocks as u64 * 512 <= len + (64 << 10),
+                "only the survivors"
+            );
+            assert_eq!(
+                std::fs::read(p.l.join("f")).unwrap(),
+                data,
+                "lower untouched"
+            );
+        }
+    }
+
     #[test]
     fn named_temporary_is_used_without_tmpfile() {
         let p = pair();
@@ -1081,6 +1143,7 @@ mod tests {
         let how = How {
             tmpfile: false,
             sync: true,
+            len: None,
         };
         let fd = file_up(p.lfd.as_fd(), c"f", p.ufd.as_fd(), &KEEP, how).unwrap();
         assert_same_meta(&before, &sys::fstat(fd.as_fd()).unwrap());
@@ -1122,6 +1185,7 @@ mod tests {
             How {
                 tmpfile: true,
                 sync: true,
+                len: None,
             },
         );
         assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::EISDIR));
@@ -1276,6 +1340,7 @@ mod tests {
             let how = How {
                 tmpfile,
                 sync: true,
+                len: None,
             };
             let r = file_up(p.lfd.as_fd(), c"big", ufd.as_fd(), &KEEP, how);
             assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::ENOSPC));
@@ -1310,6 +1375,7 @@ mod tests {
             let how = How {
                 tmpfile,
                 sync: true,
+                len: None,
             };
             let r = file_up(p.lfd.as_fd(), c"f", ufd.as_fd(), &KEEP, how);
             assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::ENOSPC));
@@ -1340,6 +1406,13 @@ mod tests {
         assert!(took.as_millis() < 200, "{took:?}: not O(1)");
         let got = std::fs::read(p.u.join("big")).unwrap();
         assert!(blake3::hash(&got) == blake3::hash(&pattern(256 << 20, 9)));
+        let fd = copy_up_file_truncated(p.lfd.as_fd(), c"big", p.lfd.as_fd(), &KEEP, 4096);
+        assert_eq!(errno_of(fd), libc::EEXIST, "never over the lower itself");
+        std::fs::remove_file(p.u.join("big")).unwrap();
+        let fd = copy_up_file_truncated(p.lfd.as_fd(), c"big", p.ufd.as_fd(), &KEEP, 4096);
+        assert_eq!(sys::fstat(fd.unwrap().as_fd()).unwrap().st_size, 4096);
+        let got = std::fs::read(p.u.join("big")).unwrap();
+        assert!(got[..] == pattern(4096, 9)[..]);
     }
 
     fn drop_file(p: &Path) {
@@ -1373,10 +1446,12 @@ mod tests {
             How {
                 tmpfile: true,
                 sync: true,
+                len: None,
             },
             How {
                 tmpfile: true,
                 sync: false,
+                len: None,
             },
         );
         let up = |how: How| {
