@@ -32,6 +32,9 @@
 //!    user sees in that directory, and a parent copied up just before
 //!    keeps the lower directory's times.
 //!
+//! [`copy_up_file_truncated`] is the same for a change that truncates
+//! (open with O_TRUNC, truncate(2)): only the surviving bytes are copied.
+//!
 //! Durability: copied (not cloned) data is `fdatasync`ed before the link.
 //! Without it a crash on a delayed-allocation file system (ext4, XFS) can
 //! keep the link, journaled, but not the data, and leave a file of zeros
@@ -237,7 +240,8 @@ pub fn copy_up_dir(
 /// is (a lower directory holding component i, component i's name): the
 /// components may come from different lower branches. Directories already
 /// in the upper branch are left as they are; an empty chain returns
-/// `upper_root` itself.
+/// `upper_root` itself. On an error the directories made before it stay:
+/// each is complete and shows just what its lower one shows.
 pub fn copy_up_parents(
     chain: &[(BorrowedFd<'_>, &CStr)],
     upper_root: BorrowedFd<'_>,
