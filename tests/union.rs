@@ -429,3 +429,43 @@ fn renames_of_populated_lower_directories_move_nothing_below() {
         );
     });
 }
+
+fn append(p: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    fs::OpenOptions::new().append(true).open(p)?.write_all(data)
+}
+
+#[test]
+fn copy_up_ownership_follows_the_copyup_owner_option() {
+    let setup = |b: &[PathBuf]| {
+        let f = bottom(b).join("f");
+        write_file(&f, b"x");
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o666)).unwrap();
+        std::os::unix::fs::chown(&f, Some(1234), Some(1234)).unwrap();
+    };
+    // keep (the default): the lower file's owner and mode.
+    let m = Mount::union("plain", 1, setup);
+    append(&m.p("f"), b"y").unwrap();
+    let st = fs::metadata(m.src.join("f")).unwrap();
+    assert_eq!(
+        (st.uid(), st.gid(), st.mode() & 0o7777),
+        (1234, 1234, 0o666)
+    );
+    drop(m);
+    // fixed: the given owner and mode.
+    let m = Mount::union("plain,copyup-owner=fixed:1000:1001:0640", 1, setup);
+    append(&m.p("f"), b"y").unwrap();
+    let st = fs::metadata(m.src.join("f")).unwrap();
+    assert_eq!(
+        (st.uid(), st.gid(), st.mode() & 0o7777),
+        (1000, 1001, 0o640)
+    );
+    drop(m);
+    // caller: whoever made the change.
+    let m = Mount::union("plain,copyup-owner=caller", 1, setup);
+    let p = m.p("f");
+    assert_eq!(as_nobody(|| rc(e(append(&p, b"y")))), 0);
+    let st = fs::metadata(m.src.join("f")).unwrap();
+    assert_eq!((st.uid(), st.mode() & 0o7777), (NOBODY, 0o666));
+    assert_eq!(read_file(&m.p("f")), b"xy");
+}

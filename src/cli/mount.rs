@@ -520,7 +520,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
             inomap,
             vfs_cfg,
             capture.clone(),
-            crate::union::copyup::Owner::default(),
+            opts.copyup_owner.clone(),
         ),
     }
     .map_err(|e| anyhow!("{e}"))?;

@@ -40,6 +40,8 @@ pub struct MountOptions {
     pub user_policies: bool,
     /// `clean-interval=S`: how often the cleaner applies retention (0: never).
     pub clean_interval: Duration,
+    /// `copyup-owner=keep|fixed:UID:GID:MODE|caller` (union mounts).
+    pub copyup_owner: crate::union::copyup::OwnerOption,
 }
 
 /// `-o ingest=`: when a mount records the existing tree in the background.
@@ -78,6 +80,7 @@ impl Default for MountOptions {
             views: crate::vfs::ViewConfig::default(),
             policy: None,
             user_policies: true,
+            copyup_owner: crate::union::copyup::OwnerOption::default(),
             clean_interval: Duration::from_secs(3600),
         }
     }
@@ -202,6 +205,9 @@ impl MountOptions {
                         return Err(format!("option baseline={other}: expected eager or lazy"))
                     }
                 }
+            }
+            ("copyup-owner", v) => {
+                self.copyup_owner = crate::union::copyup::OwnerOption::parse(need(key, v)?)?;
             }
             ("capture-interval", v) => {
                 let d = parse_secs(key, need(key, v)?)?;

@@ -837,6 +837,13 @@ pub fn data_ranges(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<(u64, u64)>>
     Ok(out)
 }
 
+/// FICLONE: makes `dst` share all of `src`'s blocks (btrfs, XFS,
+/// bcachefs...). EOPNOTSUPP, EXDEV, EINVAL or ENOTTY where the file
+/// systems cannot, with `dst` left as it was.
+pub fn ficlone(dst: BorrowedFd<'_>, src: BorrowedFd<'_>) -> io::Result<()> {
+    rfs::ioctl_ficlone(dst, src).map_err(os_err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,7 +120,7 @@ impl Vfs {
     }
 
     fn apply_setattr(&self, caller: &Caller, ino: InodeNo, set: &SetAttr) -> Result<Attr> {
-        let inode = self.writable_node(ino)?;
+        let inode = self.writable_node(caller, ino)?;
         let fd = inode.fd();
         let is_symlink = inode.kind == libc::S_IFLNK;
         if let Some(mode) = set.mode {
@@ -208,7 +208,7 @@ impl Vfs {
             return Err(errno(libc::EROFS));
         }
         self.before_change(ino)?;
-        let inode = self.writable_node(ino)?;
+        let inode = self.writable_node(caller, ino)?;
         let cname = sys::cstr(name)?;
         // Setting an access ACL may clear the set-group-ID bit for a caller
         // outside the file's group: membership must be known up front.
@@ -234,7 +234,7 @@ impl Vfs {
             return Err(errno(libc::EROFS));
         }
         self.before_change(ino)?;
-        let inode = self.writable_node(ino)?;
+        let inode = self.writable_node(caller, ino)?;
         let cname = sys::cstr(name)?;
         creds::as_caller(caller, || sys::removexattr_fd(inode.fd(), &cname))?;
         self.after_change(caller, ino, Cause::Xattr);

@@ -85,7 +85,7 @@ impl Vfs {
             return self.view_open(caller, ino, flags);
         }
         let inode = if writes(flags) || flags & libc::O_TRUNC != 0 {
-            self.writable_node(ino)?
+            self.writable_node(caller, ino)?
         } else {
             self.inodes.node(ino)?
         };
@@ -184,7 +184,7 @@ impl Vfs {
         flags: i32,
     ) -> Result<(Entry, Opened)> {
         self.check_name(parent, name)?;
-        let dir = self.writable_dir(parent)?;
+        let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
         self.clear_whiteout(&dir, &cname)?;
         creds::set_thread_umask(umask)?;
@@ -301,7 +301,7 @@ impl Vfs {
         if is_view(parent) {
             return Err(errno(libc::EROFS));
         }
-        let dir = self.writable_dir(parent)?;
+        let dir = self.writable_dir(caller, parent)?;
         creds::set_thread_umask(umask)?;
         let dirfd = dir.fd();
         // O_EXCL means "never linkable" here; the rest is handled as for open.

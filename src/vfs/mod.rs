@@ -223,7 +223,7 @@ impl Vfs {
         inomap: InodeMap,
         cfg: VfsConfig,
         capture: Option<Arc<Capture>>,
-        owner: crate::union::copyup::Owner,
+        owner: crate::union::copyup::OwnerOption,
     ) -> Result<Arc<Vfs>> {
         let u = union::Union::new(&branches, owner)?;
         let primary = u.primary();

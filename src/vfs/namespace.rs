@@ -117,7 +117,7 @@ impl Vfs {
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
         self.before_dir_change(parent)?;
-        let dir = self.writable_dir(parent)?;
+        let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
         let hides_lower = self.clear_whiteout(&dir, &cname)?;
         creds::as_caller_with_umask(caller, umask, mode, || sys::mkdirat(dir.fd(), &cname, mode))?;
@@ -144,7 +144,7 @@ impl Vfs {
             // refuses it the same way.
             return Err(errno(libc::EPERM));
         }
-        let dir = self.writable_dir(parent)?;
+        let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
         self.clear_whiteout(&dir, &cname)?;
         creds::as_caller_with_umask(caller, umask, mode, || {
@@ -162,7 +162,7 @@ impl Vfs {
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
         self.before_dir_change(parent)?;
-        let dir = self.writable_dir(parent)?;
+        let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
         self.clear_whiteout(&dir, &cname)?;
         let ctarget = sys::cstr(target)?;
@@ -183,8 +183,8 @@ impl Vfs {
         self.check_name(newparent, newname)?;
         self.before_dir_change(newparent)?;
         self.before_change(ino)?;
-        let inode = self.writable_node(ino)?;
-        let dir = self.writable_dir(newparent)?;
+        let inode = self.writable_node(caller, ino)?;
+        let dir = self.writable_dir(caller, newparent)?;
         let cname = sys::cstr(newname)?;
         self.clear_whiteout(&dir, &cname)?;
         creds::as_caller(caller, || sys::link_fd(inode.fd(), dir.fd(), &cname))?;

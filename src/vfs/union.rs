@@ -29,11 +29,11 @@ pub struct Union {
     /// Where creates and copy-ups go: the highest read-write branch.
     upper: Option<BranchId>,
     ns: format::XattrNs,
-    owner: copyup::Owner,
+    owner: copyup::OwnerOption,
 }
 
 impl Union {
-    pub fn new(branches: &[UnionBranch], owner: copyup::Owner) -> Result<Union> {
+    pub fn new(branches: &[UnionBranch], owner: copyup::OwnerOption) -> Result<Union> {
         let mut roots = Vec::with_capacity(branches.len());
         for b in branches {
             let fd = sys::reopen(b.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
@@ -224,14 +224,14 @@ impl Vfs {
     /// Before a directory with lower copies moves: its upper copy made,
     /// and marked with where the lower copies are (overlayfs's
     /// `redirect_dir`), so nothing below it is copied.
-    fn prepare_dir_move(&self, moved: InodeNo) -> Result<()> {
+    fn prepare_dir_move(&self, caller: &super::Caller, moved: InodeNo) -> Result<()> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let node = self.inodes.node(moved)?;
         if node.layers.is_empty() && u.writable(BranchId(node.key.branch)) {
             return Ok(());
         }
         let origin = self.origin_of(&node)?;
-        let upper = self.writable_dir(moved)?;
+        let upper = self.writable_dir(caller, moved)?;
         if format::redirect(upper.fd(), u.ns)?.is_none() {
             format::set_redirect(upper.fd(), u.ns, &origin)?;
         }
@@ -290,7 +290,7 @@ impl Vfs {
     /// The directory `ino` where a change to its entries goes: itself in a
     /// single-branch mount; in a union its copy in the upper branch, made
     /// (with its missing parents) if it has none yet.
-    pub(super) fn writable_dir(&self, ino: InodeNo) -> Result<Node> {
+    pub(super) fn writable_dir(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
         let node = self.inodes.node(ino)?;
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
@@ -303,10 +303,15 @@ impl Vfs {
             return Ok(Node::with_fd(node.inode.clone(), l.fd.clone()));
         }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
-        let upper_parent = self.writable_dir(parent)?;
+        let upper_parent = self.writable_dir(caller, parent)?;
         let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
-        let fd = copyup::copy_up_dir(lower_parent.as_fd(), upper_parent.fd(), &cname, &u.owner)?;
+        let fd = copyup::copy_up_dir(
+            lower_parent.as_fd(),
+            upper_parent.fd(),
+            &cname,
+            &u.owner.resolve(caller.uid, caller.gid),
+        )?;
         let st = sys::fstat(fd.as_fd())?;
         let mut layers = vec![Layer {
             branch: BranchId(node.key.branch),
@@ -330,7 +335,7 @@ impl Vfs {
     /// The object `ino` where a change to it goes: itself, unless it lives
     /// in a read-only branch of a union: then a copy in the upper branch,
     /// under the same number.
-    pub(super) fn writable_node(&self, ino: InodeNo) -> Result<Node> {
+    pub(super) fn writable_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
         let node = self.inodes.node(ino)?;
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
@@ -339,14 +344,19 @@ impl Vfs {
             return Ok(node);
         }
         if node.is_dir() {
-            return self.writable_dir(ino);
+            return self.writable_dir(caller, ino);
         }
         let upper = u.upper.ok_or(errno(libc::EROFS))?;
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
-        let upper_parent = self.writable_dir(parent)?;
+        let upper_parent = self.writable_dir(caller, parent)?;
         let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
-        let fd = copyup::copy_up_file(lower_parent.as_fd(), &cname, upper_parent.fd(), &u.owner)?;
+        let fd = copyup::copy_up_file(
+            lower_parent.as_fd(),
+            &cname,
+            upper_parent.fd(),
+            &u.owner.resolve(caller.uid, caller.gid),
+        )?;
         let st = sys::fstat(fd.as_fd())?;
         let inode = self.inodes.rebind(ino, upper, fd, &st, Vec::new())?;
         self.inodes.node_of(inode)
@@ -425,7 +435,7 @@ impl Vfs {
         if rmdir {
             self.check_merged_empty(&found, &cname)?;
         }
-        let dir = self.writable_dir(parent)?;
+        let dir = self.writable_dir(caller, parent)?;
         let below = self.visible_below(&dir, &cname, upper)?;
         let in_upper = match sys::fstatat(dir.fd(), &cname) {
             Ok(st) => Some(st),
@@ -541,15 +551,15 @@ impl Vfs {
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let source = self.inodes.node(moved)?;
         if source.is_dir() {
-            self.prepare_dir_move(moved)?;
+            self.prepare_dir_move(caller, moved)?;
         }
         let source = self.inodes.node(moved)?;
         let old = sys::cstr(name)?;
         let new = sys::cstr(newname)?;
-        let olddir = self.writable_dir(parent)?;
+        let olddir = self.writable_dir(caller, parent)?;
         let below_old = self.visible_below(&olddir, &old, upper)?;
-        self.writable_node(moved)?;
-        let newdir = self.writable_dir(newparent)?;
+        self.writable_node(caller, moved)?;
+        let newdir = self.writable_dir(caller, newparent)?;
         let target_below = self.visible_below(&newdir, &new, upper)?;
         if let Some(t) = target {
             if self.inodes.node(t)?.is_dir() && !exchange {
@@ -558,7 +568,7 @@ impl Vfs {
                     self.check_merged_empty(&found, &new)?;
                 }
             }
-            self.writable_node(t)?;
+            self.writable_node(caller, t)?;
         }
         let cleared = self.clear_whiteout(&newdir, &new)?;
         let victim = match sys::fstatat(newdir.fd(), &new) {
