@@ -520,7 +520,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
             inomap,
             vfs_cfg,
             capture.clone(),
-            opts.copyup_owner.clone(),
+            opts.copyup_owner,
         ),
     }
     .map_err(|e| anyhow!("{e}"))?;
