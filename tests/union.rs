@@ -173,6 +173,19 @@ fn rmdir_sees_the_merged_listing_and_a_new_directory_is_opaque() {
             get_xattr(&m.src.join("tree"), "trusted.overlay.opaque").unwrap(),
             b"y"
         );
+        // The marker is the union's, not the directory's.
+        assert!(!list_xattr(&m.p("tree"))
+            .unwrap()
+            .iter()
+            .any(|n| n.contains("overlay")));
+        assert_eq!(
+            get_xattr(&m.p("tree"), "trusted.overlay.opaque").unwrap_err(),
+            libc::EOPNOTSUPP
+        );
+        assert_eq!(
+            set_xattr(&m.p("tree"), "trusted.overlay.opaque", b"n", 0).unwrap_err(),
+            libc::EOPNOTSUPP
+        );
         write_file(&m.p("tree/x"), b"1");
         assert_eq!(names(&m.p("tree")), vec!["x"]);
         fs::remove_file(m.p("tree/x")).unwrap();

@@ -193,6 +193,7 @@ impl Vfs {
         if is_view(ino) {
             return self.view_getxattr(caller, ino, name, size);
         }
+        self.refuse_union_xattr(name)?;
         Xattr::read(caller, self.inodes.node(ino)?.fd(), name, size)
     }
 
@@ -207,6 +208,7 @@ impl Vfs {
         if is_view(ino) {
             return Err(errno(libc::EROFS));
         }
+        self.refuse_union_xattr(name)?;
         self.before_change(ino)?;
         let inode = self.writable_node(caller, ino)?;
         let cname = sys::cstr(name)?;
@@ -226,6 +228,9 @@ impl Vfs {
         if is_view(ino) {
             return self.view_listxattr(caller, ino, size);
         }
+        if self.union().is_some() {
+            return self.union_listxattr(caller, ino, size);
+        }
         Xattr::list(caller, self.inodes.node(ino)?.fd(), size)
     }
 
@@ -233,6 +238,7 @@ impl Vfs {
         if is_view(ino) {
             return Err(errno(libc::EROFS));
         }
+        self.refuse_union_xattr(name)?;
         self.before_change(ino)?;
         let inode = self.writable_node(caller, ino)?;
         let cname = sys::cstr(name)?;

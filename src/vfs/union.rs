@@ -261,6 +261,9 @@ impl Vfs {
 
     /// Lookup in a union directory.
     pub(super) fn union_lookup(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
+        if copyup::is_copyup_temp(name.as_bytes()) {
+            return Err(errno(libc::ENOENT));
+        }
         let cname = sys::cstr(name)?;
         let found = self.walk(dir, &cname)?.ok_or(errno(libc::ENOENT))?;
         let (branch, parent, st) = found.top;
@@ -625,7 +628,9 @@ impl Vfs {
             })?);
             devs.push(sys::fstat(fd)?.st_dev);
         }
-        let merged = merge::merge(&listings);
+        let mut merged = merge::merge(&listings);
+        // A copy-up interrupted by a crash may leave its temporary behind.
+        merged.retain(|m| !copyup::is_copyup_temp(&m.name));
         let keys: Vec<_> = merged
             .iter()
             .filter_map(|m| {
@@ -662,5 +667,55 @@ impl Vfs {
             });
         }
         Ok(out)
+    }
+}
+
+impl Vfs {
+    /// The union's own xattrs (whiteouts, opaque, redirect) are not the
+    /// file's: hidden and refused, as overlayfs does (EOPNOTSUPP).
+    pub(super) fn refuse_union_xattr(&self, name: &OsStr) -> Result<()> {
+        match &self.union {
+            Some(u) if format::is_overlay_xattr(name.as_bytes(), u.ns) => {
+                Err(errno(libc::EOPNOTSUPP))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// listxattr without the union's own names.
+    pub(super) fn union_listxattr(
+        &self,
+        caller: &super::Caller,
+        ino: InodeNo,
+        size: u32,
+    ) -> Result<super::Xattr> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let node = self.inodes.node(ino)?;
+        let fd = node.fd();
+        let mut buf = Vec::new();
+        loop {
+            let need = crate::sys::creds::as_caller(caller, || sys::listxattr_fd(fd, &mut []))?;
+            buf.resize(need, 0);
+            match crate::sys::creds::as_caller(caller, || sys::listxattr_fd(fd, &mut buf)) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    break;
+                }
+                // Grown meanwhile: ask again.
+                Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut shown = Vec::with_capacity(buf.len());
+        for name in buf.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+            if !format::is_overlay_xattr(name, u.ns) {
+                shown.extend_from_slice(name);
+                shown.push(0);
+            }
+        }
+        if size == 0 {
+            return Ok(super::Xattr::Size(shown.len() as u32));
+        }
+        super::Xattr::of_value(shown, size)
     }
 }
