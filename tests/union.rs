@@ -482,3 +482,36 @@ fn copy_up_ownership_follows_the_copyup_owner_option() {
     assert_eq!((st.uid(), st.mode() & 0o7777), (NOBODY, 0o666));
     assert_eq!(read_file(&m.p("f")), b"xy");
 }
+
+/// The mount helper's form (`chronofs SRC MNT -o OPTS`, as mount.fuse3 and
+/// fstab run it) takes a branch list like `chronofs mount` does.
+#[test]
+fn the_mount_helper_form_mounts_a_union() {
+    let dir = tempdir();
+    let (a, b, mnt) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("m"),
+    );
+    for d in [&a, &b, &mnt] {
+        fs::create_dir(d).unwrap();
+    }
+    write_file(&b.join("low"), b"low");
+    write_file(&a.join("up"), b"up");
+    let arg = format!("{}=rw:{}=ro", a.display(), b.display());
+    let out = chronofs(&[
+        arg.as_ref(),
+        mnt.as_os_str(),
+        "-o".as_ref(),
+        "plain".as_ref(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = names(&mnt);
+    let _ = Command::new(bin()).arg("umount").arg(&mnt).status();
+    assert_eq!(listed, vec!["low", "up"]);
+    assert!(!is_mounted(&mnt));
+}

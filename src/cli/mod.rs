@@ -41,9 +41,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Mount directory SRC at MNT.
+    /// Mount directory SRC (or a union of branches) at MNT.
     Mount {
-        /// The directory whose files chronofs serves (stays a plain directory).
+        /// The directory whose files chronofs serves (stays a plain
+        /// directory), or a union: BR1[=rw|=ro]:BR2[=ro]:... (leftmost wins;
+        /// default: the first rw, the rest ro; `\:` `\=` `\\` escape).
         src: PathBuf,
         /// Where to mount (an existing directory; may equal SRC).
         mnt: PathBuf,
