@@ -299,21 +299,23 @@ fn directory_offsets_survive_a_reopen() {
     );
 }
 
+/// Two branch directories and a mount point, outside any harness mount.
+fn two_branches() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let dir = tempdir();
+    let [a, b, mnt] = ["a", "b", "m"].map(|n| dir.path().join(n));
+    for d in [&a, &b, &mnt] {
+        fs::create_dir(d).unwrap();
+    }
+    (dir, a, b, mnt)
+}
+
 fn chronofs(args: &[&std::ffi::OsStr]) -> std::process::Output {
     Command::new(bin()).args(args).output().unwrap()
 }
 
 #[test]
 fn bad_branch_lists_are_refused_with_one_line() {
-    let dir = tempdir();
-    let (a, b, mnt) = (
-        dir.path().join("a"),
-        dir.path().join("b"),
-        dir.path().join("m"),
-    );
-    for d in [&a, &b, &mnt] {
-        fs::create_dir(d).unwrap();
-    }
+    let (dir, a, b, mnt) = two_branches();
     let s = |p: &Path| p.to_string_lossy().into_owned();
     for (arg, says) in [
         (format!("{}=rw:{}=rx", s(&a), s(&b)), "unknown mode"),
@@ -335,15 +337,7 @@ fn bad_branch_lists_are_refused_with_one_line() {
 
 #[test]
 fn a_union_of_read_only_branches_refuses_changes_with_erofs() {
-    let dir = tempdir();
-    let (a, b, mnt) = (
-        dir.path().join("a"),
-        dir.path().join("b"),
-        dir.path().join("m"),
-    );
-    for d in [&a, &b, &mnt] {
-        fs::create_dir(d).unwrap();
-    }
+    let (dir, a, b, mnt) = two_branches();
     write_file(&b.join("f"), b"b");
     let arg = format!("{}=ro:{}=ro", a.display(), b.display());
     let refused = chronofs(&["mount".as_ref(), arg.as_ref(), mnt.as_os_str()]);
@@ -487,15 +481,7 @@ fn copy_up_ownership_follows_the_copyup_owner_option() {
 /// fstab run it) takes a branch list like `chronofs mount` does.
 #[test]
 fn the_mount_helper_form_mounts_a_union() {
-    let dir = tempdir();
-    let (a, b, mnt) = (
-        dir.path().join("a"),
-        dir.path().join("b"),
-        dir.path().join("m"),
-    );
-    for d in [&a, &b, &mnt] {
-        fs::create_dir(d).unwrap();
-    }
+    let (dir, a, b, mnt) = two_branches();
     write_file(&b.join("low"), b"low");
     write_file(&a.join("up"), b"up");
     let arg = format!("{}=rw:{}=ro", a.display(), b.display());

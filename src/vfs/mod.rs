@@ -198,10 +198,28 @@ impl Vfs {
         cfg: VfsConfig,
         capture: Option<Arc<Capture>>,
     ) -> Result<Arc<Vfs>> {
+        let mounts = vec![inodes::BranchMount::of(branch.root_fd())];
+        let id = branch.id();
+        Vfs::assemble(branch, id, inomap, mounts, cfg, capture, None)
+    }
+
+    /// The vfs over `branch` (the root's), with every branch's handle mount.
+    fn assemble(
+        branch: DirBranch,
+        id: crate::branch::BranchId,
+        inomap: InodeMap,
+        mounts: Vec<inodes::BranchMount>,
+        cfg: VfsConfig,
+        capture: Option<Arc<Capture>>,
+        union: Option<union::Union>,
+    ) -> Result<Arc<Vfs>> {
         let root_fd = sys::reopen(branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
         let root_st = sys::fstat(root_fd.as_fd())?;
-        let mounts = vec![inodes::BranchMount::of(root_fd.as_fd())];
-        let inodes = InodeTable::new(branch.id(), inomap, root_fd, &root_st, mounts, Vec::new());
+        let layers = union
+            .as_ref()
+            .map(union::Union::root_layers)
+            .unwrap_or_default();
+        let inodes = InodeTable::new(id, inomap, root_fd, &root_st, mounts, layers);
         Ok(Arc::new(Vfs {
             branch,
             inodes,
@@ -212,7 +230,7 @@ impl Vfs {
             capture,
             ingest: ingest::IngestProgress::default(),
             views: views::Views::default(),
-            union: None,
+            union,
         }))
     }
 
@@ -229,21 +247,7 @@ impl Vfs {
         let primary = u.primary();
         let mounts = u.root_fds().map(inodes::BranchMount::of).collect();
         let branch = branches.swap_remove(primary.0 as usize).branch;
-        let root_fd = sys::reopen(branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
-        let root_st = sys::fstat(root_fd.as_fd())?;
-        let inodes = InodeTable::new(primary, inomap, root_fd, &root_st, mounts, u.root_layers());
-        Ok(Arc::new(Vfs {
-            branch,
-            inodes,
-            handles: HandleTable::default(),
-            cfg,
-            writeback: AtomicBool::new(false),
-            io_modes: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            capture,
-            ingest: ingest::IngestProgress::default(),
-            views: views::Views::default(),
-            union: Some(u),
-        }))
+        Vfs::assemble(branch, primary, inomap, mounts, cfg, capture, Some(u))
     }
 
     pub fn config(&self) -> &VfsConfig {
