@@ -315,7 +315,7 @@ fn chronofs(args: &[&std::ffi::OsStr]) -> std::process::Output {
 
 #[test]
 fn bad_branch_lists_are_refused_with_one_line() {
-    let (dir, a, b, mnt) = two_branches();
+    let (_dir, a, b, mnt) = two_branches();
     let s = |p: &Path| p.to_string_lossy().into_owned();
     for (arg, says) in [
         (format!("{}=rw:{}=rx", s(&a), s(&b)), "unknown mode"),
@@ -481,7 +481,7 @@ fn copy_up_ownership_follows_the_copyup_owner_option() {
 /// fstab run it) takes a branch list like `chronofs mount` does.
 #[test]
 fn the_mount_helper_form_mounts_a_union() {
-    let (dir, a, b, mnt) = two_branches();
+    let (_dir, a, b, mnt) = two_branches();
     write_file(&b.join("low"), b"low");
     write_file(&a.join("up"), b"up");
     let arg = format!("{}=rw:{}=ro", a.display(), b.display());
