@@ -355,3 +355,21 @@ fn revert_from_inside_the_tree_is_exact_and_all_or_nothing() {
         no_staging_left(&t);
     });
 }
+
+/// A tree that predates history and is first seen by the `rm -rf` that
+/// removes it gets its baselines in the middle of the removal: undelete
+/// must still bring back every entry (the first file removed was lost:
+/// its baseline-free run of removals ended at the next baseline).
+#[test]
+fn undelete_of_a_tree_first_seen_by_its_removal_brings_back_everything() {
+    let m = Mount::new_with("ingest=off", |src| {
+        fs::create_dir_all(src.join("tree/sub")).unwrap();
+        write_file(&src.join("tree/top"), b"top");
+        write_file(&src.join("tree/sub/leaf"), b"leaf");
+    });
+    m.wait_history_ready();
+    fs::remove_dir_all(m.p("tree")).unwrap();
+    chrono_ok(&m, &["undelete", m.p("tree").to_str().unwrap()]);
+    assert_eq!(read_file(&m.p("tree/top")), b"top");
+    assert_eq!(read_file(&m.p("tree/sub/leaf")), b"leaf");
+}

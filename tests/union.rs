@@ -501,3 +501,44 @@ fn the_mount_helper_form_mounts_a_union() {
     assert_eq!(listed, vec!["low", "up"]);
     assert!(!is_mounted(&mnt));
 }
+
+/// Undelete and restore on a union: history holds what the user saw,
+/// whichever branch held it; bringing it back writes to the upper branch.
+#[test]
+fn undelete_and_restore_work_on_a_union() {
+    let m = Mount::union("", 2, lower_tree);
+    m.wait_history_ready();
+    let cli = |args: &[&str]| {
+        let out = Command::new(bin()).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let low = m.lowers.last().unwrap();
+    // A lower file, changed (copied up), then removed (whited out).
+    append(&m.p("data"), b"+").unwrap();
+    fs::remove_file(m.p("data")).unwrap();
+    assert!(!m.p("data").exists());
+    cli(&["undelete", m.p("data").to_str().unwrap()]);
+    assert_eq!(read_file(&m.p("data")), b"lower data\n+");
+    assert_eq!(read_file(&m.src.join("data")), b"lower data\n+");
+    assert_eq!(
+        read_file(&low.join("data")),
+        b"lower data\n",
+        "lower untouched"
+    );
+    // A lower tree removed whole comes back whole.
+    fs::remove_dir_all(m.p("tree")).unwrap();
+    cli(&["undelete", m.p("tree").to_str().unwrap()]);
+    assert_eq!(read_file(&m.p("tree/top")), b"top");
+    assert_eq!(read_file(&m.p("tree/sub/leaf")), b"leaf");
+    // The versions span the copy-up: the first is the lower file's.
+    let p = m.p("data");
+    assert_eq!(
+        cli(&["cat", p.to_str().unwrap(), "--version", "1"]),
+        b"lower data\n"
+    );
+}

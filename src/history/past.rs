@@ -575,10 +575,15 @@ impl Past<'_> {
             }
             changes.sort_unstable_by_key(|c| c.0);
             for (s, cause) in changes.into_iter().rev() {
-                if !matches!(cause, Cause::Unlink | Cause::Rmdir) {
-                    break;
+                match cause {
+                    Cause::Unlink | Cause::Rmdir => start = start.min(s),
+                    // A file first seen by the removal itself (it predates
+                    // history) gets its baseline in the middle of the
+                    // `rm -rf`: that records the prior state, it is not a
+                    // change that ends the removal.
+                    Cause::Baseline => {}
+                    _ => break,
                 }
-                start = start.min(s);
             }
         }
         Ok(start.prev().max(Seq::new(1)))

@@ -617,31 +617,7 @@ impl Vfs {
         caller: &super::Caller,
         dir: &Node,
     ) -> Result<Vec<super::dir::Dirent>> {
-        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let layers = self.layers_of(dir);
-        let mut listings = Vec::with_capacity(layers.len());
-        let mut devs = Vec::with_capacity(layers.len());
-        for layer in &layers {
-            let fd = layer.fd.as_fd();
-            listings.push(crate::sys::creds::as_caller(caller, || {
-                merge::read_layer(fd, u.ns)
-            })?);
-            devs.push(sys::fstat(fd)?.st_dev);
-        }
-        let mut merged = merge::merge(&listings);
-        // A copy-up interrupted by a crash may leave its temporary behind.
-        merged.retain(|m| !copyup::is_copyup_temp(&m.name));
-        let keys: Vec<_> = merged
-            .iter()
-            .filter_map(|m| {
-                let i = m.layer?;
-                Some(crate::store::BackingKey {
-                    branch: layers[i].branch.0,
-                    dev: devs[i],
-                    ino: m.ino,
-                })
-            })
-            .collect();
+        let (merged, keys) = self.merged_entries(Some(caller), dir)?;
         let mut numbers = self.inodes.numbers_for(&keys)?.into_iter();
         let parent = if dir.ino == InodeNo::ROOT {
             InodeNo::ROOT
@@ -717,5 +693,68 @@ impl Vfs {
             return Ok(super::Xattr::Size(shown.len() as u32));
         }
         super::Xattr::of_value(shown, size)
+    }
+}
+
+impl Vfs {
+    /// A union directory's merged entries (read as `caller`, or as the
+    /// daemon) and the backing keys of those from a layer, in order.
+    fn merged_entries(
+        &self,
+        caller: Option<&super::Caller>,
+        dir: &Node,
+    ) -> Result<(Vec<merge::MergedEntry>, Vec<crate::store::BackingKey>)> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let layers = self.layers_of(dir);
+        let mut listings = Vec::with_capacity(layers.len());
+        let mut devs = Vec::with_capacity(layers.len());
+        for layer in &layers {
+            let fd = layer.fd.as_fd();
+            listings.push(match caller {
+                Some(c) => crate::sys::creds::as_caller(c, || merge::read_layer(fd, u.ns))?,
+                None => merge::read_layer(fd, u.ns)?,
+            });
+            devs.push(sys::fstat(fd)?.st_dev);
+        }
+        let mut merged = merge::merge(&listings);
+        // A copy-up interrupted by a crash may leave its temporary behind.
+        merged.retain(|m| !copyup::is_copyup_temp(&m.name));
+        let keys = merged
+            .iter()
+            .filter_map(|m| {
+                let i = m.layer?;
+                Some(crate::store::BackingKey {
+                    branch: layers[i].branch.0,
+                    dev: devs[i],
+                    ino: m.ino,
+                })
+            })
+            .collect();
+        Ok((merged, keys))
+    }
+
+    /// What history records as a union directory's entries: the merged
+    /// view, each entry bound to the branch object it resolves to.
+    pub(super) fn union_entries(
+        &self,
+        dir: &Node,
+    ) -> Result<Vec<(Vec<u8>, crate::history::Binding)>> {
+        let in_root = dir.ino == InodeNo::ROOT;
+        let (merged, keys) = self.merged_entries(None, dir)?;
+        let numbers = self.inodes.numbers_for(&keys)?;
+        let named = merged.into_iter().filter(|m| m.layer.is_some());
+        Ok(named
+            .zip(keys.into_iter().zip(numbers))
+            .filter(|(m, _)| !self.branch.is_reserved(in_root, OsStr::from_bytes(&m.name)))
+            .map(|(m, (key, ino))| {
+                let binding = crate::history::Binding {
+                    branch: key.branch,
+                    dev: key.dev,
+                    ino: key.ino,
+                    object: ino.object(),
+                };
+                (m.name, binding)
+            })
+            .collect())
     }
 }
