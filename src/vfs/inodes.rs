@@ -647,6 +647,14 @@ impl InodeTable {
         }
         tables.by_ino.insert(ino, inode.clone());
         tables.by_key.insert(key, ino);
+        drop(tables);
+        // The lower object keeps its other names (hard links) in its
+        // branch; reached by one of them it must not claim this number,
+        // whose data is now the copy's (it gets a number of its own: a
+        // hard link is broken by copy-up, as on overlayfs without index).
+        if old.key != key {
+            self.map.retire(old.key, ino.0);
+        }
         Ok(inode)
     }
 
