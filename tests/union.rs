@@ -309,6 +309,17 @@ fn two_branches() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
     (dir, a, b, mnt)
 }
 
+/// Runs a chronofs command that must succeed; its output.
+fn cli_ok(args: &[&str]) -> Vec<u8> {
+    let out = Command::new(bin()).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn chronofs(args: &[&std::ffi::OsStr]) -> std::process::Output {
     Command::new(bin()).args(args).output().unwrap()
 }
@@ -381,15 +392,6 @@ fn a_union_of_read_only_branches_refuses_changes_with_erofs() {
 fn history_records_what_the_user_sees_and_copy_up_is_not_a_change() {
     let m = Mount::union("", 2, lower_tree);
     m.wait_history_ready();
-    let cli = |args: &[&str]| {
-        let out = Command::new(bin()).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
     let path = m.p("data");
     let p = path.to_str().unwrap();
     // Reading through the mount changes nothing.
@@ -398,11 +400,11 @@ fn history_records_what_the_user_sees_and_copy_up_is_not_a_change() {
     use std::io::Write;
     f.write_all(b"more\n").unwrap();
     drop(f);
-    let log: serde_json::Value = serde_json::from_slice(&cli(&["log", p, "--json"])).unwrap();
+    let log: serde_json::Value = serde_json::from_slice(&cli_ok(&["log", p, "--json"])).unwrap();
     let versions = log["versions"].as_array().unwrap();
     assert_eq!(versions.len(), 2, "the lower state, then the change: {log}");
-    assert_eq!(cli(&["cat", p, "--version", "1"]), b"lower data\n");
-    assert_eq!(cli(&["cat", p, "--version", "2"]), b"lower data\nmore\n");
+    assert_eq!(cli_ok(&["cat", p, "--version", "1"]), b"lower data\n");
+    assert_eq!(cli_ok(&["cat", p, "--version", "2"]), b"lower data\nmore\n");
 }
 
 #[test]
@@ -508,21 +510,12 @@ fn the_mount_helper_form_mounts_a_union() {
 fn undelete_and_restore_work_on_a_union() {
     let m = Mount::union("", 2, lower_tree);
     m.wait_history_ready();
-    let cli = |args: &[&str]| {
-        let out = Command::new(bin()).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    };
     let low = m.lowers.last().unwrap();
     // A lower file, changed (copied up), then removed (whited out).
     append(&m.p("data"), b"+").unwrap();
     fs::remove_file(m.p("data")).unwrap();
     assert!(!m.p("data").exists());
-    cli(&["undelete", m.p("data").to_str().unwrap()]);
+    cli_ok(&["undelete", m.p("data").to_str().unwrap()]);
     assert_eq!(read_file(&m.p("data")), b"lower data\n+");
     assert_eq!(read_file(&m.src.join("data")), b"lower data\n+");
     assert_eq!(
@@ -532,13 +525,13 @@ fn undelete_and_restore_work_on_a_union() {
     );
     // A lower tree removed whole comes back whole.
     fs::remove_dir_all(m.p("tree")).unwrap();
-    cli(&["undelete", m.p("tree").to_str().unwrap()]);
+    cli_ok(&["undelete", m.p("tree").to_str().unwrap()]);
     assert_eq!(read_file(&m.p("tree/top")), b"top");
     assert_eq!(read_file(&m.p("tree/sub/leaf")), b"leaf");
     // The versions span the copy-up: the first is the lower file's.
     let p = m.p("data");
     assert_eq!(
-        cli(&["cat", p.to_str().unwrap(), "--version", "1"]),
+        cli_ok(&["cat", p.to_str().unwrap(), "--version", "1"]),
         b"lower data\n"
     );
 }

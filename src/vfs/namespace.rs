@@ -330,16 +330,15 @@ impl Vfs {
             self.before_change(held)?;
         }
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let (victim, _staged) = if self.union().is_some() {
+        let victim = if self.union().is_some() {
             let moved = moved.ok_or(errno(libc::ENOENT))?;
-            let staged = self.union_rename(
+            self.union_rename(
                 caller,
                 (parent, name),
                 (newparent, newname),
                 flags,
                 (moved, target),
-            )?;
-            (staged.victim, Some(staged))
+            )?
         } else {
             let olddir = self.inodes.node(parent)?;
             let newdir = self.inodes.node(newparent)?;
@@ -353,7 +352,7 @@ impl Vfs {
             creds::as_caller(caller, || {
                 sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
             })?;
-            (victim, None)
+            victim
         };
         // Renaming a name onto another name of the same object changes nothing.
         if let Some(obj) = moved.filter(|m| Some(*m) != target) {

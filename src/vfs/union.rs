@@ -469,34 +469,15 @@ impl Vfs {
     /// would see (whiteouts hide lower entries and are not themselves
     /// entries).
     fn check_merged_empty(&self, found: &Found, name: &CStr) -> Result<()> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let (_, parent, _) = &found.top;
         let top = sys::open_path(parent.as_fd(), name)?;
-        let mut copies = vec![Arc::new(top)];
-        copies.extend(found.lowers.iter().map(|l| l.fd.clone()));
-        let mut hidden = std::collections::HashSet::new();
-        for fd in copies {
-            let dirfd = sys::reopen(fd.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
-            let mut buf = sys::DirBuf::new(64 * 1024);
-            loop {
-                let batch = sys::getdents(dirfd.as_fd(), &mut buf)?;
-                if batch.is_empty() {
-                    break;
-                }
-                for e in batch {
-                    if e.name == b"." || e.name == b".." || hidden.contains(&e.name) {
-                        continue;
-                    }
-                    let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
-                    match sys::fstatat(dirfd.as_fd(), &cn) {
-                        Ok(st) if format::is_whiteout(&st) => {
-                            hidden.insert(e.name);
-                        }
-                        Ok(_) => return Err(errno(libc::ENOTEMPTY)),
-                        Err(e) if is_absent(&e) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-            }
+        let mut listings = vec![merge::read_layer(top.as_fd(), u.ns)?];
+        for l in &found.lowers {
+            listings.push(merge::read_layer(l.fd.as_fd(), u.ns)?);
+        }
+        if merge::merge(&listings).iter().any(|m| m.layer.is_some()) {
+            return Err(errno(libc::ENOTEMPTY));
         }
         Ok(())
     }
@@ -531,16 +512,11 @@ impl Vfs {
     }
 }
 
-/// What a union rename did, for the history and the inode map.
-pub(super) struct Renamed {
-    /// The replaced object's attributes, if the target name existed.
-    pub victim: Option<Stat>,
-}
-
 impl Vfs {
     /// rename in a union: the moved object (and, for an exchange, the
     /// target) copied up first, the rename done in the upper branch, and a
-    /// whiteout left where the old name lives on below.
+    /// whiteout left where the old name lives on below. Returns the
+    /// replaced object's attributes, if the target name existed.
     pub(super) fn union_rename(
         &self,
         caller: &super::Caller,
@@ -548,7 +524,7 @@ impl Vfs {
         (newparent, newname): (InodeNo, &OsStr),
         flags: u32,
         (moved, target): (InodeNo, Option<InodeNo>),
-    ) -> Result<Renamed> {
+    ) -> Result<Option<Stat>> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let upper = u.upper.ok_or(errno(libc::EROFS))?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
@@ -603,7 +579,7 @@ impl Vfs {
         if below_old && !exchange {
             format::make_whiteout(olddir.fd(), &old)?;
         }
-        Ok(Renamed { victim })
+        Ok(victim)
     }
 }
 
