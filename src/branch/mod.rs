@@ -26,6 +26,8 @@ pub struct DirBranch {
     /// A name in the root directory that belongs to chronofs (the store),
     /// hidden from and refused to the mount's users.
     reserved_root_name: Option<OsString>,
+    /// Other such names (a union's hard-link index).
+    also_reserved: Vec<OsString>,
 }
 
 impl DirBranch {
@@ -42,6 +44,7 @@ impl DirBranch {
             id,
             root,
             reserved_root_name,
+            also_reserved: Vec::new(),
         })
     }
 
@@ -61,6 +64,13 @@ impl DirBranch {
     /// Whether `name` in the branch root is chronofs's own and must stay
     /// invisible through the mount.
     pub fn is_reserved(&self, in_root: bool, name: &OsStr) -> bool {
-        in_root && self.reserved_root_name.as_deref() == Some(name)
+        in_root
+            && (self.reserved_root_name.as_deref() == Some(name)
+                || self.also_reserved.iter().any(|r| r == name))
+    }
+
+    /// Reserves one more root name for chronofs.
+    pub fn reserve(&mut self, name: &OsStr) {
+        self.also_reserved.push(name.to_os_string());
     }
 }

@@ -276,6 +276,38 @@ pub fn copy_up_file(
     Ok(file_up(lower_parent, name, upper_parent, owner, how)?)
 }
 
+/// [`copy_up_file`] under another name in another directory (a hard
+/// link's index entry).
+pub fn copy_up_file_as(
+    lower_parent: BorrowedFd<'_>,
+    name: &CStr,
+    (upper_dir, dest): (BorrowedFd<'_>, &CStr),
+    owner: &Owner,
+) -> Result<OwnedFd> {
+    let how = How {
+        tmpfile: true,
+        sync: true,
+        len: None,
+    };
+    Ok(file_up_as(
+        lower_parent,
+        name,
+        (upper_dir, dest),
+        owner,
+        how,
+    )?)
+}
+
+/// Gives the copied-up file `fd` (an index entry) the name `name` in
+/// `upper_parent`, whose times stay as they were (a copy-up is not a
+/// change of the directory).
+pub fn link_up(fd: BorrowedFd<'_>, upper_parent: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    let parent = ParentTimes::save(upper_parent)?;
+    let linked = sys::link_fd(fd, upper_parent, name);
+    parent.restore();
+    Ok(linked?)
+}
+
 /// [`copy_up_file`] for a change that truncates the file to `len` bytes
 /// (open with O_TRUNC: 0; truncate(2)): only the bytes that survive the
 /// truncation are copied, so an O_TRUNC open of a large lower file costs
@@ -349,21 +381,31 @@ fn file_up(
     owner: &Owner,
     how: How,
 ) -> io::Result<OwnedFd> {
+    file_up_as(lower_parent, name, (upper_parent, name), owner, how)
+}
+
+fn file_up_as(
+    lower_parent: BorrowedFd<'_>,
+    name: &CStr,
+    (upper_parent, dest): (BorrowedFd<'_>, &CStr),
+    owner: &Owner,
+    how: How,
+) -> io::Result<OwnedFd> {
     let lower = sys::open_path(lower_parent, name)?;
     let st = sys::fstat(lower.as_fd())?;
     if is_kind(&st, libc::S_IFDIR) {
         return Err(err(libc::EISDIR));
     }
-    match sys::fstatat(upper_parent, name) {
+    match sys::fstatat(upper_parent, dest) {
         Ok(_) => return Err(err(libc::EEXIST)),
         Err(e) if errno(&e) == libc::ENOENT => {}
         Err(e) => return Err(e),
     }
     let parent = ParentTimes::save(upper_parent)?;
     let result = if is_kind(&st, libc::S_IFREG) {
-        copy_regular(lower.as_fd(), &st, upper_parent, name, owner, how)
+        copy_regular(lower.as_fd(), &st, upper_parent, dest, owner, how)
     } else {
-        copy_special(lower.as_fd(), &st, upper_parent, name, owner)
+        copy_special(lower.as_fd(), &st, upper_parent, dest, owner)
     };
     parent.restore();
     result

@@ -6,12 +6,14 @@
 //! shared with kernel overlayfs (`format`: whiteouts, opaque directories,
 //! redirects), the merge of several directories' listings into one with
 //! stable offsets (`merge`), and copying an object from a read-only branch
-//! into a read-write one without ever showing a partial file (`copyup`).
+//! into a read-write one without ever showing a partial file (`copyup`),
+//! and the index that keeps a copied-up hard link one file (`index`).
 //! Uses: `branch`, `store`, `sys`. Must not know about FUSE, inode numbers
 //! or history.
 
 pub mod copyup;
 pub mod format;
+pub mod index;
 pub mod merge;
 pub mod spec;
 

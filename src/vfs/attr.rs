@@ -88,7 +88,10 @@ impl Vfs {
             },
             _ => sys::fstat(self.inodes.node(ino)?.fd())?,
         };
-        Ok(Attr { ino, st })
+        Ok(Attr {
+            ino,
+            st: self.shown(ino, st),
+        })
     }
 
     pub fn setattr(&self, caller: &Caller, ino: InodeNo, set: SetAttr) -> Result<Attr> {

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -52,6 +52,9 @@ pub struct Inode {
     /// A union directory: the same directory in the branches below the
     /// one `key` names, top-down (empty outside union mounts).
     pub layers: Arc<[Layer]>,
+    /// A union file with hard links in a read-only branch, copied up
+    /// through the index: the link count the union shows (0: not one).
+    union_nlink: AtomicU32,
 }
 
 /// One branch's copy of a union directory.
@@ -128,6 +131,18 @@ impl Inode {
 
     pub fn name(&self) -> Option<(InodeNo, Vec<u8>)> {
         self.name.lock().clone()
+    }
+
+    /// The link count to show instead of the backing one, if any.
+    pub fn union_nlink(&self) -> Option<u32> {
+        match self.union_nlink.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
+    pub fn set_union_nlink(&self, n: u32) {
+        self.union_nlink.store(n, Ordering::Release);
     }
 
     /// True the first time it is asked for this inode.
@@ -229,6 +244,7 @@ impl InodeTable {
             name: Mutex::new(None),
             seen: AtomicBool::new(false),
             layers: root_layers.into(),
+            union_nlink: AtomicU32::new(0),
         });
         let mut tables = Tables::default();
         tables.by_ino.insert(InodeNo::ROOT, root);
@@ -605,6 +621,7 @@ impl InodeTable {
             name: Mutex::new(None),
             seen: AtomicBool::new(false),
             layers: layers.into(),
+            union_nlink: AtomicU32::new(0),
         });
         tables.by_ino.insert(ino, inode.clone());
         tables.by_key.insert(key, ino);
@@ -622,6 +639,29 @@ impl InodeTable {
         fd: OwnedFd,
         st: &Stat,
         layers: Vec<Layer>,
+    ) -> Result<Arc<Inode>> {
+        self.rebind_as(ino, (branch, fd, st), layers, true)
+    }
+
+    /// [`InodeTable::rebind`] of a hard-linked file copied up through the
+    /// union's index: its other lower names resolve to the copy too, so
+    /// the lower object keeps the number.
+    pub fn rebind_linked(
+        &self,
+        ino: InodeNo,
+        branch: BranchId,
+        fd: OwnedFd,
+        st: &Stat,
+    ) -> Result<Arc<Inode>> {
+        self.rebind_as(ino, (branch, fd, st), Vec::new(), false)
+    }
+
+    fn rebind_as(
+        &self,
+        ino: InodeNo,
+        (branch, fd, st): (BranchId, OwnedFd, &Stat),
+        layers: Vec<Layer>,
+        retire_old: bool,
     ) -> Result<Arc<Inode>> {
         let key = self.key_in(branch, st);
         self.map.bind(key, ino.0);
@@ -641,6 +681,7 @@ impl InodeTable {
             name: Mutex::new(old.name()),
             seen: AtomicBool::new(old.seen.load(Ordering::Relaxed)),
             layers: layers.into(),
+            union_nlink: AtomicU32::new(old.union_nlink.load(Ordering::Acquire)),
         });
         if tables.by_key.get(&old.key) == Some(&ino) {
             tables.by_key.remove(&old.key);
@@ -652,7 +693,7 @@ impl InodeTable {
         // branch; reached by one of them it must not claim this number,
         // whose data is now the copy's (it gets a number of its own: a
         // hard link is broken by copy-up, as on overlayfs without index).
-        if old.key != key {
+        if old.key != key && retire_old {
             self.map.retire(old.key, ino.0);
         }
         Ok(inode)

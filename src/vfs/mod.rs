@@ -21,6 +21,7 @@ mod ingest;
 mod inodes;
 mod namespace;
 mod union;
+mod union_links;
 mod versioning;
 mod views;
 
@@ -246,7 +247,8 @@ impl Vfs {
         let u = union::Union::new(&branches, owner)?;
         let primary = u.primary();
         let mounts = u.root_fds().map(inodes::BranchMount::of).collect();
-        let branch = branches.swap_remove(primary.0 as usize).branch;
+        let mut branch = branches.swap_remove(primary.0 as usize).branch;
+        branch.reserve(OsStr::new(crate::union::index::INDEX_DIR));
         Vfs::assemble(branch, primary, inomap, mounts, cfg, capture, Some(u))
     }
 

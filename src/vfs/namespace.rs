@@ -188,6 +188,7 @@ impl Vfs {
         let cname = sys::cstr(newname)?;
         self.clear_whiteout(&dir, &cname)?;
         creds::as_caller(caller, || sys::link_fd(inode.fd(), dir.fd(), &cname))?;
+        self.links_changed(ino, 1)?;
         // A new name for a known object, not a new object.
         let entry = self.lookup_in(&dir, newname)?;
         inode.set_name(newparent, newname.as_encoded_bytes());
@@ -231,7 +232,12 @@ impl Vfs {
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         let victim = if self.union().is_some() {
-            self.union_remove(caller, parent, name, flags)?
+            let victim = self.union_remove(caller, parent, name, flags)?;
+            let victim = victim.map(|st| held.map_or(st, |ino| self.shown(ino, st)));
+            if let Some(ino) = held {
+                self.links_changed(ino, -1)?;
+            }
+            victim
         } else {
             let victim = self.pin_victim(&dir, &cname)?;
             creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
@@ -332,13 +338,21 @@ impl Vfs {
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let victim = if self.union().is_some() {
             let moved = moved.ok_or(errno(libc::ENOENT))?;
-            self.union_rename(
+            let victim = self.union_rename(
                 caller,
                 (parent, name),
                 (newparent, newname),
                 flags,
                 (moved, target),
-            )?
+            )?;
+            match (victim, target) {
+                (Some(st), Some(t)) if !exchange && t != moved => {
+                    let shown = self.shown(t, st);
+                    self.links_changed(t, -1)?;
+                    Some(shown)
+                }
+                (victim, _) => victim,
+            }
         } else {
             let olddir = self.inodes.node(parent)?;
             let newdir = self.inodes.node(newparent)?;

@@ -28,8 +28,10 @@ pub struct Union {
     roots: Vec<(Arc<OwnedFd>, bool)>,
     /// Where creates and copy-ups go: the highest read-write branch.
     upper: Option<BranchId>,
-    ns: format::XattrNs,
-    owner: copyup::OwnerOption,
+    pub(super) ns: format::XattrNs,
+    pub(super) owner: copyup::OwnerOption,
+    /// The upper branch's hard-link index, once it exists.
+    pub(super) index: std::sync::OnceLock<Arc<OwnedFd>>,
 }
 
 impl Union {
@@ -43,11 +45,18 @@ impl Union {
             .iter()
             .position(|b| b.writable)
             .map(|i| BranchId(i as u32));
+        let index = std::sync::OnceLock::new();
+        if let Some(b) = upper {
+            if let Some(fd) = crate::union::index::open_existing(roots[b.0 as usize].0.as_fd())? {
+                let _ = index.set(Arc::new(fd));
+            }
+        }
         Ok(Union {
             roots,
             upper,
             ns: format::XattrNs::for_daemon(),
             owner,
+            index,
         })
     }
 
@@ -73,7 +82,15 @@ impl Union {
         self.roots.iter().map(|(fd, _)| fd.as_fd())
     }
 
-    fn writable(&self, b: BranchId) -> bool {
+    pub(super) fn upper(&self) -> Option<BranchId> {
+        self.upper
+    }
+
+    pub(super) fn root_of(&self, b: BranchId) -> Option<&Arc<OwnedFd>> {
+        self.roots.get(b.0 as usize).map(|(fd, _)| fd)
+    }
+
+    pub(super) fn writable(&self, b: BranchId) -> bool {
         self.roots.get(b.0 as usize).is_some_and(|(_, w)| *w)
     }
 }
@@ -264,16 +281,25 @@ impl Vfs {
         if copyup::is_copyup_temp(name.as_bytes()) {
             return Err(errno(libc::ENOENT));
         }
-        let cname = sys::cstr(name)?;
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let mut cname = sys::cstr(name)?;
         let found = self.walk(dir, &cname)?.ok_or(errno(libc::ENOENT))?;
-        let (branch, parent, st) = found.top;
+        let (mut branch, mut parent, mut st) = found.top;
+        if let Some((index, entry, entry_st)) = self.indexed_instead(u, branch, &st)? {
+            // Another name of this lower file was copied up: this one
+            // shows the copy too.
+            (branch, parent, st, cname) = (u.upper().unwrap_or(branch), index, entry_st, entry);
+        }
         let key = self.inodes.key_in(branch, &st);
         if let Some(inode) = self.inodes.acquire_known(&key) {
             if self.inodes.still_names(&inode, parent.as_fd(), &cname) {
                 // Copy-up finds the lower copy by this name.
                 inode.set_name(dir.ino, name.as_encoded_bytes());
                 return Ok(Entry {
-                    attr: Attr { ino: inode.ino, st },
+                    attr: Attr {
+                        ino: inode.ino,
+                        st: self.shown(inode.ino, st),
+                    },
                     entry_ttl: None,
                 });
             }
@@ -284,8 +310,13 @@ impl Vfs {
         let st = sys::fstat(fd.as_fd())?;
         let inode = self.inodes.acquire_in(branch, fd, &st, found.lowers)?;
         inode.set_name(dir.ino, name.as_encoded_bytes());
+        let node = self.inodes.node_of(inode.clone())?;
+        self.note_if_indexed(u, &inode, node.fd(), &st);
         Ok(Entry {
-            attr: Attr { ino: inode.ino, st },
+            attr: Attr {
+                ino: inode.ino,
+                st: self.shown(inode.ino, st),
+            },
             entry_ttl: None,
         })
     }
@@ -354,12 +385,17 @@ impl Vfs {
         let upper_parent = self.writable_dir(caller, parent)?;
         let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
-        let fd = copyup::copy_up_file(
-            lower_parent.as_fd(),
-            &cname,
-            upper_parent.fd(),
-            &u.owner.resolve(caller.uid, caller.gid),
-        )?;
+        let owner = u.owner.resolve(caller.uid, caller.gid);
+        let lower_st = sys::fstat(node.fd())?;
+        if lower_st.st_mode & libc::S_IFMT == libc::S_IFREG && lower_st.st_nlink > 1 {
+            let at = (lower_parent.as_fd(), cname.as_c_str());
+            let (fd, st) = self.copy_up_linked(u, &node, at, &upper_parent, &owner)?;
+            let n = crate::union::index::nlink(fd.as_fd(), u.ns)?;
+            let inode = self.inodes.rebind_linked(ino, upper, fd, &st)?;
+            inode.set_union_nlink(n.unwrap_or(lower_st.st_nlink as u32).max(1));
+            return self.inodes.node_of(inode);
+        }
+        let fd = copyup::copy_up_file(lower_parent.as_fd(), &cname, upper_parent.fd(), &owner)?;
         let st = sys::fstat(fd.as_fd())?;
         let inode = self.inodes.rebind(ino, upper, fd, &st, Vec::new())?;
         self.inodes.node_of(inode)

@@ -1,0 +1,167 @@
+//! Hard links of a union's read-only branches keep one identity across
+//! copy-up: the vfs half of `union::index` (docs/ARCHITECTURE.md "Union
+//! mounts"). A regular file with several names below is copied up into the
+//! index and its names resolve there; the inode keeps its number, every
+//! name shows the copied-up data, and st_nlink counts the names a user can
+//! reach.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use super::inodes::{Inode, Node};
+use super::union::Union;
+use super::{errno, InodeNo, Result, Stat, Vfs};
+use crate::branch::BranchId;
+use crate::store::BackingKey;
+use crate::sys;
+use crate::union::{copyup, index};
+
+/// A lower file whose copy-up must go through the index: a regular file
+/// with more than one name.
+fn is_linked_file(st: &Stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink > 1
+}
+
+fn entry_of(key: &BackingKey) -> CString {
+    index::entry_name(key.branch, key.dev, key.ino)
+}
+
+impl Union {
+    fn index_or_make(&self) -> Result<&Arc<OwnedFd>> {
+        if let Some(fd) = self.index.get() {
+            return Ok(fd);
+        }
+        let upper = self.upper().ok_or(errno(libc::EROFS))?;
+        let root = self.root_of(upper).ok_or(errno(libc::EROFS))?;
+        let fd = index::open_or_make(root.as_fd())?;
+        Ok(self.index.get_or_init(|| Arc::new(fd)))
+    }
+}
+
+impl Vfs {
+    /// Where a lookup that found `st` (in `branch`) lands instead: the
+    /// index entry of a linked lower file one of whose names was copied
+    /// up, as (directory, name, stat).
+    pub(super) fn indexed_instead(
+        &self,
+        u: &Union,
+        branch: BranchId,
+        st: &Stat,
+    ) -> Result<Option<(Arc<OwnedFd>, CString, Stat)>> {
+        let Some(index) = u.index.get() else {
+            return Ok(None);
+        };
+        if u.writable(branch) || !is_linked_file(st) {
+            return Ok(None);
+        }
+        let name = entry_of(&self.inodes.key_in(branch, st));
+        match sys::fstatat(index.as_fd(), &name) {
+            Ok(found) => Ok(Some((index.clone(), name, found))),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// After an upper object was acquired: if it is an index entry's file,
+    /// the inode shows the union's link count from now on.
+    pub(super) fn note_if_indexed(&self, u: &Union, inode: &Inode, fd: BorrowedFd<'_>, st: &Stat) {
+        if u.index.get().is_none() || inode.union_nlink().is_some() || !is_linked_file(st) {
+            return;
+        }
+        if !u.writable(BranchId(inode.key.branch)) {
+            return;
+        }
+        match index::nlink(fd, u.ns) {
+            Ok(Some(n)) => inode.set_union_nlink(n.max(1)),
+            Ok(None) => {}
+            Err(e) => tracing::debug!("union: link count of inode {} unread: {e}", inode.ino.0),
+        }
+    }
+
+    /// Copy-up of `node`, a linked lower file named `name` in
+    /// `lower_parent`: its copy becomes the index entry (or is one
+    /// already, made through another name), then `name` in
+    /// `upper_parent` links to it.
+    pub(super) fn copy_up_linked(
+        &self,
+        u: &Union,
+        node: &Node,
+        (lower_parent, name): (BorrowedFd<'_>, &std::ffi::CStr),
+        upper_parent: &Node,
+        owner: &copyup::Owner,
+    ) -> Result<(OwnedFd, Stat)> {
+        let index = u.index_or_make()?;
+        let entry = entry_of(&node.key);
+        let lower_links = sys::fstat(node.fd())?.st_nlink as u32;
+        let fd = match copyup::copy_up_file_as(lower_parent, name, (index.as_fd(), &entry), owner) {
+            Ok(fd) => {
+                index::set_entry(fd.as_fd(), u.ns, &entry)?;
+                index::set_nlink(fd.as_fd(), u.ns, lower_links)?;
+                fd
+            }
+            Err(e) if e.errno() == libc::EEXIST => sys::open_path(index.as_fd(), &entry)?,
+            Err(e) => return Err(e.into()),
+        };
+        copyup::link_up(fd.as_fd(), upper_parent.fd(), name)?;
+        let st = sys::fstat(fd.as_fd())?;
+        Ok((fd, st))
+    }
+
+    /// The attributes to show for `ino`: the union's link count for an
+    /// indexed file.
+    pub(super) fn shown(&self, ino: InodeNo, mut st: Stat) -> Stat {
+        if self.union().is_some_and(|u| u.index.get().is_some()) {
+            if let Some(n) = self.inodes.get(ino).ok().and_then(|i| i.union_nlink()) {
+                st.st_nlink = n.into();
+            }
+        }
+        st
+    }
+
+    /// After a name of `ino` was added (+1) or removed (-1): an indexed
+    /// file's link count follows. Its last name gone, the index entry
+    /// goes too.
+    pub(super) fn links_changed(&self, ino: InodeNo, delta: i32) -> Result<()> {
+        let Some(u) = self.union() else {
+            return Ok(());
+        };
+        let Ok(inode) = self.inodes.get(ino) else {
+            return Ok(());
+        };
+        let Some(n) = inode.union_nlink() else {
+            return Ok(());
+        };
+        let n = n.saturating_add_signed(delta);
+        let node = self.inodes.node_of(inode.clone())?;
+        if n == 0 {
+            self.drop_index_entry(u, &node)?;
+            return Ok(());
+        }
+        index::set_nlink(node.fd(), u.ns, n)?;
+        inode.set_union_nlink(n);
+        Ok(())
+    }
+
+    /// The file has no name left in the union: its index entry would keep
+    /// it (and a stale count) alive.
+    fn drop_index_entry(&self, u: &Union, node: &Node) -> Result<()> {
+        let Some(index) = u.index.get() else {
+            return Ok(());
+        };
+        let Some(entry) = index::entry(node.fd(), u.ns)? else {
+            return Ok(());
+        };
+        match sys::unlinkat(index.as_fd(), &entry, 0) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Open descriptors may still stat it: one name fewer than before.
+        node.set_union_nlink(0);
+        if let Some((branch, dev, ino)) = index::key_of_entry(&entry) {
+            self.inodes.retire(&BackingKey { branch, dev, ino })?;
+        }
+        Ok(())
+    }
+}
