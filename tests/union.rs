@@ -595,3 +595,36 @@ fn hard_link_case(m: &mut Mount) {
         "index entry left behind"
     );
 }
+
+/// The first mount's baseline walk covers the union as the user sees it:
+/// files held only by read-only branches (in directories of their own) get
+/// their baseline, a name shadowed above is recorded with the top copy's
+/// content, and a whited-out name is not recorded.
+#[test]
+fn the_first_mount_records_the_whole_union() {
+    for n in 1..=3 {
+        let m = Mount::union("", n, |b| {
+            lower_tree(b);
+            write_file(&b[0].join("shared"), b"from the top\n");
+        });
+        let mnt = m.mnt.to_str().unwrap().to_string();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let st: serde_json::Value =
+                serde_json::from_slice(&cli_ok(&["status", &mnt, "--json"])).unwrap();
+            if st["ingest"]["complete"] == serde_json::Value::Bool(true) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no ingest: {st}");
+            std::thread::yield_now();
+        }
+        let first = |rel: &str| {
+            let p = m.p(rel);
+            cli_ok(&["cat", p.to_str().unwrap(), "--version", "1"])
+        };
+        assert_eq!(first("tree/sub/leaf"), b"leaf", "{n} lower branch(es)");
+        assert_eq!(first("data"), b"lower data\n");
+        assert_eq!(first("shared"), b"from the top\n");
+        assert_eq!(first(&format!("d/in{n}")), b"x");
+    }
+}

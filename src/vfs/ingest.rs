@@ -11,6 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::inodes::Layer;
 use super::versioning::Live;
 use super::{InodeNo, Vfs};
 use crate::capture::Tree;
@@ -38,6 +39,10 @@ type Place = Option<(ObjectId, Vec<u8>)>;
 struct Walk<'a> {
     live: Live<'a>,
     objects: HashMap<ObjectId, (OwnedFd, Place)>,
+}
+
+fn to_io(e: super::VfsError) -> io::Error {
+    io::Error::from_raw_os_error(e.errno())
 }
 
 fn not_found() -> io::Error {
@@ -171,6 +176,66 @@ impl Vfs {
         }
     }
 
+    /// The root's copies in a union, top-down (none outside one).
+    fn root_copies(&self, root: &OwnedFd) -> Vec<Layer> {
+        let Some(u) = self.union() else {
+            return Vec::new();
+        };
+        let mut copies = u.root_layers();
+        if let Ok(own) = sys::reopen(root.as_fd(), libc::O_PATH | libc::O_DIRECTORY) {
+            copies.push(Layer {
+                branch: u.primary(),
+                fd: Arc::new(own),
+            });
+        }
+        copies.sort_by_key(|l| l.branch.0);
+        copies
+    }
+
+    /// A directory's entries as history records them: in a union (its
+    /// `copies` known) the merged ones, else those of `fd`.
+    fn listing_of(
+        &self,
+        walk: &Walk<'_>,
+        (fd, copies): (&OwnedFd, &[Layer]),
+        in_root: bool,
+    ) -> io::Result<Vec<(Vec<u8>, Binding)>> {
+        if copies.is_empty() {
+            return walk.live.list_fd(fd.as_fd(), in_root);
+        }
+        self.union_entries(copies, in_root).map_err(to_io)
+    }
+
+    /// The object `name` of a directory walked: a descriptor of it (its
+    /// top copy in a union) and, for a union directory, its copies.
+    fn child_of(
+        &self,
+        (fd, copies): (&OwnedFd, &[Layer]),
+        name: &std::ffi::CStr,
+    ) -> io::Result<(OwnedFd, Vec<Layer>)> {
+        let Some(u) = self.union() else {
+            return Ok((sys::open_path(fd.as_fd(), name)?, Vec::new()));
+        };
+        let found = self.walk_layers(copies, name).map_err(to_io)?;
+        let (branch, parent, st) = found.as_ref().ok_or_else(not_found)?.top.clone();
+        if let Some((index, entry, _)) = self.indexed_instead(u, branch, &st).map_err(to_io)? {
+            return Ok((sys::open_path(index.as_fd(), &entry)?, Vec::new()));
+        }
+        let child = sys::open_path(parent.as_fd(), name)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Ok((child, Vec::new()));
+        }
+        let mut child_copies = vec![Layer {
+            branch,
+            fd: Arc::new(sys::reopen(
+                child.as_fd(),
+                libc::O_PATH | libc::O_DIRECTORY,
+            )?),
+        }];
+        child_copies.extend(found.map(|f| f.lowers).unwrap_or_default());
+        Ok((child, child_copies))
+    }
+
     /// Walks the tree; true if it went through with no error.
     fn ingest_tree(&self) -> bool {
         let Some(capture) = self.capture() else {
@@ -184,8 +249,10 @@ impl Vfs {
                 return false;
             }
         };
-        let mut queue: Vec<(ObjectId, OwnedFd, Place)> = vec![(InodeNo::ROOT.object(), root, None)];
-        while let Some((dir, fd, parent)) = queue.pop() {
+        let root_copies = self.root_copies(&root);
+        let mut queue: Vec<(ObjectId, OwnedFd, Place, Vec<Layer>)> =
+            vec![(InodeNo::ROOT.object(), root, None, root_copies)];
+        while let Some((dir, fd, parent, copies)) = queue.pop() {
             if p.stop.load(Ordering::Acquire) {
                 tracing::info!("ingest stopped; the next mount resumes it");
                 return false;
@@ -194,7 +261,8 @@ impl Vfs {
                 live: Live(self),
                 objects: HashMap::new(),
             };
-            let listing = match walk.live.list_fd(fd.as_fd(), dir == InodeNo::ROOT.object()) {
+            let in_root = dir == InodeNo::ROOT.object();
+            let listing = match self.listing_of(&walk, (&fd, &copies), in_root) {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::warn!("ingest: cannot list directory {dir}: {e}");
@@ -202,13 +270,15 @@ impl Vfs {
                     continue;
                 }
             };
+            let mut child_copies = HashMap::new();
             for (name, b) in &listing {
                 let Ok(cname) = sys::cstr(std::ffi::OsStr::from_bytes(name)) else {
                     continue;
                 };
-                if let Ok(child) = sys::open_path(fd.as_fd(), &cname) {
+                if let Ok((child, copies)) = self.child_of((&fd, &copies), &cname) {
                     walk.objects
                         .insert(b.object, (child, Some((dir, name.clone()))));
+                    child_copies.insert(b.object, copies);
                 }
             }
             walk.objects.insert(dir, (fd, parent));
@@ -226,7 +296,8 @@ impl Vfs {
                 };
                 if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
                     if let Some((cfd, cparent)) = walk.objects.remove(&obj) {
-                        queue.push((obj, cfd, cparent));
+                        let copies = child_copies.remove(&obj).unwrap_or_default();
+                        queue.push((obj, cfd, cparent, copies));
                     }
                     continue;
                 }

@@ -96,12 +96,12 @@ impl Union {
 }
 
 /// What a walk down a directory's layers found under one name.
-struct Found {
+pub(super) struct Found {
     /// The topmost copy: its branch, the directory holding it, its stat.
-    top: (BranchId, Arc<OwnedFd>, Stat),
+    pub(super) top: (BranchId, Arc<OwnedFd>, Stat),
     /// Below a directory: the same directory in lower branches, down to an
     /// opaque one.
-    lowers: Vec<Layer>,
+    pub(super) lowers: Vec<Layer>,
 }
 
 fn is_absent(e: &std::io::Error) -> bool {
@@ -132,9 +132,15 @@ impl Vfs {
     /// Walks `name` down the layers of `dir`: whiteouts end it, a
     /// non-directory ends it, an opaque directory ends it.
     fn walk(&self, dir: &Node, name: &CStr) -> Result<Option<Found>> {
+        self.walk_layers(&self.layers_of(dir), name)
+    }
+
+    /// [`Vfs::walk`] down a directory's copies `dir` (top-down), which
+    /// need not be an inode's (the eager baseline walks without any).
+    pub(super) fn walk_layers(&self, dir: &[Layer], name: &CStr) -> Result<Option<Found>> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let mut found: Option<Found> = None;
-        for layer in self.layers_of(dir) {
+        for layer in dir.iter().cloned() {
             let st = match sys::fstatat(layer.fd.as_fd(), name) {
                 Ok(st) => st,
                 Err(e) if is_absent(&e) => continue,
@@ -193,7 +199,7 @@ impl Vfs {
     fn redirected_lowers(
         &self,
         above: BranchId,
-        parent: &Node,
+        parent: &[Layer],
         origin: &[u8],
     ) -> Result<Vec<Layer>> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
@@ -205,10 +211,9 @@ impl Vfs {
                 .enumerate()
                 .map(|(i, (fd, _))| (BranchId(i as u32), fd.clone(), abs))
                 .collect(),
-            None => self
-                .layers_of(parent)
-                .into_iter()
-                .map(|l| (l.branch, l.fd, origin))
+            None => parent
+                .iter()
+                .map(|l| (l.branch, l.fd.clone(), origin))
                 .collect(),
         };
         for (branch, start, rel) in starts {
@@ -629,7 +634,7 @@ impl Vfs {
         caller: &super::Caller,
         dir: &Node,
     ) -> Result<Vec<super::dir::Dirent>> {
-        let (merged, keys) = self.merged_entries(Some(caller), dir)?;
+        let (merged, keys) = self.merged_entries(Some(caller), &self.layers_of(dir))?;
         let mut numbers = self.inodes.numbers_for(&keys)?.into_iter();
         let parent = if dir.ino == InodeNo::ROOT {
             InodeNo::ROOT
@@ -714,13 +719,12 @@ impl Vfs {
     fn merged_entries(
         &self,
         caller: Option<&super::Caller>,
-        dir: &Node,
+        layers: &[Layer],
     ) -> Result<(Vec<merge::MergedEntry>, Vec<crate::store::BackingKey>)> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let layers = self.layers_of(dir);
         let mut listings = Vec::with_capacity(layers.len());
         let mut devs = Vec::with_capacity(layers.len());
-        for layer in &layers {
+        for layer in layers {
             let fd = layer.fd.as_fd();
             listings.push(match caller {
                 Some(c) => crate::sys::creds::as_caller(c, || merge::read_layer(fd, u.ns))?,
@@ -749,9 +753,9 @@ impl Vfs {
     /// view, each entry bound to the branch object it resolves to.
     pub(super) fn union_entries(
         &self,
-        dir: &Node,
+        dir: &[Layer],
+        in_root: bool,
     ) -> Result<Vec<(Vec<u8>, crate::history::Binding)>> {
-        let in_root = dir.ino == InodeNo::ROOT;
         let (merged, keys) = self.merged_entries(None, dir)?;
         let numbers = self.inodes.numbers_for(&keys)?;
         let named = merged.into_iter().filter(|m| m.layer.is_some());

@@ -54,7 +54,10 @@ impl Tree for Live<'_> {
     fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>> {
         let node = self.0.inodes.node(InodeNo::from(dir)).map_err(io_err)?;
         if self.0.union().is_some() {
-            return self.0.union_entries(&node).map_err(io_err);
+            return self
+                .0
+                .union_entries(&self.0.layers_of(&node), dir == ROOT)
+                .map_err(io_err);
         }
         self.list_fd(node.fd(), dir == ROOT)
     }
