@@ -138,7 +138,7 @@ impl Vfs {
         let access = libc::O_RDONLY | libc::O_DIRECTORY | (flags & libc::O_NOATIME);
         let fd = creds::as_caller(caller, || sys::reopen(inode.fd(), access))?;
         self.dir_opened(ino, fd.as_fd());
-        let merged = if inode.layers.is_empty() {
+        let merged = if !inode.has_layers() {
             None
         } else {
             Some((self.merged_listing(caller, &inode)?, 0))

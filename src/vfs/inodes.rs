@@ -50,8 +50,10 @@ pub struct Inode {
     /// Set once the first lookup has compared the object with history.
     seen: AtomicBool,
     /// A union directory: the same directory in the branches below the
-    /// one `key` names, top-down (empty outside union mounts).
-    pub layers: Arc<[Layer]>,
+    /// one `key` names, top-down (empty outside union mounts). Reached
+    /// like the inode's own object, so that a large tree of union
+    /// directories does not hold a descriptor per branch each.
+    layers: Box<[LayerSlot]>,
     /// A union file with hard links in a read-only branch, copied up
     /// through the index: the link count the union shows (0: not one).
     union_nlink: AtomicU32,
@@ -62,6 +64,12 @@ pub struct Inode {
 pub struct Layer {
     pub branch: BranchId,
     pub fd: Arc<OwnedFd>,
+}
+
+/// A [`Layer`] as an inode keeps it.
+struct LayerSlot {
+    branch: BranchId,
+    slot: FdSlot,
 }
 
 /// How the backing object is reached. Holding an O_PATH descriptor per
@@ -145,19 +153,24 @@ impl Inode {
         self.union_nlink.store(n, Ordering::Release);
     }
 
+    /// Whether it is a union directory with copies in lower branches.
+    pub fn has_layers(&self) -> bool {
+        !self.layers.is_empty()
+    }
+
     /// True the first time it is asked for this inode.
     pub fn first_sight(&self) -> bool {
         !self.seen.swap(true, Ordering::Relaxed)
     }
 }
 
-impl Drop for Inode {
+impl Drop for FdSlot {
     fn drop(&mut self) {
         if let FdSlot::Handle {
             cached,
             cache_count,
             ..
-        } = &self.slot
+        } = &self
         {
             if cached.lock().take().is_some() {
                 cache_count.fetch_sub(1, Ordering::Relaxed);
@@ -243,7 +256,13 @@ impl InodeTable {
             slot: FdSlot::Pinned(root_fd.clone()),
             name: Mutex::new(None),
             seen: AtomicBool::new(false),
-            layers: root_layers.into(),
+            layers: root_layers
+                .into_iter()
+                .map(|l| LayerSlot {
+                    branch: l.branch,
+                    slot: FdSlot::Pinned(l.fd),
+                })
+                .collect(),
             union_nlink: AtomicU32::new(0),
         });
         let mut tables = Tables::default();
@@ -312,7 +331,36 @@ impl InodeTable {
     /// its handle if the cached one was evicted. Must be called with the
     /// daemon's own credentials (re-opening a handle needs them).
     pub fn fd(&self, inode: &Inode) -> Result<Arc<OwnedFd>> {
-        let (branch, handle, cached, referenced) = match &inode.slot {
+        self.slot_fd(&inode.slot)
+    }
+
+    /// A union directory's copies below its own, top-down, re-opened where
+    /// their descriptors were evicted.
+    pub fn layers(&self, inode: &Inode) -> Result<Vec<Layer>> {
+        inode
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    branch: l.branch,
+                    fd: self.slot_fd(&l.slot)?,
+                })
+            })
+            .collect()
+    }
+
+    fn layer_slots(&self, layers: Vec<Layer>) -> Box<[LayerSlot]> {
+        layers
+            .into_iter()
+            .map(|l| LayerSlot {
+                branch: l.branch,
+                slot: self.slot_for_shared(l.branch, l.fd),
+            })
+            .collect()
+    }
+
+    fn slot_fd(&self, slot: &FdSlot) -> Result<Arc<OwnedFd>> {
+        let (branch, handle, cached, referenced) = match slot {
             FdSlot::Pinned(fd) => return Ok(fd.clone()),
             FdSlot::Handle {
                 branch,
@@ -359,7 +407,11 @@ impl InodeTable {
         let target = self.cache_budget * 3 / 4;
         let tables = self.tables.read();
         for pass in 0..2 {
-            for inode in tables.by_ino.values() {
+            let slots = tables
+                .by_ino
+                .values()
+                .flat_map(|i| std::iter::once(&i.slot).chain(i.layers.iter().map(|l| &l.slot)));
+            for slot in slots {
                 if self.cache_count.load(Ordering::Relaxed) <= target {
                     return;
                 }
@@ -368,7 +420,7 @@ impl InodeTable {
                     referenced,
                     pinned,
                     ..
-                } = &inode.slot
+                } = slot
                 else {
                     continue;
                 };
@@ -492,17 +544,21 @@ impl InodeTable {
     }
 
     fn slot_for(&self, branch: BranchId, fd: OwnedFd) -> FdSlot {
+        self.slot_for_shared(branch, Arc::new(fd))
+    }
+
+    fn slot_for_shared(&self, branch: BranchId, fd: Arc<OwnedFd>) -> FdSlot {
         let mount_id = self.mounts.get(branch.0 as usize).and_then(|m| m.mount_id);
         let handle = match (mount_id, sys::name_to_handle(fd.as_fd())) {
             (Some(root_mount), Ok((handle, mount))) if mount == root_mount => handle,
             // Another mount below SRC, or no handle support: keep it open.
-            _ => return FdSlot::Pinned(Arc::new(fd)),
+            _ => return FdSlot::Pinned(fd),
         };
         self.count_cached();
         FdSlot::Handle {
             branch: branch.0 as usize,
             handle,
-            cached: Mutex::new(Some(Arc::new(fd))),
+            cached: Mutex::new(Some(fd)),
             referenced: AtomicBool::new(true),
             pinned: AtomicBool::new(false),
             cache_count: self.cache_count.clone(),
@@ -605,6 +661,8 @@ impl InodeTable {
         } else {
             self.slot_for(branch, fd)
         };
+        // Before the table lock: making a slot may evict, which reads it.
+        let layers = self.layer_slots(layers);
         let mut tables = self.tables.write();
         if !fresh {
             if let Some(existing) = tables.by_key.get(&key).and_then(|i| tables.by_ino.get(i)) {
@@ -620,7 +678,7 @@ impl InodeTable {
             slot,
             name: Mutex::new(None),
             seen: AtomicBool::new(false),
-            layers: layers.into(),
+            layers,
             union_nlink: AtomicU32::new(0),
         });
         tables.by_ino.insert(ino, inode.clone());
@@ -666,6 +724,7 @@ impl InodeTable {
         let key = self.key_in(branch, st);
         self.map.bind(key, ino.0);
         let slot = self.slot_for(branch, fd);
+        let layers = self.layer_slots(layers);
         let mut tables = self.tables.write();
         let old = tables
             .by_ino
@@ -680,7 +739,7 @@ impl InodeTable {
             slot,
             name: Mutex::new(old.name()),
             seen: AtomicBool::new(old.seen.load(Ordering::Relaxed)),
-            layers: layers.into(),
+            layers,
             union_nlink: AtomicU32::new(old.union_nlink.load(Ordering::Acquire)),
         });
         if tables.by_key.get(&old.key) == Some(&ino) {
@@ -803,5 +862,77 @@ impl HandleTable {
             .write()
             .remove(&fh)
             .ok_or(VfsError::UnknownHandle(fh))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+    }
+
+    fn dir_fd(p: &std::path::Path) -> OwnedFd {
+        let c = sys::cstr(p.as_os_str()).unwrap();
+        sys::openat(sys::CWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0).unwrap()
+    }
+
+    /// A union directory's lower copies count against the descriptor
+    /// budget like inodes' own: a tree of many union directories does not
+    /// hold a descriptor per branch each, and an evicted copy re-opens.
+    #[test]
+    fn union_directory_layers_are_evicted_and_reopened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (upper, lower) = (tmp.path().join("u"), tmp.path().join("l"));
+        const DIRS: usize = 600;
+        for i in 0..DIRS {
+            std::fs::create_dir_all(upper.join(format!("d{i}"))).unwrap();
+            std::fs::create_dir_all(lower.join(format!("d{i}/in"))).unwrap();
+        }
+        let store = Store::open(&tmp.path().join("store")).unwrap();
+        let (ufd, lfd) = (dir_fd(&upper), dir_fd(&lower));
+        let mounts = vec![BranchMount::of(ufd.as_fd()), BranchMount::of(lfd.as_fd())];
+        if mounts.iter().any(|m| m.mount_fd.is_none()) {
+            eprintln!("no file handles on this file system: nothing to test");
+            return;
+        }
+        let root_st = sys::fstat(ufd.as_fd()).unwrap();
+        let root = sys::reopen(ufd.as_fd(), libc::O_PATH | libc::O_DIRECTORY).unwrap();
+        let mut table = InodeTable::new(
+            BranchId(0),
+            store.inode_map().unwrap(),
+            root,
+            &root_st,
+            mounts,
+            Vec::new(),
+        );
+        table.cache_budget = 256;
+        let before = open_fds();
+        let mut inodes = Vec::new();
+        for i in 0..DIRS {
+            let name = sys::cstr(std::ffi::OsStr::new(&format!("d{i}"))).unwrap();
+            let own = sys::open_path(ufd.as_fd(), &name).unwrap();
+            let below = Layer {
+                branch: BranchId(1),
+                fd: Arc::new(sys::open_path(lfd.as_fd(), &name).unwrap()),
+            };
+            let st = sys::fstat(own.as_fd()).unwrap();
+            inodes.push(
+                table
+                    .acquire_in(BranchId(0), own, &st, vec![below])
+                    .unwrap(),
+            );
+        }
+        let held = open_fds().saturating_sub(before);
+        assert!(
+            held <= 300,
+            "{held} descriptors held for {DIRS} two-branch directories"
+        );
+        // The first directory's lower copy was evicted long ago: it re-opens.
+        let layers = table.layers(&inodes[0]).unwrap();
+        assert_eq!(layers.len(), 1);
+        assert!(sys::fstatat(layers[0].fd.as_fd(), c"in").is_ok());
     }
 }

@@ -118,21 +118,20 @@ impl Vfs {
     }
 
     /// A directory's copies, top-down: its own and its layers.
-    pub(super) fn layers_of(&self, dir: &Node) -> Vec<Layer> {
-        let mut all = Vec::with_capacity(1 + dir.layers.len());
+    pub(super) fn layers_of(&self, dir: &Node) -> Result<Vec<Layer>> {
+        let mut all = self.inodes.layers(&dir.inode)?;
         all.push(Layer {
             branch: BranchId(dir.key.branch),
             fd: dir.fd_arc(),
         });
-        all.extend(dir.layers.iter().cloned());
         all.sort_by_key(|l| l.branch.0);
-        all
+        Ok(all)
     }
 
     /// Walks `name` down the layers of `dir`: whiteouts end it, a
     /// non-directory ends it, an opaque directory ends it.
     fn walk(&self, dir: &Node, name: &CStr) -> Result<Option<Found>> {
-        self.walk_layers(&self.layers_of(dir), name)
+        self.walk_layers(&self.layers_of(dir)?, name)
     }
 
     /// [`Vfs::walk`] down a directory's copies `dir` (top-down), which
@@ -249,7 +248,7 @@ impl Vfs {
     fn prepare_dir_move(&self, caller: &super::Caller, moved: InodeNo) -> Result<()> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let node = self.inodes.node(moved)?;
-        if node.layers.is_empty() && u.writable(BranchId(node.key.branch)) {
+        if !node.has_layers() && u.writable(BranchId(node.key.branch)) {
             return Ok(());
         }
         let origin = self.origin_of(&node)?;
@@ -266,7 +265,7 @@ impl Vfs {
     fn origin_of(&self, node: &Node) -> Result<Vec<u8>> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let lower = self
-            .layers_of(node)
+            .layers_of(node)?
             .into_iter()
             .find(|l| !u.writable(l.branch))
             .ok_or(errno(libc::EXDEV))?;
@@ -338,7 +337,8 @@ impl Vfs {
         if node.key.branch == upper.0 {
             return Ok(node);
         }
-        if let Some(l) = node.layers.iter().find(|l| l.branch == upper) {
+        let lowers = self.inodes.layers(&node.inode)?;
+        if let Some(l) = lowers.iter().find(|l| l.branch == upper) {
             return Ok(Node::with_fd(node.inode.clone(), l.fd.clone()));
         }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
@@ -356,7 +356,7 @@ impl Vfs {
             branch: BranchId(node.key.branch),
             fd: node.fd_arc(),
         }];
-        layers.extend(node.layers.iter().cloned());
+        layers.extend(lowers);
         let inode = self.inodes.rebind(ino, upper, fd, &st, layers)?;
         self.inodes.node_of(inode)
     }
@@ -364,7 +364,7 @@ impl Vfs {
     /// The copy of directory `dir` in `branch`.
     fn copy_in(&self, dir: InodeNo, branch: BranchId) -> Result<Arc<OwnedFd>> {
         let node = self.inodes.node(dir)?;
-        self.layers_of(&node)
+        self.layers_of(&node)?
             .into_iter()
             .find(|l| l.branch == branch)
             .map(|l| l.fd)
@@ -436,7 +436,7 @@ impl Vfs {
     /// Whether `name` in `dir` is visible from a branch below `upper`
     /// (so removing the upper copy must leave a whiteout).
     pub(super) fn visible_below(&self, dir: &Node, name: &CStr, upper: BranchId) -> Result<bool> {
-        for layer in self.layers_of(dir) {
+        for layer in self.layers_of(dir)? {
             if layer.branch.0 <= upper.0 {
                 if let Ok(st) = sys::fstatat(layer.fd.as_fd(), name) {
                     if format::is_whiteout(&st) {
@@ -634,7 +634,7 @@ impl Vfs {
         caller: &super::Caller,
         dir: &Node,
     ) -> Result<Vec<super::dir::Dirent>> {
-        let (merged, keys) = self.merged_entries(Some(caller), &self.layers_of(dir))?;
+        let (merged, keys) = self.merged_entries(Some(caller), &self.layers_of(dir)?)?;
         let mut numbers = self.inodes.numbers_for(&keys)?.into_iter();
         let parent = if dir.ino == InodeNo::ROOT {
             InodeNo::ROOT

@@ -56,7 +56,7 @@ impl Tree for Live<'_> {
         if self.0.union().is_some() {
             return self
                 .0
-                .union_entries(&self.0.layers_of(&node), dir == ROOT)
+                .union_entries(&self.0.layers_of(&node).map_err(io_err)?, dir == ROOT)
                 .map_err(io_err);
         }
         self.list_fd(node.fd(), dir == ROOT)
