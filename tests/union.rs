@@ -628,3 +628,72 @@ fn the_first_mount_records_the_whole_union() {
         assert_eq!(first(&format!("d/in{n}")), b"x");
     }
 }
+
+/// Runs a chronofs command inside the mount; it must succeed.
+fn cli_in(m: &Mount, args: &[&str]) -> Vec<u8> {
+    let out = Command::new(bin())
+        .args(args)
+        .current_dir(&m.mnt)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// `.history/@T/` of a union shows the union as it was (merged, lower
+/// copies and all), and `revert --at T` brings the union back to it, with
+/// the read-only branches never written.
+#[test]
+fn time_travel_and_revert_show_and_restore_the_union_as_it_was() {
+    for n in 1..=3 {
+        let m = Mount::union("", n, lower_tree);
+        m.wait_history_ready();
+        let before: Vec<_> = m.lowers.iter().map(|l| tree_of(l)).collect();
+        let merged_d = names(&m.p("d"));
+        cli_in(&m, &["tag", "t1"]);
+        append(&m.p("data"), b"+").unwrap();
+        fs::remove_file(m.p("tree/top")).unwrap();
+        fs::rename(m.p("d"), m.p("d2")).unwrap();
+        write_file(&m.p("new"), b"new\n");
+        let then = m.p(".history/@t1");
+        assert_eq!(read_file(&then.join("data")), b"lower data\n", "{n}");
+        assert_eq!(read_file(&then.join("tree/top")), b"top");
+        assert_eq!(names(&then.join("d")), merged_d);
+        assert!(!then.join("new").exists() && !then.join("d2").exists());
+        cli_in(&m, &["revert", m.mnt.to_str().unwrap(), "--at", "t1"]);
+        assert_eq!(read_file(&m.p("data")), b"lower data\n");
+        assert_eq!(read_file(&m.p("tree/top")), b"top");
+        assert_eq!(names(&m.p("d")), merged_d);
+        assert!(!m.p("new").exists() && !m.p("d2").exists());
+        let after: Vec<_> = m.lowers.iter().map(|l| tree_of(l)).collect();
+        assert_eq!(before, after, "a read-only branch changed");
+    }
+}
+
+/// Every path under `root` with its kind and content (files) or target
+/// (symlinks), sorted.
+fn tree_of(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let md = fs::symlink_metadata(&p).unwrap();
+            if md.is_dir() {
+                stack.push(p);
+                out.push((rel, b"dir".to_vec()));
+            } else if md.is_file() {
+                out.push((rel, fs::read(&p).unwrap()));
+            } else {
+                out.push((rel, format!("{:o}", md.mode()).into_bytes()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
