@@ -39,6 +39,9 @@ type Place = Option<(ObjectId, Vec<u8>)>;
 struct Walk<'a> {
     live: Live<'a>,
     objects: HashMap<ObjectId, (OwnedFd, Place)>,
+    /// The directory walked and its entries as history records them (in
+    /// a union: merged, each bound to the branch object it resolves to).
+    listing: (ObjectId, Vec<(Vec<u8>, Binding)>),
 }
 
 fn to_io(e: super::VfsError) -> io::Error {
@@ -96,6 +99,9 @@ impl Tree for Walk<'_> {
     }
 
     fn list(&self, dir: ObjectId) -> io::Result<Vec<(Vec<u8>, Binding)>> {
+        if dir == self.listing.0 {
+            return Ok(self.listing.1.clone());
+        }
         match self.fd(dir) {
             Ok(fd) => self.live.list_fd(fd, dir == InodeNo::ROOT.object()),
             Err(_) => self.live.list(dir),
@@ -103,6 +109,9 @@ impl Tree for Walk<'_> {
     }
 
     fn binding(&self, obj: ObjectId) -> Option<Binding> {
+        if let Some((_, b)) = self.listing.1.iter().find(|(_, b)| b.object == obj) {
+            return Some(*b);
+        }
         let fd = self.fd(obj).ok()?;
         let st = sys::fstat(fd).ok()?;
         let key = self.live.0.inodes.key_of(&st);
@@ -148,6 +157,17 @@ impl Vfs {
 
     pub fn ingest_progress(&self) -> &IngestProgress {
         &self.ingest
+    }
+
+    /// Waits for a running ingest to finish; whether it went through.
+    pub fn wait_ingest(&self) -> bool {
+        let thread = self.ingest.thread.lock().take();
+        if let Some(t) = thread {
+            if t.join().is_err() {
+                tracing::error!("ingest: the thread panicked");
+            }
+        }
+        self.ingest.errors.load(Ordering::Relaxed) == 0
     }
 
     /// Stops a running ingest and waits for its thread.
@@ -260,6 +280,7 @@ impl Vfs {
             let mut walk = Walk {
                 live: Live(self),
                 objects: HashMap::new(),
+                listing: (dir, Vec::new()),
             };
             let in_root = dir == InodeNo::ROOT.object();
             let listing = match self.listing_of(&walk, (&fd, &copies), in_root) {
@@ -282,6 +303,7 @@ impl Vfs {
                 }
             }
             walk.objects.insert(dir, (fd, parent));
+            walk.listing.1 = listing.clone();
             if let Err(e) = capture.before_dir_change(&walk, dir) {
                 tracing::warn!("ingest: directory {dir}: {e}");
                 p.errors.fetch_add(1, Ordering::Relaxed);

@@ -107,6 +107,21 @@ impl Vfs {
         Ok(entry)
     }
 
+    /// In a union, a name a lower branch holds exists even where the
+    /// upper directory lacks it: creating it there would shadow that
+    /// object instead of failing as on any file system. (The kernel
+    /// usually answers EEXIST from its own lookup first.)
+    fn refuse_taken(&self, parent: InodeNo, name: &OsStr) -> Result<()> {
+        if self.union().is_none() {
+            return Ok(());
+        }
+        let dir = self.inodes.node(parent)?;
+        if self.lookup_exists(&dir, name)? {
+            return Err(errno(libc::EEXIST));
+        }
+        Ok(())
+    }
+
     pub fn mkdir(
         &self,
         caller: &Caller,
@@ -116,6 +131,7 @@ impl Vfs {
         umask: u32,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
+        self.refuse_taken(parent, name)?;
         self.before_dir_change(parent)?;
         let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
@@ -137,6 +153,7 @@ impl Vfs {
         rdev: u32,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
+        self.refuse_taken(parent, name)?;
         self.before_dir_change(parent)?;
         if self.union().is_some() && crate::union::format::is_whiteout_dev(mode, rdev) {
             // A 0/0 character device is a whiteout in a union's branches
@@ -161,6 +178,7 @@ impl Vfs {
         target: &OsStr,
     ) -> Result<Entry> {
         self.check_name(parent, name)?;
+        self.refuse_taken(parent, name)?;
         self.before_dir_change(parent)?;
         let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
@@ -181,6 +199,7 @@ impl Vfs {
             return Err(errno(libc::EXDEV));
         }
         self.check_name(newparent, newname)?;
+        self.refuse_taken(newparent, newname)?;
         self.before_dir_change(newparent)?;
         self.before_change(ino)?;
         let inode = self.writable_node(caller, ino)?;
@@ -338,6 +357,11 @@ impl Vfs {
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let victim = if self.union().is_some() {
             let moved = moved.ok_or(errno(libc::ENOENT))?;
+            if target == Some(moved) {
+                // Two names of one object: nothing to do (rename(2); the
+                // kernel answers it before asking).
+                return Ok(());
+            }
             let victim = self.union_rename(
                 caller,
                 (parent, name),

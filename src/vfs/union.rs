@@ -280,8 +280,36 @@ impl Vfs {
         Ok(path)
     }
 
+    /// Whether directory `dir` is `ancestor` or below it, by the names
+    /// the kernel reached each directory by (a directory moved into its
+    /// own subtree: EINVAL; the kernel checks it first too).
+    fn is_within(&self, dir: InodeNo, ancestor: InodeNo) -> bool {
+        let mut cur = dir;
+        for _ in 0..4096 {
+            if cur == ancestor {
+                return true;
+            }
+            match self.inodes.get(cur).ok().and_then(|i| i.name()) {
+                Some((parent, _)) if cur != InodeNo::ROOT => cur = parent,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// Whether `name` resolves to anything in union directory `dir`.
+    pub(super) fn lookup_exists(&self, dir: &Node, name: &OsStr) -> Result<bool> {
+        if copyup::is_copyup_temp(name.as_bytes()) {
+            return Ok(false);
+        }
+        Ok(self.walk(dir, &sys::cstr(name)?)?.is_some())
+    }
+
     /// Lookup in a union directory.
     pub(super) fn union_lookup(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
+        if !dir.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
         if copyup::is_copyup_temp(name.as_bytes()) {
             return Err(errno(libc::ENOENT));
         }
@@ -581,6 +609,17 @@ impl Vfs {
         self.writable_node(caller, moved)?;
         let newdir = self.writable_dir(caller, newparent)?;
         let target_below = self.visible_below(&newdir, &new, upper)?;
+        if source.is_dir() && self.is_within(newparent, moved) {
+            return Err(errno(libc::EINVAL));
+        }
+        if let (Some(t), false) = (target, exchange) {
+            // rename(2)'s kinds rule comes before the emptiness one.
+            match (source.is_dir(), self.inodes.node(t)?.is_dir()) {
+                (false, true) => return Err(errno(libc::EISDIR)),
+                (true, false) => return Err(errno(libc::ENOTDIR)),
+                _ => {}
+            }
+        }
         if let Some(t) = target {
             if self.inodes.node(t)?.is_dir() && !exchange {
                 let found = self.walk(&self.inodes.node(newparent)?, &new)?;

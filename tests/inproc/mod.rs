@@ -20,7 +20,7 @@ use chronofs::history::clock::ManualClock;
 use chronofs::history::{self, Cause, Content, History, HistoryHandle, ObjectId, Seq};
 use chronofs::policy::Policy;
 use chronofs::store::Store;
-use chronofs::vfs::{Caller, InodeNo, SetAttr, Vfs, VfsConfig};
+use chronofs::vfs::{Caller, InodeNo, SetAttr, UnionBranch, Vfs, VfsConfig};
 
 /// 2035-01-01T00:00:00Z: years after any real time these tests run, so a
 /// rule that read the system clock instead of the injected one would see
@@ -33,6 +33,8 @@ pub struct Rig {
     pub history: HistoryHandle,
     pub clock: Arc<ManualClock>,
     pub src: PathBuf,
+    /// A union's read-only branches, top first (none for a plain rig).
+    pub lowers: Vec<PathBuf>,
     pub caller: Caller,
     // Dropped last: the vfs and the store hold descriptors inside it.
     pub dir: tempfile::TempDir,
@@ -44,12 +46,35 @@ impl Rig {
     }
 
     pub fn with(cfg: CaptureConfig, policy: Policy) -> Rig {
+        Rig::build(cfg, policy, 0, |_| {})
+    }
+
+    /// A union: SRC read-write over `lowers` read-only branches (`lowers`
+    /// in the rig, top first), the lowest filled by `fill` before the vfs
+    /// starts; with none, a plain rig whose SRC `fill` filled.
+    pub fn union(lowers: usize, fill: impl FnOnce(&std::path::Path)) -> Rig {
+        Rig::build(CaptureConfig::default(), Policy::default(), lowers, fill)
+    }
+
+    fn build(
+        cfg: CaptureConfig,
+        policy: Policy,
+        lowers: usize,
+        fill: impl FnOnce(&std::path::Path),
+    ) -> Rig {
         let dir = tempfile::Builder::new()
             .prefix("chronofs-inproc-")
             .tempdir_in(scratch())
             .unwrap();
         let src = dir.path().join("src");
         std::fs::create_dir(&src).unwrap();
+        let lower_dirs: Vec<PathBuf> = (1..=lowers)
+            .map(|i| dir.path().join(format!("lower{i}")))
+            .collect();
+        for l in &lower_dirs {
+            std::fs::create_dir(l).unwrap();
+        }
+        fill(lower_dirs.last().unwrap_or(&src));
         let clock = ManualClock::new(START_NS);
         let store = Store::open(&dir.path().join("store")).unwrap();
         // No applier thread: every query applies what is queued itself,
@@ -57,8 +82,24 @@ impl Rig {
         let history = History::open_with_clock(&store, false, clock.clone()).unwrap();
         let inomap = store.inode_map().unwrap();
         let capture = Capture::new(Arc::clone(&history), cfg, Arc::new(PolicyCell::new(policy)));
+        let cfg = VfsConfig::default();
         let branch = DirBranch::open(BranchId(0), &src, None).unwrap();
-        let vfs = Vfs::new(branch, inomap, VfsConfig::default(), Some(capture.clone())).unwrap();
+        let vfs = if lowers == 0 {
+            Vfs::new(branch, inomap, cfg, Some(capture.clone())).unwrap()
+        } else {
+            let mut branches = vec![UnionBranch {
+                branch,
+                writable: true,
+            }];
+            for (i, l) in lower_dirs.iter().enumerate() {
+                branches.push(UnionBranch {
+                    branch: DirBranch::open(BranchId(i as u32 + 1), l, None).unwrap(),
+                    writable: false,
+                });
+            }
+            let owner = chronofs::union::copyup::OwnerOption::default();
+            Vfs::new_union(branches, inomap, cfg, Some(capture.clone()), owner).unwrap()
+        };
         let weak = Arc::downgrade(&vfs);
         capture.set_namer(Box::new(move |obj| weak.upgrade()?.name_of(obj)));
         Rig {
@@ -67,6 +108,7 @@ impl Rig {
             history,
             clock,
             src,
+            lowers: lower_dirs,
             caller: Caller {
                 uid: 0,
                 gid: 0,

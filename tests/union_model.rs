@@ -1,0 +1,159 @@
+//! A union against the same in-memory reference model as
+//! tests/vfs_model.rs, in process: the lowest read-only branch is filled
+//! with a random tree, then random operations run on the union's `Vfs`
+//! and on the model, which holds what a plain directory would (a union
+//! must behave as one). After each operation its outcome (success or the
+//! exact errno) must match, the tree as the vfs shows it (lookup,
+//! getattr, read, readlink, file link counts) must be the model's, and the
+//! read-only branches must be untouched; every instant an operation left
+//! is then read back from history and must be the model's tree then.
+//!
+//! Environment: `CHRONOFS_UNION_CASES` (default 96), `CHRONOFS_VFS_SEED`.
+
+mod inproc;
+mod model;
+
+use inproc::*;
+use model::*;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+
+/// What a lower branch can be filled with (its own tools made it).
+fn fill_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (path(), mode(), len(), any::<u8>()).prop_map(|(p, m, l, s)| Op::Write(p, m, l, s)),
+        4 => (path(), mode()).prop_map(|(p, m)| Op::Mkdir(p, m | 0o700)),
+        1 => (path(), proptest::sample::select(TARGETS)).prop_map(|(p, t)| Op::Symlink(p, t)),
+        2 => (path(), path()).prop_map(|(a, b)| Op::Link(a, b)),
+    ]
+}
+
+/// Runs a fill operation the model accepted on the directory `root`.
+fn native(root: &Path, op: &Op) {
+    match *op {
+        Op::Write(p, m, n, s) => {
+            let f = root.join(p);
+            let existed = f.exists();
+            std::fs::write(&f, pattern(n, s)).unwrap();
+            if !existed {
+                std::fs::set_permissions(&f, std::fs::Permissions::from_mode(m)).unwrap();
+            }
+        }
+        Op::Mkdir(p, m) => {
+            std::fs::create_dir(root.join(p)).unwrap();
+            std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(m)).unwrap();
+        }
+        Op::Symlink(p, t) => std::os::unix::fs::symlink(t, root.join(p)).unwrap(),
+        Op::Link(a, b) => std::fs::hard_link(root.join(a), root.join(b)).unwrap(),
+        _ => unreachable!("not a fill operation"),
+    }
+}
+
+fn check_union_case(lowers: usize, fill: &[Op], ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut model = Model::default();
+    let accepted: Vec<Op> = fill
+        .iter()
+        .filter(|op| matches!(model.apply(op), Outcome::Succeeds))
+        .cloned()
+        .collect();
+    let rig = Rig::union(lowers, |bottom| {
+        for op in &accepted {
+            native(bottom, op);
+        }
+    });
+    // What the first mount does: the tree that predates it is recorded.
+    rig.vfs.start_ingest().unwrap();
+    prop_assert!(rig.vfs.wait_ingest(), "the baseline walk had errors");
+    let branches_before: Vec<_> = rig.lowers.iter().map(|l| live_tree(l)).collect();
+    let want = model.tree();
+    let seen = vfs_tree(&rig, &want);
+    prop_assert!(seen == want, "the filled union {seen:#?}\nmodel {want:#?}");
+    rig.clock.advance(secs(1));
+    let mut instants = vec![(usize::MAX, rig.settle(), want)];
+    for (i, op) in ops.iter().enumerate() {
+        let expected = match model.apply(op) {
+            Outcome::Skip => continue,
+            Outcome::Fails(e) => Err(e),
+            Outcome::Succeeds => Ok(()),
+        };
+        let got = run(&rig, op);
+        prop_assert_eq!(
+            errname(&got),
+            errname(&expected),
+            "op {} {:?}: the union and the model disagree",
+            i,
+            op
+        );
+        let want = model.tree();
+        let seen = vfs_tree(&rig, &want);
+        prop_assert!(
+            seen == want,
+            "after op {i} {op:?}: through the vfs {seen:#?}\nmodel {want:#?}"
+        );
+        let links = model.file_links();
+        prop_assert_eq!(
+            vfs_file_links(&rig, &links),
+            links,
+            "after op {} {:?}",
+            i,
+            op
+        );
+        let branches: Vec<_> = rig.lowers.iter().map(|l| live_tree(l)).collect();
+        prop_assert!(
+            branches == branches_before,
+            "after op {i} {op:?}: a read-only branch changed"
+        );
+        if got.is_ok() {
+            rig.clock.advance(secs(1));
+            instants.push((i, rig.settle(), want));
+        }
+    }
+    for (i, seq, want) in &instants {
+        let past = tree_at(&rig.history, *seq);
+        prop_assert!(
+            &past == want,
+            "history at seq {seq} (after op {i}) {past:#?}\nmodel {want:#?}"
+        );
+    }
+    rig.capture.finish();
+    Ok(())
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn a_union_follows_the_model_of_a_plain_directory() {
+    let cases = env_u64("CHRONOFS_UNION_CASES", 96) as u32;
+    let seed = env_u64("CHRONOFS_VFS_SEED", 0x5eed_0fc4_2026);
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8] = 0x71;
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 2000,
+        ..Config::default()
+    };
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &key));
+    let strategy = (
+        0usize..=3,
+        proptest::collection::vec(fill_op(), 0..16),
+        proptest::collection::vec(op(), 1..30),
+    );
+    let result = runner.run(&strategy, |(lowers, fill, ops)| {
+        check_union_case(lowers, &fill, &ops)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
