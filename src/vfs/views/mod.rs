@@ -37,7 +37,8 @@ use crate::history::{History, Manifest, ObjectId, Seq, Version, ROOT};
 use crate::sys;
 
 /// Inode numbers (and handle numbers) of views have this bit set; the
-/// persistent map allocates live numbers upward from 1.
+/// persistent map allocates live numbers upward from 1. Only
+/// `Vfs::source_of` and `Vfs::handle_source` test it.
 pub const VIEW_BIT: u64 = 1 << 63;
 const OBJ_BITS: u32 = 40;
 const OBJ_MASK: u64 = (1 << OBJ_BITS) - 1;
@@ -52,14 +53,6 @@ pub(super) const IMMUTABLE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How many hourly and daily instants `ls .history/` offers.
 const LISTED_HOURS: i64 = 48;
 const LISTED_DAYS: i64 = 31;
-
-pub fn is_view(ino: InodeNo) -> bool {
-    ino.0 & VIEW_BIT != 0
-}
-
-pub fn is_view_fh(fh: u64) -> bool {
-    fh & VIEW_BIT != 0
-}
 
 /// The time-travel options of a mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,10 +186,6 @@ fn entry(st: Stat, ttl: Duration) -> Entry {
         },
         entry_ttl: Some(ttl),
     }
-}
-
-fn erofs<T>() -> Result<T> {
-    Err(errno(libc::EROFS))
 }
 
 fn enoent<T>(why: impl std::fmt::Display) -> Result<T> {
