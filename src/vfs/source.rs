@@ -253,3 +253,32 @@ impl HandleSource {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The errnos a change through a read-only source gives are the ones
+    /// the views gave before the sources existed (pjdfstest and the
+    /// time-travel tests compare them).
+    #[test]
+    fn the_past_refuses_changes_with_its_old_errnos() {
+        let past = Source::Past(InodeNo(VIEW_BIT | 5));
+        assert!(!past.writable());
+        assert_eq!(
+            past.check_writable().map_err(|e| e.errno()),
+            Err(libc::EROFS)
+        );
+        assert_eq!(past.fixed_ttl(), Some(views::IMMUTABLE_TTL));
+        let live = Source::Live(InodeNo(5));
+        assert!(live.writable() && live.check_writable().is_ok());
+        assert_eq!(live.fixed_ttl(), None);
+        let fh = HandleSource::Past(VIEW_BIT | 1);
+        assert_eq!(fh.check_writable().map_err(|e| e.errno()), Err(libc::EBADF));
+        assert_eq!(
+            fh.check_copyable().map_err(|e| e.errno()),
+            Err(libc::EOPNOTSUPP)
+        );
+        assert!(HandleSource::Live(1).check_writable().is_ok());
+    }
+}
