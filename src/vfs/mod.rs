@@ -8,6 +8,10 @@
 //! Must not use `fuse` or any `fuser` type: the adapter translates, and tests
 //! can drive the vfs without mounting.
 //!
+//! Each operation first finds the source its inode or handle resolves
+//! through (`source.rs`: the live branch stack, or the past of `views/`)
+//! and dispatches on that.
+//!
 //! Where a system call is handled: `namespace.rs` (lookup, create, mkdir,
 //! mknod, symlink, link, unlink, rmdir, rename), `attr.rs` (getattr,
 //! setattr, readlink, xattrs, access, statfs), `file.rs` (open, read, write,
