@@ -4,7 +4,6 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 
 use super::inodes::Handle;
-use super::views::is_view;
 use super::{errno, Attr, Caller, InodeNo, Result, Vfs};
 use crate::history::Cause;
 use crate::sys::{self, creds, TimeSpec};
@@ -78,9 +77,10 @@ impl Xattr {
 
 impl Vfs {
     pub fn getattr(&self, ino: InodeNo, fh: Option<u64>) -> Result<Attr> {
-        if is_view(ino) {
-            return self.view_getattr(ino);
-        }
+        self.source_of(ino).getattr(self, fh)
+    }
+
+    pub(super) fn live_getattr(&self, ino: InodeNo, fh: Option<u64>) -> Result<Attr> {
         let st = match fh.map(|fh| self.handles.get(fh)) {
             Some(Ok(handle)) => match &*handle {
                 Handle::File { fd, .. } => sys::fstat(fd.as_fd())?,
@@ -95,9 +95,7 @@ impl Vfs {
     }
 
     pub fn setattr(&self, caller: &Caller, ino: InodeNo, set: SetAttr) -> Result<Attr> {
-        if is_view(ino) {
-            return Err(errno(libc::EROFS));
-        }
+        self.source_of(ino).check_writable()?;
         let cause = if set.size.is_some() {
             Cause::Truncate
         } else if set.uid.is_some() || set.gid.is_some() {
@@ -175,9 +173,10 @@ impl Vfs {
     }
 
     pub fn readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
-        if is_view(ino) {
-            return self.view_readlink(ino);
-        }
+        self.source_of(ino).readlink(self)
+    }
+
+    pub(super) fn live_readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
         let inode = self.inodes.node(ino)?;
         if inode.kind != libc::S_IFLNK {
             return Err(errno(libc::EINVAL));
@@ -193,9 +192,16 @@ impl Vfs {
         name: &OsStr,
         size: u32,
     ) -> Result<Xattr> {
-        if is_view(ino) {
-            return self.view_getxattr(caller, ino, name, size);
-        }
+        self.source_of(ino).getxattr(self, caller, name, size)
+    }
+
+    pub(super) fn live_getxattr(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        name: &OsStr,
+        size: u32,
+    ) -> Result<Xattr> {
         self.refuse_union_xattr(name)?;
         Xattr::read(caller, self.inodes.node(ino)?.fd(), name, size)
     }
@@ -208,9 +214,7 @@ impl Vfs {
         value: &[u8],
         flags: i32,
     ) -> Result<()> {
-        if is_view(ino) {
-            return Err(errno(libc::EROFS));
-        }
+        self.source_of(ino).check_writable()?;
         self.refuse_union_xattr(name)?;
         self.before_change(ino)?;
         let inode = self.writable_node(caller, ino)?;
@@ -228,9 +232,10 @@ impl Vfs {
     }
 
     pub fn listxattr(&self, caller: &Caller, ino: InodeNo, size: u32) -> Result<Xattr> {
-        if is_view(ino) {
-            return self.view_listxattr(caller, ino, size);
-        }
+        self.source_of(ino).listxattr(self, caller, size)
+    }
+
+    pub(super) fn live_listxattr(&self, caller: &Caller, ino: InodeNo, size: u32) -> Result<Xattr> {
         if self.union().is_some() {
             return self.union_listxattr(caller, ino, size);
         }
@@ -238,9 +243,7 @@ impl Vfs {
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr) -> Result<()> {
-        if is_view(ino) {
-            return Err(errno(libc::EROFS));
-        }
+        self.source_of(ino).check_writable()?;
         self.refuse_union_xattr(name)?;
         self.before_change(ino)?;
         let inode = self.writable_node(caller, ino)?;
@@ -251,14 +254,14 @@ impl Vfs {
     }
 
     pub fn access(&self, caller: &Caller, ino: InodeNo, mask: i32) -> Result<()> {
-        if is_view(ino) {
-            // Read and search permission are the kernel's to check.
-            return if mask & libc::W_OK != 0 {
-                Err(errno(libc::EROFS))
-            } else {
-                Ok(())
-            };
+        let source = self.source_of(ino);
+        if mask & libc::W_OK != 0 {
+            source.check_writable()?;
         }
+        source.access(self, caller, mask)
+    }
+
+    pub(super) fn live_access(&self, caller: &Caller, ino: InodeNo, mask: i32) -> Result<()> {
         let inode = self.inodes.node(ino)?;
         if inode.kind == libc::S_IFLNK {
             return Ok(());

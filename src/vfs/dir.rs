@@ -8,7 +8,6 @@ use std::os::unix::ffi::OsStrExt;
 use parking_lot::Mutex;
 
 use super::inodes::Handle;
-use super::views::{is_view, is_view_fh};
 use super::{errno, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::sys::{self, creds};
 
@@ -128,9 +127,10 @@ fn is_dot(name: &[u8]) -> bool {
 
 impl Vfs {
     pub fn opendir(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<u64> {
-        if is_view(ino) {
-            return self.view_opendir(caller, ino);
-        }
+        self.source_of(ino).opendir(self, caller, flags)
+    }
+
+    pub(super) fn live_opendir(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<u64> {
         let inode = self.inodes.node(ino)?;
         if !inode.is_dir() {
             return Err(errno(libc::ENOTDIR));
@@ -165,9 +165,16 @@ impl Vfs {
         caller: &Caller,
         mut add: impl FnMut(&DirEntry<'_>) -> bool,
     ) -> Result<()> {
-        if is_view_fh(fh) {
-            return self.view_readdir(caller, fh, offset, |d, _| add(d), false);
-        }
+        self.handle_source(fh)
+            .readdir(self, caller, offset, false, |d, _| add(d))
+    }
+
+    pub(super) fn live_readdir(
+        &self,
+        fh: u64,
+        offset: i64,
+        mut add: impl FnMut(&DirEntry<'_>) -> bool,
+    ) -> Result<()> {
         let handle = self.handles.get(fh)?;
         let dir = handle.ino();
         let dev = self.inodes.get(dir)?.key.dev;
@@ -190,11 +197,19 @@ impl Vfs {
         fh: u64,
         offset: i64,
         caller: &Caller,
+        add: impl FnMut(&DirEntry<'_>, Option<&Entry>) -> bool,
+    ) -> Result<()> {
+        self.handle_source(fh)
+            .readdir(self, caller, offset, true, add)
+    }
+
+    pub(super) fn live_readdirplus(
+        &self,
+        fh: u64,
+        offset: i64,
+        caller: &Caller,
         mut add: impl FnMut(&DirEntry<'_>, Option<&Entry>) -> bool,
     ) -> Result<()> {
-        if is_view_fh(fh) {
-            return self.view_readdir(caller, fh, offset, add, true);
-        }
         let mut added = 0usize;
         // An entry that cannot be looked up ends the reply early: the
         // entries already in it carry references the kernel must receive.
@@ -311,9 +326,6 @@ impl Vfs {
     }
 
     pub fn releasedir(&self, fh: u64) -> Result<()> {
-        if is_view_fh(fh) {
-            return self.view_release(fh);
-        }
-        self.handles.remove(fh).map(drop)
+        self.handle_source(fh).releasedir(self)
     }
 }

@@ -6,7 +6,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::inodes::Handle;
 use super::versioning::writes;
-use super::views::{is_view, is_view_fh};
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::sys::{self, creds};
 
@@ -81,9 +80,14 @@ impl Vfs {
     }
 
     pub fn open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
-        if is_view(ino) {
-            return self.view_open(caller, ino, flags);
+        let source = self.source_of(ino);
+        if writes(flags) {
+            source.check_writable()?;
         }
+        source.open(self, caller, flags)
+    }
+
+    pub(super) fn live_open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
         let inode = if writes(flags) || flags & libc::O_TRUNC != 0 {
             self.writable_node(caller, ino)?
         } else {
@@ -298,9 +302,7 @@ impl Vfs {
         umask: u32,
         flags: i32,
     ) -> Result<(Entry, Opened)> {
-        if is_view(parent) {
-            return Err(errno(libc::EROFS));
-        }
+        self.source_of(parent).check_writable()?;
         let dir = self.writable_dir(caller, parent)?;
         creds::set_thread_umask(umask)?;
         let dirfd = dir.fd();
@@ -385,14 +387,11 @@ impl Vfs {
         fh: u64,
         f: impl FnOnce(BorrowedFd<'_>) -> Result<T>,
     ) -> Result<T> {
-        if is_view_fh(fh) {
-            return self.view_backing(fh, f);
-        }
-        self.with_file(fh, |fd, _| f(fd))
+        self.handle_source(fh).backing(self, f)
     }
 
     /// Runs `f` with the backing descriptor of an open file and its opener.
-    fn with_file<T>(
+    pub(super) fn with_file<T>(
         &self,
         fh: u64,
         f: impl FnOnce(BorrowedFd<'_>, &Caller) -> Result<T>,
@@ -405,10 +404,11 @@ impl Vfs {
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        if is_view_fh(fh) {
-            return self.view_read(fh, offset, size);
-        }
-        self.with_file_fd(fh, |fd| {
+        self.handle_source(fh).read(self, offset, size)
+    }
+
+    pub(super) fn live_read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        self.with_file(fh, |fd, _| {
             let mut buf = vec![0u8; size as usize];
             let n = sys::pread(fd, &mut buf, offset)?;
             buf.truncate(n);
@@ -427,6 +427,7 @@ impl Vfs {
         data: &[u8],
         kill_priv: bool,
     ) -> Result<usize> {
+        self.handle_source(fh).check_writable()?;
         let handle = self.handles.get(fh)?;
         let Handle::File {
             ino, fd, opener, ..
@@ -456,9 +457,10 @@ impl Vfs {
     /// right after close(2) waits for its version. Returns whether flushes
     /// are wanted at all (only with history on).
     pub fn flush(&self, fh: u64) -> Result<bool> {
-        if is_view_fh(fh) {
-            return Ok(false);
-        }
+        self.handle_source(fh).flush(self)
+    }
+
+    pub(super) fn live_flush(&self, fh: u64) -> Result<bool> {
         let handle = self.handles.get(fh)?;
         let Some(c) = self.capture() else {
             return Ok(false);
@@ -474,9 +476,10 @@ impl Vfs {
 
     /// Closes a handle; returns the inode it belonged to.
     pub fn release(&self, fh: u64) -> Result<Option<InodeNo>> {
-        if is_view_fh(fh) {
-            return self.view_release(fh).map(|()| None);
-        }
+        self.handle_source(fh).release(self)
+    }
+
+    pub(super) fn live_release(&self, fh: u64) -> Result<Option<InodeNo>> {
         let handle = self.handles.remove(fh)?;
         if let Handle::File { ino, session, .. } = &*handle {
             if *session {
@@ -488,9 +491,10 @@ impl Vfs {
     }
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
-        if is_view_fh(fh) {
-            return Ok(());
-        }
+        self.handle_source(fh).fsync(self, datasync)
+    }
+
+    pub(super) fn live_fsync(&self, fh: u64, datasync: bool) -> Result<()> {
         let handle = self.handles.get(fh)?;
         match &*handle {
             Handle::File {
@@ -509,6 +513,7 @@ impl Vfs {
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        self.handle_source(fh).check_writable()?;
         self.with_file(fh, |fd, opener| {
             Ok(creds::as_caller(opener, || {
                 sys::fallocate(fd, mode, offset, len)
@@ -522,10 +527,11 @@ impl Vfs {
     }
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
-        if is_view_fh(fh) {
-            return self.view_lseek(fh, offset, whence);
-        }
-        self.with_file_fd(fh, |fd| Ok(sys::lseek(fd, offset, whence)?))
+        self.handle_source(fh).lseek(self, offset, whence)
+    }
+
+    pub(super) fn live_lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        self.with_file(fh, |fd, _| Ok(sys::lseek(fd, offset, whence)?))
     }
 
     pub fn copy_file_range(
@@ -536,13 +542,8 @@ impl Vfs {
         off_out: u64,
         len: u64,
     ) -> Result<usize> {
-        if is_view_fh(fh_out) {
-            return Err(errno(libc::EBADF));
-        }
-        if is_view_fh(fh_in) {
-            // The kernel falls back to copying through read and write.
-            return Err(errno(libc::EOPNOTSUPP));
-        }
+        self.handle_source(fh_out).check_writable()?;
+        self.handle_source(fh_in).check_copyable()?;
         let input = self.handles.get(fh_in)?;
         let Handle::File { fd: fd_in, .. } = &*input else {
             return Err(VfsError::WrongKind);

@@ -8,6 +8,10 @@
 //! Must not use `fuse` or any `fuser` type: the adapter translates, and tests
 //! can drive the vfs without mounting.
 //!
+//! Each operation first finds the source its inode or handle resolves
+//! through (`source.rs`: the live branch stack, or the past of `views/`)
+//! and dispatches on that.
+//!
 //! Where a system call is handled: `namespace.rs` (lookup, create, mkdir,
 //! mknod, symlink, link, unlink, rmdir, rename), `attr.rs` (getattr,
 //! setattr, readlink, xattrs, access, statfs), `file.rs` (open, read, write,
@@ -20,6 +24,7 @@ mod file;
 mod ingest;
 mod inodes;
 mod namespace;
+mod source;
 mod union;
 mod union_links;
 mod versioning;
@@ -38,7 +43,7 @@ pub use attr::{SetAttr, Xattr};
 pub use file::Opened;
 pub use inodes::InodeNo;
 pub use union::UnionBranch;
-pub use views::{is_view, ViewConfig};
+pub use views::ViewConfig;
 
 use crate::branch::DirBranch;
 use crate::capture::{Capture, CaptureError};
@@ -256,13 +261,13 @@ impl Vfs {
         &self.cfg
     }
 
-    /// How long the kernel may cache these attributes: a view never
-    /// changes. Set-ID bits are never cached (see [`Attr::has_setid`]):
-    /// a stale cached mode would show them after they were cleared, and
-    /// exec would honour them.
+    /// How long the kernel may cache these attributes: as long as their
+    /// source says (an instant never changes). Set-ID bits are never
+    /// cached (see [`Attr::has_setid`]): a stale cached mode would show
+    /// them after they were cleared, and exec would honour them.
     pub fn attr_ttl(&self, attr: &Attr) -> Duration {
-        if is_view(attr.ino) {
-            views::IMMUTABLE_TTL
+        if let Some(ttl) = self.source_of(attr.ino).fixed_ttl() {
+            ttl
         } else if attr.has_setid() {
             Duration::ZERO
         } else {
@@ -291,9 +296,7 @@ impl Vfs {
     }
 
     fn check_name(&self, parent: InodeNo, name: &OsStr) -> Result<()> {
-        if is_view(parent) {
-            return Err(errno(libc::EROFS));
-        }
+        self.source_of(parent).check_writable()?;
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(VfsError::Reserved(name.to_os_string()));
         }

@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 
 use super::inodes::Node;
-use super::{errno, views, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs};
+use super::{errno, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs};
 use crate::history::Cause;
 use crate::sys::{self, creds};
 
@@ -13,15 +13,19 @@ impl Vfs {
     /// Looks `name` up in `parent` and takes a kernel reference on it.
     /// Runs as the daemon: with `default_permissions` the kernel has already
     /// checked search permission on `parent`.
-    ///
-    /// A name no real entry has may still be history's: `.history` in the
-    /// root, a version name (`f;3`) or `;deleted` (see `views.rs`).
     pub fn lookup(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<Entry> {
-        if views::is_view(parent) {
-            return self
-                .view_lookup(caller, parent, name)
-                .inspect(|e| self.note_view_name(parent, name, e.attr.ino));
-        }
+        self.source_of(parent).lookup(self, caller, name)
+    }
+
+    /// Lookup in a live directory. A name no real entry has may still be
+    /// history's: `.history` in the root, a version name (`f;3`) or
+    /// `;deleted` (see `views/lookup.rs`).
+    pub(super) fn live_lookup(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+    ) -> Result<Entry> {
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
@@ -93,10 +97,7 @@ impl Vfs {
     }
 
     pub fn forget(&self, ino: InodeNo, nlookup: u64) {
-        if views::is_view(ino) {
-            return self.view_forget(ino, nlookup);
-        }
-        self.inodes.forget(ino, nlookup);
+        self.source_of(ino).forget(self, nlookup);
     }
 
     /// After a creating call succeeded, registers the new object under a
@@ -195,7 +196,8 @@ impl Vfs {
         newparent: InodeNo,
         newname: &OsStr,
     ) -> Result<Entry> {
-        if views::is_view(ino) {
+        // A link cannot leave a read-only source for a writable one.
+        if !self.source_of(ino).writable() {
             return Err(errno(libc::EXDEV));
         }
         self.check_name(newparent, newname)?;
@@ -224,9 +226,7 @@ impl Vfs {
     }
 
     fn remove(&self, caller: &Caller, parent: InodeNo, name: &OsStr, flags: i32) -> Result<()> {
-        if views::is_view(parent) {
-            return Err(errno(libc::EROFS));
-        }
+        self.source_of(parent).check_writable()?;
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
@@ -308,11 +308,13 @@ impl Vfs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
-        if views::is_view(parent) {
-            return Err(errno(if views::is_view(newparent) {
-                libc::EROFS
-            } else {
+        if !self.source_of(parent).writable() {
+            // Out of a read-only source into a writable one is a move across
+            // file systems (mv copies instead); within one, a change to it.
+            return Err(errno(if self.source_of(newparent).writable() {
                 libc::EXDEV
+            } else {
+                libc::EROFS
             }));
         }
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {

@@ -5,15 +5,13 @@
 use super::*;
 
 impl Vfs {
+    /// Opens a view file for reading (a view is never writable: the
+    /// caller has refused opens for writing).
     pub(in crate::vfs) fn view_open(
         &self,
         caller: &Caller,
         ino: InodeNo,
-        flags: i32,
     ) -> Result<crate::vfs::Opened> {
-        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
-            return erofs();
-        }
         let node = self.view(ino)?;
         self.current(&node)?;
         let What::At { at, obj, state } = &node.what else {
@@ -59,13 +57,13 @@ impl Vfs {
         &self,
         node: &ViewNode,
         obj: ObjectId,
-        source: &Source,
+        source: &ReadFrom,
     ) -> Option<Arc<OwnedFd>> {
         let mut slot = node.clone.lock();
         if let Some(decided) = &*slot {
             return decided.clone();
         }
-        let Source::Head { fd, expect, latest } = source else {
+        let ReadFrom::Head { fd, expect, latest } = source else {
             return None;
         };
         let dir = self.views.clone_dir.get()?;
@@ -113,7 +111,7 @@ impl Vfs {
 
     /// Where an open view file reads from: the live file if it still holds
     /// exactly the content of the instant, else the chunks.
-    pub(super) fn source_for(&self, obj: ObjectId, at: Seq, state: &State) -> Result<Source> {
+    pub(super) fn source_for(&self, obj: ObjectId, at: Seq, state: &State) -> Result<ReadFrom> {
         let h = self.history()?;
         let latest = h
             .latest(obj)
@@ -139,13 +137,13 @@ impl Vfs {
             let now = attrs_of(&sys::fstat(fd.as_fd())?);
             let expect = expect.unwrap_or(now);
             if expect.same_state(&now) {
-                return Ok(Source::Head { fd, expect, latest });
+                return Ok(ReadFrom::Head { fd, expect, latest });
             }
         }
         self.chunk_source(obj, at)
     }
 
-    pub(super) fn chunk_source(&self, obj: ObjectId, at: Seq) -> Result<Source> {
+    pub(super) fn chunk_source(&self, obj: ObjectId, at: Seq) -> Result<ReadFrom> {
         let h = self.history()?;
         let Some((_, v)) = h.object_at(obj, at).map_err(|e| past_err(e.into()))? else {
             tracing::error!(
@@ -173,7 +171,7 @@ impl Vfs {
             starts.push(off);
             off += u64::from(e.len);
         }
-        Ok(Source::Chunks {
+        Ok(ReadFrom::Chunks {
             manifest,
             starts,
             cached: None,
@@ -186,7 +184,7 @@ impl Vfs {
             return Err(errno(libc::EISDIR));
         };
         let mut r = reader.lock();
-        if let Source::Head { fd, expect, latest } = &r.source {
+        if let ReadFrom::Head { fd, expect, latest } = &r.source {
             let mut buf = vec![0u8; size as usize];
             let n = sys::pread(fd.as_fd(), &mut buf, offset)?;
             buf.truncate(n);
@@ -209,7 +207,7 @@ impl Vfs {
             );
             r.source = self.chunk_source(r.obj, r.at)?;
         }
-        let Source::Chunks {
+        let ReadFrom::Chunks {
             manifest,
             starts,
             cached,
@@ -292,8 +290,8 @@ impl Vfs {
             return Err(errno(libc::EISDIR));
         };
         let size = match &reader.lock().source {
-            Source::Head { expect, .. } => expect.size as i64,
-            Source::Chunks { manifest, .. } => {
+            ReadFrom::Head { expect, .. } => expect.size as i64,
+            ReadFrom::Chunks { manifest, .. } => {
                 manifest.extents.iter().map(|e| i64::from(e.len)).sum()
             }
         };

@@ -1,0 +1,285 @@
+//! Names of the past: `.history` and its instants in the mount root,
+//! version names (`f;3`, `f;-1`, `f;@T`) and `;deleted` in live
+//! directories, and names inside view directories.
+
+use super::*;
+
+impl Vfs {
+    /// `name` in the mount root, if it is the history directory.
+    pub(in crate::vfs) fn lookup_top(
+        &self,
+        caller: &Caller,
+        name: &OsStr,
+    ) -> Option<Result<Entry>> {
+        if !self.views_on() || name != self.cfg.views.dir_name {
+            return None;
+        }
+        if self.hidden_from(caller) {
+            return Some(enoent("history is hidden from non-root users (audit)"));
+        }
+        Some(
+            self.hold_view(TOP, || {
+                let root = sys::fstat(self.branch.root_fd())?;
+                let mut st = sys::zeroed_stat();
+                st.st_ino = TOP.0;
+                st.st_mode = libc::S_IFDIR | if self.cfg.views.audit { 0o500 } else { 0o555 };
+                st.st_nlink = 2;
+                st.st_blksize = 4096;
+                (st.st_atime, st.st_mtime, st.st_ctime) =
+                    (root.st_ctime, root.st_ctime, root.st_ctime);
+                Ok((What::Top, st))
+            })
+            // Under audit every lookup of the name is checked against its
+            // caller.
+            .map(|st| {
+                let ttl = if self.cfg.views.audit {
+                    Duration::ZERO
+                } else {
+                    IMMUTABLE_TTL
+                };
+                entry(st, ttl)
+            }),
+        )
+    }
+
+    /// A version name (`f;3`, `f;-1`, `f;@T`) or `;deleted` in the live
+    /// directory `parent`, tried only when no real entry has that name.
+    pub(in crate::vfs) fn lookup_version_name(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+    ) -> Option<Result<Entry>> {
+        let sep = &self.cfg.views.sep;
+        let bytes = name.as_bytes();
+        if !self.views_on() || sep.is_empty() {
+            return None;
+        }
+        let cut = bytes
+            .windows(sep.len())
+            .rposition(|w| w == sep.as_slice())?;
+        let (base, suffix) = (&bytes[..cut], &bytes[cut + sep.len()..]);
+        if self.hidden_from(caller) {
+            return Some(enoent("history is hidden from non-root users (audit)"));
+        }
+        if base.is_empty() && suffix == b"deleted" {
+            return Some(self.lookup_deleted_dir(parent));
+        }
+        if base.is_empty() || suffix.is_empty() {
+            return None;
+        }
+        Some(self.lookup_version(parent, base, suffix))
+    }
+
+    fn live_path(&self, dir: InodeNo) -> Result<Vec<Vec<u8>>> {
+        let mut parts = Vec::new();
+        let mut cur = dir;
+        while cur != InodeNo::ROOT {
+            let Some((parent, name)) = self.inodes.get(cur)?.name() else {
+                return enoent(format!("no known path to inode {}", cur.0));
+            };
+            parts.push(name);
+            cur = parent;
+            if parts.len() > 4096 {
+                return Err(errno(libc::ELOOP));
+            }
+        }
+        parts.reverse();
+        Ok(parts)
+    }
+
+    fn lookup_version(&self, parent: InodeNo, base: &[u8], suffix: &[u8]) -> Result<Entry> {
+        let mut path = self.live_path(parent)?;
+        path.push(base.to_vec());
+        self.settle_capture();
+        let text = std::str::from_utf8(suffix).map_err(|_| errno(libc::ENOENT))?;
+        let number = text.strip_prefix('-').unwrap_or(text);
+        let (at, node) = if !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()) {
+            let n: i64 = text.parse().map_err(|_| errno(libc::ENOENT))?;
+            let node = self.with_past(|p| p.nth_version(&path, n).map_err(past_err))?;
+            let Node::Hist { seq, .. } = &node else {
+                return Err(VfsError::WrongKind);
+            };
+            (*seq, node)
+        } else if suffix.starts_with(b"@") {
+            let Some((at, _)) = parse_instant(suffix) else {
+                return enoent(format!("'{text}' is not a version or an instant"));
+            };
+            self.with_past(|p| {
+                let (seq, _) = p.resolve_at(&at).map_err(past_err)?;
+                // A version name follows the file: where the path named
+                // nothing then, the file it names now, where it was then.
+                let mut node = p.resolve(&path, seq).map_err(past_err)?;
+                if node.is_none() {
+                    let (now, _) = p.resolve_at(&At::Now).map_err(past_err)?;
+                    if let Some(then) = p.follow(&path, now, seq).map_err(past_err)? {
+                        node = p.resolve(&then, seq).map_err(past_err)?;
+                    }
+                }
+                match node {
+                    Some(node) => Ok((seq, node)),
+                    None => enoent(format!(
+                        "{} did not exist at #{seq}",
+                        past::show_path(&path)
+                    )),
+                }
+            })?
+        } else {
+            return enoent(format!("'{text}' is not a version or an instant"));
+        };
+        // The name's meaning moves as versions are added, and a real file
+        // created with the name must win at once: never cached.
+        let e = self.node_at(at, node)?;
+        Ok(Entry {
+            entry_ttl: Some(Duration::ZERO),
+            ..e
+        })
+    }
+
+    fn lookup_deleted_dir(&self, parent: InodeNo) -> Result<Entry> {
+        let dir = self.inodes.node(parent)?;
+        if !dir.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let ino = InodeNo(VIEW_BIT | (DELETED_SLOT << OBJ_BITS) | (parent.0 & OBJ_MASK));
+        // Its attributes follow the live directory and what is deleted
+        // (computed once: listing the deleted entries reads history).
+        let st = self.deleted_dir_stat(parent, ino)?;
+        self.hold_view(ino, || {
+            Ok((
+                What::Deleted {
+                    dir: parent.object(),
+                },
+                st,
+            ))
+        })?;
+        Ok(entry(st, Duration::ZERO))
+    }
+
+    pub(super) fn deleted_dir_stat(&self, dir: InodeNo, ino: InodeNo) -> Result<Stat> {
+        let live = sys::fstat(self.inodes.node(dir)?.fd())?;
+        let mut st = live;
+        st.st_ino = ino.0;
+        st.st_mode = libc::S_IFDIR | (live.st_mode & 0o555);
+        let deleted = self.deleted_entries(dir.object())?;
+        st.st_nlink = dir_nlink(deleted.iter().map(|(_, _, n)| n.mode() & libc::S_IFMT));
+        Ok(st)
+    }
+
+    /// Lookup inside a view directory.
+    pub(in crate::vfs) fn view_lookup(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+    ) -> Result<Entry> {
+        if self.hidden_from(caller) {
+            return enoent("history is hidden from non-root users (audit)");
+        }
+        let node = self.view(parent)?;
+        match &node.what {
+            What::Top => self.lookup_instant(name.as_bytes()),
+            What::Deleted { dir } => self.lookup_deleted(*dir, name.as_bytes()),
+            What::At { at, obj, state } => {
+                if node.st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                    return Err(errno(libc::ENOTDIR));
+                }
+                let cur = self.cur_of(*obj, state)?;
+                let found = self.with_past(|p| {
+                    let Some(next) = p
+                        .step(cur, name.as_bytes(), *at, *obj == ROOT)
+                        .map_err(past_err)?
+                    else {
+                        return Ok(None);
+                    };
+                    p.finish(next, *at).map_err(past_err)
+                })?;
+                match found {
+                    Some(n) => self.node_at(*at, n),
+                    None => Err(errno(libc::ENOENT)),
+                }
+            }
+        }
+    }
+
+    pub(super) fn cur_of(&self, obj: ObjectId, state: &State) -> Result<Cur> {
+        Ok(match state {
+            State::Hist { .. } => Cur::Hist(obj),
+            State::Live { inode } => {
+                let (fd, st) = self.live_path_fd(inode)?;
+                Cur::Live {
+                    obj: Some(obj),
+                    fd,
+                    st,
+                }
+            }
+        })
+    }
+
+    /// A fresh O_PATH descriptor of a live inode, with its attributes now.
+    pub(super) fn live_path_fd(&self, inode: &Inode) -> Result<(OwnedFd, Stat)> {
+        let fd = sys::reopen(self.inodes.fd(inode)?.as_fd(), libc::O_PATH)?;
+        let st = sys::fstat(fd.as_fd())?;
+        Ok((fd, st))
+    }
+
+    pub(super) fn lookup_instant(&self, name: &[u8]) -> Result<Entry> {
+        let Some((at, fixed)) = parse_instant(name) else {
+            return enoent(format!(
+                "'{}' is not an instant (@TIME, @-10m, @TAG or @SEQ)",
+                past::name_str(name)
+            ));
+        };
+        if !fixed {
+            self.settle_capture();
+        }
+        let node = self.with_past(|p| {
+            let (seq, _) = p.resolve_at(&at).map_err(past_err)?;
+            let node = p.resolve(&[], seq).map_err(past_err)?;
+            Ok((seq, node))
+        })?;
+        let (seq, Some(node)) = node else {
+            return enoent("the root did not exist");
+        };
+        let e = self.node_at(seq, node)?;
+        Ok(Entry {
+            entry_ttl: Some(if fixed { IMMUTABLE_TTL } else { Duration::ZERO }),
+            ..e
+        })
+    }
+
+    /// What was deleted in the live directory `dir`: each name's last
+    /// object, as it was just before its removal began.
+    pub(super) fn deleted_entries(&self, dir: ObjectId) -> Result<Vec<(Vec<u8>, Seq, Node)>> {
+        let live = self.inodes.node(dir.into())?;
+        self.settle_capture();
+        self.with_past(|p| {
+            let Some(((_, _), (last, _))) = p.history.bounds().map_err(|e| past_err(e.into()))?
+            else {
+                return Ok(Vec::new());
+            };
+            let present = |n: &[u8]| {
+                sys::cstr(OsStr::from_bytes(n))
+                    .and_then(|c| sys::fstatat(live.fd(), &c))
+                    .is_ok()
+            };
+            let mut out = Vec::new();
+            for d in p.deleted_in(dir, last, &present).map_err(past_err)? {
+                let at = p.before_removal(&d).map_err(past_err)?;
+                if let Some(node) = p.finish(Cur::Hist(d.obj), at).map_err(past_err)? {
+                    out.push((d.name, at, node));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn lookup_deleted(&self, dir: ObjectId, name: &[u8]) -> Result<Entry> {
+        for (n, at, node) in self.deleted_entries(dir)? {
+            if n == name {
+                return self.node_at(at, node);
+            }
+        }
+        Err(errno(libc::ENOENT))
+    }
+}
