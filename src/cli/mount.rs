@@ -515,9 +515,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     };
     let vfs = match branches {
         Branches::One(branch) => Vfs::new(branch, inomap, vfs_cfg, capture.clone()),
-        Branches::Union(list) => {
-            Vfs::new_union(list, inomap, vfs_cfg, capture.clone(), opts.copyup_owner)
-        }
+        Branches::Union(list) => Vfs::new_union(list, inomap, vfs_cfg, capture.clone(), opts.union),
     }
     .map_err(|e| anyhow!("{e}"))?;
     if let Some(c) = &capture {

@@ -21,6 +21,8 @@ mod ingest;
 mod inodes;
 mod namespace;
 mod union;
+mod union_ops;
+mod union_rename;
 mod versioning;
 mod views;
 
@@ -37,6 +39,7 @@ pub use attr::{SetAttr, Xattr};
 pub use file::Opened;
 pub use inodes::InodeNo;
 pub use union::UnionBranch;
+pub use union_ops::UnionOptions;
 pub use views::{is_view, ViewConfig};
 
 use crate::branch::DirBranch;
@@ -241,9 +244,9 @@ impl Vfs {
         inomap: InodeMap,
         cfg: VfsConfig,
         capture: Option<Arc<Capture>>,
-        owner: crate::union::copyup::OwnerOption,
+        opts: UnionOptions,
     ) -> Result<Arc<Vfs>> {
-        let u = union::Union::new(&branches, owner)?;
+        let u = union::Union::new(&branches, opts)?;
         let primary = u.primary();
         let mounts = u.root_fds().map(inodes::BranchMount::of).collect();
         let branch = branches.swap_remove(primary.0 as usize).branch;
