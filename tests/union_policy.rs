@@ -348,3 +348,57 @@ fn objects_in_a_lower_read_write_branch_are_renamed_in_place() {
     assert_eq!(errno_of(fs::rename(u.p("victim"), u.p("low"))), libc::EXDEV);
     assert_eq!(read_file(&u.p("low")), b"low");
 }
+
+fn chronofs_out(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(bin()).args(args).output().unwrap()
+}
+
+/// `chronofs status` on a union lists every branch with its mode, usage
+/// and where creates go; unmounted, the store alone answers (no branches).
+#[test]
+fn status_lists_the_branches_of_a_union() {
+    let mut u = Union::new(&[("a", Some("8m")), ("b", Some("32m")), ("c", None)]);
+    u.mount("a=rw:b=rw:c=ro", "create=mfs");
+    let mnt = u.mnt.as_os_str();
+    let out = chronofs_out(&["status".as_ref(), mnt, "--json".as_ref()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let un = &v["union"];
+    assert_eq!(
+        (un["create"].as_str(), un["delete"].as_str()),
+        (Some("mfs"), Some("all"))
+    );
+    let b = un["branches"].as_array().unwrap();
+    let modes: Vec<_> = b.iter().map(|x| x["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["rw", "rw", "ro"]);
+    let creates: Vec<_> = b.iter().map(|x| x["creates"].as_bool().unwrap()).collect();
+    assert_eq!(creates, [false, true, false], "b has the most free space");
+    assert_eq!(b[1]["path"].as_str().unwrap(), u.br("b").to_str().unwrap());
+    let size = b[1]["size_bytes"].as_u64().unwrap();
+    assert_eq!(size, 32 << 20);
+    assert_eq!(
+        b[1]["used_bytes"].as_u64().unwrap() + b[1]["free_bytes"].as_u64().unwrap(),
+        size
+    );
+    let text = chronofs_out(&["status".as_ref(), mnt]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("create=mfs delete=all"), "{text}");
+    let line = text.lines().find(|l| l.contains("<- creates")).unwrap();
+    assert!(
+        line.contains(" rw ") && line.contains(u.br("b").to_str().unwrap()),
+        "{text}"
+    );
+    u.unmount();
+    let out = chronofs_out(&["status".as_ref(), u.br("a").as_os_str(), "--json".as_ref()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["union"].is_null(), "unmounted: the store alone");
+}

@@ -39,7 +39,7 @@ pub use attr::{SetAttr, Xattr};
 pub use file::Opened;
 pub use inodes::InodeNo;
 pub use union::UnionBranch;
-pub use union_ops::UnionOptions;
+pub use union_ops::{BranchUsage, UnionOptions};
 pub use views::{is_view, ViewConfig};
 
 use crate::branch::DirBranch;

@@ -417,3 +417,52 @@ impl Vfs {
         Ok(())
     }
 }
+
+/// One branch's usage, for `chronofs status`.
+pub struct BranchUsage {
+    pub writable: bool,
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    /// Where a create in a directory every branch holds would go now.
+    pub creates: bool,
+}
+
+impl Vfs {
+    /// A union's options and its branches' usage (statvfs of each root,
+    /// top first); `None` outside a union.
+    pub fn union_usage(&self) -> Option<(UnionOptions, Vec<BranchUsage>)> {
+        let u = self.union()?;
+        let mut out: Vec<BranchUsage> = u
+            .roots
+            .iter()
+            .map(|(root, writable)| {
+                let fs = sys::fstatvfs(root.as_fd()).ok();
+                let frsize = fs.as_ref().map_or(0, |f| f.f_frsize);
+                let blocks = |n: fn(&sys::StatFs) -> u64| {
+                    fs.as_ref().map_or(0, |f| n(f).saturating_mul(frsize))
+                };
+                BranchUsage {
+                    writable: *writable,
+                    size_bytes: blocks(|f| f.f_blocks),
+                    used_bytes: blocks(|f| f.f_blocks.saturating_sub(f.f_bfree)),
+                    free_bytes: blocks(|f| f.f_bavail),
+                    creates: false,
+                }
+            })
+            .collect();
+        let target = match u.opts.create {
+            CreatePolicy::Mfs => out
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.writable)
+                .max_by_key(|(i, b)| (b.free_bytes, std::cmp::Reverse(*i)))
+                .map(|(i, _)| i),
+            CreatePolicy::Top | CreatePolicy::ExistingPath => u.upper.map(|b| b.0 as usize),
+        };
+        if let Some(b) = target.and_then(|i| out.get_mut(i)) {
+            b.creates = true;
+        }
+        Some((u.opts, out))
+    }
+}
