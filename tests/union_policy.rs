@@ -402,3 +402,92 @@ fn status_lists_the_branches_of_a_union() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["union"].is_null(), "unmounted: the store alone");
 }
+
+/// fsck of a branch list finds what a crash leaves (copy-up and whiteout
+/// temporaries) and a redirect pointing nowhere, exits non-zero, repairs
+/// them in read-write branches only, and is clean afterwards; a whiteout
+/// over nothing is not a problem.
+#[test]
+fn fsck_of_a_branch_list_repairs_union_leftovers() {
+    let u = Union::new(&[("a", None), ("b", None), ("c", None)]);
+    fs::create_dir_all(u.br("a/d")).unwrap();
+    write_file(&u.br("a/d/.chronofs-copyup.0123456789abcdef"), b"half");
+    fs::create_dir(u.br("a/.chronofs-copyup.fedcba9876543210")).unwrap();
+    write_file(&u.br("b/.chronofs-wh.77.1"), b"");
+    fs::create_dir(u.br("a/moved")).unwrap();
+    set_xattr(&u.br("a/moved"), "trusted.overlay.redirect", b"/gone", 0).unwrap();
+    fs::create_dir_all(u.br("c/kept")).unwrap();
+    fs::create_dir(u.br("a/ok")).unwrap();
+    set_xattr(&u.br("a/ok"), "trusted.overlay.redirect", b"/kept", 0).unwrap();
+    write_file(&u.br("c/.chronofs-wh.9.9"), b"");
+    let mknod = Command::new("mknod")
+        .arg(u.br("a/lone"))
+        .args(["c", "0", "0"])
+        .status();
+    assert!(mknod.unwrap().success());
+    let spec = format!(
+        "{}=rw:{}=rw:{}=ro",
+        u.br("a").display(),
+        u.br("b").display(),
+        u.br("c").display()
+    );
+    let fsck = |extra: &[&str]| {
+        let mut args = vec!["fsck", spec.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        let out = Command::new(bin()).args(&args).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let mut found: Vec<(u64, String, bool)> = v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let path = p["path"].as_str().unwrap().to_string();
+                (
+                    p["branch"].as_u64().unwrap(),
+                    path,
+                    p["repaired"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        found.sort();
+        (out.status.success(), found)
+    };
+    let want = |repaired: bool| {
+        vec![
+            (1, ".chronofs-copyup.fedcba9876543210".to_string(), repaired),
+            (
+                1,
+                "d/.chronofs-copyup.0123456789abcdef".to_string(),
+                repaired,
+            ),
+            (1, "moved".to_string(), repaired),
+            (2, ".chronofs-wh.77.1".to_string(), repaired),
+            (3, ".chronofs-wh.9.9".to_string(), false),
+        ]
+    };
+    assert_eq!(fsck(&[]), (false, want(false)));
+    assert_eq!(fsck(&["--repair"]), (false, want(true)), "c is read-only");
+    assert!(!exists(&u.br("a/d/.chronofs-copyup.0123456789abcdef")));
+    assert!(!exists(&u.br("b/.chronofs-wh.77.1")));
+    assert!(get_xattr(&u.br("a/moved"), "trusted.overlay.redirect").is_err());
+    assert_eq!(
+        get_xattr(&u.br("a/ok"), "trusted.overlay.redirect").unwrap(),
+        b"/kept"
+    );
+    assert!(is_whiteout(&u.br("a/lone")) && u.br("c/.chronofs-wh.9.9").exists());
+    fs::remove_file(u.br("c/.chronofs-wh.9.9")).unwrap();
+    assert_eq!(fsck(&[]), (true, vec![]), "clean after the repair");
+    let bad = Command::new(bin())
+        .args(["fsck", "/nonexistent=rw:/x"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&bad.stderr)
+            .trim_end()
+            .lines()
+            .count(),
+        1
+    );
+}

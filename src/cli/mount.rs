@@ -21,7 +21,7 @@ use crate::union::spec::UnionSpec;
 use crate::vfs::{Vfs, VfsConfig};
 use std::sync::Arc;
 
-const STORE_DIR_NAME: &str = ".chronofs";
+pub(super) const STORE_DIR_NAME: &str = ".chronofs";
 
 /// Where things are, after validation.
 struct Plan {
