@@ -171,8 +171,17 @@ fn create_mfs_puts_new_objects_where_most_space_is_free_then() {
     write_file(&u.p("sub/g"), b"in c");
     assert_eq!(read_file(&u.br("c").join("sub/g")), b"in c");
     assert_eq!(names(&u.p("sub")), vec!["f", "g"]);
+    // A name hidden by a whiteout is made again where the whiteout is
+    // (in a, the smallest), so the read-only copy never shows.
+    write_file(&u.br("d/gone"), b"lower");
+    fs::remove_file(u.p("gone")).unwrap();
+    assert!(is_whiteout(&u.br("a/gone")));
+    write_file(&u.p("gone"), b"again");
+    assert_eq!(read_file(&u.br("a/gone")), b"again");
+    assert!(!exists(&u.br("b/gone")) && !exists(&u.br("c/gone")));
     // What was made stays where it is across a remount.
     u.remount();
+    assert_eq!(read_file(&u.p("gone")), b"again");
     assert_eq!(read_file(&u.p("sub/g")), b"in c");
     assert_eq!(read_file(&u.p("sub/f")), b"in b");
 }
