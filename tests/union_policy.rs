@@ -418,7 +418,7 @@ fn status_lists_the_branches_of_a_union() {
 /// over nothing is not a problem.
 #[test]
 fn fsck_of_a_branch_list_repairs_union_leftovers() {
-    let u = Union::new(&[("a", None), ("b", None), ("c", None)]);
+    let mut u = Union::new(&[("a", None), ("b", None), ("c", None)]);
     fs::create_dir_all(u.br("a/d")).unwrap();
     write_file(&u.br("a/d/.chronofs-copyup.0123456789abcdef"), b"half");
     fs::create_dir(u.br("a/.chronofs-copyup.fedcba9876543210")).unwrap();
@@ -487,6 +487,18 @@ fn fsck_of_a_branch_list_repairs_union_leftovers() {
     assert!(is_whiteout(&u.br("a/lone")) && u.br("c/.chronofs-wh.9.9").exists());
     fs::remove_file(u.br("c/.chronofs-wh.9.9")).unwrap();
     assert_eq!(fsck(&[]), (true, vec![]), "clean after the repair");
+    // A running copy-up has a temporary too: no repair of mounted branches.
+    u.mount("a=rw:b=rw:c=ro", "plain");
+    let busy = Command::new(bin())
+        .args(["fsck", spec.as_str(), "--repair"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&busy.stderr);
+    assert!(!busy.status.success());
+    assert!(
+        err.contains("unmount") && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
     let bad = Command::new(bin())
         .args(["fsck", "/nonexistent=rw:/x"])
         .output()

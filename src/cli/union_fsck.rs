@@ -41,6 +41,9 @@ struct Report {
 /// left to fix.
 pub fn run(arg: &Path, repair: bool, json: bool) -> Result<bool> {
     let spec = UnionSpec::parse(arg.as_os_str())?;
+    if repair {
+        refuse_if_mounted(&spec)?;
+    }
     let mut branches = Vec::with_capacity(spec.len());
     for b in spec.branches() {
         let root = std::fs::File::open(b.path())
@@ -85,4 +88,56 @@ pub fn run(arg: &Path, repair: bool, json: bool) -> Result<bool> {
         println!("union: {} branch(es) clean", spec.len());
     }
     Ok(clean)
+}
+
+/// A repair must not remove the temporary of a copy-up in progress: no
+/// branch may be the source of a running chronofs mount (mountinfo names
+/// a union's primary branch as its source).
+fn refuse_if_mounted(spec: &UnionSpec) -> Result<()> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in info.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut r = right.split(' ');
+        if r.next() != Some("fuse.chronofs") {
+            continue;
+        }
+        let source = r.next().map(unescape).unwrap_or_default();
+        let mnt = left.split(' ').nth(4).map(unescape).unwrap_or_default();
+        if let Some(b) = spec
+            .branches()
+            .iter()
+            .find(|b| b.path() == Path::new(&source))
+        {
+            anyhow::bail!(
+                "branch {} is mounted by chronofs at {mnt}: unmount it before fsck --repair",
+                b.path().display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok());
+        match octal.and_then(|d| u8::from_str_radix(d, 8).ok()) {
+            Some(v) if b[i] == b'\\' => {
+                out.push(v);
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
