@@ -511,6 +511,25 @@ pub fn ls(t: &Target, at: Option<&str>, deleted: bool, long: bool, json: bool) -
     Ok(())
 }
 
+/// A union mount's branches, one line each: position, mode, usage, and
+/// a mark on the one creates go to now.
+fn print_branches(u: &crate::control::proto::UnionStatus) {
+    let gib = |n: u64| n as f64 / (1u64 << 30) as f64;
+    println!("union:        create={} delete={}", u.create, u.delete);
+    for (i, b) in u.branches.iter().enumerate() {
+        println!(
+            "  branch {}:   {} {}  used {:.2} GiB, free {:.2} GiB of {:.2} GiB{}",
+            i + 1,
+            b.mode,
+            b.path,
+            gib(b.used_bytes),
+            gib(b.free_bytes),
+            gib(b.size_bytes),
+            if b.creates { "  <- creates" } else { "" }
+        );
+    }
+}
+
 pub fn status(t: &Target, json: bool) -> Result<()> {
     let v = t.client().status()?;
     if json {
@@ -553,6 +572,9 @@ pub fn status(t: &Target, json: bool) -> Result<()> {
         v.dedup_ratio, v.compression_ratio
     );
     println!("tags:         {}", v.tags);
+    if let Some(u) = &v.union {
+        print_branches(u);
+    }
     if let Some(head) = &v.chain_head {
         // What an administrator notes elsewhere: a store rewritten behind
         // chronofs's back cannot keep this value.

@@ -11,6 +11,7 @@ mod maintain;
 mod mount;
 mod options;
 mod restore;
+mod union_fsck;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -191,12 +192,18 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Verify every reference and chunk hash of a store.
+    /// Verify every reference and chunk hash of a store; or, given a
+    /// union's branch list (BR1=rw:BR2=ro:..., as mount takes it), the
+    /// union's invariants in its branches (leftover copy-up and whiteout
+    /// temporaries, redirects pointing nowhere).
     Fsck {
+        /// A path in a mount or store directory, or a branch list.
         #[arg(default_value = ".")]
         path: PathBuf,
         /// Repair (root): re-index intact chunks, store damaged ones again
-        /// from live files, mark versions that cannot be saved as lost.
+        /// from live files, mark versions that cannot be saved as lost; in
+        /// a union's read-write branches remove leftover temporaries and
+        /// dangling redirects (run it with the union unmounted).
         #[arg(long)]
         repair: bool,
         #[command(flatten)]
@@ -595,7 +602,12 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             repair,
             common,
         } => {
-            if h::fsck(&tgt(&path, &common)?, repair, common.json)? {
+            let clean = if union_fsck::is_branch_list(&path) {
+                union_fsck::run(&path, repair, common.json)?
+            } else {
+                h::fsck(&tgt(&path, &common)?, repair, common.json)?
+            };
+            if clean {
                 Ok(())
             } else {
                 anyhow::bail!("fsck found problems")

@@ -21,7 +21,7 @@ use crate::union::spec::UnionSpec;
 use crate::vfs::{Vfs, VfsConfig};
 use std::sync::Arc;
 
-const STORE_DIR_NAME: &str = ".chronofs";
+pub(super) const STORE_DIR_NAME: &str = ".chronofs";
 
 /// Where things are, after validation.
 struct Plan {
@@ -515,9 +515,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     };
     let vfs = match branches {
         Branches::One(branch) => Vfs::new(branch, inomap, vfs_cfg, capture.clone()),
-        Branches::Union(list) => {
-            Vfs::new_union(list, inomap, vfs_cfg, capture.clone(), opts.copyup_owner)
-        }
+        Branches::Union(list) => Vfs::new_union(list, inomap, vfs_cfg, capture.clone(), opts.union),
     }
     .map_err(|e| anyhow!("{e}"))?;
     if let Some(c) = &capture {
@@ -631,7 +629,9 @@ struct Recording {
 }
 
 /// The running mount as the control service sees it.
-struct MountHost(std::sync::Weak<Vfs>);
+/// What the control service asks of a running mount: its vfs, and a
+/// union's branch paths (top first).
+struct MountHost(std::sync::Weak<Vfs>, Vec<PathBuf>);
 
 impl crate::history::past::LiveIds for MountHost {
     fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
@@ -661,6 +661,27 @@ impl control::service::Host for MountHost {
             Some(v) => v.start_ingest(),
             None => Err("the mount is shutting down".into()),
         }
+    }
+
+    fn union_status(&self) -> Option<control::proto::UnionStatus> {
+        let (opts, usage) = self.0.upgrade()?.union_usage()?;
+        let branches = usage
+            .into_iter()
+            .zip(&self.1)
+            .map(|(b, path)| control::proto::BranchStatus {
+                path: path.display().to_string(),
+                mode: if b.writable { "rw" } else { "ro" }.to_string(),
+                size_bytes: b.size_bytes,
+                used_bytes: b.used_bytes,
+                free_bytes: b.free_bytes,
+                creates: b.creates,
+            })
+            .collect();
+        Some(control::proto::UnionStatus {
+            create: opts.create.to_string(),
+            delete: opts.delete.to_string(),
+            branches,
+        })
     }
 
     fn ingest_status(&self) -> Option<control::proto::IngestStatus> {
@@ -731,7 +752,10 @@ fn start_control(
         Arc::clone(history),
         root,
         plan.reserved.clone(),
-        Box::new(MountHost(Arc::downgrade(vfs))),
+        Box::new(MountHost(
+            Arc::downgrade(vfs),
+            plan.union.iter().map(|(p, _)| p.clone()).collect(),
+        )),
         store.dir().to_path_buf(),
         policy,
     );

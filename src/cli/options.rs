@@ -40,8 +40,9 @@ pub struct MountOptions {
     pub user_policies: bool,
     /// `clean-interval=S`: how often the cleaner applies retention (0: never).
     pub clean_interval: Duration,
-    /// `copyup-owner=keep|fixed:UID:GID:MODE|caller` (union mounts).
-    pub copyup_owner: crate::union::copyup::OwnerOption,
+    /// Union mounts: `copyup-owner=keep|fixed:UID:GID:MODE|caller`,
+    /// `create=top|mfs|existing-path`, `delete=all|whiteout`.
+    pub union: crate::vfs::UnionOptions,
 }
 
 /// `-o ingest=`: when a mount records the existing tree in the background.
@@ -80,7 +81,7 @@ impl Default for MountOptions {
             views: crate::vfs::ViewConfig::default(),
             policy: None,
             user_policies: true,
-            copyup_owner: crate::union::copyup::OwnerOption::default(),
+            union: crate::vfs::UnionOptions::default(),
             clean_interval: Duration::from_secs(3600),
         }
     }
@@ -207,7 +208,19 @@ impl MountOptions {
                 }
             }
             ("copyup-owner", v) => {
-                self.copyup_owner = crate::union::copyup::OwnerOption::parse(need(key, v)?)?;
+                self.union.owner = crate::union::copyup::OwnerOption::parse(need(key, v)?)?;
+            }
+            ("create", v) => {
+                let v = need(key, v)?;
+                self.union.create = v
+                    .parse()
+                    .map_err(|e: crate::union::spec::SpecError| e.to_string())?;
+            }
+            ("delete", v) => {
+                let v = need(key, v)?;
+                self.union.delete = v
+                    .parse()
+                    .map_err(|e: crate::union::spec::SpecError| e.to_string())?;
             }
             ("capture-interval", v) => {
                 let d = parse_secs(key, need(key, v)?)?;

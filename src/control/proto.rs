@@ -19,7 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -411,6 +411,29 @@ pub struct StatusReply {
     pub ingest: Option<IngestStatus>,
     pub first: Option<SeqTime>,
     pub last: Option<SeqTime>,
+    /// A union mount's branches (`None`: one branch, or not mounted).
+    pub union: Option<UnionStatus>,
+}
+
+/// A union mount's policies and branches, top first.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct UnionStatus {
+    pub create: String,
+    pub delete: String,
+    pub branches: Vec<BranchStatus>,
+}
+
+/// One branch: its file system's usage (statvfs) and whether creates go
+/// there now.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct BranchStatus {
+    pub path: String,
+    /// `rw` or `ro`.
+    pub mode: String,
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    pub creates: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

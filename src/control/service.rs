@@ -50,6 +50,10 @@ pub trait Host: LiveIds {
     fn ingest_status(&self) -> Option<IngestStatus> {
         None
     }
+    /// A union mount's branches.
+    fn union_status(&self) -> Option<super::proto::UnionStatus> {
+        None
+    }
 }
 
 pub struct Service {
@@ -569,6 +573,7 @@ impl Service {
                     hash,
                 }
             }),
+            union: self.host.union_status(),
             ingest: self.host.ingest_status(),
             first: bounds.map(|((seq, time_ns), _)| SeqTime { seq, time_ns }),
             last: bounds.map(|(_, (seq, time_ns))| SeqTime { seq, time_ns }),

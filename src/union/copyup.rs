@@ -14,7 +14,8 @@
 //! 1. the object is made where nobody can see it: regular files as an
 //!    `O_TMPFILE` in the upper parent, or, where the file system has no
 //!    `O_TMPFILE`, under a hidden name `.chronofs-copyup.<16 hex digits>`
-//!    (see [`is_copyup_temp`]; `fsck` is to remove orphans a crash leaves);
+//!    (see [`is_copyup_temp`]; `chronofs fsck BRANCHES --repair` removes
+//!    orphans a crash leaves);
 //!    everything else under such a hidden name;
 //! 2. data: `FICLONE` where the file systems share blocks, else
 //!    `copy_file_range` over the data ranges only (SEEK_DATA/SEEK_HOLE),

@@ -7,12 +7,14 @@
 //! redirects), the merge of several directories' listings into one with
 //! stable offsets (`merge`), and copying an object from a read-only branch
 //! into a read-write one without ever showing a partial file (`copyup`),
-//! and the index that keeps a copied-up hard link one file (`index`).
+//! the index that keeps a copied-up hard link one file (`index`), and
+//! checks and repairs of those invariants in the branches (`fsck`).
 //! Uses: `branch`, `store`, `sys`. Must not know about FUSE, inode numbers
 //! or history.
 
 pub mod copyup;
 pub mod format;
+pub mod fsck;
 pub mod index;
 pub mod merge;
 pub mod spec;

@@ -7,6 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use super::inodes::Handle;
 use super::versioning::writes;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
+use crate::branch::BranchId;
 use crate::sys::{self, creds};
 
 /// An opened file: the handle number given to the kernel.
@@ -188,9 +189,9 @@ impl Vfs {
         flags: i32,
     ) -> Result<(Entry, Opened)> {
         self.check_name(parent, name)?;
-        let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
-        self.clear_whiteout(&dir, &cname)?;
+        let at = self.create_target(caller, parent, &cname)?;
+        let dir = &at.dir;
         creds::set_thread_umask(umask)?;
         let dirfd = dir.fd();
         let cname = &cname;
@@ -203,8 +204,8 @@ impl Vfs {
         if self.capture.is_some() {
             self.before_dir_change(parent)?;
         }
-        let (fd, created) = match self.open_as_caller(caller, open_in_dir(excl), flags, mode) {
-            Ok(fd) => (fd, true),
+        let open = || match self.open_as_caller(caller, open_in_dir(excl), flags, mode) {
+            Ok(fd) => Ok((fd, true)),
             Err(e) if e.errno_is(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
                 // With history on, an existing file's content must be
                 // secured before O_TRUNC empties it: open without it and
@@ -214,16 +215,18 @@ impl Vfs {
                 } else {
                     flags
                 };
-                (
+                Ok((
                     self.open_as_caller(caller, open_in_dir(0), open_flags, 0)?,
                     false,
-                )
+                ))
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
         };
+        let ((fd, created), _) = self.create_over_whiteout(dir, cname, open)?;
         let made = if created { Made::New } else { Made::Existing };
         let named = Some((parent, name.as_encoded_bytes()));
-        let (entry, opened) = self.register_opened(caller, fd, made, named, writes(flags))?;
+        let (entry, opened) =
+            self.register_opened(caller, fd, made, (named, at.branch), writes(flags))?;
         if created {
             match self.capture() {
                 // Recorded with the session's version at close.
@@ -316,7 +319,7 @@ impl Vfs {
             mode,
         )?;
         let (entry, mut opened) =
-            self.register_opened(caller, fd, Made::Unnamed, None, writes(flags))?;
+            self.register_opened(caller, fd, Made::Unnamed, (None, None), writes(flags))?;
         if self.capture.is_some()
             && writes(flags)
             && self.after_write_open(
@@ -336,21 +339,24 @@ impl Vfs {
     /// Registers the regular file behind a descriptor create or tmpfile
     /// just opened, and opens a handle on it.
     /// `named`: where it was created (set before the I/O mode is chosen, so
-    /// a policy's path rules see it); `writing`: opened for writing.
+    /// a policy's path rules see it) and the union branch it was made in
+    /// when not the default one; `writing`: opened for writing.
     fn register_opened(
         &self,
         caller: &Caller,
         fd: OwnedFd,
         made: Made,
-        named: Option<(InodeNo, &[u8])>,
+        (named, branch): (Option<(InodeNo, &[u8])>, Option<BranchId>),
         writing: bool,
     ) -> Result<(Entry, Opened)> {
         let st = sys::fstat(fd.as_fd())?;
         let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
-        let inode = match made {
-            Made::New => self.inodes.acquire_new(path_fd, &st, true)?,
-            Made::Existing => self.inodes.acquire_new(path_fd, &st, false)?,
-            Made::Unnamed => self.inodes.acquire_unnamed(path_fd, &st)?,
+        let inode = match (made, branch) {
+            (Made::New, Some(b)) => self.inodes.acquire_new_in(b, path_fd, &st, true)?,
+            (Made::Existing, Some(b)) => self.inodes.acquire_new_in(b, path_fd, &st, false)?,
+            (Made::New, None) => self.inodes.acquire_new(path_fd, &st, true)?,
+            (Made::Existing, None) => self.inodes.acquire_new(path_fd, &st, false)?,
+            (Made::Unnamed, _) => self.inodes.acquire_unnamed(path_fd, &st)?,
         };
         if let Some((parent, name)) = named {
             inode.set_name(parent, name);

@@ -611,6 +611,18 @@ impl InodeTable {
         self.acquire(self.branch, fd, st, fresh, false, Vec::new())
     }
 
+    /// [`InodeTable::acquire_new`] for an object of `branch` (a union's
+    /// create policy may put a new object in any read-write branch).
+    pub fn acquire_new_in(
+        &self,
+        branch: BranchId,
+        fd: OwnedFd,
+        st: &Stat,
+        fresh: bool,
+    ) -> Result<Arc<Inode>> {
+        self.acquire(branch, fd, st, fresh, false, Vec::new())
+    }
+
     /// [`InodeTable::acquire_new`] for an object of `branch`, with the
     /// lower copies of a union directory.
     pub fn acquire_in(

@@ -27,6 +27,8 @@ mod namespace;
 mod source;
 mod union;
 mod union_links;
+mod union_ops;
+mod union_rename;
 mod versioning;
 mod views;
 
@@ -43,6 +45,7 @@ pub use attr::{SetAttr, Xattr};
 pub use file::Opened;
 pub use inodes::InodeNo;
 pub use union::UnionBranch;
+pub use union_ops::{BranchUsage, UnionOptions};
 pub use views::ViewConfig;
 
 use crate::branch::DirBranch;
@@ -247,9 +250,9 @@ impl Vfs {
         inomap: InodeMap,
         cfg: VfsConfig,
         capture: Option<Arc<Capture>>,
-        owner: crate::union::copyup::OwnerOption,
+        opts: UnionOptions,
     ) -> Result<Arc<Vfs>> {
-        let u = union::Union::new(&branches, owner)?;
+        let u = union::Union::new(&branches, opts)?;
         let primary = u.primary();
         let mounts = u.root_fds().map(inodes::BranchMount::of).collect();
         let mut branch = branches.swap_remove(primary.0 as usize).branch;

@@ -5,7 +5,9 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 
 use super::inodes::Node;
+use super::union_ops::Target;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs};
+use crate::branch::BranchId;
 use crate::history::Cause;
 use crate::sys::{self, creds};
 
@@ -81,15 +83,25 @@ impl Vfs {
             self.inodes.detach_key(&inode);
             reused = true;
         }
-        self.register(dir, &cname, reused)
+        self.register(dir, &cname, reused, None)
     }
 
-    /// Opens `name` in `dir` and registers it; `fresh` gives it a new number.
-    fn register(&self, dir: &Node, cname: &std::ffi::CStr, fresh: bool) -> Result<Entry> {
+    /// Opens `name` in `dir` and registers it; `fresh` gives it a new
+    /// number; `branch`: a union branch other than the default one.
+    fn register(
+        &self,
+        dir: &Node,
+        cname: &std::ffi::CStr,
+        fresh: bool,
+        branch: Option<BranchId>,
+    ) -> Result<Entry> {
         let fd = sys::open_path(dir.fd(), cname)?;
         // Stat the descriptor itself: the name may have been replaced since.
         let st = sys::fstat(fd.as_fd())?;
-        let inode = self.inodes.acquire_new(fd, &st, fresh)?;
+        let inode = match branch {
+            Some(b) => self.inodes.acquire_new_in(b, fd, &st, fresh)?,
+            None => self.inodes.acquire_new(fd, &st, fresh)?,
+        };
         Ok(Entry {
             attr: Attr { ino: inode.ino, st },
             entry_ttl: None,
@@ -102,8 +114,9 @@ impl Vfs {
 
     /// After a creating call succeeded, registers the new object under a
     /// new number.
-    fn register_created(&self, caller: &Caller, dir: &Node, name: &OsStr) -> Result<Entry> {
-        let entry = self.register(dir, &sys::cstr(name)?, true)?;
+    fn register_created(&self, caller: &Caller, at: &Target, name: &OsStr) -> Result<Entry> {
+        let dir = &at.dir;
+        let entry = self.register(dir, &sys::cstr(name)?, true, at.branch)?;
         self.after_create(caller, dir.ino, name, entry.attr.ino, &entry.attr.st);
         Ok(entry)
     }
@@ -134,14 +147,19 @@ impl Vfs {
         self.check_name(parent, name)?;
         self.refuse_taken(parent, name)?;
         self.before_dir_change(parent)?;
-        let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
-        let hides_lower = self.clear_whiteout(&dir, &cname)?;
-        creds::as_caller_with_umask(caller, umask, mode, || sys::mkdirat(dir.fd(), &cname, mode))?;
+        let at = self.create_target(caller, parent, &cname)?;
+        let dir = &at.dir;
+        let ((), hides_lower) = self.create_over_whiteout(dir, &cname, || {
+            creds::as_caller_with_umask(caller, umask, mode, || {
+                sys::mkdirat(dir.fd(), &cname, mode)
+            })?;
+            Ok(())
+        })?;
         if hides_lower {
-            self.make_opaque(&dir, &cname)?;
+            self.make_opaque(dir, &cname)?;
         }
-        self.register_created(caller, &dir, name)
+        self.register_created(caller, &at, name)
     }
 
     pub fn mknod(
@@ -162,13 +180,16 @@ impl Vfs {
             // refuses it the same way.
             return Err(errno(libc::EPERM));
         }
-        let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
-        self.clear_whiteout(&dir, &cname)?;
-        creds::as_caller_with_umask(caller, umask, mode, || {
-            sys::mknodat(dir.fd(), &cname, mode, u64::from(rdev))
+        let at = self.create_target(caller, parent, &cname)?;
+        let dir = &at.dir;
+        self.create_over_whiteout(dir, &cname, || {
+            creds::as_caller_with_umask(caller, umask, mode, || {
+                sys::mknodat(dir.fd(), &cname, mode, u64::from(rdev))
+            })?;
+            Ok(())
         })?;
-        self.register_created(caller, &dir, name)
+        self.register_created(caller, &at, name)
     }
 
     pub fn symlink(
@@ -181,12 +202,15 @@ impl Vfs {
         self.check_name(parent, name)?;
         self.refuse_taken(parent, name)?;
         self.before_dir_change(parent)?;
-        let dir = self.writable_dir(caller, parent)?;
         let cname = sys::cstr(name)?;
-        self.clear_whiteout(&dir, &cname)?;
+        let at = self.create_target(caller, parent, &cname)?;
+        let dir = &at.dir;
         let ctarget = sys::cstr(target)?;
-        creds::as_caller(caller, || sys::symlinkat(&ctarget, dir.fd(), &cname))?;
-        self.register_created(caller, &dir, name)
+        self.create_over_whiteout(dir, &cname, || {
+            creds::as_caller(caller, || sys::symlinkat(&ctarget, dir.fd(), &cname))?;
+            Ok(())
+        })?;
+        self.register_created(caller, &at, name)
     }
 
     pub fn link(

@@ -25,17 +25,18 @@ pub struct UnionBranch {
 /// What the vfs knows of a union mount's branches.
 pub struct Union {
     /// Every branch's root, indexed by `BranchId` (position, top first).
-    roots: Vec<(Arc<OwnedFd>, bool)>,
-    /// Where creates and copy-ups go: the highest read-write branch.
-    upper: Option<BranchId>,
+    pub(super) roots: Vec<(Arc<OwnedFd>, bool)>,
+    /// Where copy-ups (and `create=top`'s creates) go: the highest
+    /// read-write branch.
+    pub(super) upper: Option<BranchId>,
     pub(super) ns: format::XattrNs,
-    pub(super) owner: copyup::OwnerOption,
+    pub(super) opts: super::union_ops::UnionOptions,
     /// The upper branch's hard-link index, once it exists.
     pub(super) index: std::sync::OnceLock<Arc<OwnedFd>>,
 }
 
 impl Union {
-    pub fn new(branches: &[UnionBranch], owner: copyup::OwnerOption) -> Result<Union> {
+    pub fn new(branches: &[UnionBranch], opts: super::union_ops::UnionOptions) -> Result<Union> {
         let mut roots = Vec::with_capacity(branches.len());
         for b in branches {
             let fd = sys::reopen(b.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
@@ -55,7 +56,7 @@ impl Union {
             roots,
             upper,
             ns: format::XattrNs::for_daemon(),
-            owner,
+            opts,
             index,
         })
     }
@@ -104,11 +105,11 @@ pub(super) struct Found {
     pub(super) lowers: Vec<Layer>,
 }
 
-fn is_absent(e: &std::io::Error) -> bool {
+pub(super) fn is_absent(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
 
-fn is_dir(st: &Stat) -> bool {
+pub(super) fn is_dir(st: &Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
@@ -130,7 +131,7 @@ impl Vfs {
 
     /// Walks `name` down the layers of `dir`: whiteouts end it, a
     /// non-directory ends it, an opaque directory ends it.
-    fn walk(&self, dir: &Node, name: &CStr) -> Result<Option<Found>> {
+    pub(super) fn walk(&self, dir: &Node, name: &CStr) -> Result<Option<Found>> {
         self.walk_layers(&self.layers_of(dir)?, name)
     }
 
@@ -377,7 +378,7 @@ impl Vfs {
             lower_parent.as_fd(),
             upper_parent.fd(),
             &cname,
-            &u.owner.resolve(caller.uid, caller.gid),
+            &u.opts.owner.resolve(caller.uid, caller.gid),
         )?;
         let st = sys::fstat(fd.as_fd())?;
         let mut layers = vec![Layer {
@@ -390,7 +391,7 @@ impl Vfs {
     }
 
     /// The copy of directory `dir` in `branch`.
-    fn copy_in(&self, dir: InodeNo, branch: BranchId) -> Result<Arc<OwnedFd>> {
+    pub(super) fn copy_in(&self, dir: InodeNo, branch: BranchId) -> Result<Arc<OwnedFd>> {
         let node = self.inodes.node(dir)?;
         self.layers_of(&node)?
             .into_iter()
@@ -418,7 +419,7 @@ impl Vfs {
         let upper_parent = self.writable_dir(caller, parent)?;
         let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
-        let owner = u.owner.resolve(caller.uid, caller.gid);
+        let owner = u.opts.owner.resolve(caller.uid, caller.gid);
         let lower_st = sys::fstat(node.fd())?;
         if lower_st.st_mode & libc::S_IFMT == libc::S_IFREG && lower_st.st_nlink > 1 {
             let at = (lower_parent.as_fd(), cname.as_c_str());
@@ -482,62 +483,10 @@ impl Vfs {
         Ok(false)
     }
 
-    /// Removes `name` from union directory `parent`: from the upper
-    /// branch, with a whiteout where a lower branch holds it. rmdir
-    /// refuses a directory whose merged listing is not empty.
-    pub(super) fn union_remove(
-        &self,
-        caller: &super::Caller,
-        parent: InodeNo,
-        name: &OsStr,
-        flags: i32,
-    ) -> Result<Option<Stat>> {
-        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let upper = u.upper.ok_or(errno(libc::EROFS))?;
-        let cname = sys::cstr(name)?;
-        let dir = self.inodes.node(parent)?;
-        let found = self.walk(&dir, &cname)?.ok_or(errno(libc::ENOENT))?;
-        let visible = found.top.2;
-        let rmdir = flags & libc::AT_REMOVEDIR != 0;
-        match (rmdir, is_dir(&visible)) {
-            (true, false) => return Err(errno(libc::ENOTDIR)),
-            (false, true) => return Err(errno(libc::EISDIR)),
-            _ => {}
-        }
-        if rmdir {
-            self.check_merged_empty(&found, &cname)?;
-        }
-        let dir = self.writable_dir(caller, parent)?;
-        let below = self.visible_below(&dir, &cname, upper)?;
-        let in_upper = match sys::fstatat(dir.fd(), &cname) {
-            Ok(st) => Some(st),
-            Err(e) if is_absent(&e) => None,
-            Err(e) => return Err(e.into()),
-        };
-        match (&in_upper, below) {
-            (Some(st), true) => {
-                self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
-                // One step: the name never shows the lower copy meanwhile.
-                // (The kernel has checked the caller may delete it.)
-                format::replace_with_whiteout(dir.fd(), &cname)?;
-            }
-            (Some(st), false) => {
-                self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
-                if rmdir {
-                    self.clear_whiteouts_in(&dir, &cname)?;
-                }
-                crate::sys::creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
-            }
-            (None, true) => format::make_whiteout(dir.fd(), &cname)?,
-            (None, false) => {}
-        }
-        Ok(in_upper.or(Some(visible)))
-    }
-
     /// ENOTEMPTY unless every copy of the directory holds nothing a user
     /// would see (whiteouts hide lower entries and are not themselves
     /// entries).
-    fn check_merged_empty(&self, found: &Found, name: &CStr) -> Result<()> {
+    pub(super) fn check_merged_empty(&self, found: &Found, name: &CStr) -> Result<()> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let (_, parent, _) = &found.top;
         let top = sys::open_path(parent.as_fd(), name)?;
@@ -553,9 +502,9 @@ impl Vfs {
 
     /// Removes the whiteouts inside upper directory `name` of `dir`, so
     /// that it can be removed (its merged listing is known empty).
-    fn clear_whiteouts_in(&self, dir: &Node, name: &CStr) -> Result<()> {
+    pub(super) fn clear_whiteouts_in(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
         let sub = sys::openat(
-            dir.fd(),
+            dir,
             name,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
             0,
@@ -597,6 +546,11 @@ impl Vfs {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let upper = u.upper.ok_or(errno(libc::EROFS))?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let here = (parent, name);
+        let there = (newparent, newname);
+        if let Some(victim) = self.rename_in_branch(caller, here, there, flags, (moved, target))? {
+            return Ok(victim);
+        }
         let source = self.inodes.node(moved)?;
         if source.is_dir() {
             self.prepare_dir_move(caller, moved)?;
@@ -634,15 +588,20 @@ impl Vfs {
             Ok(st) if !exchange => {
                 self.inodes.pin_if_known(&self.inodes.key_in(upper, &st))?;
                 if is_dir(&st) {
-                    self.clear_whiteouts_in(&newdir, &new)?;
+                    self.clear_whiteouts_in(newdir.fd(), &new)?;
                 }
                 Some(st)
             }
             _ => None,
         };
-        crate::sys::creds::as_caller(caller, || {
-            sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
-        })?;
+        let whiteout_old = below_old && !exchange;
+        self.rename_hiding_old(
+            caller,
+            (&olddir, &old),
+            (&newdir, &new),
+            flags,
+            whiteout_old,
+        )?;
         source.set_name(newparent, newname.as_encoded_bytes());
         if exchange {
             if let Some(t) = target.and_then(|t| self.inodes.get(t).ok()) {
@@ -655,9 +614,6 @@ impl Vfs {
         };
         if source.is_dir() && !redirected && (cleared || target_below) {
             self.make_opaque(&newdir, &new)?;
-        }
-        if below_old && !exchange {
-            format::make_whiteout(olddir.fd(), &old)?;
         }
         Ok(victim)
     }

@@ -97,8 +97,8 @@ impl Rig {
                     writable: false,
                 });
             }
-            let owner = chronofs::union::copyup::OwnerOption::default();
-            Vfs::new_union(branches, inomap, cfg, Some(capture.clone()), owner).unwrap()
+            let opts = chronofs::vfs::UnionOptions::default();
+            Vfs::new_union(branches, inomap, cfg, Some(capture.clone()), opts).unwrap()
         };
         let weak = Arc::downgrade(&vfs);
         capture.set_namer(Box::new(move |obj| weak.upgrade()?.name_of(obj)));

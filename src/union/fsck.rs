@@ -1,0 +1,223 @@
+//! fsck of a union's branches: what a crash or another tool can leave
+//! that a lookup must not meet, and its repair.
+//!
+//! Found, in every branch: copy-up temporaries (`.chronofs-copyup.*`, a
+//! crash between making a copy and renaming it into place) and whiteout
+//! temporaries (`.chronofs-wh.*`, a crash inside `replace_with_whiteout`);
+//! in read-write branches, a directory whose `overlay.redirect` names a
+//! directory no branch below holds (the lookups it was for find nothing).
+//! A whiteout with nothing below it is harmless and not reported; an
+//! object and a whiteout of one name cannot share a directory. Repairs
+//! happen only in read-write branches: temporaries are removed (none is
+//! ever a name a user made: readers hide them), a dangling redirect is
+//! dropped (the directory then shows exactly what it showed). Run it on
+//! unmounted branches: a copy-up in progress has a temporary too.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::{copyup, format};
+use crate::sys;
+
+/// What is wrong with one entry of a branch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    CopyupTemporary,
+    WhiteoutTemporary,
+    DanglingRedirect,
+}
+
+impl Kind {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kind::CopyupTemporary => "copy-up temporary left by a crash",
+            Kind::WhiteoutTemporary => "whiteout temporary left by a crash",
+            Kind::DanglingRedirect => "directory redirect pointing nowhere",
+        }
+    }
+}
+
+/// One finding: the branch (0 = top), the path in it, and whether it was
+/// repaired.
+#[derive(Clone, Debug)]
+pub struct Finding {
+    pub branch: usize,
+    pub path: PathBuf,
+    pub kind: Kind,
+    pub repaired: bool,
+}
+
+/// A branch to check: its root and whether it may be changed.
+pub struct Branch {
+    pub root: OwnedFd,
+    pub writable: bool,
+}
+
+/// Checks every branch (top first); with `repair`, fixes what is found in
+/// read-write branches. `skip` is a name in the top read-write branch's
+/// root not to descend into (the store).
+pub fn check(
+    branches: &[Branch],
+    ns: format::XattrNs,
+    repair: bool,
+    skip: Option<&OsStr>,
+) -> io::Result<Vec<Finding>> {
+    let mut out = Vec::new();
+    for (i, b) in branches.iter().enumerate() {
+        let walk = Walk {
+            branches,
+            index: i,
+            ns,
+            repair: repair && b.writable,
+            skip,
+        };
+        walk.dir(b.root.as_fd(), Path::new(""), &mut out)?;
+    }
+    Ok(out)
+}
+
+struct Walk<'a> {
+    branches: &'a [Branch],
+    index: usize,
+    ns: format::XattrNs,
+    repair: bool,
+    skip: Option<&'a OsStr>,
+}
+
+impl Walk<'_> {
+    fn dir(&self, dir: BorrowedFd<'_>, rel: &Path, out: &mut Vec<Finding>) -> io::Result<()> {
+        let readable = sys::openat(
+            dir,
+            c".",
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )?;
+        let mut buf = sys::DirBuf::new(64 * 1024);
+        let mut names = Vec::new();
+        loop {
+            let batch = sys::getdents(readable.as_fd(), &mut buf)?;
+            if batch.is_empty() {
+                break;
+            }
+            names.extend(batch.into_iter().filter(|e| !format::is_dot(&e.name)));
+        }
+        for e in names {
+            let name = OsStr::from_bytes(&e.name);
+            if rel.as_os_str().is_empty() && Some(name) == self.skip {
+                continue;
+            }
+            let path = rel.join(name);
+            let cname = CString::new(e.name.clone()).map_err(|_| errno(libc::EINVAL))?;
+            let kind = if copyup::is_copyup_temp(&e.name) {
+                Some(Kind::CopyupTemporary)
+            } else if format::is_temporary(&e.name) {
+                Some(Kind::WhiteoutTemporary)
+            } else {
+                None
+            };
+            if let Some(kind) = kind {
+                let repaired = self.repair && remove_tree(dir, &cname).is_ok();
+                out.push(self.finding(path, kind, repaired));
+                continue;
+            }
+            let st = sys::fstatat(dir, &cname)?;
+            if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                continue;
+            }
+            let sub = sys::open_path(dir, &cname)?;
+            if let Some(finding) = self.redirect(sub.as_fd(), rel, &path)? {
+                out.push(finding);
+            }
+            self.dir(sub.as_fd(), &path, out)?;
+        }
+        Ok(())
+    }
+
+    fn finding(&self, path: PathBuf, kind: Kind, repaired: bool) -> Finding {
+        Finding {
+            branch: self.index,
+            path,
+            kind,
+            repaired,
+        }
+    }
+
+    /// A directory's redirect that no lower branch resolves.
+    fn redirect(
+        &self,
+        fd: BorrowedFd<'_>,
+        parent: &Path,
+        path: &Path,
+    ) -> io::Result<Option<Finding>> {
+        if !self.branches[self.index].writable {
+            return Ok(None);
+        }
+        let Some(origin) = format::redirect(fd, self.ns)? else {
+            return Ok(None);
+        };
+        let target = match origin.strip_prefix(b"/") {
+            Some(abs) => PathBuf::from(OsStr::from_bytes(abs)),
+            None => parent.join(OsStr::from_bytes(&origin)),
+        };
+        for lower in &self.branches[self.index + 1..] {
+            if resolves(lower.root.as_fd(), &target) {
+                return Ok(None);
+            }
+        }
+        let repaired = self.repair && sys::removexattr_fd(fd, self.ns.redirect()).is_ok();
+        Ok(Some(self.finding(
+            path.to_path_buf(),
+            Kind::DanglingRedirect,
+            repaired,
+        )))
+    }
+}
+
+/// Whether `rel` is a directory under `root` (no symlink followed).
+fn resolves(root: BorrowedFd<'_>, rel: &Path) -> bool {
+    let Ok(crel) = CString::new(rel.as_os_str().as_bytes()) else {
+        return false;
+    };
+    if crel.as_bytes().is_empty() {
+        return true;
+    }
+    let how = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+    sys::openat(root, &crel, how, 0).is_ok()
+}
+
+/// Removes `name` of `dir` and, for a directory, all it holds.
+fn remove_tree(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    let st = sys::fstatat(dir, name)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return sys::unlinkat(dir, name, 0);
+    }
+    let sub = sys::openat(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )?;
+    let mut buf = sys::DirBuf::new(16 * 1024);
+    loop {
+        let batch = sys::getdents(sub.as_fd(), &mut buf)?;
+        let batch: Vec<_> = batch
+            .into_iter()
+            .filter(|e| !format::is_dot(&e.name))
+            .collect();
+        if batch.is_empty() {
+            break;
+        }
+        for e in batch {
+            let child = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
+            remove_tree(sub.as_fd(), &child)?;
+        }
+    }
+    sys::unlinkat(dir, name, libc::AT_REMOVEDIR)
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}

@@ -1,0 +1,468 @@
+//! Union mounts with several read-write branches: which branch a create
+//! goes to (`-o create=`), what a removal does to each branch (`-o
+//! delete=`), and the order of multi-branch steps, chosen so that the
+//! visible tree changes in one step and a failure before it changes
+//! nothing the user sees. docs/ARCHITECTURE.md "Union mounts".
+
+use std::ffi::{CStr, OsStr};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use super::inodes::{Layer, Node};
+use super::union::{is_absent, is_dir};
+use super::{errno, Caller, InodeNo, Result, Stat, Vfs, VfsError};
+use crate::branch::BranchId;
+use crate::sys::{self, creds};
+use crate::union::spec::{CreatePolicy, DeletePolicy};
+use crate::union::{copyup, format, merge};
+
+/// A union mount's options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnionOptions {
+    pub owner: copyup::OwnerOption,
+    pub create: CreatePolicy,
+    pub delete: DeletePolicy,
+}
+
+/// Where a new name goes: the parent's copy in the chosen branch, and
+/// that branch when it is not the one new objects belong to by default.
+pub(super) struct Target {
+    pub dir: Node,
+    pub branch: Option<BranchId>,
+}
+
+impl Vfs {
+    /// The directory a new name in `parent` is created in, per the
+    /// mount's create policy (made, with its missing parents, in the
+    /// chosen branch). Outside a union: `parent` itself.
+    pub(super) fn create_target(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &CStr,
+    ) -> Result<Target> {
+        let chosen = match self.union() {
+            None => None,
+            Some(u) => {
+                let dir = self.inodes.node(parent)?;
+                match u.opts.create {
+                    CreatePolicy::Top => None,
+                    CreatePolicy::ExistingPath => self.existing_path_branch(&dir, name)?,
+                    CreatePolicy::Mfs => self.most_free_branch(&dir, name)?,
+                }
+                .filter(|b| Some(*b) != u.upper)
+            }
+        };
+        Ok(match chosen {
+            Some(b) => Target {
+                dir: self.dir_in(caller, parent, b)?,
+                branch: Some(b),
+            },
+            None => Target {
+                dir: self.writable_dir(caller, parent)?,
+                branch: None,
+            },
+        })
+    }
+
+    /// The highest read-write branch already holding the directory where
+    /// `name` would be visible (`None`: none, so the top one).
+    fn existing_path_branch(&self, dir: &Node, name: &CStr) -> Result<Option<BranchId>> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        for l in self.layers_of(dir)? {
+            if u.writable(l.branch) && self.free_above(dir, name, l.branch)? {
+                return Ok(Some(l.branch));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The read-write branch with the most free space (statvfs now) where
+    /// `name` in `dir` can be made visible; the higher one on a tie.
+    fn most_free_branch(&self, dir: &Node, name: &CStr) -> Result<Option<BranchId>> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let mut best: Option<(u64, BranchId)> = None;
+        for (i, (root, writable)) in u.roots.iter().enumerate() {
+            let b = BranchId(i as u32);
+            if !writable || !self.reachable(dir, b)? || !self.free_above(dir, name, b)? {
+                continue;
+            }
+            let Ok(fs) = sys::fstatvfs(root.as_fd()) else {
+                continue;
+            };
+            let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+            if best.is_none_or(|(most, _)| free > most) {
+                best = Some((free, b));
+            }
+        }
+        Ok(best.map(|(_, b)| b))
+    }
+
+    /// Whether no copy of `dir` above `branch` has anything (a whiteout
+    /// included) under `name`: an object made in `branch` is then visible
+    /// at once, and nothing hidden resurfaces. A name hidden by a whiteout
+    /// is made again where the whiteout is.
+    pub(super) fn free_above(&self, dir: &Node, name: &CStr, branch: BranchId) -> Result<bool> {
+        for l in self.layers_of(dir)? {
+            if l.branch.0 >= branch.0 {
+                break;
+            }
+            match sys::fstatat(l.fd.as_fd(), name) {
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(_) => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether a copy of directory `dir` made in `branch` would be one of
+    /// its layers: every copy of its parent above `branch` lets a lookup
+    /// of its name pass on down (absent there, or a directory neither
+    /// opaque nor redirected), and so on up to the root.
+    fn reachable(&self, dir: &Node, branch: BranchId) -> Result<bool> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        if self.layers_of(dir)?.iter().any(|l| l.branch == branch) {
+            return Ok(true);
+        }
+        let Some((parent, name)) = dir.name() else {
+            return Ok(false);
+        };
+        // A new top copy would not carry the old top's redirect.
+        if branch.0 < dir.key.branch && format::redirect(dir.fd(), u.ns)?.is_some() {
+            return Ok(false);
+        }
+        let parent = self.inodes.node(parent)?;
+        let cname = sys::cstr(OsStr::from_bytes(&name))?;
+        for l in self.layers_of(&parent)? {
+            if l.branch.0 >= branch.0 {
+                break;
+            }
+            let st = match sys::fstatat(l.fd.as_fd(), &cname) {
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(st) => st,
+            };
+            if !is_dir(&st) {
+                return Ok(false);
+            }
+            let fd = sys::open_path(l.fd.as_fd(), &cname)?;
+            if format::is_opaque(fd.as_fd(), u.ns)? || format::redirect(fd.as_fd(), u.ns)?.is_some()
+            {
+                return Ok(false);
+            }
+        }
+        self.reachable(&parent, branch)
+    }
+
+    /// Directory `ino`'s copy in `branch`, made (parents first, as
+    /// copy-up makes them) if missing; the inode then lists it among its
+    /// layers. Only for a branch [`Vfs::reachable`] accepted.
+    fn dir_in(&self, caller: &Caller, ino: InodeNo, branch: BranchId) -> Result<Node> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let node = self.inodes.node(ino)?;
+        let mut copies = self.layers_of(&node)?;
+        if let Some(l) = copies.iter().find(|l| l.branch == branch) {
+            return Ok(Node::with_fd(node.inode.clone(), l.fd.clone()));
+        }
+        let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
+        let new_parent = self.dir_in(caller, parent, branch)?;
+        let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
+        let cname = sys::cstr(OsStr::from_bytes(&name))?;
+        let made = Arc::new(copyup::copy_up_dir(
+            lower_parent.as_fd(),
+            new_parent.fd(),
+            &cname,
+            &u.opts.owner.resolve(caller.uid, caller.gid),
+        )?);
+        copies.push(Layer {
+            branch,
+            fd: made.clone(),
+        });
+        copies.sort_by_key(|l| l.branch.0);
+        let top = copies.remove(0);
+        let top_fd = sys::reopen(top.fd.as_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
+        let st = sys::fstat(top_fd.as_fd())?;
+        let inode = self.inodes.rebind(ino, top.branch, top_fd, &st, copies)?;
+        Ok(Node::with_fd(inode, made))
+    }
+
+    /// Creates `name` in `dir` with `make`; a whiteout there gives way
+    /// first and comes back if `make` fails, so a failed create never
+    /// uncovers the lower object. Returns whether a whiteout gave way.
+    pub(super) fn create_over_whiteout<T>(
+        &self,
+        dir: &Node,
+        name: &CStr,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<(T, bool)> {
+        let cleared = self.clear_whiteout(dir, name)?;
+        match make() {
+            Ok(v) => Ok((v, cleared)),
+            Err(e) => {
+                if cleared {
+                    if let Err(w) = format::make_whiteout(dir.fd(), name) {
+                        tracing::error!("a failed create could not put its whiteout back: {w}");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One copy of a name being removed: the directory copy holding it, and
+/// what it is there.
+struct Holder {
+    dir: Layer,
+    st: Stat,
+}
+
+impl Vfs {
+    /// Removes `name` from union directory `parent` as the delete policy
+    /// says. rmdir refuses a directory whose merged listing is not empty.
+    /// Returns the attributes of the object the user saw.
+    pub(super) fn union_remove(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        flags: i32,
+    ) -> Result<Option<Stat>> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let cname = sys::cstr(name)?;
+        let dir = self.inodes.node(parent)?;
+        let found = self.walk(&dir, &cname)?.ok_or(errno(libc::ENOENT))?;
+        let visible = found.top.2;
+        let rmdir = flags & libc::AT_REMOVEDIR != 0;
+        match (rmdir, is_dir(&visible)) {
+            (true, false) => return Err(errno(libc::ENOTDIR)),
+            (false, true) => return Err(errno(libc::EISDIR)),
+            _ => {}
+        }
+        if rmdir {
+            self.check_merged_empty(&found, &cname)?;
+        }
+        match u.opts.delete {
+            DeletePolicy::Whiteout => self.remove_from_top(caller, parent, &cname, flags)?,
+            DeletePolicy::All => self.remove_everywhere(caller, parent, &dir, &cname, flags)?,
+        }
+        Ok(Some(visible))
+    }
+
+    /// `delete=whiteout`: the name goes from the top read-write branch
+    /// only; a whiteout there hides the copies below.
+    fn remove_from_top(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        cname: &CStr,
+        flags: i32,
+    ) -> Result<()> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let dir = self.writable_dir(caller, parent)?;
+        let below = self.visible_below(&dir, cname, upper)?;
+        let in_upper = match sys::fstatat(dir.fd(), cname) {
+            Ok(st) => Some(st),
+            Err(e) if is_absent(&e) => None,
+            Err(e) => return Err(e.into()),
+        };
+        match (&in_upper, below) {
+            (Some(st), true) => {
+                self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
+                // One step: the name never shows the lower copy meanwhile.
+                // (The kernel has checked the caller may delete it.)
+                format::replace_with_whiteout(dir.fd(), cname)?;
+            }
+            (Some(st), false) => {
+                self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
+                if flags & libc::AT_REMOVEDIR != 0 {
+                    self.clear_whiteouts_in(dir.fd(), cname)?;
+                }
+                creds::as_caller(caller, || sys::unlinkat(dir.fd(), cname, flags))?;
+            }
+            (None, true) => format::make_whiteout(dir.fd(), cname)?,
+            (None, false) => {}
+        }
+        Ok(())
+    }
+
+    /// `delete=all`: the name goes from every read-write branch holding
+    /// it; a whiteout in the top read-write branch only where a copy must
+    /// stay (read-only, of another kind, or a directory still holding
+    /// hidden entries).
+    /// With a whiteout it comes first, hiding every copy in one step, and
+    /// the read-write copies go after it; without one the hidden copies go
+    /// bottom-up and the visible one last. Either way the user sees the
+    /// name vanish in one step, and a failure before it changes nothing.
+    fn remove_everywhere(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        dir: &Node,
+        cname: &CStr,
+        flags: i32,
+    ) -> Result<()> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let rmdir = flags & libc::AT_REMOVEDIR != 0;
+        let holders = self.holders(dir, cname)?;
+        let visible = holders.first().ok_or(errno(libc::ENOENT))?;
+        self.inodes
+            .pin_if_known(&self.inodes.key_in(visible.dir.branch, &visible.st))?;
+        let mut removable = Vec::with_capacity(holders.len());
+        for h in &holders {
+            removable.push(
+                u.writable(h.dir.branch)
+                    && is_dir(&h.st) == is_dir(&visible.st)
+                    && (!rmdir || self.only_whiteouts(h, cname)?),
+            );
+        }
+        if removable.iter().all(|r| *r) {
+            for h in holders.iter().skip(1).rev() {
+                self.remove_copy(h, cname, rmdir)?;
+            }
+            if rmdir {
+                self.clear_whiteouts_in(visible.dir.fd.as_fd(), cname)?;
+            }
+            let at = visible.dir.fd.as_fd();
+            creds::as_caller(caller, || sys::unlinkat(at, cname, flags))?;
+            return Ok(());
+        }
+        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let top = self.writable_dir(caller, parent)?;
+        format::replace_with_whiteout(top.fd(), cname)?;
+        let hidden = holders
+            .iter()
+            .zip(removable)
+            .filter(|(h, r)| *r && h.dir.branch != upper);
+        for (h, _) in hidden {
+            if let Err(e) = self.remove_copy(h, cname, rmdir) {
+                // Hidden by the whiteout: harmless, and the removal the
+                // user asked for has happened.
+                tracing::warn!("a hidden copy of a removed name stays: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Every copy of `name` in `dir`'s layers that the user would see if
+    /// the ones above it went, top-down, down to a whiteout.
+    fn holders(&self, dir: &Node, name: &CStr) -> Result<Vec<Holder>> {
+        let mut out: Vec<Holder> = Vec::new();
+        for l in self.layers_of(dir)? {
+            let st = match sys::fstatat(l.fd.as_fd(), name) {
+                Ok(st) => st,
+                Err(e) if is_absent(&e) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if format::is_whiteout(&st) {
+                break;
+            }
+            out.push(Holder { dir: l, st });
+        }
+        Ok(out)
+    }
+
+    /// Whether directory copy `h` of `name` holds nothing but whiteouts.
+    fn only_whiteouts(&self, h: &Holder, name: &CStr) -> Result<bool> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let fd = sys::open_path(h.dir.fd.as_fd(), name)?;
+        let listing = merge::read_layer(fd.as_fd(), u.ns)?;
+        Ok(listing.entries.iter().all(|e| e.whiteout))
+    }
+
+    /// Removes one copy the user does not see (as the daemon: the kernel
+    /// checked the caller against the visible one).
+    fn remove_copy(&self, h: &Holder, name: &CStr, rmdir: bool) -> Result<()> {
+        let flags = if rmdir {
+            self.clear_whiteouts_in(h.dir.fd.as_fd(), name)?;
+            libc::AT_REMOVEDIR
+        } else {
+            0
+        };
+        Ok(sys::unlinkat(h.dir.fd.as_fd(), name, flags)?)
+    }
+
+    /// rename in the upper branch; with `whiteout`, the old name is left
+    /// a whiteout in the same step (RENAME_WHITEOUT, run by the daemon:
+    /// it needs CAP_MKNOD, and the kernel has checked the caller), so the
+    /// lower copy never shows there. Where the file system lacks it: the
+    /// rename, then a whiteout, and the rename undone if that fails.
+    pub(super) fn rename_hiding_old(
+        &self,
+        caller: &Caller,
+        (olddir, old): (&Node, &CStr),
+        (newdir, new): (&Node, &CStr),
+        flags: u32,
+        whiteout: bool,
+    ) -> Result<()> {
+        let rename = |f: u32| sys::renameat2(olddir.fd(), old, newdir.fd(), new, f);
+        if !whiteout {
+            return Ok(creds::as_caller(caller, || rename(flags))?);
+        }
+        match rename(flags | libc::RENAME_WHITEOUT) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {}
+            r => return Ok(r?),
+        }
+        creds::as_caller(caller, || rename(flags))?;
+        if let Err(e) = format::make_whiteout(olddir.fd(), old) {
+            let back = sys::renameat2(newdir.fd(), new, olddir.fd(), old, libc::RENAME_NOREPLACE);
+            if let Err(b) = back {
+                tracing::error!("a rename whose whiteout failed could not be undone: {b}");
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+}
+
+/// One branch's usage, for `chronofs status`.
+pub struct BranchUsage {
+    pub writable: bool,
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    /// Where a create in a directory every branch holds would go now.
+    pub creates: bool,
+}
+
+impl Vfs {
+    /// A union's options and its branches' usage (statvfs of each root,
+    /// top first); `None` outside a union.
+    pub fn union_usage(&self) -> Option<(UnionOptions, Vec<BranchUsage>)> {
+        let u = self.union()?;
+        let mut out: Vec<BranchUsage> = u
+            .roots
+            .iter()
+            .map(|(root, writable)| {
+                let fs = sys::fstatvfs(root.as_fd()).ok();
+                let frsize = fs.as_ref().map_or(0, |f| f.f_frsize);
+                let blocks = |n: fn(&sys::StatFs) -> u64| {
+                    fs.as_ref().map_or(0, |f| n(f).saturating_mul(frsize))
+                };
+                BranchUsage {
+                    writable: *writable,
+                    size_bytes: blocks(|f| f.f_blocks),
+                    used_bytes: blocks(|f| f.f_blocks.saturating_sub(f.f_bfree)),
+                    free_bytes: blocks(|f| f.f_bavail),
+                    creates: false,
+                }
+            })
+            .collect();
+        let target = match u.opts.create {
+            CreatePolicy::Mfs => out
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.writable)
+                .max_by_key(|(i, b)| (b.free_bytes, std::cmp::Reverse(*i)))
+                .map(|(i, _)| i),
+            CreatePolicy::Top | CreatePolicy::ExistingPath => u.upper.map(|b| b.0 as usize),
+        };
+        if let Some(b) = target.and_then(|i| out.get_mut(i)) {
+            b.creates = true;
+        }
+        Some((u.opts, out))
+    }
+}
