@@ -143,6 +143,16 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
     openat(CWD, &path, flags & !libc::O_NOFOLLOW, 0)
 }
 
+/// `reopen` of a directory: "." below it costs a fraction of the walk
+/// through /proc, but needs search permission on the directory, which
+/// opening it natively does not; the walk through /proc decides then.
+pub fn reopen_dir(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+    match openat(fd, c".", flags & !libc::O_NOFOLLOW, 0) {
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => reopen(fd, flags),
+        other => other,
+    }
+}
+
 pub fn mkdirat(dirfd: BorrowedFd<'_>, name: &CStr, mode_bits: u32) -> io::Result<()> {
     rfs::mkdirat(dirfd, name, mode(mode_bits)).map_err(os_err)
 }

@@ -52,6 +52,9 @@ pub struct Inode {
     /// A union directory: the same directory in the branches below the
     /// one `key` names, top-down (empty outside union mounts).
     pub layers: Arc<[Layer]>,
+    /// A directory: the stamp of its copies when an open last made the
+    /// kernel re-read its listing (see `dircache.rs`; 0: none).
+    pub listed: AtomicU64,
 }
 
 /// One branch's copy of a union directory.
@@ -167,6 +170,9 @@ pub struct InodeTable {
     /// Cached descriptors currently open, and how many may be.
     cache_count: Arc<AtomicUsize>,
     cache_budget: usize,
+    /// Bumped when numbers that listings show may have changed without
+    /// any directory changing (see `rebind`); part of every listing stamp.
+    numbering: AtomicU64,
 }
 
 /// Descriptor used to re-open a branch's handles, and the mount it is on
@@ -229,6 +235,7 @@ impl InodeTable {
             name: Mutex::new(None),
             seen: AtomicBool::new(false),
             layers: root_layers.into(),
+            listed: AtomicU64::new(0),
         });
         let mut tables = Tables::default();
         tables.by_ino.insert(InodeNo::ROOT, root);
@@ -244,7 +251,14 @@ impl InodeTable {
             mounts,
             cache_count: Arc::new(AtomicUsize::new(0)),
             cache_budget,
+            numbering: AtomicU64::new(0),
         }
+    }
+
+    /// Changes whenever a number listed for an unchanged directory entry
+    /// may have changed.
+    pub fn numbering(&self) -> u64 {
+        self.numbering.load(Ordering::Acquire)
     }
 
     pub fn key_of(&self, st: &Stat) -> BackingKey {
@@ -605,6 +619,7 @@ impl InodeTable {
             name: Mutex::new(None),
             seen: AtomicBool::new(false),
             layers: layers.into(),
+            listed: AtomicU64::new(0),
         });
         tables.by_ino.insert(ino, inode.clone());
         tables.by_key.insert(key, ino);
@@ -641,6 +656,7 @@ impl InodeTable {
             name: Mutex::new(old.name()),
             seen: AtomicBool::new(old.seen.load(Ordering::Relaxed)),
             layers: layers.into(),
+            listed: AtomicU64::new(0),
         });
         if tables.by_key.get(&old.key) == Some(&ino) {
             tables.by_key.remove(&old.key);
@@ -654,6 +670,15 @@ impl InodeTable {
         // hard link is broken by copy-up, as on overlayfs without index).
         if old.key != key {
             self.map.retire(old.key, ino.0);
+            // Its other names' d_ino in listings the kernel keeps is now
+            // wrong, and which directories hold them is unknown.
+            let single = self
+                .fd(&old)
+                .and_then(|fd| Ok(sys::fstat(fd.as_fd())?))
+                .is_ok_and(|st| st.st_nlink <= 1);
+            if old.kind != libc::S_IFDIR && !single {
+                self.numbering.fetch_add(1, Ordering::AcqRel);
+            }
         }
         Ok(inode)
     }

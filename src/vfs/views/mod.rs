@@ -27,6 +27,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 use super::dir::DirEntry;
+use super::dircache::DirCache;
 use super::inodes::Inode;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs, VfsError, Xattr};
 use crate::capture::attrs_of;
@@ -833,6 +834,16 @@ impl Vfs {
                 }
                 Xattr::of_value(list, size)
             }
+        }
+    }
+
+    /// A directory at an instant never changes (a removal from history
+    /// invalidates what the kernel holds, see `removal.rs`); `.history`
+    /// and `;deleted` change with every tag, hour and deletion.
+    pub(in crate::vfs) fn view_dir_cache(&self, ino: InodeNo) -> DirCache {
+        match self.view(ino).map(|n| matches!(n.what, What::At { .. })) {
+            Ok(true) => DirCache::Keep,
+            _ => DirCache::Off,
         }
     }
 
