@@ -238,6 +238,17 @@ pub fn truncate_fd_path(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
     check(unsafe { libc::truncate(path.as_ptr(), size as libc::off_t) }).map(drop)
 }
 
+/// Starts write-back of `len` bytes of `fd` from `offset` and returns
+/// without waiting (sync_file_range, SYNC_FILE_RANGE_WRITE): durability
+/// still needs fsync, which then has less left to wait for. rustix has no
+/// binding.
+pub fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    let (offset, len) = (offset as libc::off64_t, len as libc::off64_t);
+    let flags = libc::SYNC_FILE_RANGE_WRITE;
+    // SAFETY: no memory is passed; a bad descriptor or range is an errno.
+    check(unsafe { libc::sync_file_range(fd.as_raw_fd(), offset, len, flags) }).map(drop)
+}
+
 pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
     rfs::ftruncate(fd, size).map_err(os_err)
 }
