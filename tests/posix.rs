@@ -2265,3 +2265,43 @@ fn symlink_xattrs() {
         });
     });
 }
+
+/// A listing, once read, is kept by the kernel and read again without the
+/// daemon reading the directory; a change behind the mount shows at the
+/// very next opendir, one through the mount at once, and telldir/seekdir
+/// positions taken from a kept listing hold, also in another open.
+#[test]
+fn listings_are_kept_until_the_directory_changes() {
+    each_mode(|m| {
+        if m.src == m.mnt {
+            return; // samedir: nothing is behind the mount, nor watchable
+        }
+        let (d, backing) = (m.p("d"), m.src.join("d"));
+        fs::create_dir(&d).unwrap();
+        for i in 0..300 {
+            write_file(&d.join(format!("f{i:03}")), b"");
+        }
+        assert_eq!(wait_listing_cached(&d, &backing).len(), 300);
+        write_file(&backing.join("behind"), b"");
+        assert!(listing(&d).contains(&"behind".to_string()));
+        fs::remove_file(d.join("f000")).unwrap();
+        assert!(!listing(&d).contains(&"f000".to_string()));
+        wait_listing_cached(&d, &backing);
+        let cd = cstr(&d);
+        let mut dir = sys::Dir::open(&cd).unwrap();
+        let mut seen = Vec::new();
+        while let Ok(Some((name, _))) = dir.read() {
+            seen.push((dir.tell(), name));
+        }
+        assert_eq!(seen.len(), 302, "300 names, . and ..");
+        let mut again = sys::Dir::open(&cd).unwrap();
+        for i in [0, 1, 150, 299, 300] {
+            // The entry after position i is entry i + 1, in either open.
+            for d in [&mut dir, &mut again] {
+                d.seek(seen[i].0);
+                let next = d.read().unwrap().map(|(n, _)| n);
+                assert_eq!(next.as_ref(), Some(&seen[i + 1].1), "after #{i}");
+            }
+        }
+    });
+}

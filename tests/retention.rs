@@ -381,6 +381,10 @@ fn purge_leaves_no_stale_time_travel_entry() {
     assert_eq!(fs::metadata(past.join("big.bin")).unwrap().len(), 1 << 20);
     assert_eq!(fs::read(past.join("big.bin")).unwrap().len(), 1 << 20);
     assert_eq!(fs::read(&by_name).unwrap().len(), 1 << 20);
+    // And the listing, which the kernel keeps across opens.
+    for _ in 0..2 {
+        assert_eq!(listing(&past), ["big.bin", "keep"]);
+    }
     cli(&["purge", s(&m.p("d/big.bin"))]);
     cli(&["gc", s(&m.mnt)]);
     for gone in [past.join("big.bin"), by_name] {

@@ -111,7 +111,7 @@ fn every_change_to_a_view_is_erofs_or_exdev_as_before() {
 fn a_view_directory_lists_and_forgets() {
     let (rig, dir, f) = rig_with_view();
     let (vfs, who): (&Vfs, _) = (&rig.vfs, &rig.caller);
-    let fh = vfs.opendir(who, dir, libc::O_RDONLY).unwrap();
+    let fh = vfs.opendir(who, dir, libc::O_RDONLY).unwrap().fh;
     let mut names = Vec::new();
     vfs.readdir(fh, 0, who, |d| {
         names.push((d.name.to_os_string(), d.ino));

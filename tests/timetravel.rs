@@ -550,3 +550,32 @@ fn an_open_view_keeps_reading_the_instant_while_the_live_file_changes() {
         assert!(fs::read(m.p("f;1")).unwrap() == old);
     });
 }
+
+/// The kernel keeps live listings across opens, but a restore through the
+/// CLI shows in a kept listing at once (it writes through the mount), and
+/// listings whose content moves while their directory does not —
+/// `;deleted` and `.history` itself — are never kept.
+#[test]
+fn kept_listings_show_restores_deletions_and_new_tags_at_once() {
+    each_versioning_mode(|m| {
+        if m.src == m.mnt {
+            return; // samedir: the backing directory cannot be watched
+        }
+        fs::create_dir(m.p("d")).unwrap();
+        for f in ["a", "b", "c"] {
+            write_file(&m.p(&format!("d/{f}")), b"x");
+        }
+        tag(m, "t");
+        fs::remove_file(m.p("d/b")).unwrap();
+        assert_eq!(names(&m.p("d/;deleted")), ["b"]);
+        assert_eq!(names(&m.p("d/;deleted")), ["b"]);
+        fs::remove_file(m.p("d/c")).unwrap();
+        assert_eq!(names(&m.p("d/;deleted")), ["b", "c"]);
+        assert_eq!(wait_listing_cached(&m.p("d"), &m.src.join("d")), ["a"]);
+        chrono_ok(m, &["restore", "d/b", "--at", "t"]);
+        assert_eq!(names(&m.p("d")), ["a", "b"]);
+        assert!(names(&m.p(".history")).contains(&"@t".to_string()));
+        tag(m, "t2");
+        assert!(names(&m.p(".history")).contains(&"@t2".to_string()));
+    });
+}

@@ -288,6 +288,8 @@ fn directory_offsets_survive_a_reopen() {
         },
         |m| {
             let n = m.lowers.len() + 1;
+            // Resumed from the kernel's cached listing, not the daemon.
+            wait_listing_cached(&m.p("big"), &m.src.join("big"));
             let (head, tail) = read_resumed(&m.p("big"), 150);
             let mut all: Vec<String> = head.into_iter().chain(tail).collect();
             let total = all.len();
@@ -696,4 +698,63 @@ fn tree_of(root: &Path) -> Vec<(String, Vec<u8>)> {
     }
     out.sort();
     out
+}
+
+/// A merged listing, once read, is kept by the kernel and listed again
+/// without the daemon reading any branch, until a branch changes: a
+/// change behind the mount, in the top or the lowest branch, shows at the
+/// very next opendir.
+#[test]
+fn merged_listings_are_cached_until_a_branch_changes() {
+    each_union(
+        |b| {
+            for (i, br) in b.iter().enumerate() {
+                fs::create_dir(br.join("m")).unwrap();
+                write_file(&br.join(format!("m/f{i}")), b"");
+            }
+        },
+        |m| {
+            let low = bottom(&m.lowers).join("m");
+            let all: Vec<String> = (0..=m.lowers.len()).map(|i| format!("f{i}")).collect();
+            assert_eq!(wait_listing_cached(&m.p("m"), &low), all);
+            write_file(&low.join("new"), b"");
+            assert!(
+                listing(&m.p("m")).contains(&"new".to_string()),
+                "lower change"
+            );
+            fs::remove_file(m.src.join("m/f0")).unwrap();
+            assert!(
+                !listing(&m.p("m")).contains(&"f0".to_string()),
+                "top change"
+            );
+            // Cached again, and a change through the mount shows as well.
+            wait_listing_cached(&m.p("m"), &low);
+            fs::remove_file(m.p("m/new")).unwrap();
+            assert_eq!(listing(&m.p("m")), all[1..]);
+        },
+    );
+}
+
+/// After a copy-up breaks a hard link, a listing the kernel kept of
+/// another directory holding a name of that lower file shows that name's
+/// new number, the one a fresh mount lists.
+#[test]
+fn a_copy_up_renumbers_other_links_in_kept_listings() {
+    for mode in MODES {
+        let mut m = Mount::union(mode, 1, |b| {
+            fs::create_dir(bottom(b).join("sub")).unwrap();
+            write_file(&bottom(b).join("f"), b"a");
+            fs::hard_link(bottom(b).join("f"), bottom(b).join("sub/g")).unwrap();
+        });
+        let d_ino = |m: &Mount| {
+            let e = fs::read_dir(m.p("sub")).unwrap().next().unwrap().unwrap();
+            assert_eq!(e.file_name(), "g");
+            std::os::unix::fs::DirEntryExt::ino(&e)
+        };
+        wait_listing_cached(&m.p("sub"), &bottom(&m.lowers).join("sub"));
+        append(&m.p("f"), b"b").unwrap();
+        let kept = d_ino(&m);
+        m.remount();
+        assert_eq!(kept, d_ino(&m), "mode {mode:?}");
+    }
 }

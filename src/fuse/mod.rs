@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 
 use crate::sys::creds::{self, Caller};
 use crate::sys::TimeSpec;
-use crate::vfs::{Attr, InodeNo as VIno, Opened, SetAttr, Vfs, VfsError, Xattr};
+use crate::vfs::{Attr, DirCache, InodeNo as VIno, Opened, SetAttr, Vfs, VfsError, Xattr};
 
 mod blocking;
 mod session;
@@ -110,6 +110,16 @@ fn invalidate_attrs(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo) {
         if let Err(e) = n.inval_inode(ino, -1, 0) {
             tracing::debug!("attribute invalidation of inode {} failed: {e}", ino.0);
         }
+    }
+}
+
+/// Without KEEP_CACHE the kernel drops the directory's cached listing at
+/// open; with CACHE_DIR it caches what it reads (fs/fuse/readdir.c).
+fn dir_cache_flags(cache: DirCache) -> FopenFlags {
+    match cache {
+        DirCache::Off => FopenFlags::empty(),
+        DirCache::Fresh => FopenFlags::FOPEN_CACHE_DIR,
+        DirCache::Keep => FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
     }
 }
 
@@ -667,7 +677,7 @@ impl fuser::Filesystem for ChronoFuse {
 
     fn opendir(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.vfs.opendir(&caller(req), ino(i), flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_CACHE_DIR),
+            Ok(d) => reply.opened(FileHandle(d.fh), dir_cache_flags(d.cache)),
             Err(e) => reply.error(err(e)),
         }
     }

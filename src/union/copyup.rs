@@ -44,8 +44,9 @@
 //! `bench_copy_up` in the tests, three runs, medians of five): a 1 GiB
 //! copy-up takes 0.84, 0.71 and 0.53 s against 0.84, 0.65 and 0.53 s for
 //! `cp` + `sync` (ratio 1.00 to 1.08: the write-back is the cost either
-//! way); a 4 KiB file takes 0.4 to 2.6 ms instead of 0.2 to 0.5 ms, the
-//! journal commit. (Without the sync, ext4's O_TMPFILE is most of a small
+//! way; later runs, loaded machine: 1.06-1.07×, until the copy started
+//! each chunk's write-back as it went, see [`copy_range`]); a 4 KiB file
+//! takes 0.4 to 2.6 ms instead of 0.2 to 0.5 ms, the journal commit. (Without the sync, ext4's O_TMPFILE is most of a small
 //! copy; a hidden name is slower still: 0.47 ms against 0.31 ms.)
 //! A clone or an empty file has no data of its own to lose and is not
 //! synced; the metadata steps are ordered by the file system's journal
@@ -640,7 +641,7 @@ fn copy_regular(
     let temp = TempFile::create(dir, how.tmpfile)?;
     let size = u64::try_from(st.st_size).unwrap_or(0);
     let len = how.len.unwrap_or(size);
-    let cloned = fill(src.as_fd(), temp.fd(), len.min(size), len)?;
+    let cloned = fill(src.as_fd(), temp.fd(), len.min(size), len, how.sync)?;
     if how.sync && !cloned && len.min(size) > 0 {
         sys::fsync(temp.fd(), true)?;
     }
@@ -658,8 +659,15 @@ fn open_for_read(lower: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 }
 
 /// Makes the empty `dst` a file of `len` bytes, the first `data` of them
-/// `src`'s, the rest a hole; true if by a clone.
-fn fill(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, data: u64, len: u64) -> io::Result<bool> {
+/// `src`'s, the rest a hole; true if by a clone. With `sync`, copied data
+/// starts on its way to the disk as it goes (see [`copy_range`]).
+fn fill(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    data: u64,
+    len: u64,
+    sync: bool,
+) -> io::Result<bool> {
     let cloned = match sys::ficlone(dst, src) {
         Ok(()) => true,
         Err(e) if !cannot_clone(&e) => return Err(e),
@@ -670,7 +678,7 @@ fn fill(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, data: u64, len: u64) -> io::Re
     sys::ftruncate(dst, len)?;
     if !cloned {
         for (offset, n) in sys::data_ranges(src, data)? {
-            copy_range(src, dst, offset, n)?;
+            copy_range(src, dst, offset, n, sync)?;
         }
     }
     Ok(cloned)
@@ -687,38 +695,74 @@ fn cannot_clone(e: &io::Error) -> bool {
     .contains(&errno(e))
 }
 
-/// copy_file_range over one range; plain reads and writes when the two
-/// file systems refuse it (EXDEV across some pairs, EINVAL/EOPNOTSUPP on
-/// a few file systems).
-fn copy_range(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
-    let mut done = 0;
-    while done < len {
-        let at = offset + done;
-        match sys::copy_file_range(src, at, dst, at, len - done) {
-            // The source ended early: it shrank since it was measured.
-            Ok(0) => return Ok(()),
-            Ok(n) => done += n as u64,
-            Err(e) if errno(&e) == libc::EINTR => {}
-            Err(e) if cannot_clone(&e) => return rw_copy(src, dst, at, len - done),
-            Err(e) => return Err(e),
+/// How much is copied before its write-back is started.
+const WRITEBACK_CHUNK: u64 = 8 << 20;
+
+/// Copies one range a chunk at a time. With `sync`, each chunk's
+/// write-back starts once it is copied, so the disk writes overlap the
+/// copying instead of all waiting for the fdatasync before the link (as
+/// `cp` + `sync` wait for theirs). Measured with 1 GiB on ext4 on a loop
+/// device: the fdatasync after the copy fell from 0.41-0.51 s to
+/// 0.19-0.22 s; a copy-up + sync through the mount from 1.06-1.07× to
+/// 0.87-0.98× `cp` + `sync` (medians of 5 and 6 interleaved rounds).
+fn copy_range(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    offset: u64,
+    len: u64,
+    sync: bool,
+) -> io::Result<()> {
+    let end = offset + len;
+    let mut at = offset;
+    while at < end {
+        let want = (end - at).min(WRITEBACK_CHUNK);
+        let n = copy_chunk(src, dst, at, want)?;
+        if sync && n > 0 {
+            // Only a head start: the fdatasync after the copy is what
+            // makes the data durable and reports any write error.
+            let _ = sys::start_writeback(dst, at, n);
         }
+        if n < want {
+            // The source ended early: it shrank since it was measured.
+            return Ok(());
+        }
+        at += n;
     }
     Ok(())
 }
 
-fn rw_copy(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+/// copy_file_range over one chunk; plain reads and writes when the two
+/// file systems refuse it (EXDEV across some pairs, EINVAL/EOPNOTSUPP on
+/// a few file systems). Returns the bytes copied, fewer at the source's
+/// end.
+fn copy_chunk(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<u64> {
+    let mut done = 0;
+    while done < len {
+        let at = offset + done;
+        match sys::copy_file_range(src, at, dst, at, len - done) {
+            Ok(0) => break,
+            Ok(n) => done += n as u64,
+            Err(e) if errno(&e) == libc::EINTR => {}
+            Err(e) if cannot_clone(&e) => return Ok(done + rw_copy(src, dst, at, len - done)?),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn rw_copy(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<u64> {
     let mut buf = vec![0u8; (1 << 20).min(len as usize)];
     let mut done = 0;
     while done < len {
         let want = buf.len().min((len - done) as usize);
         let n = sys::pread(src, &mut buf[..want], offset + done)?;
         if n == 0 {
-            return Ok(());
+            break;
         }
         write_all(dst, &buf[..n], offset + done)?;
         done += n as u64;
     }
-    Ok(())
+    Ok(done)
 }
 
 /// sys::pwrite stops short at an error after some bytes; writing the rest

@@ -186,7 +186,7 @@ pub fn group_end(merged: &[MergedEntry], i: usize) -> usize {
 /// `format`'s temporaries are left out.
 pub fn read_layer(dir_fd: BorrowedFd<'_>, ns: XattrNs) -> io::Result<LayerListing> {
     let opacity = format::opacity(dir_fd, ns)?;
-    let dir = sys::reopen(dir_fd, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    let dir = sys::reopen_dir(dir_fd, libc::O_RDONLY | libc::O_DIRECTORY)?;
     let mut buf = sys::DirBuf::new(64 * 1024);
     let mut entries = Vec::new();
     loop {

@@ -4,9 +4,11 @@ use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
+use super::dircache::{DirCache, OpenedDir};
 use super::inodes::Handle;
 use super::{errno, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::sys::{self, creds};
@@ -22,14 +24,24 @@ pub struct DirStream {
     pos: i64,
     pending: VecDeque<Dirent>,
     buf: sys::DirBuf,
-    /// A union directory's merged listing, read at opendir: entries in
-    /// cookie order, and the read position in it.
+    /// A union directory's merged listing: entries in cookie order, and
+    /// the read position in it. Read at opendir when the kernel is to read
+    /// it, else at the first readdir, and again at each rewind after one.
     merged: Option<(Vec<Dirent>, usize)>,
+    union: bool,
+    served: bool,
 }
 
 impl DirStream {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// A union listing to (re)read before serving `offset`: none yet, or
+    /// a rewind after one was served (a rewind shows changes, as natively,
+    /// and the kernel caches what it reads from offset 0).
+    fn needs_merge(&self, offset: i64) -> bool {
+        self.union && (self.merged.is_none() || (offset == 0 && self.served))
     }
 
     fn seek(&mut self, offset: i64) -> Result<()> {
@@ -126,22 +138,31 @@ fn is_dot(name: &[u8]) -> bool {
 }
 
 impl Vfs {
-    pub fn opendir(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<u64> {
+    pub fn opendir(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<OpenedDir> {
         self.source_of(ino).opendir(self, caller, flags)
     }
 
-    pub(super) fn live_opendir(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<u64> {
+    pub(super) fn live_opendir(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        flags: i32,
+    ) -> Result<OpenedDir> {
         let inode = self.inodes.node(ino)?;
         if !inode.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
+        let (cache, stamp) = self.listing_cache(&inode);
         let access = libc::O_RDONLY | libc::O_DIRECTORY | (flags & libc::O_NOATIME);
-        let fd = creds::as_caller(caller, || sys::reopen(inode.fd(), access))?;
+        let fd = creds::as_caller(caller, || sys::reopen_dir(inode.fd(), access))?;
         self.dir_opened(ino, fd.as_fd());
-        let merged = if !inode.has_layers() {
-            None
-        } else {
+        let union = inode.has_layers();
+        // A listing the kernel keeps is not read unless the kernel loses
+        // it; one it re-reads is merged now, so errors come from opendir.
+        let merged = if union && cache == DirCache::Fresh {
             Some((self.merged_listing(caller, &inode)?, 0))
+        } else {
+            None
         };
         let stream = DirStream {
             fd,
@@ -149,11 +170,17 @@ impl Vfs {
             pending: VecDeque::new(),
             buf: sys::DirBuf::new(GETDENTS_BUF),
             merged,
+            union,
+            served: false,
         };
-        Ok(self.handles.insert(Handle::Dir {
+        let fh = self.handles.insert(Handle::Dir {
             ino,
             stream: Mutex::new(stream),
-        }))
+        });
+        if cache == DirCache::Fresh {
+            inode.listed.store(stamp, Ordering::Release);
+        }
+        Ok(OpenedDir { fh, cache })
     }
 
     /// Feeds entries from `offset` on to `add` until it reports the reply
@@ -173,13 +200,14 @@ impl Vfs {
         &self,
         fh: u64,
         offset: i64,
+        caller: &Caller,
         mut add: impl FnMut(&DirEntry<'_>) -> bool,
     ) -> Result<()> {
         let handle = self.handles.get(fh)?;
         let dir = handle.ino();
         let dev = self.inodes.get(dir)?.key.dev;
         let resolve = |batch: &[&sys::DirEntry]| self.dirent_inos(dir, dev, batch);
-        self.walk_dir(fh, offset, Some(&resolve), |_, _, d| {
+        self.walk_dir(caller, fh, offset, Some(&resolve), |_, _, d| {
             Ok(add(&DirEntry {
                 ino: d.ino.ok_or(VfsError::WrongKind)?,
                 offset: d.e.next_offset,
@@ -214,7 +242,7 @@ impl Vfs {
         // An entry that cannot be looked up ends the reply early: the
         // entries already in it carry references the kernel must receive.
         let mut deferred: Option<VfsError> = None;
-        let result = self.walk_dir(fh, offset, None, |vfs, dir_ino, d| {
+        let result = self.walk_dir(caller, fh, offset, None, |vfs, dir_ino, d| {
             let e = &d.e;
             let name = OsStr::from_bytes(&e.name);
             let kind = dtype_to_kind(e.dtype);
@@ -266,6 +294,7 @@ impl Vfs {
 
     fn walk_dir(
         &self,
+        caller: &Caller,
         fh: u64,
         offset: i64,
         numbers: Option<&NumberBatch<'_>>,
@@ -276,6 +305,11 @@ impl Vfs {
             return Err(errno(libc::ENOTDIR));
         };
         let mut stream = stream.lock();
+        if stream.needs_merge(offset) {
+            let dir = self.inodes.node(*ino)?;
+            stream.merged = Some((self.merged_listing(caller, &dir)?, 0));
+        }
+        stream.served = true;
         stream.seek(offset)?;
         let in_root = *ino == InodeNo::ROOT;
         while let Some(d) = stream.peek(numbers)? {

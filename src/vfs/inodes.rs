@@ -57,6 +57,9 @@ pub struct Inode {
     /// A union file with hard links in a read-only branch, copied up
     /// through the index: the link count the union shows (0: not one).
     union_nlink: AtomicU32,
+    /// A directory: the stamp of its copies when an open last made the
+    /// kernel re-read its listing (see `dircache.rs`; 0: none).
+    pub listed: AtomicU64,
 }
 
 /// One branch's copy of a union directory.
@@ -195,6 +198,9 @@ pub struct InodeTable {
     /// Cached descriptors currently open, and how many may be.
     cache_count: Arc<AtomicUsize>,
     cache_budget: usize,
+    /// Bumped when numbers that listings show may have changed without
+    /// any directory changing (see `rebind`); part of every listing stamp.
+    numbering: AtomicU64,
 }
 
 /// Descriptor used to re-open a branch's handles, and the mount it is on
@@ -264,6 +270,7 @@ impl InodeTable {
                 })
                 .collect(),
             union_nlink: AtomicU32::new(0),
+            listed: AtomicU64::new(0),
         });
         let mut tables = Tables::default();
         tables.by_ino.insert(InodeNo::ROOT, root);
@@ -279,7 +286,14 @@ impl InodeTable {
             mounts,
             cache_count: Arc::new(AtomicUsize::new(0)),
             cache_budget,
+            numbering: AtomicU64::new(0),
         }
+    }
+
+    /// Changes whenever a number listed for an unchanged directory entry
+    /// may have changed.
+    pub fn numbering(&self) -> u64 {
+        self.numbering.load(Ordering::Acquire)
     }
 
     pub fn key_of(&self, st: &Stat) -> BackingKey {
@@ -692,6 +706,7 @@ impl InodeTable {
             seen: AtomicBool::new(false),
             layers,
             union_nlink: AtomicU32::new(0),
+            listed: AtomicU64::new(0),
         });
         tables.by_ino.insert(ino, inode.clone());
         tables.by_key.insert(key, ino);
@@ -753,6 +768,7 @@ impl InodeTable {
             seen: AtomicBool::new(old.seen.load(Ordering::Relaxed)),
             layers,
             union_nlink: AtomicU32::new(old.union_nlink.load(Ordering::Acquire)),
+            listed: AtomicU64::new(0),
         });
         if tables.by_key.get(&old.key) == Some(&ino) {
             tables.by_key.remove(&old.key);
@@ -766,6 +782,15 @@ impl InodeTable {
         // hard link is broken by copy-up, as on overlayfs without index).
         if old.key != key && retire_old {
             self.map.retire(old.key, ino.0);
+            // Its other names' d_ino in listings the kernel keeps is now
+            // wrong, and which directories hold them is unknown.
+            let single = self
+                .fd(&old)
+                .and_then(|fd| Ok(sys::fstat(fd.as_fd())?))
+                .is_ok_and(|st| st.st_nlink <= 1);
+            if old.kind != libc::S_IFDIR && !single {
+                self.numbering.fetch_add(1, Ordering::AcqRel);
+            }
         }
         Ok(inode)
     }

@@ -20,6 +20,7 @@
 
 mod attr;
 mod dir;
+mod dircache;
 mod file;
 mod ingest;
 mod inodes;
@@ -42,6 +43,7 @@ use std::time::Duration;
 pub use crate::sys::creds::Caller;
 pub use crate::sys::Stat;
 pub use attr::{SetAttr, Xattr};
+pub use dircache::{DirCache, OpenedDir};
 pub use file::Opened;
 pub use inodes::InodeNo;
 pub use union::UnionBranch;

@@ -17,6 +17,7 @@ use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use super::dir::DirEntry;
+use super::dircache::OpenedDir;
 use super::views::{self, VIEW_BIT};
 use super::{errno, Attr, Caller, Entry, InodeNo, Opened, Result, Vfs, Xattr};
 
@@ -144,10 +145,13 @@ impl Source {
         }
     }
 
-    pub fn opendir(self, vfs: &Vfs, caller: &Caller, flags: i32) -> Result<u64> {
+    pub fn opendir(self, vfs: &Vfs, caller: &Caller, flags: i32) -> Result<OpenedDir> {
         match self {
             Source::Live(ino) => vfs.live_opendir(caller, ino, flags),
-            Source::Past(ino) => vfs.view_opendir(caller, ino),
+            Source::Past(ino) => Ok(OpenedDir {
+                fh: vfs.view_opendir(caller, ino)?,
+                cache: vfs.view_dir_cache(ino),
+            }),
         }
     }
 
@@ -193,7 +197,7 @@ impl HandleSource {
     ) -> Result<()> {
         match self {
             HandleSource::Live(fh) if plus => vfs.live_readdirplus(fh, offset, caller, add),
-            HandleSource::Live(fh) => vfs.live_readdir(fh, offset, |d| add(d, None)),
+            HandleSource::Live(fh) => vfs.live_readdir(fh, offset, caller, |d| add(d, None)),
             HandleSource::Past(fh) => vfs.view_readdir(caller, fh, offset, add, plus),
         }
     }

@@ -1160,3 +1160,45 @@ pub fn read_all(mut r: impl Read) -> String {
     r.read_to_string(&mut s).unwrap();
     s
 }
+
+/// The sorted names `dir` lists (without `.` and `..`).
+pub fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Lists `dir` (in the mount) until one listing leaves `backing` (a
+/// directory the daemon reads for it) unread, i.e. the kernel answered
+/// from its readdir cache: inotify sees every getdents on `backing` as
+/// IN_ACCESS. Returns that listing; panics if none comes within 10 s.
+pub fn wait_listing_cached(dir: &Path, backing: &Path) -> Vec<String> {
+    use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
+    let watch = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC).unwrap();
+    inotify::add_watch(&watch, backing, WatchFlags::ACCESS).unwrap();
+    let read_any = || {
+        let mut buf = [0u8; 4096];
+        let mut any = false;
+        while let Ok(n) = rustix::io::read(&watch, &mut buf) {
+            any |= n > 0;
+        }
+        any
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        read_any();
+        let names = listing(dir);
+        if !read_any() {
+            return names;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "every listing of {} read {} again: not cached",
+            dir.display(),
+            backing.display()
+        );
+    }
+}

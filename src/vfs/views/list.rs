@@ -41,6 +41,16 @@ impl Vfs {
         Ok(names)
     }
 
+    /// A directory at an instant never changes (a removal from history
+    /// invalidates what the kernel holds, see `removal.rs`); `.history`
+    /// and `;deleted` change with every tag, hour and deletion.
+    pub(in crate::vfs) fn view_dir_cache(&self, ino: InodeNo) -> DirCache {
+        match self.view(ino).map(|n| matches!(n.what, What::At { .. })) {
+            Ok(true) => DirCache::Keep,
+            _ => DirCache::Off,
+        }
+    }
+
     pub(in crate::vfs) fn view_opendir(&self, caller: &Caller, ino: InodeNo) -> Result<u64> {
         let node = self.view(ino)?;
         self.current(&node)?;

@@ -37,6 +37,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 use super::dir::DirEntry;
+use super::dircache::DirCache;
 use super::inodes::Inode;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs, VfsError, Xattr};
 use crate::capture::attrs_of;
