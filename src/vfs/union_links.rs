@@ -109,10 +109,23 @@ impl Vfs {
     }
 
     /// The attributes to show for `ino`: the union's link count for an
-    /// indexed file.
+    /// indexed file; 1 for a merged directory (copies in several branches:
+    /// its subdirectories are not counted anywhere, and the top copy's
+    /// count would undercount them, so find(1) could skip some; 1 says
+    /// "unknown", as overlayfs shows it).
     pub(super) fn shown(&self, ino: InodeNo, mut st: Stat) -> Stat {
-        if self.union().is_some_and(|u| u.index.get().is_some()) {
-            if let Some(n) = self.inodes.get(ino).ok().and_then(|i| i.union_nlink()) {
+        let Some(u) = self.union() else {
+            return st;
+        };
+        let Ok(inode) = self.inodes.get(ino) else {
+            return st;
+        };
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            if !inode.layers.is_empty() {
+                st.st_nlink = 1;
+            }
+        } else if u.index.get().is_some() {
+            if let Some(n) = inode.union_nlink() {
                 st.st_nlink = n.into();
             }
         }
