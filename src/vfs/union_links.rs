@@ -121,7 +121,7 @@ impl Vfs {
             return st;
         };
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            if !inode.layers.is_empty() {
+            if inode.has_layers() {
                 st.st_nlink = 1;
             }
         } else if u.index.get().is_some() {
