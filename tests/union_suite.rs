@@ -931,45 +931,18 @@ fn link_cases() -> Vec<Case> {
     v
 }
 
-/// Bug: a name removed from a hard-linked lower file that was never
-/// copied up leaves the union's link count as it was (3 names, rm one:
-/// st_nlink still 3); and once the names were looked up, copying up
-/// another name after the removal fails with EEXIST. Reproduction: lower
-/// `hard`, `link`, `d/link` one file; `stat hard link d/link; rm hard;
-/// echo Y >> link` gives "File exists".
-const LOWER_LINK_COUNT: &str = "bug: removing a never-copied-up name of a hard-linked lower file keeps the link count and makes a later copy-up of another name fail with EEXIST";
-/// Bug: after `truncate link 1; rename dir dir2; unlink dir2/link` (a
-/// hard-linked lower file copied up through the index, a directory holding
-/// one of its names renamed, that name removed), a remount shows the two
-/// remaining names as two files of link count 1.
-const LOWER_LINK_REMOUNT: &str =
-    "bug: the remaining names of an indexed lower file split into separate files across a remount";
-
 #[test]
 fn hard_links() {
-    run_suite(
-        "hard-link",
-        &link_cases(),
-        &lenient(&[
-            ("lower-hard-link.2", LOWER_LINK_COUNT),
-            ("lower-hard-link.6", LOWER_LINK_COUNT),
-            ("lower-hard-link.5", LOWER_LINK_REMOUNT),
-        ]),
-    );
+    run_suite("hard-link", &link_cases(), &[]);
 }
 
 /// The cases the other tests excuse as known bugs, strictly.
 #[test]
-#[ignore = "known bugs: see LOWER_LINK_COUNT, LOWER_LINK_REMOUNT and DIR_INO_REMOUNT"]
+#[ignore = "known bug: see DIR_INO_REMOUNT"]
 fn known_bugs_strictly() {
-    let cases: Vec<Case> = link_cases()
+    let cases: Vec<Case> = dir_rename_cases()
         .into_iter()
-        .filter(|c| c.name.starts_with("lower-hard-link"))
-        .chain(
-            dir_rename_cases()
-                .into_iter()
-                .filter(|c| c.name.starts_with("rename-new-dir")),
-        )
+        .filter(|c| c.name.starts_with("rename-new-dir"))
         .collect();
     run_suite("known-bugs", &cases, &[]);
 }

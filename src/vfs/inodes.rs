@@ -695,6 +695,14 @@ impl InodeTable {
                 existing.nlookup.fetch_add(1, Ordering::AcqRel);
                 return Ok(existing.clone());
             }
+            // The number is held by another copy of the object: a copy-up
+            // rebound it after the caller found this one (or, for a hard
+            // link, every lower name stands for the copy). The copy is the
+            // object now; replacing it would give later calls the old one.
+            if let Some(existing) = tables.by_ino.get(&ino).filter(|e| e.key != key) {
+                existing.nlookup.fetch_add(1, Ordering::AcqRel);
+                return Ok(existing.clone());
+            }
         }
         let inode = Arc::new(Inode {
             ino,

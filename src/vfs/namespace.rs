@@ -275,6 +275,9 @@ impl Vfs {
         let dir = self.inodes.node(parent)?;
         let cname = sys::cstr(name)?;
         let victim = if self.union().is_some() {
+            if let Some(ino) = held.filter(|_| flags & libc::AT_REMOVEDIR == 0) {
+                self.index_before_unlink(caller, ino)?;
+            }
             let victim = self.union_remove(caller, parent, name, flags)?;
             let victim = victim.map(|st| held.map_or(st, |ino| self.shown(ino, st)));
             if let Some(ino) = held {

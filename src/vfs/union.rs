@@ -318,7 +318,9 @@ impl Vfs {
         let mut cname = sys::cstr(name)?;
         let found = self.walk(dir, &cname)?.ok_or(errno(libc::ENOENT))?;
         let (mut branch, mut parent, mut st) = found.top;
-        if let Some((index, entry, entry_st)) = self.indexed_instead(u, branch, &st)? {
+        let indexed = self.indexed_instead(u, branch, &st)?;
+        let via_index = indexed.is_some();
+        if let Some((index, entry, entry_st)) = indexed {
             // Another name of this lower file was copied up: this one
             // shows the copy too.
             (branch, parent, st, cname) = (u.upper().unwrap_or(branch), index, entry_st, entry);
@@ -328,6 +330,10 @@ impl Vfs {
             if self.inodes.still_names(&inode, parent.as_fd(), &cname) {
                 // Copy-up finds the lower copy by this name.
                 inode.set_name(dir.ino, name.as_encoded_bytes());
+                if via_index {
+                    let node = self.inodes.node_of(inode.clone())?;
+                    self.note_if_indexed(u, &inode, (node.fd(), &st), true);
+                }
                 return Ok(Entry {
                     attr: Attr {
                         ino: inode.ino,
@@ -344,7 +350,7 @@ impl Vfs {
         let inode = self.inodes.acquire_in(branch, fd, &st, found.lowers)?;
         inode.set_name(dir.ino, name.as_encoded_bytes());
         let node = self.inodes.node_of(inode.clone())?;
-        self.note_if_indexed(u, &inode, node.fd(), &st);
+        self.note_if_indexed(u, &inode, (node.fd(), &st), via_index);
         Ok(Entry {
             attr: Attr {
                 ino: inode.ino,

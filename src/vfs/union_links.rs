@@ -65,8 +65,19 @@ impl Vfs {
 
     /// After an upper object was acquired: if it is an index entry's file,
     /// the inode shows the union's link count from now on.
-    pub(super) fn note_if_indexed(&self, u: &Union, inode: &Inode, fd: BorrowedFd<'_>, st: &Stat) {
-        if u.index.get().is_none() || inode.union_nlink().is_some() || !is_linked_file(st) {
+    /// `via_index`: the lookup came through the index (the entry alone
+    /// may hold the copy: no upper name links to it).
+    pub(super) fn note_if_indexed(
+        &self,
+        u: &Union,
+        inode: &Inode,
+        (fd, st): (BorrowedFd<'_>, &Stat),
+        via_index: bool,
+    ) {
+        if u.index.get().is_none() || inode.union_nlink().is_some() {
+            return;
+        }
+        if !via_index && !is_linked_file(st) {
             return;
         }
         if !u.writable(BranchId(inode.key.branch)) {
@@ -103,9 +114,36 @@ impl Vfs {
             Err(e) if e.errno() == libc::EEXIST => sys::open_path(index.as_fd(), &entry)?,
             Err(e) => return Err(e.into()),
         };
-        copyup::link_up(fd.as_fd(), upper_parent.fd(), name)?;
+        // The name the inode was last reached by may have been removed
+        // since (a whiteout holds it now): the copy is then reached through
+        // the index alone, as every other lower name is.
+        match sys::fstatat(upper_parent.fd(), name) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                copyup::link_up(fd.as_fd(), upper_parent.fd(), name)?
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
         let st = sys::fstat(fd.as_fd())?;
         Ok((fd, st))
+    }
+
+    /// Before a name of `ino` goes: a lower file with other names is
+    /// copied up through the index first (as overlayfs does), so that the
+    /// union's link count has somewhere to live; the removal then takes
+    /// the upper name.
+    pub(super) fn index_before_unlink(&self, caller: &super::Caller, ino: InodeNo) -> Result<()> {
+        let Some(u) = self.union() else {
+            return Ok(());
+        };
+        let node = self.inodes.node(ino)?;
+        if u.upper().is_none() || u.writable(BranchId(node.key.branch)) {
+            return Ok(());
+        }
+        if !is_linked_file(&sys::fstat(node.fd())?) {
+            return Ok(());
+        }
+        self.writable_node(caller, ino).map(drop)
     }
 
     /// The attributes to show for `ino`: the union's link count for an
