@@ -758,3 +758,32 @@ fn a_copy_up_renumbers_other_links_in_kept_listings() {
         assert_eq!(kept, d_ino(&m), "mode {mode:?}");
     }
 }
+
+/// A lower file held open for reading while it is opened for writing (its
+/// copy-up): the writer's data goes to the copy, never to the read-only
+/// branch, though the reader's passthrough backing file is the lower one.
+#[test]
+fn a_write_while_the_lower_file_is_open_goes_to_the_copy() {
+    each_union(lower_tree, |m| {
+        use std::io::{Read, Write};
+        let low = bottom(&m.lowers).join("data");
+        let mut reader = fs::File::open(m.p("data")).unwrap();
+        let mut w = fs::OpenOptions::new()
+            .write(true)
+            .open(m.p("data"))
+            .unwrap();
+        w.write_all(b"abcd").unwrap();
+        drop(w);
+        assert_eq!(
+            read_file(&low),
+            b"lower data\n",
+            "the read-only branch changed"
+        );
+        assert_eq!(read_file(&m.src.join("data")), b"abcdr data\n");
+        assert_eq!(read_file(&m.p("data")), b"abcdr data\n");
+        let mut old = Vec::new();
+        reader.read_to_end(&mut old).unwrap();
+        drop(reader);
+        assert_eq!(read_file(&low), b"lower data\n");
+    });
+}

@@ -118,6 +118,7 @@ impl Vfs {
         let passthrough = self.claim_io(
             ino,
             !every_write
+                && !self.in_read_only_branch(&inode)
                 && match self.cfg.write_path {
                     super::WritePath::Auto => !trackable,
                     super::WritePath::Passthrough => true,
@@ -151,6 +152,15 @@ impl Vfs {
             session,
             per_write: every_write,
         })
+    }
+
+    /// A union's object in a read-only branch is read without kernel
+    /// passthrough: once the kernel has a backing file for an inode, every
+    /// open of it must use that one, and a copy-up while such a handle is
+    /// open would send the writer's I/O to the lower file.
+    fn in_read_only_branch(&self, inode: &super::inodes::Node) -> bool {
+        self.union()
+            .is_some_and(|u| !u.writable(crate::branch::BranchId(inode.key.branch)))
     }
 
     /// Joins the I/O mode of `ino`'s open handles, or sets it if there
