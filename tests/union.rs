@@ -34,15 +34,6 @@ fn bottom(b: &[PathBuf]) -> &Path {
     b.last().unwrap()
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 fn is_whiteout(p: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)

@@ -20,7 +20,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 
 /// What a lower branch can be filled with (its own tools made it).
 fn fill_op() -> impl Strategy<Value = Op> {
@@ -123,28 +123,9 @@ fn check_union_case(lowers: usize, fill: &[Op], ops: &[Op]) -> Result<(), TestCa
     Ok(())
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[test]
 fn a_union_follows_the_model_of_a_plain_directory() {
-    let cases = env_u64("CHRONOFS_UNION_CASES", 96) as u32;
-    let seed = env_u64("CHRONOFS_VFS_SEED", 0x5eed_0fc4_2026);
-    let mut key = [0u8; 32];
-    key[..8].copy_from_slice(&seed.to_le_bytes());
-    key[8] = 0x71;
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        max_shrink_iters: 2000,
-        ..Config::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &key));
+    let mut runner = runner("CHRONOFS_UNION_CASES", 96, 0x71);
     let strategy = (
         0usize..=3,
         proptest::collection::vec(fill_op(), 0..16),

@@ -125,15 +125,6 @@ fn exists(p: &Path) -> bool {
     fs::symlink_metadata(p).is_ok()
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 fn errno_of(r: std::io::Result<()>) -> i32 {
     r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
 }

@@ -24,7 +24,7 @@ use inproc::*;
 use model::*;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 
 fn check_case(ops: &[Op]) -> Result<(), TestCaseError> {
     let rig = Rig::new();
@@ -80,27 +80,9 @@ fn check_case(ops: &[Op]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[test]
 fn vfs_and_history_follow_the_model() {
-    let cases = env_u64("CHRONOFS_VFS_CASES", 256) as u32;
-    let seed = env_u64("CHRONOFS_VFS_SEED", 0x5eed_0fc4_2026);
-    let mut key = [0u8; 32];
-    key[..8].copy_from_slice(&seed.to_le_bytes());
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        max_shrink_iters: 2000,
-        ..Config::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &key));
+    let mut runner = runner("CHRONOFS_VFS_CASES", 256, 0x0);
     let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
         check_case(&ops)
     });

@@ -1202,3 +1202,13 @@ pub fn wait_listing_cached(dir: &Path, backing: &Path) -> Vec<String> {
         );
     }
 }
+
+/// The names in `dir`, sorted.
+pub fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}

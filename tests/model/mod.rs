@@ -10,6 +10,7 @@ use std::ffi::OsStr;
 
 use chronofs::vfs::SetAttr;
 use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 use crate::inproc::*;
 
@@ -420,4 +421,29 @@ pub fn vfs_file_links(rig: &Rig, want: &BTreeMap<String, u64>) -> BTreeMap<Strin
             (p.clone(), rig.vfs.getattr(ino, None).unwrap().st.st_nlink)
         })
         .collect()
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A deterministic runner: `cases_var` cases (else `default_cases`), from
+/// `CHRONOFS_VFS_SEED` (else a fixed seed), `salt` telling the suites'
+/// streams apart.
+pub fn runner(cases_var: &str, default_cases: u64, salt: u8) -> TestRunner {
+    let cases = env_u64(cases_var, default_cases) as u32;
+    let seed = env_u64("CHRONOFS_VFS_SEED", 0x5eed_0fc4_2026);
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8] = salt;
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 2000,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &key))
 }
