@@ -14,6 +14,7 @@ use std::sync::Arc;
 use super::inodes::Layer;
 use super::versioning::Live;
 use super::{InodeNo, Vfs};
+use crate::branch::BranchId;
 use crate::capture::Tree;
 use crate::history::{Binding, ObjectId};
 use crate::sys::{self, Stat};
@@ -42,6 +43,8 @@ struct Walk<'a> {
     /// The directory walked and its entries as history records them (in
     /// a union: merged, each bound to the branch object it resolves to).
     listing: (ObjectId, Vec<(Vec<u8>, Binding)>),
+    /// The branch of the walked directory's own (top) copy.
+    branch: BranchId,
 }
 
 fn to_io(e: super::VfsError) -> io::Error {
@@ -54,6 +57,15 @@ fn not_found() -> io::Error {
 
 impl Walk<'_> {
     fn fd(&self, obj: ObjectId) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        // In a union an object the kernel holds may have been copied up
+        // since the walk found it: the live inode is the object now, and
+        // the walk's copy would look like a change made behind the mount.
+        if obj != self.listing.0
+            && self.live.0.union().is_some()
+            && self.live.0.inodes.get(InodeNo::from(obj)).is_ok()
+        {
+            return Err(not_found());
+        }
         self.objects
             .get(&obj)
             .map(|(fd, _)| fd.as_fd())
@@ -114,7 +126,11 @@ impl Tree for Walk<'_> {
         }
         let fd = self.fd(obj).ok()?;
         let st = sys::fstat(fd).ok()?;
-        let key = self.live.0.inodes.key_of(&st);
+        let key = if obj == self.listing.0 {
+            self.live.0.inodes.key_in(self.branch, &st)
+        } else {
+            self.live.0.inodes.key_of(&st)
+        };
         Some(Binding {
             branch: key.branch,
             dev: key.dev,
@@ -281,6 +297,10 @@ impl Vfs {
                 live: Live(self),
                 objects: HashMap::new(),
                 listing: (dir, Vec::new()),
+                branch: match copies.first() {
+                    Some(top) if dir != InodeNo::ROOT.object() => top.branch,
+                    _ => self.inodes.primary_branch(),
+                },
             };
             let in_root = dir == InodeNo::ROOT.object();
             let listing = match self.listing_of(&walk, (&fd, &copies), in_root) {

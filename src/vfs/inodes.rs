@@ -296,6 +296,11 @@ impl InodeTable {
         self.numbering.load(Ordering::Acquire)
     }
 
+    /// The branch the root and new objects belong to.
+    pub fn primary_branch(&self) -> BranchId {
+        self.branch
+    }
+
     pub fn key_of(&self, st: &Stat) -> BackingKey {
         self.key_in(self.branch, st)
     }
