@@ -50,23 +50,14 @@ pub enum ReaddirPlus {
     Never,
 }
 
-/// A passthrough backing file attached to an inode.
-struct Backing {
-    id: Arc<BackingId>,
-    handles: usize,
-    object: (u64, u64),
-}
-
 pub struct ChronoFuse {
     vfs: Arc<Vfs>,
     cfg: AdapterConfig,
     passthrough_active: AtomicBool,
     /// One backing id per inode with passthrough opens, shared by all of
     /// them (the kernel refuses two backing files for one inode), with the
-    /// number of open handles using it and the backing object's (st_dev,
-    /// st_ino): an inode can move to another object (a union's copy-up)
-    /// while handles on the old one are still open.
-    backing: Mutex<HashMap<VIno, Backing>>,
+    /// number of open handles using it.
+    backing: Mutex<HashMap<VIno, (Arc<BackingId>, usize)>>,
     /// Handles that hold a reference in `backing`.
     passthrough_handles: Mutex<HashMap<u64, VIno>>,
     /// Set once the session exists; used to tell the kernel to drop
@@ -250,22 +241,11 @@ impl ChronoFuse {
         if !opened.passthrough_ok || !self.passthrough_active() {
             return None;
         }
-        let object = self
-            .vfs
-            .with_file_fd(opened.fh, |fd| Ok(crate::sys::fstat(fd)?))
-            .map(|st| (st.st_dev, st.st_ino))
-            .ok()?;
         let mut backing = self.backing.lock();
-        if let Some(b) = backing.get_mut(&ino) {
-            if b.object != object {
-                // Handles on the object the inode was before are still
-                // open: this one's I/O goes through the daemon, to its own
-                // object (the old backing file would take it elsewhere).
-                return None;
-            }
-            b.handles += 1;
+        if let Some((id, count)) = backing.get_mut(&ino) {
+            *count += 1;
             self.passthrough_handles.lock().insert(opened.fh, ino);
-            return Some(b.id.clone());
+            return Some(id.clone());
         }
         // Registered under the opener's credentials: the kernel does the
         // passthrough I/O with them, so set-id bits are cleared on write as
@@ -278,12 +258,7 @@ impl ChronoFuse {
             .map_err(|e| tracing::warn!("passthrough unavailable for inode {}: {e}", ino.0))
             .ok()?;
         let id = Arc::new(id);
-        let attached = Backing {
-            id: id.clone(),
-            handles: 1,
-            object,
-        };
-        backing.insert(ino, attached);
+        backing.insert(ino, (id.clone(), 1));
         self.passthrough_handles.lock().insert(opened.fh, ino);
         Some(id)
     }
@@ -293,9 +268,9 @@ impl ChronoFuse {
             return;
         };
         let mut backing = self.backing.lock();
-        if let Some(b) = backing.get_mut(&ino) {
-            b.handles -= 1;
-            if b.handles == 0 {
+        if let Some((_, count)) = backing.get_mut(&ino) {
+            *count -= 1;
+            if *count == 0 {
                 backing.remove(&ino);
             }
         }

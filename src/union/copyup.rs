@@ -270,12 +270,7 @@ pub fn copy_up_file(
     upper_parent: BorrowedFd<'_>,
     owner: &Owner,
 ) -> Result<OwnedFd> {
-    let how = How {
-        tmpfile: true,
-        sync: true,
-        len: None,
-    };
-    Ok(file_up(lower_parent, name, upper_parent, owner, how)?)
+    copy_up_file_as(lower_parent, name, (upper_parent, name), owner)
 }
 
 /// [`copy_up_file`] under another name in another directory (a hard
