@@ -36,8 +36,16 @@ pub type Result<T> = std::result::Result<T, CaptureError>;
 /// The deepest directory a baseline walks into: deeper means a loop.
 const MAX_DEPTH: usize = 4096;
 
-/// How long a query waits for the release that follows a close(2).
+/// How long a query waits for the release that follows a close(2) when
+/// other write handles of the file stay open (the release may be theirs,
+/// far off).
 const CLOSE_GRACE: Duration = Duration::from_millis(200);
+
+/// How long a query waits for the release that follows the close(2) of a
+/// file's last write handle: the kernel sends it after close returns, as a
+/// background request that a loaded machine can hold back well past
+/// `CLOSE_GRACE` (a CI run saw `f;-1` miss the version just closed).
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// Files from this size on, written through the daemon, get versions built
 /// from the ranges written (docs/ARCHITECTURE.md "Per-open write path").
@@ -1173,7 +1181,8 @@ impl Capture {
         // A version the worker is building (an interval version is not
         // counted in `ingesting`) is waited for too: a query right after
         // the interval is up must see it.
-        while st.any_ingesting() || !st.building.is_empty() || st.closing(CLOSE_GRACE) {
+        while st.any_ingesting() || !st.building.is_empty() || st.closing(RELEASE_WAIT, CLOSE_GRACE)
+        {
             self.idle.wait_for(&mut st, Duration::from_millis(5));
         }
     }

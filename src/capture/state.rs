@@ -335,6 +335,9 @@ impl Objects {
         let s = self.sessions.get_mut(&obj)?;
         s.writers -= 1;
         if s.writers > 0 {
+            // The flush most likely belonged to the handle just released:
+            // the writers left are not known to be closing.
+            s.flushed = None;
             return None;
         }
         let s = self.sessions.remove(&obj)?;
@@ -388,10 +391,19 @@ impl Objects {
     }
 
     /// Whether a close(2) returned recently whose release has not arrived.
-    pub fn closing(&self, within: Duration) -> bool {
-        self.sessions
-            .values()
-            .any(|s| s.flushed.is_some_and(|t| t.elapsed() < within))
+    /// A session whose only writer was closed waits up to `last_writer`
+    /// (its release is certain unless a mapping or a dup keeps the file
+    /// open, and it can be slow under load); one with other writers still
+    /// open, only `other_writers`.
+    pub fn closing(&self, last_writer: Duration, other_writers: Duration) -> bool {
+        self.sessions.values().any(|s| {
+            let within = if s.writers == 1 {
+                last_writer
+            } else {
+                other_writers
+            };
+            s.flushed.is_some_and(|t| t.elapsed() < within)
+        })
     }
 
     pub fn ingesting(&self, obj: ObjectId) -> bool {
@@ -529,6 +541,25 @@ mod tests {
         o.job_done(id(7), true);
         assert!(!o.any_ingesting());
         assert!(o.close_session(id(7)).is_none());
+    }
+
+    #[test]
+    fn a_closed_last_writer_is_waited_for_longer_than_one_of_several() {
+        let (long, short) = (s(3600), Duration::ZERO);
+        let mut o = Objects::default();
+        o.open_session(id(1), fd(), Who::default(), false, s(0));
+        o.open_session(id(1), fd(), Who::default(), false, s(0));
+        assert!(!o.closing(long, long), "nothing closed yet");
+        o.flushed(id(1));
+        assert!(!o.closing(long, short), "another writer is still open");
+        assert!(o.closing(long, long));
+        assert!(o.close_session(id(1)).is_none());
+        assert!(!o.closing(long, long), "the writer left is not closing");
+        o.flushed(id(1));
+        assert!(o.closing(long, short), "the last writer's release is next");
+        assert!(!o.closing(short, long));
+        o.close_session(id(1)).unwrap();
+        assert!(!o.closing(long, long), "released");
     }
 
     #[test]
