@@ -724,6 +724,9 @@ fn run_suite(family: &str, cases: &[Case], known: &[(&str, &str)]) {
                 .filter(|(k, i)| again.get(*k).is_some_and(|j| j != *i))
                 .map(|(k, _)| k.clone())
                 .collect();
+            for k in &moved {
+                eprintln!("MOVED {k}: {} -> {}", numbers[k], again[k]);
+            }
             if !moved.is_empty() {
                 let x = format!(
                     "[{family} mode {mode:?} lowers {n}] inode numbers changed across a remount: {moved:?}"
@@ -816,7 +819,7 @@ fn open_cases() -> Vec<Case> {
 
 #[test]
 fn open_creat_trunc_of_lower_files_and_symlinks() {
-    run_suite("open", &open_cases(), &lenient(&[]));
+    run_suite("open", &open_cases(), &[]);
 }
 
 /// dir-open, dir-open-dir, dir-weird-open, dir-weird-open-dir,
@@ -847,7 +850,7 @@ fn dir_open_cases() -> Vec<Case> {
 
 #[test]
 fn directory_opens() {
-    run_suite("dir-open", &dir_open_cases(), &lenient(&[]));
+    run_suite("dir-open", &dir_open_cases(), &[]);
 }
 
 fn link_cases() -> Vec<Case> {
@@ -934,17 +937,6 @@ fn link_cases() -> Vec<Case> {
 #[test]
 fn hard_links() {
     run_suite("hard-link", &link_cases(), &[]);
-}
-
-/// The cases the other tests excuse as known bugs, strictly.
-#[test]
-#[ignore = "known bug: see DIR_INO_REMOUNT"]
-fn known_bugs_strictly() {
-    let cases: Vec<Case> = dir_rename_cases()
-        .into_iter()
-        .filter(|c| c.name.starts_with("rename-new-dir"))
-        .collect();
-    run_suite("known-bugs", &cases, &[]);
 }
 
 /// The rename-empty-dir / rename-pop-dir / rename-new-dir /
@@ -1051,25 +1043,9 @@ fn dir_rename_cases() -> Vec<Case> {
     v
 }
 
-/// `known` and DIR_INO_REMOUNT, which any family may meet.
-fn lenient<'a>(known: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
-    let mut v = known.to_vec();
-    v.push((
-        "mode \"\" lowers 3] inode numbers changed across a remount",
-        DIR_INO_REMOUNT,
-    ));
-    v
-}
-
-/// Bug (versioning mode only): directories copied up or renamed get
-/// another inode number after a remount (seen for lower directories
-/// renamed, and for the case directories above new or renamed entries;
-/// different ones each run, about one in ten).
-const DIR_INO_REMOUNT: &str = "bug: in the versioning mode some copied-up or renamed directories change inode number across a remount";
-
 #[test]
 fn renames_of_directories() {
-    run_suite("rename-dir", &dir_rename_cases(), &lenient(&[]));
+    run_suite("rename-dir", &dir_rename_cases(), &[]);
 }
 
 /// The circular renames of rename-mass-*: `ring` names `base{100+i}`,
@@ -1213,7 +1189,7 @@ fn file_rename_cases() -> Vec<Case> {
 
 #[test]
 fn renames_of_files() {
-    run_suite("rename-file", &file_rename_cases(), &lenient(&[]));
+    run_suite("rename-file", &file_rename_cases(), &[]);
 }
 
 fn removal_cases() -> Vec<Case> {
@@ -1329,7 +1305,7 @@ fn removal_cases() -> Vec<Case> {
 
 #[test]
 fn removals_whiteouts_and_opaque_directories() {
-    run_suite("remove", &removal_cases(), &lenient(&[]));
+    run_suite("remove", &removal_cases(), &[]);
 }
 
 fn permission_cases() -> Vec<Case> {
@@ -1381,5 +1357,5 @@ fn permission_cases() -> Vec<Case> {
 
 #[test]
 fn impermissible_operations_and_truncate() {
-    run_suite("permission", &permission_cases(), &lenient(&[]));
+    run_suite("permission", &permission_cases(), &[]);
 }

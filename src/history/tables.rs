@@ -5,7 +5,9 @@
 
 use redb::{Durability, ReadableTable, TableDefinition, WriteTransaction};
 
-use crate::store::Index;
+use std::collections::HashMap;
+
+use crate::store::{BackingKey, Index};
 
 use super::model::*;
 use super::{read_txn, HistoryError, Result};
@@ -204,14 +206,7 @@ pub fn apply_ops_with(
         super::chain::extend(&txn, op.seq, records)?;
     }
     if let Some(last) = ops.last() {
-        let bind: Vec<_> = ops
-            .iter()
-            .flat_map(|op| op.bind.iter().map(|b| (b.key(), b.object.get())))
-            .collect();
-        let unbind: Vec<_> = ops
-            .iter()
-            .flat_map(|op| op.unbind.iter().map(|b| (b.key(), b.object.get())))
-            .collect();
+        let (bind, unbind) = net_bindings(ops);
         inomap::write_bindings(&txn, &bind, &unbind)?;
         super::tables::meta_put(&txn, super::META_NEXT_SEQ, last.seq.next().get())?;
         super::tables::meta_put(&txn, super::META_LAST_TIME, last.time_ns as u64)?;
@@ -219,6 +214,31 @@ pub fn apply_ops_with(
     extra(&txn)?;
     txn.commit().map_err(err)?;
     Ok(())
+}
+
+/// A backing object's key and the inode number it is bound to.
+type Mapping = (BackingKey, u64);
+
+/// What the bindings of `ops` come to, key by key, the last op's word
+/// standing: binding all first and then unbinding would let an object
+/// made and removed within the batch (its key bound, then unbound) first
+/// overwrite the key's newer mapping, then remove it, when the backing
+/// file system gave the removed object's number to another object since
+/// (a directory copied up: its number lost across a remount).
+fn net_bindings(ops: &[Op]) -> (Vec<Mapping>, Vec<Mapping>) {
+    let mut last: HashMap<BackingKey, (bool, u64)> = HashMap::new();
+    for op in ops {
+        for b in &op.bind {
+            last.insert(b.key(), (true, b.object.get()));
+        }
+        for b in &op.unbind {
+            last.insert(b.key(), (false, b.object.get()));
+        }
+    }
+    let (bind, unbind): (Vec<_>, Vec<_>) = last.into_iter().partition(|(_, (bound, _))| *bound);
+    let pairs =
+        |v: Vec<(BackingKey, (bool, u64))>| v.into_iter().map(|(k, (_, ino))| (k, ino)).collect();
+    (pairs(bind), pairs(unbind))
 }
 
 fn previous_child(
@@ -496,5 +516,39 @@ mod tests {
         assert_eq!(once.1, Some(Some(10)));
         assert_eq!(version_at(&db, 10, 2).unwrap(), None);
         assert_eq!(dirent_at(&db, 1, b"f", 2).unwrap(), None);
+    }
+
+    #[test]
+    fn a_key_bound_and_unbound_in_one_batch_keeps_its_newer_mapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&dir.path().join("s")).unwrap();
+        let db = store.index();
+        let b = |ino, obj| Binding {
+            branch: 0,
+            dev: 7,
+            ino,
+            object: o(obj),
+        };
+        // The inode map has already given backing number 5, reused by the
+        // file system, to object 4; the batch still holds the made and
+        // removed object 58 that had it before.
+        let map = store.inode_map().unwrap();
+        map.bind(b(5, 4).key(), 4);
+        map.flush().unwrap();
+        let made = Op {
+            seq: sq(1),
+            bind: vec![b(5, 58), b(6, 60)],
+            ..Op::default()
+        };
+        let removed = Op {
+            seq: sq(2),
+            unbind: vec![b(5, 58)],
+            ..Op::default()
+        };
+        apply_ops(&db, &[made, removed], Durability::Immediate).unwrap();
+        drop(map);
+        let map = store.inode_map().unwrap();
+        assert_eq!(map.get(&b(5, 0).key()).unwrap(), Some(4));
+        assert_eq!(map.get(&b(6, 0).key()).unwrap(), Some(60));
     }
 }

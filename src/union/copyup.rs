@@ -237,7 +237,31 @@ pub fn copy_up_dir(
     name: &CStr,
     owner: &Owner,
 ) -> Result<OwnedFd> {
-    Ok(dir_up(lower_parent, upper_parent, name, owner)?)
+    copy_up_dir_identified(lower_parent, upper_parent, name, owner, &|_| {})
+}
+
+/// Called with the finished copy's attributes just before it takes its
+/// name: the caller gives the copy its identity (its inode number) first,
+/// so that whoever finds the copy by name in between (a listing by the
+/// history worker) does not give it a number of its own.
+pub type BeforeVisible<'a> = &'a dyn Fn(&Stat);
+
+/// [`copy_up_dir`] with a [`BeforeVisible`] step (not run when the
+/// directory was there already or was made by someone else meanwhile).
+pub fn copy_up_dir_identified(
+    lower_parent: BorrowedFd<'_>,
+    upper_parent: BorrowedFd<'_>,
+    name: &CStr,
+    owner: &Owner,
+    before_visible: BeforeVisible<'_>,
+) -> Result<OwnedFd> {
+    Ok(dir_up(
+        lower_parent,
+        upper_parent,
+        name,
+        owner,
+        before_visible,
+    )?)
 }
 
 /// Creates every directory of a relative path missing in the upper branch,
@@ -254,7 +278,7 @@ pub fn copy_up_parents(
 ) -> Result<OwnedFd> {
     let mut dir = open_dir(upper_root, c".")?;
     for (lower_parent, name) in chain {
-        dir = dir_up(*lower_parent, dir.as_fd(), name, owner)?;
+        dir = dir_up(*lower_parent, dir.as_fd(), name, owner, &|_| {})?;
     }
     Ok(dir)
 }
@@ -270,7 +294,25 @@ pub fn copy_up_file(
     upper_parent: BorrowedFd<'_>,
     owner: &Owner,
 ) -> Result<OwnedFd> {
-    copy_up_file_as(lower_parent, name, (upper_parent, name), owner)
+    copy_up_file_identified(lower_parent, name, upper_parent, owner, &|_| {})
+}
+
+/// [`copy_up_file`] with a [`BeforeVisible`] step.
+pub fn copy_up_file_identified(
+    lower_parent: BorrowedFd<'_>,
+    name: &CStr,
+    upper_parent: BorrowedFd<'_>,
+    owner: &Owner,
+    before_visible: BeforeVisible<'_>,
+) -> Result<OwnedFd> {
+    Ok(file_up_as(
+        lower_parent,
+        name,
+        (upper_parent, name),
+        owner,
+        SYNCED,
+        before_visible,
+    )?)
 }
 
 /// [`copy_up_file`] under another name in another directory (a hard
@@ -281,17 +323,13 @@ pub fn copy_up_file_as(
     (upper_dir, dest): (BorrowedFd<'_>, &CStr),
     owner: &Owner,
 ) -> Result<OwnedFd> {
-    let how = How {
-        tmpfile: true,
-        sync: true,
-        len: None,
-    };
     Ok(file_up_as(
         lower_parent,
         name,
         (upper_dir, dest),
         owner,
-        how,
+        SYNCED,
+        &|_| {},
     )?)
 }
 
@@ -336,6 +374,13 @@ struct How {
     len: Option<u64>,
 }
 
+/// How copy-up copies a file for a change: crash-safe, whole.
+const SYNCED: How = How {
+    tmpfile: true,
+    sync: true,
+    len: None,
+};
+
 fn open_dir(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
     sys::openat(
         dir,
@@ -350,6 +395,7 @@ fn dir_up(
     upper_parent: BorrowedFd<'_>,
     name: &CStr,
     owner: &Owner,
+    before_visible: BeforeVisible<'_>,
 ) -> io::Result<OwnedFd> {
     match open_dir(upper_parent, name) {
         Err(e) if errno(&e) == libc::ENOENT => {}
@@ -361,7 +407,10 @@ fn dir_up(
     let (temp, ()) = Hidden::create(upper_parent, true, |n| sys::mkdirat(upper_parent, n, 0o700))?;
     let made = open_dir(upper_parent, &temp.name)
         .and_then(|fd| apply_meta(fd.as_fd(), lower.as_fd(), &st, owner).map(|()| fd))
-        .and_then(|fd| temp.publish(name, true).map(|()| fd));
+        .and_then(|fd| {
+            before_visible(&sys::fstat(fd.as_fd())?);
+            temp.publish(name, true).map(|()| fd)
+        });
     let result = match made {
         // Made by someone else meanwhile: theirs stands.
         Err(e) if errno(&e) == libc::EEXIST => open_dir(upper_parent, name),
@@ -378,7 +427,14 @@ fn file_up(
     owner: &Owner,
     how: How,
 ) -> io::Result<OwnedFd> {
-    file_up_as(lower_parent, name, (upper_parent, name), owner, how)
+    file_up_as(
+        lower_parent,
+        name,
+        (upper_parent, name),
+        owner,
+        how,
+        &|_| {},
+    )
 }
 
 fn file_up_as(
@@ -387,6 +443,7 @@ fn file_up_as(
     (upper_parent, dest): (BorrowedFd<'_>, &CStr),
     owner: &Owner,
     how: How,
+    before_visible: BeforeVisible<'_>,
 ) -> io::Result<OwnedFd> {
     let lower = sys::open_path(lower_parent, name)?;
     let st = sys::fstat(lower.as_fd())?;
@@ -400,9 +457,22 @@ fn file_up_as(
     }
     let parent = ParentTimes::save(upper_parent)?;
     let result = if is_kind(&st, libc::S_IFREG) {
-        copy_regular(lower.as_fd(), &st, upper_parent, dest, owner, how)
+        copy_regular(
+            lower.as_fd(),
+            &st,
+            (upper_parent, dest),
+            owner,
+            how,
+            before_visible,
+        )
     } else {
-        copy_special(lower.as_fd(), &st, upper_parent, dest, owner)
+        copy_special(
+            lower.as_fd(),
+            &st,
+            (upper_parent, dest),
+            owner,
+            before_visible,
+        )
     };
     parent.restore();
     result
@@ -564,9 +634,9 @@ fn link_noreplace(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::R
 fn copy_special(
     lower: BorrowedFd<'_>,
     st: &Stat,
-    dir: BorrowedFd<'_>,
-    name: &CStr,
+    (dir, name): (BorrowedFd<'_>, &CStr),
     owner: &Owner,
+    before_visible: BeforeVisible<'_>,
 ) -> io::Result<OwnedFd> {
     let target = if is_kind(st, libc::S_IFLNK) {
         Some(CString::new(sys::readlink_fd(lower)?).map_err(|_| err(libc::EINVAL))?)
@@ -580,6 +650,7 @@ fn copy_special(
     })?;
     let fd = sys::open_path(dir, &hidden.name)?;
     apply_meta(fd.as_fd(), lower, st, owner)?;
+    before_visible(&sys::fstat(fd.as_fd())?);
     hidden.publish(name, false)?;
     Ok(fd)
 }
@@ -627,10 +698,10 @@ impl<'a> TempFile<'a> {
 fn copy_regular(
     lower: BorrowedFd<'_>,
     st: &Stat,
-    dir: BorrowedFd<'_>,
-    name: &CStr,
+    (dir, name): (BorrowedFd<'_>, &CStr),
     owner: &Owner,
     how: How,
+    before_visible: BeforeVisible<'_>,
 ) -> io::Result<OwnedFd> {
     let src = open_for_read(lower)?;
     let temp = TempFile::create(dir, how.tmpfile)?;
@@ -641,6 +712,7 @@ fn copy_regular(
         sys::fsync(temp.fd(), true)?;
     }
     apply_meta(temp.fd(), lower, st, owner)?;
+    before_visible(&sys::fstat(temp.fd())?);
     temp.publish(dir, name)
 }
 

@@ -741,6 +741,15 @@ impl InodeTable {
         self.rebind_as(ino, (branch, fd, st), layers, true)
     }
 
+    /// Before a copy of `ino`'s object becomes visible in `branch`: its
+    /// number is the copy's from now on, so that a listing that finds the
+    /// copy before [`InodeTable::rebind`] (the history worker's) neither
+    /// gives it a number of its own nor records that number in history,
+    /// whose bindings would then outlive the rebind across a remount.
+    pub fn bind_copy(&self, branch: BranchId, st: &Stat, ino: InodeNo) {
+        self.map.bind(self.key_in(branch, st), ino.0);
+    }
+
     /// [`InodeTable::rebind`] of a hard-linked file copied up through the
     /// union's index: its other lower names resolve to the copy too, so
     /// the lower object keeps the number.

@@ -380,11 +380,12 @@ impl Vfs {
         let upper_parent = self.writable_dir(caller, parent)?;
         let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
-        let fd = copyup::copy_up_dir(
+        let fd = copyup::copy_up_dir_identified(
             lower_parent.as_fd(),
             upper_parent.fd(),
             &cname,
             &u.opts.owner.resolve(caller.uid, caller.gid),
+            &|st| self.inodes.bind_copy(upper, st, ino),
         )?;
         let st = sys::fstat(fd.as_fd())?;
         let mut layers = vec![Layer {
@@ -435,7 +436,13 @@ impl Vfs {
             inode.set_union_nlink(n.unwrap_or(lower_st.st_nlink as u32).max(1));
             return self.inodes.node_of(inode);
         }
-        let fd = copyup::copy_up_file(lower_parent.as_fd(), &cname, upper_parent.fd(), &owner)?;
+        let fd = copyup::copy_up_file_identified(
+            lower_parent.as_fd(),
+            &cname,
+            upper_parent.fd(),
+            &owner,
+            &|st| self.inodes.bind_copy(upper, st, ino),
+        )?;
         let st = sys::fstat(fd.as_fd())?;
         let inode = self.inodes.rebind(ino, upper, fd, &st, Vec::new())?;
         self.inodes.node_of(inode)

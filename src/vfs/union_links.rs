@@ -119,6 +119,9 @@ impl Vfs {
         // the index alone, as every other lower name is.
         match sys::fstatat(upper_parent.fd(), name) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let upper = u.upper().ok_or(errno(libc::EROFS))?;
+                self.inodes
+                    .bind_copy(upper, &sys::fstat(fd.as_fd())?, node.ino);
                 copyup::link_up(fd.as_fd(), upper_parent.fd(), name)?
             }
             Err(e) => return Err(e.into()),

@@ -170,11 +170,18 @@ impl Vfs {
         let new_parent = self.dir_in(caller, parent, branch)?;
         let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
-        let made = Arc::new(copyup::copy_up_dir(
+        // The copy is the directory's identity only if it is its top one.
+        let top = copies.iter().all(|l| l.branch.0 > branch.0);
+        let made = Arc::new(copyup::copy_up_dir_identified(
             lower_parent.as_fd(),
             new_parent.fd(),
             &cname,
             &u.opts.owner.resolve(caller.uid, caller.gid),
+            &|st| {
+                if top {
+                    self.inodes.bind_copy(branch, st, ino);
+                }
+            },
         )?);
         copies.push(Layer {
             branch,
