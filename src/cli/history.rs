@@ -530,11 +530,27 @@ fn print_branches(u: &crate::control::proto::UnionStatus) {
     }
 }
 
-pub fn status(t: &Target, json: bool) -> Result<()> {
+/// `status --requests`: one line per kind of FUSE request served.
+fn print_requests(counts: Option<&[crate::control::proto::RequestCount]>) -> Result<()> {
+    let Some(counts) = counts else {
+        anyhow::bail!("nothing is mounted here: request counts come from a running mount");
+    };
+    let total: u64 = counts.iter().map(|c| c.count).sum();
+    for c in counts {
+        println!("{:<16} {:>12}", c.kind, c.count);
+    }
+    println!("{:<16} {:>12}", "total", total);
+    Ok(())
+}
+
+pub fn status(t: &Target, json: bool, requests: bool) -> Result<()> {
     let v = t.client().status()?;
     if json {
         print_json(&v);
         return Ok(());
+    }
+    if requests {
+        return print_requests(v.requests.as_deref());
     }
     let mib = |n: u64| n as f64 / (1 << 20) as f64;
     println!("store:        {}", v.store);

@@ -179,6 +179,9 @@ enum Command {
     Status {
         #[arg(default_value = ".")]
         path: PathBuf,
+        /// Also list the FUSE requests the mount has served, by kind.
+        #[arg(long)]
+        requests: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -591,7 +594,11 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             common.json,
         ),
         Command::Tags { path, common } => h::tags(&tgt(&path, &common)?, common.json),
-        Command::Status { path, common } => h::status(&tgt(&path, &common)?, common.json),
+        Command::Status {
+            path,
+            requests,
+            common,
+        } => h::status(&tgt(&path, &common)?, common.json, requests),
         Command::Ingest {
             path,
             no_wait,

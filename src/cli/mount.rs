@@ -542,6 +542,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
             readdirplus: opts.readdirplus,
         },
     )?;
+    let counts = fs.request_counts();
     let mut kernel_flags = opts.kernel.clone();
     // A mount must not revive set-id files or device nodes that SRC's own
     // mount disables.
@@ -582,7 +583,10 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     let session = Mounted::new(fs, &plan.mnt, &spec)
         .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
     let control = match (&history, &policy) {
-        (Some(h), Some(p)) => start_control(plan, src_root, h, &vfs, &store, p.clone())?,
+        (Some(h), Some(p)) => {
+            let ctx = (&vfs, &store, counts);
+            start_control(plan, src_root, h, ctx, p.clone())?
+        }
         _ => None,
     };
     let cleaner = match (&history, &policy) {
@@ -631,7 +635,11 @@ struct Recording {
 /// The running mount as the control service sees it.
 /// What the control service asks of a running mount: its vfs, and a
 /// union's branch paths (top first).
-struct MountHost(std::sync::Weak<Vfs>, Vec<PathBuf>);
+struct MountHost(
+    std::sync::Weak<Vfs>,
+    Vec<PathBuf>,
+    Arc<crate::fuse::RequestCounts>,
+);
 
 impl crate::history::past::LiveIds for MountHost {
     fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
@@ -661,6 +669,18 @@ impl control::service::Host for MountHost {
             Some(v) => v.start_ingest(),
             None => Err("the mount is shutting down".into()),
         }
+    }
+
+    fn request_counts(&self) -> Option<Vec<control::proto::RequestCount>> {
+        let served = self.2.served().into_iter();
+        Some(
+            served
+                .map(|(kind, count)| control::proto::RequestCount {
+                    kind: kind.to_string(),
+                    count,
+                })
+                .collect(),
+        )
     }
 
     fn union_status(&self) -> Option<control::proto::UnionStatus> {
@@ -735,8 +755,7 @@ fn start_control(
     plan: &Plan,
     root: std::os::fd::OwnedFd,
     history: &HistoryHandle,
-    vfs: &Arc<Vfs>,
-    store: &Store,
+    (vfs, store, counts): (&Arc<Vfs>, &Store, Arc<crate::fuse::RequestCounts>),
     policy: control::PolicyHolder,
 ) -> Result<Option<control::Server>> {
     let canon = plan.mnt.canonicalize().unwrap_or_else(|_| plan.mnt.clone());
@@ -755,6 +774,7 @@ fn start_control(
         Box::new(MountHost(
             Arc::downgrade(vfs),
             plan.union.iter().map(|(p, _)| p.clone()).collect(),
+            counts,
         )),
         store.dir().to_path_buf(),
         policy,

@@ -19,7 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
-pub const PROTOCOL: u32 = 5;
+pub const PROTOCOL: u32 = 6;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -413,6 +413,16 @@ pub struct StatusReply {
     pub last: Option<SeqTime>,
     /// A union mount's branches (`None`: one branch, or not mounted).
     pub union: Option<UnionStatus>,
+    /// FUSE requests the mount has served, by kind (`None`: not mounted).
+    pub requests: Option<Vec<RequestCount>>,
+}
+
+/// How many requests of one kind (the kernel's name: `lookup`) a mount
+/// has served since it started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RequestCount {
+    pub kind: String,
+    pub count: u64,
 }
 
 /// A union mount's policies and branches, top first.

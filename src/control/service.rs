@@ -54,6 +54,10 @@ pub trait Host: LiveIds {
     fn union_status(&self) -> Option<super::proto::UnionStatus> {
         None
     }
+    /// The FUSE requests a mount has served, by kind.
+    fn request_counts(&self) -> Option<Vec<super::proto::RequestCount>> {
+        None
+    }
 }
 
 pub struct Service {
@@ -574,6 +578,7 @@ impl Service {
                 }
             }),
             union: self.host.union_status(),
+            requests: self.host.request_counts(),
             ingest: self.host.ingest_status(),
             first: bounds.map(|((seq, time_ns), _)| SeqTime { seq, time_ns }),
             last: bounds.map(|(_, (seq, time_ns))| SeqTime { seq, time_ns }),

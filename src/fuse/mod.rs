@@ -27,7 +27,10 @@ use crate::sys::TimeSpec;
 use crate::vfs::{Attr, DirCache, InodeNo as VIno, Opened, SetAttr, Vfs, VfsError, Xattr};
 
 mod blocking;
+mod counts;
 mod session;
+use counts::Req;
+pub use counts::RequestCounts;
 pub use session::{MountSpec, Mounted};
 
 /// How the adapter asks the kernel to behave.
@@ -65,6 +68,7 @@ pub struct ChronoFuse {
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Where fsync runs, so a slow flush does not hold a request thread.
     blocking: blocking::BlockingPool,
+    counts: Arc<RequestCounts>,
 }
 
 impl ChronoFuse {
@@ -77,7 +81,13 @@ impl ChronoFuse {
             passthrough_handles: Mutex::new(HashMap::new()),
             notifier: Arc::new(OnceLock::new()),
             blocking: blocking::BlockingPool::new(FSYNC_WORKERS)?,
+            counts: Arc::new(RequestCounts::default()),
         })
+    }
+
+    /// The requests this adapter has served, by kind (shared, live).
+    pub fn request_counts(&self) -> Arc<RequestCounts> {
+        self.counts.clone()
     }
 
     fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
@@ -422,6 +432,7 @@ impl fuser::Filesystem for ChronoFuse {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.counts.add(Req::Lookup);
         match self.vfs.lookup(&caller(req), ino(parent), name) {
             Err(e) if e.errno() == libc::ENOENT => {
                 let ttl = self.vfs.config().negative_timeout;
@@ -441,10 +452,12 @@ impl fuser::Filesystem for ChronoFuse {
     }
 
     fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
+        self.counts.add(Req::Forget);
         self.vfs.forget(ino(i), nlookup);
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.counts.add(Req::Getattr);
         match self.vfs.getattr(ino(i), fh.map(|f| f.0)) {
             Ok(a) => reply.attr(&self.vfs.attr_ttl(&a), &to_file_attr(&a)),
             Err(e) => reply.error(err(e)),
@@ -469,6 +482,7 @@ impl fuser::Filesystem for ChronoFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.counts.add(Req::Setattr);
         let set = SetAttr {
             mode,
             uid,
@@ -485,6 +499,7 @@ impl fuser::Filesystem for ChronoFuse {
     }
 
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+        self.counts.add(Req::Readlink);
         match self.vfs.readlink(ino(i)) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(err(e)),
@@ -501,6 +516,7 @@ impl fuser::Filesystem for ChronoFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.counts.add(Req::Mknod);
         let r = self
             .vfs
             .mknod(&caller(req), ino(parent), name, mode, umask, rdev);
@@ -516,15 +532,18 @@ impl fuser::Filesystem for ChronoFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        self.counts.add(Req::Mkdir);
         let r = self.vfs.mkdir(&caller(req), ino(parent), name, mode, umask);
         self.reply_entry(reply, r);
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counts.add(Req::Unlink);
         reply_empty(reply, self.vfs.unlink(&caller(req), ino(parent), name));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counts.add(Req::Rmdir);
         reply_empty(reply, self.vfs.rmdir(&caller(req), ino(parent), name));
     }
 
@@ -536,6 +555,7 @@ impl fuser::Filesystem for ChronoFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.counts.add(Req::Symlink);
         let r = self
             .vfs
             .symlink(&caller(req), ino(parent), link_name, target.as_os_str());
@@ -552,6 +572,7 @@ impl fuser::Filesystem for ChronoFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.counts.add(Req::Rename);
         let r = self.vfs.rename(
             &caller(req),
             ino(parent),
@@ -571,11 +592,13 @@ impl fuser::Filesystem for ChronoFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.counts.add(Req::Link);
         let r = self.vfs.link(&caller(req), ino(i), ino(newparent), newname);
         self.reply_entry(reply, r);
     }
 
     fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.counts.add(Req::Open);
         let who = caller(req);
         let opened = match self.vfs.open(&who, ino(i), flags.0) {
             Ok(o) => o,
@@ -600,6 +623,7 @@ impl fuser::Filesystem for ChronoFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.counts.add(Req::Read);
         match self.vfs.read(fh.0, offset, size) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(err(e)),
@@ -618,6 +642,7 @@ impl fuser::Filesystem for ChronoFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.counts.add(Req::Write);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         match self.vfs.write(&caller(req), fh.0, offset, data, kill) {
             Ok(n) => reply.written(n as u32),
@@ -633,6 +658,7 @@ impl fuser::Filesystem for ChronoFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.counts.add(Req::Flush);
         // Sent for write sessions while history is on, and with the
         // writeback cache (after the kernel wrote its dirty pages). Without
         // history, ENOSYS tells the kernel never to send another: close()
@@ -654,11 +680,13 @@ impl fuser::Filesystem for ChronoFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.counts.add(Req::Release);
         self.drop_backing(fh.0);
         reply_empty(reply, self.vfs.release(fh.0).map(drop));
     }
 
     fn fsync(&self, _req: &Request, i: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.counts.add(Req::Fsync);
         let vfs = self.vfs.clone();
         let notifier = self.notifier.clone();
         self.blocking.run(move || {
@@ -676,6 +704,7 @@ impl fuser::Filesystem for ChronoFuse {
     }
 
     fn opendir(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.counts.add(Req::Opendir);
         match self.vfs.opendir(&caller(req), ino(i), flags.0) {
             Ok(d) => reply.opened(FileHandle(d.fh), dir_cache_flags(d.cache)),
             Err(e) => reply.error(err(e)),
@@ -690,6 +719,7 @@ impl fuser::Filesystem for ChronoFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.counts.add(Req::Readdir);
         let r = self.vfs.readdir(fh.0, offset as i64, &caller(req), |e| {
             reply.add(INodeNo(e.ino.0), e.offset as u64, file_type(e.kind), e.name)
         });
@@ -707,6 +737,7 @@ impl fuser::Filesystem for ChronoFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.counts.add(Req::Readdirplus);
         let cfg = self.vfs.config();
         let vfs = &self.vfs;
         let r = self
@@ -749,6 +780,7 @@ impl fuser::Filesystem for ChronoFuse {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.counts.add(Req::Releasedir);
         reply_empty(reply, self.vfs.releasedir(fh.0));
     }
 
@@ -760,12 +792,14 @@ impl fuser::Filesystem for ChronoFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.counts.add(Req::Fsyncdir);
         let vfs = self.vfs.clone();
         self.blocking
             .run(move || reply_empty(reply, vfs.fsync(fh.0, datasync)));
     }
 
     fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+        self.counts.add(Req::Statfs);
         match self.vfs.statfs() {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -791,6 +825,7 @@ impl fuser::Filesystem for ChronoFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.counts.add(Req::Setxattr);
         reply_empty(
             reply,
             self.vfs.setxattr(&caller(req), ino(i), name, value, flags),
@@ -798,18 +833,22 @@ impl fuser::Filesystem for ChronoFuse {
     }
 
     fn getxattr(&self, req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.counts.add(Req::Getxattr);
         reply_xattr(reply, self.vfs.getxattr(&caller(req), ino(i), name, size));
     }
 
     fn listxattr(&self, req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        self.counts.add(Req::Listxattr);
         reply_xattr(reply, self.vfs.listxattr(&caller(req), ino(i), size));
     }
 
     fn removexattr(&self, req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counts.add(Req::Removexattr);
         reply_empty(reply, self.vfs.removexattr(&caller(req), ino(i), name));
     }
 
     fn access(&self, req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.counts.add(Req::Access);
         reply_empty(reply, self.vfs.access(&caller(req), ino(i), mask.bits()));
     }
 
@@ -823,6 +862,7 @@ impl fuser::Filesystem for ChronoFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.counts.add(Req::Create);
         let who = caller(req);
         let result = self.vfs.create(&who, ino(parent), name, mode, umask, flags);
         self.reply_created(&who, reply, result);
@@ -837,6 +877,7 @@ impl fuser::Filesystem for ChronoFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.counts.add(Req::Tmpfile);
         let who = caller(req);
         let result = self.vfs.tmpfile(&who, ino(parent), mode, umask, flags);
         self.reply_created(&who, reply, result);
@@ -852,6 +893,7 @@ impl fuser::Filesystem for ChronoFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.counts.add(Req::Fallocate);
         reply_empty(reply, self.vfs.fallocate(fh.0, offset, length, mode));
     }
 
@@ -864,6 +906,7 @@ impl fuser::Filesystem for ChronoFuse {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        self.counts.add(Req::Lseek);
         match self.vfs.lseek(fh.0, offset, whence) {
             Ok(off) => reply.offset(off),
             Err(e) => reply.error(err(e)),
@@ -883,6 +926,7 @@ impl fuser::Filesystem for ChronoFuse {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        self.counts.add(Req::CopyFileRange);
         match self
             .vfs
             .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
