@@ -191,3 +191,21 @@ fn names_of_history_are_never_cached_as_absent() {
         "root's f;1 hidden by nobody's lookup"
     );
 }
+
+/// A copy-up splits a hard-linked lower symlink (only regular files are
+/// indexed): its other name keeps the lower object, under a new number,
+/// even where the kernel had looked it up before.
+#[test]
+fn a_split_lower_hard_link_shows_its_own_object() {
+    let m = Mount::union("plain", 1, |b| {
+        let low = b.last().unwrap();
+        std::os::unix::fs::symlink("target", low.join("l")).unwrap();
+        fs::hard_link(low.join("l"), low.join("l2")).unwrap();
+    });
+    let before = lstat(&m.p("l2")).unwrap();
+    assert_eq!(before.st_ino, lstat(&m.p("l")).unwrap().st_ino);
+    std::os::unix::fs::lchown(m.p("l"), Some(1000), Some(1000)).unwrap();
+    let (l, l2) = (lstat(&m.p("l")).unwrap(), lstat(&m.p("l2")).unwrap());
+    assert_eq!((l.st_uid, l2.st_uid), (1000, 0));
+    assert_ne!(l.st_ino, l2.st_ino, "l2 still shows the copy of l");
+}
