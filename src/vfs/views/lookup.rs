@@ -17,10 +17,7 @@ impl Vfs {
     /// until a version exists) is never remembered absent: the kernel's
     /// negative entry is shared by every caller and outlives new versions.
     pub fn negative_ttl(&self, parent: InodeNo, name: &OsStr) -> Duration {
-        if matches!(
-            self.source_of(parent),
-            super::super::source::Source::Past(_)
-        ) {
+        if matches!(self.source_of(parent), crate::vfs::source::Source::Past(_)) {
             return self.cfg.negative_timeout.min(VIEW_NEGATIVE_TTL);
         }
         let sep = self.cfg.views.sep.as_slice();
