@@ -630,3 +630,35 @@ fn helper_shorthand_still_mounts() {
     assert!(err.contains("unknown command 'branches'"), "{err}");
     assert_eq!(mount_count(&mnt), 0);
 }
+
+/// `-o external-changes` in the form an fstab line reaches chronofs
+/// (`chronofs SRC MNT -o OPTS`, from mount.fuse3): a file changed in SRC
+/// shows through the mount within the documented second.
+#[test]
+fn helper_shorthand_takes_external_changes() {
+    let t = tempdir();
+    let src = t.path().join("src");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    fs::write(src.join("f"), b"one").unwrap();
+    let _g = Guard(vec![mnt.clone()]);
+    let mut opts = mount_options(&first_mode());
+    opts.push_str(if opts.is_empty() { "" } else { "," });
+    opts.push_str("external-changes");
+    let (st, err, _) = run_cli(&os(&[&src, &mnt, &"-o", &opts]), t.path());
+    assert!(st.success(), "shorthand mount failed: {st}: {err}");
+    assert_eq!(fs::metadata(mnt.join("f")).unwrap().len(), 3);
+    fs::write(src.join("f"), b"changed").unwrap();
+    let t0 = Instant::now();
+    while fs::metadata(mnt.join("f")).unwrap().len() != 7 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "a change in SRC not shown after {:?}",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (st, err, _) = run_cli(&os(&[&"umount", &mnt]), t.path());
+    assert!(st.success(), "chronofs umount failed: {st}: {err}");
+}

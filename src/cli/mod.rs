@@ -54,6 +54,8 @@ enum Command {
         #[arg(short = 'f', long)]
         foreground: bool,
         /// Comma-separated mount options (see README.md); may be repeated.
+        /// `external-changes` if other programs also write SRC directly
+        /// (names and attributes then cached 1 s instead of a day).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Log every request (implies -f).

@@ -506,10 +506,11 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
             p.cell.clone(),
         )
     });
+    let timeouts = opts.timeouts();
     let vfs_cfg = VfsConfig {
-        entry_timeout: opts.entry_timeout,
-        attr_timeout: opts.attr_timeout,
-        negative_timeout: opts.negative_timeout,
+        entry_timeout: timeouts.entry,
+        attr_timeout: timeouts.attr,
+        negative_timeout: timeouts.negative,
         write_path: opts.write_path,
         views: opts.views.clone(),
     };

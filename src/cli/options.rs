@@ -13,9 +13,14 @@ pub struct MountOptions {
     pub passthrough: bool,
     pub writeback: bool,
     pub readdirplus: ReaddirPlus,
-    pub entry_timeout: Duration,
-    pub attr_timeout: Duration,
-    pub negative_timeout: Duration,
+    /// `entry_timeout=`, `attr_timeout=`, `negative_timeout=` as given;
+    /// `None`: what `external_changes` implies (see [`MountOptions::timeouts`]).
+    pub entry_timeout: Option<Duration>,
+    pub attr_timeout: Option<Duration>,
+    pub negative_timeout: Option<Duration>,
+    /// `external-changes`: other programs also write SRC (or a branch), so
+    /// the kernel may cache names and attributes only briefly.
+    pub external_changes: bool,
     pub threads: Option<usize>,
     pub store: Option<PathBuf>,
     pub allow_other: bool,
@@ -64,9 +69,10 @@ impl Default for MountOptions {
             passthrough: true,
             writeback: true,
             readdirplus: ReaddirPlus::Auto,
-            entry_timeout: Duration::from_secs(1),
-            attr_timeout: Duration::from_secs(1),
-            negative_timeout: Duration::from_secs(1),
+            entry_timeout: None,
+            attr_timeout: None,
+            negative_timeout: None,
+            external_changes: false,
             threads: None,
             store: None,
             allow_other: true,
@@ -85,6 +91,24 @@ impl Default for MountOptions {
             clean_interval: Duration::from_secs(3600),
         }
     }
+}
+
+/// How long the kernel may trust names and attributes of objects only the
+/// mount changes: a day, as libfuse's passthrough_hp and chronofs's own
+/// views of the past. Longer gains nothing measurable (the kernel evicts
+/// unused entries sooner); a bound still limits how long a change made
+/// behind the mount's back without `external-changes` stays unseen.
+pub const OWNED_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// With `external-changes`: what FUSE file systems conventionally use.
+pub const EXTERNAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The kernel's validity for names, attributes and absent names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    pub entry: Duration,
+    pub attr: Duration,
+    pub negative: Duration,
 }
 
 /// Kernel mount flags passed through unchanged.
@@ -131,6 +155,24 @@ fn parse_secs(key: &str, value: &str) -> Result<Duration, String> {
 }
 
 impl MountOptions {
+    /// The timeouts to negotiate: explicit `*_timeout=` values win, in any
+    /// order with `external-changes`; otherwise a day for names, absent
+    /// names and attributes (the mount owns its branches and tells the
+    /// kernel what it changes outside a request) or 1 s with
+    /// `external-changes` (docs/ARCHITECTURE.md "Cache validity").
+    pub fn timeouts(&self) -> Timeouts {
+        let live = if self.external_changes {
+            EXTERNAL_TIMEOUT
+        } else {
+            OWNED_TIMEOUT
+        };
+        Timeouts {
+            entry: self.entry_timeout.unwrap_or(live),
+            attr: self.attr_timeout.unwrap_or(live),
+            negative: self.negative_timeout.unwrap_or(live),
+        }
+    }
+
     /// Applies a comma-separated option list (one `-o` argument).
     pub fn apply(&mut self, list: &str) -> Result<(), String> {
         for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
@@ -245,9 +287,12 @@ impl MountOptions {
                     }
                 }
             }
-            ("entry_timeout", v) => self.entry_timeout = parse_secs(key, need(key, v)?)?,
-            ("attr_timeout", v) => self.attr_timeout = parse_secs(key, need(key, v)?)?,
-            ("negative_timeout", v) => self.negative_timeout = parse_secs(key, need(key, v)?)?,
+            ("entry_timeout", v) => self.entry_timeout = Some(parse_secs(key, need(key, v)?)?),
+            ("attr_timeout", v) => self.attr_timeout = Some(parse_secs(key, need(key, v)?)?),
+            ("negative_timeout", v) => {
+                self.negative_timeout = Some(parse_secs(key, need(key, v)?)?)
+            }
+            ("external-changes", None) => self.external_changes = true,
             ("threads", v) => {
                 let n = need(key, v)?;
                 let n: usize = n
@@ -285,7 +330,7 @@ mod tests {
             .unwrap();
         assert!(o.plain);
         assert!(!o.passthrough);
-        assert_eq!(o.attr_timeout, Duration::from_millis(2500));
+        assert_eq!(o.attr_timeout, Some(Duration::from_millis(2500)));
         assert_eq!(o.threads, Some(3));
         assert_eq!(o.kernel, vec!["ro".to_string()]);
         o.apply("version-sep=@@,history-dir=.snapshots,audit")
@@ -293,6 +338,43 @@ mod tests {
         assert_eq!(o.views.sep, b"@@");
         assert_eq!(o.views.dir_name, ".snapshots");
         assert!(o.views.audit);
+    }
+
+    #[test]
+    fn external_changes_shortens_only_the_timeouts_not_given() {
+        let mut o = MountOptions::default();
+        assert_eq!(
+            o.timeouts(),
+            Timeouts {
+                entry: OWNED_TIMEOUT,
+                attr: OWNED_TIMEOUT,
+                negative: OWNED_TIMEOUT
+            }
+        );
+        o.apply("attr_timeout=5,external-changes").unwrap();
+        assert!(o.external_changes);
+        assert_eq!(
+            o.timeouts(),
+            Timeouts {
+                entry: EXTERNAL_TIMEOUT,
+                attr: Duration::from_secs(5),
+                negative: EXTERNAL_TIMEOUT
+            }
+        );
+        let mut o = MountOptions::default();
+        o.apply("external-changes,entry_timeout=0,negative_timeout=0")
+            .unwrap();
+        assert_eq!(
+            o.timeouts(),
+            Timeouts {
+                entry: Duration::ZERO,
+                attr: EXTERNAL_TIMEOUT,
+                negative: Duration::ZERO
+            }
+        );
+        assert!(MountOptions::default()
+            .apply("external-changes=on")
+            .is_err());
     }
 
     #[test]

@@ -113,6 +113,19 @@ impl ChronoFuse {
     }
 }
 
+impl ChronoFuse {
+    /// The vfs changed attributes the kernel may cache (for a day, by
+    /// default) with no reply to carry them: it must fetch them again.
+    /// Attributes only, so it is safe inside the request that made the
+    /// change (see `invalidate_attrs`).
+    fn invalidate_changed_attrs(&self) {
+        let notifier = self.notifier.clone();
+        self.vfs.on_attrs_changed(Box::new(move |i| {
+            invalidate_attrs(&notifier, INodeNo(i.0));
+        }));
+    }
+}
+
 /// Makes the kernel fetch the attributes of `ino` again on next use.
 fn invalidate_attrs(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo) {
     if let Some(n) = notifier.get() {
@@ -435,7 +448,7 @@ impl fuser::Filesystem for ChronoFuse {
         self.counts.add(Req::Lookup);
         match self.vfs.lookup(&caller(req), ino(parent), name) {
             Err(e) if e.errno() == libc::ENOENT => {
-                let ttl = self.vfs.config().negative_timeout;
+                let ttl = self.vfs.negative_ttl(ino(parent), name);
                 if ttl.is_zero() {
                     reply.error(Errno::ENOENT);
                 } else {

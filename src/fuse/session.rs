@@ -75,6 +75,7 @@ impl Mounted {
         // through a single queue lock.
         config.clone_fd = true;
         fs.forget_removed_views();
+        fs.invalidate_changed_attrs();
         let notifier = fs.notifier_slot();
         let session = fuser::Session::new(fs, mnt, &config)?;
         // Only ever set here, once.

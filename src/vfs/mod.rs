@@ -200,7 +200,13 @@ pub struct Vfs {
     views: views::Views,
     /// The branches of a union mount (`None`: one branch).
     union: Option<union::Union>,
+    /// Told of an inode whose attributes changed outside any reply that
+    /// carries them (the FUSE adapter invalidates the kernel's copy).
+    attrs_changed: std::sync::OnceLock<AttrsChanged>,
 }
+
+/// See [`Vfs::on_attrs_changed`].
+pub type AttrsChanged = Box<dyn Fn(InodeNo) + Send + Sync>;
 
 impl Vfs {
     pub fn new(
@@ -242,6 +248,7 @@ impl Vfs {
             ingest: ingest::IngestProgress::default(),
             views: views::Views::default(),
             union,
+            attrs_changed: std::sync::OnceLock::new(),
         }))
     }
 
@@ -264,6 +271,25 @@ impl Vfs {
 
     pub fn config(&self) -> &VfsConfig {
         &self.cfg
+    }
+
+    /// Runs `hook` for every inode whose attributes the vfs changed
+    /// where no reply tells the kernel (a union copy-up: owner and mode
+    /// per `copyup-owner`, ctime, a directory's link count once it has
+    /// layers). The kernel caches live attributes for a day by default
+    /// (docs/ARCHITECTURE.md "Cache validity"). Set once; the hook must
+    /// not wait for the kernel on a lock a request may hold.
+    pub fn on_attrs_changed(&self, hook: AttrsChanged) {
+        if self.attrs_changed.set(hook).is_err() {
+            tracing::warn!("attribute-change hook set twice; the first stays");
+        }
+    }
+
+    /// See [`Vfs::on_attrs_changed`].
+    pub(in crate::vfs) fn attrs_changed(&self, ino: InodeNo) {
+        if let Some(hook) = self.attrs_changed.get() {
+            hook(ino);
+        }
     }
 
     /// How long the kernel may cache these attributes: as long as their

@@ -9,6 +9,7 @@ use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::inodes::{Layer, Node};
 use super::{errno, Attr, Entry, InodeNo, Result, Stat, Vfs, VfsError};
@@ -339,7 +340,7 @@ impl Vfs {
                         ino: inode.ino,
                         st: self.shown(inode.ino, st),
                     },
-                    entry_ttl: None,
+                    entry_ttl: splits_at_copy_up(u, branch, &st),
                 });
             }
             self.inodes.forget(inode.ino, 1);
@@ -356,7 +357,7 @@ impl Vfs {
                 ino: inode.ino,
                 st: self.shown(inode.ino, st),
             },
-            entry_ttl: None,
+            entry_ttl: splits_at_copy_up(u, branch, &st),
         })
     }
 
@@ -394,6 +395,7 @@ impl Vfs {
         }];
         layers.extend(lowers);
         let inode = self.inodes.rebind(ino, upper, fd, &st, layers)?;
+        self.attrs_changed(ino);
         self.inodes.node_of(inode)
     }
 
@@ -434,6 +436,7 @@ impl Vfs {
             let n = crate::union::index::nlink(fd.as_fd(), u.ns)?;
             let inode = self.inodes.rebind_linked(ino, upper, fd, &st)?;
             inode.set_union_nlink(n.unwrap_or(lower_st.st_nlink as u32).max(1));
+            self.attrs_changed(ino);
             return self.inodes.node_of(inode);
         }
         let fd = copyup::copy_up_file_identified(
@@ -445,6 +448,7 @@ impl Vfs {
         )?;
         let st = sys::fstat(fd.as_fd())?;
         let inode = self.inodes.rebind(ino, upper, fd, &st, Vec::new())?;
+        self.attrs_changed(ino);
         self.inodes.node_of(inode)
     }
 
@@ -781,4 +785,20 @@ impl Vfs {
             })
             .collect())
     }
+}
+
+/// The entry timeout of a name that a copy-up through another name may
+/// renumber: a hard-linked lower symlink, device, FIFO or socket splits
+/// at copy-up (only regular files are indexed), and its other names then
+/// resolve to a new number, in directories the daemon cannot list. The
+/// kernel asks again at every use (such objects are rare); every other
+/// name keeps the mount's timeout.
+fn splits_at_copy_up(u: &Union, branch: BranchId, st: &Stat) -> Option<Duration> {
+    let kind = st.st_mode & libc::S_IFMT;
+    let split = u.upper().is_some()
+        && !u.writable(branch)
+        && kind != libc::S_IFREG
+        && kind != libc::S_IFDIR
+        && st.st_nlink > 1;
+    split.then_some(Duration::ZERO)
 }

@@ -192,6 +192,8 @@ impl Vfs {
         let top_fd = sys::reopen(top.fd.as_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
         let st = sys::fstat(top_fd.as_fd())?;
         let inode = self.inodes.rebind(ino, top.branch, top_fd, &st, copies)?;
+        // Its link count is shown as 1 from now on (`Vfs::shown`).
+        self.attrs_changed(ino);
         Ok(Node::with_fd(inode, made))
     }
 

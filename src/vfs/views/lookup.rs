@@ -4,7 +4,33 @@
 
 use super::*;
 
+/// How long an absent name in a view directory may be remembered at most:
+/// a tag or a version made later can give it a meaning.
+const VIEW_NEGATIVE_TTL: Duration = Duration::from_secs(1);
+
 impl Vfs {
+    /// How long the kernel may remember that `name` is absent from
+    /// `parent`: the mount's negative timeout for a live name, as the
+    /// kernel forgets it itself when the name is made through the mount.
+    /// A name whose meaning moves with history (a version name, `;deleted`,
+    /// the history directory: absent to a non-root caller under audit, or
+    /// until a version exists) is never remembered absent: the kernel's
+    /// negative entry is shared by every caller and outlives new versions.
+    pub fn negative_ttl(&self, parent: InodeNo, name: &OsStr) -> Duration {
+        if matches!(self.source_of(parent), crate::vfs::source::Source::Past(_)) {
+            return self.cfg.negative_timeout.min(VIEW_NEGATIVE_TTL);
+        }
+        let sep = self.cfg.views.sep.as_slice();
+        let historic = self.views_on()
+            && ((parent == InodeNo::ROOT && name == self.cfg.views.dir_name)
+                || (!sep.is_empty() && name.as_bytes().windows(sep.len()).any(|w| w == sep)));
+        if historic {
+            Duration::ZERO
+        } else {
+            self.cfg.negative_timeout
+        }
+    }
+
     /// `name` in the mount root, if it is the history directory.
     pub(in crate::vfs) fn lookup_top(
         &self,

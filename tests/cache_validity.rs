@@ -1,0 +1,211 @@
+//! The kernel caches names and attributes of live objects for a day by
+//! default (the mount owns its branches): whatever the daemon changes must
+//! show at once through those caches — history restore, revert and
+//! undelete, a union copy-up that gives the copy another owner — and with
+//! `-o external-changes` a change made in SRC behind the mount shows
+//! within the documented second (docs/ARCHITECTURE.md "Cache validity").
+
+#![deny(unsafe_code)]
+
+mod common;
+use common::*;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn chrono(m: &Mount, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .current_dir(&m.mnt)
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin().display()))
+}
+
+fn chrono_ok(m: &Mount, args: &[&str]) {
+    let out = chrono(m, args);
+    assert!(
+        out.status.success(),
+        "`chronofs {}` failed ({}): {}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        m.log_tail()
+    );
+}
+
+/// What a stat through the kernel's caches shows of a file's content.
+fn seen(p: &Path) -> Option<(i64, i64, i64)> {
+    let st = stat(p).ok()?;
+    Some((st.st_size, st.st_mtime, st.st_mtime_nsec))
+}
+
+/// The mode without the harness's timeouts, whatever the configured one
+/// says: these tests are about the defaults.
+fn assert_default_timeouts(m: &Mount) {
+    assert!(
+        !m.mode.contains("timeout") && !m.mode.contains("external-changes"),
+        "mode {} overrides the cache timeouts",
+        m.mode
+    );
+}
+
+#[test]
+fn restore_revert_and_undelete_show_at_once_through_cached_attributes() {
+    each_versioning_mode(|m| {
+        assert_default_timeouts(m);
+        write_file(&m.p("f"), b"one");
+        fs::create_dir(m.p("d")).unwrap();
+        write_file(&m.p("d/g"), b"gee");
+        write_file(&m.p("k"), b"kept");
+        chrono_ok(m, &["tag", "a"]);
+        // What was recorded: with the writeback cache (passthrough=off)
+        // the kernel shows its own mtime of a file it wrote, not the
+        // backing file's, which history records and restore brings back.
+        let then = |rel: &str| seen(&m.p(&format!(".history/@a/{rel}"))).unwrap();
+        let (f_then, g_then, k_then) = (then("f"), then("d/g"), then("k"));
+
+        write_file(&m.p("f"), b"two, and longer");
+        write_file(&m.p("d/g"), b"gee whiz");
+        write_file(&m.p("d/h"), b"new");
+        fs::remove_file(m.p("k")).unwrap();
+        // Cached now: the changed attributes, the new name, the absent one.
+        assert_ne!(seen(&m.p("f")), Some(f_then));
+        assert_ne!(seen(&m.p("d/g")), Some(g_then));
+        assert!(seen(&m.p("d/h")).is_some());
+        assert!(seen(&m.p("k")).is_none());
+
+        chrono_ok(m, &["restore", "f", "--at", "a"]);
+        assert_eq!(seen(&m.p("f")), Some(f_then), "restore: stat");
+        assert_eq!(read_file(&m.p("f")), b"one", "restore: content");
+
+        chrono_ok(m, &["revert", "d", "--at", "a"]);
+        assert_eq!(seen(&m.p("d/g")), Some(g_then), "revert: stat");
+        assert_eq!(read_file(&m.p("d/g")), b"gee", "revert: content");
+        assert!(seen(&m.p("d/h")).is_none(), "revert: d/h still shows");
+
+        chrono_ok(m, &["undelete", "k"]);
+        assert_eq!(seen(&m.p("k")), Some(k_then), "undelete: stat");
+        assert_eq!(read_file(&m.p("k")), b"kept", "undelete: content");
+    });
+}
+
+/// A copy-up made by an open (whose reply carries no attributes) gives
+/// the file and its directory the `copyup-owner` owner and mode: the
+/// kernel must not go on showing the lower ones it cached.
+#[test]
+fn a_copy_up_with_another_owner_shows_at_once() {
+    let m = Mount::union("plain,copyup-owner=fixed:1000:1001:0640", 1, |b| {
+        let low = b.last().unwrap();
+        fs::create_dir(low.join("d")).unwrap();
+        write_file(&low.join("d/f"), b"x");
+        fs::set_permissions(low.join("d/f"), fs::Permissions::from_mode(0o666)).unwrap();
+    });
+    assert_default_timeouts(&m);
+    let owner = |p: PathBuf| {
+        let st = fs::metadata(p).unwrap();
+        (st.uid(), st.gid(), st.mode() & 0o7777)
+    };
+    assert_eq!(owner(m.p("d/f")), (0, 0, 0o666));
+    assert_eq!(owner(m.p("d")), (0, 0, 0o755));
+    drop(fs::OpenOptions::new().write(true).open(m.p("d/f")).unwrap());
+    assert_eq!(owner(m.src.join("d/f")), (1000, 1001, 0o640));
+    assert_eq!(owner(m.p("d/f")), (1000, 1001, 0o640), "file");
+    assert_eq!(owner(m.p("d")), owner(m.src.join("d")), "directory");
+}
+
+/// Polls `cond` until it holds or `within` (plus scheduling slack) passed;
+/// returns how long it took.
+fn shows_within(what: &str, within: Duration, cond: impl Fn() -> bool) -> Duration {
+    let t0 = Instant::now();
+    let deadline = t0 + within + Duration::from_secs(2);
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not visible after {:?}",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t0.elapsed()
+}
+
+/// `-o external-changes`: a change made in SRC behind the mount shows
+/// through it within the 1 s the README documents, even after the kernel
+/// cached the old state.
+#[test]
+fn with_external_changes_a_change_in_src_shows_within_a_second() {
+    for mode in ["plain,external-changes", "external-changes"] {
+        let m = Mount::new(mode);
+        write_file(&m.p("f"), b"one");
+        write_file(&m.p("gone"), b"soon");
+        assert_eq!(stat(&m.p("f")).unwrap().st_size, 3);
+        assert!(stat(&m.p("new")).is_err());
+        assert!(stat(&m.p("gone")).is_ok());
+
+        write_file(&m.src.join("f"), b"changed behind");
+        fs::set_permissions(m.src.join("f"), fs::Permissions::from_mode(0o600)).unwrap();
+        write_file(&m.src.join("new"), b"made behind");
+        fs::remove_file(m.src.join("gone")).unwrap();
+
+        let second = Duration::from_secs(1);
+        shows_within("new size and mode", second, || {
+            stat(&m.p("f")).is_ok_and(|st| st.st_size == 14 && st.st_mode & 0o7777 == 0o600)
+        });
+        assert_eq!(read_file(&m.p("f")), b"changed behind");
+        shows_within("new name", second, || stat(&m.p("new")).is_ok());
+        shows_within("removed name", second, || stat(&m.p("gone")).is_err());
+    }
+}
+
+/// Absent names are cached for a day, except those whose meaning moves
+/// with history: a version name looked up before the version exists, and
+/// the history directory under audit (absent to other users, while the
+/// kernel's entry is shared by every caller).
+#[test]
+fn names_of_history_are_never_cached_as_absent() {
+    let m = Mount::new("audit");
+    assert_default_timeouts(&m);
+    write_file(&m.p("f"), b"one");
+    let next = (1..100)
+        .find(|n| stat(&m.p(&format!("f;{n}"))).is_err())
+        .unwrap();
+    write_file(&m.p("f"), b"two");
+    let name = m.p(&format!("f;{next}"));
+    assert!(stat(&name).is_ok(), "the new version f;{next} is hidden");
+
+    let (top, version) = (m.p(".history"), m.p("f;1"));
+    assert_ne!(as_nobody(|| rc(stat(&top))), 0, ".history shown to nobody");
+    assert_ne!(as_nobody(|| rc(stat(&version))), 0, "f;1 shown to nobody");
+    assert!(
+        stat(&top).is_ok(),
+        "root's .history hidden by nobody's lookup"
+    );
+    assert!(
+        stat(&version).is_ok(),
+        "root's f;1 hidden by nobody's lookup"
+    );
+}
+
+/// A copy-up splits a hard-linked lower symlink (only regular files are
+/// indexed): its other name keeps the lower object, under a new number,
+/// even where the kernel had looked it up before.
+#[test]
+fn a_split_lower_hard_link_shows_its_own_object() {
+    let m = Mount::union("plain", 1, |b| {
+        let low = b.last().unwrap();
+        std::os::unix::fs::symlink("target", low.join("l")).unwrap();
+        fs::hard_link(low.join("l"), low.join("l2")).unwrap();
+    });
+    let before = lstat(&m.p("l2")).unwrap();
+    assert_eq!(before.st_ino, lstat(&m.p("l")).unwrap().st_ino);
+    std::os::unix::fs::lchown(m.p("l"), Some(1000), Some(1000)).unwrap();
+    let (l, l2) = (lstat(&m.p("l")).unwrap(), lstat(&m.p("l2")).unwrap());
+    assert_eq!((l.st_uid, l2.st_uid), (1000, 0));
+    assert_ne!(l.st_ino, l2.st_ino, "l2 still shows the copy of l");
+}
