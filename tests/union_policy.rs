@@ -501,13 +501,14 @@ fn lower_read_write_moves_keep_links_and_redirect_directories() {
 #[test]
 fn a_create_over_a_whiteout_replaces_it_in_one_step() {
     let mut u = Union::new(&[("a", Some("size=1m,nr_inodes=64")), ("c", None)]);
-    for n in ["d", "f", "s", "l", "full"] {
+    let hidden = ["d", "f", "s", "l", "full", "ren_d", "ren_f"];
+    for n in hidden {
         fs::create_dir(u.br(&format!("c/{n}"))).unwrap();
         write_file(&u.br(&format!("c/{n}/old")), b"old");
     }
     write_file(&u.br("c/src"), b"src");
     u.mount("a=rw:c=ro", "plain");
-    for n in ["d", "f", "s", "l", "full"] {
+    for n in hidden {
         fs::remove_dir_all(u.p(n)).unwrap();
         assert!(is_whiteout(&u.br(&format!("a/{n}"))));
     }
@@ -524,6 +525,19 @@ fn a_create_over_a_whiteout_replaces_it_in_one_step() {
     assert_eq!(fs::read_link(u.p("s")).unwrap(), Path::new("target"));
     assert_eq!(ino(&u.p("l")), ino(&u.p("src")));
     assert_eq!(names(&u.mnt), vec!["d", "f", "l", "s", "src"]);
+    // A rename onto a whited-out name takes its place in one step too.
+    fs::create_dir(u.p("d/moved")).unwrap();
+    write_file(&u.p("d/moved/new"), b"new");
+    fs::rename(u.p("d/moved"), u.p("ren_d")).unwrap();
+    fs::rename(u.p("f"), u.p("ren_f")).unwrap();
+    assert_eq!(names(&u.p("ren_d")), vec!["new"]);
+    assert_eq!(read_file(&u.p("ren_f")), b"new");
+    assert!(
+        !exists(&u.br("a/d/moved")),
+        "nothing below: no whiteout left"
+    );
+    assert!(is_whiteout(&u.br("a/f")), "c/f stays hidden");
+    assert_eq!(names(&u.mnt), vec!["d", "l", "ren_d", "ren_f", "s", "src"]);
     // No inode left for the new directory: the whiteout stays.
     use_up_inodes(&u.br("a"));
     let r = fs::create_dir(u.p("full"));

@@ -469,17 +469,6 @@ impl Vfs {
         }
     }
 
-    /// A directory made where a whiteout was hides what lower branches
-    /// hold under its name.
-    pub(super) fn make_opaque(&self, dir: &Node, name: &CStr) -> Result<()> {
-        let Some(u) = self.union.as_ref() else {
-            return Ok(());
-        };
-        let fd = sys::open_path(dir.fd(), name)?;
-        format::set_opaque(fd.as_fd(), u.ns)?;
-        Ok(())
-    }
-
     /// Whether `name` in `dir` is visible from a branch below `upper`
     /// (so removing the upper copy must leave a whiteout).
     pub(super) fn visible_below(&self, dir: &Node, name: &CStr, upper: BranchId) -> Result<bool> {

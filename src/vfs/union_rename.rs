@@ -80,9 +80,10 @@ impl Vfs {
         if let Some(t) = target {
             self.prepare_target(caller, (newparent, &new), t, exchange, &source)?;
         }
-        let cleared = self.clear_whiteout(&newdir, &new)?;
+        let over_whiteout =
+            !exchange && sys::fstatat(newdir.fd(), &new).is_ok_and(|st| format::is_whiteout(&st));
         let victim = match sys::fstatat(newdir.fd(), &new) {
-            Ok(st) if !exchange => {
+            Ok(st) if !exchange && !over_whiteout => {
                 self.inodes.pin_if_known(&self.inodes.key_in(upper, &st))?;
                 if is_dir(&st) {
                     self.clear_whiteouts_in(newdir.fd(), &new)?;
@@ -101,25 +102,27 @@ impl Vfs {
             (v, _) => v,
         };
         let whiteout_old = below_old && !exchange;
-        self.rename_hiding_old(
+        if source.is_dir() && (over_whiteout || target_below) {
+            // What lies below the new name stays hidden from the moment
+            // the directory lands; at its old place opacity hides nothing
+            // (a directory with lower copies is redirected instead).
+            let fd = sys::open_path(olddir.fd(), &old)?;
+            if format::redirect(fd.as_fd(), u.ns)?.is_none() {
+                format::set_opaque(fd.as_fd(), u.ns)?;
+            }
+        }
+        self.rename_over(
             caller,
             (&olddir, &old),
             (&newdir, &new),
             flags,
-            whiteout_old,
+            (whiteout_old, over_whiteout && source.is_dir()),
         )?;
         source.set_name(newparent, newname.as_encoded_bytes());
         if exchange {
             if let Some(t) = target.and_then(|t| self.inodes.get(t).ok()) {
                 t.set_name(parent, name.as_encoded_bytes());
             }
-        }
-        let redirected = source.is_dir() && {
-            let moved_fd = sys::open_path(newdir.fd(), &new);
-            moved_fd.is_ok_and(|fd| format::redirect(fd.as_fd(), u.ns).is_ok_and(|r| r.is_some()))
-        };
-        if source.is_dir() && !redirected && (cleared || target_below) {
-            self.make_opaque(&newdir, &new)?;
         }
         // The visible tree has changed; what follows only tidies copies
         // nobody sees (a failure there is logged, not returned).
@@ -133,6 +136,55 @@ impl Vfs {
             self.drop_hidden_copy(newparent, &new, b, &st);
         }
         Ok(victim)
+    }
+
+    /// The one visible step of a rename in the upper branch (the old name
+    /// whited out in it with `whiteout_old`). Onto a whiteout a
+    /// non-directory replaces it in the rename (NOREPLACE was judged on
+    /// the merged view: the whiteout is no target); a directory
+    /// (`dir_over_whiteout`) is exchanged with it, and the whiteout, now
+    /// at the old name, stays there if something below must stay hidden,
+    /// else goes.
+    fn rename_over(
+        &self,
+        caller: &Caller,
+        (olddir, old): (&Node, &CStr),
+        (newdir, new): (&Node, &CStr),
+        flags: u32,
+        (whiteout_old, dir_over_whiteout): (bool, bool),
+    ) -> Result<()> {
+        let merged_flags = flags & !libc::RENAME_NOREPLACE;
+        let over_whiteout = sys::fstatat(newdir.fd(), new).is_ok_and(|st| format::is_whiteout(&st));
+        if !dir_over_whiteout {
+            let flags = if over_whiteout { merged_flags } else { flags };
+            return self.rename_hiding_old(
+                caller,
+                (olddir, old),
+                (newdir, new),
+                flags,
+                whiteout_old,
+            );
+        }
+        let exchanged = creds::as_caller(caller, || {
+            sys::renameat2(olddir.fd(), old, newdir.fd(), new, libc::RENAME_EXCHANGE)
+        });
+        match exchanged {
+            Ok(()) => {
+                if !whiteout_old {
+                    if let Err(e) = sys::unlinkat(olddir.fd(), old, 0) {
+                        tracing::warn!("union: a whiteout hiding nothing stays: {e}");
+                    }
+                }
+                Ok(())
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+                // No exchange on this file system: the whiteout goes first.
+                self.clear_whiteout(newdir, new)?;
+                let (o, n) = ((olddir, old), (newdir, new));
+                self.rename_hiding_old(caller, o, n, merged_flags, whiteout_old)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The target of a rename, made ready: kinds and emptiness checked;
@@ -151,9 +203,6 @@ impl Vfs {
         let tnode = self.inodes.node(t)?;
         if exchange {
             if tnode.is_dir() {
-                if source.is_dir() && self.is_within(newparent, source.ino) {
-                    return Err(errno(libc::EINVAL));
-                }
                 self.prepare_dir_move(caller, t)?;
             }
             self.upper_node(caller, t)?;
