@@ -38,23 +38,7 @@ impl Vfs {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        // The target may live in a branch the upper one's rename would not
-        // see: judged on the merged view, as the kernel does.
-        if flags & libc::RENAME_NOREPLACE != 0 && target.is_some() {
-            return Err(errno(libc::EEXIST));
-        }
-        if exchange && target.is_none() {
-            return Err(errno(libc::ENOENT));
-        }
-        // The target an ancestor of the source (the kernel's check, done
-        // before it asks; in-process callers need it here).
-        if target.is_some_and(|t| t != moved && self.is_within(parent, t)) {
-            return Err(errno(if exchange {
-                libc::EINVAL
-            } else {
-                libc::ENOTEMPTY
-            }));
-        }
+        self.check_merged_rename(parent, flags, (moved, target))?;
         let here = (parent, name);
         let there = (newparent, newname);
         if let Some(victim) = self.rename_in_branch(caller, here, there, flags, (moved, target))? {
@@ -82,24 +66,10 @@ impl Vfs {
         }
         let over_whiteout =
             !exchange && sys::fstatat(newdir.fd(), &new).is_ok_and(|st| format::is_whiteout(&st));
-        let victim = match sys::fstatat(newdir.fd(), &new) {
-            Ok(st) if !exchange && !over_whiteout => {
-                self.inodes.pin_if_known(&self.inodes.key_in(upper, &st))?;
-                if is_dir(&st) {
-                    self.clear_whiteouts_in(newdir.fd(), &new)?;
-                }
-                Some(st)
-            }
-            _ => None,
-        };
-        // A target only a lower read-write branch holds is replaced by
-        // hiding it; its copy goes after the rename.
-        let victim = match (victim, &target_from) {
-            (None, Some((b, st))) if !exchange => {
-                self.inodes.pin_if_known(&self.inodes.key_in(*b, st))?;
-                Some(*st)
-            }
-            (v, _) => v,
+        let victim = if exchange || over_whiteout {
+            None
+        } else {
+            self.replaced(&newdir, &new, target_from)?
         };
         let whiteout_old = below_old && !exchange;
         if source.is_dir() && (over_whiteout || target_below) {
@@ -118,7 +88,10 @@ impl Vfs {
             flags,
             (whiteout_old, over_whiteout && source.is_dir()),
         )?;
-        source.set_name(newparent, newname.as_encoded_bytes());
+        // (The inode was rebound by the copy-up: not `source`'s any more.)
+        self.inodes
+            .get(moved)?
+            .set_name(newparent, newname.as_encoded_bytes());
         if exchange {
             if let Some(t) = target.and_then(|t| self.inodes.get(t).ok()) {
                 t.set_name(parent, name.as_encoded_bytes());
@@ -136,6 +109,59 @@ impl Vfs {
             self.drop_hidden_copy(newparent, &new, b, &st);
         }
         Ok(victim)
+    }
+
+    /// rename(2)'s checks the merged view decides: the target may live in
+    /// a branch the upper one's rename would not see. (The kernel checks
+    /// them before it asks; in-process callers need them here.)
+    fn check_merged_rename(
+        &self,
+        parent: InodeNo,
+        flags: u32,
+        (moved, target): (InodeNo, Option<InodeNo>),
+    ) -> Result<()> {
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        if flags & libc::RENAME_NOREPLACE != 0 && target.is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        if exchange && target.is_none() {
+            return Err(errno(libc::ENOENT));
+        }
+        // The target an ancestor of the source.
+        if target.is_some_and(|t| t != moved && self.is_within(parent, t)) {
+            return Err(errno(if exchange {
+                libc::EINVAL
+            } else {
+                libc::ENOTEMPTY
+            }));
+        }
+        Ok(())
+    }
+
+    /// The object a (non-exchange) rename to `new` in upper directory
+    /// `newdir` replaces, kept reachable for the kernel's open handles: the
+    /// upper one, else the one a lower read-write branch holds (hidden by
+    /// the rename; its copy goes after it).
+    fn replaced(&self, newdir: &Node, new: &CStr, target_from: LeftBehind) -> Result<Option<Stat>> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
+        match sys::fstatat(newdir.fd(), new) {
+            Ok(st) => {
+                self.inodes.pin_if_known(&self.inodes.key_in(upper, &st))?;
+                if is_dir(&st) {
+                    self.clear_whiteouts_in(newdir.fd(), new)?;
+                }
+                Ok(Some(st))
+            }
+            Err(e) if !is_absent(&e) => Err(e.into()),
+            Err(_) => match target_from {
+                Some((b, st)) => {
+                    self.inodes.pin_if_known(&self.inodes.key_in(b, &st))?;
+                    Ok(Some(st))
+                }
+                None => Ok(None),
+            },
+        }
     }
 
     /// The one visible step of a rename in the upper branch (the old name
