@@ -360,6 +360,13 @@ fn ino(p: &Path) -> u64 {
 /// and moved there: never EXDEV, numbers kept across a remount.
 #[test]
 fn objects_in_a_lower_read_write_branch_move_across_branches() {
+    // With history (versioning) and without.
+    for opts in ["plain", "passthrough=on"] {
+        moves_across_branches(opts);
+    }
+}
+
+fn moves_across_branches(opts: &str) {
     let mut u = Union::new(&[("a", None), ("b", None), ("c", None)]);
     fs::create_dir(u.br("a/only_a")).unwrap();
     fs::create_dir(u.br("c/only_c")).unwrap();
@@ -377,7 +384,7 @@ fn objects_in_a_lower_read_write_branch_move_across_branches() {
     write_file(&u.br("b/l"), b"l");
     fs::create_dir(u.br("b/e")).unwrap();
     write_file(&u.br("b/e/ein"), b"ein");
-    u.mount("a=rw:b=rw:c=ro", "plain");
+    u.mount("a=rw:b=rw:c=ro", opts);
     let before: Vec<u64> = ["f", "d", "g", "x", "y", "e", "n", "l", "d/in"]
         .iter()
         .map(|n| ino(&u.p(n)))
@@ -456,6 +463,12 @@ fn objects_in_a_lower_read_write_branch_move_across_branches() {
 /// redirect to it, an empty directory of b replaced goes from b.
 #[test]
 fn lower_read_write_moves_keep_links_and_redirect_directories() {
+    for opts in ["plain", "passthrough=on"] {
+        moves_keep_links_and_redirect(opts);
+    }
+}
+
+fn moves_keep_links_and_redirect(opts: &str) {
     let mut u = Union::new(&[("a", None), ("b", None), ("c", None)]);
     fs::create_dir(u.br("a/only_a")).unwrap();
     write_file(&u.br("b/h1"), b"linked");
@@ -466,7 +479,7 @@ fn lower_read_write_moves_keep_links_and_redirect_directories() {
     fs::create_dir(u.br("a/src")).unwrap();
     write_file(&u.br("a/src/s"), b"s");
     fs::create_dir(u.br("b/empty")).unwrap();
-    u.mount("a=rw:b=rw:c=ro", "plain");
+    u.mount("a=rw:b=rw:c=ro", opts);
     let h = ino(&u.p("h1"));
     let m = ino(&u.p("m"));
     fs::rename(u.p("h1"), u.p("only_a/h1")).unwrap();

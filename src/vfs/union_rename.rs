@@ -56,6 +56,7 @@ impl Vfs {
         let olddir = self.writable_dir(caller, parent)?;
         let below_old = self.visible_below(&olddir, &old, upper)?;
         self.upper_node(caller, moved)?;
+        self.name_in_upper(moved, (&olddir, &old))?;
         let newdir = self.writable_dir(caller, newparent)?;
         let target_below = self.visible_below(&newdir, &new, upper)?;
         if source.is_dir() && self.is_within(newparent, moved) {
@@ -63,6 +64,7 @@ impl Vfs {
         }
         if let Some(t) = target {
             self.prepare_target(caller, (newparent, &new), t, exchange, &source)?;
+            self.name_in_upper(t, (&newdir, &new))?;
         }
         let over_whiteout =
             !exchange && sys::fstatat(newdir.fd(), &new).is_ok_and(|st| format::is_whiteout(&st));
@@ -109,6 +111,25 @@ impl Vfs {
             self.drop_hidden_copy(newparent, &new, b, &st);
         }
         Ok(victim)
+    }
+
+    /// A hard-linked lower file copied up through another of its names
+    /// lives in the index: this name of it, still the lower one, gets its
+    /// upper link (the same object: nothing visible changes), so the
+    /// rename in the upper branch finds it.
+    fn name_in_upper(&self, ino: InodeNo, (dir, name): (&Node, &CStr)) -> Result<()> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let node = self.inodes.node(ino)?;
+        if node.is_dir() || Some(BranchId(node.key.branch)) != u.upper() {
+            return Ok(());
+        }
+        match sys::fstatat(dir.fd(), name) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(crate::union::copyup::link_up(node.fd(), dir.fd(), name)?)
+            }
+            Err(e) => Err(e.into()),
+            Ok(_) => Ok(()),
+        }
     }
 
     /// rename(2)'s checks the merged view decides: the target may live in
