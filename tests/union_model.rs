@@ -53,22 +53,43 @@ fn native(root: &Path, op: &Op) {
     }
 }
 
-fn check_union_case(lowers: usize, fill: &[Op], ops: &[Op]) -> Result<(), TestCaseError> {
+/// The lower branches, top first: read-write or not; `fill_all`: the
+/// filled tree goes into each of them (else into the bottom one only).
+struct Lowers<'a> {
+    writable: &'a [bool],
+    fill_all: bool,
+}
+
+fn check_union_case(lowers: Lowers<'_>, fill: &[Op], ops: &[Op]) -> Result<(), TestCaseError> {
     let mut model = Model::default();
     let accepted: Vec<Op> = fill
         .iter()
         .filter(|op| matches!(model.apply(op), Outcome::Succeeds))
         .cloned()
         .collect();
-    let rig = Rig::union(lowers, |bottom| {
-        for op in &accepted {
-            native(bottom, op);
+    let rig = Rig::union_with(lowers.writable, |dirs| {
+        let filled = if lowers.fill_all || dirs.len() <= 1 {
+            dirs
+        } else {
+            &dirs[dirs.len() - 1..]
+        };
+        for d in filled {
+            for op in &accepted {
+                native(d, op);
+            }
         }
     });
+    let read_only = |i: &usize| !lowers.writable[*i];
     // What the first mount does: the tree that predates it is recorded.
     rig.vfs.start_ingest().unwrap();
     prop_assert!(rig.vfs.wait_ingest(), "the baseline walk had errors");
-    let branches_before: Vec<_> = rig.lowers.iter().map(|l| live_tree(l)).collect();
+    let ro_trees = || -> Vec<_> {
+        (0..rig.lowers.len())
+            .filter(read_only)
+            .map(|i| live_tree(&rig.lowers[i]))
+            .collect()
+    };
+    let branches_before = ro_trees();
     let want = model.tree();
     let seen = vfs_tree(&rig, &want);
     prop_assert!(seen == want, "the filled union {seen:#?}\nmodel {want:#?}");
@@ -102,7 +123,7 @@ fn check_union_case(lowers: usize, fill: &[Op], ops: &[Op]) -> Result<(), TestCa
             i,
             op
         );
-        let branches: Vec<_> = rig.lowers.iter().map(|l| live_tree(l)).collect();
+        let branches = ro_trees();
         prop_assert!(
             branches == branches_before,
             "after op {i} {op:?}: a read-only branch changed"
@@ -132,6 +153,34 @@ fn a_union_follows_the_model_of_a_plain_directory() {
         proptest::collection::vec(op(), 1..30),
     );
     let result = runner.run(&strategy, |(lowers, fill, ops)| {
+        let writable = vec![false; lowers];
+        let lowers = Lowers {
+            writable: &writable,
+            fill_all: false,
+        };
+        check_union_case(lowers, &fill, &ops)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// The tree lives in a read-write branch below the primary one (alone, or
+/// over a read-only copy of it): renames and links that cannot stay in
+/// that branch move through the primary one, never EXDEV.
+#[test]
+fn a_union_with_a_lower_read_write_branch_follows_the_model() {
+    let mut runner = runner("CHRONOFS_UNION_CASES", 96, 0x72);
+    let strategy = (
+        proptest::sample::select(vec![vec![true], vec![true, false], vec![false, true]]),
+        proptest::collection::vec(fill_op(), 0..16),
+        proptest::collection::vec(op(), 1..30),
+    );
+    let result = runner.run(&strategy, |(writable, fill, ops)| {
+        let lowers = Lowers {
+            writable: &writable,
+            fill_all: true,
+        };
         check_union_case(lowers, &fill, &ops)
     });
     if let Err(e) = result {

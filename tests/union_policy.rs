@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::sys;
 use common::*;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -344,9 +345,236 @@ fn objects_in_a_lower_read_write_branch_are_renamed_in_place() {
     assert!(!exists(&u.br("b/f")) && !exists(&u.br("b/d")));
     assert_eq!(names(&u.br("a")), vec![".chronofs"], "nothing in a");
     assert_eq!(names(&u.mnt), vec!["e", "low", "victim"]);
-    // Over a read-only copy the move cannot stay in b: EXDEV, nothing moved.
-    assert_eq!(errno_of(fs::rename(u.p("victim"), u.p("low"))), libc::EXDEV);
-    assert_eq!(read_file(&u.p("low")), b"low");
+}
+
+fn renameat2(a: &Path, b: &Path, flags: u32) -> i32 {
+    rc(sys::renameat2(&cstr(a), &cstr(b), flags))
+}
+
+fn ino(p: &Path) -> u64 {
+    fs::symlink_metadata(p).unwrap().ino()
+}
+
+/// An object in a lower read-write branch that cannot move in place is
+/// brought into the top branch (a file copied up, a directory redirected)
+/// and moved there: never EXDEV, numbers kept across a remount.
+#[test]
+fn objects_in_a_lower_read_write_branch_move_across_branches() {
+    // With history (versioning) and without.
+    for opts in ["plain", "passthrough=on"] {
+        moves_across_branches(opts);
+    }
+}
+
+fn moves_across_branches(opts: &str) {
+    let mut u = Union::new(&[("a", None), ("b", None), ("c", None)]);
+    fs::create_dir(u.br("a/only_a")).unwrap();
+    fs::create_dir(u.br("c/only_c")).unwrap();
+    write_file(&u.br("b/f"), b"f");
+    fs::create_dir_all(u.br("b/d/sub")).unwrap();
+    write_file(&u.br("b/d/in"), b"in");
+    write_file(&u.br("b/d/sub/deep"), b"deep");
+    write_file(&u.br("b/g"), b"g");
+    write_file(&u.br("c/low"), b"low");
+    write_file(&u.br("a/top"), b"top");
+    write_file(&u.br("b/target"), b"target");
+    write_file(&u.br("b/x"), b"x");
+    write_file(&u.br("c/y"), b"y");
+    write_file(&u.br("b/n"), b"n");
+    write_file(&u.br("b/l"), b"l");
+    fs::create_dir(u.br("b/e")).unwrap();
+    write_file(&u.br("b/e/ein"), b"ein");
+    u.mount("a=rw:b=rw:c=ro", opts);
+    let before: Vec<u64> = ["f", "d", "g", "x", "y", "e", "n", "l", "d/in"]
+        .iter()
+        .map(|n| ino(&u.p(n)))
+        .collect();
+    // Into a directory only the top branch holds.
+    fs::rename(u.p("f"), u.p("only_a/f")).unwrap();
+    // A populated directory into one only the read-only branch holds.
+    fs::rename(u.p("d"), u.p("only_c/d")).unwrap();
+    // Over a read-only branch's file.
+    fs::rename(u.p("g"), u.p("low")).unwrap();
+    // The top branch's file over one in b: b's copy goes.
+    fs::rename(u.p("top"), u.p("target")).unwrap();
+    // NOREPLACE and EXCHANGE across branches.
+    assert_eq!(
+        renameat2(&u.p("n"), &u.p("only_a/f"), libc::RENAME_NOREPLACE),
+        libc::EEXIST
+    );
+    assert_eq!(
+        renameat2(&u.p("n"), &u.p("only_c/n"), libc::RENAME_NOREPLACE),
+        0
+    );
+    assert_eq!(renameat2(&u.p("x"), &u.p("y"), libc::RENAME_EXCHANGE), 0);
+    assert_eq!(
+        renameat2(&u.p("e"), &u.p("only_a"), libc::RENAME_EXCHANGE),
+        0
+    );
+    // A link of b's file into a directory b lacks.
+    fs::hard_link(u.p("l"), u.p("only_c/l2")).unwrap();
+    let check = |u: &Union| {
+        assert_eq!(
+            names(&u.mnt),
+            vec!["e", "l", "low", "only_a", "only_c", "target", "x", "y"]
+        );
+        assert_eq!(read_file(&u.p("e/f")), b"f");
+        assert_eq!(read_file(&u.p("only_c/d/in")), b"in");
+        assert_eq!(read_file(&u.p("only_c/d/sub/deep")), b"deep");
+        assert_eq!(read_file(&u.p("low")), b"g");
+        assert_eq!(read_file(&u.p("target")), b"top");
+        assert_eq!(read_file(&u.p("only_c/n")), b"n");
+        assert_eq!(read_file(&u.p("x")), b"y");
+        assert_eq!(read_file(&u.p("y")), b"x");
+        assert_eq!(read_file(&u.p("only_a/ein")), b"ein");
+        assert_eq!(read_file(&u.p("only_c/l2")), b"l");
+        let after: Vec<u64> = [
+            "e/f",
+            "only_c/d",
+            "low",
+            "y",
+            "x",
+            "only_a",
+            "only_c/n",
+            "l",
+            "only_c/d/in",
+        ]
+        .iter()
+        .map(|n| ino(&u.p(n)))
+        .collect();
+        assert_eq!(after, before);
+        assert_eq!(ino(&u.p("only_c/l2")), ino(&u.p("l")));
+        assert_eq!(fs::metadata(u.p("l")).unwrap().nlink(), 2);
+    };
+    check(&u);
+    // Each moved object left nothing visible behind, and b keeps no copy
+    // of a file that moved up.
+    assert!(!exists(&u.br("b/f")) && !exists(&u.br("b/g")) && !exists(&u.br("b/n")));
+    assert!(
+        !exists(&u.br("b/target")),
+        "the replaced file goes from b too"
+    );
+    u.remount();
+    check(&u);
+}
+
+/// More moves out of a lower read-write branch: hard links keep one
+/// identity, a directory whose only lower copy is read-write gets a
+/// redirect to it, an empty directory of b replaced goes from b.
+#[test]
+fn lower_read_write_moves_keep_links_and_redirect_directories() {
+    for opts in ["plain", "passthrough=on"] {
+        moves_keep_links_and_redirect(opts);
+    }
+}
+
+fn moves_keep_links_and_redirect(opts: &str) {
+    let mut u = Union::new(&[("a", None), ("b", None), ("c", None)]);
+    fs::create_dir(u.br("a/only_a")).unwrap();
+    write_file(&u.br("b/h1"), b"linked");
+    fs::hard_link(u.br("b/h1"), u.br("b/h2")).unwrap();
+    fs::create_dir(u.br("a/m")).unwrap();
+    fs::create_dir(u.br("b/m")).unwrap();
+    write_file(&u.br("b/m/inner"), b"inner");
+    fs::create_dir(u.br("a/src")).unwrap();
+    write_file(&u.br("a/src/s"), b"s");
+    fs::create_dir(u.br("b/empty")).unwrap();
+    u.mount("a=rw:b=rw:c=ro", opts);
+    let h = ino(&u.p("h1"));
+    let m = ino(&u.p("m"));
+    fs::rename(u.p("h1"), u.p("only_a/h1")).unwrap();
+    fs::rename(u.p("m"), u.p("only_a/m")).unwrap();
+    fs::rename(u.p("src"), u.p("empty")).unwrap();
+    let check = |u: &Union| {
+        assert_eq!(names(&u.mnt), vec!["empty", "h2", "only_a"]);
+        assert_eq!(ino(&u.p("only_a/h1")), h);
+        assert_eq!(ino(&u.p("h2")), h);
+        assert_eq!(fs::metadata(u.p("h2")).unwrap().nlink(), 2);
+        assert_eq!(ino(&u.p("only_a/m")), m);
+        assert_eq!(read_file(&u.p("only_a/m/inner")), b"inner");
+        assert_eq!(read_file(&u.p("empty/s")), b"s");
+    };
+    check(&u);
+    write_file(&u.p("h2"), b"changed");
+    assert_eq!(read_file(&u.p("only_a/h1")), b"changed");
+    assert!(
+        !exists(&u.br("b/empty")),
+        "the replaced directory goes from b"
+    );
+    u.remount();
+    check(&u);
+    assert_eq!(read_file(&u.p("only_a/h1")), b"changed");
+    fs::remove_file(u.p("h2")).unwrap();
+    assert_eq!(fs::metadata(u.p("only_a/h1")).unwrap().nlink(), 1);
+}
+
+/// A create over a whiteout takes the whiteout's place in one rename: the
+/// end state as before (a directory opaque), no temporary left (fsck
+/// clean), and a create that fails leaves the whiteout.
+#[test]
+fn a_create_over_a_whiteout_replaces_it_in_one_step() {
+    let mut u = Union::new(&[("a", Some("size=1m,nr_inodes=64")), ("c", None)]);
+    let hidden = ["d", "f", "s", "l", "full", "ren_d", "ren_f"];
+    for n in hidden {
+        fs::create_dir(u.br(&format!("c/{n}"))).unwrap();
+        write_file(&u.br(&format!("c/{n}/old")), b"old");
+    }
+    write_file(&u.br("c/src"), b"src");
+    u.mount("a=rw:c=ro", "plain");
+    for n in hidden {
+        fs::remove_dir_all(u.p(n)).unwrap();
+        assert!(is_whiteout(&u.br(&format!("a/{n}"))));
+    }
+    fs::create_dir(u.p("d")).unwrap();
+    write_file(&u.p("f"), b"new");
+    std::os::unix::fs::symlink("target", u.p("s")).unwrap();
+    fs::hard_link(u.p("src"), u.p("l")).unwrap();
+    assert_eq!(names(&u.p("d")), Vec::<String>::new(), "opaque");
+    assert_eq!(
+        get_xattr(&u.br("a/d"), "trusted.overlay.opaque").unwrap(),
+        b"y"
+    );
+    assert_eq!(read_file(&u.p("f")), b"new");
+    assert_eq!(fs::read_link(u.p("s")).unwrap(), Path::new("target"));
+    assert_eq!(ino(&u.p("l")), ino(&u.p("src")));
+    assert_eq!(names(&u.mnt), vec!["d", "f", "l", "s", "src"]);
+    // A rename onto a whited-out name takes its place in one step too.
+    fs::create_dir(u.p("d/moved")).unwrap();
+    write_file(&u.p("d/moved/new"), b"new");
+    fs::rename(u.p("d/moved"), u.p("ren_d")).unwrap();
+    fs::rename(u.p("f"), u.p("ren_f")).unwrap();
+    assert_eq!(names(&u.p("ren_d")), vec!["new"]);
+    assert_eq!(read_file(&u.p("ren_f")), b"new");
+    assert!(
+        !exists(&u.br("a/d/moved")),
+        "nothing below: no whiteout left"
+    );
+    assert!(is_whiteout(&u.br("a/f")), "c/f stays hidden");
+    assert_eq!(names(&u.mnt), vec!["d", "l", "ren_d", "ren_f", "s", "src"]);
+    // No inode left for the new directory: the whiteout stays.
+    use_up_inodes(&u.br("a"));
+    let r = fs::create_dir(u.p("full"));
+    assert_eq!(errno_of(r), libc::ENOSPC);
+    assert!(is_whiteout(&u.br("a/full")));
+    assert!(!exists(&u.p("full")));
+    for e in fs::read_dir(u.br("a")).unwrap() {
+        let n = e.unwrap().file_name();
+        assert!(
+            !n.to_string_lossy().starts_with(".chronofs-copyup."),
+            "{n:?}"
+        );
+    }
+    u.unmount();
+    let spec = format!("{}=rw:{}=ro", u.br("a").display(), u.br("c").display());
+    let out = Command::new(bin())
+        .args(["fsck", spec.as_str()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 fn chronofs_out(args: &[&std::ffi::OsStr]) -> std::process::Output {

@@ -192,8 +192,8 @@ pub fn is_copyup_temp(name: &[u8]) -> bool {
 }
 
 /// A fresh hidden name; collisions are caught by O_EXCL/mkdir/mknod and
-/// retried.
-fn temp_name() -> CString {
+/// retried. (The vfs also makes an object over a whiteout under one.)
+pub fn temp_name() -> CString {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     // RandomState is seeded from the OS once per thread, then varies per
     // instance: enough to make names unpredictable across processes.

@@ -2,7 +2,9 @@
 //! that a lookup must not meet, and its repair.
 //!
 //! Found, in every branch: copy-up temporaries (`.chronofs-copyup.*`, a
-//! crash between making a copy and renaming it into place) and whiteout
+//! crash between making a copy and renaming it into place; a create over
+//! a whiteout makes its object under such a name too, and a directory's
+//! exchange leaves the whiteout under it until it is removed) and whiteout
 //! temporaries (`.chronofs-wh.*`, a crash inside `replace_with_whiteout`);
 //! in read-write branches, a directory whose `overlay.redirect` names a
 //! directory no branch below holds (the lookups it was for find nothing).

@@ -5,6 +5,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::inodes::Handle;
+use super::union_ops::MakeAt;
 use super::versioning::writes;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
 use crate::branch::BranchId;
@@ -203,18 +204,26 @@ impl Vfs {
         let at = self.create_target(caller, parent, &cname)?;
         let dir = &at.dir;
         creds::set_thread_umask(umask)?;
-        let dirfd = dir.fd();
-        let cname = &cname;
-        let open_in_dir = |extra: i32| {
-            move |f: i32| sys::openat(dirfd, cname, f | extra | libc::O_NOFOLLOW, mode)
-        };
+        fn open_in_dir<'a>(
+            at: &MakeAt<'a>,
+            extra: i32,
+            mode: u32,
+        ) -> impl Fn(i32) -> std::io::Result<std::os::fd::OwnedFd> + 'a {
+            let (dirfd, name) = (at.dir, at.name);
+            move |f: i32| sys::openat(dirfd, name, f | extra | libc::O_NOFOLLOW, mode)
+        }
         // Exclusive first, to know whether this call made the object (then
         // it gets a new inode number without consulting the index).
         let excl = libc::O_CREAT | libc::O_EXCL;
         if self.capture.is_some() {
             self.before_dir_change(parent)?;
         }
-        let open = || match self.open_as_caller(caller, open_in_dir(excl), flags, mode) {
+        let open = |at: MakeAt<'_>| match self.open_as_caller(
+            caller,
+            open_in_dir(&at, excl, mode),
+            flags,
+            mode,
+        ) {
             Ok(fd) => Ok((fd, true)),
             Err(e) if e.errno_is(libc::EEXIST) && flags & libc::O_EXCL == 0 => {
                 // With history on, an existing file's content must be
@@ -226,13 +235,13 @@ impl Vfs {
                     flags
                 };
                 Ok((
-                    self.open_as_caller(caller, open_in_dir(0), open_flags, 0)?,
+                    self.open_as_caller(caller, open_in_dir(&at, 0, mode), open_flags, 0)?,
                     false,
                 ))
             }
             Err(e) => Err(e),
         };
-        let ((fd, created), _) = self.create_over_whiteout(dir, cname, open)?;
+        let ((fd, created), _) = self.create_over_whiteout(dir, &cname, open)?;
         let made = if created { Made::New } else { Made::Existing };
         let named = Some((parent, name.as_encoded_bytes()));
         let (entry, opened) =

@@ -150,15 +150,13 @@ impl Vfs {
         let cname = sys::cstr(name)?;
         let at = self.create_target(caller, parent, &cname)?;
         let dir = &at.dir;
-        let ((), hides_lower) = self.create_over_whiteout(dir, &cname, || {
+        // Over a whiteout the directory is made opaque (create_over_whiteout).
+        self.create_over_whiteout(dir, &cname, |at| {
             creds::as_caller_with_umask(caller, umask, mode, || {
-                sys::mkdirat(dir.fd(), &cname, mode)
+                sys::mkdirat(at.dir, at.name, mode)
             })?;
             Ok(())
         })?;
-        if hides_lower {
-            self.make_opaque(dir, &cname)?;
-        }
         self.register_created(caller, &at, name)
     }
 
@@ -183,9 +181,9 @@ impl Vfs {
         let cname = sys::cstr(name)?;
         let at = self.create_target(caller, parent, &cname)?;
         let dir = &at.dir;
-        self.create_over_whiteout(dir, &cname, || {
+        self.create_over_whiteout(dir, &cname, |at| {
             creds::as_caller_with_umask(caller, umask, mode, || {
-                sys::mknodat(dir.fd(), &cname, mode, u64::from(rdev))
+                sys::mknodat(at.dir, at.name, mode, u64::from(rdev))
             })?;
             Ok(())
         })?;
@@ -206,8 +204,8 @@ impl Vfs {
         let at = self.create_target(caller, parent, &cname)?;
         let dir = &at.dir;
         let ctarget = sys::cstr(target)?;
-        self.create_over_whiteout(dir, &cname, || {
-            creds::as_caller(caller, || sys::symlinkat(&ctarget, dir.fd(), &cname))?;
+        self.create_over_whiteout(dir, &cname, |at| {
+            creds::as_caller(caller, || sys::symlinkat(&ctarget, at.dir, at.name))?;
             Ok(())
         })?;
         self.register_created(caller, &at, name)
@@ -228,14 +226,16 @@ impl Vfs {
         self.refuse_taken(newparent, newname)?;
         self.before_dir_change(newparent)?;
         self.before_change(ino)?;
-        let inode = self.writable_node(caller, ino)?;
-        let dir = self.writable_dir(caller, newparent)?;
         let cname = sys::cstr(newname)?;
-        self.clear_whiteout(&dir, &cname)?;
-        creds::as_caller(caller, || sys::link_fd(inode.fd(), dir.fd(), &cname))?;
+        let (inode, dir) = self.link_ends(caller, ino, newparent, &cname)?;
+        self.create_over_whiteout(&dir, &cname, |at| {
+            creds::as_caller(caller, || sys::link_fd(inode.fd(), at.dir, at.name))?;
+            Ok(())
+        })?;
         self.links_changed(ino, 1)?;
-        // A new name for a known object, not a new object.
-        let entry = self.lookup_in(&dir, newname)?;
+        // A new name for a known object, not a new object (looked up in
+        // the union directory: `dir` may be one of its lower copies).
+        let entry = self.lookup_in(&self.inodes.node(newparent)?, newname)?;
         inode.set_name(newparent, newname.as_encoded_bytes());
         self.after_link(caller, newparent, newname, entry.attr.ino);
         Ok(entry)

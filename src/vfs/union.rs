@@ -247,10 +247,10 @@ impl Vfs {
     /// Before a directory with lower copies moves: its upper copy made,
     /// and marked with where the lower copies are (overlayfs's
     /// `redirect_dir`), so nothing below it is copied.
-    fn prepare_dir_move(&self, caller: &super::Caller, moved: InodeNo) -> Result<()> {
+    pub(super) fn prepare_dir_move(&self, caller: &super::Caller, moved: InodeNo) -> Result<()> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let node = self.inodes.node(moved)?;
-        if !node.has_layers() && u.writable(BranchId(node.key.branch)) {
+        if !node.has_layers() && u.upper == Some(BranchId(node.key.branch)) {
             return Ok(());
         }
         let origin = self.origin_of(&node)?;
@@ -269,7 +269,7 @@ impl Vfs {
         let lower = self
             .layers_of(node)?
             .into_iter()
-            .find(|l| !u.writable(l.branch))
+            .find(|l| Some(l.branch) != u.upper)
             .ok_or(errno(libc::EXDEV))?;
         let root = &u.roots[lower.branch.0 as usize].0;
         let at = |fd: BorrowedFd<'_>| {
@@ -285,7 +285,7 @@ impl Vfs {
     /// Whether directory `dir` is `ancestor` or below it, by the names
     /// the kernel reached each directory by (a directory moved into its
     /// own subtree: EINVAL; the kernel checks it first too).
-    fn is_within(&self, dir: InodeNo, ancestor: InodeNo) -> bool {
+    pub(super) fn is_within(&self, dir: InodeNo, ancestor: InodeNo) -> bool {
         let mut cur = dir;
         for _ in 0..4096 {
             if cur == ancestor {
@@ -420,10 +420,22 @@ impl Vfs {
         if u.writable(BranchId(node.key.branch)) {
             return Ok(node);
         }
+        self.upper_node(caller, ino)
+    }
+
+    /// The object `ino`'s copy in the upper branch, made (under the same
+    /// number) if it lives in any other branch, read-write ones included:
+    /// what a move across branches needs.
+    pub(super) fn upper_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
+        let node = self.inodes.node(ino)?;
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        if node.key.branch == upper.0 {
+            return Ok(node);
+        }
         if node.is_dir() {
             return self.writable_dir(caller, ino);
         }
-        let upper = u.upper.ok_or(errno(libc::EROFS))?;
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
         let upper_parent = self.writable_dir(caller, parent)?;
         let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
@@ -466,17 +478,6 @@ impl Vfs {
             }
             _ => Ok(false),
         }
-    }
-
-    /// A directory made where a whiteout was hides what lower branches
-    /// hold under its name.
-    pub(super) fn make_opaque(&self, dir: &Node, name: &CStr) -> Result<()> {
-        let Some(u) = self.union.as_ref() else {
-            return Ok(());
-        };
-        let fd = sys::open_path(dir.fd(), name)?;
-        format::set_opaque(fd.as_fd(), u.ns)?;
-        Ok(())
     }
 
     /// Whether `name` in `dir` is visible from a branch below `upper`
@@ -544,95 +545,6 @@ impl Vfs {
                 }
             }
         }
-    }
-}
-
-impl Vfs {
-    /// rename in a union: the moved object (and, for an exchange, the
-    /// target) copied up first, the rename done in the upper branch, and a
-    /// whiteout left where the old name lives on below. Returns the
-    /// replaced object's attributes, if the target name existed.
-    pub(super) fn union_rename(
-        &self,
-        caller: &super::Caller,
-        (parent, name): (InodeNo, &OsStr),
-        (newparent, newname): (InodeNo, &OsStr),
-        flags: u32,
-        (moved, target): (InodeNo, Option<InodeNo>),
-    ) -> Result<Option<Stat>> {
-        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let upper = u.upper.ok_or(errno(libc::EROFS))?;
-        let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let here = (parent, name);
-        let there = (newparent, newname);
-        if let Some(victim) = self.rename_in_branch(caller, here, there, flags, (moved, target))? {
-            return Ok(victim);
-        }
-        let source = self.inodes.node(moved)?;
-        if source.is_dir() {
-            self.prepare_dir_move(caller, moved)?;
-        }
-        let source = self.inodes.node(moved)?;
-        let old = sys::cstr(name)?;
-        let new = sys::cstr(newname)?;
-        let olddir = self.writable_dir(caller, parent)?;
-        let below_old = self.visible_below(&olddir, &old, upper)?;
-        self.writable_node(caller, moved)?;
-        let newdir = self.writable_dir(caller, newparent)?;
-        let target_below = self.visible_below(&newdir, &new, upper)?;
-        if source.is_dir() && self.is_within(newparent, moved) {
-            return Err(errno(libc::EINVAL));
-        }
-        if let (Some(t), false) = (target, exchange) {
-            // rename(2)'s kinds rule comes before the emptiness one.
-            match (source.is_dir(), self.inodes.node(t)?.is_dir()) {
-                (false, true) => return Err(errno(libc::EISDIR)),
-                (true, false) => return Err(errno(libc::ENOTDIR)),
-                _ => {}
-            }
-        }
-        if let Some(t) = target {
-            if self.inodes.node(t)?.is_dir() && !exchange {
-                let found = self.walk(&self.inodes.node(newparent)?, &new)?;
-                if let Some(found) = found {
-                    self.check_merged_empty(&found, &new)?;
-                }
-            }
-            self.writable_node(caller, t)?;
-        }
-        let cleared = self.clear_whiteout(&newdir, &new)?;
-        let victim = match sys::fstatat(newdir.fd(), &new) {
-            Ok(st) if !exchange => {
-                self.inodes.pin_if_known(&self.inodes.key_in(upper, &st))?;
-                if is_dir(&st) {
-                    self.clear_whiteouts_in(newdir.fd(), &new)?;
-                }
-                Some(st)
-            }
-            _ => None,
-        };
-        let whiteout_old = below_old && !exchange;
-        self.rename_hiding_old(
-            caller,
-            (&olddir, &old),
-            (&newdir, &new),
-            flags,
-            whiteout_old,
-        )?;
-        source.set_name(newparent, newname.as_encoded_bytes());
-        if exchange {
-            if let Some(t) = target.and_then(|t| self.inodes.get(t).ok()) {
-                t.set_name(parent, name.as_encoded_bytes());
-            }
-        }
-        let redirected = source.is_dir() && format::redirect(newdir.fd(), u.ns).is_ok() && {
-            let moved_fd = sys::open_path(newdir.fd(), &new);
-            moved_fd.is_ok_and(|fd| format::redirect(fd.as_fd(), u.ns).is_ok_and(|r| r.is_some()))
-        };
-        if source.is_dir() && !redirected && (cleared || target_below) {
-            self.make_opaque(&newdir, &new)?;
-        }
-        Ok(victim)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Hard links of a union's read-only branches keep one identity across
+//! Hard links of a union's lower branches keep one identity across
 //! copy-up: the vfs half of `union::index` (docs/ARCHITECTURE.md "Union
 //! mounts"). A regular file with several names below is copied up into the
 //! index and its names resolve there; the inode keeps its number, every
@@ -52,7 +52,7 @@ impl Vfs {
         let Some(index) = u.index.get() else {
             return Ok(None);
         };
-        if u.writable(branch) || !is_linked_file(st) {
+        if u.upper() == Some(branch) || !is_linked_file(st) {
             return Ok(None);
         }
         let name = entry_of(&self.inodes.key_in(branch, st));

@@ -5,7 +5,7 @@
 //! nothing the user sees. docs/ARCHITECTURE.md "Union mounts".
 
 use std::ffi::{CStr, OsStr};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
@@ -197,28 +197,88 @@ impl Vfs {
         Ok(Node::with_fd(inode, made))
     }
 
-    /// Creates `name` in `dir` with `make`; a whiteout there gives way
-    /// first and comes back if `make` fails, so a failed create never
-    /// uncovers the lower object. Returns whether a whiteout gave way.
+    /// Creates `name` in `dir` with `make`, which is told where to make
+    /// the object. Over a whiteout that is a hidden temporary name in the
+    /// same directory, then the object takes the whiteout's place in one
+    /// rename (a directory, made opaque first, by an exchange, and the
+    /// whiteout then removed under the temporary name), so the lower
+    /// object never shows and a failed create leaves the whiteout as it
+    /// was. Returns whether a whiteout gave way.
     pub(super) fn create_over_whiteout<T>(
         &self,
         dir: &Node,
         name: &CStr,
-        make: impl FnOnce() -> Result<T>,
+        make: impl FnOnce(MakeAt<'_>) -> Result<T>,
     ) -> Result<(T, bool)> {
-        let cleared = self.clear_whiteout(dir, name)?;
-        match make() {
-            Ok(v) => Ok((v, cleared)),
-            Err(e) => {
-                if cleared {
-                    if let Err(w) = format::make_whiteout(dir.fd(), name) {
+        let over_whiteout = self.union().is_some()
+            && sys::fstatat(dir.fd(), name).is_ok_and(|st| format::is_whiteout(&st));
+        if !over_whiteout {
+            return Ok((
+                make(MakeAt {
+                    dir: dir.fd(),
+                    name,
+                })?,
+                false,
+            ));
+        }
+        let temp = copyup::temp_name();
+        let made = make(MakeAt {
+            dir: dir.fd(),
+            name: &temp,
+        })?;
+        if let Err(e) = self.replace_whiteout(dir.fd(), &temp, name) {
+            let st = sys::fstatat(dir.fd(), &temp);
+            let flags = if st.is_ok_and(|st| is_dir(&st)) {
+                libc::AT_REMOVEDIR
+            } else {
+                0
+            };
+            if let Err(u) = sys::unlinkat(dir.fd(), &temp, flags) {
+                tracing::warn!("union: a failed create's temporary stays (fsck removes it): {u}");
+            }
+            return Err(e);
+        }
+        Ok((made, true))
+    }
+
+    /// Puts object `temp` of `dir` where whiteout `name` is, in one step.
+    fn replace_whiteout(&self, dir: BorrowedFd<'_>, temp: &CStr, name: &CStr) -> Result<()> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        if !is_dir(&sys::fstatat(dir, temp)?) {
+            // rename replaces the whiteout (a non-directory) atomically.
+            return Ok(sys::renameat2(dir, temp, dir, name, 0)?);
+        }
+        // What the whiteout hid must stay hidden below the new directory.
+        let fd = sys::open_path(dir, temp)?;
+        format::set_opaque(fd.as_fd(), u.ns)?;
+        match sys::renameat2(dir, temp, dir, name, libc::RENAME_EXCHANGE) {
+            Ok(()) => {
+                if let Err(e) = sys::unlinkat(dir, temp, 0) {
+                    tracing::warn!("union: a replaced whiteout stays (fsck removes it): {e}");
+                }
+                Ok(())
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+                // No exchange here: the whiteout goes, then the directory
+                // comes, and the whiteout is put back if that fails.
+                sys::unlinkat(dir, name, 0)?;
+                if let Err(e) = sys::renameat2(dir, temp, dir, name, libc::RENAME_NOREPLACE) {
+                    if let Err(w) = format::make_whiteout(dir, name) {
                         tracing::error!("a failed create could not put its whiteout back: {w}");
                     }
+                    return Err(e.into());
                 }
-                Err(e)
+                Ok(())
             }
+            Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Where [`Vfs::create_over_whiteout`]'s `make` makes the object.
+pub(super) struct MakeAt<'a> {
+    pub dir: BorrowedFd<'a>,
+    pub name: &'a CStr,
 }
 
 /// One copy of a name being removed: the directory copy holding it, and

@@ -46,22 +46,39 @@ impl Rig {
     }
 
     pub fn with(cfg: CaptureConfig, policy: Policy) -> Rig {
-        Rig::build(cfg, policy, 0, |_| {})
+        Rig::build(cfg, policy, &[], |_| {})
     }
 
     /// A union: SRC read-write over `lowers` read-only branches (`lowers`
     /// in the rig, top first), the lowest filled by `fill` before the vfs
     /// starts; with none, a plain rig whose SRC `fill` filled.
     pub fn union(lowers: usize, fill: impl FnOnce(&std::path::Path)) -> Rig {
-        Rig::build(CaptureConfig::default(), Policy::default(), lowers, fill)
+        let writable = vec![false; lowers];
+        Rig::build(
+            CaptureConfig::default(),
+            Policy::default(),
+            &writable,
+            |dirs| {
+                if let Some(d) = dirs.last() {
+                    fill(d)
+                }
+            },
+        )
+    }
+
+    /// A union whose lower branches are read-write where `writable` says
+    /// so; `fill` is given every lower branch's directory, top first.
+    pub fn union_with(writable: &[bool], fill: impl FnOnce(&[PathBuf])) -> Rig {
+        Rig::build(CaptureConfig::default(), Policy::default(), writable, fill)
     }
 
     fn build(
         cfg: CaptureConfig,
         policy: Policy,
-        lowers: usize,
-        fill: impl FnOnce(&std::path::Path),
+        writable: &[bool],
+        fill: impl FnOnce(&[PathBuf]),
     ) -> Rig {
+        let lowers = writable.len();
         let dir = tempfile::Builder::new()
             .prefix("chronofs-inproc-")
             .tempdir_in(scratch())
@@ -74,7 +91,11 @@ impl Rig {
         for l in &lower_dirs {
             std::fs::create_dir(l).unwrap();
         }
-        fill(lower_dirs.last().unwrap_or(&src));
+        if lowers == 0 {
+            fill(std::slice::from_ref(&src));
+        } else {
+            fill(&lower_dirs);
+        }
         let clock = ManualClock::new(START_NS);
         let store = Store::open(&dir.path().join("store")).unwrap();
         // No applier thread: every query applies what is queued itself,
@@ -94,7 +115,7 @@ impl Rig {
             for (i, l) in lower_dirs.iter().enumerate() {
                 branches.push(UnionBranch {
                     branch: DirBranch::open(BranchId(i as u32 + 1), l, None).unwrap(),
-                    writable: false,
+                    writable: writable[i],
                 });
             }
             let opts = chronofs::vfs::UnionOptions::default();
