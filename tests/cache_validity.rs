@@ -13,30 +13,10 @@ use common::*;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn chrono(m: &Mount, args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .current_dir(&m.mnt)
-        .env("LC_ALL", "C")
-        .env("TZ", "UTC")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin().display()))
-}
-
 fn chrono_ok(m: &Mount, args: &[&str]) {
-    let out = chrono(m, args);
-    assert!(
-        out.status.success(),
-        "`chronofs {}` failed ({}): {}\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        m.log_tail()
-    );
+    chronofs_ok(m, args);
 }
 
 /// What a stat through the kernel's caches shows of a file's content.

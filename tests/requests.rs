@@ -14,19 +14,8 @@ use common::*;
 
 type Counts = BTreeMap<String, u64>;
 
-fn counts(mnt: &Path) -> Counts {
-    let out = std::process::Command::new(bin())
-        .args(["status", "--requests"])
-        .arg(mnt)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
+fn counts(m: &Mount) -> Counts {
+    chronofs_ok(m, &["status", "--requests", "."])
         .lines()
         .filter_map(|l| {
             let mut w = l.split_whitespace();
@@ -51,12 +40,12 @@ fn of<'a>(pairs: impl IntoIterator<Item = (&'a str, u64)>) -> Counts {
 
 /// The requests of `op`, once every release it caused has arrived (the
 /// kernel sends RELEASE after close(2) returns).
-fn requests_of(mnt: &Path, releases: u64, op: impl FnOnce()) -> Counts {
-    let before = counts(mnt);
+fn requests_of(m: &Mount, releases: u64, op: impl FnOnce()) -> Counts {
+    let before = counts(m);
     op();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let d = delta(&before, &counts(mnt));
+        let d = delta(&before, &counts(m));
         let released = d.get("release").copied().unwrap_or(0);
         if released >= releases || Instant::now() > deadline {
             return d;
@@ -99,7 +88,7 @@ fn common_operations_cost_the_requests_they_need_and_no_more() {
 
         // A name not seen before: its lookup, the create, and the flush
         // and release of close(2) (history marks the end of a write there).
-        let created = requests_of(&m.mnt, 1, || {
+        let created = requests_of(m, 1, || {
             fs::File::create(m.p("d/new")).unwrap();
         });
         assert_eq!(
@@ -112,7 +101,7 @@ fn common_operations_cost_the_requests_they_need_and_no_more() {
         // create made the kernel drop the directory's own attributes, which
         // the permission check of the path walk then fetches once.)
         fs::metadata(&cached).unwrap();
-        let stat = requests_of(&m.mnt, 0, || {
+        let stat = requests_of(m, 0, || {
             fs::metadata(&cached).unwrap();
         });
         assert_eq!(stat, Counts::new(), "stat of a cached entry");
@@ -124,7 +113,7 @@ fn common_operations_cost_the_requests_they_need_and_no_more() {
         // here, see docs/PERFORMANCE.md).
         settle_stamps(&m.p("d"));
         run(&m.mnt, "ls", &["-l", "d"]);
-        let ls = requests_of(&m.mnt, 0, || {
+        let ls = requests_of(m, 0, || {
             run(&m.mnt, "ls", &["-l", "d"]);
         });
         let listing: Counts = ls.into_iter().filter(|(k, _)| k != "getxattr").collect();

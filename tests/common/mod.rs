@@ -1212,3 +1212,29 @@ pub fn names(dir: &std::path::Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Runs the chronofs CLI in `cwd` (C locale, UTC), stdin closed.
+pub fn chronofs_in(cwd: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin())
+        .args(args)
+        .current_dir(cwd)
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin().display()))
+}
+
+/// [`chronofs_in`] the mount's root, which must succeed; its stdout.
+pub fn chronofs_ok(m: &Mount, args: &[&str]) -> String {
+    let out = chronofs_in(&m.mnt, args);
+    assert!(
+        out.status.success(),
+        "`chronofs {}` failed ({}): {}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        m.log_tail()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
