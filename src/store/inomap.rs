@@ -328,7 +328,15 @@ pub fn write_bindings(
 ) -> Result<(), StoreError> {
     let mut table = txn.open_table(INODES).map_err(index_error)?;
     write_mappings(&mut table, bind, unbind)?;
-    let top = bind.iter().map(|(_, ino)| *ino).max().unwrap_or(0);
+    // Unbound numbers count too: a batch's net bindings may leave out an
+    // object made and removed in it, whose number must still never be
+    // given out again.
+    let top = bind
+        .iter()
+        .chain(unbind)
+        .map(|(_, ino)| *ino)
+        .max()
+        .unwrap_or(0);
     drop(table);
     if top > 0 {
         let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
