@@ -483,7 +483,12 @@ impl Vfs {
     /// Whether `name` in `dir` is visible from a branch below `upper`
     /// (so removing the upper copy must leave a whiteout).
     pub(super) fn visible_below(&self, dir: &Node, name: &CStr, upper: BranchId) -> Result<bool> {
-        for layer in self.layers_of(dir)? {
+        let layers = self.layers_of(dir)?;
+        // Nothing below: no name to look for (a one-branch union).
+        if layers.iter().all(|l| l.branch.0 <= upper.0) {
+            return Ok(false);
+        }
+        for layer in layers {
             if layer.branch.0 <= upper.0 {
                 if let Ok(st) = sys::fstatat(layer.fd.as_fd(), name) {
                     if format::is_whiteout(&st) {

@@ -66,12 +66,17 @@ impl Vfs {
             self.prepare_target(caller, (newparent, &new), t, exchange, &source)?;
             self.name_in_upper(t, (&newdir, &new))?;
         }
-        let over_whiteout =
-            !exchange && sys::fstatat(newdir.fd(), &new).is_ok_and(|st| format::is_whiteout(&st));
-        let victim = if exchange || over_whiteout {
+        let at_new = if exchange {
             None
         } else {
-            self.replaced(&newdir, &new, target_from)?
+            Some(sys::fstatat(newdir.fd(), &new))
+        };
+        let over_whiteout = at_new
+            .as_ref()
+            .is_some_and(|st| st.as_ref().is_ok_and(format::is_whiteout));
+        let victim = match at_new {
+            Some(st) if !over_whiteout => self.replaced(&newdir, (&new, st), target_from)?,
+            _ => None,
         };
         let whiteout_old = below_old && !exchange;
         if source.is_dir() && (over_whiteout || target_below) {
@@ -120,7 +125,12 @@ impl Vfs {
     fn name_in_upper(&self, ino: InodeNo, (dir, name): (&Node, &CStr)) -> Result<()> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let node = self.inodes.node(ino)?;
-        if node.is_dir() || Some(BranchId(node.key.branch)) != u.upper() {
+        // Only an indexed file can have lost its upper name (reached
+        // through the index, as its other lower names are).
+        if node.is_dir()
+            || Some(BranchId(node.key.branch)) != u.upper()
+            || node.inode.union_nlink().is_none()
+        {
             return Ok(());
         }
         match sys::fstatat(dir.fd(), name) {
@@ -163,10 +173,17 @@ impl Vfs {
     /// `newdir` replaces, kept reachable for the kernel's open handles: the
     /// upper one, else the one a lower read-write branch holds (hidden by
     /// the rename; its copy goes after it).
-    fn replaced(&self, newdir: &Node, new: &CStr, target_from: LeftBehind) -> Result<Option<Stat>> {
+    /// `at_new`: the upper name's stat (taken once for this and the
+    /// whiteout check).
+    fn replaced(
+        &self,
+        newdir: &Node,
+        (new, at_new): (&CStr, std::io::Result<Stat>),
+        target_from: LeftBehind,
+    ) -> Result<Option<Stat>> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
-        match sys::fstatat(newdir.fd(), new) {
+        match at_new {
             Ok(st) => {
                 self.inodes.pin_if_known(&self.inodes.key_in(upper, &st))?;
                 if is_dir(&st) {
