@@ -231,6 +231,9 @@ fn err(code: i32) -> io::Error {
 /// directory. A directory already there is returned as it is; a
 /// non-directory there is ENOTDIR. The new directory appears complete (it
 /// is prepared under a hidden name and renamed into place).
+// Only the tests copy without a `BeforeVisible` step (the vfs always
+// binds the copy first).
+#[cfg(test)]
 pub fn copy_up_dir(
     lower_parent: BorrowedFd<'_>,
     upper_parent: BorrowedFd<'_>,
@@ -288,6 +291,9 @@ pub fn copy_up_parents(
 /// and returns an O_PATH descriptor of the copy. EEXIST if the upper name
 /// exists, before or during the copy; EISDIR for a directory (use
 /// [`copy_up_dir`]). On any error nothing new is left in `upper_parent`.
+// Only the tests copy without a `BeforeVisible` step (the vfs always
+// binds the copy first).
+#[cfg(test)]
 pub fn copy_up_file(
     lower_parent: BorrowedFd<'_>,
     name: &CStr,
