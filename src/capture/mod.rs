@@ -155,6 +155,16 @@ pub struct Capture {
     owner_names: Mutex<retention::Names>,
 }
 
+/// Whether a file whose last write handle closed is still open for
+/// writing elsewhere (`sys::open_for_writing`); when that cannot be told,
+/// the session ends as it always did at its last release.
+fn written_elsewhere(reader: std::os::fd::BorrowedFd<'_>) -> bool {
+    sys::open_for_writing(reader).unwrap_or_else(|e| {
+        tracing::debug!("cannot tell whether a closed file is still written: {e}");
+        false
+    })
+}
+
 /// Finds an object's live name: (parent, name).
 pub type Namer = Box<dyn Fn(ObjectId) -> Option<(ObjectId, Vec<u8>)> + Send + Sync>;
 
@@ -887,6 +897,7 @@ impl Capture {
         }
         if gone {
             draft.unbind.extend(binding);
+            self.state.lock().unwatch(obj);
         }
         self.commit(draft)
     }
@@ -976,6 +987,7 @@ impl Capture {
                     }
                     if gone {
                         draft.unbind.extend(binding);
+                        self.state.lock().unwatch(v);
                     }
                 }
             }
@@ -1047,7 +1059,15 @@ impl Capture {
         } else if track {
             st.track(obj);
         }
-        st.open_session(obj, reader, who, every_write && daemon_path, self.mono());
+        let now = self.mono();
+        st.open_session(
+            obj,
+            reader,
+            who,
+            every_write && daemon_path,
+            !daemon_path,
+            now,
+        );
     }
 
     /// Whether versions of `obj` (open as `fd`) are worth building from
@@ -1102,13 +1122,28 @@ impl Capture {
     /// A write handle was closed. The session's version is built by the
     /// ingest worker once the last writer closes.
     pub fn session_closed(&self, obj: ObjectId) {
-        let job = self.state.lock().close_session(obj);
+        let job = self.state.lock().close_session(obj, written_elsewhere);
         if let Some(job) = job {
-            if let Err(job) = self.jobs.push(job) {
-                // No worker, or it is behind: build it here.
-                if let Err(e) = self.run_job(*job) {
-                    tracing::error!("recording the version of inode {obj} failed: {e}");
-                }
+            self.queue(job);
+        }
+    }
+
+    /// Records what shared mappings wrote to files after their sessions
+    /// ended, once nothing has them open for writing (each file at once
+    /// with `all`, at unmount).
+    fn end_watches(&self, all: bool) {
+        let jobs = self.state.lock().end_watches(all, written_elsewhere);
+        for job in jobs {
+            self.queue(job);
+        }
+    }
+
+    fn queue(&self, job: state::Job) {
+        let obj = job.obj;
+        if let Err(job) = self.jobs.push(job) {
+            // No worker, or it is behind: build it here.
+            if let Err(e) = self.run_job(*job) {
+                tracing::error!("recording the version of inode {obj} failed: {e}");
             }
         }
     }
@@ -1177,12 +1212,24 @@ impl Capture {
     }
 
     pub fn settle(&self) {
-        let mut st = self.state.lock();
-        // A version the worker is building (an interval version is not
-        // counted in `ingesting`) is waited for too: a query right after
-        // the interval is up must see it.
-        while st.any_ingesting() || !st.building.is_empty() || st.closing(RELEASE_WAIT, CLOSE_GRACE)
-        {
+        loop {
+            // A version the worker is building (an interval version is not
+            // counted in `ingesting`) is waited for too: a query right
+            // after the interval is up must see it.
+            let busy = {
+                let st = self.state.lock();
+                st.any_ingesting()
+                    || !st.building.is_empty()
+                    || st.closing(RELEASE_WAIT, CLOSE_GRACE)
+            };
+            // After that look, so that a release it no longer waits for is
+            // covered: munmap(2) returns after the mapping's file is
+            // closed, so a query after it sees what the mapping wrote.
+            self.end_watches(false);
+            let mut st = self.state.lock();
+            if !busy && !st.any_ingesting() {
+                return;
+            }
             self.idle.wait_for(&mut st, Duration::from_millis(5));
         }
     }
@@ -1218,6 +1265,12 @@ impl Capture {
         let attrs = attrs_of(&st);
         let known = self.known(job.obj)?;
         let created = self.state.lock().creates.remove(&job.obj);
+        if st.st_nlink == 0 && created.is_none() {
+            // Removed since (its removal recorded its last named state):
+            // what a descriptor or mapping wrote to it afterwards belongs
+            // to no name, and a version now would bring it back to life.
+            return Ok(());
+        }
         if let (Some(k), None) = (&known, &created) {
             if !job.dirty && (k.attrs.same_state(&attrs) || k.verified.same_state(&attrs)) {
                 return Ok(());
@@ -1353,6 +1406,7 @@ impl Capture {
     /// At unmount: builds every queued version, then stops the worker.
     pub fn finish(&self) {
         self.jobs.disable();
+        self.end_watches(true);
         let held = self.state.lock().due_deferred(None);
         for job in held {
             if let Err(e) = self.run_job(job) {

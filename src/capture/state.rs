@@ -2,7 +2,7 @@
 //! bounded cache of what history holds as each object's newest state.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,9 @@ pub struct Session {
     flushed: Option<Instant>,
     /// The policy makes each write a version (`capture = "every-write"`).
     every_write: bool,
+    /// Some writer wrote through FUSE passthrough, so a shared mapping of
+    /// the backing file may outlive its last handle (`close_session`).
+    passthrough: bool,
 }
 
 /// A version to build from a file's current content.
@@ -121,6 +124,15 @@ pub struct Objects {
     /// Large files written through the daemon: the byte ranges written
     /// since their last version, so that the next one re-reads only those.
     tracking: HashMap<ObjectId, Dirty>,
+    /// Files whose session ended while something (a shared mapping made
+    /// under passthrough) still had them open for writing.
+    watched: HashMap<ObjectId, Watch>,
+}
+
+/// A file watched after its session (`Objects::close_session`).
+pub struct Watch {
+    reader: Arc<OwnedFd>,
+    who: Who,
 }
 
 /// Byte ranges written since a file's last version, page-aligned and
@@ -305,12 +317,16 @@ impl Objects {
         reader: OwnedFd,
         who: Who,
         every_write: bool,
+        passthrough: bool,
         now: Duration,
     ) {
+        // The new session's end records (or watches) the file.
+        self.watched.remove(&obj);
         match self.sessions.get_mut(&obj) {
             Some(s) => {
                 s.writers += 1;
                 s.every_write |= every_write;
+                s.passthrough |= passthrough;
             }
             None => {
                 self.sessions.insert(
@@ -324,14 +340,26 @@ impl Objects {
                         last_version: now,
                         flushed: None,
                         every_write,
+                        passthrough,
                     },
                 );
             }
         }
     }
 
-    /// One writer closed; the ingest job if it was the last.
-    pub fn close_session(&mut self, obj: ObjectId) -> Option<Job> {
+    /// One writer closed; the ingest job if it was the last. Under
+    /// passthrough a shared mapping holds the backing file, not the
+    /// handle, so the last handle's release can come before writes
+    /// through the mapping: if the file is still open for writing
+    /// elsewhere (`written_elsewhere`), it is also watched until it is not
+    /// (`end_watches`), for the version of what was written meanwhile.
+    /// (The kernel may send a release just before it closes the backing
+    /// file, so a watch is no reason to hold the session's version back.)
+    pub fn close_session(
+        &mut self,
+        obj: ObjectId,
+        written_elsewhere: impl Fn(BorrowedFd<'_>) -> bool,
+    ) -> Option<Job> {
         let s = self.sessions.get_mut(&obj)?;
         s.writers -= 1;
         if s.writers > 0 {
@@ -340,6 +368,56 @@ impl Objects {
             s.flushed = None;
             return None;
         }
+        if s.passthrough && written_elsewhere(s.reader.as_fd()) {
+            let watch = Watch {
+                reader: s.reader.clone(),
+                who: s.who.clone(),
+            };
+            self.watched.insert(obj, watch);
+        }
+        self.end_session(obj)
+    }
+
+    /// Jobs for the watched files that nothing has open for writing any
+    /// more (for all of them with `all`, at unmount): each records what a
+    /// mapping wrote after the session's end, if anything.
+    pub fn end_watches(
+        &mut self,
+        all: bool,
+        written_elsewhere: impl Fn(BorrowedFd<'_>) -> bool,
+    ) -> Vec<Job> {
+        let ended: Vec<ObjectId> = self
+            .watched
+            .iter()
+            .filter(|(_, w)| all || !written_elsewhere(w.reader.as_fd()))
+            .map(|(o, _)| *o)
+            .collect();
+        let mut jobs = Vec::with_capacity(ended.len());
+        for obj in ended {
+            if let Some(w) = self.watched.remove(&obj) {
+                *self.ingesting.entry(obj).or_default() += 1;
+                jobs.push(Job {
+                    obj,
+                    reader: w.reader,
+                    who: w.who,
+                    cause: Cause::Write,
+                    dirty: false,
+                    retimed: false,
+                    queued: true,
+                    deferrable: true,
+                });
+            }
+        }
+        jobs
+    }
+
+    /// `obj` lost its last name: what is written to it from now on
+    /// belongs to no named state.
+    pub fn unwatch(&mut self, obj: ObjectId) {
+        self.watched.remove(&obj);
+    }
+
+    fn end_session(&mut self, obj: ObjectId) -> Option<Job> {
         let s = self.sessions.remove(&obj)?;
         *self.ingesting.entry(obj).or_default() += 1;
         Some(Job {
@@ -476,8 +554,13 @@ const DEFER_LIMIT: usize = 1024;
 /// How often the worker looks for files held open past the interval.
 const INTERVAL_CHECK: Duration = Duration::from_secs(1);
 
+/// How often the worker looks at files watched after their session for a
+/// mapping that may have gone (a query looks itself).
+const WATCH_CHECK: Duration = Duration::from_millis(200);
+
 pub fn worker_loop(capture: Weak<Capture>) {
     let mut last_check = Instant::now();
+    let mut last_watch = Instant::now();
     loop {
         let Some(c) = capture.upgrade() else {
             return;
@@ -487,6 +570,10 @@ pub fn worker_loop(capture: Weak<Capture>) {
             if let Err(e) = c.run_job(job) {
                 tracing::error!("recording the version of inode {obj} failed: {e}");
             }
+        }
+        if last_watch.elapsed() >= WATCH_CHECK {
+            last_watch = Instant::now();
+            c.end_watches(false);
         }
         if last_check.elapsed() >= INTERVAL_CHECK {
             last_check = Instant::now();
@@ -529,44 +616,89 @@ mod tests {
     #[test]
     fn a_session_ends_with_its_last_writer_as_one_job() {
         let mut o = Objects::default();
-        o.open_session(id(7), fd(), Who::default(), false, s(0));
-        o.open_session(id(7), fd(), Who::default(), false, s(1));
+        o.open_session(id(7), fd(), Who::default(), false, false, s(0));
+        o.open_session(id(7), fd(), Who::default(), false, false, s(1));
         assert!(o.mark_dirty(id(7), true));
         assert!(!o.mark_dirty(id(8), false), "no session of 8");
-        assert!(o.close_session(id(7)).is_none(), "one writer is still open");
-        let job = o.close_session(id(7)).unwrap();
+        assert!(
+            o.close_session(id(7), |_| false).is_none(),
+            "one writer is still open"
+        );
+        let job = o.close_session(id(7), |_| false).unwrap();
         assert_eq!((job.obj, job.cause), (id(7), Cause::Write));
         assert!(job.dirty && job.retimed && job.queued && job.deferrable);
         assert!(o.ingesting(id(7)) && !o.has_writers(id(7)));
         o.job_done(id(7), true);
         assert!(!o.any_ingesting());
-        assert!(o.close_session(id(7)).is_none());
+        assert!(o.close_session(id(7), |_| false).is_none());
+    }
+
+    #[test]
+    fn a_passthrough_file_still_written_elsewhere_is_watched_after_its_session() {
+        use std::cell::Cell;
+        let mapped = Cell::new(true);
+        let elsewhere = |_: BorrowedFd<'_>| mapped.get();
+        let mut o = Objects::default();
+        o.open_session(id(1), fd(), Who::default(), false, true, s(0));
+        o.open_session(id(2), fd(), Who::default(), false, false, s(0));
+        let ended = o.close_session(id(1), elsewhere).unwrap();
+        assert_eq!(ended.obj, id(1), "the session's version is not held back");
+        o.job_done(id(1), true);
+        assert!(!o.has_writers(id(1)));
+        o.close_session(id(2), elsewhere).unwrap();
+        assert!(o.end_watches(false, elsewhere).is_empty(), "still mapped");
+        mapped.set(false);
+        let later = o.end_watches(false, elsewhere);
+        assert_eq!(later.iter().map(|j| j.obj).collect::<Vec<_>>(), [id(1)]);
+        assert!(
+            later[0].queued && o.ingesting(id(1)),
+            "without passthrough no watch"
+        );
+        o.job_done(id(1), true);
+        assert!(
+            o.end_watches(true, elsewhere).is_empty(),
+            "one job per watch"
+        );
+        mapped.set(true);
+        o.open_session(id(3), fd(), Who::default(), false, true, s(1));
+        o.close_session(id(3), elsewhere).unwrap();
+        o.open_session(id(3), fd(), Who::default(), false, true, s(2));
+        assert!(
+            o.end_watches(true, elsewhere).is_empty(),
+            "a new session takes over"
+        );
+        o.close_session(id(3), elsewhere).unwrap();
+        o.unwatch(id(3));
+        assert!(o.end_watches(true, elsewhere).is_empty(), "removed");
+        o.open_session(id(4), fd(), Who::default(), false, true, s(3));
+        o.close_session(id(4), elsewhere).unwrap();
+        assert_eq!(o.end_watches(true, elsewhere).len(), 1, "unmount ends it");
     }
 
     #[test]
     fn a_closed_last_writer_is_waited_for_longer_than_one_of_several() {
         let (long, short) = (s(3600), Duration::ZERO);
         let mut o = Objects::default();
-        o.open_session(id(1), fd(), Who::default(), false, s(0));
-        o.open_session(id(1), fd(), Who::default(), false, s(0));
+        o.open_session(id(1), fd(), Who::default(), false, false, s(0));
+        o.open_session(id(1), fd(), Who::default(), false, false, s(0));
         assert!(!o.closing(long, long), "nothing closed yet");
         o.flushed(id(1));
         assert!(!o.closing(long, short), "another writer is still open");
         assert!(o.closing(long, long));
-        assert!(o.close_session(id(1)).is_none());
+        assert!(o.close_session(id(1), |_| false).is_none());
         assert!(!o.closing(long, long), "the writer left is not closing");
         o.flushed(id(1));
         assert!(o.closing(long, short), "the last writer's release is next");
         assert!(!o.closing(short, long));
-        o.close_session(id(1)).unwrap();
+        o.close_session(id(1), |_| false).unwrap();
         assert!(!o.closing(long, long), "released");
     }
 
     #[test]
     fn open_sessions_are_due_an_interval_after_their_last_version() {
         let mut o = Objects::default();
-        o.open_session(id(1), fd(), Who::default(), false, s(100));
-        o.open_session(id(2), fd(), Who::default(), false, s(130));
+        o.open_session(id(1), fd(), Who::default(), false, false, s(100));
+        o.open_session(id(2), fd(), Who::default(), false, false, s(130));
         assert!(o.due_sessions(s(159), s(60)).is_empty());
         let due = o.due_sessions(s(160), s(60));
         assert_eq!(due.iter().map(|j| j.obj.get()).collect::<Vec<_>>(), [1]);
@@ -611,7 +743,7 @@ mod tests {
     #[test]
     fn tracked_ranges_are_handed_over_once() {
         let mut o = Objects::default();
-        o.open_session(id(1), fd(), Who::default(), false, s(0));
+        o.open_session(id(1), fd(), Who::default(), false, false, s(0));
         o.track(id(1));
         o.wrote_range(id(1), 0, 10);
         assert_eq!(o.take_dirty(id(1)), Some(vec![(0, 4096)]));
@@ -623,7 +755,7 @@ mod tests {
             None,
             "a passthrough writer: read it all"
         );
-        o.close_session(id(1));
+        o.close_session(id(1), |_| false);
         o.wrote_range(id(1), 0, 1);
         assert_eq!(o.take_dirty(id(1)), Some(vec![(0, 4096)]));
         assert_eq!(o.take_dirty(id(1)), None, "tracking ended with the session");

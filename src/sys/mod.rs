@@ -143,6 +143,45 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
     openat(CWD, &path, flags & !libc::O_NOFOLLOW, 0)
 }
 
+/// Whether the file open (read-only) as `fd` is open for writing
+/// anywhere, as the kernel counts it: by a descriptor, or by a shared
+/// mapping, which keeps the file it was made from open (under FUSE
+/// passthrough that is the backing file, out of the daemon's sight).
+/// Probed by taking and at once dropping a read lease, which the kernel
+/// refuses (EAGAIN) exactly while a writer exists. Errors: leases off
+/// (EINVAL) or a file neither owned nor leasable by the caller (EACCES).
+pub fn open_for_writing(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    ignore_lease_breaks();
+    // SAFETY: fcntl on a borrowed, open descriptor with integer arguments.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(true),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: as above; drops the lease just taken.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(false)
+}
+
+/// A writer that opens a file while `open_for_writing` holds its lease
+/// breaks it, and the kernel signals the lease holder with SIGIO, whose
+/// default action ends the process. chronofs uses no SIGIO otherwise.
+fn ignore_lease_breaks() {
+    static IGNORED: std::sync::Once = std::sync::Once::new();
+    IGNORED.call_once(|| {
+        // SAFETY: installs the ignore disposition; no handler code runs.
+        unsafe {
+            libc::signal(libc::SIGIO, libc::SIG_IGN);
+        }
+    });
+}
+
 /// `reopen` of a directory: "." below it costs a fraction of the walk
 /// through /proc, but needs search permission on the directory, which
 /// opening it natively does not; the walk through /proc decides then.

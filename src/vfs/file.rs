@@ -506,13 +506,19 @@ impl Vfs {
 
     pub(super) fn live_release(&self, fh: u64) -> Result<Option<InodeNo>> {
         let handle = self.handles.remove(fh)?;
-        if let Handle::File { ino, session, .. } = &*handle {
-            if *session {
-                self.session_closed(*ino);
-            }
-            self.release_io(*ino);
+        let ino = handle.ino();
+        let session = matches!(&*handle, Handle::File { session: true, .. });
+        let file = matches!(&*handle, Handle::File { .. });
+        // Its descriptor closes first: the session's end asks whether the
+        // file is still open for writing anywhere else.
+        drop(handle);
+        if session {
+            self.session_closed(ino);
         }
-        Ok(Some(handle.ino()))
+        if file {
+            self.release_io(ino);
+        }
+        Ok(Some(ino))
     }
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
