@@ -1,6 +1,6 @@
 //! Inode and handle tables.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -211,9 +211,101 @@ impl Drop for FdSlot {
 
 #[derive(Default)]
 struct Tables {
-    by_ino: HashMap<InodeNo, Arc<Inode>>,
-    by_key: HashMap<BackingKey, InodeNo>,
+    by_ino: ByIno,
+    by_key: ByKey,
 }
+
+/// Inodes by number: a set of the entries, looked up by the number inside
+/// them (8 bytes a slot, where a map would hold the number again).
+#[derive(Default)]
+struct ByIno(HashSet<InoEntry>);
+
+struct InoEntry(Arc<Inode>);
+
+impl ByIno {
+    fn get(&self, ino: &InodeNo) -> Option<&Arc<Inode>> {
+        self.0.get(ino).map(|e| &e.0)
+    }
+
+    /// Adds `inode` under its number, replacing what held it.
+    fn insert(&mut self, inode: Arc<Inode>) {
+        self.0.replace(InoEntry(inode));
+    }
+
+    fn remove(&mut self, ino: &InodeNo) {
+        self.0.remove(ino);
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Arc<Inode>> {
+        self.0.iter().map(|e| &e.0)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Numbers by backing key, a set of the entries likewise (8 bytes a slot
+/// instead of 32). An entry's key and number are its inode's.
+#[derive(Default)]
+struct ByKey(HashSet<KeyEntry>);
+
+struct KeyEntry(Arc<Inode>);
+
+impl ByKey {
+    fn get(&self, key: &BackingKey) -> Option<&InodeNo> {
+        self.0.get(key).map(|e| &e.0.ino)
+    }
+
+    /// Makes `inode`'s key name it, replacing the inode it named.
+    fn insert(&mut self, inode: Arc<Inode>) {
+        self.0.replace(KeyEntry(inode));
+    }
+
+    fn remove(&mut self, key: &BackingKey) {
+        self.0.remove(key);
+    }
+}
+
+impl std::borrow::Borrow<InodeNo> for InoEntry {
+    fn borrow(&self) -> &InodeNo {
+        &self.0.ino
+    }
+}
+
+impl std::hash::Hash for InoEntry {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.ino.hash(state);
+    }
+}
+
+impl PartialEq for InoEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.ino == other.0.ino
+    }
+}
+
+impl Eq for InoEntry {}
+
+impl std::borrow::Borrow<BackingKey> for KeyEntry {
+    fn borrow(&self) -> &BackingKey {
+        &self.0.key
+    }
+}
+
+impl std::hash::Hash for KeyEntry {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.key.hash(state);
+    }
+}
+
+impl PartialEq for KeyEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for KeyEntry {}
 
 /// Below this many slots a map is not worth shrinking.
 const SHRINK_FLOOR: usize = 4096;
@@ -226,12 +318,12 @@ impl Tables {
     /// forgets that emptied it and a regrowing table does not thrash.
     /// Returns whether it shrank.
     fn shrink(&mut self) -> bool {
-        let (held, room) = (self.by_ino.len(), self.by_ino.capacity());
+        let (held, room) = (self.by_ino.len(), self.by_ino.0.capacity());
         if room <= SHRINK_FLOOR || held > room / 8 {
             return false;
         }
-        self.by_ino.shrink_to(held * 2);
-        self.by_key.shrink_to(held * 2);
+        self.by_ino.0.shrink_to(held * 2);
+        self.by_key.0.shrink_to(held * 2);
         true
     }
 }
@@ -320,8 +412,8 @@ impl InodeTable {
             listed: AtomicU64::new(0),
         });
         let mut tables = Tables::default();
-        tables.by_ino.insert(InodeNo::ROOT, root);
-        tables.by_key.insert(root_key, InodeNo::ROOT);
+        tables.by_ino.insert(root.clone());
+        tables.by_key.insert(root);
         // Half the descriptor limit for cached inode descriptors; the rest
         // is for open files, directories and the store.
         let cache_budget = (sys::fd_limit() / 2).clamp(256, 1 << 20) as usize;
@@ -767,8 +859,8 @@ impl InodeTable {
             nlink_seen: AtomicU32::new(0),
             listed: AtomicU64::new(0),
         });
-        tables.by_ino.insert(ino, inode.clone());
-        tables.by_key.insert(key, ino);
+        tables.by_ino.insert(inode.clone());
+        tables.by_key.insert(inode.clone());
         Ok(inode)
     }
 
@@ -840,8 +932,8 @@ impl InodeTable {
         if tables.by_key.get(&old.key) == Some(&ino) {
             tables.by_key.remove(&old.key);
         }
-        tables.by_ino.insert(ino, inode.clone());
-        tables.by_key.insert(key, ino);
+        tables.by_ino.insert(inode.clone());
+        tables.by_key.insert(inode.clone());
         drop(tables);
         // The lower object keeps its other names (hard links) in its
         // branch; reached by one of them it must not claim this number,
@@ -896,7 +988,8 @@ impl InodeTable {
     }
 
     /// How many inodes the kernel remembers (the root included).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.tables.read().by_ino.len()
     }
 
@@ -985,6 +1078,10 @@ mod tests {
     use super::*;
     use crate::store::Store;
 
+    /// Held by tests that count the process's descriptors or hold many:
+    /// they would see each other's.
+    static DESCRIPTORS: Mutex<()> = Mutex::new(());
+
     fn open_fds() -> usize {
         std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
     }
@@ -1007,6 +1104,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (upper, lower) = (tmp.path().join("u"), tmp.path().join("l"));
         const DIRS: usize = 600;
+        let _alone = DESCRIPTORS.lock();
         for i in 0..DIRS {
             std::fs::create_dir_all(upper.join(format!("d{i}"))).unwrap();
             std::fs::create_dir_all(lower.join(format!("d{i}/in"))).unwrap();
@@ -1063,6 +1161,7 @@ mod tests {
     fn memory_per_remembered_inode_is_bounded_and_freed_on_forget() {
         const N: u64 = 100_000;
         const PER_INODE: usize = 300;
+        let _alone = DESCRIPTORS.lock();
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("f");
         std::fs::write(&file, b"").unwrap();
