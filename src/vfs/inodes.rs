@@ -213,6 +213,8 @@ impl Drop for FdSlot {
 struct Tables {
     by_ino: ByIno,
     by_key: ByKey,
+    /// Entries dropped since memory was last given back.
+    dropped: usize,
 }
 
 /// Inodes by number: a set of the entries, looked up by the number inside
@@ -310,20 +312,30 @@ impl Eq for KeyEntry {}
 /// Below this many slots a map is not worth shrinking.
 const SHRINK_FLOOR: usize = 4096;
 
+/// Forgets between two returns of free memory to the kernel: a long
+/// removal (`rm -r` of a large tree, which with history also builds and
+/// frees a version per file) leaves the daemon near its working set, at
+/// one `malloc_trim` (about a millisecond) per this many files.
+const TRIM_EVERY: usize = 65536;
+
 impl Tables {
     /// After the kernel forgot most inodes (memory pressure, `rm -r` of a
     /// large tree), gives the maps' room back: a map never shrinks on its
     /// own, and would stay at the size of the largest tree ever held.
     /// Shrinks to twice what is held, so the cost is amortized over the
     /// forgets that emptied it and a regrowing table does not thrash.
-    /// Returns whether it shrank.
+    /// Returns whether free memory is to be given back now: after a
+    /// shrink, or every `TRIM_EVERY` forgets.
     fn shrink(&mut self) -> bool {
+        self.dropped += 1;
         let (held, room) = (self.by_ino.len(), self.by_ino.0.capacity());
-        if room <= SHRINK_FLOOR || held > room / 8 {
+        if room > SHRINK_FLOOR && held <= room / 8 {
+            self.by_ino.0.shrink_to(held * 2);
+            self.by_key.0.shrink_to(held * 2);
+        } else if self.dropped < TRIM_EVERY {
             return false;
         }
-        self.by_ino.0.shrink_to(held * 2);
-        self.by_key.0.shrink_to(held * 2);
+        self.dropped = 0;
         true
     }
 }
