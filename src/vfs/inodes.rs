@@ -1,6 +1,6 @@
 //! Inode and handle tables.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -211,103 +211,11 @@ impl Drop for FdSlot {
 
 #[derive(Default)]
 struct Tables {
-    by_ino: ByIno,
-    by_key: ByKey,
+    by_ino: super::inode_index::ByIno,
+    by_key: super::inode_index::ByKey,
     /// Entries dropped since memory was last given back.
     dropped: usize,
 }
-
-/// Inodes by number: a set of the entries, looked up by the number inside
-/// them (8 bytes a slot, where a map would hold the number again).
-#[derive(Default)]
-struct ByIno(HashSet<InoEntry>);
-
-struct InoEntry(Arc<Inode>);
-
-impl ByIno {
-    fn get(&self, ino: &InodeNo) -> Option<&Arc<Inode>> {
-        self.0.get(ino).map(|e| &e.0)
-    }
-
-    /// Adds `inode` under its number, replacing what held it.
-    fn insert(&mut self, inode: Arc<Inode>) {
-        self.0.replace(InoEntry(inode));
-    }
-
-    fn remove(&mut self, ino: &InodeNo) {
-        self.0.remove(ino);
-    }
-
-    fn values(&self) -> impl Iterator<Item = &Arc<Inode>> {
-        self.0.iter().map(|e| &e.0)
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
-/// Numbers by backing key, a set of the entries likewise (8 bytes a slot
-/// instead of 32). An entry's key and number are its inode's.
-#[derive(Default)]
-struct ByKey(HashSet<KeyEntry>);
-
-struct KeyEntry(Arc<Inode>);
-
-impl ByKey {
-    fn get(&self, key: &BackingKey) -> Option<&InodeNo> {
-        self.0.get(key).map(|e| &e.0.ino)
-    }
-
-    /// Makes `inode`'s key name it, replacing the inode it named.
-    fn insert(&mut self, inode: Arc<Inode>) {
-        self.0.replace(KeyEntry(inode));
-    }
-
-    fn remove(&mut self, key: &BackingKey) {
-        self.0.remove(key);
-    }
-}
-
-impl std::borrow::Borrow<InodeNo> for InoEntry {
-    fn borrow(&self) -> &InodeNo {
-        &self.0.ino
-    }
-}
-
-impl std::hash::Hash for InoEntry {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.ino.hash(state);
-    }
-}
-
-impl PartialEq for InoEntry {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.ino == other.0.ino
-    }
-}
-
-impl Eq for InoEntry {}
-
-impl std::borrow::Borrow<BackingKey> for KeyEntry {
-    fn borrow(&self) -> &BackingKey {
-        &self.0.key
-    }
-}
-
-impl std::hash::Hash for KeyEntry {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.key.hash(state);
-    }
-}
-
-impl PartialEq for KeyEntry {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key == other.0.key
-    }
-}
-
-impl Eq for KeyEntry {}
 
 /// Below this many slots a map is not worth shrinking.
 const SHRINK_FLOOR: usize = 4096;
@@ -326,12 +234,12 @@ impl Tables {
     /// forgets that emptied it and a regrowing table does not thrash.
     /// Returns whether free memory is to be given back now: after a
     /// shrink, or every `TRIM_EVERY` forgets.
-    fn shrink(&mut self) -> bool {
+    fn note_drop(&mut self) -> bool {
         self.dropped += 1;
-        let (held, room) = (self.by_ino.len(), self.by_ino.0.capacity());
+        let (held, room) = (self.by_ino.len(), self.by_ino.capacity());
         if room > SHRINK_FLOOR && held <= room / 8 {
-            self.by_ino.0.shrink_to(held * 2);
-            self.by_key.0.shrink_to(held * 2);
+            self.by_ino.shrink_to(held * 2);
+            self.by_key.shrink_to(held * 2);
         } else if self.dropped < TRIM_EVERY {
             return false;
         }
@@ -992,7 +900,7 @@ impl InodeTable {
         if tables.by_key.get(&inode.key) == Some(&ino) {
             tables.by_key.remove(&inode.key);
         }
-        if tables.shrink() {
+        if tables.note_drop() {
             drop(tables);
             drop(inode);
             sys::release_free_memory();
