@@ -37,6 +37,12 @@ pub const FORMAT_VERSION: u32 = 5;
 /// build could not decode.
 const UPGRADABLE: &[u64] = &[1, 2, 3, 4];
 
+/// The index's page cache. redb's default (1 GiB) lets it grow with the
+/// index, i.e. with every file ever recorded, and the daemon's resident
+/// memory with it; the kernel's page cache keeps the file's pages warm
+/// beyond this.
+const INDEX_CACHE: usize = 32 << 20;
+
 pub const INDEX_FILE: &str = "index.redb";
 /// A new index is built under this name and renamed when complete.
 const INDEX_NEW: &str = "index.redb.new";
@@ -568,6 +574,7 @@ impl Store {
         {
             let backend = io.open_index(INDEX_NEW).map_err(io_err)?;
             let db = Database::builder()
+                .set_cache_size(INDEX_CACHE)
                 .create_with_backend(backend)
                 .map_err(|e| open_error(io.path(INDEX_NEW), e))?;
             let txn = db.begin_write().map_err(index_error)?;
@@ -604,6 +611,7 @@ impl Store {
             .open_index(INDEX_FILE)
             .map_err(|source| StoreError::from_io(path.clone(), source))?;
         Database::builder()
+            .set_cache_size(INDEX_CACHE)
             .create_with_backend(backend)
             .map_err(|e| open_error(path, e))
     }

@@ -682,7 +682,39 @@ const HANDLE_HEADER: usize = 8;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileHandle {
     /// `struct file_handle` as the kernel laid it out, header included.
-    raw: Box<[u8]>,
+    raw: HandleBytes,
+}
+
+/// Handles up to this size, header included, are kept inline: ext4's
+/// (8 + 8 bytes), xfs's and tmpfs's (8 + 12) fit, so the inode table
+/// holds a handle per remembered inode without an allocation each, in 24
+/// bytes.
+const INLINE_HANDLE: usize = 22;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum HandleBytes {
+    /// Length, and the bytes (zero beyond it, so equality is bytewise).
+    Inline(u8, [u8; INLINE_HANDLE]),
+    Heap(Box<[u8]>),
+}
+
+impl HandleBytes {
+    fn new(bytes: &[u8]) -> HandleBytes {
+        if bytes.len() <= INLINE_HANDLE {
+            let mut inline = [0u8; INLINE_HANDLE];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            HandleBytes::Inline(bytes.len() as u8, inline)
+        } else {
+            HandleBytes::Heap(bytes.into())
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            HandleBytes::Inline(len, bytes) => &bytes[..usize::from(*len)],
+            HandleBytes::Heap(bytes) => bytes,
+        }
+    }
 }
 
 /// The handle of the object behind `fd`, and the id of the mount it is on.
@@ -720,7 +752,7 @@ pub fn name_to_handle_at(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<(File
     let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
     Ok((
         FileHandle {
-            raw: bytes[..HANDLE_HEADER + payload].into(),
+            raw: HandleBytes::new(&bytes[..HANDLE_HEADER + payload]),
         },
         mount_id,
     ))
@@ -733,8 +765,9 @@ pub fn open_by_handle(
     flags: i32,
 ) -> io::Result<OwnedFd> {
     // Copy into an aligned buffer: the kernel reads the header as u32s.
-    let mut buf = vec![0u32; handle.raw.len().div_ceil(4)];
-    for (i, chunk) in handle.raw.chunks(4).enumerate() {
+    let raw = handle.raw.as_slice();
+    let mut buf = vec![0u32; raw.len().div_ceil(4)];
+    for (i, chunk) in raw.chunks(4).enumerate() {
         let mut word = [0u8; 4];
         word[..chunk.len()].copy_from_slice(chunk);
         buf[i] = u32::from_ne_bytes(word);
@@ -753,6 +786,24 @@ pub fn open_by_handle(
     }
     // SAFETY: the kernel returned a fresh descriptor that nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Bytes the allocator has handed out and not yet had back (glibc's own
+/// count, all threads): what memory accounting in tests measures.
+pub fn heap_in_use() -> usize {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let info = unsafe { libc::mallinfo2() };
+    info.uordblks + info.hblkhd
+}
+
+/// Gives the allocator's free pages back to the kernel. glibc returns
+/// memory on its own only from the top of a heap, so after a mass free
+/// (the kernel forgetting most inodes) resident memory would otherwise
+/// stay at its peak.
+pub fn release_free_memory() {
+    // SAFETY: malloc_trim only releases pages no allocation uses; it
+    // takes the allocator's locks itself.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// The current soft limit on open files.

@@ -45,22 +45,27 @@ pub struct Inode {
     nlookup: AtomicU64,
     slot: FdSlot,
     /// The (parent, name) the kernel last reached this object by: where
-    /// history records it if it was never recorded before.
-    name: Mutex<Option<(InodeNo, Vec<u8>)>>,
-    /// Set once the first lookup has compared the object with history.
-    seen: AtomicBool,
+    /// history records it if it was never recorded before. Packed in one
+    /// allocation (`pack_name`): the table holds one per remembered inode.
+    name: Mutex<Option<Box<[u8]>>>,
     /// A union directory: the same directory in the branches below the
     /// one `key` names, top-down (empty outside union mounts). Reached
     /// like the inode's own object, so that a large tree of union
     /// directories does not hold a descriptor per branch each.
     layers: Box<[LayerSlot]>,
     /// A union file with hard links in a read-only branch, copied up
-    /// through the index: the link count the union shows (0: not one).
-    union_nlink: AtomicU32,
+    /// through the index: the link count the union shows (0: not one);
+    /// and in bit 31 (`SEEN`), whether the first lookup has compared the
+    /// object with history. One word for both keeps the entry a size
+    /// class smaller (the table holds one per remembered inode).
+    nlink_seen: AtomicU32,
     /// A directory: the stamp of its copies when an open last made the
     /// kernel re-read its listing (see `dircache.rs`; 0: none).
     pub listed: AtomicU64,
 }
+
+/// `Inode::nlink_seen`'s flag bit (a link count never reaches it).
+const SEEN: u32 = 1 << 31;
 
 /// One branch's copy of a union directory.
 #[derive(Clone)]
@@ -86,7 +91,7 @@ enum FdSlot {
     Pinned(Arc<OwnedFd>),
     Handle {
         /// The branch whose mount the handle is re-opened on.
-        branch: usize,
+        branch: u32,
         handle: sys::FileHandle,
         cached: Mutex<Option<Arc<OwnedFd>>>,
         /// Used since the last eviction pass (second-chance eviction).
@@ -135,25 +140,31 @@ impl Inode {
 
     pub fn set_name(&self, parent: InodeNo, name: &[u8]) {
         let mut slot = self.name.lock();
-        if slot.as_ref().is_none_or(|(p, n)| *p != parent || n != name) {
-            *slot = Some((parent, name.to_vec()));
+        if slot.as_deref().map(unpack_name) != Some((parent, name)) {
+            *slot = Some(pack_name(parent, name));
         }
     }
 
     pub fn name(&self) -> Option<(InodeNo, Vec<u8>)> {
-        self.name.lock().clone()
+        let slot = self.name.lock();
+        let (parent, name) = unpack_name(slot.as_deref()?);
+        Some((parent, name.to_vec()))
     }
 
     /// The link count to show instead of the backing one, if any.
     pub fn union_nlink(&self) -> Option<u32> {
-        match self.union_nlink.load(Ordering::Acquire) {
+        match self.nlink_seen.load(Ordering::Acquire) & !SEEN {
             0 => None,
             n => Some(n),
         }
     }
 
     pub fn set_union_nlink(&self, n: u32) {
-        self.union_nlink.store(n, Ordering::Release);
+        let _ = self
+            .nlink_seen
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some((w & SEEN) | (n & !SEEN))
+            });
     }
 
     /// Whether it is a union directory with copies in lower branches.
@@ -163,8 +174,24 @@ impl Inode {
 
     /// True the first time it is asked for this inode.
     pub fn first_sight(&self) -> bool {
-        !self.seen.swap(true, Ordering::Relaxed)
+        self.nlink_seen.fetch_or(SEEN, Ordering::AcqRel) & SEEN == 0
     }
+}
+
+/// An inode's (parent, name) in one allocation: the parent's number in
+/// the first 8 bytes, then the name.
+fn pack_name(parent: InodeNo, name: &[u8]) -> Box<[u8]> {
+    let mut packed = Vec::with_capacity(8 + name.len());
+    packed.extend_from_slice(&parent.0.to_ne_bytes());
+    packed.extend_from_slice(name);
+    packed.into_boxed_slice()
+}
+
+fn unpack_name(packed: &[u8]) -> (InodeNo, &[u8]) {
+    let (parent, name) = packed.split_at(8);
+    let mut number = [0u8; 8];
+    number.copy_from_slice(parent);
+    (InodeNo(u64::from_ne_bytes(number)), name)
 }
 
 impl Drop for FdSlot {
@@ -184,8 +211,41 @@ impl Drop for FdSlot {
 
 #[derive(Default)]
 struct Tables {
-    by_ino: HashMap<InodeNo, Arc<Inode>>,
-    by_key: HashMap<BackingKey, InodeNo>,
+    by_ino: super::inode_index::ByIno,
+    by_key: super::inode_index::ByKey,
+    /// Entries dropped since memory was last given back.
+    dropped: usize,
+}
+
+/// Below this many slots a map is not worth shrinking.
+const SHRINK_FLOOR: usize = 4096;
+
+/// Forgets between two returns of free memory to the kernel: a long
+/// removal (`rm -r` of a large tree, which with history also builds and
+/// frees a version per file) leaves the daemon near its working set, at
+/// one `malloc_trim` (about a millisecond) per this many files.
+const TRIM_EVERY: usize = 65536;
+
+impl Tables {
+    /// After the kernel forgot most inodes (memory pressure, `rm -r` of a
+    /// large tree), gives the maps' room back: a map never shrinks on its
+    /// own, and would stay at the size of the largest tree ever held.
+    /// Shrinks to twice what is held, so the cost is amortized over the
+    /// forgets that emptied it and a regrowing table does not thrash.
+    /// Returns whether free memory is to be given back now: after a
+    /// shrink, or every `TRIM_EVERY` forgets.
+    fn note_drop(&mut self) -> bool {
+        self.dropped += 1;
+        let (held, room) = (self.by_ino.len(), self.by_ino.capacity());
+        if room > SHRINK_FLOOR && held <= room / 8 {
+            self.by_ino.shrink_to(held * 2);
+            self.by_key.shrink_to(held * 2);
+        } else if self.dropped < TRIM_EVERY {
+            return false;
+        }
+        self.dropped = 0;
+        true
+    }
 }
 
 pub struct InodeTable {
@@ -261,7 +321,6 @@ impl InodeTable {
             nlookup: AtomicU64::new(1),
             slot: FdSlot::Pinned(root_fd.clone()),
             name: Mutex::new(None),
-            seen: AtomicBool::new(false),
             layers: root_layers
                 .into_iter()
                 .map(|l| LayerSlot {
@@ -269,12 +328,12 @@ impl InodeTable {
                     slot: FdSlot::Pinned(l.fd),
                 })
                 .collect(),
-            union_nlink: AtomicU32::new(0),
+            nlink_seen: AtomicU32::new(0),
             listed: AtomicU64::new(0),
         });
         let mut tables = Tables::default();
-        tables.by_ino.insert(InodeNo::ROOT, root);
-        tables.by_key.insert(root_key, InodeNo::ROOT);
+        tables.by_ino.insert(root.clone());
+        tables.by_key.insert(root);
         // Half the descriptor limit for cached inode descriptors; the rest
         // is for open files, directories and the store.
         let cache_budget = (sys::fd_limit() / 2).clamp(256, 1 << 20) as usize;
@@ -394,7 +453,7 @@ impl InodeTable {
         if let Some(fd) = &*slot {
             return Ok(fd.clone());
         }
-        let fd = Arc::new(self.open_handle(branch, handle)?);
+        let fd = Arc::new(self.open_handle(branch as usize, handle)?);
         *slot = Some(fd.clone());
         drop(slot);
         self.count_cached();
@@ -490,7 +549,7 @@ impl InodeTable {
         if slot.is_some() {
             return Ok(());
         }
-        *slot = Some(Arc::new(self.open_handle(*branch, handle)?));
+        *slot = Some(Arc::new(self.open_handle(*branch as usize, handle)?));
         drop(slot);
         self.count_cached();
         Ok(())
@@ -575,7 +634,7 @@ impl InodeTable {
         };
         self.count_cached();
         FdSlot::Handle {
-            branch: branch.0 as usize,
+            branch: branch.0,
             handle,
             cached: Mutex::new(Some(fd)),
             referenced: AtomicBool::new(true),
@@ -716,13 +775,12 @@ impl InodeTable {
             nlookup: AtomicU64::new(1),
             slot,
             name: Mutex::new(None),
-            seen: AtomicBool::new(false),
             layers,
-            union_nlink: AtomicU32::new(0),
+            nlink_seen: AtomicU32::new(0),
             listed: AtomicU64::new(0),
         });
-        tables.by_ino.insert(ino, inode.clone());
-        tables.by_key.insert(key, ino);
+        tables.by_ino.insert(inode.clone());
+        tables.by_key.insert(inode.clone());
         Ok(inode)
     }
 
@@ -786,17 +844,16 @@ impl InodeTable {
             kind: old.kind,
             nlookup: AtomicU64::new(old.nlookup.load(Ordering::Acquire)),
             slot,
-            name: Mutex::new(old.name()),
-            seen: AtomicBool::new(old.seen.load(Ordering::Relaxed)),
+            name: Mutex::new(old.name.lock().clone()),
             layers,
-            union_nlink: AtomicU32::new(old.union_nlink.load(Ordering::Acquire)),
+            nlink_seen: AtomicU32::new(old.nlink_seen.load(Ordering::Acquire)),
             listed: AtomicU64::new(0),
         });
         if tables.by_key.get(&old.key) == Some(&ino) {
             tables.by_key.remove(&old.key);
         }
-        tables.by_ino.insert(ino, inode.clone());
-        tables.by_key.insert(key, ino);
+        tables.by_ino.insert(inode.clone());
+        tables.by_key.insert(inode.clone());
         drop(tables);
         // The lower object keeps its other names (hard links) in its
         // branch; reached by one of them it must not claim this number,
@@ -836,12 +893,24 @@ impl InodeTable {
         }
         let mut tables = self.tables.write();
         // A lookup may have revived it between the decrement and the lock.
-        if inode.nlookup.load(Ordering::Acquire) == 0 {
-            tables.by_ino.remove(&ino);
-            if tables.by_key.get(&inode.key) == Some(&ino) {
-                tables.by_key.remove(&inode.key);
-            }
+        if inode.nlookup.load(Ordering::Acquire) != 0 {
+            return;
         }
+        tables.by_ino.remove(&ino);
+        if tables.by_key.get(&inode.key) == Some(&ino) {
+            tables.by_key.remove(&inode.key);
+        }
+        if tables.note_drop() {
+            drop(tables);
+            drop(inode);
+            sys::release_free_memory();
+        }
+    }
+
+    /// How many inodes the kernel remembers (the root included).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.tables.read().by_ino.len()
     }
 
     pub fn flush(&self) -> std::result::Result<(), StoreError> {
@@ -929,8 +998,17 @@ mod tests {
     use super::*;
     use crate::store::Store;
 
+    /// Held by tests that count the process's descriptors or hold many:
+    /// they would see each other's.
+    static DESCRIPTORS: Mutex<()> = Mutex::new(());
+
     fn open_fds() -> usize {
         std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+    }
+
+    fn dir_fd_file(p: &std::path::Path) -> OwnedFd {
+        let c = sys::cstr(p.as_os_str()).unwrap();
+        sys::openat(sys::CWD, &c, libc::O_PATH, 0).unwrap()
     }
 
     fn dir_fd(p: &std::path::Path) -> OwnedFd {
@@ -946,6 +1024,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (upper, lower) = (tmp.path().join("u"), tmp.path().join("l"));
         const DIRS: usize = 600;
+        let _alone = DESCRIPTORS.lock();
         for i in 0..DIRS {
             std::fs::create_dir_all(upper.join(format!("d{i}"))).unwrap();
             std::fs::create_dir_all(lower.join(format!("d{i}/in"))).unwrap();
@@ -993,5 +1072,73 @@ mod tests {
         let layers = table.layers(&inodes[0]).unwrap();
         assert_eq!(layers.len(), 1);
         assert!(sys::fstatat(layers[0].fd.as_fd(), c"in").is_ok());
+    }
+
+    /// Memory follows what the kernel remembers: each remembered inode
+    /// costs at most `PER_INODE` bytes of heap (table entry, both maps'
+    /// share, handle, name), and forgetting them all gives it back.
+    #[test]
+    fn memory_per_remembered_inode_is_bounded_and_freed_on_forget() {
+        const N: u64 = 100_000;
+        const PER_INODE: usize = 300;
+        let _alone = DESCRIPTORS.lock();
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        let store = Store::open(&tmp.path().join("store")).unwrap();
+        let root = dir_fd(tmp.path());
+        let mounts = vec![BranchMount::of(root.as_fd())];
+        let root_st = sys::fstat(root.as_fd()).unwrap();
+        let mut table = InodeTable::new(
+            BranchId(0),
+            store.inode_map().unwrap(),
+            root,
+            &root_st,
+            mounts,
+            Vec::new(),
+        );
+        table.cache_budget = 4096;
+        let fd = dir_fd_file(&file);
+        let mut st = sys::fstat(fd.as_fd()).unwrap();
+        let name_of = |i: u64| format!("file-{i:07}");
+        let acquire_all = |table: &InodeTable, st: &mut Stat, fresh: bool| {
+            let mut inos = Vec::new();
+            for i in 0..N {
+                st.st_ino = 1_000_000 + i;
+                let fd = sys::reopen(fd.as_fd(), libc::O_PATH).unwrap();
+                let inode = table.acquire_new(fd, st, fresh).unwrap();
+                inode.set_name(InodeNo::ROOT, name_of(i).as_bytes());
+                inos.push(inode.ino);
+            }
+            inos
+        };
+        // Numbers first, so that only the table is measured: the inode
+        // map's cache of recent numbers is bounded on its own.
+        for ino in acquire_all(&table, &mut st, true) {
+            table.forget(ino, 1);
+        }
+        table.flush().unwrap();
+        let before = sys::heap_in_use();
+        let inos = acquire_all(&table, &mut st, false);
+        let held = sys::heap_in_use().saturating_sub(before);
+        let per_inode = held / N as usize;
+        eprintln!(
+            "{per_inode} bytes per remembered inode ({held} for {N}; the entry is {})",
+            std::mem::size_of::<Inode>()
+        );
+        assert!(
+            per_inode <= PER_INODE,
+            "{per_inode} bytes per remembered inode"
+        );
+        for ino in inos {
+            table.forget(ino, 1);
+        }
+        assert_eq!(table.len(), 1, "only the root stays");
+        let left = sys::heap_in_use().saturating_sub(before);
+        eprintln!("{left} bytes left after forgetting all");
+        assert!(
+            left < held / 10,
+            "{left} of {held} bytes still held after every forget"
+        );
     }
 }

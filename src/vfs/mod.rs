@@ -23,6 +23,7 @@ mod dir;
 mod dircache;
 mod file;
 mod ingest;
+mod inode_index;
 mod inodes;
 mod namespace;
 mod source;
