@@ -1474,9 +1474,10 @@ fn shared_mmap_writes_are_captured_for_small_and_tracked_large_files() {
             fs::write(&f, &data).unwrap();
             let fd = Fd::open(&f, libc::O_RDWR, 0).unwrap();
             let mut map = sys::Mmap::shared_rw(&fd, size).unwrap();
-            drop(fd); // the mapping keeps the file open, as after close(2)
-                      // The session ended at that close (a query settles history)
-                      // and wrote nothing: the writes below come after it.
+            // The mapping keeps the file open, as after close(2). The
+            // session ended at that close (a query settles history) and
+            // wrote nothing: the writes below come after it.
+            drop(fd);
             assert_eq!(count(m, name), 1, "{name}: nothing written yet");
             for (off, bytes) in [(10usize, b"mapped!".as_slice()), (size - 5000, b"tail")] {
                 map.write_at(off, bytes);
