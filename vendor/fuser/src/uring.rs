@@ -380,23 +380,27 @@ impl Queue {
                 }
             }
             self.processing.store(false, Ordering::Release);
-            let _g = self.sq_lock.lock();
-            self.ring.submit()?;
         }
         debug!("fuse ring queue {} stopped", self.qid);
         Ok(())
     }
 
-    /// Waits for at least one completion (submitting nothing: repliers on
-    /// other threads submit under the lock meanwhile).
+    /// Submits the replies queued while handling the last batch and waits
+    /// for at least one completion, in one system call. The kernel takes
+    /// the entries published in the shared ring (at most `to_submit`), so
+    /// a reply another thread pushes meanwhile under the lock is taken
+    /// once, by whichever call comes first; that thread's own submit then
+    /// finds nothing.
     fn wait_into(&self, done: &mut Vec<(usize, i32)>) -> io::Result<()> {
         done.clear();
+        let all = self.ring.params().sq_entries();
         while done.is_empty() {
-            // SAFETY: no submission (to_submit 0) and no argument.
+            // SAFETY: no argument; the SQEs were fully written before their
+            // tail was published.
             let waited = unsafe {
                 self.ring
                     .submitter()
-                    .enter::<libc::sigset_t>(0, 1, IORING_ENTER_GETEVENTS, None)
+                    .enter::<libc::sigset_t>(all, 1, IORING_ENTER_GETEVENTS, None)
             };
             match waited {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
