@@ -56,7 +56,7 @@ enum Command {
         /// Comma-separated mount options (see README.md); may be repeated.
         /// `external-changes` if other programs also write SRC directly
         /// (names and attributes then cached 1 s instead of a day).
-        /// `uring=on|off|auto` (default auto): FUSE over io_uring, offered
+        /// `uring=on|off|auto` (default off): FUSE over io_uring, offered
         /// once root sets /sys/module/fuse/parameters/enable_uring to Y.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,

@@ -64,7 +64,10 @@ pub enum Uring {
 }
 
 impl Uring {
-    pub const DEFAULT: Uring = Uring::Auto;
+    /// Off until measured faster for chronofs: bench/run's metadata
+    /// workload showed no gain on this 2-CPU VM (docs/PERFORMANCE.md,
+    /// "FUSE over io_uring"), while a round trip costs about the same.
+    pub const DEFAULT: Uring = Uring::Off;
 }
 
 /// `-o ingest=`: when a mount records the existing tree in the background.
