@@ -249,6 +249,13 @@ fn unknown_mount_option() {
         t.path(),
         "negative attr_timeout",
     );
+    expect_mount_failure(
+        &src,
+        &mnt,
+        &["-o", "uring=fast"],
+        t.path(),
+        "bad uring value",
+    );
     // A readiness descriptor that is not open, or is stdio.
     for fd in ["97", "1", "0"] {
         expect_mount_failure(

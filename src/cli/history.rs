@@ -588,6 +588,9 @@ pub fn status(t: &Target, json: bool, requests: bool) -> Result<()> {
         v.dedup_ratio, v.compression_ratio
     );
     println!("tags:         {}", v.tags);
+    if let Some(t) = &v.transport {
+        println!("transport:    {t}");
+    }
     if let Some(u) = &v.union {
         print_branches(u);
     }

@@ -56,6 +56,8 @@ enum Command {
         /// Comma-separated mount options (see README.md); may be repeated.
         /// `external-changes` if other programs also write SRC directly
         /// (names and attributes then cached 1 s instead of a day).
+        /// `uring=on|off|auto` (default off): FUSE over io_uring, offered
+        /// once root sets /sys/module/fuse/parameters/enable_uring to Y.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Log every request (implies -f).

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use super::options::Ingest;
+use super::options::{Ingest, Uring};
 use super::{exit, MountOptions};
 use crate::branch::{BranchId, DirBranch};
 use crate::capture::retention::{Cleaner, PolicyCell};
@@ -565,6 +565,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
             .unwrap_or_else(|| plan.src.to_string_lossy().into_owned()),
         kernel_flags,
         allow_other: opts.allow_other,
+        uring: uring_wanted(opts.uring)?,
         threads: opts.threads.unwrap_or_else(|| {
             // One per core: more threads on a small machine cost context
             // switches for single-stream work (measured: rm -rf of a tree
@@ -583,9 +584,12 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     )?;
     let session = Mounted::new(fs, &plan.mnt, &spec)
         .with_context(|| format!("cannot mount at {}", plan.mnt.display()))?;
+    if opts.uring == Uring::On && !session.io_uring_granted() {
+        bail!("uring=on: the kernel did not offer FUSE over io_uring at INIT");
+    }
     let control = match (&history, &policy) {
         (Some(h), Some(p)) => {
-            let ctx = (&vfs, &store, counts);
+            let ctx = (&vfs, &store, counts, session.transport());
             start_control(plan, src_root, h, ctx, p.clone())?
         }
         _ => None,
@@ -640,6 +644,7 @@ struct MountHost(
     std::sync::Weak<Vfs>,
     Vec<PathBuf>,
     Arc<crate::fuse::RequestCounts>,
+    crate::fuse::TransportState,
 );
 
 impl crate::history::past::LiveIds for MountHost {
@@ -682,6 +687,10 @@ impl control::service::Host for MountHost {
                 })
                 .collect(),
         )
+    }
+
+    fn transport(&self) -> Option<String> {
+        Some(crate::fuse::transport_name(self.3.get()).to_string())
     }
 
     fn union_status(&self) -> Option<control::proto::UnionStatus> {
@@ -752,11 +761,34 @@ fn load_policy(opts: &MountOptions) -> Result<control::PolicyHolder> {
 }
 
 /// Serves history requests for this mount on its control socket.
+/// Where root turns FUSE over io_uring on (Linux 6.14+).
+const URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether to ask the kernel for FUSE over io_uring; `uring=on` refuses
+/// to mount when the module parameter says it cannot be had.
+fn uring_wanted(mode: Uring) -> Result<bool> {
+    let enabled =
+        || std::fs::read_to_string(URING_PARAM).is_ok_and(|v| matches!(v.trim(), "Y" | "1"));
+    match mode {
+        Uring::Off => Ok(false),
+        Uring::Auto => Ok(enabled()),
+        Uring::On if enabled() => Ok(true),
+        Uring::On => bail!(
+            "uring=on: FUSE over io_uring is unavailable ({URING_PARAM} is off or missing; as root: echo Y > {URING_PARAM})"
+        ),
+    }
+}
+
 fn start_control(
     plan: &Plan,
     root: std::os::fd::OwnedFd,
     history: &HistoryHandle,
-    (vfs, store, counts): (&Arc<Vfs>, &Store, Arc<crate::fuse::RequestCounts>),
+    (vfs, store, counts, transport): (
+        &Arc<Vfs>,
+        &Store,
+        Arc<crate::fuse::RequestCounts>,
+        crate::fuse::TransportState,
+    ),
     policy: control::PolicyHolder,
 ) -> Result<Option<control::Server>> {
     let canon = plan.mnt.canonicalize().unwrap_or_else(|_| plan.mnt.clone());
@@ -776,6 +808,7 @@ fn start_control(
             Arc::downgrade(vfs),
             plan.union.iter().map(|(p, _)| p.clone()).collect(),
             counts,
+            transport,
         )),
         store.dir().to_path_buf(),
         policy,

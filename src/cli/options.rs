@@ -22,6 +22,8 @@ pub struct MountOptions {
     /// the kernel may cache names and attributes only briefly.
     pub external_changes: bool,
     pub threads: Option<usize>,
+    /// `uring=on|off|auto`: FUSE over io_uring.
+    pub uring: Uring,
     pub store: Option<PathBuf>,
     pub allow_other: bool,
     pub debug: bool,
@@ -50,6 +52,24 @@ pub struct MountOptions {
     pub union: crate::vfs::UnionOptions,
 }
 
+/// `-o uring=`: whether requests travel through FUSE over io_uring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uring {
+    /// Required: the mount fails when the kernel does not offer it.
+    On,
+    /// Never: read/write on /dev/fuse.
+    Off,
+    /// When the kernel offers it (module parameter enable_uring on).
+    Auto,
+}
+
+impl Uring {
+    /// Off until measured faster for chronofs: bench/run's metadata
+    /// workload showed no gain on this 2-CPU VM (docs/PERFORMANCE.md,
+    /// "FUSE over io_uring"), while a round trip costs about the same.
+    pub const DEFAULT: Uring = Uring::Off;
+}
+
 /// `-o ingest=`: when a mount records the existing tree in the background.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ingest {
@@ -74,6 +94,7 @@ impl Default for MountOptions {
             negative_timeout: None,
             external_changes: false,
             threads: None,
+            uring: Uring::DEFAULT,
             store: None,
             allow_other: true,
             debug: false,
@@ -301,6 +322,14 @@ impl MountOptions {
                     .filter(|n| (1..=256).contains(n))
                     .ok_or_else(|| format!("option threads={n}: expected 1 to 256"))?;
                 self.threads = Some(n);
+            }
+            ("uring", v) => {
+                self.uring = match need(key, v)? {
+                    "on" => Uring::On,
+                    "off" => Uring::Off,
+                    "auto" => Uring::Auto,
+                    other => return Err(format!("option uring={other}: expected on, off or auto")),
+                }
             }
             ("store", v) => self.store = Some(PathBuf::from(need(key, v)?)),
             ("allow_other", None) => self.allow_other = true,

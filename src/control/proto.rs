@@ -415,6 +415,9 @@ pub struct StatusReply {
     pub union: Option<UnionStatus>,
     /// FUSE requests the mount has served, by kind (`None`: not mounted).
     pub requests: Option<Vec<RequestCount>>,
+    /// How requests reach the daemon: `io_uring` or `/dev/fuse`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 /// How many requests of one kind (the kernel's name: `lookup`) a mount

@@ -58,6 +58,10 @@ pub trait Host: LiveIds {
     fn request_counts(&self) -> Option<Vec<super::proto::RequestCount>> {
         None
     }
+    /// The transport FUSE requests travel on.
+    fn transport(&self) -> Option<String> {
+        None
+    }
 }
 
 pub struct Service {
@@ -579,6 +583,7 @@ impl Service {
             }),
             union: self.host.union_status(),
             requests: self.host.request_counts(),
+            transport: self.host.transport(),
             ingest: self.host.ingest_status(),
             first: bounds.map(|((seq, time_ns), _)| SeqTime { seq, time_ns }),
             last: bounds.map(|(_, (seq, time_ns))| SeqTime { seq, time_ns }),

@@ -22,6 +22,16 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
+pub use fuser::{Transport, TransportState};
+
+/// The name `chronofs status` shows for a transport.
+pub fn transport_name(t: Transport) -> &'static str {
+    match t {
+        Transport::IoUring => "io_uring",
+        Transport::DevFuse => "/dev/fuse",
+    }
+}
+
 use crate::sys::creds::{self, Caller};
 use crate::sys::TimeSpec;
 use crate::vfs::{Attr, DirCache, InodeNo as VIno, Opened, SetAttr, Vfs, VfsError, Xattr};

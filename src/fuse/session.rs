@@ -17,6 +17,9 @@ pub struct MountSpec {
     pub allow_other: bool,
     /// Request threads.
     pub threads: usize,
+    /// Ask for FUSE over io_uring (falls back to /dev/fuse when INIT does
+    /// not offer it).
+    pub uring: bool,
 }
 
 impl MountSpec {
@@ -74,6 +77,7 @@ impl Mounted {
         // One /dev/fuse descriptor per thread: requests are not funnelled
         // through a single queue lock.
         config.clone_fd = true;
+        config.io_uring = spec.uring;
         fs.forget_removed_views();
         fs.invalidate_changed_attrs();
         let notifier = fs.notifier_slot();
@@ -81,6 +85,16 @@ impl Mounted {
         // Only ever set here, once.
         let _ = notifier.set(session.notifier());
         Ok(Mounted { session })
+    }
+
+    /// Whether INIT granted FUSE over io_uring.
+    pub fn io_uring_granted(&self) -> bool {
+        self.session.io_uring_granted()
+    }
+
+    /// The transport in use (io_uring once its queues registered).
+    pub fn transport(&self) -> fuser::TransportState {
+        self.session.transport()
     }
 
     /// Serves requests until the file system is unmounted.

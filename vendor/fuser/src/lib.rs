@@ -51,6 +51,8 @@ pub use crate::ll::request::INodeNo;
 pub use crate::ll::request::LockOwner;
 pub use crate::ll::request::Version;
 pub use crate::mnt::mount_options::Config;
+pub use crate::uring::Transport;
+pub use crate::uring::TransportState;
 pub use crate::mnt::mount_options::MountOption;
 pub use crate::notify::Notifier;
 pub use crate::notify::PollHandle;
@@ -104,6 +106,8 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+/// chronofs patch: FUSE over io_uring.
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

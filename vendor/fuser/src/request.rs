@@ -29,11 +29,27 @@ use crate::reply::ReplySender;
 use crate::session::SessionACL;
 use crate::session::SessionEventLoop;
 
+/// chronofs patch: where replies go, /dev/fuse or an io_uring ring entry.
+#[derive(Debug)]
+pub(crate) enum ReplyTo {
+    Channel(ChannelSender),
+    Uring(crate::uring::UringSender),
+}
+
+impl ReplyTo {
+    fn sender(&self) -> ReplySender {
+        match self {
+            ReplyTo::Channel(ch) => ReplySender::Channel(ch.clone()),
+            ReplyTo::Uring(u) => ReplySender::Uring(u.clone()),
+        }
+    }
+}
+
 /// Request data structure
 #[derive(Debug)]
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
-    ch: ChannelSender,
+    ch: ReplyTo,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -41,6 +57,11 @@ pub(crate) struct RequestWithSender<'a> {
 impl<'a> RequestWithSender<'a> {
     /// Create a new request from the given data
     pub(crate) fn new(ch: ChannelSender, data: &'a [u8]) -> Option<RequestWithSender<'a>> {
+        Self::with_reply_to(ReplyTo::Channel(ch), data)
+    }
+
+    /// chronofs patch: a request whose reply goes back into a ring entry.
+    pub(crate) fn with_reply_to(ch: ReplyTo, data: &'a [u8]) -> Option<RequestWithSender<'a>> {
         let request = match ll::AnyRequest::try_from(data) {
             Ok(request) => request,
             Err(err) => {
@@ -304,7 +325,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.ch.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -489,7 +510,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.ch.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -562,7 +583,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.ch.sender())
     }
 
     /// Returns a Request reference for this request

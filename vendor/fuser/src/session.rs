@@ -47,7 +47,16 @@ use crate::read_buf::FuseReadBuf;
 use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::request::ReplyTo;
 use crate::request::RequestWithSender;
+use crate::uring;
+use crate::uring::Transport;
+use crate::uring::TransportState;
+
+/// chronofs patch: ring entries per io_uring queue. Each queue's thread
+/// handles its requests one after another, so more entries only let
+/// replies sent later from other threads (fsync) overlap new requests.
+const URING_DEPTH: usize = 4;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -139,6 +148,10 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// chronofs patch: payload buffer size of the io_uring entries, when
+    /// INIT granted FUSE_OVER_IO_URING.
+    uring_payload: Option<usize>,
+    transport: TransportState,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +199,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            uring_payload: None,
+            transport: TransportState::default(),
         };
 
         session.handshake()?;
@@ -214,6 +229,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring_payload: None,
+            transport: TransportState::default(),
         };
 
         session.handshake()?;
@@ -252,6 +269,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring_payload,
+            transport,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -289,6 +308,7 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+        let main_ch = channels[channels.len() - 1].clone();
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -304,6 +324,17 @@ impl<FS: Filesystem> Session<FS> {
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
             );
+        }
+
+        if let Some(payload) = uring_payload {
+            let template = SessionEventLoop {
+                thread_name: String::new(),
+                filesystem: filesystem.clone(),
+                ch: main_ch,
+                allowed,
+                session_owner,
+            };
+            start_uring_queues(template, payload, &transport, &mut threads)?;
         }
 
         let mut reply: io::Result<()> = Ok(());
@@ -422,6 +453,12 @@ impl<FS: Filesystem> Session<FS> {
                 ));
             };
             let res = filesystem.init(Request::ref_cast(request.header()), &mut config);
+            // chronofs patch: the kernel offers FUSE_OVER_IO_URING only when
+            // its module parameter enable_uring is on.
+            if self.config.io_uring && init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+                config.requested |= InitFlags::FUSE_OVER_IO_URING;
+                self.uring_payload = Some(uring::payload_size(config.max_write, config.max_pages()));
+            }
             if let Err(error) = res {
                 let errno = Errno::from_i32(error.raw_os_error().unwrap_or(0));
                 <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
@@ -493,6 +530,18 @@ impl<FS: Filesystem> Session<FS> {
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.ch.sender())
     }
+
+    /// chronofs patch: whether INIT granted FUSE over io_uring (queues
+    /// register when the session runs).
+    pub fn io_uring_granted(&self) -> bool {
+        self.uring_payload.is_some()
+    }
+
+    /// chronofs patch: the transport in use, updated once the io_uring
+    /// queues have registered.
+    pub fn transport(&self) -> TransportState {
+        self.transport.clone()
+    }
 }
 
 #[derive(Debug)]
@@ -521,6 +570,55 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
+    /// chronofs patch: serves one io_uring queue; reports on `ready`
+    /// whether its entries registered.
+    fn ring_loop(
+        &self,
+        qid: usize,
+        payload: usize,
+        ready: &std::sync::mpsc::Sender<io::Result<()>>,
+    ) -> io::Result<()> {
+        // The kernel picks the queue by the caller's CPU: serving it from
+        // that CPU keeps the handoff local.
+        uring::pin_to_cpu(qid);
+        let setup = || -> io::Result<_> {
+            let qid16 = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
+            let queue = Arc::new(uring::Queue::new(
+                qid16,
+                URING_DEPTH,
+                payload,
+                self.ch.sender(),
+                &self.ch.as_fd(),
+            )?);
+            let early = queue.register()?;
+            Ok((queue, early))
+        };
+        let (queue, early) = match setup() {
+            Ok(q) => {
+                let _ = ready.send(Ok(()));
+                q
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return Ok(());
+            }
+        };
+        let mut buf = FuseReadBuf::new();
+        let buf = buf.as_mut();
+        queue.run(early, buf, |data, sender| {
+            match RequestWithSender::with_reply_to(ReplyTo::Uring(sender), data) {
+                Some(req) => {
+                    if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                        req.reply::<ReplyEmpty>().ok();
+                    } else {
+                        req.dispatch(self)
+                    }
+                }
+                None => error!("invalid request on io_uring queue {qid}"),
+            }
+        })
+    }
+
     fn event_loop(&self) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
@@ -553,6 +651,50 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             }
         }
     }
+}
+
+/// chronofs patch: starts one io_uring queue thread per possible CPU and
+/// waits until each has registered its entries (or failed, which leaves
+/// requests on /dev/fuse: the kernel uses the rings only once every queue
+/// has entries).
+fn start_uring_queues<FS: Filesystem>(
+    template: SessionEventLoop<FS>,
+    payload: usize,
+    transport: &TransportState,
+    threads: &mut Vec<JoinHandle<io::Result<()>>>,
+) -> io::Result<()> {
+    let cpus = uring::possible_cpus();
+    let (tx, rx) = std::sync::mpsc::channel::<io::Result<()>>();
+    for qid in 0..cpus {
+        let event_loop = SessionEventLoop {
+            thread_name: format!("fuser-ring-{qid}"),
+            filesystem: template.filesystem.clone(),
+            ch: template.ch.clone(),
+            allowed: template.allowed,
+            session_owner: template.session_owner,
+        };
+        let tx = tx.clone();
+        threads.push(
+            thread::Builder::new()
+                .name(event_loop.thread_name.clone())
+                .spawn(move || event_loop.ring_loop(qid, payload, &tx))?,
+        );
+    }
+    drop(tx);
+    let mut failed = None;
+    for res in rx.iter().take(cpus) {
+        if let Err(e) = res {
+            failed.get_or_insert(e);
+        }
+    }
+    match failed {
+        None => {
+            info!("FUSE over io_uring: {cpus} queues of {URING_DEPTH} entries");
+            transport.set(Transport::IoUring);
+        }
+        Some(e) => warn!("FUSE over io_uring unavailable, serving /dev/fuse: {e}"),
+    }
+    Ok(())
 }
 
 /// The background session data structure

@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// chronofs patch: ask for FUSE over io_uring at INIT and, when the
+    /// kernel grants it, serve requests through per-CPU rings (see
+    /// `uring.rs`); /dev/fuse otherwise.
+    pub io_uring: bool,
 }
 
 /// Mount options accepted by the FUSE filesystem type
