@@ -1265,10 +1265,12 @@ impl Capture {
         let attrs = attrs_of(&st);
         let known = self.known(job.obj)?;
         let created = self.state.lock().creates.remove(&job.obj);
-        if st.st_nlink == 0 && created.is_none() {
+        if job.after_session && st.st_nlink == 0 {
             // Removed since (its removal recorded its last named state):
-            // what a descriptor or mapping wrote to it afterwards belongs
-            // to no name, and a version now would bring it back to life.
+            // what a mapping wrote to it afterwards belongs to no name,
+            // and a version now would bring it back to life. (A removal
+            // itself builds the versions it secures after the backing
+            // unlink, so only this late job can tell by the link count.)
             return Ok(());
         }
         if let (Some(k), None) = (&known, &created) {
@@ -1365,6 +1367,7 @@ impl Capture {
             retimed: job.retimed,
             queued: false,
             deferrable: false,
+            after_session: false,
         };
         if state.defer(held, due).is_err() {
             return false;

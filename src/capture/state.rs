@@ -95,6 +95,8 @@ pub struct Job {
     /// A session's end, which interval mode may hold back (not a flush
     /// that something else waits for).
     pub deferrable: bool,
+    /// What a mapping wrote after its session ended (`end_watches`).
+    pub after_session: bool,
 }
 
 /// A file created by an open that is still writing it: its name and first
@@ -405,6 +407,7 @@ impl Objects {
                     retimed: false,
                     queued: true,
                     deferrable: true,
+                    after_session: true,
                 });
             }
         }
@@ -429,6 +432,7 @@ impl Objects {
             retimed: s.retimed,
             queued: true,
             deferrable: true,
+            after_session: false,
         })
     }
 
@@ -447,6 +451,7 @@ impl Objects {
             retimed,
             queued: false,
             deferrable: false,
+            after_session: false,
         })
     }
 
@@ -721,6 +726,7 @@ mod tests {
             retimed: false,
             queued: false,
             deferrable: false,
+            after_session: false,
         }
     }
 
