@@ -27,7 +27,9 @@ fn three_branches(b: &[PathBuf]) {
     write_file(&b[2].join("twodir/g"), b"g2");
     write_file(&b[2].join("h1"), b"linked");
     fs::hard_link(b[2].join("h1"), b[2].join("h2")).unwrap();
-    // In both lowers: a merged directory, its entries from each.
+    // In both lowers: a merged directory, its entries from each. `both`
+    // itself is left out of PATHS: it is numbered by its topmost copy,
+    // which swapping the lowers changes (docs/ARCHITECTURE.md).
     fs::create_dir(b[1].join("both")).unwrap();
     fs::create_dir(b[2].join("both")).unwrap();
     write_file(&b[1].join("both/from1"), b"1");
