@@ -1,6 +1,6 @@
 //! Branches: the sources of directory entries and file data.
 //!
-//! Owns: a branch's root descriptor and its identity (`BranchId`), and the
+//! Owns: a branch's root descriptor and its position (`BranchId`), and the
 //! rule that a branch's store directory is never part of its name space.
 //! Uses: `sys`. Must not know about FUSE, inode numbers or credentials.
 //! Every access below the root goes through `*at()` calls on descriptors
@@ -13,9 +13,9 @@ use std::path::Path;
 
 use crate::sys;
 
-/// Index of a branch within a mount. Allocated when the mount is assembled
-/// and recorded in the inode map keys, so it must stay stable for a given
-/// branch across remounts (branch 0 is the first read-write directory).
+/// Position of a branch in a mount's list (0 = top), which decides
+/// precedence. Inode-map keys carry the branch's persistent id instead
+/// (`store::branches`), so a position may change across remounts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BranchId(pub u32);
 

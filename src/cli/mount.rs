@@ -465,9 +465,35 @@ fn open_branches(plan: &Plan) -> Result<Branches> {
         list.push(crate::vfs::UnionBranch {
             branch,
             writable: *writable,
+            // Replaced by the persistent id once the store is open.
+            id: i as u32,
         });
     }
     Ok(Branches::Union(list))
+}
+
+/// Matches each union branch to its persistent id in the store (by root
+/// (dev, ino), then canonical path; new branches get fresh ids).
+fn assign_branch_ids(
+    store: &Store,
+    plan: &Plan,
+    list: &mut [crate::vfs::UnionBranch],
+) -> Result<()> {
+    let mut roots = Vec::with_capacity(list.len());
+    for (b, (path, _)) in list.iter().zip(&plan.union) {
+        let st =
+            sys::fstat(b.branch.root_fd()).with_context(|| format!("branch {}", path.display()))?;
+        roots.push(crate::store::BranchRoot {
+            path: path.clone(),
+            dev: st.st_dev,
+            ino: st.st_ino,
+        });
+    }
+    let ids = store.branch_ids(&roots)?;
+    for (b, id) in list.iter_mut().zip(ids) {
+        b.id = id;
+    }
+    Ok(())
 }
 
 fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, Option<Recording>)> {
@@ -479,8 +505,11 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     // made under a caller's identity. Done while still single-threaded.
     nix_free_setgroups_empty()?;
     sys::creds::verify_switching()?;
-    let branches = open_branches(plan)?;
+    let mut branches = open_branches(plan)?;
     let store = Store::open(&plan.store)?;
+    if let Branches::Union(list) = &mut branches {
+        assign_branch_ids(&store, plan, list)?;
+    }
     if !opts.plain {
         store.keep_reserve();
     }

@@ -6,6 +6,7 @@
 //! Uses: nothing of chronofs but `sys`-free std I/O. Must not know about
 //! FUSE, paths inside the mount, or credentials.
 
+pub mod branches;
 pub mod chunks;
 pub mod inomap;
 pub mod io;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
+pub use branches::{BranchRecord, BranchRoot, BranchState};
 pub use chunks::{ChunkStore, Hash, Unsynced};
 pub use inomap::{BackingKey, InodeMap};
 pub use io::{Guarded, StoreIo};
@@ -26,7 +28,7 @@ pub use redb;
 
 /// The format written by this build. Bump on any incompatible change to a
 /// key or value layout, and record it in docs/FORMAT.md.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// Older formats this build upgrades in place, by rewriting the version
 /// number only: format 1 had no history tables (they are created on first
 /// use); format 2 had no delta chunks (it never holds any, and format 3
@@ -34,8 +36,12 @@ pub const FORMAT_VERSION: u32 = 5;
 /// tables (created on first use). A format-3 build refuses a format-4
 /// store: it would read a pruned object's past as its live state. Format
 /// 4 had no lost versions (version content variant 5), which a format-4
-/// build could not decode.
-const UPGRADABLE: &[u64] = &[1, 2, 3, 4];
+/// build could not decode. Format 5 had no `branches` table (created on
+/// first use): its inode-map keys name a union's branch by position, and
+/// an empty table gives position *i* id *i*, so they keep their meaning. A
+/// format-5 build refuses a format-6 store: it would read a reordered
+/// union's keys by position.
+const UPGRADABLE: &[u64] = &[1, 2, 3, 4, 5];
 
 /// The index's page cache. redb's default (1 GiB) lets it grow with the
 /// index, i.e. with every file ever recorded, and the daemon's resident

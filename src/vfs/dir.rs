@@ -333,7 +333,7 @@ impl Vfs {
         batch: &[&sys::DirEntry],
     ) -> Result<Vec<InodeNo>> {
         let key = |e: &&sys::DirEntry| crate::store::BackingKey {
-            branch: self.branch.id().0,
+            branch: self.inodes.id_of(self.branch.id()),
             dev,
             ino: e.ino,
         };

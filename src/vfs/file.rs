@@ -161,7 +161,7 @@ impl Vfs {
     /// open would send the writer's I/O to the lower file.
     fn in_read_only_branch(&self, inode: &super::inodes::Node) -> bool {
         self.union()
-            .is_some_and(|u| !u.writable(crate::branch::BranchId(inode.key.branch)))
+            .is_some_and(|u| !u.writable(self.inodes.branch_of(&inode.key)))
     }
 
     /// Joins the I/O mode of `ino`'s open handles, or sets it if there

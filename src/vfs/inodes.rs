@@ -255,6 +255,10 @@ pub struct InodeTable {
     root_key: BackingKey,
     /// Per branch (indexed by `BranchId`), how handles are re-opened.
     mounts: Vec<BranchMount>,
+    /// Per branch (indexed by `BranchId`, its position), its persistent
+    /// id: what keys carry, so that a branch's objects keep their numbers
+    /// whatever its position (docs/ARCHITECTURE.md "Live unions").
+    ids: Vec<u32>,
     /// Cached descriptors currently open, and how many may be.
     cache_count: Arc<AtomicUsize>,
     cache_budget: usize,
@@ -297,19 +301,19 @@ impl BranchMount {
 }
 
 impl InodeTable {
-    /// `mounts`: every branch's, indexed by `BranchId`; `branch` is the
-    /// one the root and new objects belong to; `root_layers` the root's
-    /// copies in the other branches (a union).
+    /// `mounts` and `ids`: every branch's, indexed by `BranchId`; `branch`
+    /// is the one the root and new objects belong to; `root_layers` the
+    /// root's copies in the other branches (a union).
     pub fn new(
         branch: BranchId,
         map: InodeMap,
         root_fd: OwnedFd,
         root_st: &Stat,
-        mounts: Vec<BranchMount>,
+        (mounts, ids): (Vec<BranchMount>, Vec<u32>),
         root_layers: Vec<Layer>,
     ) -> Self {
         let root_key = BackingKey {
-            branch: branch.0,
+            branch: ids.get(branch.0 as usize).copied().unwrap_or(branch.0),
             dev: root_st.st_dev,
             ino: root_st.st_ino,
         };
@@ -343,6 +347,7 @@ impl InodeTable {
             tables: RwLock::new(tables),
             root_key,
             mounts,
+            ids,
             cache_count: Arc::new(AtomicUsize::new(0)),
             cache_budget,
             numbering: AtomicU64::new(0),
@@ -367,10 +372,22 @@ impl InodeTable {
     /// The key of an object of `branch`.
     pub fn key_in(&self, branch: BranchId, st: &Stat) -> BackingKey {
         BackingKey {
-            branch: branch.0,
+            branch: self.id_of(branch),
             dev: st.st_dev,
             ino: st.st_ino,
         }
+    }
+
+    /// The persistent id keys carry for the branch at position `branch`.
+    pub fn id_of(&self, branch: BranchId) -> u32 {
+        self.ids.get(branch.0 as usize).copied().unwrap_or(branch.0)
+    }
+
+    /// The position of the branch `key` is of; past every branch (never
+    /// writable, no root) when the key's branch is not in this mount.
+    pub fn branch_of(&self, key: &BackingKey) -> BranchId {
+        let pos = self.ids.iter().position(|&id| id == key.branch);
+        BranchId(pos.map_or(u32::MAX, |p| p as u32))
     }
 
     /// The number of a backing object without assigning one.
@@ -1043,7 +1060,7 @@ mod tests {
             store.inode_map().unwrap(),
             root,
             &root_st,
-            mounts,
+            (mounts, vec![0, 1]),
             Vec::new(),
         );
         table.cache_budget = 256;
@@ -1094,7 +1111,7 @@ mod tests {
             store.inode_map().unwrap(),
             root,
             &root_st,
-            mounts,
+            (mounts, vec![0]),
             Vec::new(),
         );
         table.cache_budget = 4096;

@@ -218,7 +218,8 @@ impl Vfs {
     ) -> Result<Arc<Vfs>> {
         let mounts = vec![inodes::BranchMount::of(branch.root_fd())];
         let id = branch.id();
-        Vfs::assemble(branch, id, inomap, mounts, cfg, capture, None)
+        let ids = vec![id.0];
+        Vfs::assemble(branch, id, inomap, (mounts, ids), cfg, capture, None)
     }
 
     /// The vfs over `branch` (the root's), with every branch's handle mount.
@@ -226,7 +227,7 @@ impl Vfs {
         branch: DirBranch,
         id: crate::branch::BranchId,
         inomap: InodeMap,
-        mounts: Vec<inodes::BranchMount>,
+        mounts: (Vec<inodes::BranchMount>, Vec<u32>),
         cfg: VfsConfig,
         capture: Option<Arc<Capture>>,
         union: Option<union::Union>,
@@ -265,9 +266,18 @@ impl Vfs {
         let u = union::Union::new(&branches, opts)?;
         let primary = u.primary();
         let mounts = u.root_fds().map(inodes::BranchMount::of).collect();
+        let ids = branches.iter().map(|b| b.id).collect();
         let mut branch = branches.swap_remove(primary.0 as usize).branch;
         branch.reserve(OsStr::new(crate::union::index::INDEX_DIR));
-        Vfs::assemble(branch, primary, inomap, mounts, cfg, capture, Some(u))
+        Vfs::assemble(
+            branch,
+            primary,
+            inomap,
+            (mounts, ids),
+            cfg,
+            capture,
+            Some(u),
+        )
     }
 
     pub fn config(&self) -> &VfsConfig {

@@ -21,6 +21,10 @@ use crate::union::{copyup, format, merge};
 pub struct UnionBranch {
     pub branch: DirBranch,
     pub writable: bool,
+    /// The branch's persistent id (`Store::branch_ids`), which inode-map
+    /// keys and the hard-link index carry; `branch`'s `BranchId` is its
+    /// position, which decides precedence.
+    pub id: u32,
 }
 
 /// What the vfs knows of a union mount's branches.
@@ -123,7 +127,7 @@ impl Vfs {
     pub(super) fn layers_of(&self, dir: &Node) -> Result<Vec<Layer>> {
         let mut all = self.inodes.layers(&dir.inode)?;
         all.push(Layer {
-            branch: BranchId(dir.key.branch),
+            branch: self.inodes.branch_of(&dir.key),
             fd: dir.fd_arc(),
         });
         all.sort_by_key(|l| l.branch.0);
@@ -250,7 +254,7 @@ impl Vfs {
     pub(super) fn prepare_dir_move(&self, caller: &super::Caller, moved: InodeNo) -> Result<()> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let node = self.inodes.node(moved)?;
-        if !node.has_layers() && u.upper == Some(BranchId(node.key.branch)) {
+        if !node.has_layers() && u.upper == Some(self.inodes.branch_of(&node.key)) {
             return Ok(());
         }
         let origin = self.origin_of(&node)?;
@@ -370,7 +374,7 @@ impl Vfs {
             return Ok(node);
         };
         let upper = u.upper.ok_or(errno(libc::EROFS))?;
-        if node.key.branch == upper.0 {
+        if self.inodes.branch_of(&node.key) == upper {
             return Ok(node);
         }
         let lowers = self.inodes.layers(&node.inode)?;
@@ -379,7 +383,7 @@ impl Vfs {
         }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
         let upper_parent = self.writable_dir(caller, parent)?;
-        let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
+        let lower_parent = self.copy_in(parent, self.inodes.branch_of(&node.key))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
         let fd = copyup::copy_up_dir_identified(
             lower_parent.as_fd(),
@@ -390,7 +394,7 @@ impl Vfs {
         )?;
         let st = sys::fstat(fd.as_fd())?;
         let mut layers = vec![Layer {
-            branch: BranchId(node.key.branch),
+            branch: self.inodes.branch_of(&node.key),
             fd: node.fd_arc(),
         }];
         layers.extend(lowers);
@@ -417,7 +421,7 @@ impl Vfs {
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
         };
-        if u.writable(BranchId(node.key.branch)) {
+        if u.writable(self.inodes.branch_of(&node.key)) {
             return Ok(node);
         }
         self.upper_node(caller, ino)
@@ -430,7 +434,7 @@ impl Vfs {
         let node = self.inodes.node(ino)?;
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let upper = u.upper.ok_or(errno(libc::EROFS))?;
-        if node.key.branch == upper.0 {
+        if self.inodes.branch_of(&node.key) == upper {
             return Ok(node);
         }
         if node.is_dir() {
@@ -438,7 +442,7 @@ impl Vfs {
         }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
         let upper_parent = self.writable_dir(caller, parent)?;
-        let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
+        let lower_parent = self.copy_in(parent, self.inodes.branch_of(&node.key))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
         let owner = u.opts.owner.resolve(caller.uid, caller.gid);
         let lower_st = sys::fstat(node.fd())?;
@@ -669,7 +673,7 @@ impl Vfs {
             .filter_map(|m| {
                 let i = m.layer?;
                 Some(crate::store::BackingKey {
-                    branch: layers[i].branch.0,
+                    branch: self.inodes.id_of(layers[i].branch),
                     dev: devs[i],
                     ino: m.ino,
                 })

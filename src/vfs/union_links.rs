@@ -80,7 +80,7 @@ impl Vfs {
         if !via_index && !is_linked_file(st) {
             return;
         }
-        if !u.writable(BranchId(inode.key.branch)) {
+        if !u.writable(self.inodes.branch_of(&inode.key)) {
             return;
         }
         match index::nlink(fd, u.ns) {
@@ -140,7 +140,7 @@ impl Vfs {
             return Ok(());
         };
         let node = self.inodes.node(ino)?;
-        if u.upper().is_none() || u.writable(BranchId(node.key.branch)) {
+        if u.upper().is_none() || u.writable(self.inodes.branch_of(&node.key)) {
             return Ok(());
         }
         if !is_linked_file(&sys::fstat(node.fd())?) {

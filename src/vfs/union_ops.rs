@@ -130,7 +130,9 @@ impl Vfs {
             return Ok(false);
         };
         // A new top copy would not carry the old top's redirect.
-        if branch.0 < dir.key.branch && format::redirect(dir.fd(), u.ns)?.is_some() {
+        if branch.0 < self.inodes.branch_of(&dir.key).0
+            && format::redirect(dir.fd(), u.ns)?.is_some()
+        {
             return Ok(false);
         }
         let parent = self.inodes.node(parent)?;
@@ -168,7 +170,7 @@ impl Vfs {
         }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
         let new_parent = self.dir_in(caller, parent, branch)?;
-        let lower_parent = self.copy_in(parent, BranchId(node.key.branch))?;
+        let lower_parent = self.copy_in(parent, self.inodes.branch_of(&node.key))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
         // The copy is the directory's identity only if it is its top one.
         let top = copies.iter().all(|l| l.branch.0 > branch.0);

@@ -128,7 +128,7 @@ impl Vfs {
         // Only an indexed file can have lost its upper name (reached
         // through the index, as its other lower names are).
         if node.is_dir()
-            || Some(BranchId(node.key.branch)) != u.upper()
+            || Some(self.inodes.branch_of(&node.key)) != u.upper()
             || node.inode.union_nlink().is_none()
         {
             return Ok(());
@@ -283,7 +283,7 @@ impl Vfs {
                 self.check_merged_empty(&found, new)?;
             }
         }
-        if !u.writable(BranchId(tnode.key.branch)) {
+        if !u.writable(self.inodes.branch_of(&tnode.key)) {
             self.writable_node(caller, t)?;
         }
         Ok(())
@@ -294,7 +294,7 @@ impl Vfs {
     fn left_behind(&self, ino: InodeNo) -> Result<LeftBehind> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let node = self.inodes.node(ino)?;
-        let b = BranchId(node.key.branch);
+        let b = self.inodes.branch_of(&node.key);
         if Some(b) == u.upper() || !u.writable(b) {
             return Ok(None);
         }
@@ -392,7 +392,7 @@ impl Vfs {
     ) -> Result<Option<Option<Stat>>> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let source = self.inodes.node(moved)?;
-        let branch = BranchId(source.key.branch);
+        let branch = self.inodes.branch_of(&source.key);
         if Some(branch) == u.upper() || !u.writable(branch) {
             return Ok(None);
         }
@@ -408,7 +408,7 @@ impl Vfs {
             None => true,
             Some(t) => {
                 let t = self.inodes.node(t)?;
-                t.key.branch == branch.0 && !t.has_layers()
+                self.inodes.branch_of(&t.key) == branch && !t.has_layers()
             }
         };
         let alone = !source.has_layers()

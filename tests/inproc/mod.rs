@@ -111,11 +111,13 @@ impl Rig {
             let mut branches = vec![UnionBranch {
                 branch,
                 writable: true,
+                id: 0,
             }];
             for (i, l) in lower_dirs.iter().enumerate() {
                 branches.push(UnionBranch {
                     branch: DirBranch::open(BranchId(i as u32 + 1), l, None).unwrap(),
                     writable: writable[i],
+                    id: i as u32 + 1,
                 });
             }
             let opts = chronofs::vfs::UnionOptions::default();

@@ -1,0 +1,219 @@
+//! Branch identity without position (docs/ARCHITECTURE.md "Live unions"):
+//! a union's objects keep their inode numbers when the branch list is
+//! reordered or a branch is inserted, and stores made before persistent
+//! branch ids read their keys' branch positions as ids.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use chronofs::store::{BackingKey, BranchRoot, Store};
+
+/// Objects in each branch: names of their own, so that every one stays
+/// visible whatever the order (a shadowed name would change with it).
+fn three_branches(b: &[PathBuf]) {
+    write_file(&b[0].join("top.txt"), b"top");
+    fs::create_dir(b[0].join("topdir")).unwrap();
+    write_file(&b[1].join("one.txt"), b"one");
+    fs::create_dir_all(b[1].join("onedir/sub")).unwrap();
+    write_file(&b[1].join("onedir/sub/f"), b"f1");
+    write_file(&b[2].join("two.txt"), b"two");
+    fs::create_dir(b[2].join("twodir")).unwrap();
+    write_file(&b[2].join("twodir/g"), b"g2");
+    write_file(&b[2].join("h1"), b"linked");
+    fs::hard_link(b[2].join("h1"), b[2].join("h2")).unwrap();
+    // In both lowers: a merged directory, its entries from each. `both`
+    // itself is left out of PATHS: it is numbered by its topmost copy,
+    // which swapping the lowers changes (docs/ARCHITECTURE.md).
+    fs::create_dir(b[1].join("both")).unwrap();
+    fs::create_dir(b[2].join("both")).unwrap();
+    write_file(&b[1].join("both/from1"), b"1");
+    write_file(&b[2].join("both/from2"), b"2");
+}
+
+const PATHS: &[&str] = &[
+    "top.txt",
+    "topdir",
+    "one.txt",
+    "onedir",
+    "onedir/sub",
+    "onedir/sub/f",
+    "two.txt",
+    "twodir",
+    "twodir/g",
+    "h1",
+    "h2",
+    "both/from1",
+    "both/from2",
+    "copied.txt",
+];
+
+fn inos(m: &Mount) -> BTreeMap<&'static str, u64> {
+    PATHS
+        .iter()
+        .map(|p| (*p, fs::symlink_metadata(m.p(p)).unwrap().ino()))
+        .collect()
+}
+
+fn new_dir(m: &Mount, name: &str) -> PathBuf {
+    let d = m.root().join(name);
+    fs::create_dir(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+#[test]
+fn reordering_or_inserting_branches_keeps_inode_numbers() {
+    for mode in ["plain", ""] {
+        let mut m = Mount::union(mode, 2, |b| {
+            three_branches(b);
+            write_file(&b[2].join("copied.txt"), b"lower");
+        });
+        // A copy-up (the upper copy keeps the lower one's number) and a
+        // copied-up hard link (the index entry is named by branch id).
+        fs::set_permissions(m.p("copied.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::set_permissions(m.p("h1"), fs::Permissions::from_mode(0o600)).unwrap();
+        let before = inos(&m);
+        assert_eq!(before["h1"], before["h2"]);
+        m.unmount();
+
+        // The two read-only branches swapped.
+        m.lowers.reverse();
+        m.start();
+        assert_eq!(inos(&m), before, "mode {mode:?}: lowers swapped");
+        m.unmount();
+
+        // A new branch inserted between the read-write one and the others.
+        let mid = new_dir(&m, "mid");
+        write_file(&mid.join("mid.txt"), b"mid");
+        m.lowers.insert(0, mid);
+        m.start();
+        assert_eq!(inos(&m), before, "mode {mode:?}: a branch inserted");
+        let mid_ino = fs::metadata(m.p("mid.txt")).unwrap().ino();
+        assert!(!before.values().any(|&i| i == mid_ino));
+        m.unmount();
+
+        // Back to the first order: still the same numbers.
+        m.lowers.remove(0);
+        m.lowers.reverse();
+        m.start();
+        assert_eq!(inos(&m), before, "mode {mode:?}: first order again");
+    }
+}
+
+/// The fixture's recorded objects: (branch position, dev, ino, st_ino).
+fn fixture_lines(expected: &str) -> Vec<(u32, u64, u64, u64, String)> {
+    expected
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+                f[3].parse().unwrap(),
+                f[4].to_string(),
+            )
+        })
+        .collect()
+}
+
+fn root_of(path: &Path) -> BranchRoot {
+    let md = fs::metadata(path).unwrap();
+    BranchRoot {
+        path: fs::canonicalize(path).unwrap(),
+        dev: md.dev(),
+        ino: md.ino(),
+    }
+}
+
+/// tests/fixtures/union/union-f5: a union store written by a format-5
+/// build (branch positions in its keys). Unpacked elsewhere its backing
+/// (dev, ino) differ, so the check reads the store's keys as a mount
+/// would: through the ids the branches get.
+#[test]
+fn a_format_5_union_store_reads_positions_as_ids() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/union");
+    let expected = fixture_lines(&fs::read_to_string(dir.join("union-f5.expected")).unwrap());
+    let tmp = tempdir();
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(tmp.path())
+        .arg("-xzf")
+        .arg(dir.join("union-f5.tar.gz"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "untar: {out:?}");
+    let branches: Vec<PathBuf> = ["src", "lower1", "lower2"]
+        .iter()
+        .map(|b| tmp.path().join(b))
+        .collect();
+    let roots: Vec<BranchRoot> = branches.iter().map(|b| root_of(b)).collect();
+    let check = |order: &[usize]| {
+        let store = Store::open(&branches[0].join(".chronofs")).unwrap();
+        let wanted: Vec<BranchRoot> = order.iter().map(|&i| roots[i].clone()).collect();
+        let ids = store.branch_ids(&wanted).unwrap();
+        let map = store.inode_map().unwrap();
+        for (pos, dev, ino, st_ino, path) in &expected {
+            // Where the branch at fixture position `pos` is now.
+            let now = order.iter().position(|&i| i == *pos as usize).unwrap();
+            let key = BackingKey {
+                branch: ids[now],
+                dev: *dev,
+                ino: *ino,
+            };
+            assert_eq!(
+                map.get(&key).unwrap(),
+                Some(*st_ino),
+                "{path} (order {order:?})"
+            );
+        }
+        ids
+    };
+    // The first mount after the upgrade, in the fixture's order.
+    assert_eq!(check(&[0, 1, 2]), vec![0, 1, 2]);
+    // Then reordered: each branch keeps the id its position gave it.
+    assert_eq!(check(&[0, 2, 1]), vec![0, 2, 1]);
+    // A union mount of the upgraded store works and fsck finds it clean.
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let spec = format!(
+        "{}=rw:{}=ro:{}=ro",
+        branches[0].display(),
+        branches[1].display(),
+        branches[2].display()
+    );
+    let ok = Command::new(bin())
+        .args(["mount", &spec])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let guard = Unmount(mnt.clone());
+    let listing = listing(&mnt);
+    let umount = Command::new(bin())
+        .arg("umount")
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(umount.success());
+    std::mem::forget(guard);
+    for want in ["up.txt", "l1.txt", "l2.txt", "deep", "shared", "copied.txt"] {
+        assert!(listing.iter().any(|n| n == want), "{want} in {listing:?}");
+    }
+}
+
+/// Detaches a mount the test made by hand if the test fails before it
+/// unmounts.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
