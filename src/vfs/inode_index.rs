@@ -73,42 +73,31 @@ impl ByKey {
     }
 }
 
-impl std::borrow::Borrow<InodeNo> for InoEntry {
-    fn borrow(&self) -> &InodeNo {
-        &self.0.ino
-    }
+/// An index entry is found, hashed and compared by one field of its
+/// inode alone, so a set of entries serves as a map from that field.
+macro_rules! keyed_by {
+    ($entry:ty, $field:ident: $key:ty) => {
+        impl std::borrow::Borrow<$key> for $entry {
+            fn borrow(&self) -> &$key {
+                &self.0.$field
+            }
+        }
+
+        impl std::hash::Hash for $entry {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.$field.hash(state);
+            }
+        }
+
+        impl PartialEq for $entry {
+            fn eq(&self, other: &Self) -> bool {
+                self.0.$field == other.0.$field
+            }
+        }
+
+        impl Eq for $entry {}
+    };
 }
 
-impl std::hash::Hash for InoEntry {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.ino.hash(state);
-    }
-}
-
-impl PartialEq for InoEntry {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.ino == other.0.ino
-    }
-}
-
-impl Eq for InoEntry {}
-
-impl std::borrow::Borrow<BackingKey> for KeyEntry {
-    fn borrow(&self) -> &BackingKey {
-        &self.0.key
-    }
-}
-
-impl std::hash::Hash for KeyEntry {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.key.hash(state);
-    }
-}
-
-impl PartialEq for KeyEntry {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key == other.0.key
-    }
-}
-
-impl Eq for KeyEntry {}
+keyed_by!(InoEntry, ino: InodeNo);
+keyed_by!(KeyEntry, key: BackingKey);
