@@ -275,15 +275,7 @@ fn chrono(m: &Mount, args: &[&str]) -> Output {
 /// `chronofs ARGS`, asserting success; returns stdout.
 fn chrono_ok(m: &Mount, args: &[&str]) -> Vec<u8> {
     let out = chrono(m, args);
-    assert!(
-        out.status.success(),
-        "`chronofs {}` failed ({}): {}\nstdout: {}\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout),
-        m.log_tail()
-    );
+    assert_succeeded(m, args, &out);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "chronofs panicked: {err}");
     out.stdout

@@ -47,15 +47,7 @@ fn chrono_in(cwd: &Path, uid: Option<u32>, args: &[&str]) -> Output {
 }
 
 fn chrono_ok(m: &Mount, args: &[&str]) {
-    let out = chrono_as(m, None, args);
-    assert!(
-        out.status.success(),
-        "`chronofs {}` failed ({}): {}\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        m.log_tail()
-    );
+    assert_succeeded(m, args, &chrono_as(m, None, args));
 }
 
 /// The rich tree plus modes 0750/0604, a name that is not UTF-8 (a file

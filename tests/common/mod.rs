@@ -1228,13 +1228,20 @@ pub fn chronofs_in(cwd: &Path, args: &[&str]) -> std::process::Output {
 /// [`chronofs_in`] the mount's root, which must succeed; its stdout.
 pub fn chronofs_ok(m: &Mount, args: &[&str]) -> String {
     let out = chronofs_in(&m.mnt, args);
+    assert_succeeded(m, args, &out);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Fails the test unless `chronofs ARGS` (run as `out`) succeeded, with
+/// its error output and the daemon's log.
+pub fn assert_succeeded(m: &Mount, args: &[&str], out: &std::process::Output) {
     assert!(
         out.status.success(),
-        "`chronofs {}` failed ({}): {}\n{}",
+        "`chronofs {}` failed ({}): {}\nstdout: {}\n{}",
         args.join(" "),
         out.status,
         String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout),
         m.log_tail()
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }

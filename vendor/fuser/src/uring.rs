@@ -283,17 +283,16 @@ impl Queue {
         }
         let mut pos = 0;
         for s in data {
-            for (i, b) in s.iter().enumerate() {
-                let at = pos + i;
-                // SAFETY: between the request's completion and this commit
-                // the entry belongs to this reply; the bounds were checked.
-                unsafe {
-                    if at < OUT_HEADER_SIZE {
-                        *ent.header_ptr().add(at) = *b;
-                    } else {
-                        *ent.payload_ptr().add(at - OUT_HEADER_SIZE) = *b;
-                    }
-                }
+            // The part of this slice that falls in the out header, then
+            // the rest into the payload.
+            let head = OUT_HEADER_SIZE.saturating_sub(pos).min(s.len());
+            // SAFETY: between the request's completion and this commit the
+            // entry belongs to this reply; the bounds were checked above
+            // (the header holds OUT_HEADER_SIZE, the payload payload_len).
+            unsafe {
+                std::ptr::copy_nonoverlapping(s.as_ptr(), ent.header_ptr().add(pos), head);
+                let off = (pos + head).saturating_sub(OUT_HEADER_SIZE);
+                std::ptr::copy_nonoverlapping(s[head..].as_ptr(), ent.payload_ptr().add(off), s.len() - head);
             }
             pos += s.len();
         }
