@@ -1163,6 +1163,16 @@ impl Capture {
         Ok(self.history.sync()?)
     }
 
+    /// fsync on a directory (how a program makes a rename durable): what
+    /// history recorded of its entries becomes durable too, so a crash
+    /// right after cannot leave history naming what the directory no
+    /// longer holds. (Renames and removals are recorded before they
+    /// return; a new file's name goes with its first version, which fsync
+    /// of the file makes durable.)
+    pub fn fsync_dir(&self) -> Result<()> {
+        Ok(self.history.sync()?)
+    }
+
     /// Builds a version interval mode is holding back for `obj` now
     /// (before it loses its name, or for fsync).
     fn flush_deferred(&self, obj: ObjectId) -> Result<()> {

@@ -551,6 +551,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     if let Some(c) = &capture {
         let weak = Arc::downgrade(&vfs);
         c.set_namer(Box::new(move |obj| weak.upgrade()?.name_of(obj)));
+        vfs.check_root_entries();
     }
     if capture.is_some() {
         // Views of unchanged files read private clones made here (where

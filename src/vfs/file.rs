@@ -538,7 +538,12 @@ impl Vfs {
                     }
                 }
             }
-            Handle::Dir { stream, .. } => sys::fsync(stream.lock().fd(), datasync)?,
+            Handle::Dir { stream, .. } => {
+                sys::fsync(stream.lock().fd(), datasync)?;
+                if let Some(c) = self.capture() {
+                    c.fsync_dir()?;
+                }
+            }
         }
         Ok(())
     }

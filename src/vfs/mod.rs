@@ -26,6 +26,8 @@ mod ingest;
 mod inode_index;
 mod inodes;
 mod namespace;
+#[cfg(test)]
+mod powercut;
 mod source;
 mod union;
 mod union_links;

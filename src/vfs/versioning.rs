@@ -204,6 +204,22 @@ impl Vfs {
         }
     }
 
+    /// At mount, before the kernel asks anything: the root's entries that
+    /// history does not hold are recorded. Every other directory is checked
+    /// when first looked up, but the kernel never looks up the root, so a
+    /// rename in it that history missed (made while unmounted, or recorded
+    /// just before a crash that lost it) would otherwise leave history
+    /// naming the replaced object for good.
+    pub fn check_root_entries(&self) {
+        if self.capture().is_none() {
+            return;
+        }
+        match self.inodes.node(InodeNo::ROOT) {
+            Ok(root) => self.dir_opened(InodeNo::ROOT, root.fd()),
+            Err(e) => tracing::error!("history: the root cannot be checked: {e}"),
+        }
+    }
+
     /// A live directory is about to be read: record entries that changed
     /// behind the mount's back.
     pub(super) fn dir_opened(&self, dir: InodeNo, fd: std::os::fd::BorrowedFd<'_>) {
