@@ -5,6 +5,7 @@
 //! Uses: every layer below (it assembles the mount). The only place that
 //! uses `anyhow`.
 
+mod branch;
 mod diff;
 mod history;
 mod maintain;
@@ -268,6 +269,40 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// A mounted union's branches: list them, or change one's mode while mounted.
+    Branch {
+        #[command(subcommand)]
+        verb: BranchVerb,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BranchVerb {
+    /// The branches, top first: position, mode, persistent id, path.
+    List {
+        /// The union's mount point.
+        mnt: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a branch read-write or read-only now (root only). Refused while
+    /// files of a branch turning read-only are open for writing, unless
+    /// --force, which makes their descriptors fail with ESTALE; refused
+    /// while any of its files is open with kernel passthrough.
+    Mode {
+        /// The union's mount point.
+        mnt: PathBuf,
+        /// The branch: its path, or its position (0 = top).
+        branch: String,
+        /// ro or rw.
+        #[arg(value_parser = ["ro", "rw"])]
+        mode: String,
+        /// Revoke write handles into a branch turning read-only.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -334,6 +369,7 @@ const VERBS: &[&str] = &[
     "purge",
     "policy",
     "audit",
+    "branch",
     "help",
     "--help",
     "-h",
@@ -663,6 +699,16 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             }
         },
         Command::Audit { path, common } => maintain::audit(&tgt(&path, &common)?, common.json),
+        Command::Branch { verb } => match verb {
+            BranchVerb::List { mnt, json } => branch::list(&mnt, json),
+            BranchVerb::Mode {
+                mnt,
+                branch: which,
+                mode,
+                force,
+                json,
+            } => branch::mode(&mnt, &which, &mode, force, json),
+        },
         Command::Mount { .. } | Command::Umount { .. } | Command::Diff { .. } => Ok(()),
     }
 }

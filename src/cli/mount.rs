@@ -677,6 +677,58 @@ struct MountHost(
     crate::fuse::TransportState,
 );
 
+impl MountHost {
+    fn branch_row(&self, b: &crate::vfs::BranchInfo) -> control::proto::BranchRow {
+        control::proto::BranchRow {
+            position: b.position,
+            id: b.id,
+            path: self
+                .1
+                .get(b.position as usize)
+                .map_or_else(String::new, |p| p.display().to_string()),
+            mode: if b.writable { "rw" } else { "ro" }.to_string(),
+            upper: b.upper,
+        }
+    }
+
+    /// A branch as the user names it: its position (0 = top) or its path.
+    fn branch_position(&self, branch: &str) -> control::service::Result<u32> {
+        if let Ok(n) = branch.parse::<u32>() {
+            if (n as usize) < self.1.len() {
+                return Ok(n);
+            }
+        }
+        let wanted = std::path::Path::new(branch);
+        let wanted = wanted
+            .canonicalize()
+            .unwrap_or_else(|_| wanted.to_path_buf());
+        self.1
+            .iter()
+            .position(|p| p.canonicalize().unwrap_or_else(|_| p.clone()) == wanted)
+            .map(|i| i as u32)
+            .ok_or_else(|| {
+                control::service::Error::NotFound(format!(
+                    "{branch} is not a branch of this union (give its path or its position, 0 = top)"
+                ))
+            })
+    }
+}
+
+fn shutting_down() -> control::service::Error {
+    control::service::Error::Usage("the mount is shutting down".into())
+}
+
+/// A vfs refusal as the control protocol reports it (its errno kept).
+fn vfs_to_service(e: crate::vfs::VfsError) -> control::service::Error {
+    use control::service::Error;
+    match e.errno() {
+        libc::EBUSY => Error::Busy(e.to_string()),
+        libc::ENOENT => Error::NotFound(e.to_string()),
+        libc::EINVAL => Error::Usage(e.to_string()),
+        errno => Error::Io(std::io::Error::from_raw_os_error(errno)),
+    }
+}
+
 impl crate::history::past::LiveIds for MountHost {
     fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
         self.0.upgrade().and_then(|v| v.object_of(st))
@@ -741,6 +793,37 @@ impl control::service::Host for MountHost {
             create: opts.create.to_string(),
             delete: opts.delete.to_string(),
             branches,
+        })
+    }
+
+    fn branches(&self) -> control::service::Result<Vec<control::proto::BranchRow>> {
+        let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
+        let list = vfs.branches().map_err(vfs_to_service)?;
+        Ok(list.into_iter().map(|b| self.branch_row(&b)).collect())
+    }
+
+    fn set_branch_mode(
+        &self,
+        branch: &str,
+        writable: bool,
+        force: bool,
+    ) -> control::service::Result<control::proto::BranchModeReply> {
+        let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
+        let position = self.branch_position(branch)?;
+        let t0 = std::time::Instant::now();
+        let change = vfs
+            .set_branch_mode(position, writable, force)
+            .map_err(vfs_to_service)?;
+        let elapsed_us = t0.elapsed().as_micros() as u64;
+        let list = vfs.branches().map_err(vfs_to_service)?;
+        let info = list
+            .get(position as usize)
+            .ok_or_else(|| control::service::Error::NotFound(format!("no branch {branch}")))?;
+        Ok(control::proto::BranchModeReply {
+            branch: self.branch_row(info),
+            changed: !change.unchanged,
+            revoked: change.revoked,
+            elapsed_us,
         })
     }
 

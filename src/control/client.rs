@@ -220,6 +220,23 @@ impl Client<'_> {
     pub fn audit(&self) -> Result<AuditReply> {
         self.ask(Request::Audit)
     }
+
+    pub fn branches(&self) -> Result<super::proto::BranchList> {
+        self.ask(Request::Branches)
+    }
+
+    pub fn branch_mode(
+        &self,
+        branch: &str,
+        writable: bool,
+        force: bool,
+    ) -> Result<super::proto::BranchModeReply> {
+        self.ask(Request::BranchMode {
+            branch: branch.into(),
+            writable,
+            force,
+        })
+    }
 }
 
 fn transport(what: &str) -> impl Fn(io::Error) -> ControlError + '_ {

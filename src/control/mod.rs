@@ -182,6 +182,7 @@ pub fn error_reply(e: &service::Error) -> ErrorReply {
     let errno = match e {
         Error::Usage(_) => libc::EINVAL,
         Error::NotFound(_) => libc::ENOENT,
+        Error::Busy(_) => libc::EBUSY,
         Error::Denied(_) => libc::EACCES,
         Error::NotPermitted(_) => libc::EPERM,
         Error::History(h) => h.errno(),

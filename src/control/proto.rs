@@ -19,7 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
-pub const PROTOCOL: u32 = 6;
+pub const PROTOCOL: u32 = 7;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -116,6 +116,15 @@ pub enum Request {
     PolicyReload,
     /// The audit log: prunes, purges, collections, policy reloads.
     Audit,
+    /// A union's branches, top first, with their modes.
+    Branches,
+    /// Make a union's branch (a position, 0 = top, or its path)
+    /// read-write or read-only while mounted (root only).
+    BranchMode {
+        branch: String,
+        writable: bool,
+        force: bool,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -449,6 +458,38 @@ pub struct BranchStatus {
     pub creates: bool,
 }
 
+/// `Branches`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct BranchList {
+    pub branches: Vec<BranchRow>,
+}
+
+/// One branch of a union as `branch list` shows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BranchRow {
+    /// 0 = top (highest precedence).
+    pub position: u32,
+    /// The persistent id its objects' inode numbers are keyed by.
+    pub id: u32,
+    pub path: String,
+    /// `rw` or `ro`.
+    pub mode: String,
+    /// Copy-ups (and `create=top`'s creates) go here.
+    pub upper: bool,
+}
+
+/// `BranchMode`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct BranchModeReply {
+    pub branch: BranchRow,
+    /// False: it had that mode already.
+    pub changed: bool,
+    /// Write handles `--force` revoked (they now fail with ESTALE).
+    pub revoked: usize,
+    /// How long the change took inside the daemon, in microseconds.
+    pub elapsed_us: u64,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TagInfo {
     pub name: String,
@@ -618,6 +659,8 @@ pub enum Answer {
     Explain(ExplainReply),
     Reload(ReloadReply),
     Audit(AuditReply),
+    Branches(BranchList),
+    BranchMode(BranchModeReply),
 }
 
 #[cfg(test)]

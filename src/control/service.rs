@@ -62,6 +62,19 @@ pub trait Host: LiveIds {
     fn transport(&self) -> Option<String> {
         None
     }
+    /// A union mount's branches, top first.
+    fn branches(&self) -> Result<Vec<super::proto::BranchRow>> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
+    /// Changes a union branch's mode (the caller checked the privilege).
+    fn set_branch_mode(
+        &self,
+        _branch: &str,
+        _writable: bool,
+        _force: bool,
+    ) -> Result<super::proto::BranchModeReply> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
 }
 
 pub struct Service {
@@ -210,6 +223,21 @@ impl Service {
             } => Answer::Explain(self.explain(path, user.as_deref(), process.as_deref())?),
             Request::PolicyReload => Answer::Reload(self.reload(peer)?),
             Request::Audit => Answer::Audit(self.audit_log(peer)?),
+            Request::Branches => Answer::Branches(proto::BranchList {
+                branches: self.host.branches()?,
+            }),
+            Request::BranchMode {
+                branch,
+                writable,
+                force,
+            } => {
+                if peer.uid != 0 {
+                    return Err(Error::NotPermitted(
+                        "only root may change a branch's mode".into(),
+                    ));
+                }
+                Answer::BranchMode(self.host.set_branch_mode(branch, *writable, *force)?)
+            }
         })
     }
 

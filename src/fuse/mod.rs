@@ -443,6 +443,7 @@ impl fuser::Filesystem for ChronoFuse {
         self.passthrough_active
             .store(passthrough, Ordering::Relaxed);
         self.vfs.set_writeback(writeback);
+        self.vfs.set_passthrough(passthrough);
         tracing::info!("kernel connection: passthrough={passthrough} writeback_cache={writeback}");
         Ok(())
     }

@@ -29,6 +29,9 @@ pub enum Error {
     Usage(String),
     #[error("{0}")]
     NotFound(String),
+    /// Something in use forbids it (open files, for a branch change).
+    #[error("{0}")]
+    Busy(String),
     #[error("permission denied: {0}")]
     Denied(String),
     /// A privileged act (EPERM): erasing or collecting history, changing
@@ -47,6 +50,7 @@ impl Error {
         match self {
             Error::Usage(_) => libc::EINVAL,
             Error::NotFound(_) => libc::ENOENT,
+            Error::Busy(_) => libc::EBUSY,
             Error::Denied(_) => libc::EACCES,
             Error::NotPermitted(_) => libc::EPERM,
             Error::History(e) => e.errno(),

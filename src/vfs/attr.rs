@@ -95,6 +95,7 @@ impl Vfs {
     }
 
     pub fn setattr(&self, caller: &Caller, ino: InodeNo, set: SetAttr) -> Result<Attr> {
+        let _set = self.changing();
         self.source_of(ino).check_writable()?;
         let cause = if set.size.is_some() {
             Cause::Truncate
@@ -214,6 +215,7 @@ impl Vfs {
         value: &[u8],
         flags: i32,
     ) -> Result<()> {
+        let _set = self.changing();
         self.source_of(ino).check_writable()?;
         self.refuse_union_xattr(name)?;
         self.before_change(ino)?;
@@ -243,6 +245,7 @@ impl Vfs {
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr) -> Result<()> {
+        let _set = self.changing();
         self.source_of(ino).check_writable()?;
         self.refuse_union_xattr(name)?;
         self.before_change(ino)?;

@@ -82,6 +82,9 @@ impl Vfs {
     }
 
     pub fn open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
+        let _set = (writes(flags) || flags & libc::O_TRUNC != 0)
+            .then(|| self.changing())
+            .flatten();
         let source = self.source_of(ino);
         if writes(flags) {
             source.check_writable()?;
@@ -146,6 +149,8 @@ impl Vfs {
             fd,
             opener: *caller,
             session,
+            writes: writes(flags),
+            branch: inode.key.branch,
         });
         Ok(Opened {
             fh,
@@ -173,7 +178,15 @@ impl Vfs {
         mode.0
     }
 
-    fn release_io(&self, ino: InodeNo) {
+    /// Whether `ino`'s open handles may use kernel passthrough (the
+    /// adapter may still have been refused a backing file: counted as
+    /// using it).
+    pub(super) fn uses_passthrough(&self, ino: InodeNo) -> bool {
+        self.passthrough.load(std::sync::atomic::Ordering::Relaxed)
+            && self.io_modes.lock().get(&ino).is_some_and(|m| m.0)
+    }
+
+    pub(super) fn release_io(&self, ino: InodeNo) {
         let mut modes = self.io_modes.lock();
         if let Some(mode) = modes.get_mut(&ino) {
             mode.1 -= 1;
@@ -199,6 +212,7 @@ impl Vfs {
         umask: u32,
         flags: i32,
     ) -> Result<(Entry, Opened)> {
+        let _set = self.changing();
         self.check_name(parent, name)?;
         let cname = sys::cstr(name)?;
         let at = self.create_target(caller, parent, &cname)?;
@@ -324,6 +338,7 @@ impl Vfs {
         umask: u32,
         flags: i32,
     ) -> Result<(Entry, Opened)> {
+        let _set = self.changing();
         self.source_of(parent).check_writable()?;
         let dir = self.writable_dir(caller, parent)?;
         creds::set_thread_umask(umask)?;
@@ -390,6 +405,8 @@ impl Vfs {
             fd,
             opener: *caller,
             session: false,
+            writes: writing,
+            branch: inode.key.branch,
         });
         let entry = Entry {
             attr: Attr { ino: inode.ino, st },
@@ -452,6 +469,7 @@ impl Vfs {
         data: &[u8],
         kill_priv: bool,
     ) -> Result<usize> {
+        let _set = self.changing();
         self.handle_source(fh).check_writable()?;
         let handle = self.handles.get(fh)?;
         let Handle::File {
@@ -549,6 +567,7 @@ impl Vfs {
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
+        let _set = self.changing();
         self.handle_source(fh).check_writable()?;
         self.with_file(fh, |fd, opener| {
             Ok(creds::as_caller(opener, || {
@@ -578,6 +597,7 @@ impl Vfs {
         off_out: u64,
         len: u64,
     ) -> Result<usize> {
+        let _set = self.changing();
         self.handle_source(fh_out).check_writable()?;
         self.handle_source(fh_in).check_copyable()?;
         let input = self.handles.get(fh_in)?;

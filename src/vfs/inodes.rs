@@ -947,6 +947,11 @@ pub enum Handle {
         /// Opened for writing while history is captured: its close ends a
         /// write session.
         session: bool,
+        /// Opened for writing (a branch that turns read-only must have
+        /// none, `Vfs::set_branch_mode`).
+        writes: bool,
+        /// The persistent id of the branch the object was in when opened.
+        branch: u32,
     },
     Dir {
         ino: InodeNo,
@@ -966,6 +971,9 @@ impl Handle {
 pub struct HandleTable {
     next: AtomicU64,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
+    /// Handles closed by a branch change rather than by their owner: any
+    /// use but the release answers ESTALE.
+    revoked: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Default for HandleTable {
@@ -973,6 +981,7 @@ impl Default for HandleTable {
         HandleTable {
             next: AtomicU64::new(1),
             handles: RwLock::new(HashMap::new()),
+            revoked: Mutex::new(std::collections::HashSet::new()),
         }
     }
 }
@@ -985,11 +994,26 @@ impl HandleTable {
     }
 
     pub fn get(&self, fh: u64) -> Result<Arc<Handle>> {
+        let found = self.handles.read().get(&fh).cloned();
+        found.ok_or_else(|| self.missing(fh))
+    }
+
+    fn missing(&self, fh: u64) -> VfsError {
+        if self.revoked.lock().contains(&fh) {
+            VfsError::RevokedHandle(fh)
+        } else {
+            VfsError::UnknownHandle(fh)
+        }
+    }
+
+    /// Every open file handle.
+    pub fn files(&self) -> Vec<(u64, Arc<Handle>)> {
         self.handles
             .read()
-            .get(&fh)
-            .cloned()
-            .ok_or(VfsError::UnknownHandle(fh))
+            .iter()
+            .filter(|(_, h)| matches!(&***h, Handle::File { .. }))
+            .map(|(fh, h)| (*fh, h.clone()))
+            .collect()
     }
 
     /// Marks a file handle as ending a write session when closed.
@@ -1003,10 +1027,22 @@ impl HandleTable {
     }
 
     pub fn remove(&self, fh: u64) -> Result<Arc<Handle>> {
-        self.handles
-            .write()
-            .remove(&fh)
-            .ok_or(VfsError::UnknownHandle(fh))
+        let removed = self.handles.write().remove(&fh);
+        match removed {
+            Some(h) => Ok(h),
+            // Its owner's close of a revoked handle: forgotten now.
+            None if self.revoked.lock().remove(&fh) => Err(VfsError::RevokedHandle(fh)),
+            None => Err(VfsError::UnknownHandle(fh)),
+        }
+    }
+
+    /// Takes `fh` away from its owner: later uses answer ESTALE until
+    /// its release. Returns the handle, for the caller to close.
+    pub fn revoke(&self, fh: u64) -> Option<Arc<Handle>> {
+        let mut handles = self.handles.write();
+        let handle = handles.remove(&fh)?;
+        self.revoked.lock().insert(fh);
+        Some(handle)
     }
 }
 

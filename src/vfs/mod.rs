@@ -19,6 +19,7 @@
 //! (opendir, readdir, readdirplus, releasedir, fsyncdir).
 
 mod attr;
+mod branch_modes;
 mod dir;
 mod dircache;
 mod file;
@@ -46,6 +47,7 @@ use std::time::Duration;
 pub use crate::sys::creds::Caller;
 pub use crate::sys::Stat;
 pub use attr::{SetAttr, Xattr};
+pub use branch_modes::{BranchInfo, ModeChange};
 pub use dircache::{DirCache, OpenedDir};
 pub use file::Opened;
 pub use inodes::InodeNo;
@@ -70,6 +72,17 @@ pub enum VfsError {
     UnknownInode(u64),
     #[error("file handle {0} is not open")]
     UnknownHandle(u64),
+    /// The handle's branch stopped taking its writes (`branch mode
+    /// --force`): the descriptor is dead, as on a removed NFS export.
+    #[error("file handle {0} was revoked by a branch change")]
+    RevokedHandle(u64),
+    /// A branch change that open files forbid; the message says which.
+    #[error("{0}")]
+    BranchBusy(String),
+    #[error("this mount is not a union: it has no branches to change")]
+    NotUnion,
+    #[error("no branch {0} in this union")]
+    NoSuchBranch(String),
     #[error("the name {0:?} is reserved for the chronofs store")]
     Reserved(std::ffi::OsString),
     #[error("operation not valid on this kind of file")]
@@ -93,6 +106,10 @@ impl VfsError {
             VfsError::Io(e) => crate::store::io_errno(e),
             VfsError::UnknownInode(_) => libc::ESTALE,
             VfsError::UnknownHandle(_) => libc::EBADF,
+            VfsError::RevokedHandle(_) => libc::ESTALE,
+            VfsError::BranchBusy(_) => libc::EBUSY,
+            VfsError::NotUnion => libc::EINVAL,
+            VfsError::NoSuchBranch(_) => libc::ENOENT,
             VfsError::Reserved(_) => libc::EPERM,
             VfsError::WrongKind => libc::EINVAL,
             VfsError::Store(e) => e.errno(),
@@ -192,6 +209,9 @@ pub struct Vfs {
     /// connection is negotiated): then O_WRONLY opens must be readable (the
     /// kernel reads partial pages) and O_APPEND is handled by the kernel.
     writeback: AtomicBool,
+    /// The kernel connection uses passthrough: handles the vfs allows it
+    /// (`Opened::passthrough_ok`) then do their I/O in the kernel.
+    passthrough: AtomicBool,
     /// History capture; `None` for `-o plain`.
     capture: Option<Arc<Capture>>,
     ingest: ingest::IngestProgress,
@@ -247,6 +267,7 @@ impl Vfs {
             handles: HandleTable::default(),
             cfg,
             writeback: AtomicBool::new(false),
+            passthrough: AtomicBool::new(false),
             io_modes: parking_lot::Mutex::new(std::collections::HashMap::new()),
             capture,
             ingest: ingest::IngestProgress::default(),
@@ -339,6 +360,11 @@ impl Vfs {
         self.writeback.store(on, Ordering::Relaxed);
     }
 
+    /// Called once the kernel connection is negotiated.
+    pub fn set_passthrough(&self, on: bool) {
+        self.passthrough.store(on, Ordering::Relaxed);
+    }
+
     fn check_name(&self, parent: InodeNo, name: &OsStr) -> Result<()> {
         self.source_of(parent).check_writable()?;
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
@@ -384,6 +410,10 @@ mod tests {
         assert_eq!(io.errno(), libc::EXDEV);
         assert_eq!(VfsError::UnknownInode(9).errno(), libc::ESTALE);
         assert_eq!(VfsError::UnknownHandle(9).errno(), libc::EBADF);
+        assert_eq!(VfsError::RevokedHandle(9).errno(), libc::ESTALE);
+        assert_eq!(VfsError::BranchBusy(String::new()).errno(), libc::EBUSY);
+        assert_eq!(VfsError::NotUnion.errno(), libc::EINVAL);
+        assert_eq!(VfsError::NoSuchBranch(String::new()).errno(), libc::ENOENT);
         assert_eq!(VfsError::Reserved(".chronofs".into()).errno(), libc::EPERM);
         assert_eq!(VfsError::WrongKind.errno(), libc::EINVAL);
         let store = VfsError::Store(StoreError::IndexBusy("x".into()));

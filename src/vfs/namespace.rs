@@ -144,6 +144,7 @@ impl Vfs {
         mode: u32,
         umask: u32,
     ) -> Result<Entry> {
+        let _set = self.changing();
         self.check_name(parent, name)?;
         self.refuse_taken(parent, name)?;
         self.before_dir_change(parent)?;
@@ -169,6 +170,7 @@ impl Vfs {
         umask: u32,
         rdev: u32,
     ) -> Result<Entry> {
+        let _set = self.changing();
         self.check_name(parent, name)?;
         self.refuse_taken(parent, name)?;
         self.before_dir_change(parent)?;
@@ -197,6 +199,7 @@ impl Vfs {
         name: &OsStr,
         target: &OsStr,
     ) -> Result<Entry> {
+        let _set = self.changing();
         self.check_name(parent, name)?;
         self.refuse_taken(parent, name)?;
         self.before_dir_change(parent)?;
@@ -218,6 +221,7 @@ impl Vfs {
         newparent: InodeNo,
         newname: &OsStr,
     ) -> Result<Entry> {
+        let _set = self.changing();
         // A link cannot leave a read-only source for a writable one.
         if !self.source_of(ino).writable() {
             return Err(errno(libc::EXDEV));
@@ -242,10 +246,12 @@ impl Vfs {
     }
 
     pub fn unlink(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<()> {
+        let _set = self.changing();
         self.remove(caller, parent, name, 0)
     }
 
     pub fn rmdir(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<()> {
+        let _set = self.changing();
         self.remove(caller, parent, name, libc::AT_REMOVEDIR)
     }
 
@@ -335,6 +341,7 @@ impl Vfs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        let _set = self.changing();
         if !self.source_of(parent).writable() {
             // Out of a read-only source into a writable one is a move across
             // file systems (mv copies instead); within one, a change to it.

@@ -8,8 +8,11 @@
 use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::RwLock;
 
 use super::inodes::{Layer, Node};
 use super::{errno, Attr, Entry, InodeNo, Result, Stat, Vfs, VfsError};
@@ -29,46 +32,58 @@ pub struct UnionBranch {
 
 /// What the vfs knows of a union mount's branches.
 pub struct Union {
-    /// Every branch's root, indexed by `BranchId` (position, top first).
-    pub(super) roots: Vec<(Arc<OwnedFd>, bool)>,
+    /// Every branch's root and whether it is read-write now, indexed by
+    /// `BranchId` (position, top first). A mode can change while mounted
+    /// (`Vfs::set_branch_mode`); positions cannot (yet).
+    pub(super) roots: Vec<(Arc<OwnedFd>, AtomicBool)>,
     /// Where copy-ups (and `create=top`'s creates) go: the highest
-    /// read-write branch.
-    pub(super) upper: Option<BranchId>,
+    /// read-write branch (`NO_UPPER` if none), following mode changes.
+    upper: AtomicU32,
+    /// The branch the root inode belongs to, fixed at mount (the upper
+    /// one then, else the top): the root's number and key stay put when
+    /// modes change; its other copies are its layers.
+    primary: BranchId,
     pub(super) ns: format::XattrNs,
     pub(super) opts: super::union_ops::UnionOptions,
-    /// The upper branch's hard-link index, once it exists.
-    pub(super) index: std::sync::OnceLock<Arc<OwnedFd>>,
+    /// The upper branch's hard-link index, once it exists (`None` until
+    /// then; replaced when the upper branch changes).
+    index: RwLock<Option<Arc<OwnedFd>>>,
+    /// Held shared by every operation that may change the tree, for its
+    /// whole length, and exclusively by a mode change: no change decided
+    /// under the old modes lands after the new ones are in force.
+    pub(super) set_lock: RwLock<()>,
 }
+
+const NO_UPPER: u32 = u32::MAX;
 
 impl Union {
     pub fn new(branches: &[UnionBranch], opts: super::union_ops::UnionOptions) -> Result<Union> {
         let mut roots = Vec::with_capacity(branches.len());
         for b in branches {
             let fd = sys::reopen(b.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
-            roots.push((Arc::new(fd), b.writable));
+            roots.push((Arc::new(fd), AtomicBool::new(b.writable)));
         }
-        let upper = branches
-            .iter()
-            .position(|b| b.writable)
-            .map(|i| BranchId(i as u32));
-        let index = std::sync::OnceLock::new();
-        if let Some(b) = upper {
-            if let Some(fd) = crate::union::index::open_existing(roots[b.0 as usize].0.as_fd())? {
-                let _ = index.set(Arc::new(fd));
+        let upper = topmost_writable(&roots);
+        let index = match upper {
+            Some(b) => {
+                crate::union::index::open_existing(roots[b.0 as usize].0.as_fd())?.map(Arc::new)
             }
-        }
+            None => None,
+        };
         Ok(Union {
             roots,
-            upper,
+            upper: AtomicU32::new(upper.map_or(NO_UPPER, |b| b.0)),
+            primary: upper.unwrap_or(BranchId(0)),
             ns: format::XattrNs::for_daemon(),
             opts,
-            index,
+            index: RwLock::new(index),
+            set_lock: RwLock::new(()),
         })
     }
 
-    /// The branch the root inode belongs to: the upper one, else the top.
+    /// The branch the root inode belongs to.
     pub fn primary(&self) -> BranchId {
-        self.upper.unwrap_or(BranchId(0))
+        self.primary
     }
 
     /// The root's copies in the other branches.
@@ -89,7 +104,10 @@ impl Union {
     }
 
     pub(super) fn upper(&self) -> Option<BranchId> {
-        self.upper
+        match self.upper.load(Ordering::Acquire) {
+            NO_UPPER => None,
+            b => Some(BranchId(b)),
+        }
     }
 
     pub(super) fn root_of(&self, b: BranchId) -> Option<&Arc<OwnedFd>> {
@@ -97,8 +115,62 @@ impl Union {
     }
 
     pub(super) fn writable(&self, b: BranchId) -> bool {
-        self.roots.get(b.0 as usize).is_some_and(|(_, w)| *w)
+        self.roots
+            .get(b.0 as usize)
+            .is_some_and(|(_, w)| w.load(Ordering::Acquire))
     }
+
+    /// Every branch's mode now, top first.
+    pub(super) fn modes(&self) -> Vec<bool> {
+        self.roots
+            .iter()
+            .map(|(_, w)| w.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// The upper branch's hard-link index, if it has one.
+    pub(super) fn index(&self) -> Option<Arc<OwnedFd>> {
+        self.index.read().clone()
+    }
+
+    /// The index, made in the upper branch if it has none yet.
+    pub(super) fn index_or_make(&self) -> Result<Arc<OwnedFd>> {
+        let mut index = self.index.write();
+        if let Some(fd) = &*index {
+            return Ok(fd.clone());
+        }
+        let upper = self.upper().ok_or(errno(libc::EROFS))?;
+        let root = self.root_of(upper).ok_or(errno(libc::EROFS))?;
+        let fd = Arc::new(crate::union::index::open_or_make(root.as_fd())?);
+        *index = Some(fd.clone());
+        Ok(fd)
+    }
+
+    /// Sets branch `b`'s mode; the caller holds `set_lock` exclusively.
+    /// The upper branch follows, and with it the hard-link index.
+    pub(super) fn set_mode(&self, b: BranchId, writable: bool) -> Result<()> {
+        let (_, mode) = self.roots.get(b.0 as usize).ok_or(errno(libc::ENOENT))?;
+        mode.store(writable, Ordering::Release);
+        let upper = topmost_writable(&self.roots);
+        if upper != self.upper() {
+            let index = match upper {
+                Some(u) => crate::union::index::open_existing(self.roots[u.0 as usize].0.as_fd())?
+                    .map(Arc::new),
+                None => None,
+            };
+            *self.index.write() = index;
+            self.upper
+                .store(upper.map_or(NO_UPPER, |u| u.0), Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+fn topmost_writable(roots: &[(Arc<OwnedFd>, AtomicBool)]) -> Option<BranchId> {
+    roots
+        .iter()
+        .position(|(_, w)| w.load(Ordering::Acquire))
+        .map(|i| BranchId(i as u32))
 }
 
 /// What a walk down a directory's layers found under one name.
@@ -254,7 +326,7 @@ impl Vfs {
     pub(super) fn prepare_dir_move(&self, caller: &super::Caller, moved: InodeNo) -> Result<()> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let node = self.inodes.node(moved)?;
-        if !node.has_layers() && u.upper == Some(self.inodes.branch_of(&node.key)) {
+        if !node.has_layers() && u.upper() == Some(self.inodes.branch_of(&node.key)) {
             return Ok(());
         }
         let origin = self.origin_of(&node)?;
@@ -273,7 +345,7 @@ impl Vfs {
         let lower = self
             .layers_of(node)?
             .into_iter()
-            .find(|l| Some(l.branch) != u.upper)
+            .find(|l| Some(l.branch) != u.upper())
             .ok_or(errno(libc::EXDEV))?;
         let root = &u.roots[lower.branch.0 as usize].0;
         let at = |fd: BorrowedFd<'_>| {
@@ -373,7 +445,7 @@ impl Vfs {
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
         };
-        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
         if self.inodes.branch_of(&node.key) == upper {
             return Ok(node);
         }
@@ -433,7 +505,7 @@ impl Vfs {
     pub(super) fn upper_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
         let node = self.inodes.node(ino)?;
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
         if self.inodes.branch_of(&node.key) == upper {
             return Ok(node);
         }

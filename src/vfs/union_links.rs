@@ -27,18 +27,6 @@ fn entry_of(key: &BackingKey) -> CString {
     index::entry_name(key.branch, key.dev, key.ino)
 }
 
-impl Union {
-    fn index_or_make(&self) -> Result<&Arc<OwnedFd>> {
-        if let Some(fd) = self.index.get() {
-            return Ok(fd);
-        }
-        let upper = self.upper().ok_or(errno(libc::EROFS))?;
-        let root = self.root_of(upper).ok_or(errno(libc::EROFS))?;
-        let fd = index::open_or_make(root.as_fd())?;
-        Ok(self.index.get_or_init(|| Arc::new(fd)))
-    }
-}
-
 impl Vfs {
     /// Where a lookup that found `st` (in `branch`) lands instead: the
     /// index entry of a linked lower file one of whose names was copied
@@ -49,7 +37,7 @@ impl Vfs {
         branch: BranchId,
         st: &Stat,
     ) -> Result<Option<(Arc<OwnedFd>, CString, Stat)>> {
-        let Some(index) = u.index.get() else {
+        let Some(index) = u.index() else {
             return Ok(None);
         };
         if u.upper() == Some(branch) || !is_linked_file(st) {
@@ -74,7 +62,7 @@ impl Vfs {
         (fd, st): (BorrowedFd<'_>, &Stat),
         via_index: bool,
     ) {
-        if u.index.get().is_none() || inode.union_nlink().is_some() {
+        if u.index().is_none() || inode.union_nlink().is_some() {
             return;
         }
         if !via_index && !is_linked_file(st) {
@@ -165,7 +153,7 @@ impl Vfs {
             if inode.has_layers() {
                 st.st_nlink = 1;
             }
-        } else if u.index.get().is_some() {
+        } else if u.index().is_some() {
             if let Some(n) = inode.union_nlink() {
                 st.st_nlink = n.into();
             }
@@ -200,7 +188,7 @@ impl Vfs {
     /// The file has no name left in the union: its index entry would keep
     /// it (and a stale count) alive.
     fn drop_index_entry(&self, u: &Union, node: &Node) -> Result<()> {
-        let Some(index) = u.index.get() else {
+        let Some(index) = u.index() else {
             return Ok(());
         };
         let Some(entry) = index::entry(node.fd(), u.ns)? else {

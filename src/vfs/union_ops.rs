@@ -51,7 +51,7 @@ impl Vfs {
                     CreatePolicy::ExistingPath => self.existing_path_branch(&dir, name)?,
                     CreatePolicy::Mfs => self.most_free_branch(&dir, name)?,
                 }
-                .filter(|b| Some(*b) != u.upper)
+                .filter(|b| Some(*b) != u.upper())
             }
         };
         Ok(match chosen {
@@ -83,9 +83,9 @@ impl Vfs {
     fn most_free_branch(&self, dir: &Node, name: &CStr) -> Result<Option<BranchId>> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let mut best: Option<(u64, BranchId)> = None;
-        for (i, (root, writable)) in u.roots.iter().enumerate() {
+        for (i, (root, _)) in u.roots.iter().enumerate() {
             let b = BranchId(i as u32);
-            if !writable || !self.reachable(dir, b)? || !self.free_above(dir, name, b)? {
+            if !u.writable(b) || !self.reachable(dir, b)? || !self.free_above(dir, name, b)? {
                 continue;
             }
             let Ok(fs) = sys::fstatvfs(root.as_fd()) else {
@@ -332,7 +332,7 @@ impl Vfs {
         flags: i32,
     ) -> Result<()> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
-        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
         let dir = self.writable_dir(caller, parent)?;
         let below = self.visible_below(&dir, cname, upper)?;
         let in_upper = match sys::fstatat(dir.fd(), cname) {
@@ -401,7 +401,7 @@ impl Vfs {
             creds::as_caller(caller, || sys::unlinkat(at, cname, flags))?;
             return Ok(());
         }
-        let upper = u.upper.ok_or(errno(libc::EROFS))?;
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
         let top = self.writable_dir(caller, parent)?;
         format::replace_with_whiteout(top.fd(), cname)?;
         let hidden = holders
@@ -507,14 +507,15 @@ impl Vfs {
         let mut out: Vec<BranchUsage> = u
             .roots
             .iter()
-            .map(|(root, writable)| {
+            .zip(u.modes())
+            .map(|((root, _), writable)| {
                 let fs = sys::fstatvfs(root.as_fd()).ok();
                 let frsize = fs.as_ref().map_or(0, |f| f.f_frsize);
                 let blocks = |n: fn(&sys::StatFs) -> u64| {
                     fs.as_ref().map_or(0, |f| n(f).saturating_mul(frsize))
                 };
                 BranchUsage {
-                    writable: *writable,
+                    writable,
                     size_bytes: blocks(|f| f.f_blocks),
                     used_bytes: blocks(|f| f.f_blocks.saturating_sub(f.f_bfree)),
                     free_bytes: blocks(|f| f.f_bavail),
@@ -529,7 +530,7 @@ impl Vfs {
                 .filter(|(_, b)| b.writable)
                 .max_by_key(|(i, b)| (b.free_bytes, std::cmp::Reverse(*i)))
                 .map(|(i, _)| i),
-            CreatePolicy::Top | CreatePolicy::ExistingPath => u.upper.map(|b| b.0 as usize),
+            CreatePolicy::Top | CreatePolicy::ExistingPath => u.upper().map(|b| b.0 as usize),
         };
         if let Some(b) = target.and_then(|i| out.get_mut(i)) {
             b.creates = true;

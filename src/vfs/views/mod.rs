@@ -211,6 +211,7 @@ fn past_err(e: past::Error) -> VfsError {
             errno(libc::ENOENT)
         }
         past::Error::Denied(_) => errno(libc::EACCES),
+        past::Error::Busy(_) => errno(libc::EBUSY),
         past::Error::NotPermitted(_) => errno(libc::EPERM),
         past::Error::History(h) => VfsError::History(h),
         past::Error::Io(e) => VfsError::Io(e),

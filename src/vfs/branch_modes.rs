@@ -1,0 +1,160 @@
+//! Live changes to a mounted union's branches (issue 17): a branch's mode
+//! now; insertion and removal build on the same lock and checks.
+//! docs/ARCHITECTURE.md "Live unions".
+
+use parking_lot::RwLockReadGuard;
+
+use super::inodes::Handle;
+use super::{Result, Vfs, VfsError};
+use crate::branch::BranchId;
+
+/// A branch as `chronofs branch list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BranchInfo {
+    /// Its place in the union, 0 = top (precedence).
+    pub position: u32,
+    /// Its persistent id (inode-map keys carry it).
+    pub id: u32,
+    pub writable: bool,
+    /// Where copy-ups and `create=top`'s creates go.
+    pub upper: bool,
+}
+
+/// What a mode change did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModeChange {
+    /// The branch had that mode already.
+    pub unchanged: bool,
+    /// Write handles into it that `--force` revoked.
+    pub revoked: usize,
+}
+
+impl Vfs {
+    /// Held (shared) for the whole of an operation that may change the
+    /// tree; a branch change waits for every such operation in flight.
+    /// Recursive: an operation never waits behind a queued change while
+    /// it holds the lock already.
+    pub(super) fn changing(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.union().map(|u| u.set_lock.read_recursive())
+    }
+
+    /// The union's branches, top first.
+    pub fn branches(&self) -> Result<Vec<BranchInfo>> {
+        let u = self.union().ok_or(VfsError::NotUnion)?;
+        let upper = u.upper();
+        Ok(u.modes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, writable)| {
+                let b = BranchId(i as u32);
+                BranchInfo {
+                    position: b.0,
+                    id: self.inodes.id_of(b),
+                    writable,
+                    upper: upper == Some(b),
+                }
+            })
+            .collect())
+    }
+
+    /// Makes the branch at `position` read-write or read-only, at once
+    /// for every cached lookup and open file. A branch turning read-only
+    /// must take no more writes: refused while files in it are open for
+    /// writing, unless `force`, which revokes those handles (ESTALE from
+    /// then on); refused in any case while a file of it is open with
+    /// kernel passthrough, which the daemon cannot revoke and whose
+    /// backing file a later writer of the same inode would share.
+    pub fn set_branch_mode(
+        &self,
+        position: u32,
+        writable: bool,
+        force: bool,
+    ) -> Result<ModeChange> {
+        let u = self.union().ok_or(VfsError::NotUnion)?;
+        let b = BranchId(position);
+        if u.root_of(b).is_none() {
+            return Err(VfsError::NoSuchBranch(position.to_string()));
+        }
+        let _all = u.set_lock.write();
+        if u.writable(b) == writable {
+            return Ok(ModeChange {
+                unchanged: true,
+                revoked: 0,
+            });
+        }
+        let mut revoked = 0;
+        if !writable {
+            let writers = self.handles_blocking_read_only(b, force)?;
+            revoked = writers.len();
+            for fh in writers {
+                self.close_revoked(fh);
+            }
+        }
+        u.set_mode(b, writable)?;
+        tracing::info!(
+            "branch {position} is now {}",
+            if writable { "read-write" } else { "read-only" }
+        );
+        Ok(ModeChange {
+            unchanged: false,
+            revoked,
+        })
+    }
+
+    /// The write handles into branch `b` that `force` may revoke; an
+    /// error if any handle forbids the change.
+    fn handles_blocking_read_only(&self, b: BranchId, force: bool) -> Result<Vec<u64>> {
+        let id = self.inodes.id_of(b);
+        let mut writers = Vec::new();
+        let mut pinned = 0;
+        for (fh, handle) in self.handles.files() {
+            let Handle::File {
+                ino,
+                writes,
+                branch,
+                ..
+            } = &*handle
+            else {
+                continue;
+            };
+            if *branch != id {
+                continue;
+            }
+            if self.uses_passthrough(*ino) {
+                pinned += 1;
+            } else if *writes {
+                writers.push(fh);
+            }
+        }
+        if pinned > 0 {
+            return Err(VfsError::BranchBusy(format!(
+                "{pinned} open file(s) of branch {} use kernel passthrough, which the daemon \
+                 cannot revoke: close them first (or mount with -o passthrough=off)",
+                b.0
+            )));
+        }
+        if !writers.is_empty() && !force {
+            return Err(VfsError::BranchBusy(format!(
+                "{} file(s) of branch {} are open for writing: close them, or use --force \
+                 (their descriptors then fail with ESTALE)",
+                writers.len(),
+                b.0
+            )));
+        }
+        Ok(writers)
+    }
+
+    /// Closes a handle its owner still holds, as its release would.
+    fn close_revoked(&self, fh: u64) {
+        let Some(handle) = self.handles.revoke(fh) else {
+            return;
+        };
+        let ino = handle.ino();
+        let session = matches!(&*handle, Handle::File { session: true, .. });
+        drop(handle);
+        if session {
+            self.session_closed(ino);
+        }
+        self.release_io(ino);
+    }
+}
