@@ -360,7 +360,7 @@ fn serve(plan: &Plan, opts: &MountOptions, mut notify: Notify) -> Result<()> {
     // Blocked before any thread exists, so every thread inherits the mask
     // and only the waiter below ever receives these signals.
     let signals = sys::SignalWaiter::block_termination_signals()?;
-    let (session, history) = match prepare(plan, opts, daemon) {
+    let (session, history, _control) = match prepare(plan, opts, daemon) {
         Ok(s) => s,
         Err(e) => {
             notify.report(&format!("{e:#}"));
@@ -496,7 +496,11 @@ fn assign_branch_ids(
     Ok(())
 }
 
-fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, Option<Recording>)> {
+/// The mount, what records its history, and the control socket of a
+/// mount without history.
+type Prepared = (Mounted, Option<Recording>, Option<control::Server>);
+
+fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     init_logging(opts, daemon)?;
     if let Err(e) = sys::raise_fd_limit() {
         tracing::warn!("cannot raise the open-file limit: {e}");
@@ -622,6 +626,11 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
             let ctx = (&vfs, &store, counts, session.transport());
             start_control(plan, src_root, h, ctx, p.clone())?
         }
+        // A union without history still answers `chronofs branch`.
+        _ if !plan.union.is_empty() => {
+            let host = mount_host(plan, &vfs, counts, session.transport());
+            serve_control(plan, Arc::new(control::service::HostOnly(host)))?
+        }
         _ => None,
     };
     let cleaner = match (&history, &policy) {
@@ -643,17 +652,21 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<(Mounted, O
     }
     // Keep the store handle alive for the session's lifetime via the vfs.
     drop(store);
-    let history = match (history, capture) {
-        (Some(h), Some(c)) => Some(Recording {
-            vfs: Arc::clone(&vfs),
-            _cleaner: cleaner,
-            _history: h,
-            capture: c,
-            _control: control,
-        }),
-        _ => None,
-    };
-    Ok((session, history))
+    // The control socket stops with the history when there is one, with
+    // the session otherwise.
+    Ok(match (history, capture) {
+        (Some(h), Some(c)) => {
+            let rec = Recording {
+                vfs: Arc::clone(&vfs),
+                _cleaner: cleaner,
+                _history: h,
+                capture: c,
+                _control: control,
+            };
+            (session, Some(rec), None)
+        }
+        _ => (session, None, control),
+    })
 }
 
 /// What a versioned mount keeps running beside the session. Dropping it
@@ -904,30 +917,47 @@ fn start_control(
     ),
     policy: control::PolicyHolder,
 ) -> Result<Option<control::Server>> {
+    let service = control::Service::new(
+        Arc::clone(history),
+        root,
+        plan.reserved.clone(),
+        mount_host(plan, vfs, counts, transport),
+        store.dir().to_path_buf(),
+        policy,
+    );
+    serve_control(plan, Arc::new(service))
+}
+
+fn mount_host(
+    plan: &Plan,
+    vfs: &Arc<Vfs>,
+    counts: Arc<crate::fuse::RequestCounts>,
+    transport: crate::fuse::TransportState,
+) -> Box<dyn control::service::Host> {
+    Box::new(MountHost(
+        Arc::downgrade(vfs),
+        plan.union.iter().map(|(p, _)| p.clone()).collect(),
+        counts,
+        transport,
+    ))
+}
+
+/// The mount's control socket, answered by `answerer`.
+fn serve_control(
+    plan: &Plan,
+    answerer: Arc<dyn control::service::Answerer>,
+) -> Result<Option<control::Server>> {
     let canon = plan.mnt.canonicalize().unwrap_or_else(|_| plan.mnt.clone());
     let Some(entry) = control::chronofs_mounts()
         .into_iter()
         .rev()
         .find(|m| m.mount_point == canon)
     else {
-        tracing::warn!("cannot find this mount in mountinfo; history commands will not reach it");
+        tracing::warn!("cannot find this mount in mountinfo; chronofs commands will not reach it");
         return Ok(None);
     };
-    let service = control::Service::new(
-        Arc::clone(history),
-        root,
-        plan.reserved.clone(),
-        Box::new(MountHost(
-            Arc::downgrade(vfs),
-            plan.union.iter().map(|(p, _)| p.clone()).collect(),
-            counts,
-            transport,
-        )),
-        store.dir().to_path_buf(),
-        policy,
-    );
     let path = control::socket_dir(sys::geteuid()).join(control::socket_name(&entry));
-    let server = control::serve(&path, Arc::new(service))
+    let server = control::serve(&path, answerer)
         .with_context(|| format!("cannot create the control socket {}", path.display()))?;
     Ok(Some(server))
 }

@@ -94,7 +94,7 @@ impl Drop for Server {
 /// Listens at `path` (mode 0666: every user may ask; each request is
 /// checked against the peer's credentials) and answers on a thread per
 /// connection.
-pub fn serve(path: &Path, service: Arc<Service>) -> io::Result<Server> {
+pub fn serve(path: &Path, service: Arc<dyn service::Answerer>) -> io::Result<Server> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -114,7 +114,7 @@ pub fn serve(path: &Path, service: Arc<Service>) -> io::Result<Server> {
                 let svc = service.clone();
                 let spawned = std::thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || handle(conn, &svc));
+                    .spawn(move || handle(conn, svc.as_ref()));
                 if let Err(e) = spawned {
                     tracing::error!("control: cannot start a connection thread: {e}");
                 }
@@ -128,7 +128,7 @@ pub fn serve(path: &Path, service: Arc<Service>) -> io::Result<Server> {
     })
 }
 
-fn handle(conn: UnixStream, svc: &Service) {
+fn handle(conn: UnixStream, svc: &dyn service::Answerer) {
     let peer = match crate::sys::peer_credentials(&conn) {
         Ok(p) => p,
         Err(e) => {

@@ -77,6 +77,55 @@ pub trait Host: LiveIds {
     }
 }
 
+/// Answers control requests: a mount's `Service` over its history, or
+/// `HostOnly` for a mount that keeps none.
+pub trait Answerer: Send + Sync {
+    fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Answer>;
+}
+
+impl Answerer for Service {
+    fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Answer> {
+        Service::answer(self, req, peer, reply)
+    }
+}
+
+/// The control service of a mount without history (`-o plain`): its
+/// branches, nothing else.
+pub struct HostOnly(pub Box<dyn Host>);
+
+impl Answerer for HostOnly {
+    fn answer(&self, req: &Request, peer: &Peer, _reply: &mut dyn Reply) -> Result<Answer> {
+        match req {
+            Request::Branches | Request::BranchMode { .. } => branch_request(&*self.0, req, peer),
+            _ => Err(Error::Usage(
+                "this mount keeps no history (mounted with -o plain)".into(),
+            )),
+        }
+    }
+}
+
+fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer> {
+    match req {
+        Request::BranchMode {
+            branch,
+            writable,
+            force,
+        } => {
+            if peer.uid != 0 {
+                return Err(Error::NotPermitted(
+                    "only root may change a branch's mode".into(),
+                ));
+            }
+            Ok(Answer::BranchMode(
+                host.set_branch_mode(branch, *writable, *force)?,
+            ))
+        }
+        _ => Ok(Answer::Branches(proto::BranchList {
+            branches: host.branches()?,
+        })),
+    }
+}
+
 pub struct Service {
     history: Arc<History>,
     /// O_PATH descriptor of the branch root (SRC).
@@ -223,20 +272,8 @@ impl Service {
             } => Answer::Explain(self.explain(path, user.as_deref(), process.as_deref())?),
             Request::PolicyReload => Answer::Reload(self.reload(peer)?),
             Request::Audit => Answer::Audit(self.audit_log(peer)?),
-            Request::Branches => Answer::Branches(proto::BranchList {
-                branches: self.host.branches()?,
-            }),
-            Request::BranchMode {
-                branch,
-                writable,
-                force,
-            } => {
-                if peer.uid != 0 {
-                    return Err(Error::NotPermitted(
-                        "only root may change a branch's mode".into(),
-                    ));
-                }
-                Answer::BranchMode(self.host.set_branch_mode(branch, *writable, *force)?)
+            Request::Branches | Request::BranchMode { .. } => {
+                branch_request(&*self.host, req, peer)?
             }
         })
     }

@@ -62,8 +62,10 @@ impl Vfs {
     /// must take no more writes: refused while files in it are open for
     /// writing, unless `force`, which revokes those handles (ESTALE from
     /// then on); refused in any case while a file of it is open with
-    /// kernel passthrough, which the daemon cannot revoke and whose
-    /// backing file a later writer of the same inode would share.
+    /// kernel passthrough (the daemon cannot revoke it, and a later writer
+    /// of the same inode would share its backing file) or open for writing
+    /// through the writeback cache (the kernel holds writes the daemon has
+    /// not seen).
     pub fn set_branch_mode(
         &self,
         position: u32,
@@ -105,8 +107,13 @@ impl Vfs {
     /// error if any handle forbids the change.
     fn handles_blocking_read_only(&self, b: BranchId, force: bool) -> Result<Vec<u64>> {
         let id = self.inodes.id_of(b);
+        // Under the writeback cache the kernel holds writes the daemon has
+        // not seen: a revoked handle's would stay readable in the page
+        // cache without ever reaching a branch.
+        let cached = self.writeback();
         let mut writers = Vec::new();
         let mut pinned = 0;
+        let mut cached_writers = 0;
         for (fh, handle) in self.handles.files() {
             let Handle::File {
                 ino,
@@ -122,6 +129,8 @@ impl Vfs {
             }
             if self.uses_passthrough(*ino) {
                 pinned += 1;
+            } else if *writes && cached {
+                cached_writers += 1;
             } else if *writes {
                 writers.push(fh);
             }
@@ -130,6 +139,14 @@ impl Vfs {
             return Err(VfsError::BranchBusy(format!(
                 "{pinned} open file(s) of branch {} use kernel passthrough, which the daemon \
                  cannot revoke: close them first (or mount with -o passthrough=off)",
+                b.0
+            )));
+        }
+        if cached_writers > 0 {
+            return Err(VfsError::BranchBusy(format!(
+                "{cached_writers} file(s) of branch {} are open for writing through the kernel's \
+                 writeback cache, which the daemon cannot revoke: close them first (or mount \
+                 with -o writeback=off)",
                 b.0
             )));
         }

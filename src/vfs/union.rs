@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use std::collections::HashSet;
+
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::inodes::{Layer, Node};
 use super::{errno, Attr, Entry, InodeNo, Result, Stat, Vfs, VfsError};
@@ -52,6 +54,24 @@ pub struct Union {
     /// whole length, and exclusively by a mode change: no change decided
     /// under the old modes lands after the new ones are in force.
     pub(super) set_lock: RwLock<()>,
+    /// Objects being copied up now: a second change to one of them waits
+    /// for the first copy instead of making its own (whose link into
+    /// place would then fail with EEXIST).
+    copying: Mutex<HashSet<InodeNo>>,
+    copied: Condvar,
+}
+
+/// Marks one object as being copied up, for its guard's lifetime.
+pub(super) struct CopyingUp<'a> {
+    union: &'a Union,
+    ino: InodeNo,
+}
+
+impl Drop for CopyingUp<'_> {
+    fn drop(&mut self) {
+        self.union.copying.lock().remove(&self.ino);
+        self.union.copied.notify_all();
+    }
 }
 
 const NO_UPPER: u32 = u32::MAX;
@@ -78,6 +98,8 @@ impl Union {
             opts,
             index: RwLock::new(index),
             set_lock: RwLock::new(()),
+            copying: Mutex::new(HashSet::new()),
+            copied: Condvar::new(),
         })
     }
 
@@ -118,6 +140,18 @@ impl Union {
         self.roots
             .get(b.0 as usize)
             .is_some_and(|(_, w)| w.load(Ordering::Acquire))
+    }
+
+    /// Waits until no other thread copies `ino` up, then marks it as
+    /// being copied by this one. Parents are entered while children are
+    /// held, never the reverse, so two copy-ups cannot wait on each other.
+    pub(super) fn copying_up(&self, ino: InodeNo) -> CopyingUp<'_> {
+        let mut copying = self.copying.lock();
+        while copying.contains(&ino) {
+            self.copied.wait(&mut copying);
+        }
+        copying.insert(ino);
+        CopyingUp { union: self, ino }
     }
 
     /// Every branch's mode now, top first.
@@ -449,6 +483,12 @@ impl Vfs {
         if self.inodes.branch_of(&node.key) == upper {
             return Ok(node);
         }
+        let _one = u.copying_up(ino);
+        // Another thread may have copied it while this one waited.
+        let node = self.inodes.node(ino)?;
+        if self.inodes.branch_of(&node.key) == upper {
+            return Ok(node);
+        }
         let lowers = self.inodes.layers(&node.inode)?;
         if let Some(l) = lowers.iter().find(|l| l.branch == upper) {
             return Ok(Node::with_fd(node.inode.clone(), l.fd.clone()));
@@ -511,6 +551,12 @@ impl Vfs {
         }
         if node.is_dir() {
             return self.writable_dir(caller, ino);
+        }
+        let _one = u.copying_up(ino);
+        // Another thread may have copied it while this one waited.
+        let node = self.inodes.node(ino)?;
+        if self.inodes.branch_of(&node.key) == upper {
+            return Ok(node);
         }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
         let upper_parent = self.writable_dir(caller, parent)?;

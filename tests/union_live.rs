@@ -1,0 +1,303 @@
+//! Live unions (issue 17): a mounted union's branches are listed and change
+//! mode while mounted (`chronofs branch list|mode`), with history and
+//! without (`-o plain`). docs/ARCHITECTURE.md "Live unions".
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+fn branch(m: &Mount, args: &[&str]) -> Output {
+    let mnt = m.mnt.to_str().unwrap();
+    let mut all = vec!["branch", args[0], mnt];
+    all.extend_from_slice(&args[1..]);
+    chronofs_in(m.root(), &all)
+}
+
+fn branch_ok(m: &Mount, args: &[&str]) -> String {
+    let out = branch(m, args);
+    assert!(
+        out.status.success(),
+        "branch {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        m.log_tail()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// (position, mode, upper) of every branch, from `branch list --json`.
+fn modes(m: &Mount) -> Vec<(u64, String, bool)> {
+    let v: serde_json::Value = serde_json::from_str(&branch_ok(m, &["list", "--json"])).unwrap();
+    v["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["position"].as_u64().unwrap(),
+                b["mode"].as_str().unwrap().to_string(),
+                b["upper"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn union_modes() -> [&'static str; 2] {
+    ["plain", ""]
+}
+
+#[test]
+fn branch_list_shows_every_branch_with_its_mode_and_the_upper_one() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 2, |_| {});
+        assert_eq!(
+            modes(&m),
+            [
+                (0, "rw".to_string(), true),
+                (1, "ro".to_string(), false),
+                (2, "ro".to_string(), false)
+            ],
+            "mode {mode:?}"
+        );
+        let text = branch_ok(&m, &["list"]);
+        assert!(text.contains(m.lowers[1].to_str().unwrap()), "{text}");
+    }
+}
+
+#[test]
+fn a_lower_branch_made_read_write_takes_writes_and_read_only_again_copies_them_up() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |b| write_file(&b[1].join("f"), b"lower\n"));
+        let lower = m.lowers[0].to_str().unwrap().to_string();
+        // By path; the reply says what changed.
+        assert!(branch_ok(&m, &["mode", &lower, "rw"]).contains("is now rw"));
+        let again = branch_ok(&m, &["mode", &lower, "rw"]);
+        assert!(again.contains("already rw"), "{again}");
+        // A file of a read-write branch is changed where it is.
+        append(&m.p("f"), b"in place\n");
+        assert_eq!(read_file(&m.lowers[0].join("f")), b"lower\nin place\n");
+        assert!(
+            !m.src.join("f").exists(),
+            "mode {mode:?}: copied up while rw"
+        );
+        // Read-only again (by position): the next change copies it up and
+        // the branch keeps what it had.
+        branch_ok(&m, &["mode", "1", "ro"]);
+        append(&m.p("f"), b"copied\n");
+        assert_eq!(read_file(&m.lowers[0].join("f")), b"lower\nin place\n");
+        assert_eq!(read_file(&m.src.join("f")), b"lower\nin place\ncopied\n");
+        assert_eq!(read_file(&m.p("f")), b"lower\nin place\ncopied\n");
+    }
+}
+
+fn append(p: &Path, data: &[u8]) {
+    fs::OpenOptions::new()
+        .append(true)
+        .open(p)
+        .unwrap_or_else(|e| panic!("open {} for append: {e}", p.display()))
+        .write_all(data)
+        .unwrap();
+}
+
+#[test]
+fn the_upper_branch_follows_modes_and_with_none_writable_changes_fail_erofs() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |_| {});
+        branch_ok(&m, &["mode", "1", "rw"]);
+        branch_ok(&m, &["mode", "0", "ro"]);
+        assert_eq!(
+            modes(&m),
+            [(0, "ro".to_string(), false), (1, "rw".to_string(), true)]
+        );
+        write_file(&m.p("new"), b"goes below\n");
+        assert!(m.lowers[0].join("new").exists());
+        assert!(!m.src.join("new").exists());
+        branch_ok(&m, &["mode", "1", "ro"]);
+        let err = fs::write(m.p("other"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "mode {mode:?}");
+        assert_eq!(
+            fs::remove_file(m.p("new")).unwrap_err().raw_os_error(),
+            Some(libc::EROFS)
+        );
+        branch_ok(&m, &["mode", "0", "rw"]);
+        fs::remove_file(m.p("new")).unwrap();
+        assert!(!m.p("new").exists());
+    }
+}
+
+#[test]
+fn a_branch_with_files_open_for_writing_turns_read_only_only_with_force() {
+    // What keeps the daemon from revoking a write handle: the kernel
+    // writing through the backing file itself (passthrough), or holding
+    // writes in its page cache (writeback); None: the daemon sees them all.
+    for (mode, kernel) in [
+        ("passthrough=off,writeback=off", None),
+        ("plain,passthrough=off,writeback=off", None),
+        ("passthrough=off", Some("writeback")),
+        ("plain", Some("passthrough")),
+        ("", Some("passthrough")),
+    ] {
+        let m = Mount::union(mode, 1, |_| {});
+        let mut open = fs::File::create(m.p("busy")).unwrap();
+        open.write_all(b"first\n").unwrap();
+        let out = branch(&m, &["mode", "0", "ro"]);
+        assert!(!out.status.success(), "mode {mode:?}: refused");
+        let why = stderr(&out);
+        assert!(
+            why.contains(kernel.unwrap_or("open for writing")),
+            "mode {mode:?}: {why}"
+        );
+        assert_eq!(modes(&m)[0].1, "rw");
+        let forced = branch(&m, &["mode", "0", "ro", "--force"]);
+        if let Some(kernel) = kernel {
+            // Not revocable: still refused, and says why.
+            assert!(!forced.status.success(), "mode {mode:?}");
+            assert!(stderr(&forced).contains(kernel), "{}", stderr(&forced));
+            drop(open);
+            branch_ok(&m, &["mode", "0", "ro"]);
+        } else {
+            assert!(forced.status.success(), "{}", stderr(&forced));
+            assert!(String::from_utf8_lossy(&forced.stdout).contains("revoked"));
+            let err = open.write_all(b"after\n").and_then(|_| open.sync_all());
+            assert_eq!(
+                err.unwrap_err().raw_os_error(),
+                Some(libc::ESTALE),
+                "a revoked descriptor"
+            );
+            drop(open);
+        }
+        assert_eq!(read_file(&m.p("busy")), b"first\n", "mode {mode:?}");
+        assert_eq!(
+            fs::write(m.p("busy"), b"x").unwrap_err().raw_os_error(),
+            Some(libc::EROFS)
+        );
+    }
+}
+
+#[test]
+fn branch_commands_refuse_bad_input_in_one_line() {
+    let m = Mount::union("", 1, |_| {});
+    for (args, says) in [
+        (vec!["mode", "7", "ro"], "not a branch"),
+        (vec!["mode", "/nonexistent", "rw"], "not a branch"),
+        (vec!["mode", "1", "sideways"], "invalid value"),
+    ] {
+        let out = branch(&m, &args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+    // Only root changes modes; anyone may list.
+    let as_nobody = |args: &[&str]| {
+        let mut all = vec!["branch"];
+        all.extend_from_slice(args);
+        Command::new(bin())
+            .args(&all)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let mnt = m.mnt.to_str().unwrap();
+    let out = as_nobody(&["mode", mnt, "1", "rw"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("only root"), "{}", stderr(&out));
+    assert!(as_nobody(&["list", mnt]).status.success());
+    // Not a union; nothing mounted.
+    let single = Mount::new("");
+    let out = chronofs_in(
+        single.root(),
+        &["branch", "list", single.mnt.to_str().unwrap()],
+    );
+    assert!(stderr(&out).contains("not a union"), "{}", stderr(&out));
+    let out = chronofs_in(m.root(), &["branch", "list", m.root().to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not inside a chronofs mount"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Modes flip under writers and readers: every write that succeeded is
+/// there afterwards, no operation fails, nothing hangs. (A flip to
+/// read-only is refused while a writer has a file of the branch open: the
+/// flips retry until they land between writes.)
+#[test]
+fn modes_flip_under_a_running_workload_and_nothing_is_lost() {
+    for mode in [
+        "plain,passthrough=off,writeback=off",
+        "passthrough=off,writeback=off",
+    ] {
+        let m = Arc::new(Mount::union(mode, 1, |b| {
+            for i in 0..20 {
+                write_file(&b[1].join(format!("l{i}")), b"lower\n");
+            }
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (m, stop) = (m.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut written = Vec::new();
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let name = format!("w{w}-{i}");
+                        write_file(&m.p(&name), name.as_bytes());
+                        append(&m.p(&format!("l{}", i % 20)), name.as_bytes());
+                        written.push(name);
+                        i += 1;
+                    }
+                    written
+                })
+            })
+            .collect();
+        let reader = {
+            let (m, stop) = (m.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for i in 0..20 {
+                        let data = read_file(&m.p(&format!("l{i}")));
+                        assert!(data.starts_with(b"lower\n"));
+                    }
+                }
+            })
+        };
+        let mut flips = 0;
+        for round in 0..2000 {
+            let to = if flips % 2 == 0 { "rw" } else { "ro" };
+            let out = branch(&m, &["mode", "1", to]);
+            if out.status.success() {
+                flips += 1;
+                if flips == 20 {
+                    break;
+                }
+            } else {
+                assert!(
+                    stderr(&out).contains("open for writing"),
+                    "round {round}: {}",
+                    stderr(&out)
+                );
+            }
+        }
+        assert_eq!(flips, 20, "mode {mode:?}: the flips never found a gap");
+        stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap();
+        for w in workers {
+            let written = w.join().unwrap();
+            assert!(!written.is_empty());
+            for name in written {
+                assert_eq!(read_file(&m.p(&name)), name.as_bytes(), "mode {mode:?}");
+            }
+        }
+    }
+}
