@@ -89,6 +89,34 @@ fn workload(root: &Path) {
     assert!(lstat(&root.join("b")).is_err());
 }
 
+/// The ring threads of an idle mount sleep in the kernel until a request
+/// comes. They once spun, a CPU each (asking `io_uring_enter` to submit
+/// more entries than were pending skips its wait), which cost warm `stat`
+/// a third of its speed with no request in sight. A spinning thread is
+/// never seen asleep; a waiting one nearly always.
+fn assert_ring_threads_wait(m: &Mount) {
+    let pid = m.pid().unwrap();
+    let rings: Vec<_> = fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| t.unwrap().path())
+        .filter(|t| fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("fuser-ring")))
+        .collect();
+    assert!(!rings.is_empty(), "no ring threads in {pid}");
+    let state = |t: &Path| {
+        let stat = fs::read_to_string(t.join("stat")).unwrap_or_default();
+        // "pid (comm) S ...": the state follows the last ')'.
+        stat.rsplit(") ").next().and_then(|r| r.chars().next())
+    };
+    for t in &rings {
+        let asleep = (0..200).filter(|_| state(t) == Some('S')).count();
+        assert!(
+            asleep >= 100,
+            "{}: asleep in {asleep} of 200 looks",
+            t.display()
+        );
+    }
+}
+
 #[test]
 fn uring_on_serves_a_workload_and_status_shows_it() {
     let _p = PARAM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -101,6 +129,7 @@ fn uring_on_serves_a_workload_and_status_shows_it() {
         m.wait_history_ready();
         workload(&m.p(""));
         assert_eq!(transport(&m), "io_uring", "{opts}: {}", m.log_tail());
+        assert_ring_threads_wait(&m);
         let _g = history_mount_lock();
         m.unmount();
     }

@@ -385,21 +385,31 @@ impl Queue {
     }
 
     /// Submits the replies queued while handling the last batch and waits
-    /// for at least one completion, in one system call. The kernel takes
-    /// the entries published in the shared ring (at most `to_submit`), so
-    /// a reply another thread pushes meanwhile under the lock is taken
-    /// once, by whichever call comes first; that thread's own submit then
-    /// finds nothing.
+    /// for at least one completion, in one system call.
+    ///
+    /// `to_submit` must be exactly the number of entries pending: the
+    /// kernel skips the wait whenever it submits fewer than asked
+    /// (`io_uring_enter`: `if (ret != to_submit) goto out`), so asking for
+    /// the ring's size made every idle queue thread spin, a CPU each,
+    /// which cost callers that never reach the daemon a third of their
+    /// speed (warm `stat`). A reply another thread pushes after the count
+    /// is submitted by that thread; if it also took ours first, this call
+    /// submits nothing, returns at once, and the next round counts 0.
     fn wait_into(&self, done: &mut Vec<(usize, i32)>) -> io::Result<()> {
         done.clear();
-        let all = self.ring.params().sq_entries();
         while done.is_empty() {
+            let pending = {
+                let _g = self.sq_lock.lock();
+                // SAFETY: submissions are serialised by sq_lock; this only
+                // reads the queue's head and tail.
+                unsafe { self.ring.submission_shared() }.len() as u32
+            };
             // SAFETY: no argument; the SQEs were fully written before their
             // tail was published.
             let waited = unsafe {
                 self.ring
                     .submitter()
-                    .enter::<libc::sigset_t>(all, 1, IORING_ENTER_GETEVENTS, None)
+                    .enter::<libc::sigset_t>(pending, 1, IORING_ENTER_GETEVENTS, None)
             };
             match waited {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
