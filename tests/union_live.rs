@@ -301,3 +301,40 @@ fn modes_flip_under_a_running_workload_and_nothing_is_lost() {
         }
     }
 }
+
+/// A mode set while mounted is recorded before it takes effect: a remount
+/// (or a restart after kill -9) with the same command line starts with it;
+/// another command line starts with its own modes.
+#[test]
+fn modes_set_while_mounted_survive_a_remount_and_kill9_with_the_same_command_line() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |_| {});
+        branch_ok(&m, &["mode", "1", "rw"]);
+        m.remount();
+        assert_eq!(modes(&m)[1].1, "rw", "mode {mode:?}: after a remount");
+        write_file(&m.p("kept"), b"x");
+        branch_ok(&m, &["mode", "0", "ro"]);
+        m.kill9();
+        m.start();
+        assert_eq!(
+            modes(&m),
+            [(0, "ro".to_string(), false), (1, "rw".to_string(), true)],
+            "mode {mode:?}: after kill -9"
+        );
+        assert_eq!(read_file(&m.p("kept")), b"x");
+        // Another command line (a branch more) wins, and is recorded.
+        m.unmount();
+        let extra = m.root().join("extra");
+        fs::create_dir(&extra).unwrap();
+        m.lowers.push(extra);
+        m.start();
+        assert_eq!(
+            modes(&m)
+                .into_iter()
+                .map(|(_, mode, _)| mode)
+                .collect::<Vec<_>>(),
+            ["rw", "ro", "ro"],
+            "mode {mode:?}: a new command line"
+        );
+    }
+}

@@ -493,6 +493,20 @@ fn assign_branch_ids(
     for (b, id) in list.iter_mut().zip(ids) {
         b.id = id;
     }
+    // Modes changed while mounted (`branch mode`) outlive the mount as long
+    // as the command line stays the one they were changed under.
+    let mounted: Vec<(u32, bool)> = list.iter().map(|b| (b.id, b.writable)).collect();
+    let set = store.start_branch_set(&mounted)?;
+    for ((b, (_, writable)), (path, _)) in list.iter_mut().zip(&set.live).zip(&plan.union) {
+        if b.writable != *writable {
+            tracing::info!(
+                "branch {} is {} (as last set while mounted)",
+                path.display(),
+                if *writable { "rw" } else { "ro" }
+            );
+            b.writable = *writable;
+        }
+    }
     Ok(())
 }
 
@@ -628,7 +642,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
         }
         // A union without history still answers `chronofs branch`.
         _ if !plan.union.is_empty() => {
-            let host = mount_host(plan, &vfs, counts, session.transport());
+            let host = mount_host(plan, (&vfs, &store), counts, session.transport())?;
             serve_control(plan, Arc::new(control::service::HostOnly(host)))?
         }
         _ => None,
@@ -688,6 +702,8 @@ struct MountHost(
     Vec<PathBuf>,
     Arc<crate::fuse::RequestCounts>,
     crate::fuse::TransportState,
+    /// A union's record of its modes, and the command line's.
+    Option<(crate::store::BranchSetLog, Vec<(u32, bool)>)>,
 );
 
 impl MountHost {
@@ -824,8 +840,19 @@ impl control::service::Host for MountHost {
         let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
         let position = self.branch_position(branch)?;
         let t0 = std::time::Instant::now();
+        let record = |modes: &[bool]| match &self.4 {
+            Some((log, mounted)) => log.record(&crate::store::BranchSet {
+                mounted: mounted.clone(),
+                live: mounted
+                    .iter()
+                    .zip(modes)
+                    .map(|((id, _), w)| (*id, *w))
+                    .collect(),
+            }),
+            None => Ok(()),
+        };
         let change = vfs
-            .set_branch_mode(position, writable, force)
+            .set_branch_mode(position, writable, force, &record)
             .map_err(vfs_to_service)?;
         let elapsed_us = t0.elapsed().as_micros() as u64;
         let list = vfs.branches().map_err(vfs_to_service)?;
@@ -921,7 +948,7 @@ fn start_control(
         Arc::clone(history),
         root,
         plan.reserved.clone(),
-        mount_host(plan, vfs, counts, transport),
+        mount_host(plan, (vfs, store), counts, transport)?,
         store.dir().to_path_buf(),
         policy,
     );
@@ -930,16 +957,23 @@ fn start_control(
 
 fn mount_host(
     plan: &Plan,
-    vfs: &Arc<Vfs>,
+    (vfs, store): (&Arc<Vfs>, &Store),
     counts: Arc<crate::fuse::RequestCounts>,
     transport: crate::fuse::TransportState,
-) -> Box<dyn control::service::Host> {
-    Box::new(MountHost(
+) -> Result<Box<dyn control::service::Host>> {
+    let modes = match plan.union.is_empty() {
+        true => None,
+        false => store
+            .branch_set()?
+            .map(|set| (store.branch_set_log(), set.mounted)),
+    };
+    Ok(Box::new(MountHost(
         Arc::downgrade(vfs),
         plan.union.iter().map(|(p, _)| p.clone()).collect(),
         counts,
         transport,
-    ))
+        modes,
+    )))
 }
 
 /// The mount's control socket, answered by `answerer`.

@@ -211,9 +211,185 @@ impl Store {
     }
 }
 
+/// The `branch_set` table: one row, `SET_KEY`, holding the branch modes
+/// a union was mounted with (its command line) and the ones in force now
+/// (`chronofs branch mode` changes them while mounted).
+const BRANCH_SET: TableDefinition<&str, &[u8]> = TableDefinition::new("branch_set");
+const SET_KEY: &str = "set";
+/// First byte of the `branch_set` row.
+const SET_FORMAT: u8 = 1;
+
+/// Each branch's (id, writable), top first.
+pub type Modes = Vec<(u32, bool)>;
+
+/// A union's branch modes as the store last recorded them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BranchSet {
+    /// What the mount's command line said.
+    pub mounted: Modes,
+    /// What is in force (equal to `mounted` until a live change).
+    pub live: Modes,
+}
+
+impl BranchSet {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![SET_FORMAT];
+        for modes in [&self.mounted, &self.live] {
+            v.extend_from_slice(&(modes.len() as u32).to_be_bytes());
+            for (id, writable) in modes {
+                v.extend_from_slice(&id.to_be_bytes());
+                v.push(u8::from(*writable));
+            }
+        }
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<BranchSet> {
+        let (&format, mut rest) = v.split_first()?;
+        if format != SET_FORMAT {
+            return None;
+        }
+        let mut lists = Vec::with_capacity(2);
+        for _ in 0..2 {
+            let n = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+            rest = &rest[4..];
+            let mut modes = Vec::with_capacity(n.min(1024));
+            for _ in 0..n {
+                let id = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?);
+                let writable = match rest.get(4)? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                modes.push((id, writable));
+                rest = &rest[5..];
+            }
+            lists.push(modes);
+        }
+        let live = lists.pop()?;
+        let mounted = lists.pop()?;
+        rest.is_empty().then_some(BranchSet { mounted, live })
+    }
+
+    /// The modes a mount given `mounted` starts with: the recorded live
+    /// ones when the command line is the one they were changed under (a
+    /// remount, or a restart after a crash, continues where the mount
+    /// was), else the command line's (the user asked for other modes).
+    pub fn starting(&self, mounted: &Modes) -> Modes {
+        if &self.mounted == mounted && self.live.len() == mounted.len() {
+            self.live.clone()
+        } else {
+            mounted.clone()
+        }
+    }
+}
+
+/// Records a mounted union's live modes (what `branch mode` changes).
+#[derive(Clone)]
+pub struct BranchSetLog {
+    db: std::sync::Arc<super::Index>,
+}
+
+impl BranchSetLog {
+    /// Records `set`, durably, before the caller puts it in force.
+    pub fn record(&self, set: &BranchSet) -> Result<(), StoreError> {
+        write_set(&self.db, set)
+    }
+}
+
+fn write_set(db: &super::Index, set: &BranchSet) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(index_error)?;
+    {
+        let mut table = txn.open_table(BRANCH_SET).map_err(index_error)?;
+        table
+            .insert(SET_KEY, set.encode().as_slice())
+            .map_err(index_error)?;
+    }
+    txn.commit().map_err(index_error)
+}
+
+impl Store {
+    /// The branch modes last recorded, if any union was mounted.
+    pub fn branch_set(&self) -> Result<Option<BranchSet>, StoreError> {
+        let txn = self.db.begin_read().map_err(index_error)?;
+        let table = match txn.open_table(BRANCH_SET) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(index_error(e)),
+        };
+        let Some(row) = table.get(SET_KEY).map_err(index_error)? else {
+            return Ok(None);
+        };
+        BranchSet::decode(row.value())
+            .map(Some)
+            .ok_or_else(|| StoreError::IndexCorrupt("branch_set table: not a branch set".into()))
+    }
+
+    /// The modes a union mounted with `mounted` starts with (see
+    /// [`BranchSet::starting`]), recording the command line when it is new.
+    pub fn start_branch_set(&self, mounted: &Modes) -> Result<BranchSet, StoreError> {
+        let known = self.branch_set()?;
+        let set = match known {
+            Some(k) if &k.mounted == mounted => BranchSet {
+                live: k.starting(mounted),
+                mounted: mounted.clone(),
+            },
+            _ => {
+                let fresh = BranchSet {
+                    mounted: mounted.clone(),
+                    live: mounted.clone(),
+                };
+                write_set(&self.db, &fresh)?;
+                fresh
+            }
+        };
+        Ok(set)
+    }
+
+    pub fn branch_set_log(&self) -> BranchSetLog {
+        BranchSetLog {
+            db: self.db.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_branch_set_round_trips_and_garbage_is_refused() {
+        let set = BranchSet {
+            mounted: vec![(0, true), (3, false)],
+            live: vec![(0, false), (3, true)],
+        };
+        assert_eq!(BranchSet::decode(&set.encode()), Some(set.clone()));
+        let mut bad = set.encode();
+        bad.push(0);
+        assert_eq!(BranchSet::decode(&bad), None);
+        assert_eq!(BranchSet::decode(&[2]), None);
+        assert_eq!(BranchSet::decode(&[]), None);
+    }
+
+    #[test]
+    fn live_modes_survive_a_remount_with_the_same_command_line_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path()).unwrap();
+        let cmdline = vec![(0, true), (1, false)];
+        assert_eq!(store.start_branch_set(&cmdline).unwrap().live, cmdline);
+        let changed = BranchSet {
+            mounted: cmdline.clone(),
+            live: vec![(0, true), (1, true)],
+        };
+        store.branch_set_log().record(&changed).unwrap();
+        drop(store);
+        let store = Store::open(tmp.path()).unwrap();
+        assert_eq!(store.start_branch_set(&cmdline).unwrap().live, changed.live);
+        // Another command line wins, and becomes the one recorded.
+        let other = vec![(0, false), (1, true)];
+        assert_eq!(store.start_branch_set(&other).unwrap().live, other);
+        assert_eq!(store.start_branch_set(&cmdline).unwrap().live, cmdline);
+    }
 
     fn root(path: &str, ino: u64) -> BranchRoot {
         BranchRoot {

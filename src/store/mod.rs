@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
-pub use branches::{BranchRecord, BranchRoot, BranchState};
+pub use branches::{BranchRecord, BranchRoot, BranchSet, BranchSetLog, BranchState};
 pub use chunks::{ChunkStore, Hash, Unsynced};
 pub use inomap::{BackingKey, InodeMap};
 pub use io::{Guarded, StoreIo};

@@ -66,11 +66,16 @@ impl Vfs {
     /// of the same inode would share its backing file) or open for writing
     /// through the writeback cache (the kernel holds writes the daemon has
     /// not seen).
+    ///
+    /// `record` is given every branch's new mode (top first) once the
+    /// change is allowed and before it takes effect: a crash after it
+    /// remounts with the new modes, before it with the old.
     pub fn set_branch_mode(
         &self,
         position: u32,
         writable: bool,
         force: bool,
+        record: &dyn Fn(&[bool]) -> std::result::Result<(), crate::store::StoreError>,
     ) -> Result<ModeChange> {
         let u = self.union().ok_or(VfsError::NotUnion)?;
         let b = BranchId(position);
@@ -84,13 +89,17 @@ impl Vfs {
                 revoked: 0,
             });
         }
-        let mut revoked = 0;
-        if !writable {
-            let writers = self.handles_blocking_read_only(b, force)?;
-            revoked = writers.len();
-            for fh in writers {
-                self.close_revoked(fh);
-            }
+        let writers = if writable {
+            Vec::new()
+        } else {
+            self.handles_blocking_read_only(b, force)?
+        };
+        let mut modes = u.modes();
+        modes[b.0 as usize] = writable;
+        record(&modes)?;
+        let revoked = writers.len();
+        for fh in writers {
+            self.close_revoked(fh);
         }
         u.set_mode(b, writable)?;
         tracing::info!(
