@@ -42,7 +42,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -226,7 +226,7 @@ trap 'exit 143' TERM
 
 mode_opts() {
     case $1 in
-    default | samedir | union) printf '' ;;
+    default | samedir | union | union-moded) printf '' ;;
     union-plain) printf 'plain' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
@@ -477,6 +477,14 @@ for mode in "${MODES[@]}"; do
         say "pjdfstest $mode: 0 passed, $native_pass failed (native: $native_pass passed) [mount failed]"
         total_fail=$((total_fail + native_pass))
         continue
+    fi
+    # Modes changed while mounted: the top branch read-only, the first
+    # lower one (pre-filled) read-write, so changes land below the top.
+    if [ "$mode" = union-moded ]; then
+        if ! "$CHRONOFS_BIN" branch mode "$mnt" 1 rw >/dev/null ||
+            ! "$CHRONOFS_BIN" branch mode "$mnt" 0 ro >/dev/null; then
+            say "pjdfstest $mode: branch mode failed"
+        fi
     fi
     chmod 755 "$mnt" 2>/dev/null || true
     completed=1

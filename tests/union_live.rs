@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -122,6 +123,19 @@ fn the_upper_branch_follows_modes_and_with_none_writable_changes_fail_erofs() {
         write_file(&m.p("new"), b"goes below\n");
         assert!(m.lowers[0].join("new").exists());
         assert!(!m.src.join("new").exists());
+        // What is made below the root's own branch is changed there (it
+        // was keyed to the root's branch, so a chmod or link looked for it
+        // there: ENOENT, EEXIST; pjdfstest's union-moded mode found it).
+        fs::set_permissions(m.p("new"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::create_dir(m.p("dir")).unwrap();
+        write_file(&m.p("dir/f"), b"f");
+        fs::hard_link(m.p("dir/f"), m.p("dir/g")).unwrap();
+        assert_eq!(fs::metadata(m.p("dir/g")).unwrap().nlink(), 2);
+        assert!(m.lowers[0].join("dir/g").exists());
+        fs::remove_file(m.p("dir/g")).unwrap();
+        fs::remove_file(m.p("dir/f")).unwrap();
+        fs::remove_dir(m.p("dir")).unwrap();
+        assert!(!m.lowers[0].join("dir").exists());
         branch_ok(&m, &["mode", "1", "ro"]);
         let err = fs::write(m.p("other"), b"x").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EROFS), "mode {mode:?}");

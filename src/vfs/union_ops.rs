@@ -26,7 +26,8 @@ pub struct UnionOptions {
 }
 
 /// Where a new name goes: the parent's copy in the chosen branch, and
-/// that branch when it is not the one new objects belong to by default.
+/// that branch (always named in a union: the upper branch need not be the
+/// root's own once modes change).
 pub(super) struct Target {
     pub dir: Node,
     pub branch: Option<BranchId>,
@@ -59,9 +60,11 @@ impl Vfs {
                 dir: self.dir_in(caller, parent, b)?,
                 branch: Some(b),
             },
+            // The upper branch, named: it is the mount's primary one only
+            // until a mode change moves it (`branch mode`).
             None => Target {
                 dir: self.writable_dir(caller, parent)?,
-                branch: None,
+                branch: self.union().and_then(|u| u.upper()),
             },
         })
     }
