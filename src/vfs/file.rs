@@ -263,12 +263,9 @@ impl Vfs {
         if created {
             match self.capture() {
                 // Recorded with the session's version at close.
-                Some(c) if writes(flags) => c.created_in_session(
-                    parent.object(),
-                    name.as_encoded_bytes(),
-                    entry.attr.ino.object(),
-                    self.binding_of(entry.attr.ino),
-                ),
+                Some(c) if writes(flags) => {
+                    self.created_in_session(c, parent, name, entry.attr.ino);
+                }
                 _ => self.after_create(caller, parent, name, entry.attr.ino, &entry.attr.st),
             }
         }

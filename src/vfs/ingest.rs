@@ -60,8 +60,10 @@ impl Walk<'_> {
         // In a union an object the kernel holds may have been copied up
         // since the walk found it: the live inode is the object now, and
         // the walk's copy would look like a change made behind the mount.
+        // (A one-branch union copies nothing up: its walk reads its own
+        // descriptors, as a single-directory mount's does.)
         if obj != self.listing.0
-            && self.live.0.union().is_some()
+            && self.live.0.union().is_some_and(|u| !u.single_branch())
             && self.live.0.inodes.get(InodeNo::from(obj)).is_ok()
         {
             return Err(not_found());

@@ -136,6 +136,17 @@ impl Union {
         self.roots.get(b.0 as usize).map(|(fd, _)| fd)
     }
 
+    /// Whether nothing lies below branch `b`: an opaque mark or a redirect
+    /// there has no lower copy to hide or point to.
+    pub(super) fn is_bottom(&self, b: BranchId) -> bool {
+        b.0 as usize + 1 >= self.roots.len()
+    }
+
+    /// A union of one branch: nothing is ever copied up.
+    pub(super) fn single_branch(&self) -> bool {
+        self.roots.len() == 1
+    }
+
     pub(super) fn writable(&self, b: BranchId) -> bool {
         self.roots
             .get(b.0 as usize)
@@ -265,7 +276,9 @@ impl Vfs {
                 None => {
                     let mut stop = !is_dir(&st);
                     let mut lowers = Vec::new();
-                    if !stop {
+                    // In the bottom branch there is nothing below to look
+                    // for: its directory's marks need not be read.
+                    if !stop && !u.is_bottom(layer.branch) {
                         let fd = sys::open_path(layer.fd.as_fd(), name)?;
                         stop = opaque_below(fd.as_fd());
                         if !stop {
@@ -290,7 +303,7 @@ impl Vfs {
                         break;
                     }
                     let fd = sys::open_path(layer.fd.as_fd(), name)?;
-                    let opaque = opaque_below(fd.as_fd());
+                    let opaque = !u.is_bottom(layer.branch) && opaque_below(fd.as_fd());
                     f.lowers.push(Layer {
                         branch: layer.branch,
                         fd: Arc::new(fd),

@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use super::inodes::{Layer, Node};
-use super::union::{is_absent, is_dir};
+use super::union::{is_absent, is_dir, Found};
 use super::{errno, Caller, InodeNo, Result, Stat, Vfs, VfsError};
 use crate::branch::BranchId;
 use crate::sys::{self, creds};
@@ -319,29 +319,39 @@ impl Vfs {
             self.check_merged_empty(&found, &cname)?;
         }
         match u.opts.delete {
-            DeletePolicy::Whiteout => self.remove_from_top(caller, parent, &cname, flags)?,
-            DeletePolicy::All => self.remove_everywhere(caller, parent, &dir, &cname, flags)?,
+            DeletePolicy::Whiteout => {
+                self.remove_from_top(caller, (parent, &cname), &found, flags)?
+            }
+            DeletePolicy::All => {
+                self.remove_everywhere(caller, (parent, &dir), &cname, &found, flags)?
+            }
         }
         Ok(Some(visible))
     }
 
     /// `delete=whiteout`: the name goes from the top read-write branch
     /// only; a whiteout there hides the copies below.
+    /// `found`: the lookup of the name just made.
     fn remove_from_top(
         &self,
         caller: &Caller,
-        parent: InodeNo,
-        cname: &CStr,
+        (parent, cname): (InodeNo, &CStr),
+        found: &Found,
         flags: i32,
     ) -> Result<()> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
         let dir = self.writable_dir(caller, parent)?;
         let below = self.visible_below(&dir, cname, upper)?;
-        let in_upper = match sys::fstatat(dir.fd(), cname) {
-            Ok(st) => Some(st),
-            Err(e) if is_absent(&e) => None,
-            Err(e) => return Err(e.into()),
+        // Found in the upper branch: the lookup has just stated that copy
+        // (a one-branch union's every remove).
+        let in_upper = match found.top {
+            (branch, _, st) if branch == upper => Some(st),
+            _ => match sys::fstatat(dir.fd(), cname) {
+                Ok(st) => Some(st),
+                Err(e) if is_absent(&e) => None,
+                Err(e) => return Err(e.into()),
+            },
         };
         match (&in_upper, below) {
             (Some(st), true) => {
@@ -371,17 +381,18 @@ impl Vfs {
     /// the read-write copies go after it; without one the hidden copies go
     /// bottom-up and the visible one last. Either way the user sees the
     /// name vanish in one step, and a failure before it changes nothing.
+    /// `found`: the lookup of the name just made.
     fn remove_everywhere(
         &self,
         caller: &Caller,
-        parent: InodeNo,
-        dir: &Node,
+        (parent, dir): (InodeNo, &Node),
         cname: &CStr,
+        found: &Found,
         flags: i32,
     ) -> Result<()> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let rmdir = flags & libc::AT_REMOVEDIR != 0;
-        let holders = self.holders(dir, cname)?;
+        let holders = self.holders(dir, cname, found)?;
         let visible = holders.first().ok_or(errno(libc::ENOENT))?;
         self.inodes
             .pin_if_known(&self.inodes.key_in(visible.dir.branch, &visible.st))?;
@@ -423,9 +434,19 @@ impl Vfs {
 
     /// Every copy of `name` in `dir`'s layers that the user would see if
     /// the ones above it went, top-down, down to a whiteout.
-    fn holders(&self, dir: &Node, name: &CStr) -> Result<Vec<Holder>> {
+    /// `found`: the lookup of `name` just made, which has stated the top
+    /// copy already (all of them, in a directory with one copy).
+    fn holders(&self, dir: &Node, name: &CStr, found: &Found) -> Result<Vec<Holder>> {
+        let mut layers = self.layers_of(dir)?;
+        if layers.len() == 1 && layers[0].branch == found.top.0 {
+            let only = layers.remove(0);
+            return Ok(vec![Holder {
+                dir: only,
+                st: found.top.2,
+            }]);
+        }
         let mut out: Vec<Holder> = Vec::new();
-        for l in self.layers_of(dir)? {
+        for l in layers {
             let st = match sys::fstatat(l.fd.as_fd(), name) {
                 Ok(st) => st,
                 Err(e) if is_absent(&e) => continue,

@@ -263,6 +263,29 @@ impl Vfs {
         }
     }
 
+    /// A regular file made by an open that writes it: its name goes to
+    /// history with the session's version, at close. The directory's new
+    /// attributes go with that pending entry now, as with any other entry
+    /// made through the mount; otherwise the directory's next lookup after
+    /// the kernel forgot it would compare its whole listing with history's
+    /// (a `stat` per entry), and would record a file still being written
+    /// as having appeared behind the mount.
+    pub(super) fn created_in_session(
+        &self,
+        c: &Capture,
+        parent: InodeNo,
+        name: &OsStr,
+        ino: InodeNo,
+    ) {
+        c.created_in_session(
+            parent.object(),
+            name.as_bytes(),
+            ino.object(),
+            self.binding_of(ino),
+        );
+        self.dirs_verified(c, &[parent]);
+    }
+
     pub(super) fn after_link(&self, caller: &Caller, parent: InodeNo, name: &OsStr, ino: InodeNo) {
         if let Some(c) = self.capture() {
             let who = self.who(c, caller);
