@@ -172,15 +172,8 @@ impl Vfs {
 
     /// Closes a handle its owner still holds, as its release would.
     fn close_revoked(&self, fh: u64) {
-        let Some(handle) = self.handles.revoke(fh) else {
-            return;
-        };
-        let ino = handle.ino();
-        let session = matches!(&*handle, Handle::File { session: true, .. });
-        drop(handle);
-        if session {
-            self.session_closed(ino);
+        if let Some(handle) = self.handles.revoke(fh) {
+            self.close_handle(handle);
         }
-        self.release_io(ino);
     }
 }

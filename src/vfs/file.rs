@@ -3,6 +3,7 @@
 
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use super::inodes::Handle;
 use super::union_ops::MakeAt;
@@ -521,6 +522,12 @@ impl Vfs {
 
     pub(super) fn live_release(&self, fh: u64) -> Result<Option<InodeNo>> {
         let handle = self.handles.remove(fh)?;
+        Ok(Some(self.close_handle(handle)))
+    }
+
+    /// Closes a handle already taken out of the table (released by its
+    /// owner, or revoked by a branch change); returns its inode.
+    pub(super) fn close_handle(&self, handle: Arc<Handle>) -> InodeNo {
         let ino = handle.ino();
         let session = matches!(&*handle, Handle::File { session: true, .. });
         let file = matches!(&*handle, Handle::File { .. });
@@ -533,7 +540,7 @@ impl Vfs {
         if file {
             self.release_io(ino);
         }
-        Ok(Some(ino))
+        ino
     }
 
     pub fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
