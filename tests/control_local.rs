@@ -13,6 +13,7 @@ use inproc::*;
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use chronofs::capture::retention::PolicyCell;
@@ -23,12 +24,18 @@ use chronofs::history::{History, HistoryHandle, ObjectId, ROOT};
 use chronofs::store::{BackingKey, InodeMap, Store};
 
 /// What the CLI's host for a local store knows: the persistent inode map.
+/// It counts the service's settles (the CLI's does nothing on one).
 struct StoreHost {
     inomap: InodeMap,
     root: (u64, u64),
+    settles: Arc<AtomicUsize>,
 }
 
-impl control::service::Host for StoreHost {}
+impl control::service::Host for StoreHost {
+    fn settle(&self) {
+        self.settles.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 impl LiveIds for StoreHost {
     fn identify(&self, st: &chronofs::sys::Stat) -> Option<ObjectId> {
@@ -47,6 +54,7 @@ impl LiveIds for StoreHost {
 struct Local {
     service: Service,
     _history: HistoryHandle,
+    settles: Arc<AtomicUsize>,
 }
 
 fn open_local(src: &Path, store_dir: &Path) -> Local {
@@ -59,9 +67,11 @@ fn open_local(src: &Path, store_dir: &Path) -> Local {
     let root: OwnedFd = std::fs::File::open(src).unwrap().into();
     let md = std::fs::metadata(src).unwrap();
     use std::os::unix::fs::MetadataExt;
+    let settles = Arc::new(AtomicUsize::new(0));
     let host = Box::new(StoreHost {
         inomap,
         root: (md.dev(), md.ino()),
+        settles: Arc::clone(&settles),
     });
     let service = Service::new(
         Arc::clone(&history),
@@ -81,6 +91,7 @@ fn open_local(src: &Path, store_dir: &Path) -> Local {
     Local {
         service,
         _history: history,
+        settles,
     }
 }
 
@@ -205,4 +216,19 @@ fn a_tag_made_without_a_mount_names_its_instant() {
     );
     // Reading at the tag gives the file as it was then.
     assert_eq!(local.read_at("f", &At::Tag("v1".into())), b"one");
+}
+
+#[test]
+fn branch_requests_do_not_wait_for_versions_being_built() {
+    let (_dir, src, store) = made_history();
+    let local = open_local(&src, &store);
+    let settles = || local.settles.load(Ordering::Relaxed);
+    // Nothing is mounted, so there are no branches: refused, unsettled.
+    let e = local.client().branches().unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    local.client().branch_mode("0", false, false).unwrap_err();
+    assert_eq!(settles(), 0);
+    // A history request waits for them.
+    local.client().tags().unwrap();
+    assert_eq!(settles(), 1);
 }

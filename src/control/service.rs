@@ -199,7 +199,12 @@ impl Service {
                 "this mount shows history to root only (-o audit)".into(),
             ));
         }
-        self.host.settle();
+        // Branch requests read and change the live union, not history:
+        // they need no version still being built, so they do not wait for
+        // one.
+        if !matches!(req, Request::Branches | Request::BranchMode { .. }) {
+            self.host.settle();
+        }
         Ok(match req {
             Request::Ingest => {
                 self.host.start_ingest().map_err(Error::Usage)?;
