@@ -747,17 +747,6 @@ fn shutting_down() -> control::service::Error {
     control::service::Error::Usage("the mount is shutting down".into())
 }
 
-/// A vfs refusal as the control protocol reports it (its errno kept).
-fn vfs_to_service(e: crate::vfs::VfsError) -> control::service::Error {
-    use control::service::Error;
-    match e.errno() {
-        libc::EBUSY => Error::Busy(e.to_string()),
-        libc::ENOENT => Error::NotFound(e.to_string()),
-        libc::EINVAL => Error::Usage(e.to_string()),
-        errno => Error::Io(std::io::Error::from_raw_os_error(errno)),
-    }
-}
-
 impl crate::history::past::LiveIds for MountHost {
     fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
         self.0.upgrade().and_then(|v| v.object_of(st))
@@ -827,7 +816,7 @@ impl control::service::Host for MountHost {
 
     fn branches(&self) -> control::service::Result<Vec<control::proto::BranchRow>> {
         let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
-        let list = vfs.branches().map_err(vfs_to_service)?;
+        let list = vfs.branches()?;
         Ok(list.into_iter().map(|b| self.branch_row(&b)).collect())
     }
 
@@ -851,11 +840,9 @@ impl control::service::Host for MountHost {
             }),
             None => Ok(()),
         };
-        let change = vfs
-            .set_branch_mode(position, writable, force, &record)
-            .map_err(vfs_to_service)?;
+        let change = vfs.set_branch_mode(position, writable, force, &record)?;
         let elapsed_us = t0.elapsed().as_micros() as u64;
-        let list = vfs.branches().map_err(vfs_to_service)?;
+        let list = vfs.branches()?;
         let info = list
             .get(position as usize)
             .ok_or_else(|| control::service::Error::NotFound(format!("no branch {branch}")))?;

@@ -178,18 +178,8 @@ fn handle(conn: UnixStream, svc: &dyn service::Answerer) {
 /// The error frame of a failed request: what it is as an errno (the
 /// CLI's exit and a script's check), and the line a person reads.
 pub fn error_reply(e: &service::Error) -> ErrorReply {
-    use service::Error;
-    let errno = match e {
-        Error::Usage(_) => libc::EINVAL,
-        Error::NotFound(_) => libc::ENOENT,
-        Error::Busy(_) => libc::EBUSY,
-        Error::Denied(_) => libc::EACCES,
-        Error::NotPermitted(_) => libc::EPERM,
-        Error::History(h) => h.errno(),
-        Error::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
-    };
     ErrorReply {
-        errno,
+        errno: e.errno(),
         message: e.to_string(),
     }
 }
@@ -260,4 +250,31 @@ pub fn socket_of(m: &MountEntry, uid: u32) -> Option<PathBuf> {
         .into_iter()
         .map(|d| d.join(&name))
         .find(|p| p.exists())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use service::Error;
+
+    #[test]
+    fn an_error_frame_carries_the_errors_own_errno() {
+        let cases = [
+            (Error::Usage("u".into()), libc::EINVAL),
+            (Error::NotFound("n".into()), libc::ENOENT),
+            (Error::Busy("b".into()), libc::EBUSY),
+            (Error::Denied("d".into()), libc::EACCES),
+            (Error::NotPermitted("p".into()), libc::EPERM),
+            (
+                Error::Io(io::Error::from_raw_os_error(libc::EXDEV)),
+                libc::EXDEV,
+            ),
+            (Error::Io(io::Error::other("made in user space")), libc::EIO),
+        ];
+        for (e, errno) in cases {
+            let reply = error_reply(&e);
+            assert_eq!(reply.errno, errno, "{e:?}");
+            assert_eq!(reply.message, e.to_string());
+        }
+    }
 }

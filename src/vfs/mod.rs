@@ -124,6 +124,20 @@ impl VfsError {
     }
 }
 
+/// A vfs refusal as the control service reports it (a branch request's):
+/// the errno kept, the message too where a variant carries one.
+impl From<VfsError> for crate::history::past::Error {
+    fn from(e: VfsError) -> Self {
+        use crate::history::past::Error;
+        match e.errno() {
+            libc::EBUSY => Error::Busy(e.to_string()),
+            libc::ENOENT => Error::NotFound(e.to_string()),
+            libc::EINVAL => Error::Usage(e.to_string()),
+            errno => Error::Io(io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, VfsError>;
 
 fn errno(code: i32) -> VfsError {
@@ -422,5 +436,24 @@ mod tests {
         assert_eq!(capture.errno(), libc::ELOOP);
         let history = VfsError::History(HistoryError::SourceShrank);
         assert_eq!(history.errno(), libc::EAGAIN);
+    }
+
+    #[test]
+    fn a_refusal_reaches_the_control_service_with_its_errno_and_message() {
+        use crate::history::past::Error;
+        for e in [
+            VfsError::BranchBusy("2 file(s) open".into()),
+            VfsError::NoSuchBranch("7".into()),
+            VfsError::NotUnion,
+            VfsError::Reserved(".chronofs".into()),
+            VfsError::Io(io::Error::from_raw_os_error(libc::EROFS)),
+        ] {
+            let (errno, message) = (e.errno(), e.to_string());
+            let reported = Error::from(e);
+            assert_eq!(reported.errno(), errno, "{reported:?}");
+            if !matches!(reported, Error::Io(_)) {
+                assert_eq!(reported.to_string(), message);
+            }
+        }
     }
 }
