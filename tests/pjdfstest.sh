@@ -42,7 +42,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -226,7 +226,7 @@ trap 'exit 143' TERM
 
 mode_opts() {
     case $1 in
-    default | samedir | union | union-moded) printf '' ;;
+    default | samedir | union | union-moded | union-added) printf '' ;;
     union-plain) printf 'plain' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
@@ -484,6 +484,16 @@ for mode in "${MODES[@]}"; do
         if ! "$CHRONOFS_BIN" branch mode "$mnt" 1 rw >/dev/null ||
             ! "$CHRONOFS_BIN" branch mode "$mnt" 0 ro >/dev/null; then
             say "pjdfstest $mode: branch mode failed"
+        fi
+    fi
+    # Branches changed while mounted: a fresh read-write branch inserted on
+    # top (changes land there, over SRC), the bottom one removed.
+    if [ "$mode" = union-added ]; then
+        mkdir -p "$src.top"
+        chmod 755 "$src.top"
+        if ! "$CHRONOFS_BIN" branch add "$mnt" "$src.top" >/dev/null ||
+            ! "$CHRONOFS_BIN" branch remove "$mnt" 4 >/dev/null; then
+            say "pjdfstest $mode: branch add/remove failed"
         fi
     fi
     chmod 755 "$mnt" 2>/dev/null || true

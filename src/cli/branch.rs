@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use super::history::{self as h, Backend};
 use crate::control::proto::BranchRow;
@@ -46,12 +46,69 @@ pub fn list(mnt: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn mode(mnt: &Path, branch: &str, mode: &str, force: bool, json: bool) -> Result<()> {
-    let writable = match mode {
-        "rw" => true,
-        "ro" => false,
+/// Inserts DIR into the union at `position` (0 = top, the default).
+pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool) -> Result<()> {
+    use crate::union::spec::{Mode, UnionSpec};
+    let writable = parse_mode(mode)?;
+    let target = daemon_target(mnt)?;
+    let client = target.client();
+    let now = client.branches()?.branches;
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("new branch {}", dir.display()))?;
+    // Checked as the command line with it would be: no repeat, no nesting,
+    // not inside the mount.
+    let mode_of = |w: bool| if w { Mode::Rw } else { Mode::Ro };
+    let mut paths: Vec<(&Path, Mode)> = now
+        .iter()
+        .map(|b| (Path::new(&b.path), mode_of(b.mode == "rw")))
+        .collect();
+    let at = position.map_or(0, |p| (p as usize).min(paths.len()));
+    paths.insert(at, (&dir, mode_of(writable)));
+    UnionSpec::of_paths(&paths)?.validate(mnt)?;
+    let dir_text = dir
+        .to_str()
+        .with_context(|| format!("{}: not a UTF-8 path", dir.display()))?;
+    let reply = client.branch_add(dir_text, Some(at as u32), writable)?;
+    print_set(
+        &reply,
+        json,
+        &format!("{} added at position {at}", dir.display()),
+    );
+    Ok(())
+}
+
+/// Takes a branch out of the union.
+pub fn remove(mnt: &Path, branch: &str, force: bool, json: bool) -> Result<()> {
+    let reply = daemon_target(mnt)?.client().branch_remove(branch, force)?;
+    print_set(&reply, json, &format!("branch {branch} removed"));
+    Ok(())
+}
+
+fn print_set(reply: &crate::control::proto::BranchSetReply, json: bool, what: &str) {
+    if json {
+        h::print_json(reply);
+        return;
+    }
+    match reply.revoked {
+        0 => println!("{what}"),
+        n => println!("{what}; {n} handle(s) revoked (they now fail with ESTALE)"),
+    }
+    for b in &reply.branches {
+        println!("{}", show(b));
+    }
+}
+
+fn parse_mode(mode: &str) -> Result<bool> {
+    match mode {
+        "rw" => Ok(true),
+        "ro" => Ok(false),
         other => bail!("unknown mode {other:?}: use ro or rw"),
-    };
+    }
+}
+
+pub fn mode(mnt: &Path, branch: &str, mode: &str, force: bool, json: bool) -> Result<()> {
+    let writable = parse_mode(mode)?;
     let reply = daemon_target(mnt)?
         .client()
         .branch_mode(branch, writable, force)?;

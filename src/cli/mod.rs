@@ -269,7 +269,7 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// A mounted union's branches: list them, or change one's mode while mounted.
+    /// A mounted union's branches: list, add, remove, or change one's mode while mounted.
     Branch {
         #[command(subcommand)]
         verb: BranchVerb,
@@ -298,6 +298,37 @@ enum BranchVerb {
         #[arg(value_parser = ["ro", "rw"])]
         mode: String,
         /// Revoke write handles into a branch turning read-only.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Insert a directory into the union now (root only): cached lookups
+    /// and later operations see it at once; open files keep what they
+    /// opened.
+    Add {
+        /// The union's mount point.
+        mnt: PathBuf,
+        /// The directory to insert (not inside the mount or another branch).
+        dir: PathBuf,
+        /// Its position: 0 = top (the default), past the bottom = bottom.
+        #[arg(long)]
+        at: Option<u32>,
+        /// rw (the default) or ro.
+        #[arg(long, value_parser = ["ro", "rw"], default_value = "rw")]
+        mode: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a branch out of the union now (root only). Refused for the
+    /// root's branch (it holds the store), and while its files are open
+    /// unless --force, which makes their descriptors fail with ESTALE.
+    Remove {
+        /// The union's mount point.
+        mnt: PathBuf,
+        /// The branch: its path, or its position (0 = top).
+        branch: String,
+        /// Revoke handles into the branch.
         #[arg(long)]
         force: bool,
         #[arg(long)]
@@ -708,6 +739,19 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                 force,
                 json,
             } => branch::mode(&mnt, &which, &mode, force, json),
+            BranchVerb::Add {
+                mnt,
+                dir,
+                at,
+                mode,
+                json,
+            } => branch::add(&mnt, &dir, at, &mode, json),
+            BranchVerb::Remove {
+                mnt,
+                branch: which,
+                force,
+                json,
+            } => branch::remove(&mnt, &which, force, json),
         },
         Command::Mount { .. } | Command::Umount { .. } | Command::Diff { .. } => Ok(()),
     }

@@ -477,7 +477,7 @@ fn open_branches(plan: &Plan) -> Result<Branches> {
 fn assign_branch_ids(
     store: &Store,
     plan: &Plan,
-    list: &mut [crate::vfs::UnionBranch],
+    list: &mut Vec<crate::vfs::UnionBranch>,
 ) -> Result<()> {
     let mut roots = Vec::with_capacity(list.len());
     for (b, (path, _)) in list.iter().zip(&plan.union) {
@@ -493,20 +493,38 @@ fn assign_branch_ids(
     for (b, id) in list.iter_mut().zip(ids) {
         b.id = id;
     }
-    // Modes changed while mounted (`branch mode`) outlive the mount as long
-    // as the command line stays the one they were changed under.
+    // Changes made while mounted (`branch mode|add|remove`) outlive the
+    // mount as long as the command line stays the one they were made under.
     let mounted: Vec<(u32, bool)> = list.iter().map(|b| (b.id, b.writable)).collect();
     let set = store.start_branch_set(&mounted)?;
-    for ((b, (_, writable)), (path, _)) in list.iter_mut().zip(&set.live).zip(&plan.union) {
-        if b.writable != *writable {
-            tracing::info!(
-                "branch {} is {} (as last set while mounted)",
-                path.display(),
-                if *writable { "rw" } else { "ro" }
-            );
-            b.writable = *writable;
-        }
+    if set.live == mounted {
+        return Ok(());
     }
+    let known = store.branches()?;
+    let mut given = std::mem::take(list);
+    for (id, writable) in &set.live {
+        let branch = match given.iter().position(|b| b.id == *id) {
+            Some(at) => given.swap_remove(at).branch,
+            None => {
+                let row = known.iter().find(|r| r.id == *id).ok_or_else(|| {
+                    anyhow!("the store's branch set names branch id {id}, which it does not know")
+                })?;
+                DirBranch::open(BranchId(*id), &row.root.path, None).with_context(|| {
+                    format!(
+                        "branch {} (added while mounted; mount with another branch list to \
+                         leave it out)",
+                        row.root.path.display()
+                    )
+                })?
+            }
+        };
+        list.push(crate::vfs::UnionBranch {
+            branch,
+            writable: *writable,
+            id: *id,
+        });
+    }
+    tracing::info!("branches as last set while mounted: {:?}", set.live);
     Ok(())
 }
 
@@ -694,12 +712,11 @@ struct Recording {
     _history: HistoryHandle,
 }
 
-/// The running mount as the control service sees it.
 /// What the control service asks of a running mount: its vfs, and a
-/// union's branch paths (top first).
+/// union's branch paths (by persistent id).
 struct MountHost(
     std::sync::Weak<Vfs>,
-    Vec<PathBuf>,
+    parking_lot::Mutex<std::collections::HashMap<u32, PathBuf>>,
     Arc<crate::fuse::RequestCounts>,
     crate::fuse::TransportState,
     /// A union's record of its modes, and the command line's.
@@ -713,17 +730,48 @@ impl MountHost {
             id: b.id,
             path: self
                 .1
-                .get(b.position as usize)
+                .lock()
+                .get(&b.id)
                 .map_or_else(String::new, |p| p.display().to_string()),
             mode: if b.writable { "rw" } else { "ro" }.to_string(),
             upper: b.upper,
         }
     }
 
+    /// Records a union's live branches (id, read-write) with the command
+    /// line's, durably: what a remount with that command line resumes.
+    fn recorder(
+        &self,
+    ) -> impl Fn(&[(u32, bool)]) -> std::result::Result<(), crate::store::StoreError> + '_ {
+        move |live: &[(u32, bool)]| match &self.4 {
+            Some((log, mounted)) => log.record(&crate::store::BranchSet {
+                mounted: mounted.clone(),
+                live: live.to_vec(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn set_reply(
+        &self,
+        vfs: &Vfs,
+        change: crate::vfs::SetChange,
+        t0: std::time::Instant,
+    ) -> control::service::Result<control::proto::BranchSetReply> {
+        let elapsed_us = t0.elapsed().as_micros() as u64;
+        let list = vfs.branches()?;
+        Ok(control::proto::BranchSetReply {
+            branches: list.iter().map(|b| self.branch_row(b)).collect(),
+            revoked: change.revoked,
+            elapsed_us,
+        })
+    }
+
     /// A branch as the user names it: its position (0 = top) or its path.
-    fn branch_position(&self, branch: &str) -> control::service::Result<u32> {
+    fn branch_position(&self, vfs: &Vfs, branch: &str) -> control::service::Result<u32> {
+        let list = vfs.branches()?;
         if let Ok(n) = branch.parse::<u32>() {
-            if (n as usize) < self.1.len() {
+            if (n as usize) < list.len() {
                 return Ok(n);
             }
         }
@@ -731,10 +779,14 @@ impl MountHost {
         let wanted = wanted
             .canonicalize()
             .unwrap_or_else(|_| wanted.to_path_buf());
-        self.1
-            .iter()
-            .position(|p| p.canonicalize().unwrap_or_else(|_| p.clone()) == wanted)
-            .map(|i| i as u32)
+        let paths = self.1.lock();
+        list.iter()
+            .find(|b| {
+                paths
+                    .get(&b.id)
+                    .is_some_and(|p| p.canonicalize().unwrap_or_else(|_| p.clone()) == wanted)
+            })
+            .map(|b| b.position)
             .ok_or_else(|| {
                 control::service::Error::NotFound(format!(
                     "{branch} is not a branch of this union (give its path or its position, 0 = top)"
@@ -794,12 +846,17 @@ impl control::service::Host for MountHost {
     }
 
     fn union_status(&self) -> Option<control::proto::UnionStatus> {
-        let (opts, usage) = self.0.upgrade()?.union_usage()?;
+        let vfs = self.0.upgrade()?;
+        let (opts, usage) = vfs.union_usage()?;
+        let ids = vfs.branches().ok()?;
+        let paths = self.1.lock();
         let branches = usage
             .into_iter()
-            .zip(&self.1)
-            .map(|(b, path)| control::proto::BranchStatus {
-                path: path.display().to_string(),
+            .zip(ids)
+            .map(|(b, info)| control::proto::BranchStatus {
+                path: paths
+                    .get(&info.id)
+                    .map_or_else(String::new, |p| p.display().to_string()),
                 mode: if b.writable { "rw" } else { "ro" }.to_string(),
                 size_bytes: b.size_bytes,
                 used_bytes: b.used_bytes,
@@ -827,20 +884,9 @@ impl control::service::Host for MountHost {
         force: bool,
     ) -> control::service::Result<control::proto::BranchModeReply> {
         let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
-        let position = self.branch_position(branch)?;
+        let position = self.branch_position(&vfs, branch)?;
         let t0 = std::time::Instant::now();
-        let record = |modes: &[bool]| match &self.4 {
-            Some((log, mounted)) => log.record(&crate::store::BranchSet {
-                mounted: mounted.clone(),
-                live: mounted
-                    .iter()
-                    .zip(modes)
-                    .map(|((id, _), w)| (*id, *w))
-                    .collect(),
-            }),
-            None => Ok(()),
-        };
-        let change = vfs.set_branch_mode(position, writable, force, &record)?;
+        let change = vfs.set_branch_mode(position, writable, force, &self.recorder())?;
         let elapsed_us = t0.elapsed().as_micros() as u64;
         let list = vfs.branches()?;
         let info = list
@@ -852,6 +898,63 @@ impl control::service::Host for MountHost {
             revoked: change.revoked,
             elapsed_us,
         })
+    }
+
+    fn add_branch(
+        &self,
+        path: &str,
+        position: Option<u32>,
+        writable: bool,
+    ) -> control::service::Result<control::proto::BranchSetReply> {
+        use control::service::Error;
+        let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
+        let path = PathBuf::from(path);
+        if !path.is_absolute() {
+            return Err(Error::Usage(format!(
+                "{}: give the new branch as an absolute path",
+                path.display()
+            )));
+        }
+        let t0 = std::time::Instant::now();
+        let cpath = sys::cstr(path.as_os_str()).map_err(Error::Io)?;
+        let root = sys::openat(sys::CWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)
+            .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
+        let st = sys::fstat(std::os::fd::AsFd::as_fd(&root)).map_err(Error::Io)?;
+        let new_root = crate::store::BranchRoot {
+            path: path.clone(),
+            dev: st.st_dev,
+            ino: st.st_ino,
+        };
+        let id = match &self.4 {
+            Some((log, _)) => log
+                .branch_ids(&[new_root])
+                .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?
+                .first()
+                .copied()
+                .ok_or_else(|| Error::Usage("no id for the new branch".into()))?,
+            None => return Err(Error::Usage("this mount records no branch set".into())),
+        };
+        let new = crate::vfs::NewBranch {
+            root,
+            id,
+            writable,
+            position: position.unwrap_or(0),
+        };
+        let change = vfs.add_branch(new, &self.recorder())?;
+        self.1.lock().insert(id, path);
+        self.set_reply(&vfs, change, t0)
+    }
+
+    fn remove_branch(
+        &self,
+        branch: &str,
+        force: bool,
+    ) -> control::service::Result<control::proto::BranchSetReply> {
+        let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
+        let position = self.branch_position(&vfs, branch)?;
+        let t0 = std::time::Instant::now();
+        let change = vfs.remove_branch(position, force, &self.recorder())?;
+        self.set_reply(&vfs, change, t0)
     }
 
     fn ingest_status(&self) -> Option<control::proto::IngestStatus> {
@@ -954,9 +1057,14 @@ fn mount_host(
             .branch_set()?
             .map(|set| (store.branch_set_log(), set.mounted)),
     };
+    let paths = store
+        .branches()?
+        .into_iter()
+        .map(|r| (r.id, r.root.path))
+        .collect();
     Ok(Box::new(MountHost(
         Arc::downgrade(vfs),
-        plan.union.iter().map(|(p, _)| p.clone()).collect(),
+        parking_lot::Mutex::new(paths),
         counts,
         transport,
         modes,

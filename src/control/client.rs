@@ -237,6 +237,26 @@ impl Client<'_> {
             force,
         })
     }
+
+    pub fn branch_add(
+        &self,
+        path: &str,
+        position: Option<u32>,
+        writable: bool,
+    ) -> Result<super::proto::BranchSetReply> {
+        self.ask(Request::BranchAdd {
+            path: path.into(),
+            position,
+            writable,
+        })
+    }
+
+    pub fn branch_remove(&self, branch: &str, force: bool) -> Result<super::proto::BranchSetReply> {
+        self.ask(Request::BranchRemove {
+            branch: branch.into(),
+            force,
+        })
+    }
 }
 
 fn transport(what: &str) -> impl Fn(io::Error) -> ControlError + '_ {

@@ -19,7 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
-pub const PROTOCOL: u32 = 7;
+pub const PROTOCOL: u32 = 8;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -125,6 +125,33 @@ pub enum Request {
         writable: bool,
         force: bool,
     },
+    /// Insert a directory (an absolute path) into a union while mounted,
+    /// at `position` (0 = top; none: the top), read-write or read-only
+    /// (root only).
+    BranchAdd {
+        path: String,
+        position: Option<u32>,
+        writable: bool,
+    },
+    /// Take a branch (a position or its path) out of a union while
+    /// mounted (root only).
+    BranchRemove {
+        branch: String,
+        force: bool,
+    },
+}
+
+impl Request {
+    /// Whether it reads or changes a union's branches (not history).
+    pub fn is_branch_request(&self) -> bool {
+        matches!(
+            self,
+            Request::Branches
+                | Request::BranchMode { .. }
+                | Request::BranchAdd { .. }
+                | Request::BranchRemove { .. }
+        )
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -490,6 +517,17 @@ pub struct BranchModeReply {
     pub elapsed_us: u64,
 }
 
+/// `BranchAdd`'s and `BranchRemove`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct BranchSetReply {
+    /// The branches now, top first.
+    pub branches: Vec<BranchRow>,
+    /// Handles into a removed branch `--force` revoked (now ESTALE).
+    pub revoked: usize,
+    /// How long the change took inside the daemon, in microseconds.
+    pub elapsed_us: u64,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TagInfo {
     pub name: String,
@@ -661,6 +699,7 @@ pub enum Answer {
     Audit(AuditReply),
     Branches(BranchList),
     BranchMode(BranchModeReply),
+    BranchSet(BranchSetReply),
 }
 
 #[cfg(test)]

@@ -75,6 +75,19 @@ pub trait Host: LiveIds {
     ) -> Result<super::proto::BranchModeReply> {
         Err(Error::Usage("nothing is mounted".into()))
     }
+    /// Inserts a branch into a union (the caller checked the privilege).
+    fn add_branch(
+        &self,
+        _path: &str,
+        _position: Option<u32>,
+        _writable: bool,
+    ) -> Result<super::proto::BranchSetReply> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
+    /// Removes a union's branch (the caller checked the privilege).
+    fn remove_branch(&self, _branch: &str, _force: bool) -> Result<super::proto::BranchSetReply> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
 }
 
 /// Answers control requests: a mount's `Service` over its history, or
@@ -96,7 +109,7 @@ pub struct HostOnly(pub Box<dyn Host>);
 impl Answerer for HostOnly {
     fn answer(&self, req: &Request, peer: &Peer, _reply: &mut dyn Reply) -> Result<Answer> {
         match req {
-            Request::Branches | Request::BranchMode { .. } => branch_request(&*self.0, req, peer),
+            r if r.is_branch_request() => branch_request(&*self.0, req, peer),
             _ => Err(Error::Usage(
                 "this mount keeps no history (mounted with -o plain)".into(),
             )),
@@ -105,20 +118,28 @@ impl Answerer for HostOnly {
 }
 
 fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer> {
+    if !matches!(req, Request::Branches) && peer.uid != 0 {
+        return Err(Error::NotPermitted(
+            "only root may change a union's branches".into(),
+        ));
+    }
     match req {
         Request::BranchMode {
             branch,
             writable,
             force,
-        } => {
-            if peer.uid != 0 {
-                return Err(Error::NotPermitted(
-                    "only root may change a branch's mode".into(),
-                ));
-            }
-            Ok(Answer::BranchMode(
-                host.set_branch_mode(branch, *writable, *force)?,
-            ))
+        } => Ok(Answer::BranchMode(
+            host.set_branch_mode(branch, *writable, *force)?,
+        )),
+        Request::BranchAdd {
+            path,
+            position,
+            writable,
+        } => Ok(Answer::BranchSet(
+            host.add_branch(path, *position, *writable)?,
+        )),
+        Request::BranchRemove { branch, force } => {
+            Ok(Answer::BranchSet(host.remove_branch(branch, *force)?))
         }
         _ => Ok(Answer::Branches(proto::BranchList {
             branches: host.branches()?,
@@ -202,7 +223,7 @@ impl Service {
         // Branch requests read and change the live union, not history:
         // they need no version still being built, so they do not wait for
         // one.
-        if !matches!(req, Request::Branches | Request::BranchMode { .. }) {
+        if !req.is_branch_request() {
             self.host.settle();
         }
         Ok(match req {
@@ -277,9 +298,10 @@ impl Service {
             } => Answer::Explain(self.explain(path, user.as_deref(), process.as_deref())?),
             Request::PolicyReload => Answer::Reload(self.reload(peer)?),
             Request::Audit => Answer::Audit(self.audit_log(peer)?),
-            Request::Branches | Request::BranchMode { .. } => {
-                branch_request(&*self.host, req, peer)?
-            }
+            Request::Branches
+            | Request::BranchMode { .. }
+            | Request::BranchAdd { .. }
+            | Request::BranchRemove { .. } => branch_request(&*self.host, req, peer)?,
         })
     }
 

@@ -136,6 +136,32 @@ impl ChronoFuse {
     }
 }
 
+impl ChronoFuse {
+    /// A union's branch set changed: every name the kernel caches may now
+    /// resolve elsewhere. One FUSE_NOTIFY_INC_EPOCH marks them all stale
+    /// (Linux 6.16+); an older kernel refuses it, and is told name by name.
+    fn drop_names_at_set_change(&self) {
+        let notifier = self.notifier.clone();
+        let vfs = Arc::downgrade(&self.vfs);
+        self.vfs.on_set_changed(Box::new(move || {
+            let Some(n) = notifier.get() else {
+                return;
+            };
+            let Err(e) = n.increment_epoch() else {
+                return;
+            };
+            tracing::debug!("epoch increment refused ({e}): invalidating name by name");
+            let Some(vfs) = vfs.upgrade() else {
+                return;
+            };
+            for (parent, name) in vfs.known_names() {
+                // ENOENT: the kernel no longer has it, which is the aim.
+                let _ = n.inval_entry(INodeNo(parent.0), OsStr::from_bytes(&name));
+            }
+        }));
+    }
+}
+
 /// Makes the kernel fetch the attributes of `ino` again on next use.
 fn invalidate_attrs(notifier: &OnceLock<fuser::Notifier>, ino: INodeNo) {
     if let Some(n) = notifier.get() {

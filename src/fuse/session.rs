@@ -80,6 +80,7 @@ impl Mounted {
         config.io_uring = spec.uring;
         fs.forget_removed_views();
         fs.invalidate_changed_attrs();
+        fs.drop_names_at_set_change();
         let notifier = fs.notifier_slot();
         let session = fuser::Session::new(fs, mnt, &config)?;
         // Only ever set here, once.

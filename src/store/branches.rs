@@ -141,74 +141,80 @@ pub fn match_branches(known: &[BranchRecord], wanted: &[BranchRoot], mut next: u
 impl Store {
     /// Every branch this store has known.
     pub fn branches(&self) -> Result<Vec<BranchRecord>, StoreError> {
-        let txn = self.db.begin_read().map_err(index_error)?;
-        let table = match txn.open_table(BRANCHES) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(index_error(e)),
-        };
-        let mut out = Vec::new();
-        for row in table.iter().map_err(index_error)? {
-            let (k, v) = row.map_err(index_error)?;
-            let id = k.value();
-            out.push(BranchRecord::decode(id, v.value()).ok_or_else(|| {
-                StoreError::IndexCorrupt(format!("branches table: row {id} is not a branch record"))
-            })?);
-        }
-        Ok(out)
+        read_branches(&self.db)
     }
 
     /// The persistent id of each branch of a mount's list (top first),
     /// recording new branches and moved ones in one durable commit.
     pub fn branch_ids(&self, wanted: &[BranchRoot]) -> Result<Vec<u32>, StoreError> {
-        let txn = self.db.begin_write().map_err(index_error)?;
-        let ids = {
-            let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
-            let mut table = txn.open_table(BRANCHES).map_err(index_error)?;
-            let mut known = Vec::new();
-            for row in table.iter().map_err(index_error)? {
-                let (k, v) = row.map_err(index_error)?;
-                let id = k.value();
-                known.push(BranchRecord::decode(id, v.value()).ok_or_else(|| {
-                    StoreError::IndexCorrupt(format!(
-                        "branches table: row {id} is not a branch record"
-                    ))
-                })?);
-            }
-            let next = counters
-                .get(NEXT_BRANCH_ID)
-                .map_err(index_error)?
-                .map(|v| v.value())
-                .unwrap_or(0);
-            let next = u32::try_from(next)
-                .map_err(|_| StoreError::IndexCorrupt(format!("next_branch_id {next}")))?;
-            let m = match_branches(&known, wanted, next);
-            if m.changed.is_empty() {
-                return Ok(m.ids);
-            }
-            for row in &m.changed {
-                tracing::info!(
-                    "branch {} ({}): id {}",
-                    row.root.path.display(),
-                    if known.iter().any(|k| k.id == row.id) {
-                        "moved or replaced"
-                    } else {
-                        "new"
-                    },
-                    row.id
-                );
-                table
-                    .insert(row.id, row.encode().as_slice())
-                    .map_err(index_error)?;
-            }
-            counters
-                .insert(NEXT_BRANCH_ID, u64::from(m.next))
-                .map_err(index_error)?;
-            m.ids
-        };
-        txn.commit().map_err(index_error)?;
-        Ok(ids)
+        assign_ids(&self.db, wanted)
     }
+}
+
+fn read_branches(db: &super::Index) -> Result<Vec<BranchRecord>, StoreError> {
+    let txn = db.begin_read().map_err(index_error)?;
+    let table = match txn.open_table(BRANCHES) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(index_error(e)),
+    };
+    let mut out = Vec::new();
+    for row in table.iter().map_err(index_error)? {
+        let (k, v) = row.map_err(index_error)?;
+        let id = k.value();
+        out.push(BranchRecord::decode(id, v.value()).ok_or_else(|| {
+            StoreError::IndexCorrupt(format!("branches table: row {id} is not a branch record"))
+        })?);
+    }
+    Ok(out)
+}
+
+fn assign_ids(db: &super::Index, wanted: &[BranchRoot]) -> Result<Vec<u32>, StoreError> {
+    let txn = db.begin_write().map_err(index_error)?;
+    let ids = {
+        let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
+        let mut table = txn.open_table(BRANCHES).map_err(index_error)?;
+        let mut known = Vec::new();
+        for row in table.iter().map_err(index_error)? {
+            let (k, v) = row.map_err(index_error)?;
+            let id = k.value();
+            known.push(BranchRecord::decode(id, v.value()).ok_or_else(|| {
+                StoreError::IndexCorrupt(format!("branches table: row {id} is not a branch record"))
+            })?);
+        }
+        let next = counters
+            .get(NEXT_BRANCH_ID)
+            .map_err(index_error)?
+            .map(|v| v.value())
+            .unwrap_or(0);
+        let next = u32::try_from(next)
+            .map_err(|_| StoreError::IndexCorrupt(format!("next_branch_id {next}")))?;
+        let m = match_branches(&known, wanted, next);
+        if m.changed.is_empty() {
+            return Ok(m.ids);
+        }
+        for row in &m.changed {
+            tracing::info!(
+                "branch {} ({}): id {}",
+                row.root.path.display(),
+                if known.iter().any(|k| k.id == row.id) {
+                    "moved or replaced"
+                } else {
+                    "new"
+                },
+                row.id
+            );
+            table
+                .insert(row.id, row.encode().as_slice())
+                .map_err(index_error)?;
+        }
+        counters
+            .insert(NEXT_BRANCH_ID, u64::from(m.next))
+            .map_err(index_error)?;
+        m.ids
+    };
+    txn.commit().map_err(index_error)?;
+    Ok(ids)
 }
 
 /// The `branch_set` table: one row, `SET_KEY`, holding the branch modes
@@ -276,7 +282,7 @@ impl BranchSet {
     /// remount, or a restart after a crash, continues where the mount
     /// was), else the command line's (the user asked for other modes).
     pub fn starting(&self, mounted: &Modes) -> Modes {
-        if &self.mounted == mounted && self.live.len() == mounted.len() {
+        if &self.mounted == mounted && !self.live.is_empty() {
             self.live.clone()
         } else {
             mounted.clone()
@@ -294,6 +300,17 @@ impl BranchSetLog {
     /// Records `set`, durably, before the caller puts it in force.
     pub fn record(&self, set: &BranchSet) -> Result<(), StoreError> {
         write_set(&self.db, set)
+    }
+
+    /// See [`Store::branches`].
+    pub fn branches(&self) -> Result<Vec<BranchRecord>, StoreError> {
+        read_branches(&self.db)
+    }
+
+    /// See [`Store::branch_ids`]: a branch inserted while mounted gets
+    /// its id (its old one, if it was a branch before) this way.
+    pub fn branch_ids(&self, wanted: &[BranchRoot]) -> Result<Vec<u32>, StoreError> {
+        assign_ids(&self.db, wanted)
     }
 }
 

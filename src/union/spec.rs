@@ -439,6 +439,19 @@ impl UnionSpec {
         OsString::from_vec(join_elements(&elements))
     }
 
+    /// The branches `paths` (top first) as if given on a command line:
+    /// what a live change is checked as (`chronofs branch add`).
+    pub fn of_paths(paths: &[(&Path, Mode)]) -> Result<UnionSpec, SpecError> {
+        let elements: Vec<Element> = paths
+            .iter()
+            .map(|(p, mode)| Element {
+                path: p.as_os_str().as_bytes().to_vec(),
+                mode: Some(*mode),
+            })
+            .collect();
+        UnionSpec::parse(&OsString::from_vec(join_elements(&elements)))
+    }
+
     /// Highest precedence first.
     pub fn branches(&self) -> &[BranchSpec] {
         &self.branches

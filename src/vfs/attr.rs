@@ -84,9 +84,9 @@ impl Vfs {
         let st = match fh.map(|fh| self.handles.get(fh)) {
             Some(Ok(handle)) => match &*handle {
                 Handle::File { fd, .. } => sys::fstat(fd.as_fd())?,
-                Handle::Dir { .. } => sys::fstat(self.inodes.node(ino)?.fd())?,
+                Handle::Dir { .. } => sys::fstat(self.node(ino)?.fd())?,
             },
-            _ => sys::fstat(self.inodes.node(ino)?.fd())?,
+            _ => sys::fstat(self.node(ino)?.fd())?,
         };
         Ok(Attr {
             ino,
@@ -178,7 +178,7 @@ impl Vfs {
     }
 
     pub(super) fn live_readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
-        let inode = self.inodes.node(ino)?;
+        let inode = self.node(ino)?;
         if inode.kind != libc::S_IFLNK {
             return Err(errno(libc::EINVAL));
         }
@@ -204,7 +204,7 @@ impl Vfs {
         size: u32,
     ) -> Result<Xattr> {
         self.refuse_union_xattr(name)?;
-        Xattr::read(caller, self.inodes.node(ino)?.fd(), name, size)
+        Xattr::read(caller, self.node(ino)?.fd(), name, size)
     }
 
     pub fn setxattr(
@@ -241,7 +241,7 @@ impl Vfs {
         if self.union().is_some() {
             return self.union_listxattr(caller, ino, size);
         }
-        Xattr::list(caller, self.inodes.node(ino)?.fd(), size)
+        Xattr::list(caller, self.node(ino)?.fd(), size)
     }
 
     pub fn removexattr(&self, caller: &Caller, ino: InodeNo, name: &OsStr) -> Result<()> {
@@ -265,7 +265,7 @@ impl Vfs {
     }
 
     pub(super) fn live_access(&self, caller: &Caller, ino: InodeNo, mask: i32) -> Result<()> {
-        let inode = self.inodes.node(ino)?;
+        let inode = self.node(ino)?;
         if inode.kind == libc::S_IFLNK {
             return Ok(());
         }

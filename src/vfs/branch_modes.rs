@@ -29,7 +29,31 @@ pub struct ModeChange {
     pub revoked: usize,
 }
 
+/// Which change asks which handles to be given back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Blocking {
+    /// A branch turning read-only: its writers.
+    ReadOnly,
+    /// A branch leaving the union: every handle of it.
+    Removal,
+}
+
+/// Records a union's branches (id, read-write) top first, durably, before
+/// a change puts them in force.
+pub type RecordSet<'a> =
+    dyn Fn(&[(u32, bool)]) -> std::result::Result<(), crate::store::StoreError> + 'a;
+
 impl Vfs {
+    /// The branch at `position` (0 = top) of the set in force.
+    pub(super) fn branch_at(&self, position: u32) -> Result<BranchId> {
+        let u = self.union().ok_or(VfsError::NotUnion)?;
+        u.set()
+            .members
+            .get(position as usize)
+            .map(|m| m.id)
+            .ok_or_else(|| VfsError::NoSuchBranch(position.to_string()))
+    }
+
     /// Held (shared) for the whole of an operation that may change the
     /// tree; a branch change waits for every such operation in flight.
     /// Recursive: an operation never waits behind a queued change while
@@ -45,14 +69,11 @@ impl Vfs {
         Ok(u.modes()
             .into_iter()
             .enumerate()
-            .map(|(i, writable)| {
-                let b = BranchId(i as u32);
-                BranchInfo {
-                    position: b.0,
-                    id: self.inodes.id_of(b),
-                    writable,
-                    upper: upper == Some(b),
-                }
+            .map(|(i, (b, writable))| BranchInfo {
+                position: i as u32,
+                id: b.0,
+                writable,
+                upper: upper == Some(b),
             })
             .collect())
     }
@@ -67,22 +88,19 @@ impl Vfs {
     /// through the writeback cache (the kernel holds writes the daemon has
     /// not seen).
     ///
-    /// `record` is given every branch's new mode (top first) once the
-    /// change is allowed and before it takes effect: a crash after it
+    /// `record` is given every branch's id and new mode (top first) once
+    /// the change is allowed and before it takes effect: a crash after it
     /// remounts with the new modes, before it with the old.
     pub fn set_branch_mode(
         &self,
         position: u32,
         writable: bool,
         force: bool,
-        record: &dyn Fn(&[bool]) -> std::result::Result<(), crate::store::StoreError>,
+        record: &RecordSet<'_>,
     ) -> Result<ModeChange> {
         let u = self.union().ok_or(VfsError::NotUnion)?;
-        let b = BranchId(position);
-        if u.root_of(b).is_none() {
-            return Err(VfsError::NoSuchBranch(position.to_string()));
-        }
         let _all = u.set_lock.write();
+        let b = self.branch_at(position)?;
         if u.writable(b) == writable {
             return Ok(ModeChange {
                 unchanged: true,
@@ -92,10 +110,13 @@ impl Vfs {
         let writers = if writable {
             Vec::new()
         } else {
-            self.handles_blocking_read_only(b, force)?
+            self.handles_blocking(b, position, force, Blocking::ReadOnly)?
         };
-        let mut modes = u.modes();
-        modes[b.0 as usize] = writable;
+        let modes: Vec<(u32, bool)> = u
+            .modes()
+            .into_iter()
+            .map(|(id, w)| (id.0, if id == b { writable } else { w }))
+            .collect();
         record(&modes)?;
         let revoked = writers.len();
         for fh in writers {
@@ -112,15 +133,22 @@ impl Vfs {
         })
     }
 
-    /// The write handles into branch `b` that `force` may revoke; an
-    /// error if any handle forbids the change.
-    fn handles_blocking_read_only(&self, b: BranchId, force: bool) -> Result<Vec<u64>> {
-        let id = self.inodes.id_of(b);
+    /// The handles into branch `b` (at `position`) that the change must
+    /// take back and `force` may revoke: its writers when it turns
+    /// read-only, every handle when it is removed. An error if any handle
+    /// forbids the change.
+    pub(super) fn handles_blocking(
+        &self,
+        b: BranchId,
+        position: u32,
+        force: bool,
+        change: Blocking,
+    ) -> Result<Vec<u64>> {
         // Under the writeback cache the kernel holds writes the daemon has
         // not seen: a revoked handle's would stay readable in the page
         // cache without ever reaching a branch.
         let cached = self.writeback();
-        let mut writers = Vec::new();
+        let mut blocking = Vec::new();
         let mut pinned = 0;
         let mut cached_writers = 0;
         for (fh, handle) in self.handles.files() {
@@ -133,45 +161,47 @@ impl Vfs {
             else {
                 continue;
             };
-            if *branch != id {
+            if *branch != b.0 {
                 continue;
             }
             if self.uses_passthrough(*ino) {
                 pinned += 1;
             } else if *writes && cached {
                 cached_writers += 1;
-            } else if *writes {
-                writers.push(fh);
+            } else if *writes || change == Blocking::Removal {
+                blocking.push(fh);
             }
         }
         if pinned > 0 {
             return Err(VfsError::BranchBusy(format!(
-                "{pinned} open file(s) of branch {} use kernel passthrough, which the daemon \
-                 cannot revoke: close them first (or mount with -o passthrough=off)",
-                b.0
+                "{pinned} open file(s) of branch {position} use kernel passthrough, which the \
+                 daemon cannot revoke: close them first (or mount with -o passthrough=off)"
             )));
         }
         if cached_writers > 0 {
             return Err(VfsError::BranchBusy(format!(
-                "{cached_writers} file(s) of branch {} are open for writing through the kernel's \
-                 writeback cache, which the daemon cannot revoke: close them first (or mount \
-                 with -o writeback=off)",
-                b.0
+                "{cached_writers} file(s) of branch {position} are open for writing through the \
+                 kernel's writeback cache, which the daemon cannot revoke: close them first (or \
+                 mount with -o writeback=off)"
             )));
         }
-        if !writers.is_empty() && !force {
+        if !blocking.is_empty() && !force {
             return Err(VfsError::BranchBusy(format!(
-                "{} file(s) of branch {} are open for writing: close them, or use --force \
+                "{} file(s) of branch {position} are open{}: close them, or use --force \
                  (their descriptors then fail with ESTALE)",
-                writers.len(),
-                b.0
+                blocking.len(),
+                if change == Blocking::Removal {
+                    ""
+                } else {
+                    " for writing"
+                },
             )));
         }
-        Ok(writers)
+        Ok(blocking)
     }
 
     /// Closes a handle its owner still holds, as its release would.
-    fn close_revoked(&self, fh: u64) {
+    pub(super) fn close_revoked(&self, fh: u64) {
         if let Some(handle) = self.handles.revoke(fh) {
             self.close_handle(handle);
         }

@@ -148,7 +148,7 @@ impl Vfs {
         ino: InodeNo,
         flags: i32,
     ) -> Result<OpenedDir> {
-        let inode = self.inodes.node(ino)?;
+        let inode = self.node(ino)?;
         if !inode.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
@@ -306,7 +306,7 @@ impl Vfs {
         };
         let mut stream = stream.lock();
         if stream.needs_merge(offset) {
-            let dir = self.inodes.node(*ino)?;
+            let dir = self.node(*ino)?;
             stream.merged = Some((self.merged_listing(caller, &dir)?, 0));
         }
         stream.served = true;
@@ -333,7 +333,7 @@ impl Vfs {
         batch: &[&sys::DirEntry],
     ) -> Result<Vec<InodeNo>> {
         let key = |e: &&sys::DirEntry| crate::store::BackingKey {
-            branch: self.inodes.id_of(self.branch.id()),
+            branch: self.inodes.primary_branch().0,
             dev,
             ino: e.ino,
         };
@@ -344,7 +344,7 @@ impl Vfs {
             inos.push(match e.name.as_slice() {
                 b"." => dir,
                 b".." if dir == InodeNo::ROOT => InodeNo::ROOT,
-                b".." => self.parent_hint(&self.inodes.node(dir)?),
+                b".." => self.parent_hint(&self.node(dir)?),
                 _ => mapped.next().ok_or(VfsError::WrongKind)?,
             });
         }

@@ -97,7 +97,7 @@ impl Vfs {
         let inode = if writes(flags) || flags & libc::O_TRUNC != 0 {
             self.writable_node(caller, ino)?
         } else {
-            self.inodes.node(ino)?
+            self.node(ino)?
         };
         match inode.kind {
             libc::S_IFDIR => return Err(errno(libc::EISDIR)),

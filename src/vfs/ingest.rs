@@ -226,7 +226,7 @@ impl Vfs {
                 fd: Arc::new(own),
             });
         }
-        copies.sort_by_key(|l| l.branch.0);
+        self.by_rank(&mut copies);
         copies
     }
 

@@ -51,8 +51,9 @@ pub struct Inode {
     /// A union directory: the same directory in the branches below the
     /// one `key` names, top-down (empty outside union mounts). Reached
     /// like the inode's own object, so that a large tree of union
-    /// directories does not hold a descriptor per branch each.
-    layers: Box<[LayerSlot]>,
+    /// directories does not hold a descriptor per branch each. Replaced
+    /// when the branch set changes (`InodeTable::set_layers`).
+    layers: RwLock<Box<[LayerSlot]>>,
     /// A union file with hard links in a read-only branch, copied up
     /// through the index: the link count the union shows (0: not one);
     /// and in bit 31 (`SEEN`), whether the first lookup has compared the
@@ -62,6 +63,9 @@ pub struct Inode {
     /// A directory: the stamp of its copies when an open last made the
     /// kernel re-read its listing (see `dircache.rs`; 0: none).
     pub listed: AtomicU64,
+    /// The union's branch set generation its layers were found under
+    /// (`Vfs::node` re-derives them when the set has changed since).
+    generation: AtomicU32,
 }
 
 /// `Inode::nlink_seen`'s flag bit (a link count never reaches it).
@@ -169,7 +173,18 @@ impl Inode {
 
     /// Whether it is a union directory with copies in lower branches.
     pub fn has_layers(&self) -> bool {
-        !self.layers.is_empty()
+        !self.layers.read().is_empty()
+    }
+
+    /// The branch set generation its layers were found under.
+    pub fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Its layers (or, for a non-directory, its branch) are right for
+    /// set `generation`.
+    pub fn stamp(&self, generation: u32) {
+        self.generation.store(generation, Ordering::Release);
     }
 
     /// True the first time it is asked for this inode.
@@ -253,12 +268,11 @@ pub struct InodeTable {
     map: InodeMap,
     tables: RwLock<Tables>,
     root_key: BackingKey,
-    /// Per branch (indexed by `BranchId`), how handles are re-opened.
-    mounts: Vec<BranchMount>,
-    /// Per branch (indexed by `BranchId`, its position), its persistent
-    /// id: what keys carry, so that a branch's objects keep their numbers
-    /// whatever its position (docs/ARCHITECTURE.md "Live unions").
-    ids: Vec<u32>,
+    /// Per branch (by its persistent id, which keys carry), how handles
+    /// are re-opened; a branch inserted while mounted adds its own.
+    mounts: RwLock<Vec<(BranchId, Arc<BranchMount>)>>,
+    /// The union's branch set generation (`Inode::generation`).
+    generation: AtomicU32,
     /// Cached descriptors currently open, and how many may be.
     cache_count: Arc<AtomicUsize>,
     cache_budget: usize,
@@ -301,19 +315,19 @@ impl BranchMount {
 }
 
 impl InodeTable {
-    /// `mounts` and `ids`: every branch's, indexed by `BranchId`; `branch`
-    /// is the one the root and new objects belong to; `root_layers` the
-    /// root's copies in the other branches (a union).
+    /// `mounts`: every branch's, by id; `branch` is the one the root and
+    /// new objects belong to; `root_layers` the root's copies in the other
+    /// branches (a union).
     pub fn new(
         branch: BranchId,
         map: InodeMap,
         root_fd: OwnedFd,
         root_st: &Stat,
-        (mounts, ids): (Vec<BranchMount>, Vec<u32>),
+        mounts: Vec<(BranchId, BranchMount)>,
         root_layers: Vec<Layer>,
     ) -> Self {
         let root_key = BackingKey {
-            branch: ids.get(branch.0 as usize).copied().unwrap_or(branch.0),
+            branch: branch.0,
             dev: root_st.st_dev,
             ino: root_st.st_ino,
         };
@@ -325,15 +339,18 @@ impl InodeTable {
             nlookup: AtomicU64::new(1),
             slot: FdSlot::Pinned(root_fd.clone()),
             name: Mutex::new(None),
-            layers: root_layers
-                .into_iter()
-                .map(|l| LayerSlot {
-                    branch: l.branch,
-                    slot: FdSlot::Pinned(l.fd),
-                })
-                .collect(),
+            layers: RwLock::new(
+                root_layers
+                    .into_iter()
+                    .map(|l| LayerSlot {
+                        branch: l.branch,
+                        slot: FdSlot::Pinned(l.fd),
+                    })
+                    .collect(),
+            ),
             nlink_seen: AtomicU32::new(0),
             listed: AtomicU64::new(0),
+            generation: AtomicU32::new(0),
         });
         let mut tables = Tables::default();
         tables.by_ino.insert(root.clone());
@@ -346,8 +363,8 @@ impl InodeTable {
             map,
             tables: RwLock::new(tables),
             root_key,
-            mounts,
-            ids,
+            mounts: RwLock::new(mounts.into_iter().map(|(b, m)| (b, Arc::new(m))).collect()),
+            generation: AtomicU32::new(0),
             cache_count: Arc::new(AtomicUsize::new(0)),
             cache_budget,
             numbering: AtomicU64::new(0),
@@ -372,22 +389,42 @@ impl InodeTable {
     /// The key of an object of `branch`.
     pub fn key_in(&self, branch: BranchId, st: &Stat) -> BackingKey {
         BackingKey {
-            branch: self.id_of(branch),
+            branch: branch.0,
             dev: st.st_dev,
             ino: st.st_ino,
         }
     }
 
-    /// The persistent id keys carry for the branch at position `branch`.
-    pub fn id_of(&self, branch: BranchId) -> u32 {
-        self.ids.get(branch.0 as usize).copied().unwrap_or(branch.0)
+    /// The branch the object with `key` is of.
+    pub fn branch_of(&self, key: &BackingKey) -> BranchId {
+        BranchId(key.branch)
     }
 
-    /// The position of the branch `key` is of; past every branch (never
-    /// writable, no root) when the key's branch is not in this mount.
-    pub fn branch_of(&self, key: &BackingKey) -> BranchId {
-        let pos = self.ids.iter().position(|&id| id == key.branch);
-        BranchId(pos.map_or(u32::MAX, |p| p as u32))
+    /// The union's branch set generation inodes are stamped with now.
+    pub fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A new branch set is in force; the caller holds the union's set
+    /// lock exclusively, so no inode is being made meanwhile.
+    pub fn set_generation(&self, generation: u32) {
+        self.generation.store(generation, Ordering::Release);
+    }
+
+    /// Handles of objects of branch `b` re-open on `mount` (a branch
+    /// inserted while mounted).
+    pub fn add_mount(&self, b: BranchId, mount: BranchMount) {
+        let mut mounts = self.mounts.write();
+        mounts.retain(|(id, _)| *id != b);
+        mounts.push((b, Arc::new(mount)));
+    }
+
+    fn mount_of(&self, b: u32) -> Option<Arc<BranchMount>> {
+        self.mounts
+            .read()
+            .iter()
+            .find(|(id, _)| id.0 == b)
+            .map(|(_, m)| m.clone())
     }
 
     /// The number of a backing object without assigning one.
@@ -434,6 +471,7 @@ impl InodeTable {
     pub fn layers(&self, inode: &Inode) -> Result<Vec<Layer>> {
         inode
             .layers
+            .read()
             .iter()
             .map(|l| {
                 Ok(Layer {
@@ -442,6 +480,14 @@ impl InodeTable {
                 })
             })
             .collect()
+    }
+
+    /// A directory's copies below its own are now `layers`, found under
+    /// branch set `generation`.
+    pub fn set_layers(&self, inode: &Inode, layers: Vec<Layer>, generation: u32) {
+        let slots = self.layer_slots(layers);
+        *inode.layers.write() = slots;
+        inode.stamp(generation);
     }
 
     fn layer_slots(&self, layers: Vec<Layer>) -> Box<[LayerSlot]> {
@@ -470,17 +516,17 @@ impl InodeTable {
         if let Some(fd) = &*slot {
             return Ok(fd.clone());
         }
-        let fd = Arc::new(self.open_handle(branch as usize, handle)?);
+        let fd = Arc::new(self.open_handle(branch, handle)?);
         *slot = Some(fd.clone());
         drop(slot);
         self.count_cached();
         Ok(fd)
     }
 
-    fn open_handle(&self, branch: usize, handle: &sys::FileHandle) -> Result<OwnedFd> {
-        let mount_fd = self
-            .mounts
-            .get(branch)
+    fn open_handle(&self, branch: u32, handle: &sys::FileHandle) -> Result<OwnedFd> {
+        let mount = self.mount_of(branch);
+        let mount_fd = mount
+            .as_ref()
             .and_then(|m| m.mount_fd.as_ref())
             .ok_or(VfsError::WrongKind)?;
         Ok(sys::open_by_handle(
@@ -502,36 +548,42 @@ impl InodeTable {
         let target = self.cache_budget * 3 / 4;
         let tables = self.tables.read();
         for pass in 0..2 {
-            let slots = tables
-                .by_ino
-                .values()
-                .flat_map(|i| std::iter::once(&i.slot).chain(i.layers.iter().map(|l| &l.slot)));
-            for slot in slots {
+            for inode in tables.by_ino.values() {
                 if self.cache_count.load(Ordering::Relaxed) <= target {
                     return;
                 }
-                let FdSlot::Handle {
-                    cached,
-                    referenced,
-                    pinned,
-                    ..
-                } = slot
-                else {
-                    continue;
-                };
-                if pinned.load(Ordering::Relaxed)
-                    || (referenced.swap(false, Ordering::Relaxed) && pass == 0)
-                {
-                    continue;
-                }
-                if let Some(mut slot) = cached.try_lock() {
-                    if pinned.load(Ordering::Relaxed) {
-                        continue;
-                    }
-                    if slot.take().is_some() {
-                        self.cache_count.fetch_sub(1, Ordering::Relaxed);
+                self.evict_slot(&inode.slot, pass);
+                // A set being replaced is skipped, not waited for.
+                if let Some(layers) = inode.layers.try_read() {
+                    for l in layers.iter() {
+                        self.evict_slot(&l.slot, pass);
                     }
                 }
+            }
+        }
+    }
+
+    fn evict_slot(&self, slot: &FdSlot, pass: u32) {
+        let FdSlot::Handle {
+            cached,
+            referenced,
+            pinned,
+            ..
+        } = slot
+        else {
+            return;
+        };
+        if pinned.load(Ordering::Relaxed)
+            || (referenced.swap(false, Ordering::Relaxed) && pass == 0)
+        {
+            return;
+        }
+        if let Some(mut slot) = cached.try_lock() {
+            if pinned.load(Ordering::Relaxed) {
+                return;
+            }
+            if slot.take().is_some() {
+                self.cache_count.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -566,7 +618,7 @@ impl InodeTable {
         if slot.is_some() {
             return Ok(());
         }
-        *slot = Some(Arc::new(self.open_handle(*branch as usize, handle)?));
+        *slot = Some(Arc::new(self.open_handle(*branch, handle)?));
         drop(slot);
         self.count_cached();
         Ok(())
@@ -643,7 +695,7 @@ impl InodeTable {
     }
 
     fn slot_for_shared(&self, branch: BranchId, fd: Arc<OwnedFd>) -> FdSlot {
-        let mount_id = self.mounts.get(branch.0 as usize).and_then(|m| m.mount_id);
+        let mount_id = self.mount_of(branch.0).and_then(|m| m.mount_id);
         let handle = match (mount_id, sys::name_to_handle(fd.as_fd())) {
             (Some(root_mount), Ok((handle, mount))) if mount == root_mount => handle,
             // Another mount below SRC, or no handle support: keep it open.
@@ -792,9 +844,10 @@ impl InodeTable {
             nlookup: AtomicU64::new(1),
             slot,
             name: Mutex::new(None),
-            layers,
+            layers: RwLock::new(layers),
             nlink_seen: AtomicU32::new(0),
             listed: AtomicU64::new(0),
+            generation: AtomicU32::new(self.generation()),
         });
         tables.by_ino.insert(inode.clone());
         tables.by_key.insert(inode.clone());
@@ -823,6 +876,31 @@ impl InodeTable {
     /// whose bindings would then outlive the rebind across a remount.
     pub fn bind_copy(&self, branch: BranchId, st: &Stat, ino: InodeNo) {
         self.map.bind(self.key_in(branch, st), ino.0);
+    }
+
+    /// [`InodeTable::rebind`] where the old object stays a copy of the
+    /// same object (a directory whose top copy moved to another branch
+    /// when the branch set changed): its key keeps the number.
+    pub fn rebind_keeping(
+        &self,
+        ino: InodeNo,
+        branch: BranchId,
+        fd: OwnedFd,
+        st: &Stat,
+        layers: Vec<Layer>,
+    ) -> Result<Arc<Inode>> {
+        self.rebind_as(ino, (branch, fd, st), layers, false)
+    }
+
+    /// The number the inode map holds for `key`, if any.
+    pub fn mapped(&self, key: &BackingKey) -> Result<Option<InodeNo>> {
+        Ok(self.map.get(key)?.map(InodeNo))
+    }
+
+    /// Every (parent, name) the kernel reached a remembered inode by.
+    pub fn names(&self) -> Vec<(InodeNo, Vec<u8>)> {
+        let tables = self.tables.read();
+        tables.by_ino.values().filter_map(|i| i.name()).collect()
     }
 
     /// [`InodeTable::rebind`] of a hard-linked file copied up through the
@@ -862,9 +940,10 @@ impl InodeTable {
             nlookup: AtomicU64::new(old.nlookup.load(Ordering::Acquire)),
             slot,
             name: Mutex::new(old.name.lock().clone()),
-            layers,
+            layers: RwLock::new(layers),
             nlink_seen: AtomicU32::new(old.nlink_seen.load(Ordering::Acquire)),
             listed: AtomicU64::new(0),
+            generation: AtomicU32::new(self.generation()),
         });
         if tables.by_key.get(&old.key) == Some(&ino) {
             tables.by_key.remove(&old.key);
@@ -1084,8 +1163,11 @@ mod tests {
         }
         let store = Store::open(&tmp.path().join("store")).unwrap();
         let (ufd, lfd) = (dir_fd(&upper), dir_fd(&lower));
-        let mounts = vec![BranchMount::of(ufd.as_fd()), BranchMount::of(lfd.as_fd())];
-        if mounts.iter().any(|m| m.mount_fd.is_none()) {
+        let mounts = vec![
+            (BranchId(0), BranchMount::of(ufd.as_fd())),
+            (BranchId(1), BranchMount::of(lfd.as_fd())),
+        ];
+        if mounts.iter().any(|(_, m)| m.mount_fd.is_none()) {
             eprintln!("no file handles on this file system: nothing to test");
             return;
         }
@@ -1096,7 +1178,7 @@ mod tests {
             store.inode_map().unwrap(),
             root,
             &root_st,
-            (mounts, vec![0, 1]),
+            mounts,
             Vec::new(),
         );
         table.cache_budget = 256;
@@ -1159,14 +1241,14 @@ mod tests {
         std::fs::write(&file, b"").unwrap();
         let store = Store::open(&tmp.path().join("store")).unwrap();
         let root = dir_fd(tmp.path());
-        let mounts = vec![BranchMount::of(root.as_fd())];
+        let mounts = vec![(BranchId(0), BranchMount::of(root.as_fd()))];
         let root_st = sys::fstat(root.as_fd()).unwrap();
         let mut table = InodeTable::new(
             BranchId(0),
             store.inode_map().unwrap(),
             root,
             &root_st,
-            (mounts, vec![0]),
+            mounts,
             Vec::new(),
         );
         table.cache_budget = 4096;

@@ -20,6 +20,7 @@
 
 mod attr;
 mod branch_modes;
+mod branch_set;
 mod dir;
 mod dircache;
 mod file;
@@ -48,6 +49,7 @@ pub use crate::sys::creds::Caller;
 pub use crate::sys::Stat;
 pub use attr::{SetAttr, Xattr};
 pub use branch_modes::{BranchInfo, ModeChange};
+pub use branch_set::{NewBranch, SetChange, SetChanged};
 pub use dircache::{DirCache, OpenedDir};
 pub use file::Opened;
 pub use inodes::InodeNo;
@@ -240,6 +242,8 @@ pub struct Vfs {
     /// Told of an inode whose attributes changed outside any reply that
     /// carries them (the FUSE adapter invalidates the kernel's copy).
     attrs_changed: std::sync::OnceLock<AttrsChanged>,
+    /// Told when a union's branch set changed (`Vfs::on_set_changed`).
+    set_changed: std::sync::OnceLock<SetChanged>,
 }
 
 /// See [`Vfs::on_attrs_changed`].
@@ -252,10 +256,9 @@ impl Vfs {
         cfg: VfsConfig,
         capture: Option<Arc<Capture>>,
     ) -> Result<Arc<Vfs>> {
-        let mounts = vec![inodes::BranchMount::of(branch.root_fd())];
         let id = branch.id();
-        let ids = vec![id.0];
-        Vfs::assemble(branch, id, inomap, (mounts, ids), cfg, capture, None)
+        let mounts = vec![(id, inodes::BranchMount::of(branch.root_fd()))];
+        Vfs::assemble(branch, id, inomap, mounts, cfg, capture, None)
     }
 
     /// The vfs over `branch` (the root's), with every branch's handle mount.
@@ -263,7 +266,7 @@ impl Vfs {
         branch: DirBranch,
         id: crate::branch::BranchId,
         inomap: InodeMap,
-        mounts: (Vec<inodes::BranchMount>, Vec<u32>),
+        mounts: Vec<(crate::branch::BranchId, inodes::BranchMount)>,
         cfg: VfsConfig,
         capture: Option<Arc<Capture>>,
         union: Option<union::Union>,
@@ -288,6 +291,7 @@ impl Vfs {
             views: views::Views::default(),
             union,
             attrs_changed: std::sync::OnceLock::new(),
+            set_changed: std::sync::OnceLock::new(),
         }))
     }
 
@@ -302,19 +306,26 @@ impl Vfs {
     ) -> Result<Arc<Vfs>> {
         let u = union::Union::new(&branches, opts)?;
         let primary = u.primary();
-        let mounts = u.root_fds().map(inodes::BranchMount::of).collect();
-        let ids = branches.iter().map(|b| b.id).collect();
-        let mut branch = branches.swap_remove(primary.0 as usize).branch;
+        let mounts = u
+            .roots()
+            .into_iter()
+            .map(|(b, fd)| (b, inodes::BranchMount::of(fd.as_fd())))
+            .collect();
+        let at = branches
+            .iter()
+            .position(|b| b.id == primary.0)
+            .ok_or(VfsError::WrongKind)?;
+        // The store's name stays hidden when the root's branch is not the
+        // one holding it (modes or branches changed while mounted).
+        let store_name = branches
+            .iter()
+            .find_map(|b| b.branch.reserved_name().map(OsStr::to_os_string));
+        let mut branch = branches.swap_remove(at).branch;
         branch.reserve(OsStr::new(crate::union::index::INDEX_DIR));
-        Vfs::assemble(
-            branch,
-            primary,
-            inomap,
-            (mounts, ids),
-            cfg,
-            capture,
-            Some(u),
-        )
+        if let Some(name) = store_name.filter(|_| branch.reserved_name().is_none()) {
+            branch.reserve(&name);
+        }
+        Vfs::assemble(branch, primary, inomap, mounts, cfg, capture, Some(u))
     }
 
     pub fn config(&self) -> &VfsConfig {

@@ -31,7 +31,7 @@ impl Vfs {
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
-        let dir = self.inodes.node(parent)?;
+        let dir = self.node(parent)?;
         let entry = match self.lookup_in(&dir, name) {
             Err(e) if e.errno_is(libc::ENOENT) => {
                 let virtual_entry = if parent == InodeNo::ROOT {
@@ -129,7 +129,7 @@ impl Vfs {
         if self.union().is_none() {
             return Ok(());
         }
-        let dir = self.inodes.node(parent)?;
+        let dir = self.node(parent)?;
         if self.lookup_exists(&dir, name)? {
             return Err(errno(libc::EEXIST));
         }
@@ -239,7 +239,7 @@ impl Vfs {
         self.links_changed(ino, 1)?;
         // A new name for a known object, not a new object (looked up in
         // the union directory: `dir` may be one of its lower copies).
-        let entry = self.lookup_in(&self.inodes.node(newparent)?, newname)?;
+        let entry = self.lookup_in(&self.node(newparent)?, newname)?;
         inode.set_name(newparent, newname.as_encoded_bytes());
         self.after_link(caller, newparent, newname, entry.attr.ino);
         Ok(entry)
@@ -278,7 +278,7 @@ impl Vfs {
         flags: i32,
         held: Option<InodeNo>,
     ) -> Result<()> {
-        let dir = self.inodes.node(parent)?;
+        let dir = self.node(parent)?;
         let cname = sys::cstr(name)?;
         let victim = if self.union().is_some() {
             if let Some(ino) = held.filter(|_| flags & libc::AT_REMOVEDIR == 0) {
@@ -414,8 +414,8 @@ impl Vfs {
                 (victim, _) => victim,
             }
         } else {
-            let olddir = self.inodes.node(parent)?;
-            let newdir = self.inodes.node(newparent)?;
+            let olddir = self.node(parent)?;
+            let newdir = self.node(newparent)?;
             let old = sys::cstr(name)?;
             let new = sys::cstr(newname)?;
             let victim = if !exchange {

@@ -26,33 +26,93 @@ use crate::union::{copyup, format, merge};
 pub struct UnionBranch {
     pub branch: DirBranch,
     pub writable: bool,
-    /// The branch's persistent id (`Store::branch_ids`), which inode-map
-    /// keys and the hard-link index carry; `branch`'s `BranchId` is its
-    /// position, which decides precedence.
+    /// The branch's persistent id (`Store::branch_ids`): the vfs's
+    /// `BranchId`, which inode-map keys, layers and the hard-link index
+    /// carry. Precedence is its place in the list (`BranchSet::rank`).
     pub id: u32,
+}
+
+/// One branch of the set in force.
+pub(super) struct Member {
+    pub(super) id: BranchId,
+    pub(super) root: Arc<OwnedFd>,
+    /// Read-write now; changes in place (`Vfs::set_branch_mode`).
+    writable: AtomicBool,
+}
+
+impl Member {
+    pub(super) fn new(id: BranchId, root: Arc<OwnedFd>, writable: bool) -> Arc<Member> {
+        Arc::new(Member {
+            id,
+            root,
+            writable: AtomicBool::new(writable),
+        })
+    }
+
+    pub(super) fn writable(&self) -> bool {
+        self.writable.load(Ordering::Acquire)
+    }
+}
+
+/// The branches in force, top first. Swapped whole by `branch add` and
+/// `branch remove` (a new generation); state derived from an older set
+/// (an inode's layers) is re-derived at its next use.
+pub(super) struct BranchSet {
+    pub(super) generation: u32,
+    pub(super) members: Vec<Arc<Member>>,
+}
+
+/// The rank of a branch that is not in the set: below every member.
+pub(super) const UNRANKED: u32 = u32::MAX;
+
+impl BranchSet {
+    /// Precedence: 0 is the top; [`UNRANKED`] for a branch not in the set.
+    pub(super) fn rank(&self, b: BranchId) -> u32 {
+        self.members
+            .iter()
+            .position(|m| m.id == b)
+            .map_or(UNRANKED, |p| p as u32)
+    }
+
+    pub(super) fn member(&self, b: BranchId) -> Option<&Arc<Member>> {
+        self.members.iter().find(|m| m.id == b)
+    }
+
+    /// Every branch's (id, read-write), top first: what the store records.
+    pub(super) fn modes(&self) -> Vec<(u32, bool)> {
+        self.members
+            .iter()
+            .map(|m| (m.id.0, m.writable()))
+            .collect()
+    }
+
+    fn topmost_writable(&self) -> Option<BranchId> {
+        self.members.iter().find(|m| m.writable()).map(|m| m.id)
+    }
 }
 
 /// What the vfs knows of a union mount's branches.
 pub struct Union {
-    /// Every branch's root and whether it is read-write now, indexed by
-    /// `BranchId` (position, top first). A mode can change while mounted
-    /// (`Vfs::set_branch_mode`); positions cannot (yet).
-    pub(super) roots: Vec<(Arc<OwnedFd>, AtomicBool)>,
+    /// The branches in force. A mode changes in place; an insertion or
+    /// removal swaps the set (`set_lock` held exclusively).
+    set: RwLock<Arc<BranchSet>>,
     /// Where copy-ups (and `create=top`'s creates) go: the highest
     /// read-write branch (`NO_UPPER` if none), following mode changes.
     upper: AtomicU32,
     /// The branch the root inode belongs to, fixed at mount (the upper
     /// one then, else the top): the root's number and key stay put when
-    /// modes change; its other copies are its layers.
+    /// modes change; its other copies are its layers. It cannot be
+    /// removed while mounted.
     primary: BranchId,
     pub(super) ns: format::XattrNs,
     pub(super) opts: super::union_ops::UnionOptions,
     /// The upper branch's hard-link index, once it exists (`None` until
     /// then; replaced when the upper branch changes).
     index: RwLock<Option<Arc<OwnedFd>>>,
-    /// Held shared by every operation that may change the tree, for its
-    /// whole length, and exclusively by a mode change: no change decided
-    /// under the old modes lands after the new ones are in force.
+    /// Held shared by every operation that may change the tree or derive
+    /// state from the set, for its whole length, and exclusively by a
+    /// branch change: nothing decided under the old set lands after the
+    /// new one is in force.
     pub(super) set_lock: RwLock<()>,
     /// Objects being copied up now: a second change to one of them waits
     /// for the first copy instead of making its own (whose link into
@@ -78,22 +138,33 @@ const NO_UPPER: u32 = u32::MAX;
 
 impl Union {
     pub fn new(branches: &[UnionBranch], opts: super::union_ops::UnionOptions) -> Result<Union> {
-        let mut roots = Vec::with_capacity(branches.len());
+        let mut members = Vec::with_capacity(branches.len());
         for b in branches {
             let fd = sys::reopen(b.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
-            roots.push((Arc::new(fd), AtomicBool::new(b.writable)));
+            members.push(Member::new(BranchId(b.id), Arc::new(fd), b.writable));
         }
-        let upper = topmost_writable(&roots);
-        let index = match upper {
-            Some(b) => {
-                crate::union::index::open_existing(roots[b.0 as usize].0.as_fd())?.map(Arc::new)
-            }
+        let set = BranchSet {
+            generation: 0,
+            members,
+        };
+        let upper = set.topmost_writable();
+        let index = match upper.and_then(|b| set.member(b)) {
+            Some(m) => crate::union::index::open_existing(m.root.as_fd())?.map(Arc::new),
             None => None,
         };
+        // The branch holding the store, which cannot be removed; else the
+        // upper one, else the top.
+        let store = branches
+            .iter()
+            .find(|b| b.branch.reserved_name().is_some())
+            .map(|b| BranchId(b.id));
+        let primary = store
+            .or(upper)
+            .unwrap_or_else(|| set.members.first().map_or(BranchId(0), |m| m.id));
         Ok(Union {
-            roots,
+            set: RwLock::new(Arc::new(set)),
             upper: AtomicU32::new(upper.map_or(NO_UPPER, |b| b.0)),
-            primary: upper.unwrap_or(BranchId(0)),
+            primary,
             ns: format::XattrNs::for_daemon(),
             opts,
             index: RwLock::new(index),
@@ -101,6 +172,17 @@ impl Union {
             copying: Mutex::new(HashSet::new()),
             copied: Condvar::new(),
         })
+    }
+
+    /// The set in force.
+    pub(super) fn set(&self) -> Arc<BranchSet> {
+        self.set.read().clone()
+    }
+
+    /// Puts `set` in force; the caller holds `set_lock` exclusively.
+    pub(super) fn swap_set(&self, set: BranchSet) -> Result<()> {
+        *self.set.write() = Arc::new(set);
+        self.follow_upper()
     }
 
     /// The branch the root inode belongs to.
@@ -111,18 +193,24 @@ impl Union {
     /// The root's copies in the other branches.
     pub fn root_layers(&self) -> Vec<Layer> {
         let primary = self.primary();
-        (0..self.roots.len())
-            .map(|i| BranchId(i as u32))
-            .filter(|b| *b != primary)
-            .map(|b| Layer {
-                branch: b,
-                fd: self.roots[b.0 as usize].0.clone(),
+        self.set()
+            .members
+            .iter()
+            .filter(|m| m.id != primary)
+            .map(|m| Layer {
+                branch: m.id,
+                fd: m.root.clone(),
             })
             .collect()
     }
 
-    pub fn root_fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
-        self.roots.iter().map(|(fd, _)| fd.as_fd())
+    /// Every branch's id and root, top first.
+    pub fn roots(&self) -> Vec<(BranchId, Arc<OwnedFd>)> {
+        self.set()
+            .members
+            .iter()
+            .map(|m| (m.id, m.root.clone()))
+            .collect()
     }
 
     pub(super) fn upper(&self) -> Option<BranchId> {
@@ -132,25 +220,29 @@ impl Union {
         }
     }
 
-    pub(super) fn root_of(&self, b: BranchId) -> Option<&Arc<OwnedFd>> {
-        self.roots.get(b.0 as usize).map(|(fd, _)| fd)
+    pub(super) fn root_of(&self, b: BranchId) -> Option<Arc<OwnedFd>> {
+        self.set().member(b).map(|m| m.root.clone())
+    }
+
+    /// Precedence of branch `b` (0: top; [`UNRANKED`]: not in the set).
+    pub(super) fn rank(&self, b: BranchId) -> u32 {
+        self.set.read().rank(b)
     }
 
     /// Whether nothing lies below branch `b`: an opaque mark or a redirect
     /// there has no lower copy to hide or point to.
     pub(super) fn is_bottom(&self, b: BranchId) -> bool {
-        b.0 as usize + 1 >= self.roots.len()
+        let set = self.set.read();
+        set.rank(b) as usize + 1 >= set.members.len()
     }
 
     /// A union of one branch: nothing is ever copied up.
     pub(super) fn single_branch(&self) -> bool {
-        self.roots.len() == 1
+        self.set.read().members.len() == 1
     }
 
     pub(super) fn writable(&self, b: BranchId) -> bool {
-        self.roots
-            .get(b.0 as usize)
-            .is_some_and(|(_, w)| w.load(Ordering::Acquire))
+        self.set.read().member(b).is_some_and(|m| m.writable())
     }
 
     /// Waits until no other thread copies `ino` up, then marks it as
@@ -165,11 +257,12 @@ impl Union {
         CopyingUp { union: self, ino }
     }
 
-    /// Every branch's mode now, top first.
-    pub(super) fn modes(&self) -> Vec<bool> {
-        self.roots
+    /// Every branch's id and mode now, top first.
+    pub(super) fn modes(&self) -> Vec<(BranchId, bool)> {
+        self.set()
+            .members
             .iter()
-            .map(|(_, w)| w.load(Ordering::Acquire))
+            .map(|m| (m.id, m.writable()))
             .collect()
     }
 
@@ -194,13 +287,20 @@ impl Union {
     /// Sets branch `b`'s mode; the caller holds `set_lock` exclusively.
     /// The upper branch follows, and with it the hard-link index.
     pub(super) fn set_mode(&self, b: BranchId, writable: bool) -> Result<()> {
-        let (_, mode) = self.roots.get(b.0 as usize).ok_or(errno(libc::ENOENT))?;
-        mode.store(writable, Ordering::Release);
-        let upper = topmost_writable(&self.roots);
+        let set = self.set();
+        let m = set.member(b).ok_or(errno(libc::ENOENT))?;
+        m.writable.store(writable, Ordering::Release);
+        self.follow_upper()
+    }
+
+    /// Makes the upper branch the set's topmost read-write one, and the
+    /// hard-link index that branch's.
+    fn follow_upper(&self) -> Result<()> {
+        let set = self.set();
+        let upper = set.topmost_writable();
         if upper != self.upper() {
-            let index = match upper {
-                Some(u) => crate::union::index::open_existing(self.roots[u.0 as usize].0.as_fd())?
-                    .map(Arc::new),
+            let index = match upper.and_then(|u| set.member(u)) {
+                Some(m) => crate::union::index::open_existing(m.root.as_fd())?.map(Arc::new),
                 None => None,
             };
             *self.index.write() = index;
@@ -209,13 +309,6 @@ impl Union {
         }
         Ok(())
     }
-}
-
-fn topmost_writable(roots: &[(Arc<OwnedFd>, AtomicBool)]) -> Option<BranchId> {
-    roots
-        .iter()
-        .position(|(_, w)| w.load(Ordering::Acquire))
-        .map(|i| BranchId(i as u32))
 }
 
 /// What a walk down a directory's layers found under one name.
@@ -247,8 +340,19 @@ impl Vfs {
             branch: self.inodes.branch_of(&dir.key),
             fd: dir.fd_arc(),
         });
-        all.sort_by_key(|l| l.branch.0);
+        self.by_rank(&mut all);
         Ok(all)
+    }
+
+    /// Puts copies in precedence order, top first, leaving out those of
+    /// branches no longer in the set.
+    pub(super) fn by_rank(&self, copies: &mut Vec<Layer>) {
+        let Some(u) = self.union() else {
+            return;
+        };
+        let set = u.set();
+        copies.retain(|l| set.rank(l.branch) != UNRANKED);
+        copies.sort_by_key(|l| set.rank(l.branch));
     }
 
     /// Walks `name` down the layers of `dir`: whiteouts end it, a
@@ -329,19 +433,15 @@ impl Vfs {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let mut out = Vec::new();
         let starts: Vec<(BranchId, Arc<OwnedFd>, &[u8])> = match origin.strip_prefix(b"/") {
-            Some(abs) => u
-                .roots
-                .iter()
-                .enumerate()
-                .map(|(i, (fd, _))| (BranchId(i as u32), fd.clone(), abs))
-                .collect(),
+            Some(abs) => u.roots().into_iter().map(|(b, fd)| (b, fd, abs)).collect(),
             None => parent
                 .iter()
                 .map(|l| (l.branch, l.fd.clone(), origin))
                 .collect(),
         };
+        let set = u.set();
         for (branch, start, rel) in starts {
-            if branch.0 <= above.0 {
+            if set.rank(branch) <= set.rank(above) {
                 continue;
             }
             let crel = sys::cstr(OsStr::from_bytes(rel))?;
@@ -372,7 +472,7 @@ impl Vfs {
     /// `redirect_dir`), so nothing below it is copied.
     pub(super) fn prepare_dir_move(&self, caller: &super::Caller, moved: InodeNo) -> Result<()> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let node = self.inodes.node(moved)?;
+        let node = self.node(moved)?;
         if !node.has_layers() && u.upper() == Some(self.inodes.branch_of(&node.key)) {
             return Ok(());
         }
@@ -394,7 +494,7 @@ impl Vfs {
             .into_iter()
             .find(|l| Some(l.branch) != u.upper())
             .ok_or(errno(libc::EXDEV))?;
-        let root = &u.roots[lower.branch.0 as usize].0;
+        let root = u.root_of(lower.branch).ok_or(errno(libc::ESTALE))?;
         let at = |fd: BorrowedFd<'_>| {
             std::fs::read_link(sys::proc_fd_path(fd).to_str().unwrap_or_default())
         };
@@ -439,6 +539,9 @@ impl Vfs {
             return Err(errno(libc::ENOENT));
         }
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        // What it finds is stamped with the set in force: none may swap in
+        // meanwhile.
+        let _set = self.changing();
         let mut cname = sys::cstr(name)?;
         let found = self.walk(dir, &cname)?.ok_or(errno(libc::ENOENT))?;
         let (mut branch, mut parent, mut st) = found.top;
@@ -454,6 +557,11 @@ impl Vfs {
             if self.inodes.still_names(&inode, parent.as_fd(), &cname) {
                 // Copy-up finds the lower copy by this name.
                 inode.set_name(dir.ino, name.as_encoded_bytes());
+                let generation = self.inodes.generation();
+                if inode.generation() != generation {
+                    self.inodes
+                        .set_layers(&inode, found.lowers.clone(), generation);
+                }
                 if via_index {
                     let node = self.inodes.node_of(inode.clone())?;
                     self.note_if_indexed(u, &inode, (node.fd(), &st), true);
@@ -469,9 +577,18 @@ impl Vfs {
             self.inodes.forget(inode.ino, 1);
             self.inodes.detach_key(&inode);
         }
-        let fd = sys::open_path(parent.as_fd(), &cname)?;
-        let st = sys::fstat(fd.as_fd())?;
-        let inode = self.inodes.acquire_in(branch, fd, &st, found.lowers)?;
+        let moved = match is_dir(&st) && self.inodes.generation() != 0 {
+            true => self.dir_moved_up(branch, (&parent, &cname), &found.lowers)?,
+            false => None,
+        };
+        let inode = match moved {
+            Some(inode) => inode,
+            None => {
+                let fd = sys::open_path(parent.as_fd(), &cname)?;
+                let st = sys::fstat(fd.as_fd())?;
+                self.inodes.acquire_in(branch, fd, &st, found.lowers)?
+            }
+        };
         inode.set_name(dir.ino, name.as_encoded_bytes());
         let node = self.inodes.node_of(inode.clone())?;
         self.note_if_indexed(u, &inode, (node.fd(), &st), via_index);
@@ -484,11 +601,47 @@ impl Vfs {
         })
     }
 
+    /// A directory whose top copy is now in `branch` (in `at`) because the
+    /// branch set changed, numbered before by one of its `lowers` (a lower
+    /// copy has a number only if it was the top one): the inode the kernel
+    /// knows it by, rebound to the new top copy, or, when the kernel no
+    /// longer knows it, its number given to the new top copy (`None`: the
+    /// caller's acquire finds it), so its number stays.
+    fn dir_moved_up(
+        &self,
+        branch: BranchId,
+        (parent, name): (&Arc<OwnedFd>, &CStr),
+        lowers: &[Layer],
+    ) -> Result<Option<Arc<super::inodes::Inode>>> {
+        let fd = sys::open_path(parent.as_fd(), name)?;
+        let st = sys::fstat(fd.as_fd())?;
+        for l in lowers {
+            let key = self.inodes.key_in(l.branch, &sys::fstat(l.fd.as_fd())?);
+            let Some(known) = self.inodes.acquire_known(&key) else {
+                if let Some(ino) = self.inodes.mapped(&key)? {
+                    self.inodes.bind_copy(branch, &st, ino);
+                    return Ok(None);
+                }
+                continue;
+            };
+            if !known.is_dir() {
+                self.inodes.forget(known.ino, 1);
+                continue;
+            }
+            let fd = sys::reopen(fd.as_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
+            let inode = self
+                .inodes
+                .rebind_keeping(known.ino, branch, fd, &st, lowers.to_vec())?;
+            return Ok(Some(inode));
+        }
+        Ok(None)
+    }
+
     /// The directory `ino` where a change to its entries goes: itself in a
     /// single-branch mount; in a union its copy in the upper branch, made
     /// (with its missing parents) if it has none yet.
     pub(super) fn writable_dir(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
         };
@@ -498,7 +651,7 @@ impl Vfs {
         }
         let _one = u.copying_up(ino);
         // Another thread may have copied it while this one waited.
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         if self.inodes.branch_of(&node.key) == upper {
             return Ok(node);
         }
@@ -530,7 +683,7 @@ impl Vfs {
 
     /// The copy of directory `dir` in `branch`.
     pub(super) fn copy_in(&self, dir: InodeNo, branch: BranchId) -> Result<Arc<OwnedFd>> {
-        let node = self.inodes.node(dir)?;
+        let node = self.node(dir)?;
         self.layers_of(&node)?
             .into_iter()
             .find(|l| l.branch == branch)
@@ -542,7 +695,7 @@ impl Vfs {
     /// in a read-only branch of a union: then a copy in the upper branch,
     /// under the same number.
     pub(super) fn writable_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
         };
@@ -556,7 +709,7 @@ impl Vfs {
     /// number) if it lives in any other branch, read-write ones included:
     /// what a move across branches needs.
     pub(super) fn upper_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
         if self.inodes.branch_of(&node.key) == upper {
@@ -567,7 +720,7 @@ impl Vfs {
         }
         let _one = u.copying_up(ino);
         // Another thread may have copied it while this one waited.
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         if self.inodes.branch_of(&node.key) == upper {
             return Ok(node);
         }
@@ -619,12 +772,15 @@ impl Vfs {
     /// (so removing the upper copy must leave a whiteout).
     pub(super) fn visible_below(&self, dir: &Node, name: &CStr, upper: BranchId) -> Result<bool> {
         let layers = self.layers_of(dir)?;
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let set = u.set();
+        let at_or_above = |b: BranchId| set.rank(b) <= set.rank(upper);
         // Nothing below: no name to look for (a one-branch union).
-        if layers.iter().all(|l| l.branch.0 <= upper.0) {
+        if layers.iter().all(|l| at_or_above(l.branch)) {
             return Ok(false);
         }
         for layer in layers {
-            if layer.branch.0 <= upper.0 {
+            if at_or_above(layer.branch) {
                 if let Ok(st) = sys::fstatat(layer.fd.as_fd(), name) {
                     if format::is_whiteout(&st) {
                         return Ok(false);
@@ -747,7 +903,7 @@ impl Vfs {
         size: u32,
     ) -> Result<super::Xattr> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         let fd = node.fd();
         let mut buf = Vec::new();
         loop {
@@ -804,7 +960,7 @@ impl Vfs {
             .filter_map(|m| {
                 let i = m.layer?;
                 Some(crate::store::BackingKey {
-                    branch: self.inodes.id_of(layers[i].branch),
+                    branch: layers[i].branch.0,
                     dev: devs[i],
                     ino: m.ino,
                 })

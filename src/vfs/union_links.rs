@@ -127,7 +127,7 @@ impl Vfs {
         let Some(u) = self.union() else {
             return Ok(());
         };
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         if u.upper().is_none() || u.writable(self.inodes.branch_of(&node.key)) {
             return Ok(());
         }

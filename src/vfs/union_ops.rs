@@ -46,7 +46,7 @@ impl Vfs {
         let chosen = match self.union() {
             None => None,
             Some(u) => {
-                let dir = self.inodes.node(parent)?;
+                let dir = self.node(parent)?;
                 match u.opts.create {
                     CreatePolicy::Top => None,
                     CreatePolicy::ExistingPath => self.existing_path_branch(&dir, name)?,
@@ -86,8 +86,7 @@ impl Vfs {
     fn most_free_branch(&self, dir: &Node, name: &CStr) -> Result<Option<BranchId>> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let mut best: Option<(u64, BranchId)> = None;
-        for (i, (root, _)) in u.roots.iter().enumerate() {
-            let b = BranchId(i as u32);
+        for (b, root) in u.roots() {
             if !u.writable(b) || !self.reachable(dir, b)? || !self.free_above(dir, name, b)? {
                 continue;
             }
@@ -107,8 +106,9 @@ impl Vfs {
     /// at once, and nothing hidden resurfaces. A name hidden by a whiteout
     /// is made again where the whiteout is.
     pub(super) fn free_above(&self, dir: &Node, name: &CStr, branch: BranchId) -> Result<bool> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
         for l in self.layers_of(dir)? {
-            if l.branch.0 >= branch.0 {
+            if u.rank(l.branch) >= u.rank(branch) {
                 break;
             }
             match sys::fstatat(l.fd.as_fd(), name) {
@@ -133,15 +133,15 @@ impl Vfs {
             return Ok(false);
         };
         // A new top copy would not carry the old top's redirect.
-        if branch.0 < self.inodes.branch_of(&dir.key).0
+        if u.rank(branch) < u.rank(self.inodes.branch_of(&dir.key))
             && format::redirect(dir.fd(), u.ns)?.is_some()
         {
             return Ok(false);
         }
-        let parent = self.inodes.node(parent)?;
+        let parent = self.node(parent)?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
         for l in self.layers_of(&parent)? {
-            if l.branch.0 >= branch.0 {
+            if u.rank(l.branch) >= u.rank(branch) {
                 break;
             }
             let st = match sys::fstatat(l.fd.as_fd(), &cname) {
@@ -166,7 +166,7 @@ impl Vfs {
     /// layers. Only for a branch [`Vfs::reachable`] accepted.
     fn dir_in(&self, caller: &Caller, ino: InodeNo, branch: BranchId) -> Result<Node> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         let mut copies = self.layers_of(&node)?;
         if let Some(l) = copies.iter().find(|l| l.branch == branch) {
             return Ok(Node::with_fd(node.inode.clone(), l.fd.clone()));
@@ -176,7 +176,7 @@ impl Vfs {
         let lower_parent = self.copy_in(parent, self.inodes.branch_of(&node.key))?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
         // The copy is the directory's identity only if it is its top one.
-        let top = copies.iter().all(|l| l.branch.0 > branch.0);
+        let top = copies.iter().all(|l| u.rank(l.branch) > u.rank(branch));
         let made = Arc::new(copyup::copy_up_dir_identified(
             lower_parent.as_fd(),
             new_parent.fd(),
@@ -192,7 +192,7 @@ impl Vfs {
             branch,
             fd: made.clone(),
         });
-        copies.sort_by_key(|l| l.branch.0);
+        self.by_rank(&mut copies);
         let top = copies.remove(0);
         let top_fd = sys::reopen(top.fd.as_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
         let st = sys::fstat(top_fd.as_fd())?;
@@ -306,7 +306,7 @@ impl Vfs {
     ) -> Result<Option<Stat>> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let cname = sys::cstr(name)?;
-        let dir = self.inodes.node(parent)?;
+        let dir = self.node(parent)?;
         let found = self.walk(&dir, &cname)?.ok_or(errno(libc::ENOENT))?;
         let visible = found.top.2;
         let rmdir = flags & libc::AT_REMOVEDIR != 0;
@@ -529,10 +529,10 @@ impl Vfs {
     pub fn union_usage(&self) -> Option<(UnionOptions, Vec<BranchUsage>)> {
         let u = self.union()?;
         let mut out: Vec<BranchUsage> = u
-            .roots
-            .iter()
+            .roots()
+            .into_iter()
             .zip(u.modes())
-            .map(|((root, _), writable)| {
+            .map(|((_, root), (_, writable))| {
                 let fs = sys::fstatvfs(root.as_fd()).ok();
                 let frsize = fs.as_ref().map_or(0, |f| f.f_frsize);
                 let blocks = |n: fn(&sys::StatFs) -> u64| {
@@ -554,7 +554,7 @@ impl Vfs {
                 .filter(|(_, b)| b.writable)
                 .max_by_key(|(i, b)| (b.free_bytes, std::cmp::Reverse(*i)))
                 .map(|(i, _)| i),
-            CreatePolicy::Top | CreatePolicy::ExistingPath => u.upper().map(|b| b.0 as usize),
+            CreatePolicy::Top | CreatePolicy::ExistingPath => u.upper().map(|b| u.rank(b) as usize),
         };
         if let Some(b) = target.and_then(|i| out.get_mut(i)) {
             b.creates = true;

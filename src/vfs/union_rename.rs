@@ -46,11 +46,11 @@ impl Vfs {
         }
         let moved_from = self.left_behind(moved)?;
         let target_from = target.map(|t| self.left_behind(t)).transpose()?.flatten();
-        let source = self.inodes.node(moved)?;
+        let source = self.node(moved)?;
         if source.is_dir() {
             self.prepare_dir_move(caller, moved)?;
         }
-        let source = self.inodes.node(moved)?;
+        let source = self.node(moved)?;
         let old = sys::cstr(name)?;
         let new = sys::cstr(newname)?;
         let olddir = self.writable_dir(caller, parent)?;
@@ -124,7 +124,7 @@ impl Vfs {
     /// rename in the upper branch finds it.
     fn name_in_upper(&self, ino: InodeNo, (dir, name): (&Node, &CStr)) -> Result<()> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         // Only an indexed file can have lost its upper name (reached
         // through the index, as its other lower names are).
         if node.is_dir()
@@ -264,7 +264,7 @@ impl Vfs {
         source: &Node,
     ) -> Result<()> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
-        let tnode = self.inodes.node(t)?;
+        let tnode = self.node(t)?;
         if exchange {
             if tnode.is_dir() {
                 self.prepare_dir_move(caller, t)?;
@@ -279,7 +279,7 @@ impl Vfs {
             _ => {}
         }
         if tnode.is_dir() {
-            if let Some(found) = self.walk(&self.inodes.node(newparent)?, new)? {
+            if let Some(found) = self.walk(&self.node(newparent)?, new)? {
                 self.check_merged_empty(&found, new)?;
             }
         }
@@ -293,7 +293,7 @@ impl Vfs {
     /// primary one (a move takes it out of there).
     fn left_behind(&self, ino: InodeNo) -> Result<LeftBehind> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
-        let node = self.inodes.node(ino)?;
+        let node = self.node(ino)?;
         let b = self.inodes.branch_of(&node.key);
         if Some(b) == u.upper() || !u.writable(b) {
             return Ok(None);
@@ -353,7 +353,7 @@ impl Vfs {
     fn drop_needless_whiteout(&self, dir: InodeNo, name: &CStr) {
         let r = (|| -> Result<()> {
             let u = self.union().ok_or(VfsError::WrongKind)?;
-            let node = self.inodes.node(dir)?;
+            let node = self.node(dir)?;
             let mut layers = self.layers_of(&node)?.into_iter();
             let Some(top) = layers.next().filter(|l| Some(l.branch) == u.upper()) else {
                 return Ok(());
@@ -391,7 +391,7 @@ impl Vfs {
         (moved, target): (InodeNo, Option<InodeNo>),
     ) -> Result<Option<Option<Stat>>> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
-        let source = self.inodes.node(moved)?;
+        let source = self.node(moved)?;
         let branch = self.inodes.branch_of(&source.key);
         if Some(branch) == u.upper() || !u.writable(branch) {
             return Ok(None);
@@ -407,16 +407,16 @@ impl Vfs {
         let target_here = match target {
             None => true,
             Some(t) => {
-                let t = self.inodes.node(t)?;
+                let t = self.node(t)?;
                 self.inodes.branch_of(&t.key) == branch && !t.has_layers()
             }
         };
         let alone = !source.has_layers()
             && flags & libc::RENAME_EXCHANGE == 0
             && target_here
-            && !self.visible_below(&self.inodes.node(parent)?, &old, branch)?
-            && !self.visible_below(&self.inodes.node(newparent)?, &new, branch)?
-            && self.free_above(&self.inodes.node(newparent)?, &new, branch)?;
+            && !self.visible_below(&self.node(parent)?, &old, branch)?
+            && !self.visible_below(&self.node(newparent)?, &new, branch)?
+            && self.free_above(&self.node(newparent)?, &new, branch)?;
         if !alone {
             return Ok(None);
         }
@@ -440,7 +440,7 @@ impl Vfs {
     /// Directory `dir`'s existing copy in `branch`, if it has one (for
     /// system calls only: its `layers_of` would take that copy for the top).
     fn copy_at(&self, dir: InodeNo, branch: BranchId) -> Result<Option<Node>> {
-        let node = self.inodes.node(dir)?;
+        let node = self.node(dir)?;
         let copy = self
             .layers_of(&node)?
             .into_iter()
@@ -470,13 +470,13 @@ impl Vfs {
                 self.writable_dir(caller, newparent)?,
             ));
         };
-        let parent_node = self.inodes.node(newparent)?;
+        let parent_node = self.node(newparent)?;
         if let Some(dir) = self.copy_at(newparent, branch)? {
             if self.free_above(&parent_node, newname, branch)? {
-                return Ok((self.inodes.node(ino)?, dir));
+                return Ok((self.node(ino)?, dir));
             }
         }
-        let name = self.inodes.node(ino)?.name();
+        let name = self.node(ino)?.name();
         let node = self.upper_node(caller, ino)?;
         if let Some((parent, name)) = name {
             let cname = sys::cstr(OsStr::from_bytes(&name))?;

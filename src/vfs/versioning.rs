@@ -196,7 +196,7 @@ impl Vfs {
     /// attributes now go with the recorded listings.
     fn dirs_verified(&self, c: &Capture, dirs: &[InodeNo]) {
         for dir in dirs {
-            if let Ok(node) = self.inodes.node(*dir) {
+            if let Ok(node) = self.node(*dir) {
                 if let Ok(st) = sys::fstat(node.fd()) {
                     c.dir_verified(dir.object(), &st);
                 }
@@ -214,7 +214,7 @@ impl Vfs {
         if self.capture().is_none() {
             return;
         }
-        match self.inodes.node(InodeNo::ROOT) {
+        match self.node(InodeNo::ROOT) {
             Ok(root) => self.dir_opened(InodeNo::ROOT, root.fd()),
             Err(e) => tracing::error!("history: the root cannot be checked: {e}"),
         }
@@ -310,7 +310,7 @@ impl Vfs {
         if self.capture.is_none() && self.union().is_none() {
             return Ok(None);
         }
-        let dir = self.inodes.node(parent)?;
+        let dir = self.node(parent)?;
         match self.lookup_in(&dir, name) {
             Ok(e) => Ok(Some(e.attr.ino)),
             Err(e) if e.errno_is(libc::ENOENT) => Ok(None),

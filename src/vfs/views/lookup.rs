@@ -163,7 +163,7 @@ impl Vfs {
     }
 
     fn lookup_deleted_dir(&self, parent: InodeNo) -> Result<Entry> {
-        let dir = self.inodes.node(parent)?;
+        let dir = self.node(parent)?;
         if !dir.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
@@ -183,7 +183,7 @@ impl Vfs {
     }
 
     pub(super) fn deleted_dir_stat(&self, dir: InodeNo, ino: InodeNo) -> Result<Stat> {
-        let live = sys::fstat(self.inodes.node(dir)?.fd())?;
+        let live = sys::fstat(self.node(dir)?.fd())?;
         let mut st = live;
         st.st_ino = ino.0;
         st.st_mode = libc::S_IFDIR | (live.st_mode & 0o555);
@@ -277,7 +277,7 @@ impl Vfs {
     /// What was deleted in the live directory `dir`: each name's last
     /// object, as it was just before its removal began.
     pub(super) fn deleted_entries(&self, dir: ObjectId) -> Result<Vec<(Vec<u8>, Seq, Node)>> {
-        let live = self.inodes.node(dir.into())?;
+        let live = self.node(dir.into())?;
         self.settle_capture();
         self.with_past(|p| {
             let Some(((_, _), (last, _))) = p.history.bounds().map_err(|e| past_err(e.into()))?

@@ -104,6 +104,16 @@ impl Notifier {
         self.send_inval(notify_code::FUSE_NOTIFY_DELETE, &notif)
     }
 
+    // chronofs patch.
+    /// Mark every directory entry the kernel has cached stale, whatever
+    /// its timeout (FUSE_NOTIFY_INC_EPOCH, protocol 7.44, Linux 6.16).
+    /// # Errors
+    /// Returns an error if the kernel rejects the notification (older
+    /// kernels: EINVAL).
+    pub fn increment_epoch(&self) -> io::Result<()> {
+        self.send(notify_code::FUSE_NOTIFY_INC_EPOCH, &Notification::new_bare())
+    }
+
     #[allow(unused)]
     fn send_inval(&self, code: notify_code, notification: &Notification<'_>) -> io::Result<()> {
         match self.send(code, notification) {

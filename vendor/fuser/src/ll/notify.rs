@@ -114,6 +114,12 @@ impl<'a> Notification<'a> {
         Ok(Self::from_struct_with_name(&r, name.as_bytes()))
     }
 
+    // chronofs patch.
+    /// A notification that is only its header (FUSE_NOTIFY_INC_EPOCH).
+    pub(crate) fn new_bare() -> Self {
+        Self::Bare(NotificationBuf::new())
+    }
+
     pub(crate) fn new_poll(kh: PollHandle) -> Self {
         let r = abi::fuse_notify_poll_wakeup_out { kh: kh.0 };
         Self::from_struct(&r)

@@ -1,0 +1,212 @@
+//! Branches inserted into and removed from a mounted union (issue 17):
+//! the set swap, and the re-derivation, at their next use, of what inodes
+//! derived from the set before. docs/ARCHITECTURE.md "Live unions".
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use super::branch_modes::{Blocking, RecordSet};
+use super::inodes::{BranchMount, Node};
+use super::union::{is_dir, BranchSet, Member, Union, UNRANKED};
+use super::{errno, InodeNo, Result, Vfs, VfsError};
+use crate::branch::BranchId;
+use crate::sys;
+
+/// A directory to insert into a mounted union.
+pub struct NewBranch {
+    /// Its root (O_PATH), opened by the caller.
+    pub root: OwnedFd,
+    /// Its persistent id (`Store::branch_ids`).
+    pub id: u32,
+    pub writable: bool,
+    /// Where it goes: 0 = top; past the bottom = the bottom.
+    pub position: u32,
+}
+
+/// What a branch insertion or removal did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetChange {
+    /// Handles into a removed branch that `--force` revoked.
+    pub revoked: usize,
+    /// The new set's generation.
+    pub generation: u32,
+}
+
+/// Told that the branch set changed: the kernel must drop every name it
+/// caches (the FUSE adapter sends FUSE_NOTIFY_INC_EPOCH).
+pub type SetChanged = Box<dyn Fn() + Send + Sync>;
+
+impl Vfs {
+    /// The inode `ino` with a descriptor of its object, its union state
+    /// re-derived first if the branch set changed since it was found.
+    pub(super) fn node(&self, ino: InodeNo) -> Result<Node> {
+        let node = self.inodes.node(ino)?;
+        if self.union.is_some() && node.generation() != self.inodes.generation() {
+            return self.refresh_for_set(node);
+        }
+        Ok(node)
+    }
+
+    /// Brings an inode found under an older branch set up to the one in
+    /// force: a non-directory of a removed branch is gone (ESTALE); a
+    /// directory's copies are found again by its name, and where its top
+    /// copy is now in another branch (one inserted above, or its own
+    /// removed) its number moves there, as at copy-up; with no copy left,
+    /// or a non-directory above it, it is gone.
+    fn refresh_for_set(&self, node: Node) -> Result<Node> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let _set = u.set_lock.read_recursive();
+        let generation = self.inodes.generation();
+        let own = self.inodes.branch_of(&node.key);
+        if node.ino == InodeNo::ROOT {
+            self.inodes
+                .set_layers(&node.inode, u.root_layers(), generation);
+            return Ok(node);
+        }
+        if !node.is_dir() {
+            if u.rank(own) == UNRANKED {
+                return Err(errno(libc::ESTALE));
+            }
+            node.stamp(generation);
+            return Ok(node);
+        }
+        let Some((parent, name)) = node.name() else {
+            if u.rank(own) == UNRANKED {
+                return Err(errno(libc::ESTALE));
+            }
+            let mut layers = self.inodes.layers(&node.inode)?;
+            self.by_rank(&mut layers);
+            self.inodes.set_layers(&node.inode, layers, generation);
+            return Ok(node);
+        };
+        let parent = self.node(parent)?;
+        let cname = sys::cstr(OsStr::from_bytes(&name))?;
+        let found = self.walk(&parent, &cname)?.ok_or(errno(libc::ESTALE))?;
+        let (branch, dir, st) = found.top;
+        if !is_dir(&st) {
+            return Err(errno(libc::ESTALE));
+        }
+        if self.inodes.key_in(branch, &st) == node.key {
+            self.inodes
+                .set_layers(&node.inode, found.lowers, generation);
+            return Ok(node);
+        }
+        let fd = sys::open_path(dir.as_fd(), &cname)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let inode = self
+            .inodes
+            .rebind_keeping(node.ino, branch, fd, &st, found.lowers)?;
+        self.attrs_changed(node.ino);
+        self.inodes.node_of(inode)
+    }
+
+    /// Inserts a branch into the mounted union, at once for every cached
+    /// lookup (the kernel is told to drop its names) and every later
+    /// operation. `record` is given the new set (id, read-write; top
+    /// first) before it takes effect.
+    pub fn add_branch(&self, new: NewBranch, record: &RecordSet<'_>) -> Result<SetChange> {
+        let u = self.union().ok_or(VfsError::NotUnion)?;
+        let change = {
+            let _all = u.set_lock.write();
+            let old = u.set();
+            let id = BranchId(new.id);
+            if old.member(id).is_some() {
+                return Err(VfsError::BranchBusy(format!(
+                    "that directory is branch {} of this union already",
+                    old.rank(id)
+                )));
+            }
+            let root = Arc::new(new.root);
+            let mut members = old.members.clone();
+            let at = (new.position as usize).min(members.len());
+            members.insert(at, Member::new(id, root.clone(), new.writable));
+            let set = BranchSet {
+                generation: old.generation.wrapping_add(1),
+                members,
+            };
+            record(&set.modes())?;
+            self.inodes.add_mount(id, BranchMount::of(root.as_fd()));
+            self.put_in_force(u, set)?
+        };
+        tracing::info!("branch inserted at position {}", new.position);
+        self.set_changed();
+        Ok(change)
+    }
+
+    /// Removes the branch at `position` from the mounted union. Refused
+    /// for the root's branch (it holds the store), and while files of the
+    /// branch are open, unless `force`, which revokes their handles (ESTALE
+    /// from then on); refused in any case for handles the daemon cannot
+    /// revoke (see `Vfs::set_branch_mode`).
+    pub fn remove_branch(
+        &self,
+        position: u32,
+        force: bool,
+        record: &RecordSet<'_>,
+    ) -> Result<SetChange> {
+        let u = self.union().ok_or(VfsError::NotUnion)?;
+        let change = {
+            let _all = u.set_lock.write();
+            let b = self.branch_at(position)?;
+            if b == u.primary() {
+                return Err(VfsError::BranchBusy(format!(
+                    "branch {position} holds the mount's root and its store: it cannot be \
+                     removed while mounted (unmount, and mount without it)"
+                )));
+            }
+            let open = self.handles_blocking(b, position, force, Blocking::Removal)?;
+            let old = u.set();
+            let mut members = old.members.clone();
+            members.retain(|m| m.id != b);
+            let set = BranchSet {
+                generation: old.generation.wrapping_add(1),
+                members,
+            };
+            record(&set.modes())?;
+            let revoked = open.len();
+            for fh in open {
+                self.close_revoked(fh);
+            }
+            SetChange {
+                revoked,
+                ..self.put_in_force(u, set)?
+            }
+        };
+        tracing::info!("branch {position} removed");
+        self.set_changed();
+        Ok(change)
+    }
+
+    /// Swaps `set` in; the caller holds the set lock exclusively.
+    fn put_in_force(&self, u: &Union, set: BranchSet) -> Result<SetChange> {
+        let generation = set.generation;
+        u.swap_set(set)?;
+        self.inodes.set_generation(generation);
+        Ok(SetChange {
+            revoked: 0,
+            generation,
+        })
+    }
+
+    /// Runs `hook` after every change of the union's branch set, outside
+    /// the set lock. Set once.
+    pub fn on_set_changed(&self, hook: SetChanged) {
+        if self.set_changed.set(hook).is_err() {
+            tracing::warn!("branch-set hook set twice; the first stays");
+        }
+    }
+
+    fn set_changed(&self) {
+        if let Some(hook) = self.set_changed.get() {
+            hook();
+        }
+    }
+
+    /// Every name the kernel may cache, as (parent, name): what must be
+    /// invalidated one by one where the kernel cannot drop them all.
+    pub fn known_names(&self) -> Vec<(InodeNo, Vec<u8>)> {
+        self.inodes.names()
+    }
+}

@@ -1,0 +1,256 @@
+//! Live unions (issue 17): branches inserted into and removed from a
+//! mounted union (`chronofs branch add|remove`), with history and without
+//! (`-o plain`). docs/ARCHITECTURE.md "Live unions".
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+fn branch(m: &Mount, args: &[&str]) -> Output {
+    let mnt = m.mnt.to_str().unwrap();
+    let mut all = vec!["branch", args[0], mnt];
+    all.extend_from_slice(&args[1..]);
+    chronofs_in(m.root(), &all)
+}
+
+fn branch_ok(m: &Mount, args: &[&str]) -> String {
+    let out = branch(m, args);
+    assert!(
+        out.status.success(),
+        "branch {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        m.log_tail()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// (path, mode) of every branch, top first, from `branch list --json`.
+fn listed(m: &Mount) -> Vec<(PathBuf, String)> {
+    let v: serde_json::Value = serde_json::from_str(&branch_ok(m, &["list", "--json"])).unwrap();
+    v["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                PathBuf::from(b["path"].as_str().unwrap()),
+                b["mode"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+fn canon(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap()
+}
+
+/// A directory beside the mount's branches, made with `files`.
+fn extra_dir(m: &Mount, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    let dir = m.root().join(name);
+    fs::create_dir(&dir).unwrap();
+    for (rel, data) in files {
+        let p = dir.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        write_file(&p, data);
+    }
+    dir
+}
+
+fn union_modes() -> [&'static str; 2] {
+    ["plain", ""]
+}
+
+#[test]
+fn a_branch_added_while_mounted_shows_at_once_and_a_removed_one_is_gone() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |b| {
+            write_file(&b[1].join("a"), b"lower\n");
+            fs::create_dir(b[1].join("d")).unwrap();
+            write_file(&b[1].join("d/x"), b"x");
+            write_file(&b[0].join("top"), b"top");
+        });
+        // What the kernel caches before the change: names, a negative
+        // entry, a directory's listing, numbers.
+        assert_eq!(read_file(&m.p("a")), b"lower\n");
+        assert!(!m.p("only-new").exists());
+        assert_eq!(names(&m.p("d")), ["x"]);
+        let (d_ino, top_ino) = (ino(&m.p("d")), ino(&m.p("top")));
+        let extra = extra_dir(
+            &m,
+            "extra",
+            &[("a", b"extra\n"), ("only-new", b"new"), ("d/y", b"y")],
+        );
+        let out = branch_ok(
+            &m,
+            &["add", extra.to_str().unwrap(), "--at", "1", "--mode", "ro"],
+        );
+        assert!(out.contains("added at position 1"), "{out}");
+        assert_eq!(
+            listed(&m),
+            [
+                (canon(&m.src), "rw".to_string()),
+                (canon(&extra), "ro".to_string()),
+                (canon(&m.lowers[0]), "ro".to_string())
+            ],
+            "mode {mode:?}"
+        );
+        assert_eq!(read_file(&m.p("a")), b"extra\n", "mode {mode:?}: shadowed");
+        assert!(m.p("only-new").exists(), "mode {mode:?}: a cached absence");
+        assert_eq!(names(&m.p("d")), ["x", "y"], "mode {mode:?}: merged");
+        assert_eq!(
+            ino(&m.p("d")),
+            d_ino,
+            "mode {mode:?}: a directory keeps its number"
+        );
+        assert_eq!(ino(&m.p("top")), top_ino);
+        // A change to a file of the new read-only branch copies it up.
+        fs::write(m.p("only-new"), b"changed").unwrap();
+        assert_eq!(read_file(&extra.join("only-new")), b"new");
+        assert_eq!(read_file(&m.src.join("only-new")), b"changed");
+
+        let out = branch_ok(&m, &["remove", extra.to_str().unwrap()]);
+        assert!(out.contains("removed"), "{out}");
+        assert_eq!(listed(&m).len(), 2);
+        assert_eq!(read_file(&m.p("a")), b"lower\n", "mode {mode:?}: uncovered");
+        assert_eq!(names(&m.p("d")), ["x"], "mode {mode:?}");
+        assert_eq!(ino(&m.p("d")), d_ino, "mode {mode:?}: after removal");
+        // What was copied up stays; the branch itself is untouched.
+        assert_eq!(read_file(&m.p("only-new")), b"changed");
+        assert_eq!(read_file(&extra.join("a")), b"extra\n");
+    }
+}
+
+fn ino(p: &Path) -> u64 {
+    fs::metadata(p).unwrap().ino()
+}
+
+#[test]
+fn a_branch_added_on_top_read_write_takes_new_files_and_survives_a_remount() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| write_file(&b[1].join("f"), b"lower"));
+        let extra = extra_dir(&m, "extra", &[]);
+        branch_ok(&m, &["add", extra.to_str().unwrap()]);
+        let now = listed(&m);
+        assert_eq!(
+            now[0],
+            (canon(&extra), "rw".to_string()),
+            "the default: top, rw"
+        );
+        write_file(&m.p("new"), b"new");
+        assert!(
+            extra.join("new").exists(),
+            "mode {mode:?}: creates go to the new top"
+        );
+        fs::write(m.p("f"), b"changed").unwrap();
+        assert_eq!(read_file(&extra.join("f")), b"changed", "copied up into it");
+        // The store's directory stays hidden with another root branch.
+        m.remount();
+        assert_eq!(listed(&m), now, "mode {mode:?}: the set outlives the mount");
+        assert_eq!(read_file(&m.p("new")), b"new");
+        assert!(
+            !names(&m.mnt).iter().any(|n| n.starts_with(".chronofs")),
+            "mode {mode:?}: {:?}",
+            names(&m.mnt)
+        );
+        m.kill9();
+        m.start();
+        assert_eq!(listed(&m), now, "mode {mode:?}: after kill -9");
+        branch_ok(&m, &["remove", "0"]);
+        assert_eq!(read_file(&m.p("f")), b"lower");
+        m.remount();
+        assert_eq!(
+            listed(&m).len(),
+            2,
+            "mode {mode:?}: the removal outlives the mount"
+        );
+    }
+}
+
+#[test]
+fn removing_a_branch_with_open_files_needs_force_and_the_roots_branch_never_goes() {
+    let m = Mount::union("passthrough=off,writeback=off", 1, |b| {
+        write_file(&b[1].join("f"), b"lower");
+        fs::create_dir(b[1].join("only-below")).unwrap();
+    });
+    let out = branch(&m, &["remove", "0"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("holds the mount's root"),
+        "{}",
+        stderr(&out)
+    );
+    let mut open = fs::File::open(m.p("f")).unwrap();
+    let cwd = fs::File::open(m.p("only-below")).unwrap();
+    let out = branch(&m, &["remove", "1"]);
+    assert!(!out.status.success(), "refused while a file is open");
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    assert_eq!(listed(&m).len(), 2);
+    let out = branch_ok(&m, &["remove", "1", "--force"]);
+    assert!(out.contains("revoked"), "{out}");
+    let mut buf = Vec::new();
+    assert_eq!(
+        open.read_to_end(&mut buf).unwrap_err().raw_os_error(),
+        Some(libc::ESTALE),
+        "a revoked descriptor"
+    );
+    assert!(!m.p("f").exists());
+    // A directory that existed only in the removed branch is gone even to
+    // a process standing in it.
+    let err = unsafe { libc::openat(cwd.as_raw_fd(), c"x".as_ptr(), libc::O_RDONLY) };
+    assert_eq!(err, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ESTALE)
+    );
+}
+
+#[test]
+fn branch_add_and_remove_refuse_bad_input_in_one_line() {
+    let m = Mount::union("", 1, |_| {});
+    let file = m.root().join("a-file");
+    write_file(&file, b"");
+    let inside = m.p("sub");
+    fs::create_dir(&inside).unwrap();
+    let inside_branch = m.lowers[0].join("nested");
+    fs::create_dir(&inside_branch).unwrap();
+    for (args, says) in [
+        (vec!["add", m.lowers[0].to_str().unwrap()], "again"),
+        (vec!["add", file.to_str().unwrap()], "not a directory"),
+        (vec!["add", "/nonexistent/dir"], "nonexistent"),
+        (
+            vec!["add", inside.to_str().unwrap()],
+            "inside the mount point",
+        ),
+        (
+            vec!["add", inside_branch.to_str().unwrap()],
+            "contains branch",
+        ),
+        (vec!["remove", "5"], "not a branch"),
+    ] {
+        let out = branch(&m, &args);
+        assert!(!out.status.success(), "{args:?}");
+        let why = stderr(&out);
+        assert!(why.contains(says), "{args:?}: {why}");
+        assert_eq!(why.trim().lines().count(), 1, "{args:?}: {why}");
+    }
+    assert_eq!(listed(&m).len(), 2, "nothing changed");
+}
