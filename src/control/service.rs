@@ -199,7 +199,12 @@ impl Service {
                 "this mount shows history to root only (-o audit)".into(),
             ));
         }
-        self.host.settle();
+        // Only history queries wait for queued versions: under a steady
+        // write load the capture is never idle, and a branch change waited
+        // for seconds (tests/union_live_stress.rs).
+        if !matches!(req, Request::Branches | Request::BranchMode { .. }) {
+            self.host.settle();
+        }
         Ok(match req {
             Request::Ingest => {
                 self.host.start_ingest().map_err(Error::Usage)?;

@@ -565,6 +565,13 @@ impl Vfs {
         if node.is_dir() {
             return self.writable_dir(caller, ino);
         }
+        // A copy below the object's own (read-only) branch would stay
+        // behind it: the next lookup finds the topmost copy, and the change
+        // is lost. Nothing writable is above it (a mode change put the
+        // upper branch below it).
+        if upper.0 > self.inodes.branch_of(&node.key).0 {
+            return Err(errno(libc::EROFS));
+        }
         let _one = u.copying_up(ino);
         // Another thread may have copied it while this one waited.
         let node = self.inodes.node(ino)?;
