@@ -182,11 +182,27 @@ impl Shared {
     fn fail(&self, what: String) {
         eprintln!("FAILURE: {what}");
         self.failures.lock().unwrap().push(what);
+        self.halt();
+    }
+    /// Stops the run; under the lock the waiters check `stop` in, so no
+    /// waiter misses it.
+    fn halt(&self) {
+        let _ops = self.ops.lock().unwrap();
         self.stop.store(true, Relaxed);
         self.progress.notify_all();
     }
     fn stopped(&self) -> bool {
         self.stop.load(Relaxed)
+    }
+    /// Waits until writers have attempted `n` operations, or the run
+    /// stops; the count then.
+    fn wait_ops(&self, n: u64) -> u64 {
+        let ops = self.ops.lock().unwrap();
+        let ops = self
+            .progress
+            .wait_while(ops, |ops| *ops < n && !self.stopped())
+            .unwrap();
+        *ops
     }
     fn did_op(&self) {
         *self.ops.lock().unwrap() += 1;
@@ -512,7 +528,11 @@ fn is_writer_name(n: &str) -> bool {
 fn reader(m: Arc<Mount>, shared: Arc<Shared>, statics: Arc<Vec<(String, Vec<u8>)>>, id: u64) {
     let mut rng = Rng::new(stress_seed(), 1000 + id);
     let mut st = ReaderStats::default();
+    let mut seen = 0;
     while !shared.stopped() {
+        // A round per writer operation at most: unpaced, two readers
+        // re-reading cached files took most of the CPU from the writers.
+        seen = shared.wait_ops(seen + 1);
         if let Err(what) = read_round(&m, &mut rng, &statics, &mut st) {
             shared.fail(format!("reader {id}: {what}"));
         }
@@ -927,8 +947,7 @@ fn stress(opts: &str) {
     let mut cst = ChangerStats::default();
     let until = Instant::now() + Duration::from_secs(secs);
     let last_modes = changer(&m_arc, &shared, until, &mut cst);
-    shared.stop.store(true, Relaxed);
-    shared.progress.notify_all();
+    shared.halt();
     let mut totals = WriterStats::default();
     for (w, h) in writers.into_iter().enumerate() {
         let (model, st) = h.join().expect("a writer panicked");
