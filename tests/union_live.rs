@@ -351,6 +351,31 @@ fn modes_flip_under_a_running_workload_and_nothing_is_lost() {
     }
 }
 
+/// A name whited out in a read-only branch above the upper one cannot be
+/// made again: the new file would go below the whiteout and stay hidden
+/// (it showed until the next lookup; after a remount it was gone).
+#[test]
+fn a_name_whited_out_above_the_upper_branch_cannot_be_made() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 2, |b| write_file(&b[2].join("x"), b"old\n"));
+        fs::remove_file(m.p("x")).unwrap();
+        branch_ok(&m, &["mode", "1", "rw"]);
+        branch_ok(&m, &["mode", "0", "ro"]);
+        let made = fs::write(m.p("x"), b"new\n");
+        assert_eq!(
+            made.unwrap_err().raw_os_error(),
+            Some(libc::EROFS),
+            "mode {mode:?}"
+        );
+        assert!(!m.lowers[0].join("x").exists(), "mode {mode:?}");
+        // Other names are made in the upper branch.
+        write_file(&m.p("y"), b"y\n");
+        m.remount();
+        assert!(!m.p("x").exists(), "mode {mode:?}");
+        assert_eq!(read_file(&m.p("y")), b"y\n", "mode {mode:?}");
+    }
+}
+
 /// A branch request is no history query: it does not wait for versions
 /// being recorded, which a steady write load never lets settle. (Found by
 /// tests/union_live_stress.rs: a flip took 12 s.) Here a close(2) of a

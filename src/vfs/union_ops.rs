@@ -62,11 +62,28 @@ impl Vfs {
             },
             // The upper branch, named: it is the mount's primary one only
             // until a mode change moves it (`branch mode`).
-            None => Target {
-                dir: self.writable_dir(caller, parent)?,
-                branch: self.union().and_then(|u| u.upper()),
-            },
+            None => {
+                self.visible_in_upper(parent, name)?;
+                Target {
+                    dir: self.writable_dir(caller, parent)?,
+                    branch: self.union().and_then(|u| u.upper()),
+                }
+            }
         })
+    }
+
+    /// EROFS unless a name made in the upper branch would show: a mode
+    /// change may leave a read-only branch above it, whose whiteout of the
+    /// name would hide the new object.
+    fn visible_in_upper(&self, parent: InodeNo, name: &CStr) -> Result<()> {
+        let Some(u) = self.union() else {
+            return Ok(());
+        };
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
+        if upper.0 > 0 && !self.free_above(&self.inodes.node(parent)?, name, upper)? {
+            return Err(errno(libc::EROFS));
+        }
+        Ok(())
     }
 
     /// The highest read-write branch already holding the directory where
