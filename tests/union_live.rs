@@ -149,6 +149,41 @@ fn the_upper_branch_follows_modes_and_with_none_writable_changes_fail_erofs() {
     }
 }
 
+/// A file whose topmost copy is in a read-only branch above the upper one
+/// cannot change or go: a copy or whiteout made below it would stay hidden
+/// behind it. (Found by tests/union_live_stress.rs: the change read back
+/// until the name was looked up again, then the old copy showed, and the
+/// next copy-up failed with EEXIST; a removed file came back.)
+#[test]
+fn a_file_above_the_upper_branch_cannot_change() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |_| {});
+        write_file(&m.p("top"), b"top\n");
+        branch_ok(&m, &["mode", "1", "rw"]);
+        branch_ok(&m, &["mode", "0", "ro"]);
+        let erofs = |r: std::io::Result<()>| r.unwrap_err().raw_os_error();
+        let append = fs::OpenOptions::new().append(true).open(m.p("top"));
+        assert_eq!(erofs(append.map(drop)), Some(libc::EROFS), "mode {mode:?}");
+        let chmod = fs::set_permissions(m.p("top"), fs::Permissions::from_mode(0o600));
+        assert_eq!(erofs(chmod), Some(libc::EROFS), "mode {mode:?}");
+        let moved = fs::rename(m.p("top"), m.p("moved"));
+        assert_eq!(erofs(moved), Some(libc::EROFS), "mode {mode:?}");
+        // Nor can it go: a whiteout below would not hide it.
+        let removed = fs::remove_file(m.p("top"));
+        assert_eq!(erofs(removed), Some(libc::EROFS), "mode {mode:?}");
+        assert!(
+            !m.lowers[0].join("top").exists(),
+            "mode {mode:?}: no copy below"
+        );
+        // New names still go to the upper branch.
+        write_file(&m.p("new"), b"new\n");
+        assert!(m.lowers[0].join("new").exists());
+        m.remount();
+        assert_eq!(read_file(&m.p("top")), b"top\n", "mode {mode:?}");
+        assert_eq!(read_file(&m.p("new")), b"new\n", "mode {mode:?}");
+    }
+}
+
 #[test]
 fn a_branch_with_files_open_for_writing_turns_read_only_only_with_force() {
     // What keeps the daemon from revoking a write handle: the kernel
@@ -314,6 +349,77 @@ fn modes_flip_under_a_running_workload_and_nothing_is_lost() {
             }
         }
     }
+}
+
+/// A name whited out in a read-only branch above the upper one cannot be
+/// made again: the new file would go below the whiteout and stay hidden
+/// (it showed until the next lookup; after a remount it was gone).
+#[test]
+fn a_name_whited_out_above_the_upper_branch_cannot_be_made() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 2, |b| write_file(&b[2].join("x"), b"old\n"));
+        fs::remove_file(m.p("x")).unwrap();
+        branch_ok(&m, &["mode", "1", "rw"]);
+        branch_ok(&m, &["mode", "0", "ro"]);
+        let made = fs::write(m.p("x"), b"new\n");
+        assert_eq!(
+            made.unwrap_err().raw_os_error(),
+            Some(libc::EROFS),
+            "mode {mode:?}"
+        );
+        assert!(!m.lowers[0].join("x").exists(), "mode {mode:?}");
+        // Other names are made in the upper branch.
+        write_file(&m.p("y"), b"y\n");
+        m.remount();
+        assert!(!m.p("x").exists(), "mode {mode:?}");
+        assert_eq!(read_file(&m.p("y")), b"y\n", "mode {mode:?}");
+    }
+}
+
+/// A branch request is no history query: it does not wait for versions
+/// being recorded, which a steady write load never lets settle. (Found by
+/// tests/union_live_stress.rs: a flip took 12 s.) Here a close(2) of a
+/// duplicate descriptor, again and again, keeps history waiting for the
+/// release that follows a close.
+#[test]
+fn branch_commands_do_not_wait_for_history_to_settle() {
+    let m = Mount::union("", 1, |_| {});
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = fs::File::create(m.p("busy")).unwrap();
+    let flusher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                drop(busy.try_clone().unwrap());
+            }
+        })
+    };
+    let mnt = m.mnt.to_str().unwrap();
+    let mut child = Command::new(bin())
+        .args(["branch", "mode", mnt, "1", "rw"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    stop.store(true, Ordering::Relaxed);
+    flusher.join().unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "branch mode under closes: {status:?} after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(modes(&m)[1].1, "rw");
 }
 
 /// A mode set while mounted is recorded before it takes effect: a remount

@@ -718,6 +718,13 @@ impl Vfs {
         if node.is_dir() {
             return self.writable_dir(caller, ino);
         }
+        // A copy below the object's own (read-only) branch would stay
+        // behind it: the next lookup finds the topmost copy, and the change
+        // is lost. Nothing writable is above it (a mode change put the
+        // upper branch below it).
+        if u.rank(upper) > u.rank(self.inodes.branch_of(&node.key)) {
+            return Err(errno(libc::EROFS));
+        }
         let _one = u.copying_up(ino);
         // Another thread may have copied it while this one waited.
         let node = self.node(ino)?;

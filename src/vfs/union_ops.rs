@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use super::inodes::{Layer, Node};
-use super::union::{is_absent, is_dir, Found};
+use super::union::{is_absent, is_dir, Found, Union};
 use super::{errno, Caller, InodeNo, Result, Stat, Vfs, VfsError};
 use crate::branch::BranchId;
 use crate::sys::{self, creds};
@@ -62,11 +62,28 @@ impl Vfs {
             },
             // The upper branch, named: it is the mount's primary one only
             // until a mode change moves it (`branch mode`).
-            None => Target {
-                dir: self.writable_dir(caller, parent)?,
-                branch: self.union().and_then(|u| u.upper()),
-            },
+            None => {
+                self.visible_in_upper(parent, name)?;
+                Target {
+                    dir: self.writable_dir(caller, parent)?,
+                    branch: self.union().and_then(|u| u.upper()),
+                }
+            }
         })
+    }
+
+    /// EROFS unless a name made in the upper branch would show: a mode
+    /// change may leave a read-only branch above it, whose whiteout of the
+    /// name would hide the new object.
+    fn visible_in_upper(&self, parent: InodeNo, name: &CStr) -> Result<()> {
+        let Some(u) = self.union() else {
+            return Ok(());
+        };
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
+        if u.rank(upper) > 0 && !self.free_above(&self.node(parent)?, name, upper)? {
+            return Err(errno(libc::EROFS));
+        }
+        Ok(())
     }
 
     /// The highest read-write branch already holding the directory where
@@ -286,6 +303,16 @@ pub(super) struct MakeAt<'a> {
     pub name: &'a CStr,
 }
 
+/// The upper branch, where a whiteout hiding a copy in `branch` goes;
+/// EROFS when there is none, or it is below `branch` (a mode change put it
+/// there): a whiteout hides only what is below it.
+fn hidable(u: &Union, branch: BranchId) -> Result<BranchId> {
+    match u.upper() {
+        Some(upper) if u.rank(upper) <= u.rank(branch) => Ok(upper),
+        _ => Err(errno(libc::EROFS)),
+    }
+}
+
 /// One copy of a name being removed: the directory copy holding it, and
 /// what it is there.
 struct Holder {
@@ -340,7 +367,7 @@ impl Vfs {
         flags: i32,
     ) -> Result<()> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
-        let upper = u.upper().ok_or(errno(libc::EROFS))?;
+        let upper = hidable(u, found.top.0)?;
         let dir = self.writable_dir(caller, parent)?;
         let below = self.visible_below(&dir, cname, upper)?;
         // Found in the upper branch: the lookup has just stated that copy
@@ -394,6 +421,9 @@ impl Vfs {
         let rmdir = flags & libc::AT_REMOVEDIR != 0;
         let holders = self.holders(dir, cname, found)?;
         let visible = holders.first().ok_or(errno(libc::ENOENT))?;
+        if !u.writable(visible.dir.branch) {
+            hidable(u, visible.dir.branch)?;
+        }
         self.inodes
             .pin_if_known(&self.inodes.key_in(visible.dir.branch, &visible.st))?;
         let mut removable = Vec::with_capacity(holders.len());
