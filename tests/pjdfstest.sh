@@ -487,12 +487,14 @@ for mode in "${MODES[@]}"; do
         fi
     fi
     # Branches changed while mounted: a fresh read-write branch inserted on
-    # top (changes land there, over SRC), the bottom one removed.
+    # top, the bottom one removed, then a snapshot (that branch frozen, a
+    # fresh one on top, where changes land).
     if [ "$mode" = union-added ]; then
         mkdir -p "$src.top"
         chmod 755 "$src.top"
         if ! "$CHRONOFS_BIN" branch add "$mnt" "$src.top" >/dev/null ||
-            ! "$CHRONOFS_BIN" branch remove "$mnt" 4 >/dev/null; then
+            ! "$CHRONOFS_BIN" branch remove "$mnt" 4 >/dev/null ||
+            ! "$CHRONOFS_BIN" snapshot "$mnt" >/dev/null; then
             say "pjdfstest $mode: branch add/remove failed"
         fi
     fi

@@ -254,3 +254,98 @@ fn branch_add_and_remove_refuse_bad_input_in_one_line() {
     }
     assert_eq!(listed(&m).len(), 2, "nothing changed");
 }
+
+/// Every path under `root` with its kind and content, sorted: what the
+/// union shows.
+fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let meta = fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                out.push((rel + "/", Vec::new()));
+                walk(root, &p, out);
+            } else {
+                out.push((rel, fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn a_snapshot_freezes_the_upper_branch_and_changes_go_to_a_fresh_one_on_top() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| {
+            write_file(&b[0].join("top"), b"top");
+            fs::create_dir(b[1].join("d")).unwrap();
+            write_file(&b[1].join("d/low"), b"low");
+        });
+        write_file(&m.p("made"), b"made before");
+        let before = tree(&m.mnt);
+        let out = branch_snapshot(&m, &["--name", "s1"]);
+        assert!(out.contains("snapshot s1"), "{out}");
+        assert_eq!(tree(&m.mnt), before, "mode {mode:?}: the view is unchanged");
+        let now = listed(&m);
+        assert_eq!(now.len(), 3);
+        assert_eq!(now[0].1, "rw", "a fresh branch on top");
+        assert_eq!(now[1], (canon(&m.src), "ro".to_string()), "frozen");
+        // Changes land in the fresh branch; the frozen one keeps the past.
+        fs::write(m.p("made"), b"changed").unwrap();
+        fs::remove_file(m.p("top")).unwrap();
+        write_file(&m.p("d/new"), b"new");
+        assert_eq!(read_file(&m.src.join("made")), b"made before");
+        assert!(m.src.join("top").exists());
+        assert!(now[0].0.join("d/new").exists());
+        let after = tree(&m.mnt);
+        // Names are unique; the default counts.
+        let dup = chronofs_in(
+            m.root(),
+            &["snapshot", m.mnt.to_str().unwrap(), "--name", "s1"],
+        );
+        assert!(!dup.status.success());
+        assert!(stderr(&dup).contains("exists already"), "{}", stderr(&dup));
+        assert!(branch_snapshot(&m, &[]).contains("snapshot-2"));
+        assert_eq!(tree(&m.mnt), after);
+        m.remount();
+        assert_eq!(listed(&m).len(), 4, "mode {mode:?}: resumed at mount");
+        assert_eq!(tree(&m.mnt), after, "mode {mode:?}: after a remount");
+    }
+}
+
+fn branch_snapshot(m: &Mount, args: &[&str]) -> String {
+    let mut all = vec!["snapshot", m.mnt.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = chronofs_in(m.root(), &all);
+    assert!(
+        out.status.success(),
+        "snapshot {args:?}: {}\n{}",
+        stderr(&out),
+        m.log_tail()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_snapshot_waits_for_writers_of_the_upper_branch_unless_forced() {
+    let m = Mount::union("passthrough=off,writeback=off", 1, |_| {});
+    let mut open = fs::File::create(m.p("busy")).unwrap();
+    std::io::Write::write_all(&mut open, b"first").unwrap();
+    let out = chronofs_in(m.root(), &["snapshot", m.mnt.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    assert_eq!(listed(&m).len(), 2, "nothing changed");
+    branch_snapshot(&m, &["--force"]);
+    assert_eq!(
+        std::io::Write::write_all(&mut open, b"late")
+            .and_then(|_| open.sync_all())
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ESTALE)
+    );
+    assert_eq!(read_file(&m.p("busy")), b"first");
+}

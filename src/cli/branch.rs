@@ -21,7 +21,7 @@ fn daemon_target(mnt: &Path) -> Result<h::Target> {
 
 fn show(b: &BranchRow) -> String {
     format!(
-        "{:>3}  {}  id {:<3} {}{}",
+        "{:>3}  {}  id {:<3} {}{}{}",
         b.position,
         b.mode,
         b.id,
@@ -30,7 +30,10 @@ fn show(b: &BranchRow) -> String {
             "  (upper: copy-ups go here)"
         } else {
             ""
-        }
+        },
+        b.snapshot
+            .as_deref()
+            .map_or_else(String::new, |n| format!("  (snapshot {n})"))
     )
 }
 
@@ -74,6 +77,24 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
         &reply,
         json,
         &format!("{} added at position {at}", dir.display()),
+    );
+    Ok(())
+}
+
+/// Freezes the union's upper branch under a name, a fresh one on top.
+pub fn snapshot(mnt: &Path, name: Option<&str>, force: bool, json: bool) -> Result<()> {
+    let reply = daemon_target(mnt)?.client().snapshot(name, force)?;
+    if json {
+        h::print_json(&reply);
+        return Ok(());
+    }
+    print_set(
+        &reply.set,
+        false,
+        &format!(
+            "snapshot {}: the upper branch is frozen; changes now go to {}",
+            reply.name, reply.fresh
+        ),
     );
     Ok(())
 }

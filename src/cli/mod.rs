@@ -269,6 +269,21 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Freeze a mounted union's upper branch (read-only from now on, named)
+    /// and put a fresh read-write branch on top, in one change (root only).
+    Snapshot {
+        /// The union's mount point.
+        mnt: PathBuf,
+        /// The frozen branch's name (default: snapshot-N); the fresh branch
+        /// is made as STORE/branches/over-NAME.
+        #[arg(long)]
+        name: Option<String>,
+        /// Revoke write handles into the branch being frozen.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// A mounted union's branches: list, add, remove, or change one's mode while mounted.
     Branch {
         #[command(subcommand)]
@@ -401,6 +416,7 @@ const VERBS: &[&str] = &[
     "policy",
     "audit",
     "branch",
+    "snapshot",
     "help",
     "--help",
     "-h",
@@ -730,6 +746,12 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             }
         },
         Command::Audit { path, common } => maintain::audit(&tgt(&path, &common)?, common.json),
+        Command::Snapshot {
+            mnt,
+            name,
+            force,
+            json,
+        } => branch::snapshot(&mnt, name.as_deref(), force, json),
         Command::Branch { verb } => match verb {
             BranchVerb::List { mnt, json } => branch::list(&mnt, json),
             BranchVerb::Mode {

@@ -713,15 +713,22 @@ struct Recording {
 }
 
 /// What the control service asks of a running mount: its vfs, and a
-/// union's branch paths (by persistent id).
-struct MountHost(
-    std::sync::Weak<Vfs>,
-    parking_lot::Mutex<std::collections::HashMap<u32, PathBuf>>,
-    Arc<crate::fuse::RequestCounts>,
-    crate::fuse::TransportState,
-    /// A union's record of its modes, and the command line's.
-    Option<(crate::store::BranchSetLog, Vec<(u32, bool)>)>,
-);
+/// union's branch paths and record.
+struct MountHost {
+    vfs: std::sync::Weak<Vfs>,
+    /// A union's branch paths, by persistent id.
+    paths: parking_lot::Mutex<std::collections::HashMap<u32, PathBuf>>,
+    counts: Arc<crate::fuse::RequestCounts>,
+    transport: crate::fuse::TransportState,
+    /// A union's record of its branches, and the command line's.
+    record: Option<(crate::store::BranchSetLog, Vec<(u32, bool)>)>,
+    /// Where `snapshot` makes fresh branches (the store's `branches/`).
+    fresh_dir: PathBuf,
+    /// Snapshot names, by the frozen branch's id.
+    snapshots: parking_lot::Mutex<std::collections::HashMap<u32, String>>,
+    /// Held by each branch change: one at a time.
+    changes: parking_lot::Mutex<()>,
+}
 
 impl MountHost {
     fn branch_row(&self, b: &crate::vfs::BranchInfo) -> control::proto::BranchRow {
@@ -729,12 +736,13 @@ impl MountHost {
             position: b.position,
             id: b.id,
             path: self
-                .1
+                .paths
                 .lock()
                 .get(&b.id)
                 .map_or_else(String::new, |p| p.display().to_string()),
             mode: if b.writable { "rw" } else { "ro" }.to_string(),
             upper: b.upper,
+            snapshot: self.snapshots.lock().get(&b.id).cloned(),
         }
     }
 
@@ -743,7 +751,7 @@ impl MountHost {
     fn recorder(
         &self,
     ) -> impl Fn(&[(u32, bool)]) -> std::result::Result<(), crate::store::StoreError> + '_ {
-        move |live: &[(u32, bool)]| match &self.4 {
+        move |live: &[(u32, bool)]| match &self.record {
             Some((log, mounted)) => log.record(&crate::store::BranchSet {
                 mounted: mounted.clone(),
                 live: live.to_vec(),
@@ -779,7 +787,7 @@ impl MountHost {
         let wanted = wanted
             .canonicalize()
             .unwrap_or_else(|_| wanted.to_path_buf());
-        let paths = self.1.lock();
+        let paths = self.paths.lock();
         list.iter()
             .find(|b| {
                 paths
@@ -801,36 +809,36 @@ fn shutting_down() -> control::service::Error {
 
 impl crate::history::past::LiveIds for MountHost {
     fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
-        self.0.upgrade().and_then(|v| v.object_of(st))
+        self.vfs.upgrade().and_then(|v| v.object_of(st))
     }
 }
 
 impl control::service::Host for MountHost {
     fn audit(&self) -> bool {
-        self.0.upgrade().is_some_and(|v| v.config().views.audit)
+        self.vfs.upgrade().is_some_and(|v| v.config().views.audit)
     }
 
     fn settle(&self) {
-        if let Some(v) = self.0.upgrade() {
+        if let Some(v) = self.vfs.upgrade() {
             v.settle_capture();
         }
     }
 
     fn history_rewritten(&self, objs: &[crate::history::ObjectId]) {
-        if let Some(v) = self.0.upgrade() {
+        if let Some(v) = self.vfs.upgrade() {
             v.forget_known(objs);
         }
     }
 
     fn start_ingest(&self) -> std::result::Result<(), String> {
-        match self.0.upgrade() {
+        match self.vfs.upgrade() {
             Some(v) => v.start_ingest(),
             None => Err("the mount is shutting down".into()),
         }
     }
 
     fn request_counts(&self) -> Option<Vec<control::proto::RequestCount>> {
-        let served = self.2.served().into_iter();
+        let served = self.counts.served().into_iter();
         Some(
             served
                 .map(|(kind, count)| control::proto::RequestCount {
@@ -842,14 +850,14 @@ impl control::service::Host for MountHost {
     }
 
     fn transport(&self) -> Option<String> {
-        Some(crate::fuse::transport_name(self.3.get()).to_string())
+        Some(crate::fuse::transport_name(self.transport.get()).to_string())
     }
 
     fn union_status(&self) -> Option<control::proto::UnionStatus> {
-        let vfs = self.0.upgrade()?;
+        let vfs = self.vfs.upgrade()?;
         let (opts, usage) = vfs.union_usage()?;
         let ids = vfs.branches().ok()?;
-        let paths = self.1.lock();
+        let paths = self.paths.lock();
         let branches = usage
             .into_iter()
             .zip(ids)
@@ -872,7 +880,7 @@ impl control::service::Host for MountHost {
     }
 
     fn branches(&self) -> control::service::Result<Vec<control::proto::BranchRow>> {
-        let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let list = vfs.branches()?;
         Ok(list.into_iter().map(|b| self.branch_row(&b)).collect())
     }
@@ -883,7 +891,8 @@ impl control::service::Host for MountHost {
         writable: bool,
         force: bool,
     ) -> control::service::Result<control::proto::BranchModeReply> {
-        let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let _one = self.changes.lock();
         let position = self.branch_position(&vfs, branch)?;
         let t0 = std::time::Instant::now();
         let change = vfs.set_branch_mode(position, writable, force, &self.recorder())?;
@@ -907,7 +916,8 @@ impl control::service::Host for MountHost {
         writable: bool,
     ) -> control::service::Result<control::proto::BranchSetReply> {
         use control::service::Error;
-        let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let _one = self.changes.lock();
         let path = PathBuf::from(path);
         if !path.is_absolute() {
             return Err(Error::Usage(format!(
@@ -925,7 +935,7 @@ impl control::service::Host for MountHost {
             dev: st.st_dev,
             ino: st.st_ino,
         };
-        let id = match &self.4 {
+        let id = match &self.record {
             Some((log, _)) => log
                 .branch_ids(&[new_root])
                 .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?
@@ -941,8 +951,115 @@ impl control::service::Host for MountHost {
             position: position.unwrap_or(0),
         };
         let change = vfs.add_branch(new, &self.recorder())?;
-        self.1.lock().insert(id, path);
+        self.paths.lock().insert(id, path);
         self.set_reply(&vfs, change, t0)
+    }
+
+    fn snapshot(
+        &self,
+        name: Option<&str>,
+        force: bool,
+    ) -> control::service::Result<control::proto::SnapshotReply> {
+        use control::service::Error;
+        let store_err = |e: crate::store::StoreError| match e {
+            crate::store::StoreError::Exists(why) => Error::Usage(why),
+            e => Error::Io(std::io::Error::other(e.to_string())),
+        };
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let _one = self.changes.lock();
+        let Some((log, mounted)) = &self.record else {
+            return Err(Error::Usage("this mount records no branch set".into()));
+        };
+        let t0 = std::time::Instant::now();
+        let frozen = vfs
+            .branches()?
+            .into_iter()
+            .find(|b| b.upper)
+            .ok_or_else(|| Error::Busy("no branch is read-write: nothing to freeze".into()))?;
+        let taken: Vec<String> = log
+            .snapshots()
+            .map_err(store_err)?
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        let name = match name {
+            Some(n) if taken.iter().any(|t| t == n) => {
+                return Err(Error::Usage(format!(
+                    "a snapshot named {n:?} exists already"
+                )))
+            }
+            Some(n) => snapshot_name(n)?.to_string(),
+            None => (taken.len() + 1..)
+                .map(|i| format!("snapshot-{i}"))
+                .find(|n| !taken.contains(n))
+                .unwrap_or_default(),
+        };
+        // The fresh branch holds what changes after the snapshot: "over" it.
+        let dir = self.fresh_dir.join(format!("over-{name}"));
+        std::fs::create_dir_all(&self.fresh_dir).map_err(Error::Io)?;
+        std::fs::create_dir(&dir).map_err(|e| {
+            Error::Usage(format!(
+                "cannot make the fresh branch {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let made = || -> control::service::Result<crate::vfs::SetChange> {
+            let cdir = sys::cstr(dir.as_os_str()).map_err(Error::Io)?;
+            let root = sys::openat(sys::CWD, &cdir, libc::O_PATH | libc::O_DIRECTORY, 0)
+                .map_err(Error::Io)?;
+            let st = sys::fstat(std::os::fd::AsFd::as_fd(&root)).map_err(Error::Io)?;
+            let fresh_root = crate::store::BranchRoot {
+                path: dir.clone(),
+                dev: st.st_dev,
+                ino: st.st_ino,
+            };
+            let id = log
+                .branch_ids(&[fresh_root])
+                .map_err(store_err)?
+                .first()
+                .copied()
+                .ok_or_else(|| Error::Usage("no id for the fresh branch".into()))?;
+            let snapshot = crate::store::Snapshot {
+                name: name.clone(),
+                branch: frozen.id,
+                time_ns: crate::history::now_ns(),
+            };
+            let record = |live: &[(u32, bool)]| {
+                let set = crate::store::BranchSet {
+                    mounted: mounted.clone(),
+                    live: live.to_vec(),
+                };
+                log.record_snapshot(&set, &snapshot)
+            };
+            let fresh = crate::vfs::NewBranch {
+                root,
+                id,
+                writable: true,
+                position: 0,
+            };
+            let (_, change) = vfs.snapshot(fresh, force, &record).map_err(|e| match e {
+                crate::vfs::VfsError::Store(crate::store::StoreError::Exists(why)) => {
+                    Error::Usage(why)
+                }
+                e => e.into(),
+            })?;
+            self.paths.lock().insert(id, dir.clone());
+            Ok(change)
+        };
+        let change = match made() {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing refers to the empty directory yet.
+                let _ = std::fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        self.snapshots.lock().insert(frozen.id, name.clone());
+        Ok(control::proto::SnapshotReply {
+            name,
+            fresh: dir.display().to_string(),
+            set: self.set_reply(&vfs, change, t0)?,
+        })
     }
 
     fn remove_branch(
@@ -950,7 +1067,8 @@ impl control::service::Host for MountHost {
         branch: &str,
         force: bool,
     ) -> control::service::Result<control::proto::BranchSetReply> {
-        let vfs = self.0.upgrade().ok_or_else(shutting_down)?;
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let _one = self.changes.lock();
         let position = self.branch_position(&vfs, branch)?;
         let t0 = std::time::Instant::now();
         let change = vfs.remove_branch(position, force, &self.recorder())?;
@@ -959,7 +1077,7 @@ impl control::service::Host for MountHost {
 
     fn ingest_status(&self) -> Option<control::proto::IngestStatus> {
         use std::sync::atomic::Ordering::Relaxed;
-        let v = self.0.upgrade()?;
+        let v = self.vfs.upgrade()?;
         let p = v.ingest_progress();
         let running = p.running.load(Relaxed);
         let done = p.done.load(Relaxed);
@@ -973,6 +1091,24 @@ impl control::service::Host for MountHost {
             bytes: p.bytes.load(Relaxed),
             errors: p.errors.load(Relaxed),
         })
+    }
+}
+
+/// A snapshot's name as given: a plain file name, since it names the
+/// fresh branch's directory too.
+fn snapshot_name(name: &str) -> control::service::Result<&str> {
+    let plain = !name.is_empty()
+        && name.len() <= 200
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\0');
+    if plain {
+        Ok(name)
+    } else {
+        Err(control::service::Error::Usage(format!(
+            "snapshot name {name:?}: give a plain name (no '/', at most 200 bytes)"
+        )))
     }
 }
 
@@ -1062,13 +1198,24 @@ fn mount_host(
         .into_iter()
         .map(|r| (r.id, r.root.path))
         .collect();
-    Ok(Box::new(MountHost(
-        Arc::downgrade(vfs),
-        parking_lot::Mutex::new(paths),
+    let snapshots = match &modes {
+        Some((log, _)) => log
+            .snapshots()?
+            .into_iter()
+            .map(|s| (s.branch, s.name))
+            .collect(),
+        None => Default::default(),
+    };
+    Ok(Box::new(MountHost {
+        vfs: Arc::downgrade(vfs),
+        paths: parking_lot::Mutex::new(paths),
         counts,
         transport,
-        modes,
-    )))
+        record: modes,
+        fresh_dir: plan.store.join("branches"),
+        snapshots: parking_lot::Mutex::new(snapshots),
+        changes: parking_lot::Mutex::new(()),
+    }))
 }
 
 /// The mount's control socket, answered by `answerer`.

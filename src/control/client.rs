@@ -251,6 +251,13 @@ impl Client<'_> {
         })
     }
 
+    pub fn snapshot(&self, name: Option<&str>, force: bool) -> Result<super::proto::SnapshotReply> {
+        self.ask(Request::Snapshot {
+            name: name.map(str::to_string),
+            force,
+        })
+    }
+
     pub fn branch_remove(&self, branch: &str, force: bool) -> Result<super::proto::BranchSetReply> {
         self.ask(Request::BranchRemove {
             branch: branch.into(),

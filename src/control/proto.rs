@@ -139,6 +139,12 @@ pub enum Request {
         branch: String,
         force: bool,
     },
+    /// Freeze the union's upper branch and put a fresh read-write one on
+    /// top (root only); `name` names the frozen branch.
+    Snapshot {
+        name: Option<String>,
+        force: bool,
+    },
 }
 
 impl Request {
@@ -150,6 +156,7 @@ impl Request {
                 | Request::BranchMode { .. }
                 | Request::BranchAdd { .. }
                 | Request::BranchRemove { .. }
+                | Request::Snapshot { .. }
         )
     }
 }
@@ -503,6 +510,9 @@ pub struct BranchRow {
     pub mode: String,
     /// Copy-ups (and `create=top`'s creates) go here.
     pub upper: bool,
+    /// The name `chronofs snapshot` gave it when it froze it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// `BranchMode`'s reply.
@@ -515,6 +525,16 @@ pub struct BranchModeReply {
     pub revoked: usize,
     /// How long the change took inside the daemon, in microseconds.
     pub elapsed_us: u64,
+}
+
+/// `Snapshot`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SnapshotReply {
+    /// The frozen branch's name.
+    pub name: String,
+    /// Where what is written from now on goes.
+    pub fresh: String,
+    pub set: BranchSetReply,
 }
 
 /// `BranchAdd`'s and `BranchRemove`'s reply.
@@ -700,6 +720,7 @@ pub enum Answer {
     Branches(BranchList),
     BranchMode(BranchModeReply),
     BranchSet(BranchSetReply),
+    Snapshot(SnapshotReply),
 }
 
 #[cfg(test)]

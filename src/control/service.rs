@@ -84,6 +84,10 @@ pub trait Host: LiveIds {
     ) -> Result<super::proto::BranchSetReply> {
         Err(Error::Usage("nothing is mounted".into()))
     }
+    /// Freezes a union's upper branch (the caller checked the privilege).
+    fn snapshot(&self, _name: Option<&str>, _force: bool) -> Result<super::proto::SnapshotReply> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
     /// Removes a union's branch (the caller checked the privilege).
     fn remove_branch(&self, _branch: &str, _force: bool) -> Result<super::proto::BranchSetReply> {
         Err(Error::Usage("nothing is mounted".into()))
@@ -140,6 +144,9 @@ fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer>
         )),
         Request::BranchRemove { branch, force } => {
             Ok(Answer::BranchSet(host.remove_branch(branch, *force)?))
+        }
+        Request::Snapshot { name, force } => {
+            Ok(Answer::Snapshot(host.snapshot(name.as_deref(), *force)?))
         }
         _ => Ok(Answer::Branches(proto::BranchList {
             branches: host.branches()?,
@@ -301,7 +308,8 @@ impl Service {
             Request::Branches
             | Request::BranchMode { .. }
             | Request::BranchAdd { .. }
-            | Request::BranchRemove { .. } => branch_request(&*self.host, req, peer)?,
+            | Request::BranchRemove { .. }
+            | Request::Snapshot { .. } => branch_request(&*self.host, req, peer)?,
         })
     }
 

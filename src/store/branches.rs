@@ -217,6 +217,40 @@ fn assign_ids(db: &super::Index, wanted: &[BranchRoot]) -> Result<Vec<u32>, Stor
     Ok(ids)
 }
 
+/// The `snapshots` table: a snapshot's name → the branch it froze.
+const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
+/// First byte of a `snapshots` value.
+const SNAPSHOT_FORMAT: u8 = 1;
+
+/// A branch frozen by `chronofs snapshot`, by its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub name: String,
+    /// The frozen branch's persistent id.
+    pub branch: u32,
+    pub time_ns: i64,
+}
+
+impl Snapshot {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![SNAPSHOT_FORMAT];
+        v.extend_from_slice(&self.branch.to_be_bytes());
+        v.extend_from_slice(&self.time_ns.to_be_bytes());
+        v
+    }
+
+    fn decode(name: String, v: &[u8]) -> Option<Snapshot> {
+        if v.len() != 13 || v[0] != SNAPSHOT_FORMAT {
+            return None;
+        }
+        Some(Snapshot {
+            name,
+            branch: u32::from_be_bytes(v[1..5].try_into().ok()?),
+            time_ns: i64::from_be_bytes(v[5..13].try_into().ok()?),
+        })
+    }
+}
+
 /// The `branch_set` table: one row, `SET_KEY`, holding the branch modes
 /// a union was mounted with (its command line) and the ones in force now
 /// (`chronofs branch mode` changes them while mounted).
@@ -300,6 +334,53 @@ impl BranchSetLog {
     /// Records `set`, durably, before the caller puts it in force.
     pub fn record(&self, set: &BranchSet) -> Result<(), StoreError> {
         write_set(&self.db, set)
+    }
+
+    /// Records `set` as [`BranchSetLog::record`] does, and in the same
+    /// commit names the branch `snapshot` froze.
+    pub fn record_snapshot(&self, set: &BranchSet, snapshot: &Snapshot) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(index_error)?;
+        {
+            let mut names = txn.open_table(SNAPSHOTS).map_err(index_error)?;
+            if names
+                .get(snapshot.name.as_str())
+                .map_err(index_error)?
+                .is_some()
+            {
+                return Err(StoreError::Exists(format!(
+                    "a snapshot named {:?} exists already",
+                    snapshot.name
+                )));
+            }
+            names
+                .insert(snapshot.name.as_str(), snapshot.encode().as_slice())
+                .map_err(index_error)?;
+            let mut table = txn.open_table(BRANCH_SET).map_err(index_error)?;
+            table
+                .insert(SET_KEY, set.encode().as_slice())
+                .map_err(index_error)?;
+        }
+        txn.commit().map_err(index_error)
+    }
+
+    /// Every snapshot named so far, oldest first.
+    pub fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
+        let txn = self.db.begin_read().map_err(index_error)?;
+        let table = match txn.open_table(SNAPSHOTS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(index_error(e)),
+        };
+        let mut out = Vec::new();
+        for row in table.iter().map_err(index_error)? {
+            let (k, v) = row.map_err(index_error)?;
+            let name = k.value().to_string();
+            out.push(Snapshot::decode(name.clone(), v.value()).ok_or_else(|| {
+                StoreError::IndexCorrupt(format!("snapshots table: {name:?} is not a snapshot"))
+            })?);
+        }
+        out.sort_by_key(|s| s.time_ns);
+        Ok(out)
     }
 
     /// See [`Store::branches`].

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
-pub use branches::{BranchRecord, BranchRoot, BranchSet, BranchSetLog, BranchState};
+pub use branches::{BranchRecord, BranchRoot, BranchSet, BranchSetLog, BranchState, Snapshot};
 pub use chunks::{ChunkStore, Hash, Unsynced};
 pub use inomap::{BackingKey, InodeMap};
 pub use io::{Guarded, StoreIo};
@@ -126,6 +126,9 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A name the store keeps unique is taken (a snapshot's).
+    #[error("{0}")]
+    Exists(String),
     #[error("chunk {0} is referenced but missing from the store")]
     MissingChunk(Hash),
     #[error("chunk {hash} is damaged: {detail}")]
@@ -153,6 +156,7 @@ impl StoreError {
             // A bug has no errno of its own; the caller sees a failed I/O.
             StoreError::IndexMisuse(_) => libc::EIO,
             StoreError::TooLarge { .. } => libc::EFBIG,
+            StoreError::Exists(_) => libc::EEXIST,
             StoreError::Poisoned(_) => libc::EIO,
             StoreError::Spawn { source, .. } => io_errno(source),
             // Damaged data reads as a failed read, as a bad disk block does.

@@ -179,6 +179,59 @@ impl Vfs {
         Ok(change)
     }
 
+    /// Freezes the upper branch (read-only from now on) and puts `fresh`
+    /// on top of the union, read-write, in one change: from then on every
+    /// change lands in `fresh`, and the frozen branch keeps the union as it
+    /// was. Writers into the frozen branch block it as `branch mode ro`
+    /// does (`force` revokes them). `record` is given the new set before it
+    /// takes effect. Returns the frozen branch's id.
+    pub fn snapshot(
+        &self,
+        fresh: NewBranch,
+        force: bool,
+        record: &RecordSet<'_>,
+    ) -> Result<(BranchId, SetChange)> {
+        let u = self.union().ok_or(VfsError::NotUnion)?;
+        let (frozen, change) = {
+            let _all = u.set_lock.write();
+            let old = u.set();
+            let frozen = u.upper().ok_or_else(|| {
+                VfsError::BranchBusy("no branch is read-write: nothing to freeze".into())
+            })?;
+            let writers =
+                self.handles_blocking(frozen, old.rank(frozen), force, Blocking::ReadOnly)?;
+            let id = BranchId(fresh.id);
+            if old.member(id).is_some() {
+                return Err(VfsError::BranchBusy(
+                    "the new branch is in the union already".into(),
+                ));
+            }
+            let root = Arc::new(fresh.root);
+            let mut members = old.members.clone();
+            members.insert(0, Member::new(id, root.clone(), true));
+            let set = BranchSet {
+                generation: old.generation.wrapping_add(1),
+                members,
+            };
+            let mut modes = set.modes();
+            for m in modes.iter_mut().filter(|(b, _)| *b == frozen.0) {
+                m.1 = false;
+            }
+            record(&modes)?;
+            let revoked = writers.len();
+            for fh in writers {
+                self.close_revoked(fh);
+            }
+            self.inodes.add_mount(id, BranchMount::of(root.as_fd()));
+            u.freeze(frozen);
+            let change = self.put_in_force(u, set)?;
+            (frozen, SetChange { revoked, ..change })
+        };
+        tracing::info!("snapshot: branch {} frozen", frozen.0);
+        self.set_changed();
+        Ok((frozen, change))
+    }
+
     /// Swaps `set` in; the caller holds the set lock exclusively.
     fn put_in_force(&self, u: &Union, set: BranchSet) -> Result<SetChange> {
         let generation = set.generation;

@@ -293,6 +293,15 @@ impl Union {
         self.follow_upper()
     }
 
+    /// Makes branch `b` read-only without choosing a new upper branch (a
+    /// set swap that follows does); the caller holds `set_lock`
+    /// exclusively.
+    pub(super) fn freeze(&self, b: BranchId) {
+        if let Some(m) = self.set().member(b) {
+            m.writable.store(false, Ordering::Release);
+        }
+    }
+
     /// Makes the upper branch the set's topmost read-write one, and the
     /// hard-link index that branch's.
     fn follow_upper(&self) -> Result<()> {
