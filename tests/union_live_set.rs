@@ -349,3 +349,48 @@ fn a_snapshot_waits_for_writers_of_the_upper_branch_unless_forced() {
     );
     assert_eq!(read_file(&m.p("busy")), b"first");
 }
+
+/// History records what the user sees: names a branch brings show in
+/// history from the change on, names that go with a removed branch are
+/// gone from it, and the past before the change stays as it was.
+#[test]
+fn history_follows_what_a_branch_change_shows_and_the_past_stays() {
+    let m = Mount::union("", 1, |b| {
+        fs::create_dir(b[1].join("d")).unwrap();
+        write_file(&b[1].join("d/old"), b"old");
+    });
+    m.wait_history_ready();
+    assert_eq!(names(&m.p("d")), ["old"]);
+    chronofs_ok(&m, &["tag", "before"]);
+    let extra = extra_dir(&m, "extra", &[("d/brought", b"brought"), ("top", b"t")]);
+    branch_ok(
+        &m,
+        &["add", extra.to_str().unwrap(), "--at", "1", "--mode", "ro"],
+    );
+    assert_eq!(names(&m.p("d")), ["brought", "old"]);
+    assert!(m.p("top").exists());
+    // The baseline walk the change started records what the branch
+    // brought; `ingest` waits for it.
+    chronofs_ok(&m, &["ingest"]);
+    chronofs_ok(&m, &["tag", "added"]);
+    branch_ok(&m, &["remove", extra.to_str().unwrap()]);
+    assert_eq!(names(&m.p("d")), ["old"]);
+    assert!(!m.p("top").exists());
+    chronofs_ok(&m, &["ingest"]);
+    chronofs_ok(&m, &["tag", "removed"]);
+    let at = |tag: &str| m.p(&format!(".history/@{tag}"));
+    assert_eq!(names(&at("before").join("d")), ["old"], "the past stays");
+    assert!(!at("before").join("top").exists());
+    assert_eq!(
+        names(&at("added").join("d")),
+        ["brought", "old"],
+        "history follows"
+    );
+    assert_eq!(read_file(&at("added").join("top")), b"t");
+    assert_eq!(
+        names(&at("removed").join("d")),
+        ["old"],
+        "and follows removals"
+    );
+    assert!(!at("removed").join("top").exists());
+}

@@ -467,13 +467,32 @@ impl Capture {
         st: &Stat,
         first_sight: bool,
     ) -> Result<()> {
+        self.compare_dir(tree, dir, st, first_sight, false)
+    }
+
+    /// [`Capture::dir_seen`] whatever the directory's attributes say: its
+    /// entries changed with no change to them (a union directory whose
+    /// branch set changed: names of an inserted branch show, a removed
+    /// one's go).
+    pub fn dir_recheck(&self, tree: &dyn Tree, dir: ObjectId, st: &Stat) -> Result<()> {
+        self.compare_dir(tree, dir, st, true, true)
+    }
+
+    fn compare_dir(
+        &self,
+        tree: &dyn Tree,
+        dir: ObjectId,
+        st: &Stat,
+        first_sight: bool,
+        whatever_attrs: bool,
+    ) -> Result<()> {
         // A collection must not remove a chunk this build reuses.
         let _building = self.history.building();
         let Some(k) = self.known_at_lookup(dir, first_sight)? else {
             return Ok(());
         };
         let attrs = attrs_of(st);
-        if k.verified.same_state(&attrs) || k.attrs.same_state(&attrs) {
+        if !whatever_attrs && (k.verified.same_state(&attrs) || k.attrs.same_state(&attrs)) {
             return Ok(());
         }
         let _one = self.baseline_lock.lock();

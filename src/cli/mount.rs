@@ -952,6 +952,7 @@ impl control::service::Host for MountHost {
         };
         let change = vfs.add_branch(new, &self.recorder())?;
         self.paths.lock().insert(id, path);
+        record_new_view(&vfs);
         self.set_reply(&vfs, change, t0)
     }
 
@@ -1072,6 +1073,7 @@ impl control::service::Host for MountHost {
         let position = self.branch_position(&vfs, branch)?;
         let t0 = std::time::Instant::now();
         let change = vfs.remove_branch(position, force, &self.recorder())?;
+        record_new_view(&vfs);
         self.set_reply(&vfs, change, t0)
     }
 
@@ -1091,6 +1093,18 @@ impl control::service::Host for MountHost {
             bytes: p.bytes.load(Relaxed),
             errors: p.errors.load(Relaxed),
         })
+    }
+}
+
+/// After a branch set change the union shows objects history has no
+/// version of (an inserted branch's) and lacks some it recorded: the
+/// baseline walk records them in the background (with history only).
+/// Directories used meanwhile are compared at once (`Vfs::node`).
+fn record_new_view(vfs: &Arc<Vfs>) {
+    if vfs.keeps_history() {
+        if let Err(e) = vfs.start_ingest() {
+            tracing::warn!("history: cannot start recording the new branch set's view: {e}");
+        }
     }
 }
 

@@ -63,6 +63,7 @@ impl Vfs {
         if node.ino == InodeNo::ROOT {
             self.inodes
                 .set_layers(&node.inode, u.root_layers(), generation);
+            node.mark_recheck();
             return Ok(node);
         }
         if !node.is_dir() {
@@ -79,6 +80,7 @@ impl Vfs {
             let mut layers = self.inodes.layers(&node.inode)?;
             self.by_rank(&mut layers);
             self.inodes.set_layers(&node.inode, layers, generation);
+            node.mark_recheck();
             return Ok(node);
         };
         let parent = self.node(parent)?;
@@ -91,6 +93,7 @@ impl Vfs {
         if self.inodes.key_in(branch, &st) == node.key {
             self.inodes
                 .set_layers(&node.inode, found.lowers, generation);
+            node.mark_recheck();
             return Ok(node);
         }
         let fd = sys::open_path(dir.as_fd(), &cname)?;
@@ -99,6 +102,7 @@ impl Vfs {
             .inodes
             .rebind_keeping(node.ino, branch, fd, &st, found.lowers)?;
         self.attrs_changed(node.ino);
+        inode.mark_recheck();
         self.inodes.node_of(inode)
     }
 

@@ -143,6 +143,11 @@ impl Tree for Walk<'_> {
 }
 
 impl Vfs {
+    /// Whether the mount records history (not `-o plain`).
+    pub fn keeps_history(&self) -> bool {
+        self.capture.is_some()
+    }
+
     /// Starts the eager baseline on its own thread unless one runs.
     pub fn start_ingest(self: &Arc<Self>) -> Result<(), String> {
         if self.capture.is_none() {

@@ -70,6 +70,10 @@ pub struct Inode {
 
 /// `Inode::nlink_seen`'s flag bit (a link count never reaches it).
 const SEEN: u32 = 1 << 31;
+/// `Inode::nlink_seen`'s bit for a directory whose entries history must
+/// compare in full at its next use: the union's branch set changed.
+const RECHECK: u32 = 1 << 30;
+const FLAGS: u32 = SEEN | RECHECK;
 
 /// One branch's copy of a union directory.
 #[derive(Clone)]
@@ -157,7 +161,7 @@ impl Inode {
 
     /// The link count to show instead of the backing one, if any.
     pub fn union_nlink(&self) -> Option<u32> {
-        match self.nlink_seen.load(Ordering::Acquire) & !SEEN {
+        match self.nlink_seen.load(Ordering::Acquire) & !FLAGS {
             0 => None,
             n => Some(n),
         }
@@ -167,7 +171,7 @@ impl Inode {
         let _ = self
             .nlink_seen
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                Some((w & SEEN) | (n & !SEEN))
+                Some((w & FLAGS) | (n & !FLAGS))
             });
     }
 
@@ -185,6 +189,18 @@ impl Inode {
     /// set `generation`.
     pub fn stamp(&self, generation: u32) {
         self.generation.store(generation, Ordering::Release);
+    }
+
+    /// Its entries may have changed without any change through the mount
+    /// (the union's branch set changed): history compares them at its next
+    /// use.
+    pub fn mark_recheck(&self) {
+        self.nlink_seen.fetch_or(RECHECK, Ordering::AcqRel);
+    }
+
+    /// Whether history must compare its entries now (once per mark).
+    pub fn take_recheck(&self) -> bool {
+        self.nlink_seen.fetch_and(!RECHECK, Ordering::AcqRel) & RECHECK != 0
     }
 
     /// True the first time it is asked for this inode.
@@ -890,6 +906,11 @@ impl InodeTable {
         layers: Vec<Layer>,
     ) -> Result<Arc<Inode>> {
         self.rebind_as(ino, (branch, fd, st), layers, false)
+    }
+
+    /// `key` is numbered `ino` from now on.
+    pub fn bind_key(&self, key: BackingKey, ino: InodeNo) {
+        self.map.bind(key, ino.0);
     }
 
     /// The number the inode map holds for `key`, if any.

@@ -32,6 +32,7 @@ impl Vfs {
             return Err(errno(libc::ENOENT));
         }
         let dir = self.node(parent)?;
+        self.recheck_if_marked(&dir);
         let entry = match self.lookup_in(&dir, name) {
             Err(e) if e.errno_is(libc::ENOENT) => {
                 let virtual_entry = if parent == InodeNo::ROOT {

@@ -570,6 +570,9 @@ impl Vfs {
                 if inode.generation() != generation {
                     self.inodes
                         .set_layers(&inode, found.lowers.clone(), generation);
+                    if inode.is_dir() {
+                        inode.mark_recheck();
+                    }
                 }
                 if via_index {
                     let node = self.inodes.node_of(inode.clone())?;
@@ -595,7 +598,15 @@ impl Vfs {
             None => {
                 let fd = sys::open_path(parent.as_fd(), &cname)?;
                 let st = sys::fstat(fd.as_fd())?;
-                self.inodes.acquire_in(branch, fd, &st, found.lowers)?
+                let inode = self.inodes.acquire_in(branch, fd, &st, found.lowers)?;
+                // Made after a branch set change, a directory's first use
+                // compares its entries with history whatever its
+                // attributes: the kernel may have forgotten it meanwhile,
+                // and with it the mark `Vfs::node` would have set.
+                if inode.is_dir() && self.inodes.generation() != 0 {
+                    inode.mark_recheck();
+                }
+                inode
             }
         };
         inode.set_name(dir.ino, name.as_encoded_bytes());
@@ -641,6 +652,7 @@ impl Vfs {
             let inode = self
                 .inodes
                 .rebind_keeping(known.ino, branch, fd, &st, lowers.to_vec())?;
+            inode.mark_recheck();
             return Ok(Some(inode));
         }
         Ok(None)
@@ -971,7 +983,7 @@ impl Vfs {
         let mut merged = merge::merge(&listings);
         // A copy-up interrupted by a crash may leave its temporary behind.
         merged.retain(|m| !copyup::is_copyup_temp(&m.name));
-        let keys = merged
+        let keys: Vec<crate::store::BackingKey> = merged
             .iter()
             .filter_map(|m| {
                 let i = m.layer?;
@@ -982,7 +994,47 @@ impl Vfs {
                 })
             })
             .collect();
+        if self.inodes.generation() != 0 {
+            self.keep_moved_dir_numbers(&merged, &keys, (layers, &listings, &devs))?;
+        }
         Ok((merged, keys))
+    }
+
+    /// After a branch set change, a directory whose top copy is now in
+    /// another branch keeps its number in listings too (as `dir_moved_up`
+    /// keeps it at lookup): a new top copy with no number of its own gets
+    /// the number of the lower copy that had one.
+    fn keep_moved_dir_numbers(
+        &self,
+        merged: &[merge::MergedEntry],
+        keys: &[crate::store::BackingKey],
+        (layers, listings, devs): (&[Layer], &[merge::LayerListing], &[u64]),
+    ) -> Result<()> {
+        let named = merged.iter().filter(|m| m.layer.is_some());
+        for (m, key) in named.zip(keys) {
+            let Some(top) = m.layer else { continue };
+            if m.dtype != libc::DT_DIR || self.inodes.mapped(key)?.is_some() {
+                continue;
+            }
+            for (i, listing) in listings.iter().enumerate().skip(top + 1) {
+                let Some(e) = listing.entries.iter().find(|e| e.name == m.name) else {
+                    continue;
+                };
+                if e.whiteout || e.dtype != libc::DT_DIR {
+                    break;
+                }
+                let lower = crate::store::BackingKey {
+                    branch: layers[i].branch.0,
+                    dev: devs[i],
+                    ino: e.ino,
+                };
+                if let Some(ino) = self.inodes.mapped(&lower)? {
+                    self.inodes.bind_key(*key, ino);
+                    break;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// What history records as a union directory's entries: the merged

@@ -220,13 +220,38 @@ impl Vfs {
         }
     }
 
+    /// A directory used as a lookup's parent whose entries may have changed
+    /// with the union's branch set: history compares them first.
+    pub(super) fn recheck_if_marked(&self, dir: &super::inodes::Node) {
+        if self.capture().is_some() && dir.take_recheck() {
+            let Some(c) = self.capture() else {
+                return;
+            };
+            match sys::fstat(dir.fd()) {
+                Ok(st) => logged(
+                    "a directory's entries",
+                    c.dir_recheck(&Live(self), dir.ino.object(), &st),
+                ),
+                Err(e) => tracing::error!(
+                    "history: directory {} cannot be checked: {e}",
+                    dir.ino.object()
+                ),
+            }
+        }
+    }
+
     /// A live directory is about to be read: record entries that changed
     /// behind the mount's back.
     pub(super) fn dir_opened(&self, dir: InodeNo, fd: std::os::fd::BorrowedFd<'_>) {
         let Some(c) = self.capture() else {
             return;
         };
+        let recheck = self.inodes.get(dir).is_ok_and(|i| i.take_recheck());
         match sys::fstat(fd) {
+            Ok(st) if recheck => logged(
+                "a directory's entries",
+                c.dir_recheck(&Live(self), dir.object(), &st),
+            ),
             Ok(st) => logged(
                 "a directory's entries",
                 c.dir_seen(&Live(self), dir.object(), &st, true),
