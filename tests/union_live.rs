@@ -10,31 +10,9 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-fn branch(m: &Mount, args: &[&str]) -> Output {
-    let mnt = m.mnt.to_str().unwrap();
-    let mut all = vec!["branch", args[0], mnt];
-    all.extend_from_slice(&args[1..]);
-    chronofs_in(m.root(), &all)
-}
-
-fn branch_ok(m: &Mount, args: &[&str]) -> String {
-    let out = branch(m, args);
-    assert!(
-        out.status.success(),
-        "branch {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        m.log_tail()
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// (position, mode, upper) of every branch, from `branch list --json`.
 fn modes(m: &Mount) -> Vec<(u64, String, bool)> {

@@ -10,29 +10,6 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Output;
-
-fn branch(m: &Mount, args: &[&str]) -> Output {
-    let mnt = m.mnt.to_str().unwrap();
-    let mut all = vec!["branch", args[0], mnt];
-    all.extend_from_slice(&args[1..]);
-    chronofs_in(m.root(), &all)
-}
-
-fn branch_ok(m: &Mount, args: &[&str]) -> String {
-    let out = branch(m, args);
-    assert!(
-        out.status.success(),
-        "branch {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        m.log_tail()
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// (path, mode) of every branch, top first, from `branch list --json`.
 fn listed(m: &Mount) -> Vec<(PathBuf, String)> {

@@ -1245,3 +1245,28 @@ pub fn assert_succeeded(m: &Mount, args: &[&str], out: &std::process::Output) {
         m.log_tail()
     );
 }
+
+/// `chronofs branch VERB MNT ARGS...` for a union mount (`args[0]` is the
+/// verb).
+pub fn branch(m: &Mount, args: &[&str]) -> std::process::Output {
+    let mnt = m.mnt.to_str().unwrap();
+    let mut all = vec!["branch", args[0], mnt];
+    all.extend_from_slice(&args[1..]);
+    chronofs_in(m.root(), &all)
+}
+
+/// [`branch`], which must succeed; its stdout.
+pub fn branch_ok(m: &Mount, args: &[&str]) -> String {
+    let out = branch(m, args);
+    assert!(
+        out.status.success(),
+        "branch {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        m.log_tail()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
