@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -253,4 +253,59 @@ fn branch_add_and_remove_refuse_bad_input_in_one_line() {
         assert_eq!(why.trim().lines().count(), 1, "{args:?}: {why}");
     }
     assert_eq!(listed(&m).len(), 2, "nothing changed");
+}
+
+/// (size, st_nlink, st_ino) of each path.
+fn shape(m: &Mount, names: &[&str]) -> Vec<(u64, u64, u64)> {
+    names
+        .iter()
+        .map(|n| {
+            let md = fs::metadata(m.p(n)).unwrap();
+            (md.len(), md.nlink(), md.ino())
+        })
+        .collect()
+}
+
+#[test]
+fn hard_links_copied_up_before_a_new_top_branch_keep_one_identity() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| {
+            write_file(&b[1].join("a"), b"data\n");
+            fs::hard_link(b[1].join("a"), b[1].join("b")).unwrap();
+            fs::hard_link(b[1].join("a"), b[1].join("c")).unwrap();
+        });
+        // The copy of `a` goes to the hard-link index of the upper branch
+        // then: the mount's own.
+        fs::OpenOptions::new()
+            .append(true)
+            .open(m.p("a"))
+            .unwrap()
+            .write_all(b"more\n")
+            .unwrap();
+        let before = shape(&m, &["a", "b", "c"]);
+        assert_eq!(before[0], (10, 3, before[0].2), "mode {mode:?}");
+        assert!(before.iter().all(|s| *s == before[0]), "{before:?}");
+        let extra = extra_dir(&m, "extra", &[]);
+        branch_ok(&m, &["add", extra.to_str().unwrap()]);
+        assert_eq!(
+            shape(&m, &["a", "b", "c"]),
+            before,
+            "mode {mode:?}: the index below the new upper branch still counts"
+        );
+        assert_eq!(read_file(&m.p("c")), b"data\nmore\n");
+        // A change through another name reaches the one copy.
+        fs::OpenOptions::new()
+            .append(true)
+            .open(m.p("b"))
+            .unwrap()
+            .write_all(b"b\n")
+            .unwrap();
+        assert_eq!(read_file(&m.p("a")), b"data\nmore\nb\n", "mode {mode:?}");
+        assert_eq!(read_file(&m.p("c")), b"data\nmore\nb\n", "mode {mode:?}");
+        fs::remove_file(m.p("c")).unwrap();
+        let now = shape(&m, &["a", "b"]);
+        assert_eq!(now[0], (13, 2, before[0].2), "mode {mode:?}");
+        m.remount();
+        assert_eq!(shape(&m, &["a", "b"]), now, "mode {mode:?}: remounted");
+    }
 }
