@@ -309,3 +309,41 @@ fn hard_links_copied_up_before_a_new_top_branch_keep_one_identity() {
         assert_eq!(shape(&m, &["a", "b"]), now, "mode {mode:?}: remounted");
     }
 }
+
+#[test]
+#[ignore = "not fixed: a rename of a linked file whose index entry is below the upper branch (ARCHITECTURE, hard links)"]
+fn renaming_a_hard_link_copied_up_before_a_new_top_branch_keeps_one_copy() {
+    let m = Mount::union("", 1, |b| {
+        write_file(&b[1].join("a"), b"data\n");
+        fs::hard_link(b[1].join("a"), b[1].join("b")).unwrap();
+        fs::hard_link(b[1].join("a"), b[1].join("c")).unwrap();
+    });
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("a"))
+        .unwrap()
+        .write_all(b"more\n")
+        .unwrap();
+    let extra = extra_dir(&m, "extra", &[]);
+    branch_ok(&m, &["add", extra.to_str().unwrap()]);
+    // A name reached through the index (ENOENT today) and the copied-up
+    // name itself (a second copy in the new upper's index today).
+    fs::rename(m.p("b"), m.p("b2")).unwrap();
+    fs::rename(m.p("a"), m.p("a2")).unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(m.p("a2"))
+        .unwrap()
+        .write_all(b"a2\n")
+        .unwrap();
+    for n in ["a2", "b2", "c"] {
+        assert_eq!(read_file(&m.p(n)), b"data\nmore\na2\n", "{n}");
+    }
+    let mut m = m;
+    m.remount();
+    // Read `c` first: its number must not pick the stale copy.
+    for n in ["c", "a2", "b2"] {
+        assert_eq!(read_file(&m.p(n)), b"data\nmore\na2\n", "{n} remounted");
+        assert_eq!(fs::metadata(m.p(n)).unwrap().len(), 13, "{n}");
+    }
+}
