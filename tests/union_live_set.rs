@@ -383,3 +383,39 @@ fn history_now_drops_what_a_removed_branch_showed() {
     write_file(&m.p("x"), b"x");
     assert_eq!(names_now(&m), ["a", "x"], "g and nd are gone");
 }
+
+#[test]
+fn files_copied_up_into_a_removed_branch_show_their_lower_copy_again() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |b| {
+            write_file(&b[1].join("f"), b"f\n");
+            write_file(&b[1].join("h"), b"h\n");
+            write_file(&b[1].join("a"), b"a\n");
+            fs::hard_link(b[1].join("a"), b[1].join("b")).unwrap();
+        });
+        let extra = extra_dir(&m, "extra", &[]);
+        branch_ok(&m, &["add", extra.to_str().unwrap()]);
+        for n in ["f", "h", "a"] {
+            fs::OpenOptions::new()
+                .append(true)
+                .open(m.p(n))
+                .unwrap()
+                .write_all(b"more\n")
+                .unwrap();
+        }
+        assert_eq!(read_file(&m.p("b")), b"a\nmore\n", "mode {mode:?}");
+        branch_ok(&m, &["remove", "0"]);
+        // The kernel still holds the copies' inodes; their names now
+        // resolve to the lower files, which must open.
+        for (n, data) in [("h", b"h\n"), ("f", b"f\n"), ("a", b"a\n"), ("b", b"a\n")] {
+            assert_eq!(
+                fs::read(m.p(n)).map_err(|e| e.raw_os_error()),
+                Ok(data.to_vec()),
+                "mode {mode:?}: {n}\n{}",
+                m.log_tail()
+            );
+        }
+        let (a, b) = (ino(&m.p("a")), ino(&m.p("b")));
+        assert_eq!(a, b, "mode {mode:?}: still one object");
+    }
+}
