@@ -419,3 +419,27 @@ fn files_copied_up_into_a_removed_branch_show_their_lower_copy_again() {
         assert_eq!(a, b, "mode {mode:?}: still one object");
     }
 }
+
+#[test]
+fn a_directory_copied_up_into_a_removed_branch_keeps_its_number_across_a_remount() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| {
+            fs::create_dir(b[0].join("d")).unwrap();
+            fs::create_dir(b[1].join("e")).unwrap();
+        });
+        let (d, e) = (ino(&m.p("d")), ino(&m.p("e")));
+        let extra = extra_dir(&m, "extra", &[]);
+        branch_ok(&m, &["add", extra.to_str().unwrap()]);
+        // Both get a copy in the new upper branch.
+        write_file(&m.p("d/x"), b"x");
+        write_file(&m.p("e/x"), b"x");
+        branch_ok(&m, &["remove", "0"]);
+        assert_eq!((ino(&m.p("d")), ino(&m.p("e"))), (d, e), "mode {mode:?}");
+        m.remount();
+        assert_eq!(
+            (ino(&m.p("d")), ino(&m.p("e"))),
+            (d, e),
+            "mode {mode:?}: remounted"
+        );
+    }
+}
