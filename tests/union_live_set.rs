@@ -443,3 +443,17 @@ fn a_directory_copied_up_into_a_removed_branch_keeps_its_number_across_a_remount
         );
     }
 }
+
+#[test]
+fn a_branch_is_named_by_a_path_relative_to_the_callers_directory() {
+    let m = Mount::union("plain", 1, |_| {});
+    extra_dir(&m, "extra", &[]);
+    // `branch` runs in the directory holding the branches.
+    branch_ok(&m, &["add", "extra", "--at", "1", "--mode", "ro"]);
+    assert_eq!(listed(&m)[1].1, "ro");
+    let out = branch_ok(&m, &["mode", "extra", "rw"]);
+    assert!(out.contains("rw"), "{out}");
+    assert_eq!(listed(&m)[1].1, "rw");
+    branch_ok(&m, &["remove", "./extra"]);
+    assert_eq!(listed(&m).len(), 2);
+}
