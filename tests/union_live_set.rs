@@ -457,3 +457,16 @@ fn a_branch_is_named_by_a_path_relative_to_the_callers_directory() {
     branch_ok(&m, &["remove", "./extra"]);
     assert_eq!(listed(&m).len(), 2);
 }
+
+#[test]
+fn a_branch_holding_anything_under_the_index_name_still_mounts_and_adds() {
+    let m = Mount::union("plain", 1, |b| {
+        write_file(&b[1].join(".chronofs-index"), b"not an index");
+        write_file(&b[1].join("a"), b"a");
+    });
+    assert_eq!(read_file(&m.p("a")), b"a");
+    let extra = extra_dir(&m, "extra", &[(".chronofs-index", b"nor this")]);
+    branch_ok(&m, &["add", extra.to_str().unwrap(), "--at", "1"]);
+    write_file(&m.p("b"), b"b");
+    assert_eq!(read_file(&m.p("b")), b"b");
+}

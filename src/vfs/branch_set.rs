@@ -151,7 +151,7 @@ impl Vfs {
             let root = Arc::new(new.root);
             let mut members = old.members.clone();
             let at = (new.position as usize).min(members.len());
-            members.insert(at, Member::new(id, root.clone(), new.writable)?);
+            members.insert(at, Member::new(id, root.clone(), new.writable));
             let set = BranchSet {
                 generation: old.generation.wrapping_add(1),
                 members,

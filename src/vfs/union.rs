@@ -46,14 +46,23 @@ pub(super) struct Member {
 }
 
 impl Member {
-    pub(super) fn new(id: BranchId, root: Arc<OwnedFd>, writable: bool) -> Result<Arc<Member>> {
-        let index = crate::union::index::open_existing(root.as_fd())?.map(Arc::new);
-        Ok(Arc::new(Member {
+    pub(super) fn new(id: BranchId, root: Arc<OwnedFd>, writable: bool) -> Arc<Member> {
+        // Any branch may be read: one that is not a union's upper branch
+        // may hold anything under that name (a copy-up into it would fail
+        // and say so).
+        let index = match crate::union::index::open_existing(root.as_fd()) {
+            Ok(index) => index.map(Arc::new),
+            Err(e) => {
+                tracing::warn!("union: branch {}: hard-link index unreadable: {e}", id.0);
+                None
+            }
+        };
+        Arc::new(Member {
             id,
             root,
             writable: AtomicBool::new(writable),
             index: RwLock::new(index),
-        }))
+        })
     }
 
     pub(super) fn writable(&self) -> bool {
@@ -149,7 +158,7 @@ impl Union {
         let mut members = Vec::with_capacity(branches.len());
         for b in branches {
             let fd = sys::reopen(b.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
-            members.push(Member::new(BranchId(b.id), Arc::new(fd), b.writable)?);
+            members.push(Member::new(BranchId(b.id), Arc::new(fd), b.writable));
         }
         let set = BranchSet {
             generation: 0,
