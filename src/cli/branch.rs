@@ -99,9 +99,24 @@ pub fn snapshot(mnt: &Path, name: Option<&str>, force: bool, json: bool) -> Resu
     Ok(())
 }
 
+/// A branch as the user named it, for the daemon: a position as given, a
+/// path made absolute here (the daemon's directory is not the caller's).
+fn named(branch: &str) -> String {
+    if branch.parse::<u32>().is_ok() {
+        return branch.to_string();
+    }
+    Path::new(branch)
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.to_str().map(str::to_string))
+        .unwrap_or_else(|| branch.to_string())
+}
+
 /// Takes a branch out of the union.
 pub fn remove(mnt: &Path, branch: &str, force: bool, json: bool) -> Result<()> {
-    let reply = daemon_target(mnt)?.client().branch_remove(branch, force)?;
+    let reply = daemon_target(mnt)?
+        .client()
+        .branch_remove(&named(branch), force)?;
     print_set(&reply, json, &format!("branch {branch} removed"));
     Ok(())
 }
@@ -132,7 +147,7 @@ pub fn mode(mnt: &Path, branch: &str, mode: &str, force: bool, json: bool) -> Re
     let writable = parse_mode(mode)?;
     let reply = daemon_target(mnt)?
         .client()
-        .branch_mode(branch, writable, force)?;
+        .branch_mode(&named(branch), writable, force)?;
     if json {
         h::print_json(&reply);
         return Ok(());

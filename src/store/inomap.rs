@@ -259,6 +259,9 @@ impl InodeMap {
     /// branch keeps its number (and with it its history).
     pub fn bind(&self, key: BackingKey, ino: u64) {
         let mut state = self.shared.state.lock();
+        // Bound again before its retirement was written (a copy gone with
+        // its branch, the object below it shown again): the binding wins.
+        state.retired.retain(|r| *r != (key, ino));
         state.recent.remove(&key);
         state.pending.insert(key, ino);
     }

@@ -68,7 +68,7 @@ impl Vfs {
         }
         if !node.is_dir() {
             if u.rank(own) == UNRANKED {
-                return Err(errno(libc::ESTALE));
+                return self.copy_gone(u, node);
             }
             node.stamp(generation);
             return Ok(node);
@@ -104,6 +104,36 @@ impl Vfs {
         self.attrs_changed(node.ino);
         inode.mark_recheck();
         self.inodes.node_of(inode)
+    }
+
+    /// A non-directory whose object was in a removed branch: where its name
+    /// now resolves to an object that keeps its number (the lower file it
+    /// was copied up from, or another copy of a hard-linked one: their keys
+    /// keep the number), the inode is that object now, as after a copy-up;
+    /// else it is gone (ESTALE).
+    fn copy_gone(&self, u: &Union, node: Node) -> Result<Node> {
+        let stale = || errno(libc::ESTALE);
+        let (parent, name) = node.name().ok_or_else(stale)?;
+        let parent = self.node(parent)?;
+        let mut cname = sys::cstr(OsStr::from_bytes(&name))?;
+        let found = self.walk(&parent, &cname)?.ok_or_else(stale)?;
+        let (mut branch, mut dir, mut st) = found.top;
+        if let Some((b, index, entry, entry_st)) = self.indexed_instead(u, branch, &st)? {
+            (branch, dir, st, cname) = (b, index, entry_st, entry);
+        }
+        if is_dir(&st) || self.inodes.mapped(&self.inodes.key_in(branch, &st))? != Some(node.ino) {
+            return Err(stale());
+        }
+        let fd = sys::open_path(dir.as_fd(), &cname)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let inode = self
+            .inodes
+            .rebind_keeping(node.ino, branch, fd, &st, Vec::new())?;
+        inode.set_union_nlink(0);
+        let node = self.inodes.node_of(inode.clone())?;
+        self.note_if_indexed(u, &inode, (node.fd(), &st), true);
+        self.attrs_changed(node.ino);
+        Ok(node)
     }
 
     /// Inserts a branch into the mounted union, at once for every cached

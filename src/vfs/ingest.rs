@@ -261,7 +261,7 @@ impl Vfs {
         };
         let found = self.walk_layers(copies, name).map_err(to_io)?;
         let (branch, parent, st) = found.as_ref().ok_or_else(not_found)?.top.clone();
-        if let Some((index, entry, _)) = self.indexed_instead(u, branch, &st).map_err(to_io)? {
+        if let Some((_, index, entry, _)) = self.indexed_instead(u, branch, &st).map_err(to_io)? {
             return Ok((sys::open_path(index.as_fd(), &entry)?, Vec::new()));
         }
         let child = sys::open_path(parent.as_fd(), name)?;

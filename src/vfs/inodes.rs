@@ -976,7 +976,10 @@ impl InodeTable {
         // branch; reached by one of them it must not claim this number,
         // whose data is now the copy's (it gets a number of its own: a
         // hard link is broken by copy-up, as on overlayfs without index).
-        if old.key != key && retire_old {
+        // A directory has no other names: its copy below stays the same
+        // directory, and shows again under this number when the copy above
+        // goes (a branch removed, a mount without it).
+        if old.key != key && retire_old && old.kind != libc::S_IFDIR {
             self.map.retire(old.key, ino.0);
             // Its other names' d_ino in listings the kernel keeps is now
             // wrong, and which directories hold them is unknown.
@@ -984,7 +987,7 @@ impl InodeTable {
                 .fd(&old)
                 .and_then(|fd| Ok(sys::fstat(fd.as_fd())?))
                 .is_ok_and(|st| st.st_nlink <= 1);
-            if old.kind != libc::S_IFDIR && !single {
+            if !single {
                 self.numbering.fetch_add(1, Ordering::AcqRel);
             }
         }

@@ -38,19 +38,39 @@ pub(super) struct Member {
     pub(super) root: Arc<OwnedFd>,
     /// Read-write now; changes in place (`Vfs::set_branch_mode`).
     writable: AtomicBool,
+    /// The branch's hard-link index, once it exists. Every read-write
+    /// branch's counts, not only the upper one's: the copies it holds stay
+    /// where they are when the upper branch moves (a branch added above, a
+    /// mode change), and their lower names must still find them.
+    index: RwLock<Option<Arc<OwnedFd>>>,
 }
 
 impl Member {
     pub(super) fn new(id: BranchId, root: Arc<OwnedFd>, writable: bool) -> Arc<Member> {
+        // Any branch may be read: one that is not a union's upper branch
+        // may hold anything under that name (a copy-up into it would fail
+        // and say so).
+        let index = match crate::union::index::open_existing(root.as_fd()) {
+            Ok(index) => index.map(Arc::new),
+            Err(e) => {
+                tracing::warn!("union: branch {}: hard-link index unreadable: {e}", id.0);
+                None
+            }
+        };
         Arc::new(Member {
             id,
             root,
             writable: AtomicBool::new(writable),
+            index: RwLock::new(index),
         })
     }
 
     pub(super) fn writable(&self) -> bool {
         self.writable.load(Ordering::Acquire)
+    }
+
+    pub(super) fn index(&self) -> Option<Arc<OwnedFd>> {
+        self.index.read().clone()
     }
 }
 
@@ -106,9 +126,6 @@ pub struct Union {
     primary: BranchId,
     pub(super) ns: format::XattrNs,
     pub(super) opts: super::union_ops::UnionOptions,
-    /// The upper branch's hard-link index, once it exists (`None` until
-    /// then; replaced when the upper branch changes).
-    index: RwLock<Option<Arc<OwnedFd>>>,
     /// Held shared by every operation that may change the tree or derive
     /// state from the set, for its whole length, and exclusively by a
     /// branch change: nothing decided under the old set lands after the
@@ -148,10 +165,6 @@ impl Union {
             members,
         };
         let upper = set.topmost_writable();
-        let index = match upper.and_then(|b| set.member(b)) {
-            Some(m) => crate::union::index::open_existing(m.root.as_fd())?.map(Arc::new),
-            None => None,
-        };
         // The branch holding the store, which cannot be removed; else the
         // upper one, else the top.
         let store = branches
@@ -167,7 +180,6 @@ impl Union {
             primary,
             ns: format::XattrNs::for_daemon(),
             opts,
-            index: RwLock::new(index),
             set_lock: RwLock::new(()),
             copying: Mutex::new(HashSet::new()),
             copied: Condvar::new(),
@@ -182,7 +194,8 @@ impl Union {
     /// Puts `set` in force; the caller holds `set_lock` exclusively.
     pub(super) fn swap_set(&self, set: BranchSet) -> Result<()> {
         *self.set.write() = Arc::new(set);
-        self.follow_upper()
+        self.follow_upper();
+        Ok(())
     }
 
     /// The branch the root inode belongs to.
@@ -266,31 +279,45 @@ impl Union {
             .collect()
     }
 
-    /// The upper branch's hard-link index, if it has one.
-    pub(super) fn index(&self) -> Option<Arc<OwnedFd>> {
-        self.index.read().clone()
+    /// Branch `b`'s hard-link index, if it has one.
+    pub(super) fn index_of(&self, b: BranchId) -> Option<Arc<OwnedFd>> {
+        self.set().member(b)?.index()
+    }
+
+    /// The read-write branches above branch `b` that have an index, top
+    /// first: where a copy of one of its linked files may be.
+    pub(super) fn indexes_above(&self, b: BranchId) -> Vec<(BranchId, Arc<OwnedFd>)> {
+        let set = self.set();
+        set.members
+            .iter()
+            .take_while(|m| m.id != b)
+            .filter(|m| m.writable())
+            .filter_map(|m| Some((m.id, m.index()?)))
+            .collect()
     }
 
     /// The index, made in the upper branch if it has none yet.
     pub(super) fn index_or_make(&self) -> Result<Arc<OwnedFd>> {
-        let mut index = self.index.write();
+        let upper = self.upper().ok_or(errno(libc::EROFS))?;
+        let set = self.set();
+        let m = set.member(upper).ok_or(errno(libc::EROFS))?;
+        let mut index = m.index.write();
         if let Some(fd) = &*index {
             return Ok(fd.clone());
         }
-        let upper = self.upper().ok_or(errno(libc::EROFS))?;
-        let root = self.root_of(upper).ok_or(errno(libc::EROFS))?;
-        let fd = Arc::new(crate::union::index::open_or_make(root.as_fd())?);
+        let fd = Arc::new(crate::union::index::open_or_make(m.root.as_fd())?);
         *index = Some(fd.clone());
         Ok(fd)
     }
 
     /// Sets branch `b`'s mode; the caller holds `set_lock` exclusively.
-    /// The upper branch follows, and with it the hard-link index.
+    /// The upper branch follows.
     pub(super) fn set_mode(&self, b: BranchId, writable: bool) -> Result<()> {
         let set = self.set();
         let m = set.member(b).ok_or(errno(libc::ENOENT))?;
         m.writable.store(writable, Ordering::Release);
-        self.follow_upper()
+        self.follow_upper();
+        Ok(())
     }
 
     /// Makes branch `b` read-only without choosing a new upper branch (a
@@ -302,21 +329,11 @@ impl Union {
         }
     }
 
-    /// Makes the upper branch the set's topmost read-write one, and the
-    /// hard-link index that branch's.
-    fn follow_upper(&self) -> Result<()> {
-        let set = self.set();
-        let upper = set.topmost_writable();
-        if upper != self.upper() {
-            let index = match upper.and_then(|u| set.member(u)) {
-                Some(m) => crate::union::index::open_existing(m.root.as_fd())?.map(Arc::new),
-                None => None,
-            };
-            *self.index.write() = index;
-            self.upper
-                .store(upper.map_or(NO_UPPER, |u| u.0), Ordering::Release);
-        }
-        Ok(())
+    /// Makes the upper branch the set's topmost read-write one.
+    fn follow_upper(&self) {
+        let upper = self.set().topmost_writable();
+        self.upper
+            .store(upper.map_or(NO_UPPER, |u| u.0), Ordering::Release);
     }
 }
 
@@ -556,10 +573,10 @@ impl Vfs {
         let (mut branch, mut parent, mut st) = found.top;
         let indexed = self.indexed_instead(u, branch, &st)?;
         let via_index = indexed.is_some();
-        if let Some((index, entry, entry_st)) = indexed {
+        if let Some((index_branch, index, entry, entry_st)) = indexed {
             // Another name of this lower file was copied up: this one
             // shows the copy too.
-            (branch, parent, st, cname) = (u.upper().unwrap_or(branch), index, entry_st, entry);
+            (branch, parent, st, cname) = (index_branch, index, entry_st, entry);
         }
         let key = self.inodes.key_in(branch, &st);
         if let Some(inode) = self.inodes.acquire_known(&key) {

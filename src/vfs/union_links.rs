@@ -23,6 +23,10 @@ fn is_linked_file(st: &Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink > 1
 }
 
+/// An index entry a lookup lands on: (its branch, the index, the entry's
+/// name, its stat).
+pub(super) type Indexed = (BranchId, Arc<OwnedFd>, CString, Stat);
+
 fn entry_of(key: &BackingKey) -> CString {
     index::entry_name(key.branch, key.dev, key.ino)
 }
@@ -30,25 +34,27 @@ fn entry_of(key: &BackingKey) -> CString {
 impl Vfs {
     /// Where a lookup that found `st` (in `branch`) lands instead: the
     /// index entry of a linked lower file one of whose names was copied
-    /// up, as (directory, name, stat).
+    /// up, as (its branch, directory, name, stat). The copy may be in any
+    /// read-write branch above, not only the upper one: a branch inserted
+    /// above or a mode change moves the upper branch, not the copies.
     pub(super) fn indexed_instead(
         &self,
         u: &Union,
         branch: BranchId,
         st: &Stat,
-    ) -> Result<Option<(Arc<OwnedFd>, CString, Stat)>> {
-        let Some(index) = u.index() else {
-            return Ok(None);
-        };
-        if u.upper() == Some(branch) || !is_linked_file(st) {
+    ) -> Result<Option<Indexed>> {
+        if !is_linked_file(st) {
             return Ok(None);
         }
         let name = entry_of(&self.inodes.key_in(branch, st));
-        match sys::fstatat(index.as_fd(), &name) {
-            Ok(found) => Ok(Some((index.clone(), name, found))),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-            Err(e) => Err(e.into()),
+        for (b, index) in u.indexes_above(branch) {
+            match sys::fstatat(index.as_fd(), &name) {
+                Ok(found) => return Ok(Some((b, index, name, found))),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(None)
     }
 
     /// After an upper object was acquired: if it is an index entry's file,
@@ -62,13 +68,11 @@ impl Vfs {
         (fd, st): (BorrowedFd<'_>, &Stat),
         via_index: bool,
     ) {
-        if u.index().is_none() || inode.union_nlink().is_some() {
+        if inode.union_nlink().is_some() || (!via_index && !is_linked_file(st)) {
             return;
         }
-        if !via_index && !is_linked_file(st) {
-            return;
-        }
-        if !u.writable(self.inodes.branch_of(&inode.key)) {
+        let own = self.inodes.branch_of(&inode.key);
+        if !u.writable(own) || u.index_of(own).is_none() {
             return;
         }
         match index::nlink(fd, u.ns) {
@@ -143,9 +147,9 @@ impl Vfs {
     /// count would undercount them, so find(1) could skip some; 1 says
     /// "unknown", as overlayfs shows it).
     pub(super) fn shown(&self, ino: InodeNo, mut st: Stat) -> Stat {
-        let Some(u) = self.union() else {
+        if self.union().is_none() {
             return st;
-        };
+        }
         let Ok(inode) = self.inodes.get(ino) else {
             return st;
         };
@@ -153,10 +157,8 @@ impl Vfs {
             if inode.has_layers() {
                 st.st_nlink = 1;
             }
-        } else if u.index().is_some() {
-            if let Some(n) = inode.union_nlink() {
-                st.st_nlink = n.into();
-            }
+        } else if let Some(n) = inode.union_nlink() {
+            st.st_nlink = n.into();
         }
         st
     }
@@ -188,7 +190,7 @@ impl Vfs {
     /// The file has no name left in the union: its index entry would keep
     /// it (and a stale count) alive.
     fn drop_index_entry(&self, u: &Union, node: &Node) -> Result<()> {
-        let Some(index) = u.index() else {
+        let Some(index) = u.index_of(self.inodes.branch_of(&node.key)) else {
             return Ok(());
         };
         let Some(entry) = index::entry(node.fd(), u.ns)? else {
