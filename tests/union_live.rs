@@ -9,17 +9,13 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// (position, mode, upper) of every branch, from `branch list --json`.
 fn modes(m: &Mount) -> Vec<(u64, String, bool)> {
-    let v: serde_json::Value = serde_json::from_str(&branch_ok(m, &["list", "--json"])).unwrap();
-    v["branches"]
-        .as_array()
-        .unwrap()
+    branch_rows(m)
         .iter()
         .map(|b| {
             (
@@ -63,7 +59,7 @@ fn a_lower_branch_made_read_write_takes_writes_and_read_only_again_copies_them_u
         let again = branch_ok(&m, &["mode", &lower, "rw"]);
         assert!(again.contains("already rw"), "{again}");
         // A file of a read-write branch is changed where it is.
-        append(&m.p("f"), b"in place\n");
+        append_all(&m.p("f"), b"in place\n");
         assert_eq!(read_file(&m.lowers[0].join("f")), b"lower\nin place\n");
         assert!(
             !m.src.join("f").exists(),
@@ -72,20 +68,11 @@ fn a_lower_branch_made_read_write_takes_writes_and_read_only_again_copies_them_u
         // Read-only again (by position): the next change copies it up and
         // the branch keeps what it had.
         branch_ok(&m, &["mode", "1", "ro"]);
-        append(&m.p("f"), b"copied\n");
+        append_all(&m.p("f"), b"copied\n");
         assert_eq!(read_file(&m.lowers[0].join("f")), b"lower\nin place\n");
         assert_eq!(read_file(&m.src.join("f")), b"lower\nin place\ncopied\n");
         assert_eq!(read_file(&m.p("f")), b"lower\nin place\ncopied\n");
     }
-}
-
-fn append(p: &Path, data: &[u8]) {
-    fs::OpenOptions::new()
-        .append(true)
-        .open(p)
-        .unwrap_or_else(|e| panic!("open {} for append: {e}", p.display()))
-        .write_all(data)
-        .unwrap();
 }
 
 #[test]
@@ -280,7 +267,7 @@ fn modes_flip_under_a_running_workload_and_nothing_is_lost() {
                     while !stop.load(Ordering::Relaxed) {
                         let name = format!("w{w}-{i}");
                         write_file(&m.p(&name), name.as_bytes());
-                        append(&m.p(&format!("l{}", i % 20)), name.as_bytes());
+                        append_all(&m.p(&format!("l{}", i % 20)), name.as_bytes());
                         written.push(name);
                         i += 1;
                     }

@@ -151,13 +151,32 @@ impl Store {
     }
 }
 
+/// `def` in a read transaction; `None` when no write ever made it (a
+/// store from before the table).
+fn read_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &redb::ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, StoreError> {
+    match txn.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(index_error(e)),
+    }
+}
+
 fn read_branches(db: &super::Index) -> Result<Vec<BranchRecord>, StoreError> {
     let txn = db.begin_read().map_err(index_error)?;
-    let table = match txn.open_table(BRANCHES) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(index_error(e)),
-    };
+    match read_table(&txn, BRANCHES)? {
+        Some(table) => decode_branches(&table),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Every row of the `branches` table; a row that is not a branch record
+/// is corruption.
+fn decode_branches(
+    table: &impl ReadableTable<u32, &'static [u8]>,
+) -> Result<Vec<BranchRecord>, StoreError> {
     let mut out = Vec::new();
     for row in table.iter().map_err(index_error)? {
         let (k, v) = row.map_err(index_error)?;
@@ -174,14 +193,7 @@ fn assign_ids(db: &super::Index, wanted: &[BranchRoot]) -> Result<Vec<u32>, Stor
     let ids = {
         let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
         let mut table = txn.open_table(BRANCHES).map_err(index_error)?;
-        let mut known = Vec::new();
-        for row in table.iter().map_err(index_error)? {
-            let (k, v) = row.map_err(index_error)?;
-            let id = k.value();
-            known.push(BranchRecord::decode(id, v.value()).ok_or_else(|| {
-                StoreError::IndexCorrupt(format!("branches table: row {id} is not a branch record"))
-            })?);
-        }
+        let known = decode_branches(&table)?;
         let next = counters
             .get(NEXT_BRANCH_ID)
             .map_err(index_error)?
@@ -355,21 +367,16 @@ impl BranchSetLog {
             names
                 .insert(snapshot.name.as_str(), snapshot.encode().as_slice())
                 .map_err(index_error)?;
-            let mut table = txn.open_table(BRANCH_SET).map_err(index_error)?;
-            table
-                .insert(SET_KEY, set.encode().as_slice())
-                .map_err(index_error)?;
         }
+        insert_set(&txn, set)?;
         txn.commit().map_err(index_error)
     }
 
     /// Every snapshot named so far, oldest first.
     pub fn snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
         let txn = self.db.begin_read().map_err(index_error)?;
-        let table = match txn.open_table(SNAPSHOTS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(index_error(e)),
+        let Some(table) = read_table(&txn, SNAPSHOTS)? else {
+            return Ok(Vec::new());
         };
         let mut out = Vec::new();
         for row in table.iter().map_err(index_error)? {
@@ -397,23 +404,24 @@ impl BranchSetLog {
 
 fn write_set(db: &super::Index, set: &BranchSet) -> Result<(), StoreError> {
     let txn = db.begin_write().map_err(index_error)?;
-    {
-        let mut table = txn.open_table(BRANCH_SET).map_err(index_error)?;
-        table
-            .insert(SET_KEY, set.encode().as_slice())
-            .map_err(index_error)?;
-    }
+    insert_set(&txn, set)?;
     txn.commit().map_err(index_error)
+}
+
+fn insert_set(txn: &redb::WriteTransaction, set: &BranchSet) -> Result<(), StoreError> {
+    let mut table = txn.open_table(BRANCH_SET).map_err(index_error)?;
+    table
+        .insert(SET_KEY, set.encode().as_slice())
+        .map_err(index_error)?;
+    Ok(())
 }
 
 impl Store {
     /// The branch modes last recorded, if any union was mounted.
     pub fn branch_set(&self) -> Result<Option<BranchSet>, StoreError> {
         let txn = self.db.begin_read().map_err(index_error)?;
-        let table = match txn.open_table(BRANCH_SET) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(index_error(e)),
+        let Some(table) = read_table(&txn, BRANCH_SET)? else {
+            return Ok(None);
         };
         let Some(row) = table.get(SET_KEY).map_err(index_error)? else {
             return Ok(None);

@@ -1270,3 +1270,20 @@ pub fn branch_ok(m: &Mount, args: &[&str]) -> String {
 pub fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// The rows of `chronofs branch list MNT --json`, top first.
+pub fn branch_rows(m: &Mount) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(&branch_ok(m, &["list", "--json"])).unwrap();
+    v["branches"].as_array().unwrap().clone()
+}
+
+/// Appends `data` to the file at `p`.
+pub fn append_all(p: &std::path::Path, data: &[u8]) {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(p)
+        .unwrap_or_else(|e| panic!("open {} for append: {e}", p.display()))
+        .write_all(data)
+        .unwrap();
+}
