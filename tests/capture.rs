@@ -87,3 +87,43 @@ fn a_file_that_predates_history_gets_a_baseline_before_its_first_change() {
     assert_eq!(v[0].1.as_deref(), Some(&b"before"[..]));
     assert_eq!(v[1].1.as_deref(), Some(&b"after"[..]));
 }
+
+/// close(2) returns after FLUSH; the kernel sends RELEASE later, on its
+/// own, so it may arrive while an unlink of the file is under way. The
+/// session it ends is the file's last content: it must be recorded before
+/// the removal, where undelete finds it, whichever request wins.
+#[test]
+fn a_release_racing_an_unlink_keeps_the_last_content() {
+    let rig = Rig::new();
+    for round in 0..200u32 {
+        let name = format!("f{round}");
+        let last = format!("second {round}");
+        rig.write_file(&name, 0o644, b"first").unwrap();
+        let ino = rig.resolve(&name).unwrap();
+        let fh = rig
+            .vfs
+            .open(&rig.caller, ino, libc::O_WRONLY | libc::O_TRUNC)
+            .unwrap()
+            .fh;
+        rig.vfs
+            .write(&rig.caller, fh, 0, last.as_bytes(), false)
+            .unwrap();
+        rig.vfs.flush(fh).unwrap();
+        let obj = object(ino);
+        std::thread::scope(|s| {
+            s.spawn(|| rig.vfs.release(fh).unwrap());
+            rig.vfs
+                .unlink(&rig.caller, InodeNo::ROOT, name.as_ref())
+                .unwrap();
+        });
+        let v = rig.versions_of(obj);
+        let gone = v.iter().position(|(c, _)| *c == Cause::Unlink);
+        assert_eq!(gone, Some(v.len() - 1), "round {round}: {:?}", causes(&v));
+        assert_eq!(
+            v[v.len() - 2].1.as_deref(),
+            Some(last.as_bytes()),
+            "round {round}: {:?}",
+            causes(&v)
+        );
+    }
+}

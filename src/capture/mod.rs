@@ -893,12 +893,9 @@ impl Capture {
         cause: Cause,
         who: &Who,
     ) -> Result<()> {
+        self.record_pending(obj)?;
         // A collection must not remove a chunk this build reuses.
         let _building = self.history.building();
-        // A session still open on it (its release not yet arrived) is
-        // recorded first, with its creation if it made the file.
-        self.flush_deferred(obj)?;
-        self.flush_session(obj)?;
         let mut draft = Draft::default();
         draft.dirents.push(Dirent {
             parent,
@@ -936,14 +933,12 @@ impl Capture {
         exchange: bool,
         who: &Who,
     ) -> Result<()> {
+        self.record_pending(obj)?;
+        if let Some((v, _, _)) = victim {
+            self.record_pending(v)?;
+        }
         // A collection must not remove a chunk this build reuses.
         let _building = self.history.building();
-        self.flush_deferred(obj)?;
-        self.flush_session(obj)?;
-        if let Some((v, _, _)) = victim {
-            self.flush_deferred(v)?;
-            self.flush_session(v)?;
-        }
         let mut draft = Draft::default();
         {
             let mut st = self.state.lock();
@@ -1213,6 +1208,20 @@ impl Capture {
             Some(job) => self.run_job(job),
             None => Ok(()),
         }
+    }
+
+    /// Before a removal or rename is recorded: what `obj`'s writers did
+    /// is recorded first (with its creation if it made the file). That is
+    /// a session still open (its release not yet arrived), a version
+    /// interval mode holds back, and a session whose release arrived
+    /// while the change was under way (its job is queued): unless waited
+    /// for, that job would record the last content after the removal,
+    /// where no incarnation shows it and undelete would miss it.
+    fn record_pending(&self, obj: ObjectId) -> Result<()> {
+        self.flush_deferred(obj)?;
+        self.flush_session(obj)?;
+        self.wait_ingests(obj);
+        Ok(())
     }
 
     fn wait_ingests(&self, obj: ObjectId) {
