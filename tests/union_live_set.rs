@@ -547,3 +547,139 @@ fn three_names(b: &[PathBuf]) {
     fs::hard_link(b[1].join("a"), b[1].join("b")).unwrap();
     fs::hard_link(b[1].join("a"), b[1].join("c")).unwrap();
 }
+
+/// Every path under `root` with its inode number, mode and content (what
+/// snapmerge must keep exactly).
+fn tree_and_numbers(root: &Path) -> Vec<(String, u64, u32, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (rel, data) in tree(root) {
+        let meta = fs::symlink_metadata(root.join(rel.trim_end_matches('/'))).unwrap();
+        out.push((rel, meta.ino(), meta.mode(), data));
+    }
+    out
+}
+
+fn snapmerge(m: &Mount, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["snapmerge", m.mnt.to_str().unwrap()];
+    all.extend_from_slice(args);
+    chronofs_in(m.root(), &all)
+}
+
+#[test]
+fn snapmerge_folds_frozen_branches_and_the_union_stays_the_same_while_in_use() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| {
+            write_file(&b[0].join("top"), b"top");
+            fs::create_dir(b[0].join("shared")).unwrap();
+            write_file(&b[0].join("shared/orig"), b"orig");
+            write_file(&b[1].join("lowfile"), b"low");
+            fs::create_dir_all(b[1].join("d/sub")).unwrap();
+            write_file(&b[1].join("d/low"), b"low");
+            write_file(&b[1].join("d/sub/deep"), b"deep");
+            fs::create_dir(b[1].join("gone-dir")).unwrap();
+            write_file(&b[1].join("gone-dir/x"), b"x");
+        });
+        write_file(&m.p("made"), b"made before s1");
+        branch_snapshot(&m, &["--name", "s1"]);
+        // Changes after s1 land in its fresh branch: a copy-up, whiteouts
+        // of a file and of a tree, a new tree, a changed directory.
+        fs::write(m.p("lowfile"), b"changed after s1").unwrap();
+        fs::remove_file(m.p("d/low")).unwrap();
+        fs::remove_dir_all(m.p("gone-dir")).unwrap();
+        fs::create_dir_all(m.p("new/inner")).unwrap();
+        write_file(&m.p("new/inner/f"), b"new");
+        write_file(&m.p("d/sub/added"), b"added");
+        // Enough objects that the merge overlaps the reader's walks, in
+        // directories the lower branches hold too (merged entry by entry)
+        // and in new ones (moved whole).
+        for i in 0..300 {
+            let dir = if i % 2 == 0 { "shared" } else { "new" };
+            write_file(&m.p(&format!("{dir}/many-{i}")), b"x");
+        }
+        fs::set_permissions(
+            m.p("d"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o750),
+        )
+        .unwrap();
+        fs::remove_file(m.p("made")).unwrap();
+        branch_snapshot(&m, &["--name", "s2"]);
+        write_file(&m.p("after-s2"), b"in the top branch");
+        fs::write(m.p("top"), b"top, changed after s2").unwrap();
+        assert_eq!(listed(&m).len(), 4);
+        let before = tree_and_numbers(&m.mnt);
+        // Held open across the merge: a file that moves down.
+        let mut held = fs::File::open(m.p("new/inner/f")).unwrap();
+
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let out = std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut walks = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let seen: Vec<String> = tree(&m.mnt).into_iter().map(|(p, _)| p).collect();
+                    let want: Vec<String> = before.iter().map(|(p, ..)| p.clone()).collect();
+                    assert_eq!(seen, want, "mode {mode:?}: mid-merge\n{}", m.log_tail());
+                    walks += 1;
+                }
+                walks
+            });
+            let out = snapmerge(&m, &[]);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert!(reader.join().unwrap() > 0);
+            out
+        });
+        assert!(
+            out.status.success(),
+            "mode {mode:?}: {}\n{}",
+            stderr(&out),
+            m.log_tail()
+        );
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains("s2 folded into snapshot s1"), "{said}");
+        assert_eq!(
+            tree_and_numbers(&m.mnt),
+            before,
+            "mode {mode:?}: after the merge"
+        );
+        let now = listed(&m);
+        assert_eq!(now.len(), 3, "{now:?}");
+        assert_eq!(now[1], (canon(&m.src), "ro".to_string()));
+        assert_eq!(read_file(&m.src.join("lowfile")), b"changed after s1");
+        // A branch lies below: the whiteout stays, folded down.
+        use std::os::unix::fs::FileTypeExt;
+        let made = fs::symlink_metadata(m.src.join("made")).unwrap();
+        assert!(made.file_type().is_char_device() && made.rdev() == 0);
+        let mut data = Vec::new();
+        held.read_to_end(&mut data).unwrap();
+        assert_eq!(data, b"new", "an open file reads on");
+        drop(held);
+
+        // Nothing left to merge, and a name that is no snapshot's branch.
+        let again = snapmerge(&m, &[]);
+        assert!(!again.status.success());
+        assert!(
+            stderr(&again).contains("nothing to merge"),
+            "{}",
+            stderr(&again)
+        );
+        let unknown = snapmerge(&m, &["--upto", "nosuch"]);
+        assert!(!unknown.status.success());
+        assert_eq!(
+            stderr(&unknown).trim().lines().count(),
+            1,
+            "{}",
+            stderr(&unknown)
+        );
+
+        m.remount();
+        assert_eq!(
+            listed(&m).len(),
+            3,
+            "mode {mode:?}: the merged set is resumed"
+        );
+        assert_eq!(
+            tree_and_numbers(&m.mnt),
+            before,
+            "mode {mode:?}: after a remount"
+        );
+    }
+}

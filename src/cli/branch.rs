@@ -99,6 +99,29 @@ pub fn snapshot(mnt: &Path, name: Option<&str>, force: bool, json: bool) -> Resu
     Ok(())
 }
 
+/// Folds frozen branches into the oldest of them.
+pub fn snapmerge(mnt: &Path, upto: Option<&str>, json: bool) -> Result<()> {
+    let reply = daemon_target(mnt)?.client().snapmerge(upto)?;
+    if json {
+        h::print_json(&reply);
+        return Ok(());
+    }
+    print_set(
+        &reply.set,
+        false,
+        &format!(
+            "snapmerge: {} folded into snapshot {} ({} objects moved, {} directories merged, \
+             {} whiteouts applied)",
+            reply.merged.join(", "),
+            reply.into,
+            reply.moved,
+            reply.merged_dirs,
+            reply.whiteouts
+        ),
+    );
+    Ok(())
+}
+
 /// A branch as the user named it, for the daemon: a position as given, a
 /// path made absolute here (the daemon's directory is not the caller's).
 fn named(branch: &str) -> String {

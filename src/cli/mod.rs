@@ -284,6 +284,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Fold the branches frozen by snapshots into the oldest of them, while
+    /// mounted (root only): the union shows the same throughout.
+    Snapmerge {
+        /// The union's mount point.
+        mnt: PathBuf,
+        /// Fold only the branches frozen since snapshot N into N's branch
+        /// (default: every frozen branch, into the oldest snapshot's).
+        #[arg(long, value_name = "N")]
+        upto: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// A mounted union's branches: list, add, remove, or change one's mode while mounted.
     Branch {
         #[command(subcommand)]
@@ -417,6 +429,7 @@ const VERBS: &[&str] = &[
     "audit",
     "branch",
     "snapshot",
+    "snapmerge",
     "help",
     "--help",
     "-h",
@@ -752,6 +765,7 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             force,
             json,
         } => branch::snapshot(&mnt, name.as_deref(), force, json),
+        Command::Snapmerge { mnt, upto, json } => branch::snapmerge(&mnt, upto.as_deref(), json),
         Command::Branch { verb } => match verb {
             BranchVerb::List { mnt, json } => branch::list(&mnt, json),
             BranchVerb::Mode {

@@ -775,6 +775,55 @@ impl MountHost {
         })
     }
 
+    /// Which frozen branches `snapmerge` folds (id and snapshot name,
+    /// top first) and into which: those frozen since snapshot `upto`, or
+    /// since the oldest snapshot whose branch is still in the union, into
+    /// that snapshot's branch. They must lie next to each other.
+    #[allow(clippy::type_complexity)]
+    fn merge_plan(
+        &self,
+        vfs: &Vfs,
+        upto: Option<&str>,
+    ) -> control::service::Result<(Vec<(u32, String)>, (u32, String))> {
+        use control::service::Error;
+        let list = vfs.branches()?;
+        let names = self.snapshots.lock().clone();
+        let frozen: Vec<(u32, u32, String)> = list
+            .iter()
+            .filter_map(|b| names.get(&b.id).map(|n| (b.position, b.id, n.clone())))
+            .collect();
+        let at = match upto {
+            Some(n) => frozen.iter().position(|f| f.2 == n).ok_or_else(|| {
+                Error::NotFound(format!(
+                    "no branch of this union was frozen by a snapshot named {n:?} \
+                     (chronofs branch list MNT shows them)"
+                ))
+            })?,
+            None => frozen.len().checked_sub(1).ok_or_else(|| {
+                Error::Usage(
+                    "no branch of this union was frozen by a snapshot: nothing to merge".into(),
+                )
+            })?,
+        };
+        let (pos, id, name) = frozen[at].clone();
+        if at == 0 {
+            return Err(Error::Usage(format!(
+                "nothing to merge: no branch frozen after snapshot {name} lies above its branch"
+            )));
+        }
+        for (k, f) in frozen[..at].iter().enumerate() {
+            if f.0 as usize != pos as usize - (at - k) {
+                return Err(Error::Usage(format!(
+                    "snapshot {}'s branch is not next to snapshot {name}'s (another branch lies \
+                     between them): merge with --upto, or remove the branch between",
+                    f.2
+                )));
+            }
+        }
+        let sources = frozen[..at].iter().map(|f| (f.1, f.2.clone())).collect();
+        Ok((sources, (id, name)))
+    }
+
     /// A branch as the user names it: its position (0 = top) or its path.
     fn branch_position(&self, vfs: &Vfs, branch: &str) -> control::service::Result<u32> {
         let list = vfs.branches()?;
@@ -1061,6 +1110,51 @@ impl control::service::Host for MountHost {
             fresh: dir.display().to_string(),
             set: self.set_reply(&vfs, change, t0)?,
         })
+    }
+
+    fn snapmerge(
+        &self,
+        upto: Option<&str>,
+    ) -> control::service::Result<control::proto::SnapmergeReply> {
+        use control::service::Error;
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let _one = self.changes.lock();
+        if self.record.is_none() {
+            return Err(Error::Usage("this mount records no branch set".into()));
+        }
+        let t0 = std::time::Instant::now();
+        let (sources, target) = self.merge_plan(&vfs, upto)?;
+        let mut reply = control::proto::SnapmergeReply {
+            into: target.1.clone(),
+            ..Default::default()
+        };
+        let mut change = crate::vfs::SetChange::default();
+        // Nearest first: each fold takes the branch right above the target.
+        for (id, name) in sources.iter().rev() {
+            let position = vfs
+                .branches()?
+                .iter()
+                .find(|b| b.id == *id)
+                .map(|b| b.position)
+                .ok_or_else(|| Error::Busy(format!("snapshot {name}'s branch left the union")))?;
+            let (_, count, c) = vfs.merge_branch(position, &self.recorder())?;
+            change = c;
+            reply.moved += count.moved;
+            reply.merged_dirs += count.merged_dirs;
+            reply.whiteouts += count.whiteouts;
+            reply.merged.insert(0, name.clone());
+            self.snapshots.lock().remove(id);
+            if let Some(dir) = self.paths.lock().remove(id) {
+                // The fold left its root empty; one the store made goes.
+                if dir.starts_with(&self.fresh_dir) {
+                    if let Err(e) = std::fs::remove_dir(&dir) {
+                        tracing::warn!("snapmerge: {} stays: {e}", dir.display());
+                    }
+                }
+            }
+        }
+        reply.set = self.set_reply(&vfs, change, t0)?;
+        Ok(reply)
     }
 
     fn remove_branch(

@@ -258,6 +258,12 @@ impl Client<'_> {
         })
     }
 
+    pub fn snapmerge(&self, upto: Option<&str>) -> Result<super::proto::SnapmergeReply> {
+        self.ask(Request::Snapmerge {
+            upto: upto.map(str::to_string),
+        })
+    }
+
     pub fn branch_remove(&self, branch: &str, force: bool) -> Result<super::proto::BranchSetReply> {
         self.ask(Request::BranchRemove {
             branch: branch.into(),

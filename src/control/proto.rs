@@ -19,7 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
-pub const PROTOCOL: u32 = 8;
+pub const PROTOCOL: u32 = 9;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -145,6 +145,11 @@ pub enum Request {
         name: Option<String>,
         force: bool,
     },
+    /// Fold frozen branches into the oldest of them (root only): those
+    /// frozen since snapshot `upto` into its branch, or all of them.
+    Snapmerge {
+        upto: Option<String>,
+    },
 }
 
 impl Request {
@@ -157,6 +162,7 @@ impl Request {
                 | Request::BranchAdd { .. }
                 | Request::BranchRemove { .. }
                 | Request::Snapshot { .. }
+                | Request::Snapmerge { .. }
         )
     }
 }
@@ -537,6 +543,20 @@ pub struct SnapshotReply {
     pub set: BranchSetReply,
 }
 
+/// `Snapmerge`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SnapmergeReply {
+    /// The snapshots whose frozen branches were folded away, newest first.
+    pub merged: Vec<String>,
+    /// The snapshot whose branch holds them now.
+    pub into: String,
+    /// Objects moved down, directories merged, whiteouts applied.
+    pub moved: u64,
+    pub merged_dirs: u64,
+    pub whiteouts: u64,
+    pub set: BranchSetReply,
+}
+
 /// `BranchAdd`'s and `BranchRemove`'s reply.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct BranchSetReply {
@@ -721,6 +741,7 @@ pub enum Answer {
     BranchMode(BranchModeReply),
     BranchSet(BranchSetReply),
     Snapshot(SnapshotReply),
+    Snapmerge(SnapmergeReply),
 }
 
 #[cfg(test)]

@@ -88,6 +88,10 @@ pub trait Host: LiveIds {
     fn snapshot(&self, _name: Option<&str>, _force: bool) -> Result<super::proto::SnapshotReply> {
         Err(Error::Usage("nothing is mounted".into()))
     }
+    /// Folds frozen branches together (the caller checked the privilege).
+    fn snapmerge(&self, _upto: Option<&str>) -> Result<super::proto::SnapmergeReply> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
     /// Removes a union's branch (the caller checked the privilege).
     fn remove_branch(&self, _branch: &str, _force: bool) -> Result<super::proto::BranchSetReply> {
         Err(Error::Usage("nothing is mounted".into()))
@@ -148,6 +152,7 @@ fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer>
         Request::Snapshot { name, force } => {
             Ok(Answer::Snapshot(host.snapshot(name.as_deref(), *force)?))
         }
+        Request::Snapmerge { upto } => Ok(Answer::Snapmerge(host.snapmerge(upto.as_deref())?)),
         _ => Ok(Answer::Branches(proto::BranchList {
             branches: host.branches()?,
         })),
@@ -309,7 +314,8 @@ impl Service {
             | Request::BranchMode { .. }
             | Request::BranchAdd { .. }
             | Request::BranchRemove { .. }
-            | Request::Snapshot { .. } => branch_request(&*self.host, req, peer)?,
+            | Request::Snapshot { .. }
+            | Request::Snapmerge { .. } => branch_request(&*self.host, req, peer)?,
         })
     }
 

@@ -15,7 +15,7 @@
 //! dropped (the directory then shows exactly what it showed). Run it on
 //! unmounted branches: a copy-up in progress has a temporary too.
 
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -121,7 +121,7 @@ impl Walk<'_> {
                 None
             };
             if let Some(kind) = kind {
-                let repaired = self.repair && remove_tree(dir, &cname).is_ok();
+                let repaired = self.repair && super::snapmerge::remove_tree(dir, &cname).is_ok();
                 out.push(self.finding(path, kind, repaired));
                 continue;
             }
@@ -188,36 +188,6 @@ fn resolves(root: BorrowedFd<'_>, rel: &Path) -> bool {
     }
     let how = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
     sys::openat(root, &crel, how, 0).is_ok()
-}
-
-/// Removes `name` of `dir` and, for a directory, all it holds.
-fn remove_tree(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-    let st = sys::fstatat(dir, name)?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-        return sys::unlinkat(dir, name, 0);
-    }
-    let sub = sys::openat(
-        dir,
-        name,
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        0,
-    )?;
-    let mut buf = sys::DirBuf::new(16 * 1024);
-    loop {
-        let batch = sys::getdents(sub.as_fd(), &mut buf)?;
-        let batch: Vec<_> = batch
-            .into_iter()
-            .filter(|e| !format::is_dot(&e.name))
-            .collect();
-        if batch.is_empty() {
-            break;
-        }
-        for e in batch {
-            let child = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
-            remove_tree(sub.as_fd(), &child)?;
-        }
-    }
-    sys::unlinkat(dir, name, libc::AT_REMOVEDIR)
 }
 
 fn errno(code: i32) -> io::Error {

@@ -8,7 +8,8 @@
 //! stable offsets (`merge`), and copying an object from a read-only branch
 //! into a read-write one without ever showing a partial file (`copyup`),
 //! the index that keeps a copied-up hard link one file (`index`), and
-//! checks and repairs of those invariants in the branches (`fsck`).
+//! checks and repairs of those invariants in the branches (`fsck`), and
+//! folding a frozen branch into the one below it (`snapmerge`).
 //! Uses: `branch`, `store`, `sys`. Must not know about FUSE, inode numbers
 //! or history.
 
@@ -17,6 +18,7 @@ pub mod format;
 pub mod fsck;
 pub mod index;
 pub mod merge;
+pub mod snapmerge;
 pub mod spec;
 
 use std::io;
@@ -29,6 +31,9 @@ pub enum UnionError {
     /// A change needs a read-write branch and the mount has none.
     #[error("no read-write branch holds or can take this change")]
     ReadOnly,
+    /// A branch holds what a snapshot merge cannot fold down yet.
+    #[error("{0}")]
+    Unmergeable(String),
 }
 
 impl UnionError {
@@ -37,6 +42,7 @@ impl UnionError {
         match self {
             UnionError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             UnionError::ReadOnly => libc::EROFS,
+            UnionError::Unmergeable(_) => libc::EOPNOTSUPP,
         }
     }
 }

@@ -13,6 +13,7 @@ use super::union::{is_dir, BranchSet, Member, Union, UNRANKED};
 use super::{errno, InodeNo, Result, Vfs, VfsError};
 use crate::branch::BranchId;
 use crate::sys;
+use crate::union::snapmerge::{self, MergeCount};
 
 /// A directory to insert into a mounted union.
 pub struct NewBranch {
@@ -264,6 +265,88 @@ impl Vfs {
         tracing::info!("snapshot: branch {} frozen", frozen.0);
         self.set_changed();
         Ok((frozen, change))
+    }
+
+    /// Folds the read-only branch at `position` into the read-only branch
+    /// right below it (`chronofs snapmerge`), then drops it from the set,
+    /// while the mount stays in use: every step of the fold keeps the
+    /// union's view (`union::snapmerge`), objects keep their numbers (each
+    /// moved object's number is bound to its new key before it moves,
+    /// and inodes the kernel holds follow at their next use, as after a
+    /// removal), and `record` is given the new set before it takes effect.
+    /// The caller serialises branch changes: none may make either branch
+    /// writable meanwhile. Returns the id of the branch folded away.
+    pub fn merge_branch(
+        &self,
+        position: u32,
+        record: &RecordSet<'_>,
+    ) -> Result<(BranchId, MergeCount, SetChange)> {
+        let u = self.union().ok_or(VfsError::NotUnion)?;
+        let (upper, lower, deeper) = {
+            let _set = u.set_lock.read_recursive();
+            let set = u.set();
+            let at = position as usize;
+            let (Some(upper), Some(lower)) = (set.members.get(at), set.members.get(at + 1)) else {
+                return Err(VfsError::BranchBusy(format!(
+                    "branch {position} has no branch below it to merge into"
+                )));
+            };
+            if upper.id == u.primary() {
+                return Err(VfsError::BranchBusy(format!(
+                    "branch {position} holds the mount's root and its store: it cannot be \
+                     merged away while mounted"
+                )));
+            }
+            if let Some((m, p)) = [(upper, at), (lower, at + 1)]
+                .into_iter()
+                .find(|(m, _)| m.writable())
+            {
+                return Err(VfsError::BranchBusy(format!(
+                    "branch {p} (id {}) is read-write: only frozen branches are merged",
+                    m.id.0
+                )));
+            }
+            (upper.clone(), lower.clone(), at + 2 < set.members.len())
+        };
+        let mut bind = |from: &sys::Stat, to: &sys::Stat| match self
+            .inodes
+            .mapped(&self.inodes.key_in(upper.id, from))
+        {
+            Ok(Some(ino)) => self.inodes.bind_copy(lower.id, to, ino),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("snapmerge: an inode number may change: {e}"),
+        };
+        u.merging.store(true, std::sync::atomic::Ordering::Release);
+        let merged = snapmerge::merge_into(
+            upper.root.as_fd(),
+            lower.root.as_fd(),
+            deeper,
+            u.ns,
+            &mut bind,
+        );
+        u.merging.store(false, std::sync::atomic::Ordering::Release);
+        let count = merged?;
+        let change = {
+            let _all = u.set_lock.write();
+            let old = u.set();
+            let mut members = old.members.clone();
+            members.retain(|m| m.id != upper.id);
+            let set = BranchSet {
+                generation: old.generation.wrapping_add(1),
+                members,
+            };
+            record(&set.modes())?;
+            self.put_in_force(u, set)?
+        };
+        tracing::info!(
+            "snapmerge: branch {} folded into branch {} ({} moved, {} directories merged)",
+            upper.id.0,
+            lower.id.0,
+            count.moved,
+            count.merged_dirs
+        );
+        self.set_changed();
+        Ok((upper.id, count, change))
     }
 
     /// Swaps `set` in; the caller holds the set lock exclusively.

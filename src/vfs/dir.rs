@@ -265,7 +265,10 @@ impl Vfs {
             let entry = match vfs.lookup(caller, dir_ino, name) {
                 Ok(entry) => entry,
                 // Removed since getdents saw it: skip, as a fresh read would.
-                Err(err) if err.errno_is(libc::ENOENT) => return Ok(false),
+                Err(err) if err.errno_is(libc::ENOENT) => {
+                    tracing::debug!("readdirplus skips {name:?} of {dir_ino:?}: {err}");
+                    return Ok(false);
+                }
                 Err(err) if added > 0 => {
                     deferred = Some(err);
                     return Ok(true);

@@ -131,6 +131,9 @@ pub struct Union {
     /// branch change: nothing decided under the old set lands after the
     /// new one is in force.
     pub(super) set_lock: RwLock<()>,
+    /// A snapmerge is moving objects between two branches: a lookup that
+    /// saw an object in one and then missed it tries again.
+    pub(super) merging: std::sync::atomic::AtomicBool,
     /// Objects being copied up now: a second change to one of them waits
     /// for the first copy instead of making its own (whose link into
     /// place would then fail with EEXIST).
@@ -181,6 +184,7 @@ impl Union {
             ns: format::XattrNs::for_daemon(),
             opts,
             set_lock: RwLock::new(()),
+            merging: std::sync::atomic::AtomicBool::new(false),
             copying: Mutex::new(HashSet::new()),
             copied: Condvar::new(),
         })
@@ -359,8 +363,18 @@ impl Vfs {
         self.union.as_ref()
     }
 
-    /// A directory's copies, top-down: its own and its layers.
+    /// A directory's copies, top-down: its own and its layers. A node
+    /// found before the branch set last changed (a caller may hold one
+    /// across a swap) is brought up to the set in force first: its own
+    /// copy may be in a branch that left the set with its objects moved
+    /// to another (snapmerge), and would otherwise be dropped here.
     pub(super) fn layers_of(&self, dir: &Node) -> Result<Vec<Layer>> {
+        if self.union.is_some() && dir.generation() != self.inodes.generation() {
+            let fresh = self.node(dir.ino)?;
+            if fresh.generation() == self.inodes.generation() {
+                return self.layers_of(&fresh);
+            }
+        }
         let mut all = self.inodes.layers(&dir.inode)?;
         all.push(Layer {
             branch: self.inodes.branch_of(&dir.key),
@@ -558,6 +572,21 @@ impl Vfs {
 
     /// Lookup in a union directory.
     pub(super) fn union_lookup(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
+        let merging = || {
+            self.union()
+                .is_some_and(|u| u.merging.load(std::sync::atomic::Ordering::Acquire))
+        };
+        let mut tries = 0;
+        loop {
+            match self.union_lookup_once(dir, name) {
+                // Moved to a lower branch between being found and opened.
+                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && merging() => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    fn union_lookup_once(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
         if !dir.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }

@@ -1,0 +1,611 @@
+//! Folding one read-only branch into the read-only branch right below it
+//! (`chronofs snapmerge`), while the union over both stays in use.
+//!
+//! Every step keeps the merged view of the two branches exactly as it was,
+//! so readers of the mount never see a difference, and a crash at any
+//! point leaves two valid branches whose union is still the same; running
+//! the merge again finishes it. The rules, from the upper branch's side:
+//!
+//! - a **non-directory** moves down by `renameat2`, replacing the lower
+//!   name (a lower directory there is removed first: the upper object
+//!   hides it, so its removal shows nowhere);
+//! - a **whiteout** removes the lower object; it stays (as a whiteout in
+//!   the lower branch) only where branches lie below to hide;
+//! - a **directory** the lower branch lacks (or holds a non-directory or
+//!   whiteout under) moves down whole, in one rename; where the lower
+//!   name stopped the layers below from merging into it (a non-directory
+//!   or whiteout over deeper branches), it is marked opaque first, so
+//!   they still do not;
+//! - an **opaque directory** replaces the lower one (removed first);
+//! - a directory present in both is merged entry by entry; then the lower
+//!   copy takes the upper one's mode, owner, extended attributes and
+//!   times (the union showed the upper copy's), and the upper copy goes.
+//!
+//! Objects keep their backing inodes (a rename moves no data), so the
+//! caller can keep their numbers: `moved` is told, before each step takes
+//! effect, which upper object becomes which lower one.
+//!
+//! Not merged (refused before anything changes in that directory, with
+//! `UnionError::Unmergeable`): a directory carrying an overlay redirect,
+//! and an upper branch holding a hard-link index (`index::INDEX_DIR`).
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use super::format::{self, Opacity, XattrNs};
+use super::{index, Result, UnionError};
+use crate::sys::{self, Stat};
+
+/// Told, before it happens, that the object the union showed as `from`
+/// (in the upper branch) will be `to` (in the lower branch).
+pub type Moved<'m> = dyn FnMut(&Stat, &Stat) + 'm;
+
+/// What a merge did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeCount {
+    /// Objects moved down (a whole directory counts with its contents).
+    pub moved: u64,
+    /// Directories merged entry by entry.
+    pub merged_dirs: u64,
+    /// Whiteouts applied to the lower branch.
+    pub whiteouts: u64,
+}
+
+/// The two branches of one merge.
+struct Merge<'r, 'm> {
+    ns: XattrNs,
+    /// Branches lie below the lower one (whiteouts and opacity still matter
+    /// there).
+    deeper: bool,
+    moved: &'r mut Moved<'m>,
+    count: MergeCount,
+}
+
+/// Merges the branch rooted at `upper` into the one rooted at `lower`,
+/// leaving `upper` empty (its root stays, for the caller to remove once
+/// no union uses it). `deeper`: more branches lie below `lower`.
+/// The lower root's own attributes are kept (a union shows its root as
+/// the primary branch's root, never the upper one's).
+pub fn merge_into(
+    upper: BorrowedFd<'_>,
+    lower: BorrowedFd<'_>,
+    deeper: bool,
+    ns: XattrNs,
+    moved: &mut Moved<'_>,
+) -> Result<MergeCount> {
+    let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
+    let low = sys::reopen_dir(lower, libc::O_RDONLY)?;
+    if let Some(ix) = index::open_existing(up.as_fd())? {
+        if !children(ix.as_fd())?.is_empty() {
+            return Err(UnionError::Unmergeable(
+                "the upper branch holds copied-up hard links (its .chronofs-index is not \
+                 empty); merging them is not supported yet"
+                    .into(),
+            ));
+        }
+        sys::unlinkat(
+            up.as_fd(),
+            &cname(index::INDEX_DIR.as_bytes())?,
+            libc::AT_REMOVEDIR,
+        )?;
+    }
+    let mut m = Merge {
+        ns,
+        deeper,
+        moved,
+        count: MergeCount::default(),
+    };
+    let root = sys::fstat(low.as_fd())?;
+    m.merge_dir(up.as_fd(), low.as_fd(), b"/")?;
+    sys::utimens_fd(low.as_fd(), atime_of(&root), mtime_of(&root))?;
+    Ok(m.count)
+}
+
+fn atime_of(st: &Stat) -> sys::TimeSpec {
+    sys::TimeSpec::At {
+        secs: st.st_atime,
+        nsecs: st.st_atime_nsec,
+    }
+}
+
+fn mtime_of(st: &Stat) -> sys::TimeSpec {
+    sys::TimeSpec::At {
+        secs: st.st_mtime,
+        nsecs: st.st_mtime_nsec,
+    }
+}
+
+impl Merge<'_, '_> {
+    /// Merges the entries of directory `up` into directory `low` (both
+    /// open for reading); `path` names them in messages.
+    fn merge_dir(&mut self, up: BorrowedFd<'_>, low: BorrowedFd<'_>, path: &[u8]) -> Result<()> {
+        let xattr_whiteouts = format::opacity(up, self.ns)? == Opacity::XattrWhiteouts;
+        // The union shows this directory's times; each entry leaving it
+        // changes them, so they are put back after each.
+        let shown = sys::fstat(up)?;
+        for name in children(up)? {
+            self.entry(up, low, &name, xattr_whiteouts, path)?;
+            sys::utimens_fd(up, atime_of(&shown), mtime_of(&shown))?;
+        }
+        Ok(())
+    }
+
+    fn entry(
+        &mut self,
+        up: BorrowedFd<'_>,
+        low: BorrowedFd<'_>,
+        name: &[u8],
+        xattr_whiteouts: bool,
+        path: &[u8],
+    ) -> Result<()> {
+        let c = cname(name)?;
+        if format::is_temporary(name) {
+            // A whiteout temporary a crash left: hidden, safe to drop.
+            remove_tree(up, &c)?;
+            return Ok(());
+        }
+        let st = sys::fstatat(up, &c)?;
+        let below = match sys::fstatat(low, &c) {
+            Ok(s) => Some(s),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let whiteout = format::is_whiteout(&st)
+            || (xattr_whiteouts && {
+                let fd = sys::open_path(up, &c)?;
+                format::is_xattr_whiteout(fd.as_fd(), &st, self.ns)?
+            });
+        let child_path = join(path, name);
+        if whiteout {
+            self.whiteout(up, low, &c, below.as_ref())?;
+        } else if is_dir(&st) {
+            self.dir(up, low, &c, &st, below.as_ref(), &child_path)?;
+        } else {
+            if below.as_ref().is_some_and(is_dir) {
+                remove_tree(low, &c)?;
+            }
+            (self.moved)(&st, &st);
+            sys::renameat2(up, &c, low, &c, 0)?;
+            self.count.moved += 1;
+        }
+        Ok(())
+    }
+
+    fn whiteout(
+        &mut self,
+        up: BorrowedFd<'_>,
+        low: BorrowedFd<'_>,
+        c: &CStr,
+        below: Option<&Stat>,
+    ) -> Result<()> {
+        match below {
+            Some(b) if format::is_whiteout(b) => {}
+            Some(_) => remove_tree(low, c)?,
+            None => {}
+        }
+        if self.deeper && !below.is_some_and(format::is_whiteout) {
+            format::make_whiteout(low, c)?;
+        }
+        sys::unlinkat(up, c, 0)?;
+        self.count.whiteouts += 1;
+        Ok(())
+    }
+
+    fn dir(
+        &mut self,
+        up: BorrowedFd<'_>,
+        low: BorrowedFd<'_>,
+        c: &CStr,
+        st: &Stat,
+        below: Option<&Stat>,
+        path: &[u8],
+    ) -> Result<()> {
+        let fd = sys::open_path(up, c)?;
+        if format::redirect(fd.as_fd(), self.ns)?.is_some() {
+            return Err(UnionError::Unmergeable(format!(
+                "{}: a renamed directory (overlay redirect) cannot be merged yet",
+                String::from_utf8_lossy(path)
+            )));
+        }
+        let opaque = format::is_opaque(fd.as_fd(), self.ns)?;
+        match below {
+            Some(b) if is_dir(b) && !opaque => {
+                let sub_up = sys::openat(up, c, DIR_FLAGS, 0)?;
+                let sub_low = sys::openat(low, c, DIR_FLAGS, 0)?;
+                (self.moved)(st, b);
+                self.merge_dir(sub_up.as_fd(), sub_low.as_fd(), path)?;
+                copy_dir_attrs(sub_up.as_fd(), sub_low.as_fd(), self.ns)?;
+                sys::unlinkat(up, c, libc::AT_REMOVEDIR)?;
+                self.count.merged_dirs += 1;
+            }
+            _ => {
+                // The lower name (a non-directory or whiteout) kept deeper
+                // branches out of this directory: opacity keeps them out.
+                if self.deeper && below.is_some() && !opaque {
+                    format::set_opaque(fd.as_fd(), self.ns)?;
+                }
+                if below.is_some() {
+                    remove_tree(low, c)?;
+                }
+                let sub = sys::openat(up, c, DIR_FLAGS, 0)?;
+                self.moved_tree(sub.as_fd(), st)?;
+                sys::renameat2(up, c, low, c, 0)?;
+                if !self.deeper && (opaque || below.is_some()) {
+                    // Nothing below to hide: the mark means nothing now.
+                    let _ = sys::removexattr_fd(fd.as_fd(), self.ns.opaque());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells `moved` about a directory moving down whole and everything in
+    /// it (their inodes stay; only the branch they are in changes).
+    fn moved_tree(&mut self, dir: BorrowedFd<'_>, st: &Stat) -> Result<()> {
+        (self.moved)(st, st);
+        self.count.moved += 1;
+        for name in children(dir)? {
+            let c = cname(&name)?;
+            let child = sys::fstatat(dir, &c)?;
+            if is_dir(&child) {
+                let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
+                self.moved_tree(sub.as_fd(), &child)?;
+            } else {
+                (self.moved)(&child, &child);
+                self.count.moved += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+const DIR_FLAGS: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+
+fn is_dir(st: &Stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// The lower copy of a merged directory takes what the union showed of
+/// the upper one: mode, owner, extended attributes (overlay markers
+/// aside) and, last, its times.
+fn copy_dir_attrs(up: BorrowedFd<'_>, low: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
+    let st = sys::fstat(up)?;
+    sys::chown_fd(low, st.st_uid, st.st_gid)?;
+    sys::chmod_fd(low, st.st_mode & 0o7777)?;
+    let wanted: Vec<(Vec<u8>, Vec<u8>)> = sys::xattrs_of(up)?
+        .into_iter()
+        .filter(|(n, _)| !format::is_overlay_xattr(n, ns))
+        .collect();
+    for (name, _) in sys::xattrs_of(low)? {
+        if !format::is_overlay_xattr(&name, ns) && !wanted.iter().any(|(n, _)| *n == name) {
+            sys::removexattr_fd(low, &cname(&name)?)?;
+        }
+    }
+    for (name, value) in &wanted {
+        sys::setxattr_fd(low, &cname(name)?, value, 0)?;
+    }
+    sys::utimens_fd(low, atime_of(&st), mtime_of(&st))?;
+    Ok(())
+}
+
+/// The names in directory `dir` (open for reading), `.` and `..` aside.
+fn children(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+    let fd: OwnedFd = sys::reopen_dir(dir, libc::O_RDONLY)?;
+    let mut buf = sys::DirBuf::new(32 * 1024);
+    let mut out = Vec::new();
+    loop {
+        let batch = sys::getdents(fd.as_fd(), &mut buf)?;
+        if batch.is_empty() {
+            return Ok(out);
+        }
+        out.extend(
+            batch
+                .into_iter()
+                .map(|e| e.name)
+                .filter(|n| !format::is_dot(n)),
+        );
+    }
+}
+
+/// Removes `name` of `dir` and, for a directory, all it holds.
+pub(super) fn remove_tree(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    let st = sys::fstatat(dir, name)?;
+    if !is_dir(&st) {
+        return sys::unlinkat(dir, name, 0);
+    }
+    let sub = sys::openat(dir, name, DIR_FLAGS, 0)?;
+    for child in children(sub.as_fd())? {
+        remove_tree(sub.as_fd(), &cname(&child)?)?;
+    }
+    sys::unlinkat(dir, name, libc::AT_REMOVEDIR)
+}
+
+fn cname(name: &[u8]) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = dir.to_vec();
+    if !p.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::fs;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::path::{Path, PathBuf};
+
+    fn ns() -> XattrNs {
+        XattrNs::for_daemon()
+    }
+
+    fn open_dir(path: &Path) -> OwnedFd {
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+        sys::openat(sys::CWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0).unwrap()
+    }
+
+    fn whiteout(path: &Path) {
+        let parent = open_dir(path.parent().unwrap());
+        let name = cname(path.file_name().unwrap().as_bytes()).unwrap();
+        format::make_whiteout(parent.as_fd(), &name).unwrap();
+    }
+
+    fn opaque(path: &Path) {
+        format::set_opaque(open_dir(path).as_fd(), ns()).unwrap();
+    }
+
+    /// What a union of `branches` (top first) shows: every path with its
+    /// kind, content or target, mode and, for directories below the root,
+    /// mtime (the top copy's), per overlayfs's rules.
+    fn view(branches: &[PathBuf]) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let stack: Vec<PathBuf> = branches.to_vec();
+        walk(&stack, "", &mut out);
+        out
+    }
+
+    fn walk(stack: &[PathBuf], rel: &str, out: &mut BTreeMap<String, String>) {
+        let mut names = std::collections::BTreeSet::new();
+        for dir in stack {
+            for e in fs::read_dir(dir).unwrap() {
+                let n = e.unwrap().file_name().into_string().unwrap();
+                if n != index::INDEX_DIR && !format::is_temporary(n.as_bytes()) {
+                    names.insert(n);
+                }
+            }
+        }
+        for name in names {
+            let mut dirs = Vec::new();
+            for dir in stack {
+                let p = dir.join(&name);
+                let Ok(md) = fs::symlink_metadata(&p) else {
+                    continue;
+                };
+                let st =
+                    sys::fstatat(open_dir(dir).as_fd(), &cname(name.as_bytes()).unwrap()).unwrap();
+                if format::is_whiteout(&st) {
+                    break;
+                }
+                if !md.is_dir() {
+                    if dirs.is_empty() {
+                        let what = if md.file_type().is_symlink() {
+                            format!("link {:?}", fs::read_link(&p).unwrap())
+                        } else {
+                            format!("file {:?}", fs::read(&p).unwrap())
+                        };
+                        out.insert(
+                            format!("{rel}/{name}"),
+                            format!("{what} {:o}", md.permissions().mode()),
+                        );
+                    }
+                    break;
+                }
+                if dirs.is_empty() {
+                    out.insert(
+                        format!("{rel}/{name}"),
+                        format!(
+                            "dir {:o} {}",
+                            md.permissions().mode(),
+                            md.mtime_nsec() + md.mtime() * 1_000_000_000
+                        ),
+                    );
+                }
+                dirs.push(p.clone());
+                if format::is_opaque(open_dir(&p).as_fd(), ns()).unwrap() {
+                    break;
+                }
+            }
+            if !dirs.is_empty() {
+                walk(&dirs, &format!("{rel}/{name}"), out);
+            }
+        }
+    }
+
+    /// Upper and lower branches (and a deeper one) with every case of the
+    /// rules: moves, replacements both ways, whiteouts over files and
+    /// trees, opaque directories, merged directories with their own times.
+    fn fill(root: &Path, deeper: bool) -> Vec<PathBuf> {
+        let (up, low, deep) = (root.join("up"), root.join("low"), root.join("deep"));
+        for d in [&up, &low, &deep] {
+            fs::create_dir(d).unwrap();
+        }
+        let w = |p: PathBuf, s: &str| fs::write(p, s).unwrap();
+        // Only in the upper branch: a file, a symlink, a tree.
+        w(up.join("new"), "new");
+        symlink("new", up.join("ln")).unwrap();
+        fs::create_dir_all(up.join("tree/sub")).unwrap();
+        w(up.join("tree/sub/f"), "t");
+        // In both: the upper copy wins.
+        w(low.join("both"), "old");
+        w(up.join("both"), "newer");
+        // A file over a lower directory, a directory over a lower file.
+        fs::create_dir_all(low.join("was-dir/x")).unwrap();
+        w(up.join("was-dir"), "now a file");
+        w(low.join("was-file"), "f");
+        fs::create_dir(up.join("was-file")).unwrap();
+        w(up.join("was-file/in"), "in");
+        // Whiteouts over a lower file and a lower tree, and over nothing.
+        w(low.join("gone"), "g");
+        whiteout(&up.join("gone"));
+        fs::create_dir_all(low.join("gone-tree/a")).unwrap();
+        w(low.join("gone-tree/a/f"), "g");
+        whiteout(&up.join("gone-tree"));
+        whiteout(&up.join("gone-deep"));
+        // An opaque directory over a lower one.
+        fs::create_dir(low.join("op")).unwrap();
+        w(low.join("op/hidden"), "h");
+        fs::create_dir(up.join("op")).unwrap();
+        opaque(&up.join("op"));
+        w(up.join("op/shown"), "s");
+        // A merged directory, with its own mode and times in each branch.
+        fs::create_dir_all(low.join("m/keep")).unwrap();
+        w(low.join("m/lowonly"), "l");
+        w(low.join("m/over"), "l");
+        fs::create_dir(up.join("m")).unwrap();
+        w(up.join("m/over"), "u");
+        w(up.join("m/uponly"), "u");
+        whiteout(&up.join("m/lowonly"));
+        fs::set_permissions(up.join("m"), fs::Permissions::from_mode(0o751)).unwrap();
+        sys::set_times(&up.join("m"), 1_000_000_000, 2_000_000_000).unwrap();
+        if deeper {
+            w(deep.join("gone-deep"), "d");
+            w(deep.join("deep-only"), "d");
+            fs::create_dir(deep.join("was-file")).unwrap();
+            w(deep.join("was-file/deeper"), "kept out by the lower file");
+            fs::create_dir(deep.join("tree")).unwrap();
+            w(deep.join("tree/merged-through"), "d");
+            vec![up, low, deep]
+        } else {
+            vec![up, low]
+        }
+    }
+
+    fn merge(branches: &[PathBuf], stop_at: Option<usize>) -> Result<MergeCount> {
+        let (up, low) = (open_dir(&branches[0]), open_dir(&branches[1]));
+        let mut calls = 0;
+        let mut moved = |_: &Stat, _: &Stat| {
+            if Some(calls) == stop_at {
+                panic!("crash");
+            }
+            calls += 1;
+        };
+        merge_into(
+            up.as_fd(),
+            low.as_fd(),
+            branches.len() > 2,
+            ns(),
+            &mut moved,
+        )
+    }
+
+    fn is_empty(dir: &Path) -> bool {
+        fs::read_dir(dir).unwrap().next().is_none()
+    }
+
+    #[test]
+    fn a_merge_keeps_the_union_as_it_was() {
+        if sys::geteuid() != 0 {
+            return; // whiteouts need CAP_MKNOD
+        }
+        for deeper in [false, true] {
+            let t = tempfile::tempdir().unwrap();
+            let b = fill(t.path(), deeper);
+            let before = view(&b);
+            let n = merge(&b, None).unwrap();
+            assert!(is_empty(&b[0]), "the upper branch is left empty");
+            assert_eq!(view(&b[1..]), before, "deeper: {deeper}");
+            assert!(
+                n.moved >= 6 && n.merged_dirs == 1 && n.whiteouts == 4,
+                "{n:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_merge_interrupted_at_any_step_shows_the_same_and_finishes_when_run_again() {
+        if sys::geteuid() != 0 {
+            return;
+        }
+        for deeper in [false, true] {
+            let steps = {
+                let t = tempfile::tempdir().unwrap();
+                let b = fill(t.path(), deeper);
+                let mut calls = 0u32;
+                let (up, low) = (open_dir(&b[0]), open_dir(&b[1]));
+                merge_into(up.as_fd(), low.as_fd(), deeper, ns(), &mut |_, _| {
+                    calls += 1
+                })
+                .unwrap();
+                calls as usize
+            };
+            for stop in 0..steps {
+                let t = tempfile::tempdir().unwrap();
+                let b = fill(t.path(), deeper);
+                let before = view(&b);
+                let crashed = catch_unwind(AssertUnwindSafe(|| merge(&b, Some(stop))));
+                assert!(crashed.is_err(), "step {stop} of {steps}");
+                assert_eq!(view(&b), before, "after a crash at step {stop}");
+                merge(&b, None).unwrap();
+                assert!(is_empty(&b[0]));
+                assert_eq!(view(&b[1..]), before, "resumed after step {stop}");
+            }
+        }
+    }
+
+    #[test]
+    fn moved_objects_keep_their_inodes_and_merged_directories_are_reported() {
+        if sys::geteuid() != 0 {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let b = fill(t.path(), false);
+        let new_ino = fs::metadata(b[0].join("new")).unwrap().ino();
+        let (up_m, low_m) = (
+            fs::metadata(b[0].join("m")).unwrap().ino(),
+            fs::metadata(b[1].join("m")).unwrap().ino(),
+        );
+        let mut seen = Vec::new();
+        let (up, low) = (open_dir(&b[0]), open_dir(&b[1]));
+        merge_into(up.as_fd(), low.as_fd(), false, ns(), &mut |from, to| {
+            seen.push((from.st_ino, to.st_ino))
+        })
+        .unwrap();
+        assert_eq!(fs::metadata(b[1].join("new")).unwrap().ino(), new_ino);
+        assert!(seen.contains(&(new_ino, new_ino)));
+        assert!(seen.contains(&(up_m, low_m)), "{seen:?}");
+    }
+
+    #[test]
+    fn redirects_and_hard_link_indexes_are_refused_with_nothing_changed() {
+        if sys::geteuid() != 0 {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let b = fill(t.path(), false);
+        let d = b[0].join("moved-dir");
+        fs::create_dir(&d).unwrap();
+        format::set_redirect(open_dir(&d).as_fd(), ns(), b"/elsewhere").unwrap();
+        let err = merge(&b, None).unwrap_err();
+        assert_eq!(err.errno(), libc::EOPNOTSUPP, "{err}");
+        assert!(err.to_string().contains("moved-dir"), "{err}");
+
+        let t = tempfile::tempdir().unwrap();
+        let b = fill(t.path(), false);
+        let before = view(&b);
+        let ix = b[0].join(index::INDEX_DIR);
+        fs::create_dir(&ix).unwrap();
+        fs::write(ix.join("entry"), "x").unwrap();
+        let err = merge(&b, None).unwrap_err();
+        assert_eq!(err.errno(), libc::EOPNOTSUPP, "{err}");
+        assert_eq!(view(&b), before);
+    }
+}
