@@ -488,14 +488,19 @@ for mode in "${MODES[@]}"; do
     fi
     # Branches changed while mounted: a fresh read-write branch inserted on
     # top, the bottom one removed, then a snapshot (that branch frozen, a
-    # fresh one on top, where changes land).
+    # fresh one on top, where changes land), something written, a second
+    # snapshot, and snapmerge folding the second frozen branch into the
+    # first.
     if [ "$mode" = union-added ]; then
         mkdir -p "$src.top"
         chmod 755 "$src.top"
         if ! "$CHRONOFS_BIN" branch add "$mnt" "$src.top" >/dev/null ||
             ! "$CHRONOFS_BIN" branch remove "$mnt" 4 >/dev/null ||
-            ! "$CHRONOFS_BIN" snapshot "$mnt" >/dev/null; then
-            say "pjdfstest $mode: branch add/remove failed"
+            ! "$CHRONOFS_BIN" snapshot "$mnt" >/dev/null ||
+            ! mkdir "$mnt/merged-dir" || ! echo merged >"$mnt/merged-dir/f" ||
+            ! "$CHRONOFS_BIN" snapshot "$mnt" >/dev/null ||
+            ! "$CHRONOFS_BIN" snapmerge "$mnt" >/dev/null; then
+            say "pjdfstest $mode: branch add/remove/snapshot/snapmerge failed"
         fi
     fi
     chmod 755 "$mnt" 2>/dev/null || true
