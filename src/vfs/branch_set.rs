@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use super::branch_modes::{Blocking, RecordSet};
-use super::inodes::{BranchMount, Node};
+use super::inodes::{BranchMount, Inode, Node};
 use super::union::{is_dir, BranchSet, Member, Union, UNRANKED};
 use super::{errno, InodeNo, Result, Vfs, VfsError};
 use crate::branch::BranchId;
@@ -43,11 +43,13 @@ impl Vfs {
     /// The inode `ino` with a descriptor of its object, its union state
     /// re-derived first if the branch set changed since it was found.
     pub(super) fn node(&self, ino: InodeNo) -> Result<Node> {
-        let node = self.inodes.node(ino)?;
-        if self.union.is_some() && node.generation() != self.inodes.generation() {
-            return self.refresh_for_set(node);
+        let inode = self.inodes.get(ino)?;
+        if self.union.is_some() && inode.generation() != self.inodes.generation() {
+            // Before its descriptor is needed: the object a handle names
+            // may be gone (a directory a snapmerge emptied and removed).
+            return self.refresh_for_set(inode);
         }
-        Ok(node)
+        self.inodes.node_of(inode)
     }
 
     /// Brings an inode found under an older branch set up to the one in
@@ -56,33 +58,32 @@ impl Vfs {
     /// copy is now in another branch (one inserted above, or its own
     /// removed) its number moves there, as at copy-up; with no copy left,
     /// or a non-directory above it, it is gone.
-    fn refresh_for_set(&self, node: Node) -> Result<Node> {
+    fn refresh_for_set(&self, node: Arc<Inode>) -> Result<Node> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let _set = u.set_lock.read_recursive();
         let generation = self.inodes.generation();
         let own = self.inodes.branch_of(&node.key);
         if node.ino == InodeNo::ROOT {
-            self.inodes
-                .set_layers(&node.inode, u.root_layers(), generation);
+            self.inodes.set_layers(&node, u.root_layers(), generation);
             node.mark_recheck();
-            return Ok(node);
+            return self.inodes.node_of(node);
         }
         if !node.is_dir() {
             if u.rank(own) == UNRANKED {
-                return self.copy_gone(u, node);
+                return self.copy_gone(u, &node);
             }
             node.stamp(generation);
-            return Ok(node);
+            return self.inodes.node_of(node);
         }
         let Some((parent, name)) = node.name() else {
             if u.rank(own) == UNRANKED {
                 return Err(errno(libc::ESTALE));
             }
-            let mut layers = self.inodes.layers(&node.inode)?;
+            let mut layers = self.inodes.layers(&node)?;
             self.by_rank(&mut layers);
-            self.inodes.set_layers(&node.inode, layers, generation);
+            self.inodes.set_layers(&node, layers, generation);
             node.mark_recheck();
-            return Ok(node);
+            return self.inodes.node_of(node);
         };
         let parent = self.node(parent)?;
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
@@ -92,10 +93,9 @@ impl Vfs {
             return Err(errno(libc::ESTALE));
         }
         if self.inodes.key_in(branch, &st) == node.key {
-            self.inodes
-                .set_layers(&node.inode, found.lowers, generation);
+            self.inodes.set_layers(&node, found.lowers, generation);
             node.mark_recheck();
-            return Ok(node);
+            return self.inodes.node_of(node);
         }
         let fd = sys::open_path(dir.as_fd(), &cname)?;
         let st = sys::fstat(fd.as_fd())?;
@@ -112,7 +112,7 @@ impl Vfs {
     /// was copied up from, or another copy of a hard-linked one: their keys
     /// keep the number), the inode is that object now, as after a copy-up;
     /// else it is gone (ESTALE).
-    fn copy_gone(&self, u: &Union, node: Node) -> Result<Node> {
+    fn copy_gone(&self, u: &Union, node: &Inode) -> Result<Node> {
         let stale = || errno(libc::ESTALE);
         let (parent, name) = node.name().ok_or_else(stale)?;
         let parent = self.node(parent)?;

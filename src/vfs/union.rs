@@ -644,7 +644,21 @@ impl Vfs {
             None => {
                 let fd = sys::open_path(parent.as_fd(), &cname)?;
                 let st = sys::fstat(fd.as_fd())?;
-                let inode = self.inodes.acquire_in(branch, fd, &st, found.lowers)?;
+                let lowers = found.lowers.clone();
+                let mut inode = self.inodes.acquire_in(branch, fd, &st, found.lowers)?;
+                if inode.key != self.inodes.key_in(branch, &st)
+                    && inode.generation() != self.inodes.generation()
+                {
+                    // The number's inode is a copy in a branch that left
+                    // the set (one a snapmerge folded into this one, its
+                    // copy possibly gone): it is this object now.
+                    let fd = sys::open_path(parent.as_fd(), &cname)?;
+                    let st = sys::fstat(fd.as_fd())?;
+                    inode = self
+                        .inodes
+                        .rebind_keeping(inode.ino, branch, fd, &st, lowers)?;
+                    self.attrs_changed(inode.ino);
+                }
                 // Made after a branch set change, a directory's first use
                 // compares its entries with history whatever its
                 // attributes: the kernel may have forgotten it meanwhile,
