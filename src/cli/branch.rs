@@ -84,41 +84,41 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
 /// Freezes the union's upper branch under a name, a fresh one on top.
 pub fn snapshot(mnt: &Path, name: Option<&str>, force: bool, json: bool) -> Result<()> {
     let reply = daemon_target(mnt)?.client().snapshot(name, force)?;
-    if json {
-        h::print_json(&reply);
-        return Ok(());
-    }
-    print_set(
-        &reply.set,
-        false,
-        &format!(
-            "snapshot {}: the upper branch is frozen; changes now go to {}",
-            reply.name, reply.fresh
-        ),
+    let what = format!(
+        "snapshot {}: the upper branch is frozen; changes now go to {}",
+        reply.name, reply.fresh
     );
+    report(json, &reply, &reply.set, &what);
     Ok(())
+}
+
+/// A set-changing command's reply: as JSON, or the new set under `what`.
+fn report(
+    json: bool,
+    reply: &impl serde::Serialize,
+    set: &crate::control::proto::BranchSetReply,
+    what: &str,
+) {
+    if json {
+        h::print_json(reply);
+    } else {
+        print_set(set, false, what);
+    }
 }
 
 /// Folds frozen branches into the oldest of them.
 pub fn snapmerge(mnt: &Path, upto: Option<&str>, json: bool) -> Result<()> {
     let reply = daemon_target(mnt)?.client().snapmerge(upto)?;
-    if json {
-        h::print_json(&reply);
-        return Ok(());
-    }
-    print_set(
-        &reply.set,
-        false,
-        &format!(
-            "snapmerge: {} folded into snapshot {} ({} objects moved, {} directories merged, \
-             {} whiteouts applied)",
-            reply.merged.join(", "),
-            reply.into,
-            reply.moved,
-            reply.merged_dirs,
-            reply.whiteouts
-        ),
+    let what = format!(
+        "snapmerge: {} folded into snapshot {} ({} objects moved, {} directories merged, \
+         {} whiteouts applied)",
+        reply.merged.join(", "),
+        reply.into,
+        reply.moved,
+        reply.merged_dirs,
+        reply.whiteouts
     );
+    report(json, &reply, &reply.set, &what);
     Ok(())
 }
 

@@ -293,19 +293,27 @@ fn swap_by_exchange(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<CString> {
 fn list_children(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<(CString, bool)>> {
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
     let dir = sys::openat(dirfd, name, flags, 0)?;
-    let mut buf = sys::DirBuf::new(16 * 1024);
+    let mut out = Vec::new();
+    for e in entries(dir.as_fd())? {
+        let child = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
+        let wh = matches!(e.dtype, libc::DT_CHR | libc::DT_UNKNOWN)
+            && is_whiteout(&sys::fstatat(dir.as_fd(), &child)?);
+        out.push((child, wh));
+    }
+    Ok(out)
+}
+
+/// Every entry of the directory open as `dir` (for reading), `.` and `..`
+/// left out.
+pub(crate) fn entries(dir: BorrowedFd<'_>) -> io::Result<Vec<sys::DirEntry>> {
+    let mut buf = sys::DirBuf::new(32 * 1024);
     let mut out = Vec::new();
     loop {
-        let batch = sys::getdents(dir.as_fd(), &mut buf)?;
+        let batch = sys::getdents(dir, &mut buf)?;
         if batch.is_empty() {
             return Ok(out);
         }
-        for e in batch.into_iter().filter(|e| !is_dot(&e.name)) {
-            let child = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
-            let wh = matches!(e.dtype, libc::DT_CHR | libc::DT_UNKNOWN)
-                && is_whiteout(&sys::fstatat(dir.as_fd(), &child)?);
-            out.push((child, wh));
-        }
+        out.extend(batch.into_iter().filter(|e| !is_dot(&e.name)));
     }
 }
 

@@ -289,23 +289,14 @@ fn copy_dir_attrs(up: BorrowedFd<'_>, low: BorrowedFd<'_>, ns: XattrNs) -> Resul
     Ok(())
 }
 
-/// The names in directory `dir` (open for reading), `.` and `..` aside.
+/// The names in directory `dir` (any descriptor of it), `.` and `..`
+/// aside.
 fn children(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
     let fd: OwnedFd = sys::reopen_dir(dir, libc::O_RDONLY)?;
-    let mut buf = sys::DirBuf::new(32 * 1024);
-    let mut out = Vec::new();
-    loop {
-        let batch = sys::getdents(fd.as_fd(), &mut buf)?;
-        if batch.is_empty() {
-            return Ok(out);
-        }
-        out.extend(
-            batch
-                .into_iter()
-                .map(|e| e.name)
-                .filter(|n| !format::is_dot(n)),
-        );
-    }
+    Ok(format::entries(fd.as_fd())?
+        .into_iter()
+        .map(|e| e.name)
+        .collect())
 }
 
 /// Removes `name` of `dir` and, for a directory, all it holds.
