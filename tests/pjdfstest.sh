@@ -42,7 +42,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -227,7 +227,7 @@ trap 'exit 143' TERM
 mode_opts() {
     case $1 in
     default | samedir | union | union-moded | union-added) printf '' ;;
-    union-plain) printf 'plain' ;;
+    union-plain | union1-plain) printf 'plain' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
     policy) printf 'policy=%s,clean-interval=5' "$ROOT/tests/pjdfstest-policy.toml" ;;
@@ -460,6 +460,9 @@ for mode in "${MODES[@]}"; do
     branches=$src
     # A union: SRC read-write over three pre-filled read-only branches.
     case $mode in
+    # A union of one branch: the single-directory mount's removes and
+    # renames, the union's lookups.
+    union1*) branches="$src=rw" ;;
     union*)
         for l in 1 2 3; do
             mkdir -p "$src.l$l/dir$l/sub" "$src.l$l/shared"

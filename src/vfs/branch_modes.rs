@@ -62,6 +62,14 @@ impl Vfs {
         self.union().map(|u| u.set_lock.read_recursive())
     }
 
+    /// Whether removes and renames go through the union's code: in a
+    /// union that is not one directory ([`super::union::Union::is_one_directory`]).
+    /// Decided under [`Vfs::changing`].
+    pub(super) fn through_union(&self) -> bool {
+        self.union()
+            .is_some_and(|u| !u.is_one_directory(self.inodes.primary_branch()))
+    }
+
     /// The union's branches, top first.
     pub fn branches(&self) -> Result<Vec<BranchInfo>> {
         let u = self.union().ok_or(VfsError::NotUnion)?;

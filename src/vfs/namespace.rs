@@ -261,7 +261,12 @@ impl Vfs {
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
-        let held = self.hold_named(parent, name)?;
+        // A removed name needs no keeping: without history, a union that
+        // is one directory holds nothing (its rmdir reads no hold).
+        let held = match self.capture.is_none() && !self.through_union() {
+            true => None,
+            false => self.hold_named(parent, name)?,
+        };
         if let Err(e) = self.before_freeing(Some(parent), held) {
             self.release_held(held);
             return Err(e);
@@ -281,8 +286,11 @@ impl Vfs {
     ) -> Result<()> {
         let dir = self.node(parent)?;
         let cname = sys::cstr(name)?;
-        let victim = if self.union().is_some() {
-            if let Some(ino) = held.filter(|_| flags & libc::AT_REMOVEDIR == 0) {
+        // rmdir of a union's directory: one holding only whiteouts is
+        // empty to the user.
+        let rmdir = flags & libc::AT_REMOVEDIR != 0;
+        let victim = if self.through_union() || (rmdir && self.union().is_some()) {
+            if let Some(ino) = held.filter(|_| !rmdir) {
                 self.index_before_unlink(caller, ino)?;
             }
             let victim = self.union_remove(caller, parent, name, flags)?;
@@ -392,7 +400,13 @@ impl Vfs {
             self.before_change(held)?;
         }
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let victim = if self.union().is_some() {
+        let in_place = match self.through_union() {
+            true => None,
+            false => self.rename_in_place(caller, (parent, name), (newparent, newname), flags)?,
+        };
+        let victim = if let Some(victim) = in_place {
+            victim
+        } else {
             let moved = moved.ok_or(errno(libc::ENOENT))?;
             if target == Some(moved) {
                 // Two names of one object: nothing to do (rename(2); the
@@ -414,20 +428,6 @@ impl Vfs {
                 }
                 (victim, _) => victim,
             }
-        } else {
-            let olddir = self.node(parent)?;
-            let newdir = self.node(newparent)?;
-            let old = sys::cstr(name)?;
-            let new = sys::cstr(newname)?;
-            let victim = if !exchange {
-                self.pin_victim(&newdir, &new)?
-            } else {
-                None
-            };
-            creds::as_caller(caller, || {
-                sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
-            })?;
-            victim
         };
         // Renaming a name onto another name of the same object changes nothing.
         if let Some(obj) = moved.filter(|m| Some(*m) != target) {
@@ -445,6 +445,41 @@ impl Vfs {
             );
         }
         self.retire_if_last(victim)
+    }
+}
+
+impl Vfs {
+    /// rename(2) in the one directory the mount shows: a single-directory
+    /// mount, or a union that is one directory. Returns the replaced
+    /// object's attributes; `None` where the union's code must do it: in a
+    /// union, a new name that is a whiteout (no target to the user, for
+    /// RENAME_NOREPLACE too) or a directory (one holding only whiteouts is
+    /// empty to the user).
+    fn rename_in_place(
+        &self,
+        caller: &Caller,
+        (parent, name): (InodeNo, &OsStr),
+        (newparent, newname): (InodeNo, &OsStr),
+        flags: u32,
+    ) -> Result<Option<Option<Stat>>> {
+        let olddir = self.node(parent)?;
+        let newdir = self.node(newparent)?;
+        let old = sys::cstr(name)?;
+        let new = sys::cstr(newname)?;
+        let victim = match flags & libc::RENAME_EXCHANGE {
+            0 => self.pin_victim(&newdir, &new)?,
+            _ => None,
+        };
+        let needs_union = |st: &Stat| {
+            st.st_mode & libc::S_IFMT == libc::S_IFDIR || crate::union::format::is_whiteout(st)
+        };
+        if self.union().is_some() && victim.as_ref().is_some_and(needs_union) {
+            return Ok(None);
+        }
+        creds::as_caller(caller, || {
+            sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
+        })?;
+        Ok(Some(victim))
     }
 }
 

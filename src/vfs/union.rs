@@ -262,6 +262,16 @@ impl Union {
         self.set.read().member(b).is_some_and(|m| m.writable())
     }
 
+    /// One read-write branch, the one inode keys name by default
+    /// (`primary`), with no hard-link index: the union is that directory.
+    /// Removes and renames then take the single-directory mount's path:
+    /// nothing lies below to hide or copy up, and no link count is kept
+    /// beside the file system's. Stable while `set_lock` is held.
+    pub(super) fn is_one_directory(&self, primary: BranchId) -> bool {
+        let set = self.set.read();
+        matches!(&set.members[..], [m] if m.id == primary && m.writable() && m.index().is_none())
+    }
+
     /// Waits until no other thread copies `ino` up, then marks it as
     /// being copied by this one. Parents are entered while children are
     /// held, never the reverse, so two copy-ups cannot wait on each other.

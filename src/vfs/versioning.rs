@@ -331,9 +331,16 @@ impl Vfs {
     /// The object `name` in `parent` names, registered for the duration of
     /// an operation that will change or remove it (capture reads it through
     /// the inode table). The caller must `forget` it afterwards.
+    /// Without history, only a union holds it, to keep objects' names
+    /// (a branch change finds their copies by them).
     pub(super) fn hold_named(&self, parent: InodeNo, name: &OsStr) -> Result<Option<InodeNo>> {
-        if self.capture.is_none() && self.union().is_none() {
-            return Ok(None);
+        if self.capture.is_none() {
+            if self.union().is_none() {
+                return Ok(None);
+            }
+            if !self.through_union() {
+                return self.hold_known(parent, name);
+            }
         }
         let dir = self.node(parent)?;
         match self.lookup_in(&dir, name) {
@@ -341,6 +348,22 @@ impl Vfs {
             Err(e) if e.errno_is(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// [`Vfs::hold_named`] in a union that is one directory: the object
+    /// the kernel knows by that name, found by its key (one system call;
+    /// a lookup would also check the handle and the layers).
+    fn hold_known(&self, parent: InodeNo, name: &OsStr) -> Result<Option<InodeNo>> {
+        let dir = self.node(parent)?;
+        let st = match sys::fstatat(dir.fd(), &sys::cstr(name)?) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(self
+            .inodes
+            .acquire_known(&self.inodes.key_of(&st))
+            .map(|inode| inode.ino))
     }
 
     pub(super) fn release_held(&self, held: Option<InodeNo>) {

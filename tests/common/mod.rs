@@ -277,6 +277,8 @@ pub struct Mount {
     /// A union: the read-only branches below `src` (which is the
     /// read-write top), top first.
     pub lowers: Vec<PathBuf>,
+    /// A union of `src` alone (`SRC=rw`), not a single-directory mount.
+    one_branch: bool,
     child: Option<Child>,
     generation: u32,
 }
@@ -289,6 +291,23 @@ impl Mount {
     /// Like [`Mount::new`], running `setup` on the source directory before
     /// the first mount (for files that predate the mount).
     pub fn new_with(opts: &str, setup: impl FnOnce(&Path)) -> Mount {
+        let mut m = Mount::unstarted(opts);
+        setup(&m.src);
+        m.start();
+        m
+    }
+
+    /// A union of one read-write branch, `src` (`SRC=rw`), which `setup`
+    /// fills first.
+    pub fn one_branch_union(opts: &str, setup: impl FnOnce(&Path)) -> Mount {
+        let mut m = Mount::unstarted(opts);
+        m.one_branch = true;
+        setup(&m.src);
+        m.start();
+        m
+    }
+
+    fn unstarted(opts: &str) -> Mount {
         let dir = tempdir();
         let src = dir.path().join("src");
         let mnt = dir.path().join("mnt");
@@ -305,7 +324,7 @@ impl Mount {
         } else {
             mnt
         };
-        let mut m = Mount {
+        Mount {
             mode: opts.to_string(),
             dir,
             src,
@@ -313,12 +332,10 @@ impl Mount {
             native,
             log,
             lowers: Vec::new(),
+            one_branch: false,
             child: None,
             generation: 0,
-        };
-        setup(&m.src);
-        m.start();
-        m
+        }
     }
 
     /// A union mount: `src` read-write on top of `lowers` read-only
@@ -334,6 +351,7 @@ impl Mount {
             lowers: (1..=lowers)
                 .map(|i| dir.path().join(format!("lower{i}")))
                 .collect(),
+            one_branch: false,
             dir,
             child: None,
             generation: 0,
@@ -353,7 +371,7 @@ impl Mount {
 
     /// The source argument: SRC, or a union's branch list.
     fn source_arg(&self) -> std::ffi::OsString {
-        if self.lowers.is_empty() {
+        if self.lowers.is_empty() && !self.one_branch {
             return self.src.clone().into_os_string();
         }
         let mut arg = self.src.clone().into_os_string();
