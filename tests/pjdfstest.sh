@@ -42,7 +42,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain union-sandbox"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -133,6 +133,7 @@ fi
 CUR_MNT=""
 CUR_PID=""
 PJD_PID=""
+PJD_WRAP=()
 
 # ------------------------------------------------------------------ mount helpers
 # True if $1 is a mount point (read from mountinfo: never stats a possibly
@@ -226,7 +227,7 @@ trap 'exit 143' TERM
 
 mode_opts() {
     case $1 in
-    default | samedir | union | union-moded | union-added) printf '' ;;
+    default | samedir | union | union-moded | union-added | union-sandbox) printf '' ;;
     union-plain | union1-plain) printf 'plain' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
@@ -326,7 +327,7 @@ retry_failures() {
         n=$((n + 1))
         [ "$n" -le 5 ] || break
         # A name is a substring pattern; only its own line is read back.
-        (cd "$dir" && NO_COLOR=1 timeout -k 10 120 "$PJDFSTEST" "${args[@]}" -- "$t") \
+        (cd "$dir" && NO_COLOR=1 timeout -k 10 120 "${PJD_WRAP[@]}" "$PJDFSTEST" "${args[@]}" -- "$t") \
             </dev/null 2>&1 | sed -E 's/\x1b\[[0-9;]*m//g' >"$out.retry" || true
         if awk -v t="$t" '$1 == t && $NF == "ok" { found = 1 } END { exit !found }' "$out.retry"; then
             awk -v t="$t" '$1 == t { $2 = "ok" } { print }' "$out.res" >"$out.res.tmp" &&
@@ -350,7 +351,7 @@ run_pjdfstest() {
     # In the background + wait, so that INT/TERM traps run even while the
     # suite is blocked on a hung mount.
     (cd "$dir" && NO_COLOR=1 exec timeout -k 10 "$PJDFSTEST_TIMEOUT" \
-        "$PJDFSTEST" "${args[@]}" -- "${pats[@]}") </dev/null >"$out.raw" 2>&1 &
+        "${PJD_WRAP[@]}" "$PJDFSTEST" "${args[@]}" -- "${pats[@]}") </dev/null >"$out.raw" 2>&1 &
     PJD_PID=$!
     wait "$PJD_PID" || rc=$?
     PJD_PID=""
@@ -504,6 +505,16 @@ for mode in "${MODES[@]}"; do
             ! "$CHRONOFS_BIN" snapshot "$mnt" >/dev/null ||
             ! "$CHRONOFS_BIN" snapmerge "$mnt" >/dev/null; then
             say "pjdfstest $mode: branch add/remove/snapshot/snapmerge failed"
+        fi
+    fi
+    # In a sandbox of the union: pjdfstest (and its retries) run through
+    # `chronofs sandbox`, in the sandbox the first call made.
+    PJD_WRAP=()
+    if [ "$mode" = union-sandbox ]; then
+        if "$CHRONOFS_BIN" sandbox "$mnt" -- true 2>/dev/null; then
+            PJD_WRAP=("$CHRONOFS_BIN" sandbox "$mnt" --id 1 --)
+        else
+            say "pjdfstest $mode: chronofs sandbox failed"
         fi
     fi
     chmod 755 "$mnt" 2>/dev/null || true

@@ -12,6 +12,8 @@ mod maintain;
 mod mount;
 mod options;
 mod restore;
+mod sandbox;
+mod sandbox_host;
 mod union_fsck;
 
 use std::ffi::OsString;
@@ -301,6 +303,44 @@ enum Command {
         #[command(subcommand)]
         verb: BranchVerb,
     },
+    /// Run a command in a sandbox of a mount: what it and its children
+    /// change goes to a private read-write layer over the mount that no
+    /// other process sees, kept until `sandbox discard` (root only: a
+    /// mount namespace). `chronofs sandbox MNT -- CMD ARGS...`
+    #[command(args_conflicts_with_subcommands = true)]
+    Sandbox {
+        #[command(subcommand)]
+        verb: Option<SandboxVerb>,
+        /// The mount point.
+        mnt: Option<PathBuf>,
+        /// Run in sandbox N, made by an earlier run, instead of a new one.
+        #[arg(long, value_name = "N")]
+        id: Option<u32>,
+        /// The command and its arguments, after --.
+        #[arg(last = true)]
+        cmd: Vec<std::ffi::OsString>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SandboxVerb {
+    /// The sandboxes of the mount at MNT, or of every mount: id, mount,
+    /// when made, whether served now, where their changes are.
+    List {
+        mnt: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Throw sandbox ID away with its changes (root only); processes still
+    /// in it lose their view (ENOTCONN).
+    Discard {
+        id: u32,
+        /// The mount whose sandbox it is (needed when several have one ID).
+        #[arg(long, value_name = "MNT")]
+        mount: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -430,6 +470,7 @@ const VERBS: &[&str] = &[
     "branch",
     "snapshot",
     "snapmerge",
+    "sandbox",
     "help",
     "--help",
     "-h",
@@ -788,6 +829,16 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                 force,
                 json,
             } => branch::remove(&mnt, &which, force, json),
+        },
+        Command::Sandbox { verb, mnt, id, cmd } => match (verb, mnt) {
+            (Some(SandboxVerb::List { mnt, json }), _) => sandbox::list(mnt.as_deref(), json),
+            (Some(SandboxVerb::Discard { id, mount, json }), _) => {
+                sandbox::discard(id, mount.as_deref(), json)
+            }
+            (None, Some(mnt)) => sandbox::run(&mnt, id, &cmd),
+            (None, None) => Err(anyhow::anyhow!(
+                "give the mount point: chronofs sandbox MNT -- CMD ARGS..."
+            )),
         },
         Command::Mount { .. } | Command::Umount { .. } | Command::Diff { .. } => Ok(()),
     }

@@ -360,7 +360,7 @@ fn serve(plan: &Plan, opts: &MountOptions, mut notify: Notify) -> Result<()> {
     // Blocked before any thread exists, so every thread inherits the mask
     // and only the waiter below ever receives these signals.
     let signals = sys::SignalWaiter::block_termination_signals()?;
-    let (session, history, _control) = match prepare(plan, opts, daemon) {
+    let (session, history, _control, sandboxes) = match prepare(plan, opts, daemon) {
         Ok(s) => s,
         Err(e) => {
             notify.report(&format!("{e:#}"));
@@ -381,6 +381,8 @@ fn serve(plan: &Plan, opts: &MountOptions, mut notify: Notify) -> Result<()> {
     notify.report("ok");
     tracing::info!("mounted {} at {}", plan.src.display(), plan.mnt.display());
     let result = session.run().context("FUSE session failed");
+    // Their mounts would outlive the daemon, dead.
+    sandboxes.stop_all();
     // No request can come any more: record what is queued, durably.
     if let Some(rec) = history {
         // An unfinished ingest resumes at the next mount (`ingest=first`).
@@ -530,7 +532,12 @@ fn assign_branch_ids(
 
 /// The mount, what records its history, and the control socket of a
 /// mount without history.
-type Prepared = (Mounted, Option<Recording>, Option<control::Server>);
+type Prepared = (
+    Mounted,
+    Option<Recording>,
+    Option<control::Server>,
+    Arc<super::sandbox_host::Sandboxes>,
+);
 
 fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     init_logging(opts, daemon)?;
@@ -579,6 +586,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
         write_path: opts.write_path,
         views: opts.views.clone(),
     };
+    let sandbox_vfs_cfg = vfs_cfg.clone();
     let vfs = match branches {
         Branches::One(branch) => Vfs::new(branch, inomap, vfs_cfg, capture.clone()),
         Branches::Union(list) => Vfs::new_union(list, inomap, vfs_cfg, capture.clone(), opts.union),
@@ -600,15 +608,17 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
             Err(e) => tracing::warn!("store directory {}: {e}", store.dir().display()),
         }
     }
-    let fs = ChronoFuse::new(
-        vfs.clone(),
-        AdapterConfig {
-            // every-write needs to see each write, so the daemon does them.
-            passthrough: opts.passthrough && !opts.every_write,
-            writeback: opts.writeback,
-            readdirplus: opts.readdirplus,
-        },
-    )?;
+    let adapter = AdapterConfig {
+        // every-write needs to see each write, so the daemon does them.
+        passthrough: opts.passthrough && !opts.every_write,
+        writeback: opts.writeback,
+        readdirplus: opts.readdirplus,
+    };
+    let sandbox_adapter = AdapterConfig {
+        passthrough: opts.passthrough,
+        ..adapter.clone()
+    };
+    let fs = ChronoFuse::new(vfs.clone(), adapter)?;
     let counts = fs.request_counts();
     let mut kernel_flags = opts.kernel.clone();
     // A mount must not revive set-id files or device nodes that SRC's own
@@ -653,17 +663,35 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     if opts.uring == Uring::On && !session.io_uring_granted() {
         bail!("uring=on: the kernel did not offer FUSE over io_uring at INIT");
     }
+    let recipe = super::sandbox_host::Recipe {
+        vfs: sandbox_vfs_cfg,
+        adapter: sandbox_adapter,
+        spec: spec.clone(),
+        union: opts.union,
+        reserved: plan.reserved.clone(),
+    };
+    let sandboxes = Arc::new(super::sandbox_host::Sandboxes::new(
+        &plan.store,
+        recipe,
+        sandbox_refusal(plan),
+    ));
     let control = match (&history, &policy) {
         (Some(h), Some(p)) => {
-            let ctx = (&vfs, &store, counts, session.transport());
+            let ctx = (&vfs, &store, counts, session.transport(), sandboxes.clone());
             start_control(plan, src_root, h, ctx, p.clone())?
         }
-        // A union without history still answers `chronofs branch`.
-        _ if !plan.union.is_empty() => {
-            let host = mount_host(plan, (&vfs, &store), counts, session.transport())?;
+        // Without history a mount still answers `chronofs branch` and
+        // `chronofs sandbox`.
+        _ => {
+            let host = mount_host(
+                plan,
+                (&vfs, &store),
+                counts,
+                session.transport(),
+                sandboxes.clone(),
+            )?;
             serve_control(plan, Arc::new(control::service::HostOnly(host)))?
         }
-        _ => None,
     };
     let cleaner = match (&history, &policy) {
         (Some(h), Some(p)) if !opts.clean_interval.is_zero() => Some(
@@ -695,9 +723,9 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
                 capture: c,
                 _control: control,
             };
-            (session, Some(rec), None)
+            (session, Some(rec), None, sandboxes)
         }
-        _ => (session, None, control),
+        _ => (session, None, control, sandboxes),
     })
 }
 
@@ -728,6 +756,9 @@ struct MountHost {
     snapshots: parking_lot::Mutex<std::collections::HashMap<u32, String>>,
     /// Held by each branch change: one at a time.
     changes: parking_lot::Mutex<()>,
+    /// One SRC: the directory a sandbox lies over (a union's are `paths`).
+    src: Option<PathBuf>,
+    sandboxes: Arc<super::sandbox_host::Sandboxes>,
 }
 
 impl MountHost {
@@ -967,6 +998,7 @@ impl control::service::Host for MountHost {
         use control::service::Error;
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
+        self.sandboxes.refuse_set_change()?;
         let path = PathBuf::from(path);
         if !path.is_absolute() {
             return Err(Error::Usage(format!(
@@ -1017,6 +1049,7 @@ impl control::service::Host for MountHost {
         };
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
+        self.sandboxes.refuse_set_change()?;
         let Some((log, mounted)) = &self.record else {
             return Err(Error::Usage("this mount records no branch set".into()));
         };
@@ -1119,6 +1152,7 @@ impl control::service::Host for MountHost {
         use control::service::Error;
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
+        self.sandboxes.refuse_set_change()?;
         if self.record.is_none() {
             return Err(Error::Usage("this mount records no branch set".into()));
         }
@@ -1157,6 +1191,37 @@ impl control::service::Host for MountHost {
         Ok(reply)
     }
 
+    fn start_sandbox(
+        &self,
+        id: Option<u32>,
+    ) -> control::service::Result<control::proto::SandboxRow> {
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let _one = self.changes.lock();
+        let base = match &self.src {
+            Some(src) => vec![src.clone()],
+            None => {
+                let paths = self.paths.lock();
+                let mut base = Vec::new();
+                for b in vfs.branches()? {
+                    base.push(paths.get(&b.id).cloned().ok_or_else(|| {
+                        control::service::Error::NotFound(format!("branch id {}: no path", b.id))
+                    })?);
+                }
+                base
+            }
+        };
+        self.sandboxes.start(id, base)
+    }
+
+    fn sandboxes(&self) -> control::service::Result<Vec<control::proto::SandboxRow>> {
+        self.sandboxes.list()
+    }
+
+    fn discard_sandbox(&self, id: u32) -> control::service::Result<control::proto::SandboxRow> {
+        let _one = self.changes.lock();
+        self.sandboxes.discard(id)
+    }
+
     fn remove_branch(
         &self,
         branch: &str,
@@ -1164,6 +1229,7 @@ impl control::service::Host for MountHost {
     ) -> control::service::Result<control::proto::BranchSetReply> {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
+        self.sandboxes.refuse_set_change()?;
         let position = self.branch_position(&vfs, branch)?;
         let t0 = std::time::Instant::now();
         let change = vfs.remove_branch(position, force, &self.recorder())?;
@@ -1270,11 +1336,12 @@ fn start_control(
     plan: &Plan,
     root: std::os::fd::OwnedFd,
     history: &HistoryHandle,
-    (vfs, store, counts, transport): (
+    (vfs, store, counts, transport, sandboxes): (
         &Arc<Vfs>,
         &Store,
         Arc<crate::fuse::RequestCounts>,
         crate::fuse::TransportState,
+        Arc<super::sandbox_host::Sandboxes>,
     ),
     policy: control::PolicyHolder,
 ) -> Result<Option<control::Server>> {
@@ -1282,7 +1349,7 @@ fn start_control(
         Arc::clone(history),
         root,
         plan.reserved.clone(),
-        mount_host(plan, (vfs, store), counts, transport)?,
+        mount_host(plan, (vfs, store), counts, transport, sandboxes)?,
         store.dir().to_path_buf(),
         policy,
     );
@@ -1294,6 +1361,7 @@ fn mount_host(
     (vfs, store): (&Arc<Vfs>, &Store),
     counts: Arc<crate::fuse::RequestCounts>,
     transport: crate::fuse::TransportState,
+    sandboxes: Arc<super::sandbox_host::Sandboxes>,
 ) -> Result<Box<dyn control::service::Host>> {
     let modes = match plan.union.is_empty() {
         true => None,
@@ -1323,7 +1391,25 @@ fn mount_host(
         fresh_dir: plan.store.join("branches"),
         snapshots: parking_lot::Mutex::new(snapshots),
         changes: parking_lot::Mutex::new(()),
+        src: plan.union.is_empty().then(|| plan.src.clone()),
+        sandboxes,
     }))
+}
+
+/// Why this mount cannot have sandboxes: the daemon reaches its store
+/// and branches by path, and under the mount point a path leads into the
+/// mount itself.
+fn sandbox_refusal(plan: &Plan) -> Option<String> {
+    let covered = |p: &Path| p.starts_with(&plan.mnt);
+    let base = std::iter::once(&plan.src).chain(plan.union.iter().map(|(p, _)| p));
+    if covered(&plan.store) || base.into_iter().any(|p| covered(p)) {
+        return Some(format!(
+            "sandboxes need the store and the branches outside the mount point {} \
+             (mounted with MNT = SRC: give -o store=DIR elsewhere and a SRC apart from MNT)",
+            plan.mnt.display()
+        ));
+    }
+    None
 }
 
 /// The mount's control socket, answered by `answerer`.

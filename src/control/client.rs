@@ -264,6 +264,18 @@ impl Client<'_> {
         })
     }
 
+    pub fn sandbox_start(&self, id: Option<u32>) -> Result<super::proto::SandboxRow> {
+        self.ask(Request::SandboxStart { id })
+    }
+
+    pub fn sandboxes(&self) -> Result<super::proto::SandboxList> {
+        self.ask(Request::Sandboxes)
+    }
+
+    pub fn sandbox_discard(&self, id: u32) -> Result<super::proto::SandboxRow> {
+        self.ask(Request::SandboxDiscard { id })
+    }
+
     pub fn branch_remove(&self, branch: &str, force: bool) -> Result<super::proto::BranchSetReply> {
         self.ask(Request::BranchRemove {
             branch: branch.into(),

@@ -19,7 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
-pub const PROTOCOL: u32 = 9;
+pub const PROTOCOL: u32 = 10;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -150,6 +150,18 @@ pub enum Request {
     Snapmerge {
         upto: Option<String>,
     },
+    /// Serve sandbox `id` (a new one when none): a private read-write
+    /// branch over the mount's branches, mounted where only the processes
+    /// given it see it (root only).
+    SandboxStart {
+        id: Option<u32>,
+    },
+    /// The mount's sandboxes.
+    Sandboxes,
+    /// Throw sandbox `id` away, its changes with it (root only).
+    SandboxDiscard {
+        id: u32,
+    },
 }
 
 impl Request {
@@ -163,6 +175,9 @@ impl Request {
                 | Request::BranchRemove { .. }
                 | Request::Snapshot { .. }
                 | Request::Snapmerge { .. }
+                | Request::SandboxStart { .. }
+                | Request::Sandboxes
+                | Request::SandboxDiscard { .. }
         )
     }
 }
@@ -543,6 +558,27 @@ pub struct SnapshotReply {
     pub set: BranchSetReply,
 }
 
+/// One sandbox, as `SandboxStart`, `Sandboxes` and `SandboxDiscard`
+/// report it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SandboxRow {
+    pub id: u32,
+    /// When it was made (ns since the epoch).
+    pub created_ns: u64,
+    /// Served now: where its view is mounted (a directory only root
+    /// reaches; `chronofs sandbox` binds it over the mount point in a
+    /// private mount namespace). None: kept on disk, not served.
+    pub mountpoint: Option<String>,
+    /// Its private branch: what its processes changed.
+    pub branch: String,
+}
+
+/// `Sandboxes`' reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SandboxList {
+    pub sandboxes: Vec<SandboxRow>,
+}
+
 /// `Snapmerge`'s reply.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SnapmergeReply {
@@ -742,6 +778,8 @@ pub enum Answer {
     BranchSet(BranchSetReply),
     Snapshot(SnapshotReply),
     Snapmerge(SnapmergeReply),
+    Sandbox(SandboxRow),
+    Sandboxes(SandboxList),
 }
 
 #[cfg(test)]

@@ -92,6 +92,18 @@ pub trait Host: LiveIds {
     fn snapmerge(&self, _upto: Option<&str>) -> Result<super::proto::SnapmergeReply> {
         Err(Error::Usage("nothing is mounted".into()))
     }
+    /// Serves sandbox `id`, or a new one (the caller checked the
+    /// privilege).
+    fn start_sandbox(&self, _id: Option<u32>) -> Result<super::proto::SandboxRow> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
+    fn sandboxes(&self) -> Result<Vec<super::proto::SandboxRow>> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
+    /// Throws sandbox `id` away (the caller checked the privilege).
+    fn discard_sandbox(&self, _id: u32) -> Result<super::proto::SandboxRow> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
     /// Removes a union's branch (the caller checked the privilege).
     fn remove_branch(&self, _branch: &str, _force: bool) -> Result<super::proto::BranchSetReply> {
         Err(Error::Usage("nothing is mounted".into()))
@@ -126,10 +138,14 @@ impl Answerer for HostOnly {
 }
 
 fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer> {
-    if !matches!(req, Request::Branches) && peer.uid != 0 {
-        return Err(Error::NotPermitted(
-            "only root may change a union's branches".into(),
-        ));
+    if !matches!(req, Request::Branches | Request::Sandboxes) && peer.uid != 0 {
+        let what = match req {
+            Request::SandboxStart { .. } | Request::SandboxDiscard { .. } => {
+                "only root may start or discard a sandbox (it needs a mount namespace)"
+            }
+            _ => "only root may change a union's branches",
+        };
+        return Err(Error::NotPermitted(what.into()));
     }
     match req {
         Request::BranchMode {
@@ -153,6 +169,11 @@ fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer>
             Ok(Answer::Snapshot(host.snapshot(name.as_deref(), *force)?))
         }
         Request::Snapmerge { upto } => Ok(Answer::Snapmerge(host.snapmerge(upto.as_deref())?)),
+        Request::SandboxStart { id } => Ok(Answer::Sandbox(host.start_sandbox(*id)?)),
+        Request::Sandboxes => Ok(Answer::Sandboxes(proto::SandboxList {
+            sandboxes: host.sandboxes()?,
+        })),
+        Request::SandboxDiscard { id } => Ok(Answer::Sandbox(host.discard_sandbox(*id)?)),
         _ => Ok(Answer::Branches(proto::BranchList {
             branches: host.branches()?,
         })),
@@ -315,7 +336,10 @@ impl Service {
             | Request::BranchAdd { .. }
             | Request::BranchRemove { .. }
             | Request::Snapshot { .. }
-            | Request::Snapmerge { .. } => branch_request(&*self.host, req, peer)?,
+            | Request::Snapmerge { .. }
+            | Request::SandboxStart { .. }
+            | Request::Sandboxes
+            | Request::SandboxDiscard { .. } => branch_request(&*self.host, req, peer)?,
         })
     }
 

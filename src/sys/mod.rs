@@ -623,6 +623,25 @@ pub fn umount2(path: &CStr, flags: i32) -> io::Result<()> {
     rustix::mount::unmount(path, flags).map_err(os_err)
 }
 
+/// Moves the calling process into a mount namespace of its own, whose
+/// mounts and unmounts neither reach the others nor come from them
+/// (`chronofs sandbox`, before it execs the command). Needs
+/// CAP_SYS_ADMIN.
+pub fn private_mount_namespace() -> io::Result<()> {
+    use rustix::thread::UnshareFlags;
+    // SAFETY: unshare(CLONE_NEWNS) reads and writes no memory of this
+    // process; it gives the calling thread a copy of the mount namespace
+    // and its own fs_struct, which the single-threaded CLI does not share.
+    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }.map_err(os_err)?;
+    use rustix::mount::MountPropagationFlags as P;
+    rustix::mount::mount_change(c"/", P::PRIVATE | P::REC).map_err(os_err)
+}
+
+/// Binds the tree mounted at `from` over `to` (in this mount namespace).
+pub fn bind_mount(from: &std::path::Path, to: &std::path::Path) -> io::Result<()> {
+    rustix::mount::mount_bind_recursive(from, to).map_err(os_err)
+}
+
 /// Blocks the termination signals in the calling thread (and threads it
 /// starts later) and returns a waiter that receives them synchronously.
 /// rustix exposes signal masks only through its unsafe runtime module, so

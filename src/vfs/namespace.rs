@@ -369,7 +369,18 @@ impl Vfs {
             self.before_dir_change(newparent)?;
         }
         let moved = self.hold_named(parent, name)?;
-        let target = match self.hold_named(newparent, newname) {
+        // In a union that is one directory, without history, the target
+        // matters only to an exchange (its name) and to the union's code
+        // (`rename_held` holds it then).
+        let lazy = self.capture.is_none()
+            && flags & libc::RENAME_EXCHANGE == 0
+            && self.union().is_some()
+            && !self.through_union();
+        let target = match if lazy {
+            Ok(None)
+        } else {
+            self.hold_named(newparent, newname)
+        } {
             Ok(t) => t,
             Err(e) => {
                 self.release_held(moved);
@@ -408,25 +419,24 @@ impl Vfs {
             victim
         } else {
             let moved = moved.ok_or(errno(libc::ENOENT))?;
-            if target == Some(moved) {
-                // Two names of one object: nothing to do (rename(2); the
-                // kernel answers it before asking).
-                return Ok(());
-            }
-            let victim = self.union_rename(
+            let late = match target {
+                None if !self.through_union() => self.hold_named(newparent, newname)?,
+                _ => None,
+            };
+            let held = (moved, target.or(late));
+            let done = self.rename_through_union(
                 caller,
                 (parent, name),
                 (newparent, newname),
                 flags,
-                (moved, target),
-            )?;
-            match (victim, target) {
-                (Some(st), Some(t)) if !exchange && t != moved => {
-                    let shown = self.shown(t, st);
-                    self.links_changed(t, -1)?;
-                    Some(shown)
-                }
-                (victim, _) => victim,
+                held,
+            );
+            self.release_held(late);
+            match done? {
+                Some(victim) => victim,
+                // Two names of one object: nothing to do (rename(2); the
+                // kernel answers it before asking).
+                None => return Ok(()),
             }
         };
         // Renaming a name onto another name of the same object changes nothing.
@@ -449,6 +459,38 @@ impl Vfs {
 }
 
 impl Vfs {
+    /// rename(2) through the union's code. Returns the replaced object's
+    /// attributes as the user saw them; `None` when both names are of one
+    /// object (nothing to do).
+    fn rename_through_union(
+        &self,
+        caller: &Caller,
+        (parent, name): (InodeNo, &OsStr),
+        (newparent, newname): (InodeNo, &OsStr),
+        flags: u32,
+        (moved, target): (InodeNo, Option<InodeNo>),
+    ) -> Result<Option<Option<Stat>>> {
+        if target == Some(moved) {
+            return Ok(None);
+        }
+        let victim = self.union_rename(
+            caller,
+            (parent, name),
+            (newparent, newname),
+            flags,
+            (moved, target),
+        )?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        Ok(Some(match (victim, target) {
+            (Some(st), Some(t)) if !exchange && t != moved => {
+                let shown = self.shown(t, st);
+                self.links_changed(t, -1)?;
+                Some(shown)
+            }
+            (victim, _) => victim,
+        }))
+    }
+
     /// rename(2) in the one directory the mount shows: a single-directory
     /// mount, or a union that is one directory. Returns the replaced
     /// object's attributes; `None` where the union's code must do it: in a

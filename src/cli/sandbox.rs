@@ -1,0 +1,186 @@
+//! `chronofs sandbox`: a command run against a private read-write layer
+//! over a mount (issue 17). The daemon serves the sandbox
+//! (cli/sandbox_host.rs); this asks it for one, enters a mount namespace
+//! of its own in which the sandbox covers the mount point, and execs the
+//! command there: the command and its children see the sandbox, every
+//! other process the mount as it was. docs/ARCHITECTURE.md "Sandboxes".
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+
+use super::history as h;
+use crate::control::{self, proto::SandboxRow, Client};
+use crate::sys;
+
+/// The mount point `path` names and its control socket.
+fn mount_at(path: &Path) -> Result<(PathBuf, PathBuf)> {
+    let abs = path
+        .canonicalize()
+        .with_context(|| format!("{}", path.display()))?;
+    let m = control::mount_of(&abs)
+        .filter(|m| m.mount_point == abs)
+        .ok_or_else(|| {
+            anyhow!(
+                "{}: not the mount point of a chronofs mount",
+                path.display()
+            )
+        })?;
+    let socket = control::socket_of(&m, sys::geteuid()).ok_or_else(|| {
+        anyhow!(
+            "the chronofs mount at {} has no control socket",
+            abs.display()
+        )
+    })?;
+    Ok((abs, socket))
+}
+
+/// Runs `cmd` in sandbox `id` of the mount at `mnt`, or in a new one.
+/// Returns only on failure: the command replaces this process.
+pub fn run(mnt: &Path, id: Option<u32>, cmd: &[OsString]) -> Result<()> {
+    let (mnt, socket) = mount_at(mnt)?;
+    let Some((prog, args)) = cmd.split_first() else {
+        bail!("give the command to run after --");
+    };
+    // Before a sandbox is made for it.
+    if !runnable(prog) {
+        bail!("cannot run {}: no such program", prog.to_string_lossy());
+    }
+    // Resolved again inside the namespace: a directory under the mount
+    // point then leads into the sandbox.
+    let cwd = std::env::current_dir().ok();
+    let row = Client::Daemon(&socket).sandbox_start(id)?;
+    let from = row
+        .mountpoint
+        .as_deref()
+        .ok_or_else(|| anyhow!("the daemon did not serve sandbox {}", row.id))?;
+    sys::private_mount_namespace()
+        .context("cannot make a mount namespace for the sandbox (it needs root)")?;
+    sys::bind_mount(Path::new(from), &mnt)
+        .with_context(|| format!("cannot put sandbox {} over {}", row.id, mnt.display()))?;
+    if let Some(cwd) = cwd {
+        if let Err(e) = std::env::set_current_dir(&cwd) {
+            bail!("{}: {e}", cwd.display());
+        }
+    }
+    eprintln!(
+        "chronofs: sandbox {} over {} (chronofs sandbox discard {} throws it away)",
+        row.id,
+        mnt.display(),
+        row.id
+    );
+    let e = std::process::Command::new(prog).args(args).exec();
+    Err(anyhow!("cannot run {}: {e}", prog.to_string_lossy()))
+}
+
+/// Whether `prog` names an executable file, as execvp(3) would find it.
+fn runnable(prog: &std::ffi::OsStr) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let is_exe = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if prog.as_encoded_bytes().contains(&b'/') {
+        return is_exe(Path::new(prog));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path).any(|dir| is_exe(&dir.join(prog)))
+}
+
+#[derive(Serialize)]
+struct Listed {
+    mount: String,
+    #[serde(flatten)]
+    row: SandboxRow,
+}
+
+/// The sandboxes of the mount at `mnt`, or of every chronofs mount.
+fn all_sandboxes(mnt: Option<&Path>) -> Result<Vec<(PathBuf, PathBuf, SandboxRow)>> {
+    let mounts = match mnt {
+        Some(p) => vec![mount_at(p)?],
+        None => control::chronofs_mounts()
+            .into_iter()
+            .filter_map(|m| {
+                Some((
+                    m.mount_point.clone(),
+                    control::socket_of(&m, sys::geteuid())?,
+                ))
+            })
+            .collect(),
+    };
+    let mut out = Vec::new();
+    for (point, socket) in mounts {
+        match Client::Daemon(&socket).sandboxes() {
+            Ok(list) => out.extend(
+                list.sandboxes
+                    .into_iter()
+                    .map(|r| (point.clone(), socket.clone(), r)),
+            ),
+            Err(e) if mnt.is_some() => return Err(e.into()),
+            // Another mount (or a sandbox's own): not one to ask.
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+pub fn list(mnt: Option<&Path>, json: bool) -> Result<()> {
+    let all = all_sandboxes(mnt)?;
+    if json {
+        let rows: Vec<Listed> = all
+            .into_iter()
+            .map(|(point, _, row)| Listed {
+                mount: point.to_string_lossy().into_owned(),
+                row,
+            })
+            .collect();
+        h::print_json(&rows);
+        return Ok(());
+    }
+    for (point, _, row) in &all {
+        let created = jiff::Timestamp::from_nanosecond(i128::from(row.created_ns))
+            .map_or_else(|_| "?".to_string(), |t| t.to_string());
+        println!(
+            "{:>3}  {}  {}  {}  changes in {}",
+            row.id,
+            point.display(),
+            created,
+            if row.mountpoint.is_some() {
+                "served"
+            } else {
+                "kept"
+            },
+            row.branch
+        );
+    }
+    Ok(())
+}
+
+/// Throws sandbox `id` away: of the mount at `mnt`, or of the one mount
+/// that has a sandbox `id`.
+pub fn discard(id: u32, mnt: Option<&Path>, json: bool) -> Result<()> {
+    let found: Vec<_> = all_sandboxes(mnt)?
+        .into_iter()
+        .filter(|(_, _, r)| r.id == id)
+        .collect();
+    let (point, socket) = match found.as_slice() {
+        [(point, socket, _)] => (point.clone(), socket.clone()),
+        [] => bail!(
+            "no sandbox {id}{}",
+            mnt.map_or(String::new(), |m| format!(" on {}", m.display()))
+        ),
+        _ => bail!("sandbox {id} exists on several mounts: give --mount MNT"),
+    };
+    let row = Client::Daemon(&socket).sandbox_discard(id)?;
+    if json {
+        h::print_json(&Listed {
+            mount: point.to_string_lossy().into_owned(),
+            row,
+        });
+    } else {
+        println!("sandbox {id} of {} discarded", point.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! Sandboxes (issue 17), the daemon's side. A sandbox is a private
+//! read-write branch over the mount's branches (all read-only to it),
+//! served by this daemon as a second FUSE session with its own `Vfs` and
+//! no history, mounted under /run where only root reaches it.
+//! `chronofs sandbox` (cli/sandbox.rs) binds that mount over the mount
+//! point in a private mount namespace, so the processes it starts, and
+//! their children, see the sandbox and no one else does.
+//! docs/ARCHITECTURE.md "Sandboxes".
+//!
+//! On disk, `STORE/sandboxes/ID/`: `sandbox.json` (format 1: id, when,
+//! the branches it lies over), `branch/` (what its processes changed) and
+//! `store/` (its inode numbers). A sandbox outlives the daemon; the next
+//! `chronofs sandbox MNT --id ID` serves it again.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::branch::{BranchId, DirBranch};
+use crate::control::proto::SandboxRow;
+use crate::control::service::{Error, Result};
+use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
+use crate::store::{BranchRoot, Store};
+use crate::sys;
+use crate::vfs::{UnionBranch, UnionOptions, Vfs, VfsConfig};
+
+/// `sandbox.json`'s format; older ones must keep opening.
+const FORMAT: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    format: u32,
+    id: u32,
+    created_ns: u64,
+    /// The mount's branches it lies over, top first.
+    base: Vec<PathBuf>,
+}
+
+/// How a sandbox's session is made: the mount's own settings.
+pub(super) struct Recipe {
+    pub vfs: VfsConfig,
+    pub adapter: AdapterConfig,
+    pub spec: MountSpec,
+    pub union: UnionOptions,
+    /// The store's name in SRC's root: hidden in a sandbox too.
+    pub reserved: Option<OsString>,
+}
+
+/// A sandbox being served.
+struct Served {
+    mountpoint: PathBuf,
+    session: Option<std::thread::JoinHandle<()>>,
+}
+
+pub(super) struct Sandboxes {
+    /// `STORE/sandboxes`.
+    dir: PathBuf,
+    /// Where served sandboxes are mounted.
+    run_dir: PathBuf,
+    recipe: Recipe,
+    /// Why this mount cannot have sandboxes, if it cannot.
+    refused: Option<String>,
+    served: Mutex<BTreeMap<u32, Served>>,
+}
+
+fn io(what: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| {
+        Error::Io(std::io::Error::new(
+            e.kind(),
+            format!("{}: {e}", what.display()),
+        ))
+    }
+}
+
+impl Sandboxes {
+    /// `store`: the mount's store directory; `refused`: why the mount
+    /// cannot have sandboxes (its store lies under its own mount point).
+    pub(super) fn new(store: &Path, recipe: Recipe, refused: Option<String>) -> Sandboxes {
+        Sandboxes {
+            dir: store.join("sandboxes"),
+            run_dir: PathBuf::from(format!("/run/chronofs/sandboxes/{}", std::process::id())),
+            recipe,
+            refused,
+            served: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn manifest(&self, id: u32) -> Result<Manifest> {
+        let path = self.dir.join(id.to_string()).join("sandbox.json");
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NotFound(format!("no sandbox {id} on this mount")))
+            }
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let m: Manifest = serde_json::from_slice(&text)
+            .map_err(|e| Error::Usage(format!("{}: unreadable: {e}", path.display())))?;
+        if m.format > FORMAT {
+            return Err(Error::Usage(format!(
+                "{}: format {} is newer than this chronofs ({FORMAT})",
+                path.display(),
+                m.format
+            )));
+        }
+        Ok(m)
+    }
+
+    fn ids(&self) -> Result<Vec<u32>> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&self.dir)(e)),
+        };
+        let mut ids: Vec<u32> = entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn row(&self, m: &Manifest) -> SandboxRow {
+        SandboxRow {
+            id: m.id,
+            created_ns: m.created_ns,
+            mountpoint: self
+                .served
+                .lock()
+                .get(&m.id)
+                .map(|s| s.mountpoint.to_string_lossy().into_owned()),
+            branch: self.branch_dir(m.id).to_string_lossy().into_owned(),
+        }
+    }
+
+    fn branch_dir(&self, id: u32) -> PathBuf {
+        self.dir.join(id.to_string()).join("branch")
+    }
+
+    pub(super) fn list(&self) -> Result<Vec<SandboxRow>> {
+        let mut rows = Vec::new();
+        for id in self.ids()? {
+            rows.push(self.row(&self.manifest(id)?));
+        }
+        Ok(rows)
+    }
+
+    /// A branch change would change what every sandbox lies over.
+    pub(super) fn refuse_set_change(&self) -> Result<()> {
+        match self.ids()?.first() {
+            Some(id) => Err(Error::Busy(format!(
+                "sandbox {id} lies over these branches: commit or discard it first \
+                 (chronofs sandbox list)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Serves sandbox `id`, or a new one, over `base` (the mount's branches,
+    /// top first).
+    pub(super) fn start(&self, id: Option<u32>, base: Vec<PathBuf>) -> Result<SandboxRow> {
+        if let Some(why) = &self.refused {
+            return Err(Error::Usage(why.clone()));
+        }
+        let manifest = match id {
+            Some(id) => {
+                let m = self.manifest(id)?;
+                if m.base != base {
+                    return Err(Error::Busy(format!(
+                        "sandbox {id} was made over other branches than the mount's now"
+                    )));
+                }
+                m
+            }
+            None => self.make(base)?,
+        };
+        if !self.served.lock().contains_key(&manifest.id) {
+            self.serve(&manifest)?;
+        }
+        Ok(self.row(&manifest))
+    }
+
+    fn make(&self, base: Vec<PathBuf>) -> Result<Manifest> {
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        let id = self.ids()?.last().map_or(1, |last| last + 1);
+        let dir = self.dir.join(id.to_string());
+        std::fs::create_dir(&dir).map_err(io(&dir))?;
+        let branch = self.branch_dir(id);
+        std::fs::create_dir(&branch).map_err(io(&branch))?;
+        // The union's root shows the top branch's root: the mount's own.
+        copy_root_attrs(&base[0], &branch).map_err(io(&branch))?;
+        let m = Manifest {
+            format: FORMAT,
+            id,
+            created_ns: now_ns(),
+            base,
+        };
+        let text =
+            serde_json::to_vec_pretty(&m).map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        let path = dir.join("sandbox.json");
+        write_durably(&path, &text).map_err(io(&path))?;
+        Ok(m)
+    }
+
+    fn serve(&self, m: &Manifest) -> Result<()> {
+        let fail = |e: String| Error::Io(std::io::Error::other(e));
+        let dir = self.dir.join(m.id.to_string());
+        let mut list = vec![UnionBranch {
+            branch: DirBranch::open(
+                BranchId(0),
+                &self.branch_dir(m.id),
+                self.recipe.reserved.clone(),
+            )
+            .map_err(io(&self.branch_dir(m.id)))?,
+            writable: true,
+            id: 0,
+        }];
+        for (i, path) in m.base.iter().enumerate() {
+            list.push(UnionBranch {
+                branch: DirBranch::open(BranchId(i as u32 + 1), path, None).map_err(io(path))?,
+                writable: false,
+                id: i as u32 + 1,
+            });
+        }
+        let store = Store::open(&dir.join("store")).map_err(|e| fail(e.to_string()))?;
+        let mut roots = Vec::with_capacity(list.len());
+        let paths = std::iter::once(self.branch_dir(m.id)).chain(m.base.iter().cloned());
+        for (b, path) in list.iter().zip(paths) {
+            let st = sys::fstat(b.branch.root_fd()).map_err(io(&path))?;
+            roots.push(BranchRoot {
+                path,
+                dev: st.st_dev,
+                ino: st.st_ino,
+            });
+        }
+        let ids = store.branch_ids(&roots).map_err(|e| fail(e.to_string()))?;
+        for (b, id) in list.iter_mut().zip(ids) {
+            b.id = id;
+        }
+        let inomap = store.inode_map().map_err(|e| fail(e.to_string()))?;
+        let r = &self.recipe;
+        let vfs = Vfs::new_union(list, inomap, r.vfs.clone(), None, r.union)
+            .map_err(|e| fail(e.to_string()))?;
+        let fs = ChronoFuse::new(Arc::clone(&vfs), r.adapter.clone())
+            .map_err(|e| fail(e.to_string()))?;
+        let mountpoint = self.run_dir.join(m.id.to_string());
+        std::fs::create_dir_all(&mountpoint).map_err(io(&mountpoint))?;
+        let mut spec = r.spec.clone();
+        spec.fsname = format!("chronofs-sandbox-{}", m.id);
+        let session = Mounted::new(fs, &mountpoint, &spec).map_err(io(&mountpoint))?;
+        let id = m.id;
+        let thread = std::thread::Builder::new()
+            .name(format!("sandbox-{id}"))
+            .spawn(move || {
+                if let Err(e) = session.run() {
+                    tracing::error!("sandbox {id}: session failed: {e}");
+                }
+                drop(vfs);
+            })
+            .map_err(Error::Io)?;
+        tracing::info!("sandbox {id} served at {}", mountpoint.display());
+        self.served.lock().insert(
+            id,
+            Served {
+                mountpoint,
+                session: Some(thread),
+            },
+        );
+        Ok(())
+    }
+
+    /// Throws sandbox `id` away. Processes still inside it lose their view
+    /// (ENOTCONN): the session ends.
+    pub(super) fn discard(&self, id: u32) -> Result<SandboxRow> {
+        let m = self.manifest(id)?;
+        let row = self.row(&m);
+        if let Some(served) = self.served.lock().remove(&id) {
+            stop(served);
+        }
+        let dir = self.dir.join(id.to_string());
+        // The manifest goes first: a half-removed sandbox is no sandbox.
+        let manifest = dir.join("sandbox.json");
+        std::fs::remove_file(&manifest).map_err(io(&manifest))?;
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        tracing::info!("sandbox {id} discarded");
+        Ok(row)
+    }
+}
+
+impl Sandboxes {
+    /// Ends every served sandbox's session (the daemon is stopping).
+    pub(super) fn stop_all(&self) {
+        for (_, served) in std::mem::take(&mut *self.served.lock()) {
+            stop(served);
+        }
+    }
+}
+
+/// Ends a sandbox's session: its mount under /run goes, and its FUSE
+/// connection is aborted, since the binds in sandboxed processes' mount
+/// namespaces would keep it alive otherwise.
+fn stop(mut served: Served) {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(&served.mountpoint).map(|m| m.dev());
+    let unmounted = sys::cstr(served.mountpoint.as_os_str())
+        .and_then(|path| sys::umount2(&path, libc::MNT_DETACH));
+    if let Err(e) = unmounted {
+        tracing::warn!("{}: {e}", served.mountpoint.display());
+    }
+    if let Ok(dev) = dev {
+        // fusectl names a connection by its device (major 0: the minor).
+        let abort = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(dev));
+        if let Err(e) = std::fs::write(&abort, "1") {
+            tracing::warn!("{abort}: {e}");
+        }
+    }
+    if let Some(t) = served.session.take() {
+        let _ = t.join();
+    }
+    let _ = std::fs::remove_dir(&served.mountpoint);
+}
+
+fn copy_root_attrs(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let st = std::fs::metadata(from)?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(st.mode() & 0o7777))?;
+    std::os::unix::fs::chown(to, Some(st.uid()), Some(st.gid()))
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Writes `path` whole or not at all, durably: a temporary beside it,
+/// synced, renamed over it, the directory synced.
+fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    match path.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}

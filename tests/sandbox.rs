@@ -1,0 +1,283 @@
+//! Sandboxes (issue 17): `chronofs sandbox MNT -- CMD` runs CMD against
+//! a private read-write layer over the mount, seen by CMD and its children
+//! only, until `chronofs sandbox discard`. docs/ARCHITECTURE.md
+//! "Sandboxes".
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// `chronofs sandbox MNT [--id N] -- sh -c SCRIPT` (MNT in SCRIPT is the
+/// mount point).
+fn in_sandbox(m: &Mount, id: Option<u32>, script: &str) -> Output {
+    let mnt = m.mnt.to_str().unwrap();
+    let script = script.replace("MNT", mnt);
+    let id = id.map(|i| i.to_string());
+    let mut args = vec!["sandbox", mnt];
+    if let Some(id) = &id {
+        args.extend(["--id", id]);
+    }
+    args.extend(["--", "sh", "-c", &script]);
+    chronofs_in(m.root(), &args)
+}
+
+fn ok(out: Output, what: &str, m: &Mount) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}\nstdout: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout),
+        m.log_tail()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn listed(m: &Mount) -> Vec<serde_json::Value> {
+    let out = ok(
+        chronofs_in(
+            m.root(),
+            &["sandbox", "list", m.mnt.to_str().unwrap(), "--json"],
+        ),
+        "sandbox list",
+        m,
+    );
+    serde_json::from_str::<Vec<serde_json::Value>>(&out).unwrap()
+}
+
+/// The sandbox sessions daemon `pid` has mounted.
+fn sandbox_mounts(pid: u32) -> usize {
+    let under = format!(" /run/chronofs/sandboxes/{pid}/");
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&under))
+        .count()
+}
+
+fn lower(b: &[std::path::PathBuf]) {
+    write_file(&b[0].join("top"), b"top\n");
+    if let Some(l) = b.get(1) {
+        write_file(&l.join("old"), b"old\n");
+        fs::create_dir(l.join("d")).unwrap();
+        write_file(&l.join("d/x"), b"x\n");
+    }
+}
+
+/// A union of SRC over one read-only branch, or SRC alone; with history
+/// and without.
+fn each_kind(f: impl Fn(&mut Mount)) {
+    for lowers in [1, 0] {
+        for mode in ["plain", ""] {
+            let mut m = match lowers {
+                0 => Mount::new_with(mode, |src| lower(&[src.to_path_buf()])),
+                n => Mount::union(mode, n, lower),
+            };
+            eprintln!("{lowers} lower branch(es), mode {mode:?}");
+            f(&mut m);
+        }
+    }
+}
+
+#[test]
+fn a_sandbox_changes_only_its_own_view_until_discarded() {
+    each_kind(|m| {
+        let union = !m.lowers.is_empty();
+        let before = names(&m.mnt);
+        let out = in_sandbox(
+            m,
+            None,
+            "echo new > MNT/new && rm MNT/top && mkdir -p MNT/d/sub && \
+             echo more >> MNT/d/x 2>/dev/null; echo more >> MNT/top2 && cat MNT/new",
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("sandbox 1 over"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(ok(out, "first run", m), "new\n");
+        // Outside, nothing changed: not the view, not the branches.
+        assert_eq!(names(&m.mnt), before);
+        assert_eq!(read_file(&m.p("top")), b"top\n");
+        assert!(!m.p("new").exists() && !m.p("d/sub").exists());
+        assert!(!m.src.join("new").exists());
+        if union {
+            assert_eq!(read_file(&m.p("d/x")), b"x\n");
+        }
+        // A change outside shows inside (the sandbox lies over the mount).
+        write_file(&m.p("fresh"), b"fresh\n");
+        // Back into it: its own changes are there.
+        let out = in_sandbox(
+            m,
+            Some(1),
+            "cat MNT/new MNT/fresh && test ! -e MNT/top && test -d MNT/d/sub && echo ok",
+        );
+        assert_eq!(ok(out, "second run", m), "new\nfresh\nok\n");
+        // A directory inside the mount as the working directory leads
+        // into the sandbox too.
+        let out = Command::new(bin())
+            .args([
+                "sandbox",
+                m.mnt.to_str().unwrap(),
+                "--id",
+                "1",
+                "--",
+                "cat",
+                "new",
+            ])
+            .current_dir(&m.mnt)
+            .output()
+            .unwrap();
+        assert_eq!(ok(out, "relative", m), "new\n");
+        let rows = listed(m);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0]["id"], 1);
+        assert!(rows[0]["mountpoint"].is_string(), "{rows:?}");
+        if union {
+            // What it lies over cannot change under it.
+            let extra = m.root().join("extra");
+            fs::create_dir(&extra).unwrap();
+            let out = branch(m, &["add", extra.to_str().unwrap()]);
+            assert!(!out.status.success());
+            assert!(stderr(&out).contains("sandbox 1"), "{}", stderr(&out));
+        }
+        let mnt = m.mnt.to_str().unwrap().to_string();
+        ok(
+            chronofs_in(m.root(), &["sandbox", "discard", "1", "--mount", &mnt]),
+            "discard",
+            m,
+        );
+        assert!(listed(m).is_empty());
+        let pid = m.pid().unwrap();
+        assert_eq!(sandbox_mounts(pid), 0, "its session ended");
+        let mut now = before.clone();
+        now.push("fresh".to_string());
+        now.sort();
+        assert_eq!(names(&m.mnt), now);
+        // A new one starts from the mount as it is.
+        let out = in_sandbox(m, None, "cat MNT/top; test ! -e MNT/new && echo clean");
+        assert_eq!(ok(out, "after discard", m), "top\nclean\n");
+        assert_eq!(sandbox_mounts(pid), 1);
+        m.unmount();
+        assert_eq!(
+            sandbox_mounts(pid),
+            0,
+            "the daemon's exit ends its sandboxes"
+        );
+        m.start();
+        // Kept across the daemon's restart, and served again on demand.
+        let rows = listed(m);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert!(rows[0]["mountpoint"].is_null(), "{rows:?}");
+        let id = rows[0]["id"].as_u64().unwrap() as u32;
+        let out = in_sandbox(m, Some(id), "echo again > MNT/again && cat MNT/again");
+        assert_eq!(ok(out, "after restart", m), "again\n");
+        assert!(!m.p("again").exists());
+        ok(
+            chronofs_in(
+                m.root(),
+                &[
+                    "sandbox",
+                    "discard",
+                    &id.to_string(),
+                    "--mount",
+                    m.mnt.to_str().unwrap(),
+                ],
+            ),
+            "discard",
+            m,
+        );
+    });
+}
+
+/// A build: many files made, read and rewritten in nested directories,
+/// invisible outside, gone after discard.
+#[test]
+fn a_make_like_workload_in_a_sandbox_is_invisible_outside() {
+    let m = Mount::union("plain", 1, |b| {
+        fs::create_dir(b[1].join("srcs")).unwrap();
+        for i in 0..50 {
+            write_file(
+                &b[1].join(format!("srcs/m{i}.c")),
+                format!("int m{i};\n").as_bytes(),
+            );
+        }
+    });
+    let script = "cd MNT && mkdir -p build/obj && for f in srcs/*.c; do \
+                  o=build/obj/$(basename $f .c).o; cat $f > $o.tmp && mv $o.tmp $o; done && \
+                  cat build/obj/*.o > build/prog && rm -r build/obj && wc -l < build/prog";
+    let out = in_sandbox(&m, None, script);
+    assert_eq!(ok(out, "build", &m).trim(), "50");
+    assert!(!m.p("build").exists());
+    assert_eq!(names(&m.p("srcs")).len(), 50);
+    let store = m.src.join(".chronofs/sandboxes/1/branch");
+    assert!(
+        store.join("build/prog").exists(),
+        "its changes are in its branch"
+    );
+    let mnt = m.mnt.to_str().unwrap();
+    ok(
+        chronofs_in(m.root(), &["sandbox", "discard", "1", "--mount", mnt]),
+        "discard",
+        &m,
+    );
+    assert!(!m.src.join(".chronofs/sandboxes/1").exists());
+}
+
+#[test]
+fn sandbox_refuses_bad_input_in_one_line() {
+    let m = Mount::new("plain");
+    let mnt = m.mnt.to_str().unwrap();
+    let not_mounted = m.root().join("native");
+    for (args, want) in [
+        (
+            vec!["sandbox", not_mounted.to_str().unwrap(), "--", "true"],
+            "not the mount point of a chronofs mount",
+        ),
+        (
+            vec!["sandbox", mnt, "--id", "9", "--", "true"],
+            "no sandbox 9",
+        ),
+        (vec!["sandbox", mnt], "give the command"),
+        (
+            vec!["sandbox", "discard", "42", "--mount", mnt],
+            "no sandbox 42 on",
+        ),
+        (
+            vec!["sandbox", mnt, "--", "/no/such/program"],
+            "cannot run /no/such/program",
+        ),
+    ] {
+        let out = chronofs_in(m.root(), &args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = stderr(&out);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+    // Not root: no mount namespace to make, and the daemon says so.
+    let out = Command::new(bin())
+        .args(["sandbox", mnt, "--", "true"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("only root"), "{}", stderr(&out));
+    // MNT = SRC: the daemon cannot reach its store by path.
+    let same = Mount::new("plain,samedir");
+    let out = chronofs_in(
+        Path::new("/"),
+        &["sandbox", same.mnt.to_str().unwrap(), "--", "true"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("outside the mount point"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(sandbox_mounts(m.pid().unwrap()), 0);
+    assert_eq!(sandbox_mounts(same.pid().unwrap()), 0);
+}
