@@ -244,7 +244,7 @@ fn sandbox_refuses_bad_input_in_one_line() {
         (vec!["sandbox", mnt], "give the command"),
         (
             vec!["sandbox", "discard", "42", "--mount", mnt],
-            "no sandbox 42 on",
+            "no sandbox 42 on this mount",
         ),
         (
             vec!["sandbox", mnt, "--", "/no/such/program"],
@@ -280,4 +280,62 @@ fn sandbox_refuses_bad_input_in_one_line() {
     );
     assert_eq!(sandbox_mounts(m.pid().unwrap()), 0);
     assert_eq!(sandbox_mounts(same.pid().unwrap()), 0);
+}
+
+/// A format-1 `sandbox.json` written by hand (docs/FORMAT.md) keeps
+/// opening; a newer format or a corrupt one is refused in one line.
+#[test]
+fn a_sandbox_manifest_of_format_1_opens_and_others_are_refused() {
+    let m = Mount::new_with("plain", |src| write_file(&src.join("f"), b"f\n"));
+    let src = m.src.canonicalize().unwrap();
+    let dir = m.src.join(".chronofs/sandboxes");
+    let make = |id: u32, manifest: &str| {
+        let d = dir.join(id.to_string());
+        fs::create_dir_all(d.join("branch")).unwrap();
+        fs::write(d.join("sandbox.json"), manifest).unwrap();
+        d
+    };
+    let base = serde_json::to_string(&[src.to_str().unwrap()]).unwrap();
+    let d = make(
+        7,
+        &format!(r#"{{"format": 1, "id": 7, "created_ns": 1700000000000000000, "base": {base}}}"#),
+    );
+    write_file(&d.join("branch/from-fixture"), b"kept\n");
+    let out = in_sandbox(&m, Some(7), "cat MNT/from-fixture MNT/f");
+    assert_eq!(ok(out, "fixture", &m), "kept\nf\n");
+    assert!(!m.p("from-fixture").exists());
+    make(
+        8,
+        &format!(r#"{{"format": 2, "id": 8, "created_ns": 1, "base": {base}}}"#),
+    );
+    make(9, "{not json");
+    for (id, want) in [(8, "is newer than this chronofs"), (9, "unreadable")] {
+        let out = in_sandbox(&m, Some(id), "true");
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(err.contains(want), "{id}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    // An unreadable one is not listed, and can be thrown away.
+    let mnt_arg = m.mnt.to_str().unwrap();
+    ok(
+        chronofs_in(m.root(), &["sandbox", "discard", "9", "--mount", mnt_arg]),
+        "discard a corrupt one",
+        &m,
+    );
+    assert!(!dir.join("9").exists());
+    // Every mount's sandboxes, without naming one.
+    let out = ok(
+        chronofs_in(m.root(), &["sandbox", "list", "--json"]),
+        "list all",
+        &m,
+    );
+    let mnt = m.mnt.canonicalize().unwrap();
+    assert!(
+        serde_json::from_str::<Vec<serde_json::Value>>(&out)
+            .unwrap()
+            .iter()
+            .any(|r| r["id"] == 7 && r["mount"] == mnt.to_str().unwrap()),
+        "{out}"
+    );
 }

@@ -161,17 +161,20 @@ pub fn list(mnt: Option<&Path>, json: bool) -> Result<()> {
 /// Throws sandbox `id` away: of the mount at `mnt`, or of the one mount
 /// that has a sandbox `id`.
 pub fn discard(id: u32, mnt: Option<&Path>, json: bool) -> Result<()> {
-    let found: Vec<_> = all_sandboxes(mnt)?
-        .into_iter()
-        .filter(|(_, _, r)| r.id == id)
-        .collect();
-    let (point, socket) = match found.as_slice() {
-        [(point, socket, _)] => (point.clone(), socket.clone()),
-        [] => bail!(
-            "no sandbox {id}{}",
-            mnt.map_or(String::new(), |m| format!(" on {}", m.display()))
-        ),
-        _ => bail!("sandbox {id} exists on several mounts: give --mount MNT"),
+    let (point, socket) = match mnt {
+        // The daemon decides (an unreadable sandbox is not listed).
+        Some(mnt) => mount_at(mnt)?,
+        None => {
+            let found: Vec<_> = all_sandboxes(None)?
+                .into_iter()
+                .filter(|(_, _, r)| r.id == id)
+                .collect();
+            match found.as_slice() {
+                [(point, socket, _)] => (point.clone(), socket.clone()),
+                [] => bail!("no sandbox {id} on any chronofs mount"),
+                _ => bail!("sandbox {id} exists on several mounts: give --mount MNT"),
+            }
+        }
     };
     let row = Client::Daemon(&socket).sandbox_discard(id)?;
     if json {

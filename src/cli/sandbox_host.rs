@@ -143,7 +143,11 @@ impl Sandboxes {
     pub(super) fn list(&self) -> Result<Vec<SandboxRow>> {
         let mut rows = Vec::new();
         for id in self.ids()? {
-            rows.push(self.row(&self.manifest(id)?));
+            match self.manifest(id) {
+                Ok(m) => rows.push(self.row(&m)),
+                // Discard still takes it.
+                Err(e) => tracing::warn!("sandbox {id}: {e}"),
+            }
         }
         Ok(rows)
     }
@@ -275,8 +279,16 @@ impl Sandboxes {
     /// Throws sandbox `id` away. Processes still inside it lose their view
     /// (ENOTCONN): the session ends.
     pub(super) fn discard(&self, id: u32) -> Result<SandboxRow> {
-        let m = self.manifest(id)?;
-        let row = self.row(&m);
+        let row = match self.manifest(id) {
+            Ok(m) => self.row(&m),
+            Err(e @ Error::NotFound(_)) => return Err(e),
+            // An unreadable one can still be thrown away.
+            Err(_) => SandboxRow {
+                id,
+                branch: self.branch_dir(id).to_string_lossy().into_owned(),
+                ..Default::default()
+            },
+        };
         if let Some(served) = self.served.lock().remove(&id) {
             stop(served);
         }
