@@ -135,7 +135,11 @@ fn a_sandbox_changes_only_its_own_view_until_discarded() {
         let rows = listed(m);
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!(rows[0]["id"], 1);
-        assert!(rows[0]["mountpoint"].is_string(), "{rows:?}");
+        // No other user reaches it where the daemon serves it.
+        let served = Path::new(rows[0]["mountpoint"].as_str().unwrap()).to_path_buf();
+        let c = cstr(&served);
+        let reached = as_nobody(|| rc(sys::open(&c, libc::O_RDONLY | libc::O_DIRECTORY, 0)));
+        assert_eq!(reached, libc::EACCES, "{}", served.display());
         if union {
             // What it lies over cannot change under it.
             let extra = m.root().join("extra");
@@ -338,4 +342,16 @@ fn a_sandbox_manifest_of_format_1_opens_and_others_are_refused() {
             .any(|r| r["id"] == 7 && r["mount"] == mnt.to_str().unwrap()),
         "{out}"
     );
+    // Found by its number alone (no other mount has a sandbox 7).
+    let out = ok(
+        chronofs_in(m.root(), &["sandbox", "discard", "7", "--json"]),
+        "discard by number",
+        &m,
+    );
+    let row: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (row["id"].as_u64(), row["mount"].as_str()),
+        (Some(7), mnt.to_str())
+    );
+    assert!(!dir.join("7").exists());
 }

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -252,6 +253,10 @@ impl Sandboxes {
             .map_err(|e| fail(e.to_string()))?;
         let mountpoint = self.run_dir.join(m.id.to_string());
         std::fs::create_dir_all(&mountpoint).map_err(io(&mountpoint))?;
+        // The session is mounted with the mount's options (allow_other):
+        // only root may walk to it, or anyone could read the sandbox here.
+        std::fs::set_permissions(&self.run_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(&self.run_dir))?;
         let mut spec = r.spec.clone();
         spec.fsname = format!("chronofs-sandbox-{}", m.id);
         let session = Mounted::new(fs, &mountpoint, &spec).map_err(io(&mountpoint))?;
@@ -336,7 +341,7 @@ fn stop(mut served: Served) {
 }
 
 fn copy_root_attrs(from: &Path, to: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::MetadataExt;
     let st = std::fs::metadata(from)?;
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(st.mode() & 0o7777))?;
     std::os::unix::fs::chown(to, Some(st.uid()), Some(st.gid()))
