@@ -355,3 +355,20 @@ fn a_sandbox_manifest_of_format_1_opens_and_others_are_refused() {
     );
     assert!(!dir.join("7").exists());
 }
+
+/// A daemon killed with its sandbox served leaves that mount dead; the
+/// next daemon clears it.
+#[test]
+fn a_killed_daemons_dead_sandbox_mount_is_cleared_by_the_next_one() {
+    let mut m = Mount::new("plain");
+    let out = in_sandbox(&m, None, "echo x > MNT/x");
+    ok(out, "sandbox", &m);
+    let pid = m.pid().unwrap();
+    assert_eq!(sandbox_mounts(pid), 1);
+    m.kill9();
+    m.start();
+    assert_eq!(sandbox_mounts(pid), 0, "the dead session is unmounted");
+    assert!(!Path::new(&format!("/run/chronofs/sandboxes/{pid}")).exists());
+    let out = in_sandbox(&m, Some(1), "cat MNT/x");
+    assert_eq!(ok(out, "served again", &m), "x\n");
+}

@@ -32,6 +32,9 @@ use crate::vfs::{UnionBranch, UnionOptions, Vfs, VfsConfig};
 /// `sandbox.json`'s format; older ones must keep opening.
 const FORMAT: u32 = 1;
 
+/// Where daemons serve sandboxes, under their process id.
+const RUN_DIR: &str = "/run/chronofs/sandboxes";
+
 #[derive(Serialize, Deserialize)]
 struct Manifest {
     format: u32,
@@ -81,9 +84,10 @@ impl Sandboxes {
     /// `store`: the mount's store directory; `refused`: why the mount
     /// cannot have sandboxes (its store lies under its own mount point).
     pub(super) fn new(store: &Path, recipe: Recipe, refused: Option<String>) -> Sandboxes {
+        clear_dead_daemons_mounts(Path::new(RUN_DIR));
         Sandboxes {
             dir: store.join("sandboxes"),
-            run_dir: PathBuf::from(format!("/run/chronofs/sandboxes/{}", std::process::id())),
+            run_dir: Path::new(RUN_DIR).join(std::process::id().to_string()),
             recipe,
             refused,
             served: Mutex::new(BTreeMap::new()),
@@ -338,6 +342,35 @@ fn stop(mut served: Served) {
         let _ = t.join();
     }
     let _ = std::fs::remove_dir(&served.mountpoint);
+}
+
+/// Sessions of daemons that died without ending them (kill -9) stay
+/// mounted, dead (ENOTCONN): their mounts go, and their directories.
+/// A process id in use again is left alone.
+fn clear_dead_daemons_mounts(run_dir: &Path) {
+    let Ok(daemons) = std::fs::read_dir(run_dir) else {
+        return;
+    };
+    for daemon in daemons.flatten() {
+        let pid = daemon.file_name();
+        if Path::new("/proc").join(&pid).exists() {
+            continue;
+        }
+        if let Ok(sessions) = std::fs::read_dir(daemon.path()) {
+            for session in sessions.flatten() {
+                let path = session.path();
+                if let Ok(c) = sys::cstr(path.as_os_str()) {
+                    // Not mounted any more: EINVAL, nothing to do.
+                    let _ = sys::umount2(&c, libc::MNT_DETACH);
+                }
+                let _ = std::fs::remove_dir(&path);
+            }
+        }
+        match std::fs::remove_dir(daemon.path()) {
+            Ok(()) => tracing::info!("cleared the dead sandbox mounts of daemon {pid:?}"),
+            Err(e) => tracing::warn!("{}: {e}", daemon.path().display()),
+        }
+    }
 }
 
 fn copy_root_attrs(from: &Path, to: &Path) -> std::io::Result<()> {
