@@ -372,3 +372,194 @@ fn a_killed_daemons_dead_sandbox_mount_is_cleared_by_the_next_one() {
     let out = in_sandbox(&m, Some(1), "cat MNT/x");
     assert_eq!(ok(out, "served again", &m), "x\n");
 }
+
+/// `chronofs sandbox commit ID --mount MNT --json [--force]`.
+fn commit(m: &Mount, id: u32, force: bool) -> Output {
+    let id = id.to_string();
+    let mut args = vec![
+        "sandbox",
+        "commit",
+        &id,
+        "--mount",
+        m.mnt.to_str().unwrap(),
+        "--json",
+    ];
+    if force {
+        args.push("--force");
+    }
+    chronofs_in(m.root(), &args)
+}
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The `time_ns` of the versions `chronofs log PATH --json` lists.
+fn version_times(m: &Mount, rel: &str) -> Vec<u64> {
+    let out = ok(
+        chronofs_in(&m.mnt, &["log", rel, "--json"]),
+        &format!("log {rel}"),
+        m,
+    );
+    json(&out)["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["time_ns"].as_u64().unwrap())
+        .collect()
+}
+
+/// What a sandbox changed shows on the mount at once after its commit;
+/// history records the commit as one instant (a view of the past shows
+/// the tree before it or after it); the sandbox is gone.
+#[test]
+fn a_commit_applies_the_sandbox_to_the_mount_in_one_instant() {
+    each_kind(|m| {
+        let union = !m.lowers.is_empty();
+        let history = !m.mode.contains("plain");
+        let out = in_sandbox(
+            m,
+            None,
+            "echo new > MNT/new && rm MNT/top && mkdir -p MNT/d/sub && \
+             echo z > MNT/d/sub/z && echo more >> MNT/d/x",
+        );
+        ok(out, "sandbox", m);
+        assert!(!m.p("new").exists() && m.p("top").exists());
+        if history {
+            ok(chronofs_in(&m.mnt, &["tag", "before"]), "tag", m);
+        }
+        let pid = m.pid().unwrap();
+        let reply = json(&ok(commit(m, 1, false), "commit", m));
+        assert_eq!(reply["applied"], true, "{reply}");
+        assert_eq!(reply["conflicts"].as_array().unwrap().len(), 0, "{reply}");
+        // new, top's removal, d (the mount's branch has none: it moves whole).
+        assert_eq!(reply["changes"], 3, "{reply}");
+        assert_eq!(read_file(&m.p("new")), b"new\n");
+        assert!(!m.p("top").exists());
+        assert_eq!(read_file(&m.p("d/sub/z")), b"z\n");
+        let x: &[u8] = if union { b"x\nmore\n" } else { b"more\n" };
+        assert_eq!(read_file(&m.p("d/x")), x);
+        if union {
+            assert_eq!(read_file(&m.p("old")), b"old\n", "the branch below shows");
+        }
+        assert!(listed(m).is_empty());
+        assert_eq!(sandbox_mounts(pid), 0, "its session ended");
+        assert!(!m.src.join(".chronofs/sandboxes/1").exists());
+        if history {
+            ok(chronofs_in(&m.mnt, &["tag", "after"]), "tag", m);
+            assert_eq!(read_file(&m.p(".history/@before/top")), b"top\n");
+            assert!(!m.p(".history/@before/new").exists());
+            assert_eq!(read_file(&m.p(".history/@after/new")), b"new\n");
+            assert!(!m.p(".history/@after/top").exists());
+            // The root's new entries and the new file: one time.
+            let root = *version_times(m, ".").last().unwrap();
+            assert_eq!(version_times(m, "new"), [root]);
+        }
+        // It survives a remount: the mount's own branch holds it.
+        m.unmount();
+        m.start();
+        assert_eq!(read_file(&m.p("d/sub/z")), b"z\n");
+        assert!(!m.p("top").exists());
+    });
+}
+
+/// A commit whose paths the mount changed too since the sandbox was made
+/// is refused with the paths listed and nothing applied; the sandbox stays
+/// usable; `--force` applies it, the sandbox's side winning.
+#[test]
+fn a_commit_over_changes_made_since_is_refused_unless_forced() {
+    each_kind(|m| {
+        let out = in_sandbox(m, None, "echo mine > MNT/top && echo n > MNT/n");
+        ok(out, "sandbox", m);
+        write_file(&m.p("top"), b"theirs\n");
+        let out = commit(m, 1, false);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(err.contains("sandbox 1 not committed"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        let reply = json(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(reply["applied"], false);
+        assert_eq!(reply["conflicts"], serde_json::json!(["/top"]));
+        assert_eq!(read_file(&m.p("top")), b"theirs\n");
+        assert!(!m.p("n").exists(), "nothing applied");
+        // Still there, still served, still its own.
+        assert_eq!(listed(m).len(), 1);
+        let out = in_sandbox(m, Some(1), "cat MNT/top MNT/n");
+        assert_eq!(ok(out, "again", m), "mine\nn\n");
+        let reply = json(&ok(commit(m, 1, true), "commit --force", m));
+        assert_eq!(reply["applied"], true);
+        assert_eq!(read_file(&m.p("top")), b"mine\n");
+        assert_eq!(read_file(&m.p("n")), b"n\n");
+        assert!(listed(m).is_empty());
+        if !m.mode.contains("plain") {
+            // What the mount's users wrote is in history, not lost.
+            let out = ok(
+                chronofs_in(&m.mnt, &["log", "top", "--json"]),
+                "log top",
+                m,
+            );
+            let sizes: Vec<u64> = json(&out)["versions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v["size"].as_u64().unwrap())
+                .collect();
+            assert!(sizes.contains(&7), "{sizes:?}");
+        }
+    });
+}
+
+/// A commit a crash interrupted (its journal written, part of it applied)
+/// is finished by the next daemon before the mount serves anything.
+#[test]
+fn an_interrupted_commit_is_finished_at_the_next_mount() {
+    let mut m = Mount::union("plain", 1, lower);
+    let out = in_sandbox(&m, None, "echo a > MNT/a && echo b > MNT/b && rm MNT/old");
+    ok(out, "sandbox", &m);
+    m.unmount();
+    // As a crash leaves it: the journal (docs/FORMAT.md), one change moved.
+    let dir = m.src.join(".chronofs/sandboxes/1");
+    fs::write(
+        dir.join("commit.json"),
+        r#"{"format": 1, "started_ns": 1700000000000000000}"#,
+    )
+    .unwrap();
+    fs::rename(dir.join("branch/a"), m.src.join("a")).unwrap();
+    m.start();
+    assert_eq!(read_file(&m.p("a")), b"a\n");
+    assert_eq!(read_file(&m.p("b")), b"b\n");
+    assert!(!m.p("old").exists());
+    assert!(!dir.exists(), "the sandbox is gone");
+    assert!(listed(&m).is_empty());
+}
+
+#[test]
+fn a_commit_refuses_bad_input_in_one_line() {
+    let m = Mount::union("plain", 1, lower);
+    let mnt = m.mnt.to_str().unwrap();
+    let out = chronofs_in(m.root(), &["sandbox", "commit", "9", "--mount", mnt]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no sandbox 9"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).trim().lines().count(), 1);
+    let out = chronofs_in(m.root(), &["sandbox", "commit", "9"]);
+    assert!(stderr(&out).contains("no sandbox 9 on any"), "{}", stderr(&out));
+    ok(in_sandbox(&m, None, "echo a > MNT/a"), "sandbox", &m);
+    let out = Command::new(bin())
+        .args(["sandbox", "commit", "1", "--mount", mnt])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("only root"), "{}", stderr(&out));
+    // A top branch made read-only takes no commit.
+    branch_ok(&m, &["mode", "0", "ro"]);
+    let out = commit(&m, 1, false);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("top branch is read-only"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).trim().lines().count(), 1);
+    assert!(!m.p("a").exists());
+    branch_ok(&m, &["mode", "0", "rw"]);
+    ok(commit(&m, 1, false), "commit", &m);
+    assert_eq!(read_file(&m.p("a")), b"a\n");
+}

@@ -305,8 +305,9 @@ enum Command {
     },
     /// Run a command in a sandbox of a mount: what it and its children
     /// change goes to a private read-write layer over the mount that no
-    /// other process sees, kept until `sandbox discard` (root only: a
-    /// mount namespace). `chronofs sandbox MNT -- CMD ARGS...`
+    /// other process sees, until `sandbox commit` applies it or `sandbox
+    /// discard` throws it away (root only: a mount namespace).
+    /// `chronofs sandbox MNT -- CMD ARGS...`
     #[command(args_conflicts_with_subcommands = true)]
     Sandbox {
         #[command(subcommand)]
@@ -328,6 +329,21 @@ enum SandboxVerb {
     /// when made, whether served now, where their changes are.
     List {
         mnt: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Apply sandbox ID's changes to the mount at once and end the sandbox
+    /// (root only). Refused, with nothing applied, when the mount changed
+    /// since the sandbox was made where the sandbox changed it too: the
+    /// paths are listed. Processes still in it lose their view (ENOTCONN).
+    Commit {
+        id: u32,
+        /// The mount whose sandbox it is (needed when several have one ID).
+        #[arg(long, value_name = "MNT")]
+        mount: Option<PathBuf>,
+        /// Apply it even where it conflicts: the sandbox's side wins.
+        #[arg(long)]
+        force: bool,
         #[arg(long)]
         json: bool,
     },
@@ -835,6 +851,15 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             (Some(SandboxVerb::Discard { id, mount, json }), _) => {
                 sandbox::discard(id, mount.as_deref(), json)
             }
+            (
+                Some(SandboxVerb::Commit {
+                    id,
+                    mount,
+                    force,
+                    json,
+                }),
+                _,
+            ) => sandbox::commit(id, mount.as_deref(), force, json),
             (None, Some(mnt)) => sandbox::run(&mnt, id, &cmd),
             (None, None) => Err(anyhow::anyhow!(
                 "give the mount point: chronofs sandbox MNT -- CMD ARGS..."

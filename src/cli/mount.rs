@@ -675,6 +675,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
         recipe,
         sandbox_refusal(plan),
     ));
+    sandboxes.finish_interrupted_commits(&vfs);
     let control = match (&history, &policy) {
         (Some(h), Some(p)) => {
             let ctx = (&vfs, &store, counts, session.transport(), sandboxes.clone());
@@ -853,6 +854,22 @@ impl MountHost {
         }
         let sources = frozen[..at].iter().map(|f| (f.1, f.2.clone())).collect();
         Ok((sources, (id, name)))
+    }
+
+    /// The directories a sandbox lies over: the mount's branches, top
+    /// first.
+    fn sandbox_base(&self, vfs: &Vfs) -> control::service::Result<Vec<PathBuf>> {
+        if let Some(src) = &self.src {
+            return Ok(vec![src.clone()]);
+        }
+        let paths = self.paths.lock();
+        let mut base = Vec::new();
+        for b in vfs.branches()? {
+            base.push(paths.get(&b.id).cloned().ok_or_else(|| {
+                control::service::Error::NotFound(format!("branch id {}: no path", b.id))
+            })?);
+        }
+        Ok(base)
     }
 
     /// A branch as the user names it: its position (0 = top) or its path.
@@ -1197,20 +1214,18 @@ impl control::service::Host for MountHost {
     ) -> control::service::Result<control::proto::SandboxRow> {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
-        let base = match &self.src {
-            Some(src) => vec![src.clone()],
-            None => {
-                let paths = self.paths.lock();
-                let mut base = Vec::new();
-                for b in vfs.branches()? {
-                    base.push(paths.get(&b.id).cloned().ok_or_else(|| {
-                        control::service::Error::NotFound(format!("branch id {}: no path", b.id))
-                    })?);
-                }
-                base
-            }
-        };
-        self.sandboxes.start(id, base)
+        self.sandboxes.start(id, self.sandbox_base(&vfs)?)
+    }
+
+    fn commit_sandbox(
+        &self,
+        id: u32,
+        force: bool,
+    ) -> control::service::Result<control::proto::SandboxCommitReply> {
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let _one = self.changes.lock();
+        self.sandboxes
+            .commit(&vfs, id, force, self.sandbox_base(&vfs)?)
     }
 
     fn sandboxes(&self) -> control::service::Result<Vec<control::proto::SandboxRow>> {

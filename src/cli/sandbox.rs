@@ -158,10 +158,10 @@ pub fn list(mnt: Option<&Path>, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Throws sandbox `id` away: of the mount at `mnt`, or of the one mount
-/// that has a sandbox `id`.
-pub fn discard(id: u32, mnt: Option<&Path>, json: bool) -> Result<()> {
-    let (point, socket) = match mnt {
+/// The mount point and control socket of the mount at `mnt`, or of the
+/// one mount that has a sandbox `id`.
+fn mount_of_sandbox(id: u32, mnt: Option<&Path>) -> Result<(PathBuf, PathBuf)> {
+    Ok(match mnt {
         // The daemon decides (an unreadable sandbox is not listed).
         Some(mnt) => mount_at(mnt)?,
         None => {
@@ -175,7 +175,47 @@ pub fn discard(id: u32, mnt: Option<&Path>, json: bool) -> Result<()> {
                 _ => bail!("sandbox {id} exists on several mounts: give --mount MNT"),
             }
         }
-    };
+    })
+}
+
+/// Applies sandbox `id` to its mount; lists the conflicts that stopped
+/// it, if any (then the exit status is not 0).
+pub fn commit(id: u32, mnt: Option<&Path>, force: bool, json: bool) -> Result<()> {
+    let (point, socket) = mount_of_sandbox(id, mnt)?;
+    let reply = Client::Daemon(&socket).sandbox_commit(id, force)?;
+    if json {
+        h::print_json(&reply);
+    } else if reply.applied {
+        println!(
+            "sandbox {id} committed to {}: {} change(s) ({} object(s) moved in, {} removal(s)) \
+             in {:.1} ms",
+            point.display(),
+            reply.changes,
+            reply.moved,
+            reply.removed,
+            reply.elapsed_us as f64 / 1000.0
+        );
+    } else {
+        for path in &reply.conflicts {
+            println!("conflict: {path}");
+        }
+    }
+    if !reply.applied {
+        bail!(
+            "sandbox {id} not committed: {} path(s) it changed were changed on {} too since it \
+             was made; nothing was applied (commit --force applies it anyway, its side winning; \
+             sandbox discard {id} throws it away)",
+            reply.conflicts.len(),
+            point.display()
+        );
+    }
+    Ok(())
+}
+
+/// Throws sandbox `id` away: of the mount at `mnt`, or of the one mount
+/// that has a sandbox `id`.
+pub fn discard(id: u32, mnt: Option<&Path>, json: bool) -> Result<()> {
+    let (point, socket) = mount_of_sandbox(id, mnt)?;
     let row = Client::Daemon(&socket).sandbox_discard(id)?;
     if json {
         h::print_json(&Listed {

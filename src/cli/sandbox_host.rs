@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::branch::{BranchId, DirBranch};
-use crate::control::proto::SandboxRow;
+use crate::control::proto::{SandboxCommitReply, SandboxRow};
 use crate::control::service::{Error, Result};
 use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
 use crate::store::{BranchRoot, Store};
@@ -31,6 +32,9 @@ use crate::vfs::{UnionBranch, UnionOptions, Vfs, VfsConfig};
 
 /// `sandbox.json`'s format; older ones must keep opening.
 const FORMAT: u32 = 1;
+
+/// `commit.json`'s format: a commit began and must be finished.
+const COMMIT_FORMAT: u32 = 1;
 
 /// Where daemons serve sandboxes, under their process id.
 const RUN_DIR: &str = "/run/chronofs/sandboxes";
@@ -42,6 +46,13 @@ struct Manifest {
     created_ns: u64,
     /// The mount's branches it lies over, top first.
     base: Vec<PathBuf>,
+}
+
+/// Written before a commit changes anything: the next daemon finishes it.
+#[derive(Serialize, Deserialize)]
+struct CommitJournal {
+    format: u32,
+    started_ns: u64,
 }
 
 /// How a sandbox's session is made: the mount's own settings.
@@ -177,6 +188,11 @@ impl Sandboxes {
         let manifest = match id {
             Some(id) => {
                 let m = self.manifest(id)?;
+                if self.committing(id) {
+                    return Err(Error::Busy(format!(
+                        "sandbox {id} is being committed: it cannot be entered again"
+                    )));
+                }
                 if m.base != base {
                     return Err(Error::Busy(format!(
                         "sandbox {id} was made over other branches than the mount's now"
@@ -298,20 +314,154 @@ impl Sandboxes {
                 ..Default::default()
             },
         };
+        if self.committing(id) {
+            return Err(Error::Busy(format!(
+                "sandbox {id} is being committed: the daemon finishes it when it mounts again"
+            )));
+        }
         if let Some(served) = self.served.lock().remove(&id) {
             stop(served);
         }
-        let dir = self.dir.join(id.to_string());
-        // The manifest goes first: a half-removed sandbox is no sandbox.
-        let manifest = dir.join("sandbox.json");
-        std::fs::remove_file(&manifest).map_err(io(&manifest))?;
-        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        self.remove(id)?;
         tracing::info!("sandbox {id} discarded");
         Ok(row)
+    }
+
+    /// Removes sandbox `id`'s directory. The manifest goes first: a
+    /// half-removed sandbox is no sandbox. (Its commit journal goes with
+    /// the rest: once the manifest is gone nothing resumes it.)
+    fn remove(&self, id: u32) -> Result<()> {
+        let dir = self.dir.join(id.to_string());
+        let manifest = dir.join("sandbox.json");
+        match std::fs::remove_file(&manifest) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&manifest)(e)),
+        }
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))
     }
 }
 
 impl Sandboxes {
+    /// Applies sandbox `id` to the mount `vfs` (made over `base`) and ends
+    /// it, unless changes made on the mount since it was made conflict
+    /// with its own (`force` applies it anyway, the sandbox's side
+    /// winning). Conflicts found while its processes still run leave it
+    /// served; the commit itself ends its session first.
+    pub(super) fn commit(
+        &self,
+        vfs: &Vfs,
+        id: u32,
+        force: bool,
+        base: Vec<PathBuf>,
+    ) -> Result<SandboxCommitReply> {
+        let t0 = std::time::Instant::now();
+        let m = self.manifest(id)?;
+        if m.base != base {
+            return Err(Error::Busy(format!(
+                "sandbox {id} was made over other branches than the mount's now: it cannot be \
+                 committed (discard it, or mount those branches again)"
+            )));
+        }
+        let branch = self.branch_dir(id);
+        let root = open_dir(&branch)?;
+        let since = self.made_at(id, &m);
+        let mut reply = SandboxCommitReply {
+            sandbox: self.row(&m),
+            ..Default::default()
+        };
+        let report = |reply: &mut SandboxCommitReply, c: &crate::union::commit::Changes| {
+            reply.changes = c.paths.len() as u64;
+            reply.conflicts = c
+                .conflicts
+                .iter()
+                .map(|p| format!("/{}", String::from_utf8_lossy(p)))
+                .collect();
+        };
+        // A first look while its processes run: a conflict leaves it be.
+        let first = vfs.commit_changes(root.as_fd(), since)?;
+        report(&mut reply, &first);
+        if !first.conflicts.is_empty() && !force {
+            return Ok(reply);
+        }
+        if let Some(served) = self.served.lock().remove(&id) {
+            stop(served);
+        }
+        // Nothing writes the branch now: this look is the one applied.
+        let changes = vfs.commit_changes(root.as_fd(), since)?;
+        report(&mut reply, &changes);
+        reply.sandbox.mountpoint = None;
+        if !changes.conflicts.is_empty() && !force {
+            return Ok(reply);
+        }
+        let journal = self.dir.join(id.to_string()).join("commit.json");
+        let text = serde_json::to_vec_pretty(&CommitJournal {
+            format: COMMIT_FORMAT,
+            started_ns: now_ns(),
+        })
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        write_durably(&journal, &text).map_err(io(&journal))?;
+        let count = vfs.commit_branch(root.as_fd(), &changes.paths)?;
+        self.finish_commit(id, &root)?;
+        reply.applied = true;
+        reply.moved = count.moved;
+        reply.merged_dirs = count.merged_dirs;
+        reply.removed = count.whiteouts;
+        reply.elapsed_us = t0.elapsed().as_micros() as u64;
+        tracing::info!("sandbox {id} committed");
+        Ok(reply)
+    }
+
+    /// When sandbox `id` was made, by the clock that dates changes on the
+    /// mount (the kernel's coarse one, which may lag the system's by a
+    /// tick): its manifest's mtime, which nothing changes after.
+    fn made_at(&self, id: u32, m: &Manifest) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let manifest = self.dir.join(id.to_string()).join("sandbox.json");
+        match std::fs::metadata(&manifest) {
+            Ok(st) => (st.mtime() as u64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(st.mtime_nsec() as u64),
+            Err(_) => m.created_ns,
+        }
+    }
+
+    /// A commit applied: made durable, then the sandbox goes.
+    fn finish_commit(&self, id: u32, branch: &OwnedFd) -> Result<()> {
+        sys::reopen_dir(branch.as_fd(), libc::O_RDONLY)
+            .and_then(|fd| sys::syncfs(fd.as_fd()))
+            .map_err(io(&self.branch_dir(id)))?;
+        self.remove(id)
+    }
+
+    /// Finishes the commits a stopped daemon left half done (before the
+    /// mount serves anything: it then shows them whole).
+    pub(super) fn finish_interrupted_commits(&self, vfs: &Vfs) {
+        let Ok(ids) = self.ids() else {
+            return;
+        };
+        for id in ids {
+            let journal = self.dir.join(id.to_string()).join("commit.json");
+            if !journal.exists() {
+                continue;
+            }
+            let finished = open_dir(&self.branch_dir(id)).and_then(|root| {
+                let changes = vfs.commit_changes(root.as_fd(), 0)?;
+                vfs.commit_branch(root.as_fd(), &changes.paths)?;
+                self.finish_commit(id, &root)
+            });
+            match finished {
+                Ok(()) => tracing::info!("sandbox {id}: its interrupted commit is finished"),
+                Err(e) => tracing::error!("sandbox {id}: its interrupted commit cannot finish: {e}"),
+            }
+        }
+    }
+
+    /// Whether a commit of sandbox `id` began and has not finished.
+    fn committing(&self, id: u32) -> bool {
+        self.dir.join(id.to_string()).join("commit.json").exists()
+    }
+
     /// Ends every served sandbox's session (the daemon is stopping).
     pub(super) fn stop_all(&self) {
         for (_, served) in std::mem::take(&mut *self.served.lock()) {
@@ -371,6 +521,12 @@ fn clear_dead_daemons_mounts(run_dir: &Path) {
             Err(e) => tracing::warn!("{}: {e}", daemon.path().display()),
         }
     }
+}
+
+fn open_dir(path: &Path) -> Result<std::os::fd::OwnedFd> {
+    sys::cstr(path.as_os_str())
+        .and_then(|c| sys::openat(sys::CWD, &c, libc::O_PATH | libc::O_DIRECTORY, 0))
+        .map_err(io(path))
 }
 
 fn copy_root_attrs(from: &Path, to: &Path) -> std::io::Result<()> {

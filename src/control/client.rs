@@ -276,6 +276,14 @@ impl Client<'_> {
         self.ask(Request::SandboxDiscard { id })
     }
 
+    pub fn sandbox_commit(
+        &self,
+        id: u32,
+        force: bool,
+    ) -> Result<super::proto::SandboxCommitReply> {
+        self.ask(Request::SandboxCommit { id, force })
+    }
+
     pub fn branch_remove(&self, branch: &str, force: bool) -> Result<super::proto::BranchSetReply> {
         self.ask(Request::BranchRemove {
             branch: branch.into(),

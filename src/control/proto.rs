@@ -19,7 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
-pub const PROTOCOL: u32 = 10;
+pub const PROTOCOL: u32 = 11;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -162,6 +162,13 @@ pub enum Request {
     SandboxDiscard {
         id: u32,
     },
+    /// Apply sandbox `id`'s changes to the mount and end it, unless they
+    /// conflict with changes made on the mount since it was made (then
+    /// nothing is applied, unless `force`) (root only).
+    SandboxCommit {
+        id: u32,
+        force: bool,
+    },
 }
 
 impl Request {
@@ -178,6 +185,7 @@ impl Request {
                 | Request::SandboxStart { .. }
                 | Request::Sandboxes
                 | Request::SandboxDiscard { .. }
+                | Request::SandboxCommit { .. }
         )
     }
 }
@@ -573,6 +581,26 @@ pub struct SandboxRow {
     pub branch: String,
 }
 
+/// `SandboxCommit`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SandboxCommitReply {
+    pub sandbox: SandboxRow,
+    /// False: conflicts stopped it, and nothing changed.
+    pub applied: bool,
+    /// Paths (from the mount's root) the sandbox changed and the mount
+    /// changed too since the sandbox was made.
+    pub conflicts: Vec<String>,
+    /// Paths the commit changed (or would have).
+    pub changes: u64,
+    /// Objects moved into the mount's branch (a whole directory counts
+    /// with its contents).
+    pub moved: u64,
+    pub merged_dirs: u64,
+    /// Removals applied.
+    pub removed: u64,
+    pub elapsed_us: u64,
+}
+
 /// `Sandboxes`' reply.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SandboxList {
@@ -778,6 +806,7 @@ pub enum Answer {
     BranchSet(BranchSetReply),
     Snapshot(SnapshotReply),
     Snapmerge(SnapmergeReply),
+    SandboxCommit(SandboxCommitReply),
     Sandbox(SandboxRow),
     Sandboxes(SandboxList),
 }

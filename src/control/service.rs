@@ -104,6 +104,11 @@ pub trait Host: LiveIds {
     fn discard_sandbox(&self, _id: u32) -> Result<super::proto::SandboxRow> {
         Err(Error::Usage("nothing is mounted".into()))
     }
+    /// Applies sandbox `id` to the mount (the caller checked the
+    /// privilege).
+    fn commit_sandbox(&self, _id: u32, _force: bool) -> Result<super::proto::SandboxCommitReply> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
     /// Removes a union's branch (the caller checked the privilege).
     fn remove_branch(&self, _branch: &str, _force: bool) -> Result<super::proto::BranchSetReply> {
         Err(Error::Usage("nothing is mounted".into()))
@@ -140,8 +145,10 @@ impl Answerer for HostOnly {
 fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer> {
     if !matches!(req, Request::Branches | Request::Sandboxes) && peer.uid != 0 {
         let what = match req {
-            Request::SandboxStart { .. } | Request::SandboxDiscard { .. } => {
-                "only root may start or discard a sandbox (it needs a mount namespace)"
+            Request::SandboxStart { .. }
+            | Request::SandboxDiscard { .. }
+            | Request::SandboxCommit { .. } => {
+                "only root may start, commit or discard a sandbox (it needs a mount namespace)"
             }
             _ => "only root may change a union's branches",
         };
@@ -174,6 +181,9 @@ fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer>
             sandboxes: host.sandboxes()?,
         })),
         Request::SandboxDiscard { id } => Ok(Answer::Sandbox(host.discard_sandbox(*id)?)),
+        Request::SandboxCommit { id, force } => {
+            Ok(Answer::SandboxCommit(host.commit_sandbox(*id, *force)?))
+        }
         _ => Ok(Answer::Branches(proto::BranchList {
             branches: host.branches()?,
         })),
@@ -339,7 +349,8 @@ impl Service {
             | Request::Snapmerge { .. }
             | Request::SandboxStart { .. }
             | Request::Sandboxes
-            | Request::SandboxDiscard { .. } => branch_request(&*self.host, req, peer)?,
+            | Request::SandboxDiscard { .. }
+            | Request::SandboxCommit { .. } => branch_request(&*self.host, req, peer)?,
         })
     }
 

@@ -165,9 +165,20 @@ pub struct Draft {
     pub tags: Vec<(String, Option<Seq>)>,
 }
 
+/// See [`History::one_instant`].
+pub struct OneInstant<'h>(&'h History);
+
+impl Drop for OneInstant<'_> {
+    fn drop(&mut self) {
+        self.0.state.lock().pinned = None;
+    }
+}
+
 struct WriteState {
     next_seq: Seq,
     last_time: i64,
+    /// Set by [`History::one_instant`]: the time every change gets.
+    pinned: Option<i64>,
     journals: [Journal; 2],
     active: usize,
     queue: Vec<Op>,
@@ -297,6 +308,7 @@ impl History {
             state: Mutex::new(WriteState {
                 next_seq,
                 last_time,
+                pinned: None,
                 journals,
                 active: 0,
                 queue: Vec::new(),
@@ -358,7 +370,9 @@ impl History {
         self.space.check()?;
         let mut st = self.state.lock();
         let seq = st.next_seq;
-        let time_ns = self.clock.now_ns().max(st.last_time + 1);
+        let time_ns = st
+            .pinned
+            .unwrap_or_else(|| self.clock.now_ns().max(st.last_time + 1));
         let fresh = self.chunks.take_unjournaled();
         let mut op = Op {
             seq,
@@ -395,6 +409,17 @@ impl History {
         }
         st.queue.push(op);
         Ok(seq)
+    }
+
+    /// Until the guard drops, every change recorded gets one time, so that
+    /// a view of the past shows all of them or none (a sandbox commit:
+    /// `.history/@T/` is the tree before it or after it, never between).
+    /// The times of later changes go on increasing from it.
+    pub fn one_instant(&self) -> OneInstant<'_> {
+        let mut st = self.state.lock();
+        let t = self.clock.now_ns().max(st.last_time + 1);
+        st.pinned = Some(t);
+        OneInstant(self)
     }
 
     /// Ok if changes can be recorded now; ENOSPC while the store is full

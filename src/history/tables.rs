@@ -24,7 +24,8 @@ pub const LINKS: TableDefinition<&[u8], u8> = TableDefinition::new("links");
 pub const MANIFESTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("manifests");
 /// seq → time (ns since the epoch).
 pub const SEQS: TableDefinition<u64, i64> = TableDefinition::new("seqs");
-/// time (ns) → seq; times strictly increase with seq.
+/// time (ns) → seq; times never decrease with seq. Changes of one instant
+/// (`History::one_instant`) share a time, which maps to the last of them.
 pub const TIMES: TableDefinition<i64, u64> = TableDefinition::new("times");
 /// tag name → seq.
 pub const TAGS: TableDefinition<&str, u64> = TableDefinition::new("tags");

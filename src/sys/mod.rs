@@ -367,6 +367,12 @@ pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> io::Result<()> {
     .map_err(os_err)
 }
 
+/// Flushes the whole file system `fd` lies on: what a sequence of renames
+/// across its directories changed is durable once this returns.
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    rfs::syncfs(fd).map_err(os_err)
+}
+
 /// A private copy of the file `src` sharing its blocks (FICLONE: btrfs,
 /// XFS, bcachefs...), as an unnamed file in directory `dir`, which must be
 /// on the same file system. EOPNOTSUPP/EXDEV/EINVAL where cloning is not

@@ -350,7 +350,7 @@ impl Vfs {
     }
 
     /// Swaps `set` in; the caller holds the set lock exclusively.
-    fn put_in_force(&self, u: &Union, set: BranchSet) -> Result<SetChange> {
+    pub(super) fn put_in_force(&self, u: &Union, set: BranchSet) -> Result<SetChange> {
         let generation = set.generation;
         u.swap_set(set)?;
         self.inodes.set_generation(generation);
@@ -368,7 +368,7 @@ impl Vfs {
         }
     }
 
-    fn set_changed(&self) {
+    pub(super) fn set_changed(&self) {
         if let Some(hook) = self.set_changed.get() {
             hook();
         }

@@ -21,6 +21,7 @@
 mod attr;
 mod branch_modes;
 mod branch_set;
+mod commit;
 mod dir;
 mod dircache;
 mod file;

@@ -1,0 +1,209 @@
+//! Applying a sandbox's branch to the mount (`chronofs sandbox commit`,
+//! issue 17). The sandbox's branch lies over the mount's read-write branch
+//! as a frozen branch over the one below it, so applying it is
+//! `snapmerge`'s fold (renames, no data copied), done with every operation
+//! that changes the tree or looks up a name held off (the union's set lock,
+//! exclusively), and recorded in history as one instant: a view of the past
+//! shows the tree before the commit or after it, never between.
+//! docs/ARCHITECTURE.md "Sandboxes".
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use super::union::BranchSet;
+use super::versioning::Live;
+use super::{InodeNo, Result, Vfs, VfsError};
+use crate::sys;
+use crate::union::commit::{self, Changes};
+use crate::union::format::XattrNs;
+use crate::union::snapmerge::{self, MergeCount};
+
+/// The branch a commit writes into.
+struct Target {
+    root: OwnedFd,
+    /// Branches lie below it (whiteouts must stay to hide their objects).
+    deeper: bool,
+    ns: XattrNs,
+}
+
+impl Vfs {
+    /// A union's top branch, which must be its read-write upper one (a
+    /// commit puts the sandbox's objects where nothing hides them); a
+    /// single directory's root.
+    fn commit_target(&self) -> Result<Target> {
+        let Some(u) = self.union() else {
+            return Ok(Target {
+                root: sys::reopen(self.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?,
+                deeper: false,
+                ns: XattrNs::for_daemon(),
+            });
+        };
+        let set = u.set();
+        let top = set
+            .members
+            .first()
+            .filter(|m| m.writable() && u.upper() == Some(m.id))
+            .ok_or_else(|| {
+                VfsError::BranchBusy(
+                    "the union's top branch is read-only: a sandbox commits into a read-write \
+                     top branch (chronofs branch mode MNT 0 rw, or a snapshot, makes one)"
+                        .into(),
+                )
+            })?;
+        Ok(Target {
+            root: sys::reopen(top.root.as_fd(), libc::O_PATH | libc::O_DIRECTORY)?,
+            deeper: set.members.len() > 1,
+            ns: u.ns,
+        })
+    }
+
+    /// What applying `upper` (a sandbox's branch) would change, and which
+    /// of those changes conflict with changes made on the mount at or
+    /// after `since_ns`.
+    pub fn commit_changes(&self, upper: BorrowedFd<'_>, since_ns: u64) -> Result<Changes> {
+        let t = self.commit_target()?;
+        if sys::fstat(upper)?.st_dev != sys::fstat(t.root.as_fd())?.st_dev {
+            return Err(VfsError::BranchBusy(
+                "the sandbox's branch (in the store) and the mount's read-write branch are on \
+                 different file systems: a commit moves objects by rename"
+                    .into(),
+            ));
+        }
+        Ok(commit::changes(upper, t.root.as_fd(), since_ns, t.ns)?)
+    }
+
+    /// Applies `upper` (a sandbox's branch; `paths`: its changes, from
+    /// [`Vfs::commit_changes`]) to the mount, leaving `upper` empty.
+    /// Interrupted (a crash), it leaves `upper` holding what it has not
+    /// applied yet: running it again finishes it.
+    pub fn commit_branch(&self, upper: BorrowedFd<'_>, paths: &[Vec<u8>]) -> Result<MergeCount> {
+        let target = self.commit_target()?;
+        // What the commit replaces or removes must be in history first.
+        self.note_commit(paths, false)?;
+        let _instant = self.capture().map(|c| c.history().one_instant());
+        let count = {
+            let _all = self.union().map(|u| u.set_lock.write());
+            let merged = snapmerge::merge_into(
+                upper,
+                target.root.as_fd(),
+                target.deeper,
+                target.ns,
+                &mut |_, _| {},
+            );
+            if let Some(u) = self.union() {
+                // Inodes found before re-derive their layers at next use.
+                let old = u.set();
+                self.put_in_force(
+                    u,
+                    BranchSet {
+                        generation: old.generation.wrapping_add(1),
+                        members: old.members.clone(),
+                    },
+                )?;
+            }
+            merged?
+        };
+        // The kernel's names may all lead elsewhere now.
+        self.set_changed();
+        if let Err(e) = self.note_commit(paths, true) {
+            tracing::error!("history: recording a sandbox commit failed: {e}");
+        }
+        tracing::info!(
+            "sandbox commit: {} moved, {} directories merged, {} removals",
+            count.moved,
+            count.merged_dirs,
+            count.whiteouts
+        );
+        Ok(count)
+    }
+
+    /// History of the places a commit changes: before it (`after` false)
+    /// their states are secured; after it, the directories' new entries
+    /// and each changed object's new state are recorded. Without history,
+    /// nothing.
+    fn note_commit(&self, paths: &[Vec<u8>], after: bool) -> Result<()> {
+        let Some(c) = self.capture() else {
+            return Ok(());
+        };
+        let tree = Live(self);
+        let mut dirs_done = HashSet::new();
+        for path in paths {
+            let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
+            let Some((leaf, parents)) = comps.split_last() else {
+                continue;
+            };
+            let held = self.hold_path(parents)?;
+            let dir = held.last().copied().unwrap_or(InodeNo::ROOT);
+            let noted = (|| -> Result<()> {
+                let leaf = match held.len() == parents.len() {
+                    true => self.hold_child(dir, leaf)?,
+                    false => None,
+                };
+                let r = (|| -> Result<()> {
+                    if !after {
+                        c.before_dir_change(&tree, dir.object())?;
+                        if let Some(l) = leaf {
+                            c.before_change(&tree, l.object())?;
+                        }
+                        return Ok(());
+                    }
+                    if dirs_done.insert(dir) {
+                        let st = sys::fstat(self.node(dir)?.fd())?;
+                        c.dir_recheck(&tree, dir.object(), &st)?;
+                        // Merged directories took the sandbox's attributes.
+                        for d in std::iter::once(InodeNo::ROOT).chain(held.iter().copied()) {
+                            c.before_change(&tree, d.object())?;
+                            self.attrs_changed(d);
+                        }
+                    }
+                    if let Some(l) = leaf {
+                        c.before_change(&tree, l.object())?;
+                    }
+                    Ok(())
+                })();
+                self.release_held(leaf);
+                r
+            })();
+            for ino in held {
+                self.release_held(Some(ino));
+            }
+            noted?;
+        }
+        Ok(())
+    }
+
+    /// The directories `comps` name from the root, as far as they exist,
+    /// each held (the caller releases them).
+    fn hold_path(&self, comps: &[&[u8]]) -> Result<Vec<InodeNo>> {
+        let mut held = Vec::with_capacity(comps.len());
+        let mut dir = InodeNo::ROOT;
+        for name in comps {
+            match self.hold_child(dir, name) {
+                Ok(Some(ino)) => {
+                    held.push(ino);
+                    dir = ino;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    for ino in held {
+                        self.release_held(Some(ino));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    /// `name` in directory `dir`, held; `None` if there is none.
+    fn hold_child(&self, dir: InodeNo, name: &[u8]) -> Result<Option<InodeNo>> {
+        let node = self.node(dir)?;
+        match self.lookup_in(&node, OsStr::from_bytes(name)) {
+            Ok(e) => Ok(Some(e.attr.ino)),
+            Err(e) if e.errno_is(libc::ENOENT) || e.errno_is(libc::ENOTDIR) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
