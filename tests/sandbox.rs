@@ -1,6 +1,7 @@
 //! Sandboxes (issue 17): `chronofs sandbox MNT -- CMD` runs CMD against
 //! a private read-write layer over the mount, seen by CMD and its children
-//! only, until `chronofs sandbox discard`. docs/ARCHITECTURE.md
+//! only, until `chronofs sandbox commit` applies it to the mount or
+//! `chronofs sandbox discard` throws it away. docs/ARCHITECTURE.md
 //! "Sandboxes".
 
 mod common;
@@ -228,6 +229,17 @@ fn a_make_like_workload_in_a_sandbox_is_invisible_outside() {
         "discard",
         &m,
     );
+    assert!(!m.src.join(".chronofs/sandboxes/1").exists());
+    // Built again, and committed: the mount shows it all at once.
+    let out = in_sandbox(&m, None, script);
+    assert_eq!(ok(out, "build again", &m).trim(), "50");
+    assert!(!m.p("build").exists());
+    let out = chronofs_in(m.root(), &["sandbox", "commit", "1", "--mount", mnt]);
+    let said = ok(out, "commit", &m);
+    assert!(said.starts_with("sandbox 1 committed to "), "{said}");
+    assert_eq!(sh(&m.mnt, "wc -l < build/prog").trim(), "50");
+    assert_eq!(names(&m.p("build")), ["prog"]);
+    assert_eq!(names(&m.p("srcs")).len(), 50);
     assert!(!m.src.join(".chronofs/sandboxes/1").exists());
 }
 
@@ -493,11 +505,7 @@ fn a_commit_over_changes_made_since_is_refused_unless_forced() {
         assert!(listed(m).is_empty());
         if !m.mode.contains("plain") {
             // What the mount's users wrote is in history, not lost.
-            let out = ok(
-                chronofs_in(&m.mnt, &["log", "top", "--json"]),
-                "log top",
-                m,
-            );
+            let out = ok(chronofs_in(&m.mnt, &["log", "top", "--json"]), "log top", m);
             let sizes: Vec<u64> = json(&out)["versions"]
                 .as_array()
                 .unwrap()
@@ -542,7 +550,11 @@ fn a_commit_refuses_bad_input_in_one_line() {
     assert!(stderr(&out).contains("no sandbox 9"), "{}", stderr(&out));
     assert_eq!(stderr(&out).trim().lines().count(), 1);
     let out = chronofs_in(m.root(), &["sandbox", "commit", "9"]);
-    assert!(stderr(&out).contains("no sandbox 9 on any"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no sandbox 9 on any"),
+        "{}",
+        stderr(&out)
+    );
     ok(in_sandbox(&m, None, "echo a > MNT/a"), "sandbox", &m);
     let out = Command::new(bin())
         .args(["sandbox", "commit", "1", "--mount", mnt])
@@ -556,7 +568,11 @@ fn a_commit_refuses_bad_input_in_one_line() {
     branch_ok(&m, &["mode", "0", "ro"]);
     let out = commit(&m, 1, false);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("top branch is read-only"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("top branch is read-only"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(stderr(&out).trim().lines().count(), 1);
     assert!(!m.p("a").exists());
     branch_ok(&m, &["mode", "0", "rw"]);

@@ -437,6 +437,11 @@ impl Sandboxes {
     /// Finishes the commits a stopped daemon left half done (before the
     /// mount serves anything: it then shows them whole).
     pub(super) fn finish_interrupted_commits(&self, vfs: &Vfs) {
+        // Such a mount has no sandboxes, and its store's path leads into
+        // the mount itself, which serves nothing yet.
+        if self.refused.is_some() {
+            return;
+        }
         let Ok(ids) = self.ids() else {
             return;
         };
@@ -452,7 +457,9 @@ impl Sandboxes {
             });
             match finished {
                 Ok(()) => tracing::info!("sandbox {id}: its interrupted commit is finished"),
-                Err(e) => tracing::error!("sandbox {id}: its interrupted commit cannot finish: {e}"),
+                Err(e) => {
+                    tracing::error!("sandbox {id}: its interrupted commit cannot finish: {e}")
+                }
             }
         }
     }

@@ -276,11 +276,7 @@ impl Client<'_> {
         self.ask(Request::SandboxDiscard { id })
     }
 
-    pub fn sandbox_commit(
-        &self,
-        id: u32,
-        force: bool,
-    ) -> Result<super::proto::SandboxCommitReply> {
+    pub fn sandbox_commit(&self, id: u32, force: bool) -> Result<super::proto::SandboxCommitReply> {
         self.ask(Request::SandboxCommit { id, force })
     }
 

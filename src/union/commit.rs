@@ -56,8 +56,7 @@ fn scan(
     let xattr_whiteouts = format::opacity(up, ns)? == Opacity::XattrWhiteouts;
     let entries = format::entries(up)?;
     for name in entries.into_iter().map(|e| e.name) {
-        if format::is_temporary(&name) || (path.is_empty() && name == index::INDEX_DIR.as_bytes())
-        {
+        if format::is_temporary(&name) || (path.is_empty() && name == index::INDEX_DIR.as_bytes()) {
             continue;
         }
         let c = cname(&name)?;

@@ -55,11 +55,20 @@ impl Vfs {
     }
 
     /// Held (shared) for the whole of an operation that may change the
-    /// tree; a branch change waits for every such operation in flight.
-    /// Recursive: an operation never waits behind a queued change while
-    /// it holds the lock already.
+    /// tree or look up a name; a branch change or a sandbox commit waits
+    /// for every such operation in flight. Recursive: an operation never
+    /// waits behind a queued change while it holds the lock already.
     pub(super) fn changing(&self) -> Option<RwLockReadGuard<'_, ()>> {
-        self.union().map(|u| u.set_lock.read_recursive())
+        Some(self.tree_lock().read_recursive())
+    }
+
+    /// The lock [`Vfs::changing`] takes: a union's set lock, a single
+    /// directory's own.
+    pub(super) fn tree_lock(&self) -> &parking_lot::RwLock<()> {
+        match self.union() {
+            Some(u) => &u.set_lock,
+            None => &self.tree_lock,
+        }
     }
 
     /// Whether removes and renames go through the union's code: in a

@@ -2,8 +2,8 @@
 //! issue 17). The sandbox's branch lies over the mount's read-write branch
 //! as a frozen branch over the one below it, so applying it is
 //! `snapmerge`'s fold (renames, no data copied), done with every operation
-//! that changes the tree or looks up a name held off (the union's set lock,
-//! exclusively), and recorded in history as one instant: a view of the past
+//! that changes the tree or looks up a name held off (`Vfs::changing`'s
+//! lock, exclusively), and recorded in history as one instant: a view of the past
 //! shows the tree before the commit or after it, never between.
 //! docs/ARCHITECTURE.md "Sandboxes".
 
@@ -84,7 +84,7 @@ impl Vfs {
         self.note_commit(paths, false)?;
         let _instant = self.capture().map(|c| c.history().one_instant());
         let count = {
-            let _all = self.union().map(|u| u.set_lock.write());
+            let _all = self.tree_lock().write();
             let merged = snapmerge::merge_into(
                 upper,
                 target.root.as_fd(),

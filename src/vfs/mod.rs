@@ -245,6 +245,9 @@ pub struct Vfs {
     attrs_changed: std::sync::OnceLock<AttrsChanged>,
     /// Told when a union's branch set changed (`Vfs::on_set_changed`).
     set_changed: std::sync::OnceLock<SetChanged>,
+    /// A single directory's [`Vfs::changing`] lock (a union's is its set
+    /// lock): a sandbox commit holds it exclusively.
+    tree_lock: parking_lot::RwLock<()>,
 }
 
 /// See [`Vfs::on_attrs_changed`].
@@ -293,6 +296,7 @@ impl Vfs {
             union,
             attrs_changed: std::sync::OnceLock::new(),
             set_changed: std::sync::OnceLock::new(),
+            tree_lock: parking_lot::RwLock::new(()),
         }))
     }
 

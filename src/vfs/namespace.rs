@@ -66,6 +66,8 @@ impl Vfs {
         if self.union().is_some() {
             return self.union_lookup(dir, name);
         }
+        // No sandbox commit half done is seen.
+        let _set = self.changing();
         let cname = sys::cstr(name)?;
         let st = sys::fstatat(dir.fd(), &cname)?;
         let mut reused = false;
