@@ -578,4 +578,17 @@ fn a_commit_refuses_bad_input_in_one_line() {
     branch_ok(&m, &["mode", "0", "rw"]);
     ok(commit(&m, 1, false), "commit", &m);
     assert_eq!(read_file(&m.p("a")), b"a\n");
+    // A directory renamed in a sandbox: refused before anything changes.
+    let out = in_sandbox(&m, None, "echo b > MNT/b && mv MNT/d MNT/e");
+    ok(out, "rename a directory", &m);
+    let out = commit(&m, 1, false);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("/e: a directory renamed"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stderr(&out).trim().lines().count(), 1);
+    assert!(!m.p("b").exists() && m.p("d/x").exists() && !m.p("e").exists());
+    assert_eq!(listed(&m).len(), 1);
 }

@@ -143,21 +143,25 @@ impl ChronoFuse {
     fn drop_names_at_set_change(&self) {
         let notifier = self.notifier.clone();
         let vfs = Arc::downgrade(&self.vfs);
-        self.vfs.on_set_changed(Box::new(move || {
+        self.vfs.on_set_changed(Box::new(move |may_block| {
             let Some(n) = notifier.get() else {
-                return;
+                return true;
             };
             let Err(e) = n.increment_epoch() else {
-                return;
+                return true;
             };
+            if !may_block {
+                return false;
+            }
             tracing::debug!("epoch increment refused ({e}): invalidating name by name");
             let Some(vfs) = vfs.upgrade() else {
-                return;
+                return true;
             };
             for (parent, name) in vfs.known_names() {
                 // ENOENT: the kernel no longer has it, which is the aim.
                 let _ = n.inval_entry(INodeNo(parent.0), OsStr::from_bytes(&name));
             }
+            true
         }));
     }
 }

@@ -18,7 +18,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use super::format::{self, Opacity, XattrNs};
-use super::{index, Result};
+use super::{index, Result, UnionError};
 use crate::sys::{self, Stat};
 
 /// The changes of a sandbox's branch and the conflicts among them, by
@@ -31,7 +31,9 @@ pub struct Changes {
 
 /// The changes `upper` (a sandbox's branch) would make to `lower` (the
 /// mount's read-write branch), and those that conflict with what changed
-/// in `lower` at or after `since_ns`.
+/// in `lower` at or after `since_ns`. What the fold cannot apply (a
+/// directory renamed in the sandbox, copied-up hard links) is refused
+/// here, before anything changes: `UnionError::Unmergeable`.
 pub fn changes(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
@@ -40,6 +42,15 @@ pub fn changes(
 ) -> Result<Changes> {
     let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
     let low = sys::reopen_dir(lower, libc::O_RDONLY)?;
+    if let Some(ix) = index::open_existing(up.as_fd())? {
+        if !format::entries(sys::reopen_dir(ix.as_fd(), libc::O_RDONLY)?.as_fd())?.is_empty() {
+            return Err(UnionError::Unmergeable(
+                "the sandbox made hard links to files of the branches below it; committing \
+                 those is not supported yet (nothing was applied)"
+                    .into(),
+            ));
+        }
+    }
     let mut out = Changes::default();
     scan(up.as_fd(), Some(low.as_fd()), b"", since_ns, ns, &mut out)?;
     Ok(out)
@@ -71,6 +82,13 @@ fn scan(
         };
         let child = join(path, &name);
         let fd = sys::open_path(up, &c)?;
+        if is_dir(&st) && format::redirect(fd.as_fd(), ns)?.is_some() {
+            return Err(UnionError::Unmergeable(format!(
+                "/{}: a directory renamed in the sandbox cannot be committed yet (nothing was \
+                 applied)",
+                String::from_utf8_lossy(&child)
+            )));
+        }
         let whiteout = format::is_whiteout(&st)
             || (xattr_whiteouts && format::is_xattr_whiteout(fd.as_fd(), &st, ns)?);
         let walked = !whiteout

@@ -36,8 +36,11 @@ pub struct SetChange {
 }
 
 /// Told that the branch set changed: the kernel must drop every name it
-/// caches (the FUSE adapter sends FUSE_NOTIFY_INC_EPOCH).
-pub type SetChanged = Box<dyn Fn() + Send + Sync>;
+/// caches (the FUSE adapter sends FUSE_NOTIFY_INC_EPOCH). Given
+/// `may_block` false, it does only what cannot wait on a request in
+/// flight (the epoch, not name-by-name invalidation, which takes the
+/// kernel's directory locks) and says whether that did it.
+pub type SetChanged = Box<dyn Fn(bool) -> bool + Send + Sync>;
 
 impl Vfs {
     /// The inode `ino` with a descriptor of its object, its union state
@@ -370,8 +373,14 @@ impl Vfs {
 
     pub(super) fn set_changed(&self) {
         if let Some(hook) = self.set_changed.get() {
-            hook();
+            hook(true);
         }
+    }
+
+    /// [`Vfs::set_changed`] as far as it can go while operations wait on
+    /// a lock the caller holds; whether that was all of it.
+    pub(super) fn set_changed_without_blocking(&self) -> bool {
+        self.set_changed.get().is_none_or(|hook| hook(false))
     }
 
     /// Every name the kernel may cache, as (parent, name): what must be

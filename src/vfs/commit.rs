@@ -82,9 +82,10 @@ impl Vfs {
         let target = self.commit_target()?;
         // What the commit replaces or removes must be in history first.
         self.note_commit(paths, false)?;
-        let _instant = self.capture().map(|c| c.history().one_instant());
-        let count = {
-            let _all = self.tree_lock().write();
+        let all = self.tree_lock().write();
+        // Changes made before the commit keep their own times.
+        let instant = self.capture().map(|c| c.history().one_instant());
+        let (count, dropped) = {
             let merged = snapmerge::merge_into(
                 upper,
                 target.root.as_fd(),
@@ -103,13 +104,19 @@ impl Vfs {
                     },
                 )?;
             }
-            merged?
+            // The kernel's names may all lead elsewhere now: dropped
+            // before any operation sees the new tree, where the kernel can.
+            let dropped = self.set_changed_without_blocking();
+            (merged?, dropped)
         };
-        // The kernel's names may all lead elsewhere now.
-        self.set_changed();
+        drop(all);
+        if !dropped {
+            self.set_changed();
+        }
         if let Err(e) = self.note_commit(paths, true) {
             tracing::error!("history: recording a sandbox commit failed: {e}");
         }
+        drop(instant);
         tracing::info!(
             "sandbox commit: {} moved, {} directories merged, {} removals",
             count.moved,

@@ -148,6 +148,8 @@ impl Vfs {
         ino: InodeNo,
         flags: i32,
     ) -> Result<OpenedDir> {
+        // No sandbox commit half done is listed.
+        let _set = self.changing();
         let inode = self.node(ino)?;
         if !inode.is_dir() {
             return Err(errno(libc::ENOTDIR));
@@ -203,6 +205,7 @@ impl Vfs {
         caller: &Caller,
         mut add: impl FnMut(&DirEntry<'_>) -> bool,
     ) -> Result<()> {
+        let _set = self.changing();
         let handle = self.handles.get(fh)?;
         let dir = handle.ino();
         let dev = self.inodes.get(dir)?.key.dev;
@@ -238,6 +241,7 @@ impl Vfs {
         caller: &Caller,
         mut add: impl FnMut(&DirEntry<'_>, Option<&Entry>) -> bool,
     ) -> Result<()> {
+        let _set = self.changing();
         let mut added = 0usize;
         // An entry that cannot be looked up ends the reply early: the
         // entries already in it carry references the kernel must receive.

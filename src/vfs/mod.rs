@@ -132,6 +132,9 @@ impl VfsError {
 impl From<VfsError> for crate::history::past::Error {
     fn from(e: VfsError) -> Self {
         use crate::history::past::Error;
+        if let VfsError::Union(crate::union::UnionError::Unmergeable(why)) = e {
+            return Error::Usage(why);
+        }
         match e.errno() {
             libc::EBUSY => Error::Busy(e.to_string()),
             libc::ENOENT => Error::NotFound(e.to_string()),
