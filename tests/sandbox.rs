@@ -578,17 +578,135 @@ fn a_commit_refuses_bad_input_in_one_line() {
     branch_ok(&m, &["mode", "0", "rw"]);
     ok(commit(&m, 1, false), "commit", &m);
     assert_eq!(read_file(&m.p("a")), b"a\n");
-    // A directory renamed in a sandbox: refused before anything changes.
-    let out = in_sandbox(&m, None, "echo b > MNT/b && mv MNT/d MNT/e");
-    ok(out, "rename a directory", &m);
+}
+
+/// Processes using the mount while a commit runs see it before the commit
+/// or after it, never between: once one of the sandbox's files shows,
+/// all do, and what it removed is gone.
+#[test]
+fn readers_see_a_commit_whole_or_not_at_all() {
+    for opts in ["plain", ""] {
+        let m = Mount::new_with(opts, |src| {
+            fs::create_dir(src.join("batch")).unwrap();
+            write_file(&src.join("marker"), b"m\n");
+        });
+        let n = 300;
+        let script = format!(
+            "cd MNT && i=0; while [ $i -lt {n} ]; do echo $i > batch/f$i; i=$((i+1)); done; \
+             rm marker"
+        );
+        ok(in_sandbox(&m, None, &script), "sandbox", &m);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (seen_new, checks) = std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut seen_new = false;
+                let mut checks = 0u64;
+                let mut i = 0;
+                loop {
+                    let finished = done.load(std::sync::atomic::Ordering::Acquire);
+                    let f = m.p(&format!("batch/f{i}"));
+                    let here = f.exists();
+                    if seen_new {
+                        assert!(here, "batch/f{i} missing after another showed");
+                        assert!(!m.p("marker").exists(), "marker back after the commit");
+                    } else if here {
+                        seen_new = true;
+                        assert!(!m.p("marker").exists(), "f{i} shows with marker");
+                        for j in 0..n {
+                            assert!(m.p(&format!("batch/f{j}")).exists(), "f{j} after f{i}");
+                        }
+                    }
+                    checks += 1;
+                    i = (i + 97) % n;
+                    if finished {
+                        return (seen_new, checks);
+                    }
+                }
+            });
+            let out = commit(&m, 1, false);
+            done.store(true, std::sync::atomic::Ordering::Release);
+            ok(out, "commit", &m);
+            reader.join().unwrap()
+        });
+        assert!(seen_new, "the reader saw the commit ({checks} checks)");
+        assert_eq!(names(&m.p("batch")).len(), n);
+    }
+}
+
+/// A directory renamed in a sandbox (an overlay redirect) commits with
+/// everything it held, from every branch, under its new name.
+#[test]
+fn a_directory_renamed_in_a_sandbox_commits_with_its_contents() {
+    let tree = |b: &[std::path::PathBuf]| {
+        fs::create_dir_all(b[0].join("a/sub")).unwrap();
+        write_file(&b[0].join("a/f"), b"f\n");
+        write_file(&b[0].join("a/sub/g"), b"g\n");
+        if let Some(l) = b.get(1) {
+            fs::create_dir_all(l.join("a/sub")).unwrap();
+            write_file(&l.join("a/low"), b"low\n");
+            write_file(&l.join("a/sub/h"), b"h\n");
+        }
+    };
+    for lowers in [0, 1] {
+        for mode in ["plain", ""] {
+            let mut m = match lowers {
+                0 => Mount::new_with(mode, |src| tree(&[src.to_path_buf()])),
+                n => Mount::union(mode, n, tree),
+            };
+            let out = in_sandbox(
+                &m,
+                None,
+                "mv MNT/a MNT/b && echo new > MNT/b/new && mkdir MNT/c && mv MNT/b/sub MNT/c/s",
+            );
+            ok(out, "rename directories", &m);
+            ok(commit(&m, 1, false), "commit", &m);
+            let check = |m: &Mount| {
+                assert!(!m.p("a").exists(), "{lowers} {mode}");
+                let mut want_b = vec!["f", "new"];
+                let mut want_s = vec!["g"];
+                if lowers > 0 {
+                    want_b.insert(1, "low");
+                    want_s.push("h");
+                }
+                assert_eq!(names(&m.p("b")), want_b, "{lowers} {mode}");
+                assert_eq!(names(&m.p("c/s")), want_s, "{lowers} {mode}");
+                assert_eq!(read_file(&m.p("b/f")), b"f\n");
+                assert_eq!(read_file(&m.p("c/s/g")), b"g\n");
+                assert_eq!(read_file(&m.p("b/new")), b"new\n");
+                if lowers > 0 {
+                    assert_eq!(read_file(&m.p("c/s/h")), b"h\n");
+                }
+            };
+            check(&m);
+            assert!(listed(&m).is_empty());
+            m.unmount();
+            m.start();
+            check(&m);
+        }
+    }
+}
+
+/// What a renamed directory holds is checked against the directory it was
+/// renamed from: a file changed on both sides conflicts under its new name.
+#[test]
+fn a_conflict_inside_a_renamed_directory_is_found() {
+    let m = Mount::new_with("plain", |src| {
+        fs::create_dir(src.join("a")).unwrap();
+        write_file(&src.join("a/f"), b"f\n");
+        write_file(&src.join("a/g"), b"g\n");
+    });
+    let out = in_sandbox(&m, None, "echo mine > MNT/a/f && mv MNT/a MNT/b");
+    ok(out, "sandbox", &m);
+    write_file(&m.p("a/f"), b"theirs\n");
+    write_file(&m.p("a/g"), b"g2\n");
     let out = commit(&m, 1, false);
     assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("/e: a directory renamed"),
-        "{}",
-        stderr(&out)
-    );
-    assert_eq!(stderr(&out).trim().lines().count(), 1);
-    assert!(!m.p("b").exists() && m.p("d/x").exists() && !m.p("e").exists());
-    assert_eq!(listed(&m).len(), 1);
+    let reply = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(reply["conflicts"], serde_json::json!(["/b/f"]), "{reply}");
+    assert_eq!(read_file(&m.p("a/f")), b"theirs\n");
+    ok(commit(&m, 1, true), "commit --force", &m);
+    assert!(!m.p("a").exists());
+    assert_eq!(read_file(&m.p("b/f")), b"mine\n");
+    // What only the mount changed comes along.
+    assert_eq!(read_file(&m.p("b/g")), b"g2\n");
 }

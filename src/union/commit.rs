@@ -8,6 +8,14 @@
 //! target lacks or holds a non-directory under. Directories both hold are
 //! walked, not changes themselves.
 //!
+//! A directory **renamed** in the sandbox carries an overlay redirect to
+//! where its lower copies are. The fold cannot move those from under
+//! another name, so before it the renamed directory is made to hold, as
+//! hard links, what the target holds there (`absorb_renamed_dirs`): it
+//! then moves whole, and the whiteout the rename left at the old name
+//! removes the target's old copy. The redirect stays where deeper
+//! branches lie below the target, so the mount still finds theirs.
+//!
 //! A change **conflicts** when the target's entry at its path was made or
 //! changed since the sandbox was (its ctime is not older): applying it
 //! would throw away what the mount's users did meanwhile. A removal made
@@ -15,10 +23,10 @@
 //! documented (docs/CLI.md, `sandbox commit`).
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::format::{self, Opacity, XattrNs};
-use super::{index, Result, UnionError};
+use super::{index, snapmerge, Result, UnionError};
 use crate::sys::{self, Stat};
 
 /// The changes of a sandbox's branch and the conflicts among them, by
@@ -31,9 +39,9 @@ pub struct Changes {
 
 /// The changes `upper` (a sandbox's branch) would make to `lower` (the
 /// mount's read-write branch), and those that conflict with what changed
-/// in `lower` at or after `since_ns`. What the fold cannot apply (a
-/// directory renamed in the sandbox, copied-up hard links) is refused
-/// here, before anything changes: `UnionError::Unmergeable`.
+/// in `lower` at or after `since_ns`. What the fold cannot apply
+/// (copied-up hard links) is refused here, before anything changes:
+/// `UnionError::Unmergeable`.
 pub fn changes(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
@@ -51,72 +59,239 @@ pub fn changes(
             ));
         }
     }
-    let mut out = Changes::default();
-    scan(up.as_fd(), Some(low.as_fd()), b"", since_ns, ns, &mut out)?;
-    Ok(out)
+    let mut scan = Scan {
+        target: low.as_fd(),
+        since_ns,
+        ns,
+        out: Changes::default(),
+    };
+    scan.dir(up.as_fd(), Some(low.as_fd()), b"", true)?;
+    Ok(scan.out)
 }
 
-fn scan(
-    up: BorrowedFd<'_>,
-    low: Option<BorrowedFd<'_>>,
-    path: &[u8],
+/// One look at a sandbox's branch against the target.
+struct Scan<'t> {
+    target: BorrowedFd<'t>,
     since_ns: u64,
     ns: XattrNs,
-    out: &mut Changes,
-) -> Result<()> {
-    let xattr_whiteouts = format::opacity(up, ns)? == Opacity::XattrWhiteouts;
-    let entries = format::entries(up)?;
-    for name in entries.into_iter().map(|e| e.name) {
-        if format::is_temporary(&name) || (path.is_empty() && name == index::INDEX_DIR.as_bytes()) {
-            continue;
-        }
-        let c = cname(&name)?;
-        let st = sys::fstatat(up, &c)?;
-        let below = match low {
-            Some(l) => match sys::fstatat(l, &c) {
-                Ok(s) => Some(s),
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
-                Err(e) => return Err(e.into()),
-            },
-            None => None,
-        };
-        let child = join(path, &name);
-        let fd = sys::open_path(up, &c)?;
-        if is_dir(&st) && format::redirect(fd.as_fd(), ns)?.is_some() {
-            return Err(UnionError::Unmergeable(format!(
-                "/{}: a directory renamed in the sandbox cannot be committed yet (nothing was \
-                 applied)",
-                String::from_utf8_lossy(&child)
-            )));
-        }
-        let whiteout = format::is_whiteout(&st)
-            || (xattr_whiteouts && format::is_xattr_whiteout(fd.as_fd(), &st, ns)?);
-        let walked = !whiteout
-            && is_dir(&st)
-            && below.as_ref().is_some_and(is_dir)
-            && !format::is_opaque(fd.as_fd(), ns)?;
-        if walked {
-            let sub_up = sys::openat(up, &c, DIR_FLAGS, 0)?;
-            let sub_low = match low {
-                Some(l) => Some(sys::openat(l, &c, DIR_FLAGS, 0)?),
+    out: Changes,
+}
+
+impl Scan<'_> {
+    /// The entries of `up` (at `path`) against `low`, the target's
+    /// directory there if it has one. `changes`: record them (a renamed
+    /// directory is one change; what lies in it is only checked for
+    /// conflicts against the target's directory it was renamed from).
+    fn dir(
+        &mut self,
+        up: BorrowedFd<'_>,
+        low: Option<BorrowedFd<'_>>,
+        path: &[u8],
+        changes: bool,
+    ) -> Result<()> {
+        let ns = self.ns;
+        let xattr_whiteouts = format::opacity(up, ns)? == Opacity::XattrWhiteouts;
+        for e in format::entries(up)? {
+            let name = e.name;
+            if format::is_temporary(&name)
+                || (path.is_empty() && name == index::INDEX_DIR.as_bytes())
+            {
+                continue;
+            }
+            // Below nothing, only renamed directories can conflict.
+            if low.is_none() && !changes && e.dtype != libc::DT_DIR && e.dtype != libc::DT_UNKNOWN {
+                continue;
+            }
+            let c = cname(&name)?;
+            let st = sys::fstatat(up, &c)?;
+            let below = match low {
+                Some(l) => match sys::fstatat(l, &c) {
+                    Ok(s) => Some(s),
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                    Err(e) => return Err(e.into()),
+                },
                 None => None,
             };
-            scan(
+            let child = join(path, &name);
+            let fd = sys::open_path(up, &c)?;
+            let whiteout = format::is_whiteout(&st)
+                || (xattr_whiteouts && format::is_xattr_whiteout(fd.as_fd(), &st, ns)?);
+            let dir = !whiteout && is_dir(&st);
+            let renamed = match dir {
+                true => format::redirect(fd.as_fd(), ns)?,
+                false => None,
+            };
+            let walked = dir
+                && renamed.is_none()
+                && below.as_ref().is_some_and(is_dir)
+                && !format::is_opaque(fd.as_fd(), ns)?;
+            if below
+                .as_ref()
+                .is_some_and(|b| !walked && changed_since(b, self.since_ns))
+            {
+                self.out.conflicts.push(child.clone());
+            }
+            if changes && !walked {
+                self.out.paths.push(child.clone());
+            }
+            if !dir {
+                continue;
+            }
+            let sub_up = sys::openat(up, &c, DIR_FLAGS, 0)?;
+            let sub_low = match (&renamed, walked, low) {
+                (Some(origin), _, _) => open_path_beneath(self.target, &components(origin)).ok(),
+                (None, true, Some(l)) => Some(sys::openat(l, &c, DIR_FLAGS, 0)?),
+                _ => None,
+            };
+            // A directory moving whole holds no change of its own to
+            // record, but may hold renamed directories to check.
+            self.dir(
                 sub_up.as_fd(),
                 sub_low.as_ref().map(|f| f.as_fd()),
                 &child,
-                since_ns,
-                ns,
-                out,
+                changes && walked,
             )?;
+        }
+        Ok(())
+    }
+}
+
+fn components(path: &[u8]) -> Vec<Vec<u8>> {
+    path.split(|b| *b == b'/')
+        .filter(|c| !c.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Folds `upper` (a sandbox's branch) into `lower` (the mount's
+/// read-write branch; `deeper`: branches lie below it), leaving `upper`
+/// empty. Interrupted, it leaves both valid; running it again finishes.
+pub fn apply(
+    upper: BorrowedFd<'_>,
+    lower: BorrowedFd<'_>,
+    deeper: bool,
+    ns: XattrNs,
+) -> Result<snapmerge::MergeCount> {
+    absorb_renamed_dirs(upper, lower, ns)?;
+    snapmerge::merge(upper, lower, (deeper, true), ns, &mut |_, _| {})
+}
+
+/// Gives every directory renamed in `upper` what `lower` holds where its
+/// redirect points, as hard links (see the module's comment). Each is
+/// found first, so that a redirect copied in from `lower` is not taken
+/// for a rename of the sandbox's. Idempotent.
+fn absorb_renamed_dirs(upper: BorrowedFd<'_>, lower: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
+    let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
+    let mut renamed = Vec::new();
+    find_renamed(up.as_fd(), Vec::new(), ns, &mut renamed)?;
+    for (path, origin) in renamed {
+        let dir = open_path_beneath(up.as_fd(), &path)?;
+        let Some(from) = open_path_beneath(lower, &components(&origin)).ok() else {
+            // The target holds nothing there: all of it came from below.
             continue;
+        };
+        let fd = sys::open_path(dir.as_fd(), c".")?;
+        if format::is_opaque(from.as_fd(), ns)? {
+            // The target hid what lies below: so does the renamed copy.
+            format::set_opaque(fd.as_fd(), ns)?;
+            sys::removexattr_fd(fd.as_fd(), ns.redirect())?;
+        } else if let Some(further) = format::redirect(from.as_fd(), ns)? {
+            // The target's copy was renamed too: below, it is there.
+            format::set_redirect(fd.as_fd(), ns, &further)?;
         }
-        if below.as_ref().is_some_and(|b| changed_since(b, since_ns)) {
-            out.conflicts.push(child.clone());
-        }
-        out.paths.push(child);
+        link_missing(from.as_fd(), dir.as_fd(), ns)?;
     }
     Ok(())
+}
+
+/// The directories under `dir` (at `path`) carrying a redirect, with it.
+fn find_renamed(
+    dir: BorrowedFd<'_>,
+    path: Vec<Vec<u8>>,
+    ns: XattrNs,
+    out: &mut Vec<(Vec<Vec<u8>>, Vec<u8>)>,
+) -> Result<()> {
+    for e in format::entries(dir)? {
+        let c = cname(&e.name)?;
+        let st = sys::fstatat(dir, &c)?;
+        if !is_dir(&st) || (path.is_empty() && e.name == index::INDEX_DIR.as_bytes()) {
+            continue;
+        }
+        let mut child = path.clone();
+        child.push(e.name.clone());
+        let fd = sys::open_path(dir, &c)?;
+        if let Some(origin) = format::redirect(fd.as_fd(), ns)? {
+            out.push((child.clone(), origin));
+        }
+        let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
+        find_renamed(sub.as_fd(), child, ns, out)?;
+    }
+    Ok(())
+}
+
+/// Hard-links into `to` every entry of `from` it lacks; a directory both
+/// hold is filled the same way unless `to`'s hides `from`'s (opaque,
+/// renamed, or not a directory). New directories take `from`'s mode,
+/// owner, extended attributes (overlay markers included) and times.
+fn link_missing(from: BorrowedFd<'_>, to: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
+    for e in format::entries(from)? {
+        if format::is_temporary(&e.name) {
+            continue;
+        }
+        let c = cname(&e.name)?;
+        let src = sys::fstatat(from, &c)?;
+        let fills = match sys::fstatat(to, &c) {
+            Ok(dst) => {
+                let fd = sys::open_path(to, &c)?;
+                is_dir(&src)
+                    && is_dir(&dst)
+                    && !format::is_opaque(fd.as_fd(), ns)?
+                    && format::redirect(fd.as_fd(), ns)?.is_none()
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                if is_dir(&src) {
+                    sys::mkdirat(to, &c, 0o700)?;
+                    true
+                } else {
+                    sys::link_fd(sys::open_path(from, &c)?.as_fd(), to, &c)?;
+                    false
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if fills {
+            let sub_from = sys::openat(from, &c, DIR_FLAGS, 0)?;
+            let sub_to = sys::openat(to, &c, DIR_FLAGS, 0)?;
+            link_missing(sub_from.as_fd(), sub_to.as_fd(), ns)?;
+            copy_attrs(sub_from.as_fd(), sub_to.as_fd())?;
+        }
+    }
+    Ok(())
+}
+
+/// `to` takes `from`'s mode, owner, extended attributes and, last, times.
+fn copy_attrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
+    let st = sys::fstat(from)?;
+    sys::chown_fd(to, st.st_uid, st.st_gid)?;
+    sys::chmod_fd(to, st.st_mode & 0o7777)?;
+    for (name, value) in sys::xattrs_of(from)? {
+        sys::setxattr_fd(to, &cname(&name)?, &value, 0)?;
+    }
+    let time = |secs, nsecs| sys::TimeSpec::At { secs, nsecs };
+    sys::utimens_fd(
+        to,
+        time(st.st_atime, st.st_atime_nsec),
+        time(st.st_mtime, st.st_mtime_nsec),
+    )
+}
+
+/// The directory `path` names under `root`, no symlink followed.
+fn open_path_beneath(root: BorrowedFd<'_>, path: &[Vec<u8>]) -> io::Result<OwnedFd> {
+    let mut dir = sys::reopen_dir(root, libc::O_RDONLY)?;
+    for comp in path {
+        dir = sys::openat(dir.as_fd(), &cname(comp)?, DIR_FLAGS, 0)?;
+    }
+    Ok(dir)
 }
 
 /// Whether `st` was made or changed at or after `since_ns`.
@@ -148,7 +323,6 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
     use std::fs;
-    use std::os::fd::OwnedFd;
     use std::path::Path;
 
     fn open_dir(path: &Path) -> OwnedFd {

@@ -55,6 +55,11 @@ pub struct MergeCount {
 /// The two branches of one merge.
 struct Merge<'r, 'm> {
     ns: XattrNs,
+    /// A redirected (renamed) directory moves down whole, redirect and
+    /// all, instead of being refused: a sandbox commit, which made it
+    /// hold what it redirects to in the lower branch first
+    /// (`commit::absorb_renamed_dirs`).
+    move_renamed: bool,
     /// Branches lie below the lower one (whiteouts and opacity still matter
     /// there).
     deeper: bool,
@@ -71,6 +76,17 @@ pub fn merge_into(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
     deeper: bool,
+    ns: XattrNs,
+    moved: &mut Moved<'_>,
+) -> Result<MergeCount> {
+    merge(upper, lower, (deeper, false), ns, moved)
+}
+
+/// [`merge_into`], with `move_renamed`: see [`Merge::move_renamed`].
+pub(super) fn merge(
+    upper: BorrowedFd<'_>,
+    lower: BorrowedFd<'_>,
+    (deeper, move_renamed): (bool, bool),
     ns: XattrNs,
     moved: &mut Moved<'_>,
 ) -> Result<MergeCount> {
@@ -92,6 +108,7 @@ pub fn merge_into(
     }
     let mut m = Merge {
         ns,
+        move_renamed,
         deeper,
         moved,
         count: MergeCount::default(),
@@ -202,7 +219,8 @@ impl Merge<'_, '_> {
         path: &[u8],
     ) -> Result<()> {
         let fd = sys::open_path(up, c)?;
-        if format::redirect(fd.as_fd(), self.ns)?.is_some() {
+        let renamed = format::redirect(fd.as_fd(), self.ns)?.is_some();
+        if renamed && !self.move_renamed {
             return Err(UnionError::Unmergeable(format!(
                 "{}: a renamed directory (overlay redirect) cannot be merged yet",
                 String::from_utf8_lossy(path)
@@ -210,7 +228,7 @@ impl Merge<'_, '_> {
         }
         let opaque = format::is_opaque(fd.as_fd(), self.ns)?;
         match below {
-            Some(b) if is_dir(b) && !opaque => {
+            Some(b) if is_dir(b) && !opaque && !renamed => {
                 let sub_up = sys::openat(up, c, DIR_FLAGS, 0)?;
                 let sub_low = sys::openat(low, c, DIR_FLAGS, 0)?;
                 (self.moved)(st, b);
@@ -222,7 +240,8 @@ impl Merge<'_, '_> {
             _ => {
                 // The lower name (a non-directory or whiteout) kept deeper
                 // branches out of this directory: opacity keeps them out.
-                if self.deeper && below.is_some() && !opaque {
+                // (A redirect already sends lookups below elsewhere.)
+                if self.deeper && below.is_some() && !opaque && !renamed {
                     format::set_opaque(fd.as_fd(), self.ns)?;
                 }
                 if below.is_some() {
@@ -234,6 +253,16 @@ impl Merge<'_, '_> {
                 if !self.deeper && (opaque || below.is_some()) {
                     // Nothing below to hide: the mark means nothing now.
                     let _ = sys::removexattr_fd(fd.as_fd(), self.ns.opaque());
+                }
+                if !self.deeper && renamed {
+                    // Nothing below to follow it to.
+                    let _ = sys::removexattr_fd(fd.as_fd(), self.ns.redirect());
+                }
+                if !self.deeper && self.move_renamed {
+                    // A commit into a single directory, which shows
+                    // whiteouts as devices: nothing is below to hide.
+                    let moved = sys::openat(low, c, DIR_FLAGS, 0)?;
+                    strip_marks(moved.as_fd(), self.ns)?;
                 }
             }
         }
@@ -261,6 +290,32 @@ impl Merge<'_, '_> {
 }
 
 const DIR_FLAGS: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+
+/// Removes from the tree under `dir` what only layers below it give a
+/// meaning: whiteouts, and directories' opaque and redirect marks.
+fn strip_marks(dir: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
+    let xattr_whiteouts = format::opacity(dir, ns)? == Opacity::XattrWhiteouts;
+    for name in children(dir)? {
+        let c = cname(&name)?;
+        let st = sys::fstatat(dir, &c)?;
+        let fd = sys::open_path(dir, &c)?;
+        if format::is_whiteout(&st)
+            || (xattr_whiteouts && format::is_xattr_whiteout(fd.as_fd(), &st, ns)?)
+        {
+            sys::unlinkat(dir, &c, 0)?;
+        } else if is_dir(&st) {
+            for mark in [ns.opaque(), ns.redirect()] {
+                match sys::removexattr_fd(fd.as_fd(), mark) {
+                    Err(e) if e.raw_os_error() != Some(libc::ENODATA) => return Err(e.into()),
+                    _ => {}
+                }
+            }
+            let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
+            strip_marks(sub.as_fd(), ns)?;
+        }
+    }
+    Ok(())
+}
 
 fn is_dir(st: &Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR

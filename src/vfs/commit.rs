@@ -18,7 +18,7 @@ use super::{InodeNo, Result, Vfs, VfsError};
 use crate::sys;
 use crate::union::commit::{self, Changes};
 use crate::union::format::XattrNs;
-use crate::union::snapmerge::{self, MergeCount};
+use crate::union::snapmerge::MergeCount;
 
 /// The branch a commit writes into.
 struct Target {
@@ -86,13 +86,7 @@ impl Vfs {
         // Changes made before the commit keep their own times.
         let instant = self.capture().map(|c| c.history().one_instant());
         let (count, dropped) = {
-            let merged = snapmerge::merge_into(
-                upper,
-                target.root.as_fd(),
-                target.deeper,
-                target.ns,
-                &mut |_, _| {},
-            );
+            let merged = commit::apply(upper, target.root.as_fd(), target.deeper, target.ns);
             if let Some(u) = self.union() {
                 // Inodes found before re-derive their layers at next use.
                 let old = u.set();
