@@ -708,3 +708,38 @@ fn a_conflict_inside_a_renamed_directory_is_found() {
     // What only the mount changed comes along.
     assert_eq!(read_file(&m.p("b/g")), b"g2\n");
 }
+
+/// A process of the sandbox still holding a file open for writing (its
+/// descriptor outlives the session) stops the commit, nothing applied.
+#[test]
+fn a_commit_waits_for_the_sandboxs_writers() {
+    use std::io::BufRead;
+    let m = Mount::new("plain");
+    let mnt = m.mnt.to_str().unwrap();
+    let mut child = Command::new(bin())
+        .args(["sandbox", mnt, "--", "sh", "-c"])
+        .arg(format!("exec 3>{mnt}/held; echo ready; read never"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    let out = commit(&m, 1, false);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("/held is still open for writing"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!m.p("held").exists());
+    drop(child.stdin.take());
+    child.kill().ok();
+    child.wait().unwrap();
+    ok(commit(&m, 1, false), "commit after the writer ended", &m);
+    assert!(m.p("held").exists());
+}

@@ -357,6 +357,8 @@ impl Sandboxes {
     ) -> Result<SandboxCommitReply> {
         let t0 = std::time::Instant::now();
         let m = self.manifest(id)?;
+        // One that began must finish: its conflicts were weighed then.
+        let force = force || self.committing(id);
         if m.base != base {
             return Err(Error::Busy(format!(
                 "sandbox {id} was made over other branches than the mount's now: it cannot be \
@@ -387,6 +389,16 @@ impl Sandboxes {
         if let Some(served) = self.served.lock().remove(&id) {
             stop(served);
         }
+        // A descriptor opened with kernel passthrough outlives the session.
+        let writer = crate::union::commit::open_for_writing(root.as_fd())
+            .map_err(|e| Error::Io(std::io::Error::from_raw_os_error(e.errno())))?;
+        if let Some(path) = writer {
+            return Err(Error::Busy(format!(
+                "sandbox {id}: /{} is still open for writing by a process of the sandbox: end \
+                 it, then commit again (nothing was applied)",
+                String::from_utf8_lossy(&path)
+            )));
+        }
         // Nothing writes the branch now: this look is the one applied.
         let changes = vfs.commit_changes(root.as_fd(), since)?;
         report(&mut reply, &changes);
@@ -394,6 +406,8 @@ impl Sandboxes {
         if !changes.conflicts.is_empty() && !force {
             return Ok(reply);
         }
+        // Before the journal: a failure here leaves nothing to finish.
+        vfs.secure_commit(&changes.paths)?;
         let journal = self.dir.join(id.to_string()).join("commit.json");
         let text = serde_json::to_vec_pretty(&CommitJournal {
             format: COMMIT_FORMAT,
@@ -401,7 +415,14 @@ impl Sandboxes {
         })
         .map_err(|e| Error::Io(std::io::Error::other(e)))?;
         write_durably(&journal, &text).map_err(io(&journal))?;
-        let count = vfs.commit_branch(root.as_fd(), &changes.paths)?;
+        let count = vfs
+            .commit_branch(root.as_fd(), &changes.paths)
+            .map_err(|e| {
+                Error::Io(std::io::Error::other(format!(
+                    "sandbox {id}: the commit stopped part way ({e}); `chronofs sandbox commit \
+                     {id}` again, or the next mount, finishes it"
+                )))
+            })?;
         self.finish_commit(id, &root)?;
         reply.applied = true;
         reply.moved = count.moved;
@@ -488,15 +509,34 @@ fn stop(mut served: Served) {
     if let Err(e) = unmounted {
         tracing::warn!("{}: {e}", served.mountpoint.display());
     }
-    if let Ok(dev) = dev {
+    let aborted = dev.is_ok_and(|dev| {
         // fusectl names a connection by its device (major 0: the minor).
         let abort = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(dev));
-        if let Err(e) = std::fs::write(&abort, "1") {
-            tracing::warn!("{abort}: {e}");
+        if !Path::new(&abort).exists() {
+            // Not mounted here yet; a connection still in use is not
+            // listed either, so mounting it is the only way to reach it.
+            if let Err(e) = sys::mount_fusectl() {
+                tracing::debug!("fusectl: {e}");
+            }
         }
-    }
-    if let Some(t) = served.session.take() {
-        let _ = t.join();
+        match std::fs::write(&abort, "1") {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("{abort}: {e}");
+                false
+            }
+        }
+    });
+    match served.session.take() {
+        Some(t) if aborted => {
+            let _ = t.join();
+        }
+        // Its session ends when the last process using it closes it.
+        Some(_) => tracing::warn!(
+            "{}: the session could not be aborted; it ends with its last user",
+            served.mountpoint.display()
+        ),
+        None => {}
     }
     let _ = std::fs::remove_dir(&served.mountpoint);
 }

@@ -648,6 +648,20 @@ pub fn bind_mount(from: &std::path::Path, to: &std::path::Path) -> io::Result<()
     rustix::mount::mount_bind_recursive(from, to).map_err(os_err)
 }
 
+/// Mounts the FUSE control file system at /sys/fs/fuse/connections, where
+/// a connection can be aborted (many systems mount it at boot; some, this
+/// project's CI machine among them, do not).
+pub fn mount_fusectl() -> io::Result<()> {
+    rustix::mount::mount(
+        "fusectl",
+        "/sys/fs/fuse/connections",
+        "fusectl",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )
+    .map_err(os_err)
+}
+
 /// Blocks the termination signals in the calling thread (and threads it
 /// starts later) and returns a waiter that receives them synchronously.
 /// rustix exposes signal masks only through its unsafe runtime module, so

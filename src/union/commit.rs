@@ -156,6 +156,32 @@ impl Scan<'_> {
     }
 }
 
+/// A regular file in `upper` that some process still has open for
+/// writing (a sandbox's process whose descriptor outlived the sandbox's
+/// session: kernel passthrough keeps it writing), by path.
+pub fn open_for_writing(upper: BorrowedFd<'_>) -> Result<Option<Vec<u8>>> {
+    fn walk(dir: BorrowedFd<'_>, path: &[u8]) -> Result<Option<Vec<u8>>> {
+        for e in format::entries(dir)? {
+            let c = cname(&e.name)?;
+            let st = sys::fstatat(dir, &c)?;
+            let child = join(path, &e.name);
+            if is_dir(&st) {
+                let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
+                if let Some(p) = walk(sub.as_fd(), &child)? {
+                    return Ok(Some(p));
+                }
+            } else if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                let fd = sys::openat(dir, &c, libc::O_RDONLY | libc::O_NOFOLLOW, 0)?;
+                if sys::open_for_writing(fd.as_fd())? {
+                    return Ok(Some(child));
+                }
+            }
+        }
+        Ok(None)
+    }
+    walk(sys::reopen_dir(upper, libc::O_RDONLY)?.as_fd(), b"")
+}
+
 fn components(path: &[u8]) -> Vec<Vec<u8>> {
     path.split(|b| *b == b'/')
         .filter(|c| !c.is_empty())

@@ -74,14 +74,20 @@ impl Vfs {
         Ok(commit::changes(upper, t.root.as_fd(), since_ns, t.ns)?)
     }
 
+    /// Before a commit of `paths` (from [`Vfs::commit_changes`]): what it
+    /// replaces or removes is put in history, so that it can lose nothing.
+    /// Nothing changes in the tree.
+    pub fn secure_commit(&self, paths: &[Vec<u8>]) -> Result<()> {
+        self.note_commit(paths, false)
+    }
+
     /// Applies `upper` (a sandbox's branch; `paths`: its changes, from
-    /// [`Vfs::commit_changes`]) to the mount, leaving `upper` empty.
-    /// Interrupted (a crash), it leaves `upper` holding what it has not
-    /// applied yet: running it again finishes it.
+    /// [`Vfs::commit_changes`], secured by [`Vfs::secure_commit`]) to the
+    /// mount, leaving `upper` empty. Interrupted (a crash), it leaves
+    /// `upper` holding what it has not applied yet: running it again
+    /// finishes it.
     pub fn commit_branch(&self, upper: BorrowedFd<'_>, paths: &[Vec<u8>]) -> Result<MergeCount> {
         let target = self.commit_target()?;
-        // What the commit replaces or removes must be in history first.
-        self.note_commit(paths, false)?;
         let all = self.tree_lock().write();
         // Changes made before the commit keep their own times.
         let instant = self.capture().map(|c| c.history().one_instant());
