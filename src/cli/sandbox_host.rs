@@ -53,6 +53,10 @@ struct Manifest {
 struct CommitJournal {
     format: u32,
     started_ns: u64,
+    /// The renamed directories' contents are absorbed (and that is
+    /// durable): a resume goes straight to the fold.
+    #[serde(default)]
+    absorbed: bool,
 }
 
 /// How a sandbox's session is made: the mount's own settings.
@@ -327,18 +331,29 @@ impl Sandboxes {
         Ok(row)
     }
 
-    /// Removes sandbox `id`'s directory. The manifest goes first: a
-    /// half-removed sandbox is no sandbox. (Its commit journal goes with
-    /// the rest: once the manifest is gone nothing resumes it.)
+    /// Removes sandbox `id`'s directory: renamed away first, in one step,
+    /// so that a half-removed sandbox is no sandbox (a leftover goes at
+    /// the next daemon's start).
     fn remove(&self, id: u32) -> Result<()> {
         let dir = self.dir.join(id.to_string());
-        let manifest = dir.join("sandbox.json");
-        match std::fs::remove_file(&manifest) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(&manifest)(e)),
+        let gone = self.dir.join(format!(".removing-{id}"));
+        let _ = std::fs::remove_dir_all(&gone);
+        std::fs::rename(&dir, &gone).map_err(io(&dir))?;
+        std::fs::remove_dir_all(&gone).map_err(io(&gone))
+    }
+
+    /// What removals a stopped daemon left half done.
+    fn clear_removed(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(".removing-") {
+                if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                    tracing::warn!("{}: {err}", e.path().display());
+                }
+            }
         }
-        std::fs::remove_dir_all(&dir).map_err(io(&dir))
     }
 }
 
@@ -357,8 +372,6 @@ impl Sandboxes {
     ) -> Result<SandboxCommitReply> {
         let t0 = std::time::Instant::now();
         let m = self.manifest(id)?;
-        // One that began must finish: its conflicts were weighed then.
-        let force = force || self.committing(id);
         if m.base != base {
             return Err(Error::Busy(format!(
                 "sandbox {id} was made over other branches than the mount's now: it cannot be \
@@ -372,6 +385,18 @@ impl Sandboxes {
             sandbox: self.row(&m),
             ..Default::default()
         };
+        if self.committing(id) {
+            // One that began must finish: its conflicts were weighed then.
+            if let Some(served) = self.served.lock().remove(&id) {
+                stop(served);
+            }
+            let count = self.resume_commit(vfs, id, &root)?;
+            reply.applied = true;
+            reply.sandbox.mountpoint = None;
+            reply.moved = count.moved;
+            reply.elapsed_us = t0.elapsed().as_micros() as u64;
+            return Ok(reply);
+        }
         let report = |reply: &mut SandboxCommitReply, c: &crate::union::commit::Changes| {
             reply.changes = c.paths.len() as u64;
             reply.conflicts = c
@@ -408,15 +433,11 @@ impl Sandboxes {
         }
         // Before the journal: a failure here leaves nothing to finish.
         vfs.secure_commit(&changes.paths)?;
-        let journal = self.dir.join(id.to_string()).join("commit.json");
-        let text = serde_json::to_vec_pretty(&CommitJournal {
-            format: COMMIT_FORMAT,
-            started_ns: now_ns(),
-        })
-        .map_err(|e| Error::Io(std::io::Error::other(e)))?;
-        write_durably(&journal, &text).map_err(io(&journal))?;
+        self.write_journal(id, false)?;
         let count = vfs
-            .commit_branch(root.as_fd(), &changes.paths)
+            .commit_branch(root.as_fd(), &changes.paths, false, &|| {
+                self.absorbed(id, &root)
+            })
             .map_err(|e| {
                 Error::Io(std::io::Error::other(format!(
                     "sandbox {id}: the commit stopped part way ({e}); `chronofs sandbox commit \
@@ -447,6 +468,55 @@ impl Sandboxes {
         }
     }
 
+    fn write_journal(&self, id: u32, absorbed: bool) -> Result<()> {
+        let journal = self.dir.join(id.to_string()).join("commit.json");
+        let text = serde_json::to_vec_pretty(&CommitJournal {
+            format: COMMIT_FORMAT,
+            started_ns: now_ns(),
+            absorbed,
+        })
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        write_durably(&journal, &text).map_err(io(&journal))
+    }
+
+    /// The commit's absorb step is done: durable, then journaled.
+    fn absorbed(&self, id: u32, branch: &OwnedFd) -> std::io::Result<()> {
+        sys::reopen_dir(branch.as_fd(), libc::O_RDONLY).and_then(|fd| sys::syncfs(fd.as_fd()))?;
+        self.write_journal(id, true)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    /// Finishes the commit of sandbox `id` that began before (its journal
+    /// says how far it went), without weighing conflicts again.
+    fn resume_commit(
+        &self,
+        vfs: &Vfs,
+        id: u32,
+        root: &OwnedFd,
+    ) -> Result<crate::union::snapmerge::MergeCount> {
+        let path = self.dir.join(id.to_string()).join("commit.json");
+        let text = std::fs::read(&path).map_err(io(&path))?;
+        let journal: CommitJournal = serde_json::from_slice(&text)
+            .map_err(|e| Error::Usage(format!("{}: unreadable: {e}", path.display())))?;
+        if journal.format > COMMIT_FORMAT {
+            return Err(Error::Usage(format!(
+                "{}: format {} is newer than this chronofs ({COMMIT_FORMAT})",
+                path.display(),
+                journal.format
+            )));
+        }
+        let changes = vfs.commit_changes(root.as_fd(), 0)?;
+        // What is not replaced yet is put in history (what was, is there).
+        if let Err(e) = vfs.secure_commit(&changes.paths) {
+            tracing::error!("sandbox {id}: history of what the commit replaces: {e}");
+        }
+        let count = vfs.commit_branch(root.as_fd(), &changes.paths, journal.absorbed, &|| {
+            self.absorbed(id, root)
+        })?;
+        self.finish_commit(id, root)?;
+        Ok(count)
+    }
+
     /// A commit applied: made durable, then the sandbox goes.
     fn finish_commit(&self, id: u32, branch: &OwnedFd) -> Result<()> {
         sys::reopen_dir(branch.as_fd(), libc::O_RDONLY)
@@ -463,6 +533,7 @@ impl Sandboxes {
         if self.refused.is_some() {
             return;
         }
+        self.clear_removed();
         let Ok(ids) = self.ids() else {
             return;
         };
@@ -471,10 +542,16 @@ impl Sandboxes {
             if !journal.exists() {
                 continue;
             }
-            let finished = open_dir(&self.branch_dir(id)).and_then(|root| {
-                let changes = vfs.commit_changes(root.as_fd(), 0)?;
-                vfs.commit_branch(root.as_fd(), &changes.paths)?;
-                self.finish_commit(id, &root)
+            let finished = self.manifest(id).and_then(|m| {
+                if !vfs.commit_target_is(m.base.first().map(PathBuf::as_path)) {
+                    return Err(Error::Busy(
+                        "it was made over other branches than the mount's now; mount those \
+                         again to finish it"
+                            .into(),
+                    ));
+                }
+                let root = open_dir(&self.branch_dir(id))?;
+                self.resume_commit(vfs, id, &root).map(|_| ())
             });
             match finished {
                 Ok(()) => tracing::info!("sandbox {id}: its interrupted commit is finished"),

@@ -189,24 +189,25 @@ fn components(path: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Folds `upper` (a sandbox's branch) into `lower` (the mount's
-/// read-write branch; `deeper`: branches lie below it), leaving `upper`
-/// empty. Interrupted, it leaves both valid; running it again finishes.
-pub fn apply(
+/// Folds `upper` (a sandbox's branch, its renamed directories absorbed)
+/// into `lower` (the mount's read-write branch; `deeper`: branches lie
+/// below it), leaving `upper` empty. Interrupted, it leaves both valid;
+/// running it again finishes.
+pub fn fold(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
     deeper: bool,
     ns: XattrNs,
 ) -> Result<snapmerge::MergeCount> {
-    absorb_renamed_dirs(upper, lower, ns)?;
     snapmerge::merge(upper, lower, (deeper, true), ns, &mut |_, _| {})
 }
 
 /// Gives every directory renamed in `upper` what `lower` holds where its
 /// redirect points, as hard links (see the module's comment). Each is
 /// found first, so that a redirect copied in from `lower` is not taken
-/// for a rename of the sandbox's. Idempotent.
-fn absorb_renamed_dirs(upper: BorrowedFd<'_>, lower: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
+/// for a rename of the sandbox's. Idempotent until the fold begins (a
+/// resume after it must not run it again: the target has changed).
+pub fn absorb_renamed_dirs(upper: BorrowedFd<'_>, lower: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
     let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
     let mut renamed = Vec::new();
     find_renamed(up.as_fd(), Vec::new(), ns, &mut renamed)?;

@@ -249,20 +249,20 @@ impl Merge<'_, '_> {
                 }
                 let sub = sys::openat(up, c, DIR_FLAGS, 0)?;
                 self.moved_tree(sub.as_fd(), st)?;
+                let strip = !self.deeper && self.move_renamed;
+                if strip {
+                    // A commit into a single directory, which shows
+                    // whiteouts as devices: nothing is below to hide. Done
+                    // before the move, so a crash never leaves them there.
+                    strip_marks(sub.as_fd(), self.ns)?;
+                    for mark in [self.ns.opaque(), self.ns.redirect()] {
+                        let _ = sys::removexattr_fd(fd.as_fd(), mark);
+                    }
+                }
                 sys::renameat2(up, c, low, c, 0)?;
-                if !self.deeper && (opaque || below.is_some()) {
+                if !strip && !self.deeper && (opaque || below.is_some()) {
                     // Nothing below to hide: the mark means nothing now.
                     let _ = sys::removexattr_fd(fd.as_fd(), self.ns.opaque());
-                }
-                if !self.deeper && renamed {
-                    // Nothing below to follow it to.
-                    let _ = sys::removexattr_fd(fd.as_fd(), self.ns.redirect());
-                }
-                if !self.deeper && self.move_renamed {
-                    // A commit into a single directory, which shows
-                    // whiteouts as devices: nothing is below to hide.
-                    let moved = sys::openat(low, c, DIR_FLAGS, 0)?;
-                    strip_marks(moved.as_fd(), self.ns)?;
                 }
             }
         }
@@ -304,14 +304,16 @@ fn strip_marks(dir: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
         {
             sys::unlinkat(dir, &c, 0)?;
         } else if is_dir(&st) {
+            // Its own marks last: they tell which of its entries are
+            // whiteouts.
+            let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
+            strip_marks(sub.as_fd(), ns)?;
             for mark in [ns.opaque(), ns.redirect()] {
                 match sys::removexattr_fd(fd.as_fd(), mark) {
                     Err(e) if e.raw_os_error() != Some(libc::ENODATA) => return Err(e.into()),
                     _ => {}
                 }
             }
-            let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
-            strip_marks(sub.as_fd(), ns)?;
         }
     }
     Ok(())

@@ -59,6 +59,19 @@ impl Vfs {
         })
     }
 
+    /// Whether `path` is the directory a commit writes into (a sandbox made
+    /// over other branches must not be finished into this mount's).
+    pub fn commit_target_is(&self, path: Option<&std::path::Path>) -> bool {
+        let Some(path) = path else {
+            return false;
+        };
+        let (Ok(t), Ok(p)) = (self.commit_target(), std::fs::metadata(path)) else {
+            return false;
+        };
+        use std::os::unix::fs::MetadataExt;
+        sys::fstat(t.root.as_fd()).is_ok_and(|st| st.st_dev == p.dev() && st.st_ino == p.ino())
+    }
+
     /// What applying `upper` (a sandbox's branch) would change, and which
     /// of those changes conflict with changes made on the mount at or
     /// after `since_ns`.
@@ -78,7 +91,13 @@ impl Vfs {
     /// replaces or removes is put in history, so that it can lose nothing.
     /// Nothing changes in the tree.
     pub fn secure_commit(&self, paths: &[Vec<u8>]) -> Result<()> {
-        self.note_commit(paths, false)
+        self.note_commit(paths, false)?;
+        if let Some(c) = self.capture() {
+            // Durable before the tree changes: a power cut must not lose
+            // what the commit replaces.
+            c.history().sync()?;
+        }
+        Ok(())
     }
 
     /// Applies `upper` (a sandbox's branch; `paths`: its changes, from
@@ -86,29 +105,42 @@ impl Vfs {
     /// mount, leaving `upper` empty. Interrupted (a crash), it leaves
     /// `upper` holding what it has not applied yet: running it again
     /// finishes it.
-    pub fn commit_branch(&self, upper: BorrowedFd<'_>, paths: &[Vec<u8>]) -> Result<MergeCount> {
+    ///
+    /// `absorbed`: the renamed directories' contents were absorbed
+    /// already (a resumed commit whose journal says so); else they are,
+    /// and `on_absorbed` is told (it makes that durable before anything
+    /// of the mount changes: a resume must not absorb again).
+    pub fn commit_branch(
+        &self,
+        upper: BorrowedFd<'_>,
+        paths: &[Vec<u8>],
+        absorbed: bool,
+        on_absorbed: &dyn Fn() -> std::io::Result<()>,
+    ) -> Result<MergeCount> {
         let target = self.commit_target()?;
         let all = self.tree_lock().write();
+        if !absorbed {
+            commit::absorb_renamed_dirs(upper, target.root.as_fd(), target.ns)?;
+            on_absorbed()?;
+        }
         // Changes made before the commit keep their own times.
         let instant = self.capture().map(|c| c.history().one_instant());
-        let (count, dropped) = {
-            let merged = commit::apply(upper, target.root.as_fd(), target.deeper, target.ns);
-            if let Some(u) = self.union() {
-                // Inodes found before re-derive their layers at next use.
-                let old = u.set();
-                self.put_in_force(
-                    u,
-                    BranchSet {
-                        generation: old.generation.wrapping_add(1),
-                        members: old.members.clone(),
-                    },
-                )?;
+        let merged = commit::fold(upper, target.root.as_fd(), target.deeper, target.ns);
+        if let Some(u) = self.union() {
+            // Inodes found before re-derive their layers at next use.
+            let old = u.set();
+            let bumped = BranchSet {
+                generation: old.generation.wrapping_add(1),
+                members: old.members.clone(),
+            };
+            if let Err(e) = self.put_in_force(u, bumped) {
+                tracing::error!("sandbox commit: the union's inodes may show the old tree: {e}");
             }
-            // The kernel's names may all lead elsewhere now: dropped
-            // before any operation sees the new tree, where the kernel can.
-            let dropped = self.set_changed_without_blocking();
-            (merged?, dropped)
-        };
+        }
+        // The kernel's names may all lead elsewhere now (after a failure
+        // too): dropped before any operation sees the new tree, where the
+        // kernel can.
+        let dropped = self.set_changed_without_blocking();
         drop(all);
         if !dropped {
             self.set_changed();
@@ -117,6 +149,7 @@ impl Vfs {
             tracing::error!("history: recording a sandbox commit failed: {e}");
         }
         drop(instant);
+        let count = merged?;
         tracing::info!(
             "sandbox commit: {} moved, {} directories merged, {} removals",
             count.moved,
