@@ -743,3 +743,33 @@ fn a_commit_waits_for_the_sandboxs_writers() {
     ok(commit(&m, 1, false), "commit after the writer ended", &m);
     assert!(m.p("held").exists());
 }
+
+/// A directory the sandbox removes goes whole: a change deep inside it on
+/// the mount is a conflict, and with history every file it held stays
+/// readable in the past.
+#[test]
+fn a_removed_directory_is_weighed_and_kept_in_history_whole() {
+    for mode in ["plain", ""] {
+        let m = Mount::new_with(mode, |src| {
+            fs::create_dir_all(src.join("d/sub")).unwrap();
+            write_file(&src.join("d/sub/f"), b"f\n");
+            fs::create_dir_all(src.join("e/sub")).unwrap();
+            write_file(&src.join("e/sub/g"), b"g\n");
+        });
+        ok(in_sandbox(&m, None, "rm -r MNT/d MNT/e"), "sandbox", &m);
+        write_file(&m.p("d/sub/f"), b"theirs\n");
+        let out = commit(&m, 1, false);
+        assert!(!out.status.success(), "{mode}");
+        let reply = json(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(reply["conflicts"], serde_json::json!(["/d"]), "{mode}: {reply}");
+        if !mode.contains("plain") {
+            ok(chronofs_in(&m.mnt, &["tag", "before"]), "tag", &m);
+        }
+        ok(commit(&m, 1, true), "commit --force", &m);
+        assert!(!m.p("d").exists() && !m.p("e").exists());
+        if !mode.contains("plain") {
+            assert_eq!(read_file(&m.p(".history/@before/e/sub/g")), b"g\n");
+            assert_eq!(read_file(&m.p(".history/@before/d/sub/f")), b"theirs\n");
+        }
+    }
+}

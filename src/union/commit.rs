@@ -125,11 +125,16 @@ impl Scan<'_> {
                 && renamed.is_none()
                 && below.as_ref().is_some_and(is_dir)
                 && !format::is_opaque(fd.as_fd(), ns)?;
-            if below
-                .as_ref()
-                .is_some_and(|b| !walked && changed_since(b, self.since_ns))
-            {
-                self.out.conflicts.push(child.clone());
+            if let Some(b) = below.as_ref().filter(|_| !walked) {
+                // A directory it replaces: anything changed in it counts.
+                let changed = changed_since(b, self.since_ns)
+                    || (is_dir(b)
+                        && low.is_some_and(|l| {
+                            changed_within(l, &c, self.since_ns).unwrap_or(true)
+                        }));
+                if changed {
+                    self.out.conflicts.push(child.clone());
+                }
             }
             if changes && !walked {
                 self.out.paths.push(child.clone());
@@ -319,6 +324,21 @@ fn open_path_beneath(root: BorrowedFd<'_>, path: &[Vec<u8>]) -> io::Result<Owned
         dir = sys::openat(dir.as_fd(), &cname(comp)?, DIR_FLAGS, 0)?;
     }
     Ok(dir)
+}
+
+/// Whether anything in directory `name` of `dir` was made or changed at or
+/// after `since_ns`.
+fn changed_within(dir: BorrowedFd<'_>, name: &std::ffi::CStr, since_ns: u64) -> io::Result<bool> {
+    let sub = sys::openat(dir, name, DIR_FLAGS, 0)?;
+    for e in format::entries(sub.as_fd())? {
+        let c = cname(&e.name)?;
+        let st = sys::fstatat(sub.as_fd(), &c)?;
+        if changed_since(&st, since_ns) || (is_dir(&st) && changed_within(sub.as_fd(), &c, since_ns)?)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Whether `st` was made or changed at or after `since_ns`.

@@ -14,6 +14,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::union::BranchSet;
 use super::versioning::Live;
+use crate::capture::Tree;
 use super::{InodeNo, Result, Vfs, VfsError};
 use crate::sys;
 use crate::union::commit::{self, Changes};
@@ -186,6 +187,8 @@ impl Vfs {
                         c.before_dir_change(&tree, dir.object())?;
                         if let Some(l) = leaf {
                             c.before_change(&tree, l.object())?;
+                            // A directory the commit replaces goes whole.
+                            self.secure_tree(l)?;
                         }
                         return Ok(());
                     }
@@ -210,6 +213,31 @@ impl Vfs {
                 self.release_held(Some(ino));
             }
             noted?;
+        }
+        Ok(())
+    }
+
+    /// Everything under `dir` (if a directory) put in history, as a
+    /// removal of the whole tree would.
+    fn secure_tree(&self, dir: InodeNo) -> Result<()> {
+        let Some(c) = self.capture() else {
+            return Ok(());
+        };
+        let node = self.node(dir)?;
+        if !node.is_dir() {
+            return Ok(());
+        }
+        let names = Live(self).list(dir.object())?;
+        for (name, _) in names {
+            let Some(child) = self.hold_child(dir, &name)? else {
+                continue;
+            };
+            let r = c
+                .before_change(&Live(self), child.object())
+                .map_err(VfsError::from)
+                .and_then(|()| self.secure_tree(child));
+            self.release_held(Some(child));
+            r?;
         }
         Ok(())
     }
