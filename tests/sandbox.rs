@@ -756,6 +756,11 @@ fn a_removed_directory_is_weighed_and_kept_in_history_whole() {
             fs::create_dir_all(src.join("e/sub")).unwrap();
             write_file(&src.join("e/sub/g"), b"g\n");
         });
+        if !mode.contains("plain") {
+            // Behind the mount's back, after its first walk: no version.
+            m.wait_history_ready();
+            write_file(&m.src.join("e/sub/late"), b"late\n");
+        }
         ok(in_sandbox(&m, None, "rm -r MNT/d MNT/e"), "sandbox", &m);
         write_file(&m.p("d/sub/f"), b"theirs\n");
         let out = commit(&m, 1, false);
@@ -769,6 +774,17 @@ fn a_removed_directory_is_weighed_and_kept_in_history_whole() {
         assert!(!m.p("d").exists() && !m.p("e").exists());
         if !mode.contains("plain") {
             assert_eq!(read_file(&m.p(".history/@before/e/sub/g")), b"g\n");
+            // Recorded when the commit weighed it (history had not seen
+            // it before), so later than the tag: its versions hold it.
+            let out = chronofs_in(&m.mnt, &["log", "e/sub/late", "--json"]);
+            let log = json(&ok(out, "log e/sub/late", &m));
+            let sizes: Vec<u64> = log["versions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v["size"].as_u64().unwrap())
+                .collect();
+            assert!(sizes.contains(&5), "{log}");
             assert_eq!(read_file(&m.p(".history/@before/d/sub/f")), b"theirs\n");
         }
     }

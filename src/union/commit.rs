@@ -59,7 +59,16 @@ pub fn changes(
             ));
         }
     }
+    // The old names of renamed directories: what the target holds there
+    // moves with them (absorbed), so a change in it is no conflict.
+    let mut renamed = Vec::new();
+    let walk = sys::reopen_dir(upper, libc::O_RDONLY)?;
+    find_renamed(walk.as_fd(), Vec::new(), ns, &mut renamed)?;
     let mut scan = Scan {
+        origins: renamed
+            .into_iter()
+            .map(|(_, origin)| components(&origin).join(&b'/'))
+            .collect(),
         target: low.as_fd(),
         since_ns,
         ns,
@@ -71,6 +80,7 @@ pub fn changes(
 
 /// One look at a sandbox's branch against the target.
 struct Scan<'t> {
+    origins: std::collections::HashSet<Vec<u8>>,
     target: BorrowedFd<'t>,
     since_ns: u64,
     ns: XattrNs,
@@ -129,6 +139,7 @@ impl Scan<'_> {
                 // A directory it replaces: anything changed in it counts.
                 let changed = changed_since(b, self.since_ns)
                     || (is_dir(b)
+                        && !self.origins.contains(&child)
                         && low.is_some_and(|l| {
                             changed_within(l, &c, self.since_ns).unwrap_or(true)
                         }));

@@ -265,13 +265,25 @@ impl Vfs {
         Ok(held)
     }
 
-    /// `name` in directory `dir`, held; `None` if there is none.
+    /// `name` in directory `dir`, held; `None` if there is none. Found as
+    /// a kernel lookup finds it (named, and compared with history), but
+    /// never a name of history's own views.
     fn hold_child(&self, dir: InodeNo, name: &[u8]) -> Result<Option<InodeNo>> {
         let node = self.node(dir)?;
-        match self.lookup_in(&node, OsStr::from_bytes(name)) {
-            Ok(e) => Ok(Some(e.attr.ino)),
-            Err(e) if e.errno_is(libc::ENOENT) || e.errno_is(libc::ENOTDIR) => Ok(None),
-            Err(e) => Err(e),
+        self.recheck_if_marked(&node);
+        let entry = match self.lookup_in(&node, OsStr::from_bytes(name)) {
+            Ok(e) => e,
+            Err(e) if e.errno_is(libc::ENOENT) || e.errno_is(libc::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if let (Some(c), Ok(inode)) = (self.capture(), self.inodes.get(entry.attr.ino)) {
+            inode.set_name(dir, name);
+            let first = inode.first_sight();
+            if let Err(e) = c.looked_up(&Live(self), entry.attr.ino.object(), &entry.attr.st, first)
+            {
+                tracing::error!("history: recording an external change failed: {e}");
+            }
         }
+        Ok(Some(entry.attr.ino))
     }
 }
