@@ -406,8 +406,8 @@ fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
-/// The `time_ns` of the versions `chronofs log PATH --json` lists.
-fn version_times(m: &Mount, rel: &str) -> Vec<u64> {
+/// One number of each version `chronofs log PATH --json` lists.
+fn versions(m: &Mount, rel: &str, field: &str) -> Vec<u64> {
     let out = ok(
         chronofs_in(&m.mnt, &["log", rel, "--json"]),
         &format!("log {rel}"),
@@ -417,8 +417,12 @@ fn version_times(m: &Mount, rel: &str) -> Vec<u64> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| v["time_ns"].as_u64().unwrap())
+        .map(|v| v[field].as_u64().unwrap())
         .collect()
+}
+
+fn version_times(m: &Mount, rel: &str) -> Vec<u64> {
+    versions(m, rel, "time_ns")
 }
 
 /// What a sandbox changed shows on the mount at once after its commit;
@@ -505,13 +509,7 @@ fn a_commit_over_changes_made_since_is_refused_unless_forced() {
         assert!(listed(m).is_empty());
         if !m.mode.contains("plain") {
             // What the mount's users wrote is in history, not lost.
-            let out = ok(chronofs_in(&m.mnt, &["log", "top", "--json"]), "log top", m);
-            let sizes: Vec<u64> = json(&out)["versions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v["size"].as_u64().unwrap())
-                .collect();
+            let sizes = versions(m, "top", "size");
             assert!(sizes.contains(&7), "{sizes:?}");
         }
     });
@@ -766,7 +764,11 @@ fn a_removed_directory_is_weighed_and_kept_in_history_whole() {
         let out = commit(&m, 1, false);
         assert!(!out.status.success(), "{mode}");
         let reply = json(&String::from_utf8_lossy(&out.stdout));
-        assert_eq!(reply["conflicts"], serde_json::json!(["/d"]), "{mode}: {reply}");
+        assert_eq!(
+            reply["conflicts"],
+            serde_json::json!(["/d"]),
+            "{mode}: {reply}"
+        );
         if !mode.contains("plain") {
             ok(chronofs_in(&m.mnt, &["tag", "before"]), "tag", &m);
         }
@@ -776,15 +778,8 @@ fn a_removed_directory_is_weighed_and_kept_in_history_whole() {
             assert_eq!(read_file(&m.p(".history/@before/e/sub/g")), b"g\n");
             // Recorded when the commit weighed it (history had not seen
             // it before), so later than the tag: its versions hold it.
-            let out = chronofs_in(&m.mnt, &["log", "e/sub/late", "--json"]);
-            let log = json(&ok(out, "log e/sub/late", &m));
-            let sizes: Vec<u64> = log["versions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v["size"].as_u64().unwrap())
-                .collect();
-            assert!(sizes.contains(&5), "{log}");
+            let sizes = versions(&m, "e/sub/late", "size");
+            assert!(sizes.contains(&5), "{sizes:?}");
             assert_eq!(read_file(&m.p(".history/@before/d/sub/f")), b"theirs\n");
         }
     }

@@ -588,14 +588,21 @@ fn stop(mut served: Served) {
     }
     let aborted = dev.is_ok_and(|dev| {
         // fusectl names a connection by its device (major 0: the minor).
-        let abort = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(dev));
-        if !Path::new(&abort).exists() {
-            // Not mounted here yet; a connection still in use is not
-            // listed either, so mounting it is the only way to reach it.
-            if let Err(e) = sys::mount_fusectl() {
+        let conn = format!("/sys/fs/fuse/connections/{}", libc::minor(dev));
+        let ctl_mounted = match sys::mount_fusectl() {
+            Ok(()) => true,
+            // Mounted already.
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => true,
+            Err(e) => {
                 tracing::debug!("fusectl: {e}");
+                false
             }
+        };
+        if ctl_mounted && !Path::new(&conn).exists() {
+            // Unmounted with no user left: the connection is gone.
+            return true;
         }
+        let abort = format!("{conn}/abort");
         match std::fs::write(&abort, "1") {
             Ok(()) => true,
             Err(e) => {

@@ -140,9 +140,8 @@ impl Scan<'_> {
                 let changed = changed_since(b, self.since_ns)
                     || (is_dir(b)
                         && !self.origins.contains(&child)
-                        && low.is_some_and(|l| {
-                            changed_within(l, &c, self.since_ns).unwrap_or(true)
-                        }));
+                        && low
+                            .is_some_and(|l| changed_within(l, &c, self.since_ns).unwrap_or(true)));
                 if changed {
                     self.out.conflicts.push(child.clone());
                 }
@@ -223,7 +222,11 @@ pub fn fold(
 /// found first, so that a redirect copied in from `lower` is not taken
 /// for a rename of the sandbox's. Idempotent until the fold begins (a
 /// resume after it must not run it again: the target has changed).
-pub fn absorb_renamed_dirs(upper: BorrowedFd<'_>, lower: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
+pub fn absorb_renamed_dirs(
+    upper: BorrowedFd<'_>,
+    lower: BorrowedFd<'_>,
+    ns: XattrNs,
+) -> Result<()> {
     let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
     let mut renamed = Vec::new();
     find_renamed(up.as_fd(), Vec::new(), ns, &mut renamed)?;
@@ -344,7 +347,8 @@ fn changed_within(dir: BorrowedFd<'_>, name: &std::ffi::CStr, since_ns: u64) -> 
     for e in format::entries(sub.as_fd())? {
         let c = cname(&e.name)?;
         let st = sys::fstatat(sub.as_fd(), &c)?;
-        if changed_since(&st, since_ns) || (is_dir(&st) && changed_within(sub.as_fd(), &c, since_ns)?)
+        if changed_since(&st, since_ns)
+            || (is_dir(&st) && changed_within(sub.as_fd(), &c, since_ns)?)
         {
             return Ok(true);
         }

@@ -14,8 +14,8 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::union::BranchSet;
 use super::versioning::Live;
-use crate::capture::Tree;
 use super::{InodeNo, Result, Vfs, VfsError};
+use crate::capture::Tree;
 use crate::sys;
 use crate::union::commit::{self, Changes};
 use crate::union::format::XattrNs;
