@@ -282,6 +282,37 @@ fn a_snapshot_freezes_the_upper_branch_and_changes_go_to_a_fresh_one_on_top() {
     }
 }
 
+#[test]
+fn a_directory_renamed_again_after_a_snapshot_keeps_what_every_branch_held() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| {
+            fs::create_dir_all(b[1].join("a/sub")).unwrap();
+            write_file(&b[1].join("a/f"), b"lowest");
+            write_file(&b[1].join("a/sub/deep"), b"deep");
+        });
+        fs::rename(m.p("a"), m.p("b")).unwrap();
+        write_file(&m.p("b/y"), b"before the snapshot");
+        branch_snapshot(&m, &["--name", "s1"]);
+        // The fresh branch's `c` points at the frozen `b`, which points at
+        // the lowest `a`: the chain is followed branch by branch.
+        fs::rename(m.p("b"), m.p("c")).unwrap();
+        write_file(&m.p("c/z"), b"after");
+        fs::create_dir(m.p("a")).unwrap();
+        write_file(&m.p("a/other"), b"a new a");
+        let want = tree(&m.mnt);
+        let names: Vec<&str> = want.iter().map(|(p, _)| p.as_str()).collect();
+        for n in ["c/f", "c/sub/deep", "c/y", "c/z", "a/other"] {
+            assert!(names.contains(&n), "mode {mode:?}: {n} in {names:?}");
+        }
+        assert!(
+            !names.contains(&"a/f") && !names.contains(&"b/"),
+            "{names:?}"
+        );
+        m.remount();
+        assert_eq!(tree(&m.mnt), want, "mode {mode:?}: after a remount");
+    }
+}
+
 fn branch_snapshot(m: &Mount, args: &[&str]) -> String {
     let mut all = vec!["snapshot", m.mnt.to_str().unwrap()];
     all.extend_from_slice(args);

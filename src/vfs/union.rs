@@ -360,6 +360,40 @@ pub(super) struct Found {
     pub(super) lowers: Vec<Layer>,
 }
 
+/// Where a renamed directory's lower copies are, in the branches below:
+/// the two forms overlayfs writes in its redirect xattr.
+enum Redirect {
+    /// An absolute path, from each branch's root (without the leading '/').
+    FromRoot(Vec<u8>),
+    /// A name in the same parent directory's copy in each branch.
+    InParent(Vec<u8>),
+}
+
+impl Redirect {
+    fn parse(origin: &[u8]) -> Redirect {
+        match origin.strip_prefix(b"/") {
+            Some(abs) => Redirect::FromRoot(abs.to_vec()),
+            None => Redirect::InParent(origin.to_vec()),
+        }
+    }
+
+    /// Where the search goes on once a copy found here says it was renamed
+    /// from `further` itself.
+    fn then(&self, further: &[u8]) -> Redirect {
+        match (Redirect::parse(further), self) {
+            (Redirect::InParent(name), Redirect::FromRoot(path)) => {
+                let mut dir = match path.iter().rposition(|b| *b == b'/') {
+                    Some(cut) => path[..=cut].to_vec(),
+                    None => Vec::new(),
+                };
+                dir.extend_from_slice(&name);
+                Redirect::FromRoot(dir)
+            }
+            (next, _) => next,
+        }
+    }
+}
+
 pub(super) fn is_absent(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
@@ -474,6 +508,10 @@ impl Vfs {
     /// The lower copies of a directory whose redirect says it came from
     /// `origin` (an absolute path in the lower branches, or a name in the
     /// same parent, as overlayfs writes them), below branch `above`.
+    /// Branch by branch, as overlayfs looks them up: a copy that was itself
+    /// renamed sends the search on to where it came from (`mv a b`, a
+    /// snapshot, `mv b c`: `c` says `/b`, and `b` says `/a`); a whiteout or
+    /// a non-directory there ends it, as an opaque copy does.
     fn redirected_lowers(
         &self,
         above: BranchId,
@@ -481,37 +519,43 @@ impl Vfs {
         origin: &[u8],
     ) -> Result<Vec<Layer>> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let mut out = Vec::new();
-        let starts: Vec<(BranchId, Arc<OwnedFd>, &[u8])> = match origin.strip_prefix(b"/") {
-            Some(abs) => u.roots().into_iter().map(|(b, fd)| (b, fd, abs)).collect(),
-            None => parent
-                .iter()
-                .map(|l| (l.branch, l.fd.clone(), origin))
-                .collect(),
-        };
         let set = u.set();
-        for (branch, start, rel) in starts {
-            if set.rank(branch) <= set.rank(above) {
+        let mut at = Redirect::parse(origin);
+        let mut out = Vec::new();
+        for member in &set.members {
+            if set.rank(member.id) <= set.rank(above) {
                 continue;
             }
-            let crel = sys::cstr(OsStr::from_bytes(rel))?;
-            let fd = match sys::openat(
-                start.as_fd(),
-                &crel,
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-                0,
-            ) {
+            let (base, rel) = match &at {
+                Redirect::FromRoot(path) => (member.root.clone(), path.clone()),
+                Redirect::InParent(name) => match parent.iter().find(|l| l.branch == member.id) {
+                    Some(l) => (l.fd.clone(), name.clone()),
+                    None => continue,
+                },
+            };
+            let crel = sys::cstr(OsStr::from_bytes(&rel))?;
+            let fd = match sys::openat(base.as_fd(), &crel, libc::O_PATH | libc::O_NOFOLLOW, 0) {
                 Ok(fd) => fd,
                 Err(e) if is_absent(&e) => continue,
                 Err(e) => return Err(e.into()),
             };
+            if !is_dir(&sys::fstat(fd.as_fd())?) {
+                break;
+            }
             let opaque = format::is_opaque(fd.as_fd(), u.ns).unwrap_or(false);
+            let further = match opaque {
+                true => None,
+                false => format::redirect(fd.as_fd(), u.ns)?,
+            };
             out.push(Layer {
-                branch,
+                branch: member.id,
                 fd: Arc::new(fd),
             });
             if opaque {
                 break;
+            }
+            if let Some(further) = further {
+                at = at.then(&further);
             }
         }
         Ok(out)
@@ -1147,4 +1191,28 @@ fn splits_at_copy_up(u: &Union, branch: BranchId, st: &Stat) -> Option<Duration>
         && kind != libc::S_IFDIR
         && st.st_nlink > 1;
     split.then_some(Duration::ZERO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Redirect;
+
+    fn path(r: Redirect) -> (bool, Vec<u8>) {
+        match r {
+            Redirect::FromRoot(p) => (true, p),
+            Redirect::InParent(n) => (false, n),
+        }
+    }
+
+    #[test]
+    fn a_chain_of_redirects_is_followed_in_both_forms() {
+        let abs = Redirect::parse(b"/x/b");
+        assert_eq!(path(abs.then(b"/a")), (true, b"a".to_vec()));
+        assert_eq!(path(abs.then(b"a")), (true, b"x/a".to_vec()));
+        let top = Redirect::parse(b"/b");
+        assert_eq!(path(top.then(b"a")), (true, b"a".to_vec()));
+        let rel = Redirect::parse(b"b");
+        assert_eq!(path(rel.then(b"a")), (false, b"a".to_vec()));
+        assert_eq!(path(rel.then(b"/y/a")), (true, b"y/a".to_vec()));
+    }
 }
