@@ -714,3 +714,82 @@ fn snapmerge_folds_frozen_branches_and_the_union_stays_the_same_while_in_use() {
         );
     }
 }
+
+#[test]
+fn snapmerge_folds_renamed_directories_and_the_union_stays_the_same_while_in_use() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| {
+            fs::create_dir_all(b[1].join("ra/sub")).unwrap();
+            write_file(&b[1].join("ra/f1"), b"lowest");
+            write_file(&b[1].join("ra/sub/s1"), b"lowest sub");
+            fs::create_dir(b[1].join("ca")).unwrap();
+            write_file(&b[1].join("ca/d1"), b"lowest ca");
+        });
+        // Renamed before s1, and again after it (a chain of redirects).
+        fs::rename(m.p("ra"), m.p("rb")).unwrap();
+        write_file(&m.p("rb/own"), b"renamed once");
+        for i in 0..100 {
+            write_file(&m.p(&format!("rb/many-{i}")), b"x");
+        }
+        branch_snapshot(&m, &["--name", "s1"]);
+        fs::rename(m.p("rb"), m.p("rc")).unwrap();
+        write_file(&m.p("rc/u1"), b"renamed twice");
+        write_file(&m.p("rc/sub/s2"), b"copied up");
+        // A new directory at the first old name, and a renamed directory
+        // inside a new one.
+        fs::create_dir(m.p("ra")).unwrap();
+        write_file(&m.p("ra/newfile"), b"a new ra");
+        fs::create_dir(m.p("newp")).unwrap();
+        fs::rename(m.p("ca"), m.p("newp/moved")).unwrap();
+        branch_snapshot(&m, &["--name", "s2"]);
+        let before = tree_and_numbers(&m.mnt);
+        let names: Vec<&str> = before.iter().map(|(p, ..)| p.as_str()).collect();
+        for n in [
+            "rc/f1",
+            "rc/sub/s1",
+            "rc/sub/s2",
+            "rc/own",
+            "rc/u1",
+            "ra/newfile",
+            "newp/moved/d1",
+        ] {
+            assert!(names.contains(&n), "mode {mode:?}: {n} in {names:?}");
+        }
+
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let out = std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let want: Vec<String> = before.iter().map(|(p, ..)| p.clone()).collect();
+                let mut walks = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let seen: Vec<String> = tree(&m.mnt).into_iter().map(|(p, _)| p).collect();
+                    assert_eq!(seen, want, "mode {mode:?}: mid-merge\n{}", m.log_tail());
+                    walks += 1;
+                }
+                walks
+            });
+            let out = snapmerge(&m, &[]);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert!(reader.join().unwrap() > 0);
+            out
+        });
+        assert!(
+            out.status.success(),
+            "mode {mode:?}: {}\n{}",
+            stderr(&out),
+            m.log_tail()
+        );
+        assert_eq!(
+            tree_and_numbers(&m.mnt),
+            before,
+            "mode {mode:?}: after the merge"
+        );
+        assert_eq!(listed(&m).len(), 3);
+        m.remount();
+        assert_eq!(
+            tree_and_numbers(&m.mnt),
+            before,
+            "mode {mode:?}: after a remount"
+        );
+    }
+}

@@ -11,7 +11,7 @@
 //! A directory **renamed** in the sandbox carries an overlay redirect to
 //! where its lower copies are. The fold cannot move those from under
 //! another name, so before it the renamed directory is made to hold, as
-//! hard links, what the target holds there (`absorb_renamed_dirs`): it
+//! hard links, what the target holds there (`absorb::absorb_renamed_dirs`): it
 //! then moves whole, and the whiteout the rename left at the old name
 //! removes the target's old copy. The redirect stays where deeper
 //! branches lie below the target, so the mount still finds theirs.
@@ -23,10 +23,10 @@
 //! documented (docs/CLI.md, `sandbox commit`).
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use super::format::{self, Opacity, XattrNs};
-use super::{index, snapmerge, Result, UnionError};
+use super::{absorb, copyup, index, snapmerge, Result, UnionError};
 use crate::sys::{self, Stat};
 
 /// The changes of a sandbox's branch and the conflicts among them, by
@@ -63,11 +63,11 @@ pub fn changes(
     // moves with them (absorbed), so a change in it is no conflict.
     let mut renamed = Vec::new();
     let walk = sys::reopen_dir(upper, libc::O_RDONLY)?;
-    find_renamed(walk.as_fd(), Vec::new(), ns, &mut renamed)?;
+    renamed.extend(absorb::find_renamed(walk.as_fd(), ns)?);
     let mut scan = Scan {
         origins: renamed
             .into_iter()
-            .map(|(_, origin)| components(&origin).join(&b'/'))
+            .map(|(path, origin)| absorb::origin_path(&path, &origin).join(&b'/'))
             .collect(),
         target: low.as_fd(),
         since_ns,
@@ -104,6 +104,7 @@ impl Scan<'_> {
         for e in format::entries(up)? {
             let name = e.name;
             if format::is_temporary(&name)
+                || copyup::is_copyup_temp(&name)
                 || (path.is_empty() && name == index::INDEX_DIR.as_bytes())
             {
                 continue;
@@ -154,7 +155,10 @@ impl Scan<'_> {
             }
             let sub_up = sys::openat(up, &c, DIR_FLAGS, 0)?;
             let sub_low = match (&renamed, walked, low) {
-                (Some(origin), _, _) => open_path_beneath(self.target, &components(origin)).ok(),
+                (Some(origin), _, _) => {
+                    let at = absorb::origin_path(&absorb::components(&child), origin);
+                    absorb::open_path_beneath(self.target, &at).ok()
+                }
                 (None, true, Some(l)) => Some(sys::openat(l, &c, DIR_FLAGS, 0)?),
                 _ => None,
             };
@@ -197,13 +201,6 @@ pub fn open_for_writing(upper: BorrowedFd<'_>) -> Result<Option<Vec<u8>>> {
     walk(sys::reopen_dir(upper, libc::O_RDONLY)?.as_fd(), b"")
 }
 
-fn components(path: &[u8]) -> Vec<Vec<u8>> {
-    path.split(|b| *b == b'/')
-        .filter(|c| !c.is_empty())
-        .map(<[u8]>::to_vec)
-        .collect()
-}
-
 /// Folds `upper` (a sandbox's branch, its renamed directories absorbed)
 /// into `lower` (the mount's read-write branch; `deeper`: branches lie
 /// below it), leaving `upper` empty. Interrupted, it leaves both valid;
@@ -214,130 +211,7 @@ pub fn fold(
     deeper: bool,
     ns: XattrNs,
 ) -> Result<snapmerge::MergeCount> {
-    snapmerge::merge(upper, lower, (deeper, true), ns, &mut |_, _| {})
-}
-
-/// Gives every directory renamed in `upper` what `lower` holds where its
-/// redirect points, as hard links (see the module's comment). Each is
-/// found first, so that a redirect copied in from `lower` is not taken
-/// for a rename of the sandbox's. Idempotent until the fold begins (a
-/// resume after it must not run it again: the target has changed).
-pub fn absorb_renamed_dirs(
-    upper: BorrowedFd<'_>,
-    lower: BorrowedFd<'_>,
-    ns: XattrNs,
-) -> Result<()> {
-    let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
-    let mut renamed = Vec::new();
-    find_renamed(up.as_fd(), Vec::new(), ns, &mut renamed)?;
-    for (path, origin) in renamed {
-        let dir = open_path_beneath(up.as_fd(), &path)?;
-        let Some(from) = open_path_beneath(lower, &components(&origin)).ok() else {
-            // The target holds nothing there: all of it came from below.
-            continue;
-        };
-        let fd = sys::open_path(dir.as_fd(), c".")?;
-        if format::is_opaque(from.as_fd(), ns)? {
-            // The target hid what lies below: so does the renamed copy.
-            format::set_opaque(fd.as_fd(), ns)?;
-            sys::removexattr_fd(fd.as_fd(), ns.redirect())?;
-        } else if let Some(further) = format::redirect(from.as_fd(), ns)? {
-            // The target's copy was renamed too: below, it is there.
-            format::set_redirect(fd.as_fd(), ns, &further)?;
-        }
-        link_missing(from.as_fd(), dir.as_fd(), ns)?;
-    }
-    Ok(())
-}
-
-/// The directories under `dir` (at `path`) carrying a redirect, with it.
-fn find_renamed(
-    dir: BorrowedFd<'_>,
-    path: Vec<Vec<u8>>,
-    ns: XattrNs,
-    out: &mut Vec<(Vec<Vec<u8>>, Vec<u8>)>,
-) -> Result<()> {
-    for e in format::entries(dir)? {
-        let c = cname(&e.name)?;
-        let st = sys::fstatat(dir, &c)?;
-        if !is_dir(&st) || (path.is_empty() && e.name == index::INDEX_DIR.as_bytes()) {
-            continue;
-        }
-        let mut child = path.clone();
-        child.push(e.name.clone());
-        let fd = sys::open_path(dir, &c)?;
-        if let Some(origin) = format::redirect(fd.as_fd(), ns)? {
-            out.push((child.clone(), origin));
-        }
-        let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
-        find_renamed(sub.as_fd(), child, ns, out)?;
-    }
-    Ok(())
-}
-
-/// Hard-links into `to` every entry of `from` it lacks; a directory both
-/// hold is filled the same way unless `to`'s hides `from`'s (opaque,
-/// renamed, or not a directory). New directories take `from`'s mode,
-/// owner, extended attributes (overlay markers included) and times.
-fn link_missing(from: BorrowedFd<'_>, to: BorrowedFd<'_>, ns: XattrNs) -> Result<()> {
-    for e in format::entries(from)? {
-        if format::is_temporary(&e.name) {
-            continue;
-        }
-        let c = cname(&e.name)?;
-        let src = sys::fstatat(from, &c)?;
-        let fills = match sys::fstatat(to, &c) {
-            Ok(dst) => {
-                let fd = sys::open_path(to, &c)?;
-                is_dir(&src)
-                    && is_dir(&dst)
-                    && !format::is_opaque(fd.as_fd(), ns)?
-                    && format::redirect(fd.as_fd(), ns)?.is_none()
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                if is_dir(&src) {
-                    sys::mkdirat(to, &c, 0o700)?;
-                    true
-                } else {
-                    sys::link_fd(sys::open_path(from, &c)?.as_fd(), to, &c)?;
-                    false
-                }
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if fills {
-            let sub_from = sys::openat(from, &c, DIR_FLAGS, 0)?;
-            let sub_to = sys::openat(to, &c, DIR_FLAGS, 0)?;
-            link_missing(sub_from.as_fd(), sub_to.as_fd(), ns)?;
-            copy_attrs(sub_from.as_fd(), sub_to.as_fd())?;
-        }
-    }
-    Ok(())
-}
-
-/// `to` takes `from`'s mode, owner, extended attributes and, last, times.
-fn copy_attrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
-    let st = sys::fstat(from)?;
-    sys::chown_fd(to, st.st_uid, st.st_gid)?;
-    sys::chmod_fd(to, st.st_mode & 0o7777)?;
-    for (name, value) in sys::xattrs_of(from)? {
-        sys::setxattr_fd(to, &cname(&name)?, &value, 0)?;
-    }
-    let time = |secs, nsecs| sys::TimeSpec::At { secs, nsecs };
-    sys::utimens_fd(
-        to,
-        time(st.st_atime, st.st_atime_nsec),
-        time(st.st_mtime, st.st_mtime_nsec),
-    )
-}
-
-/// The directory `path` names under `root`, no symlink followed.
-fn open_path_beneath(root: BorrowedFd<'_>, path: &[Vec<u8>]) -> io::Result<OwnedFd> {
-    let mut dir = sys::reopen_dir(root, libc::O_RDONLY)?;
-    for comp in path {
-        dir = sys::openat(dir.as_fd(), &cname(comp)?, DIR_FLAGS, 0)?;
-    }
-    Ok(dir)
+    snapmerge::merge(upper, lower, (deeper, true), ns, &mut snapmerge::Unwatched)
 }
 
 /// Whether anything in directory `name` of `dir` was made or changed at or
@@ -385,6 +259,7 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
     use std::fs;
+    use std::os::fd::OwnedFd;
     use std::path::Path;
 
     fn open_dir(path: &Path) -> OwnedFd {

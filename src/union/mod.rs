@@ -9,11 +9,14 @@
 //! into a read-write one without ever showing a partial file (`copyup`),
 //! the index that keeps a copied-up hard link one file (`index`), and
 //! checks and repairs of those invariants in the branches (`fsck`), and
-//! folding a frozen branch into the one below it (`snapmerge`), and what
+//! folding a frozen branch into the one below it (`snapmerge`), giving a
+//! renamed directory what the branch below holds at its origin first
+//! (`absorb`), and what
 //! folding a sandbox's branch into a mount's would change (`commit`).
 //! Uses: `branch`, `store`, `sys`. Must not know about FUSE, inode numbers
 //! or history.
 
+pub mod absorb;
 pub mod commit;
 pub mod copyup;
 pub mod format;

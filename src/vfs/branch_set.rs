@@ -311,13 +311,12 @@ impl Vfs {
             }
             (upper.clone(), lower.clone(), at + 2 < set.members.len())
         };
-        let mut bind = |from: &sys::Stat, to: &sys::Stat| match self
-            .inodes
-            .mapped(&self.inodes.key_in(upper.id, from))
-        {
-            Ok(Some(ino)) => self.inodes.bind_copy(lower.id, to, ino),
-            Ok(None) => {}
-            Err(e) => tracing::warn!("snapmerge: an inode number may change: {e}"),
+        let mut live = Folding {
+            vfs: self,
+            union: u,
+            upper: upper.id,
+            lower: lower.id,
+            held: None,
         };
         u.merging.store(true, std::sync::atomic::Ordering::Release);
         let merged = snapmerge::merge_into(
@@ -325,8 +324,9 @@ impl Vfs {
             lower.root.as_fd(),
             deeper,
             u.ns,
-            &mut bind,
+            &mut live,
         );
+        drop(live);
         u.merging.store(false, std::sync::atomic::Ordering::Release);
         let count = merged?;
         let change = {
@@ -387,5 +387,60 @@ impl Vfs {
     /// invalidated one by one where the kernel cannot drop them all.
     pub fn known_names(&self) -> Vec<(InodeNo, Vec<u8>)> {
         self.inodes.names()
+    }
+}
+
+/// The mount's side of a snapmerge's fold: numbers follow the objects,
+/// and objects found before are found again where the fold needs it.
+struct Folding<'v> {
+    vfs: &'v Vfs,
+    union: &'v Union,
+    upper: BranchId,
+    lower: BranchId,
+    held: Option<parking_lot::RwLockWriteGuard<'v, ()>>,
+}
+
+impl Folding<'_> {
+    /// The number `from` had in branch `was` is `to`'s in branch `now`.
+    fn keep_number(&self, (was, from): (BranchId, &sys::Stat), (now, to): (BranchId, &sys::Stat)) {
+        match self.vfs.inodes.mapped(&self.vfs.inodes.key_in(was, from)) {
+            Ok(Some(ino)) => self.vfs.inodes.bind_copy(now, to, ino),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("snapmerge: an inode number may change: {e}"),
+        }
+    }
+}
+
+impl snapmerge::Live for Folding<'_> {
+    fn moved(&mut self, from: &sys::Stat, to: &sys::Stat) {
+        self.keep_number((self.upper, from), (self.lower, to));
+    }
+
+    fn absorbed(&mut self, from: &sys::Stat, to: &sys::Stat) {
+        self.keep_number((self.lower, from), (self.upper, to));
+    }
+
+    fn refind(&mut self) -> crate::union::Result<()> {
+        {
+            let _all = self.union.set_lock.write();
+            let old = self.union.set();
+            let same = BranchSet {
+                generation: old.generation.wrapping_add(1),
+                members: old.members.clone(),
+            };
+            self.vfs.put_in_force(self.union, same).map_err(|e| {
+                crate::union::UnionError::Io(std::io::Error::from_raw_os_error(e.errno()))
+            })?;
+        }
+        self.vfs.set_changed();
+        Ok(())
+    }
+
+    fn hold(&mut self) {
+        self.held = Some(self.union.set_lock.write());
+    }
+
+    fn release(&mut self) {
+        self.held = None;
     }
 }

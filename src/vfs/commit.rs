@@ -121,7 +121,7 @@ impl Vfs {
         let target = self.commit_target()?;
         let all = self.tree_lock().write();
         if !absorbed {
-            commit::absorb_renamed_dirs(upper, target.root.as_fd(), target.ns)?;
+            crate::union::absorb::absorb_renamed_dirs(upper, target.root.as_fd(), target.ns)?;
             on_absorbed()?;
         }
         // Changes made before the commit keep their own times.
