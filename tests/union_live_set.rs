@@ -596,6 +596,32 @@ fn snapmerge(m: &Mount, args: &[&str]) -> std::process::Output {
     chronofs_in(m.root(), &all)
 }
 
+/// `snapmerge MNT` while a thread walks the mount over and over, each walk
+/// required to list exactly the paths of `before`.
+fn snapmerge_while_walked(
+    m: &Mount,
+    before: &[(String, u64, u32, Vec<u8>)],
+    mode: &str,
+) -> std::process::Output {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let want: Vec<String> = before.iter().map(|(p, ..)| p.clone()).collect();
+            let mut walks = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let seen: Vec<String> = tree(&m.mnt).into_iter().map(|(p, _)| p).collect();
+                assert_eq!(seen, want, "mode {mode:?}: mid-merge\n{}", m.log_tail());
+                walks += 1;
+            }
+            walks
+        });
+        let out = snapmerge(m, &[]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+        out
+    })
+}
+
 #[test]
 fn snapmerge_folds_frozen_branches_and_the_union_stays_the_same_while_in_use() {
     for mode in union_modes() {
@@ -641,23 +667,7 @@ fn snapmerge_folds_frozen_branches_and_the_union_stays_the_same_while_in_use() {
         // Held open across the merge: a file that moves down.
         let mut held = fs::File::open(m.p("new/inner/f")).unwrap();
 
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        let out = std::thread::scope(|s| {
-            let reader = s.spawn(|| {
-                let mut walks = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let seen: Vec<String> = tree(&m.mnt).into_iter().map(|(p, _)| p).collect();
-                    let want: Vec<String> = before.iter().map(|(p, ..)| p.clone()).collect();
-                    assert_eq!(seen, want, "mode {mode:?}: mid-merge\n{}", m.log_tail());
-                    walks += 1;
-                }
-                walks
-            });
-            let out = snapmerge(&m, &[]);
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            assert!(reader.join().unwrap() > 0);
-            out
-        });
+        let out = snapmerge_while_walked(&m, &before, mode);
         assert!(
             out.status.success(),
             "mode {mode:?}: {}\n{}",
@@ -756,23 +766,7 @@ fn snapmerge_folds_renamed_directories_and_the_union_stays_the_same_while_in_use
             assert!(names.contains(&n), "mode {mode:?}: {n} in {names:?}");
         }
 
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        let out = std::thread::scope(|s| {
-            let reader = s.spawn(|| {
-                let want: Vec<String> = before.iter().map(|(p, ..)| p.clone()).collect();
-                let mut walks = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let seen: Vec<String> = tree(&m.mnt).into_iter().map(|(p, _)| p).collect();
-                    assert_eq!(seen, want, "mode {mode:?}: mid-merge\n{}", m.log_tail());
-                    walks += 1;
-                }
-                walks
-            });
-            let out = snapmerge(&m, &[]);
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            assert!(reader.join().unwrap() > 0);
-            out
-        });
+        let out = snapmerge_while_walked(&m, &before, mode);
         assert!(
             out.status.success(),
             "mode {mode:?}: {}\n{}",
