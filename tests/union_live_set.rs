@@ -787,3 +787,51 @@ fn snapmerge_folds_renamed_directories_and_the_union_stays_the_same_while_in_use
         );
     }
 }
+
+#[test]
+fn fsck_of_a_branch_list_checks_the_set_in_force_snapshots_included() {
+    let mut m = Mount::union("plain", 1, |b| write_file(&b[1].join("f"), b"lower"));
+    branch_snapshot(&m, &["--name", "s1"]);
+    write_file(&m.p("after"), b"in the fresh branch");
+    let fresh = listed(&m)[0].0.clone();
+    assert!(fresh.join("after").exists(), "{fresh:?}");
+    let spec = format!("{}=rw:{}=ro", m.src.display(), m.lowers[0].display());
+    let root = m.root().to_path_buf();
+    let fsck = |args: &[&str]| {
+        let mut all = vec!["fsck", spec.as_str(), "--json"];
+        all.extend_from_slice(args);
+        chronofs_in(&root, &all)
+    };
+    // Mounted: the daemon's set, three branches, clean.
+    let out = fsck(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let refused = fsck(&["--repair"]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("unmount it"),
+        "{}",
+        stderr(&refused)
+    );
+
+    // What a crash in a copy-up into the fresh branch leaves.
+    m.unmount();
+    let temp = fresh.join(".chronofs-copyup.0123456789abcdef");
+    write_file(&temp, b"half a copy");
+    let out = fsck(&[]);
+    assert!(!out.status.success(), "the fresh branch is checked too");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let problems = report["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{report}");
+    assert_eq!(problems[0]["branch"], 1, "{report}");
+    assert_eq!(
+        problems[0]["branch_path"].as_str().map(PathBuf::from),
+        Some(canon(&fresh)),
+        "{report}"
+    );
+    let out = fsck(&["--repair"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!temp.exists());
+    m.start();
+    assert_eq!(read_file(&m.p("after")), b"in the fresh branch");
+    assert_eq!(listed(&m).len(), 3);
+}

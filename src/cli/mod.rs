@@ -204,8 +204,9 @@ enum Command {
     },
     /// Verify every reference and chunk hash of a store; or, given a
     /// union's branch list (BR1=rw:BR2=ro:..., as mount takes it), the
-    /// union's invariants in its branches (leftover copy-up and whiteout
-    /// temporaries, redirects pointing nowhere).
+    /// union's invariants in the branches it has now, snapshots' included
+    /// (leftover copy-up and whiteout temporaries, redirects pointing
+    /// nowhere).
     Fsck {
         /// A path in a mount or store directory, or a branch list.
         #[arg(default_value = ".")]
@@ -767,7 +768,7 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             common,
         } => {
             let clean = if union_fsck::is_branch_list(&path) {
-                union_fsck::run(&path, repair, common.json)?
+                union_fsck::run(&path, repair, common.json, common.store.as_deref())?
             } else {
                 h::fsck(&tgt(&path, &common)?, repair, common.json)?
             };

@@ -1,15 +1,19 @@
 //! `chronofs fsck BR1=rw:BR2=ro:...`: the union invariants of a branch
-//! list (`union::fsck`), given as `mount` takes it.
+//! list (`union::fsck`), given as `mount` takes it, checked over the
+//! branches that union has now (snapshots' fresh branches and changes
+//! made while mounted included).
 
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::history::print_json;
+use crate::store::Store;
 use crate::union::format::XattrNs;
 use crate::union::fsck::{self, Branch};
 use crate::union::spec::UnionSpec;
@@ -37,20 +41,26 @@ struct Report {
     problems: Vec<Problem>,
 }
 
-/// Checks (and with `repair` fixes) the branches; true when nothing is
-/// left to fix.
-pub fn run(arg: &Path, repair: bool, json: bool) -> Result<bool> {
+/// Checks (and with `repair` fixes) the branches of the union the list
+/// makes (see [`live_set`]); true when nothing is left to fix. `store`:
+/// where its store is, when not in the first read-write branch.
+pub fn run(arg: &Path, repair: bool, json: bool, store: Option<&Path>) -> Result<bool> {
     let spec = UnionSpec::parse(arg.as_os_str())?;
-    if repair {
-        refuse_if_mounted(&spec)?;
+    let mounted = mounted_at(&spec);
+    if let (true, Some((branch, mnt))) = (repair, &mounted) {
+        anyhow::bail!(
+            "branch {} is mounted by chronofs at {mnt}: unmount it before fsck --repair",
+            branch.display()
+        );
     }
-    let mut branches = Vec::with_capacity(spec.len());
-    for b in spec.branches() {
-        let root = std::fs::File::open(b.path())
-            .with_context(|| format!("branch {}", b.path().display()))?;
+    let set = live_set(&spec, mounted.map(|(_, mnt)| mnt), store)?;
+    let mut branches = Vec::with_capacity(set.len());
+    for (path, writable) in &set {
+        let root =
+            std::fs::File::open(path).with_context(|| format!("branch {}", path.display()))?;
         branches.push(Branch {
             root: OwnedFd::from(root),
-            writable: b.mode().is_writable(),
+            writable: *writable,
         });
     }
     // The store of a mount lives in its top read-write branch's root.
@@ -60,7 +70,7 @@ pub fn run(arg: &Path, repair: bool, json: bool) -> Result<bool> {
         .iter()
         .map(|f| Problem {
             branch: f.branch + 1,
-            branch_path: spec.branches()[f.branch].path().display().to_string(),
+            branch_path: set[f.branch].0.display().to_string(),
             path: f.path.display().to_string(),
             problem: f.kind.describe(),
             repaired: f.repaired,
@@ -85,15 +95,76 @@ pub fn run(arg: &Path, repair: bool, json: bool) -> Result<bool> {
         );
     }
     if problems.is_empty() {
-        println!("union: {} branch(es) clean", spec.len());
+        println!("union: {} branch(es) clean", set.len());
     }
     Ok(clean)
 }
 
-/// A repair must not remove the temporary of a copy-up in progress: no
-/// branch may be the source of a running chronofs mount (mountinfo names
-/// a union's primary branch as its source).
-fn refuse_if_mounted(spec: &UnionSpec) -> Result<()> {
+/// The branches a union of `spec` has, top first, with whether each is
+/// read-write: the set in force where it is mounted (asked of the mount at
+/// `mounted`), else the set its store resumes at the next mount (snapshots
+/// and branch changes made while mounted included), else the list as given.
+fn live_set(
+    spec: &UnionSpec,
+    mounted: Option<String>,
+    store: Option<&Path>,
+) -> Result<Vec<(PathBuf, bool)>> {
+    let listed: Vec<(PathBuf, bool)> = spec
+        .branches()
+        .iter()
+        .map(|b| (b.path().to_path_buf(), b.mode().is_writable()))
+        .collect();
+    if let Some(mnt) = mounted {
+        let reply = super::history::target(Path::new(&mnt), None)?
+            .client()
+            .branches()?;
+        return Ok(reply
+            .branches
+            .into_iter()
+            .map(|b| (PathBuf::from(b.path), b.mode == "rw"))
+            .collect());
+    }
+    let primary = listed.iter().find(|(_, rw)| *rw).or(listed.first());
+    let dir = match (store, primary) {
+        (Some(dir), _) => dir.to_path_buf(),
+        (None, Some((p, _))) => p.join(super::mount::STORE_DIR_NAME),
+        (None, None) => return Ok(listed),
+    };
+    if !dir.join("index.redb").is_file() {
+        return Ok(listed);
+    }
+    let store = Store::open(&dir).map_err(|e| anyhow::anyhow!("store {}: {e}", dir.display()))?;
+    let known = store.branches()?;
+    let mut mounted = Vec::with_capacity(listed.len());
+    for (path, rw) in &listed {
+        let meta = std::fs::metadata(path).with_context(|| format!("branch {}", path.display()))?;
+        let Some(b) = known
+            .iter()
+            .find(|b| b.root.dev == meta.dev() && b.root.ino == meta.ino())
+        else {
+            return Ok(listed); // Never mounted with this list.
+        };
+        mounted.push((b.id, *rw));
+    }
+    let Some(set) = store.branch_set()? else {
+        return Ok(listed);
+    };
+    let mut out = Vec::new();
+    for (id, rw) in set.starting(&mounted) {
+        let b = known
+            .iter()
+            .find(|b| b.id == id)
+            .with_context(|| format!("store {}: branch id {id} is unknown", dir.display()))?;
+        out.push((b.root.path.clone(), rw));
+    }
+    Ok(out)
+}
+
+/// A repair must not remove the temporary of a copy-up in progress: where
+/// a branch of the list is the source of a running chronofs mount
+/// (mountinfo names a union's primary branch as its source), that branch
+/// and the mount point.
+fn mounted_at(spec: &UnionSpec) -> Option<(PathBuf, String)> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     for line in info.lines() {
         let Some((left, right)) = line.split_once(" - ") else {
@@ -110,13 +181,10 @@ fn refuse_if_mounted(spec: &UnionSpec) -> Result<()> {
             .iter()
             .find(|b| b.path() == Path::new(&source))
         {
-            anyhow::bail!(
-                "branch {} is mounted by chronofs at {mnt}: unmount it before fsck --repair",
-                b.path().display()
-            );
+            return Some((b.path().to_path_buf(), mnt));
         }
     }
-    Ok(())
+    None
 }
 
 /// mountinfo's octal escapes (`\040` for a space).
