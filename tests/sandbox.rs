@@ -707,6 +707,44 @@ fn a_conflict_inside_a_renamed_directory_is_found() {
     assert_eq!(read_file(&m.p("b/g")), b"g2\n");
 }
 
+/// The mount removed what the sandbox renamed: committing would bring back
+/// only the sandbox's part of it, so the renamed directory conflicts, in a
+/// single directory and where the removed directory lay in a lower branch
+/// (its whiteout says so).
+#[test]
+fn a_renamed_directory_whose_origin_the_mount_removed_conflicts() {
+    for lowers in [0, 1] {
+        let tree = |b: &[std::path::PathBuf]| {
+            let at = b.last().unwrap();
+            fs::create_dir(at.join("a")).unwrap();
+            write_file(&at.join("a/f"), b"f\n");
+        };
+        let m = match lowers {
+            0 => Mount::new_with("plain", |src| tree(&[src.to_path_buf()])),
+            n => Mount::union("plain", n, tree),
+        };
+        let out = in_sandbox(&m, None, "mv MNT/a MNT/b && echo new > MNT/b/new");
+        ok(out, "sandbox", &m);
+        fs::remove_dir_all(m.p("a")).unwrap();
+        let out = commit(&m, 1, false);
+        assert!(!out.status.success(), "{lowers}");
+        let reply = json(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(
+            reply["conflicts"],
+            serde_json::json!(["/b"]),
+            "{lowers}: {reply}"
+        );
+        assert!(!m.p("b").exists());
+        ok(commit(&m, 1, true), "commit --force", &m);
+        // Forced: what the mount's own branch held stays removed; what a
+        // lower branch holds shows again through the rename, as in the
+        // sandbox.
+        let want: &[&str] = if lowers == 0 { &["new"] } else { &["f", "new"] };
+        assert_eq!(names(&m.p("b")), want, "{lowers}");
+        assert!(!m.p("a").exists());
+    }
+}
+
 /// A process of the sandbox still holding a file open for writing (its
 /// descriptor outlives the session) stops the commit, nothing applied.
 #[test]

@@ -39,13 +39,13 @@ pub struct Changes {
 
 /// The changes `upper` (a sandbox's branch) would make to `lower` (the
 /// mount's read-write branch), and those that conflict with what changed
-/// in `lower` at or after `since_ns`. What the fold cannot apply
-/// (copied-up hard links) is refused here, before anything changes:
-/// `UnionError::Unmergeable`.
+/// in `lower` at or after `since_ns` (`deeper`: branches lie below
+/// `lower`). What the fold cannot apply (copied-up hard links) is refused
+/// here, before anything changes: `UnionError::Unmergeable`.
 pub fn changes(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
-    since_ns: u64,
+    (since_ns, deeper): (u64, bool),
     ns: XattrNs,
 ) -> Result<Changes> {
     let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
@@ -71,6 +71,7 @@ pub fn changes(
             .collect(),
         target: low.as_fd(),
         since_ns,
+        deeper,
         ns,
         out: Changes::default(),
     };
@@ -83,6 +84,7 @@ struct Scan<'t> {
     origins: std::collections::HashSet<Vec<u8>>,
     target: BorrowedFd<'t>,
     since_ns: u64,
+    deeper: bool,
     ns: XattrNs,
     out: Changes,
 }
@@ -136,7 +138,9 @@ impl Scan<'_> {
                 && renamed.is_none()
                 && below.as_ref().is_some_and(is_dir)
                 && !format::is_opaque(fd.as_fd(), ns)?;
-            if let Some(b) = below.as_ref().filter(|_| !walked) {
+            // Removed on both sides: nothing to lose.
+            let both_removed = whiteout && below.as_ref().is_some_and(format::is_whiteout);
+            if let Some(b) = below.as_ref().filter(|_| !walked && !both_removed) {
                 // A directory it replaces: anything changed in it counts.
                 let changed = changed_since(b, self.since_ns)
                     || (is_dir(b)
@@ -157,7 +161,13 @@ impl Scan<'_> {
             let sub_low = match (&renamed, walked, low) {
                 (Some(origin), _, _) => {
                     let at = absorb::origin_path(&absorb::components(&child), origin);
-                    absorb::open_path_beneath(self.target, &at).ok()
+                    let found = absorb::open_path_beneath(self.target, &at).ok();
+                    if found.is_none() && self.removed(&at)? {
+                        // What it held is gone from the mount: the rename
+                        // would bring back only the sandbox's part of it.
+                        self.out.conflicts.push(child.clone());
+                    }
+                    found
                 }
                 (None, true, Some(l)) => Some(sys::openat(l, &c, DIR_FLAGS, 0)?),
                 _ => None,
@@ -172,6 +182,25 @@ impl Scan<'_> {
             )?;
         }
         Ok(())
+    }
+}
+
+impl Scan<'_> {
+    /// Whether the mount removed the directory at `at` (a renamed
+    /// directory's origin the target no longer holds as one): a whiteout or
+    /// another object there, or nothing where nothing lies below to show it.
+    fn removed(&self, at: &[Vec<u8>]) -> Result<bool> {
+        let Some((last, parent)) = at.split_last() else {
+            return Ok(false);
+        };
+        let Ok(dir) = absorb::open_path_beneath(self.target, parent) else {
+            return Ok(!self.deeper);
+        };
+        match sys::fstatat(dir.as_fd(), &cname(last)?) {
+            Ok(st) => Ok(!is_dir(&st)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(!self.deeper),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -309,7 +338,7 @@ mod tests {
         let c = changes(
             open_dir(&up).as_fd(),
             open_dir(&low).as_fd(),
-            since,
+            (since, false),
             XattrNs::for_daemon(),
         )
         .unwrap();

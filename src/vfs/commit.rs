@@ -85,7 +85,12 @@ impl Vfs {
                     .into(),
             ));
         }
-        Ok(commit::changes(upper, t.root.as_fd(), since_ns, t.ns)?)
+        Ok(commit::changes(
+            upper,
+            t.root.as_fd(),
+            (since_ns, t.deeper),
+            t.ns,
+        )?)
     }
 
     /// Before a commit of `paths` (from [`Vfs::commit_changes`]): what it
