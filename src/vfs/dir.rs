@@ -156,9 +156,14 @@ impl Vfs {
         }
         let (cache, stamp) = self.listing_cache(&inode);
         let access = libc::O_RDONLY | libc::O_DIRECTORY | (flags & libc::O_NOATIME);
-        let fd = creds::as_caller(caller, || sys::reopen_dir(inode.fd(), access))?;
-        self.dir_opened(ino, fd.as_fd());
         let union = inode.has_layers();
+        let fd = match creds::as_caller(caller, || sys::reopen_dir(inode.fd(), access)) {
+            Err(e) if union && self.gone_mid_merge(&e) => {
+                self.surviving_copy(caller, &inode, access)?
+            }
+            r => r?,
+        };
+        self.dir_opened(ino, fd.as_fd());
         // A listing the kernel keeps is not read unless the kernel loses
         // it; one it re-reads is merged now, so errors come from opendir.
         let merged = if union && cache == DirCache::Fresh {

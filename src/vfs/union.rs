@@ -624,6 +624,34 @@ impl Vfs {
         Ok(self.walk(dir, &sys::cstr(name)?)?.is_some())
     }
 
+    /// Whether `e` says a directory copy is gone because a snapmerge
+    /// running now moved what it held down and removed it.
+    pub(super) fn gone_mid_merge(&self, e: &std::io::Error) -> bool {
+        e.raw_os_error() == Some(libc::ENOENT)
+            && self
+                .union()
+                .is_some_and(|u| u.merging.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// A union directory opened for reading when its top copy is
+    /// [`Vfs::gone_mid_merge`]: the first of its copies still there.
+    pub(super) fn surviving_copy(
+        &self,
+        caller: &super::Caller,
+        dir: &Node,
+        access: i32,
+    ) -> Result<OwnedFd> {
+        for layer in self.layers_of(dir)? {
+            let fd = layer.fd.clone();
+            match crate::sys::creds::as_caller(caller, || sys::reopen_dir(fd.as_fd(), access)) {
+                Ok(fd) => return Ok(fd),
+                Err(e) if self.gone_mid_merge(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(errno(libc::ENOENT))
+    }
+
     /// Lookup in a union directory.
     pub(super) fn union_lookup(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
         let merging = || {
@@ -1086,14 +1114,24 @@ impl Vfs {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let mut listings = Vec::with_capacity(layers.len());
         let mut devs = Vec::with_capacity(layers.len());
+        let mut kept = Vec::with_capacity(layers.len());
         for layer in layers {
             let fd = layer.fd.as_fd();
-            listings.push(match caller {
-                Some(c) => crate::sys::creds::as_caller(c, || merge::read_layer(fd, u.ns))?,
-                None => merge::read_layer(fd, u.ns)?,
-            });
+            let read = match caller {
+                Some(c) => crate::sys::creds::as_caller(c, || merge::read_layer(fd, u.ns)),
+                None => merge::read_layer(fd, u.ns),
+            };
+            let listing = match read {
+                // Emptied into the copy below it and removed by a running
+                // snapmerge: that copy lists all it held.
+                Err(e) if self.gone_mid_merge(&e) => continue,
+                r => r?,
+            };
+            listings.push(listing);
             devs.push(sys::fstat(fd)?.st_dev);
+            kept.push(layer.clone());
         }
+        let layers = &kept[..];
         let mut merged = merge::merge(&listings);
         // A copy-up interrupted by a crash may leave its temporary behind.
         merged.retain(|m| !copyup::is_copyup_temp(&m.name));
