@@ -337,11 +337,11 @@ impl Merge<'_> {
                 continue; // Moved with an ancestor already.
             };
             let point = &r.path[..=at];
+            // With nothing below the lower branch, a redirect points nowhere.
             let pending: Vec<(&[Vec<u8>], &[u8])> = renamed
                 .iter()
-                .filter(|p| p.path.starts_with(point))
+                .filter(|p| self.deeper && p.path.starts_with(point))
                 .filter_map(|p| Some((p.path.as_slice(), p.then.as_deref()?)))
-                .filter(|_| self.deeper)
                 .collect();
             let xattr_whiteouts =
                 format::opacity(up_parent.as_fd(), self.ns)? == Opacity::XattrWhiteouts;

@@ -352,6 +352,18 @@ impl Vfs {
         Ok((upper.id, count, change))
     }
 
+    /// The set in force again, under a new generation: inodes found before
+    /// re-derive their layers at next use (their copies moved without the
+    /// members changing). The caller holds the set lock exclusively.
+    pub(super) fn renew_set(&self, u: &Union) -> Result<SetChange> {
+        let old = u.set();
+        let same = BranchSet {
+            generation: old.generation.wrapping_add(1),
+            members: old.members.clone(),
+        };
+        self.put_in_force(u, same)
+    }
+
     /// Swaps `set` in; the caller holds the set lock exclusively.
     pub(super) fn put_in_force(&self, u: &Union, set: BranchSet) -> Result<SetChange> {
         let generation = set.generation;
@@ -423,12 +435,7 @@ impl snapmerge::Live for Folding<'_> {
     fn refind(&mut self) -> crate::union::Result<()> {
         {
             let _all = self.union.set_lock.write();
-            let old = self.union.set();
-            let same = BranchSet {
-                generation: old.generation.wrapping_add(1),
-                members: old.members.clone(),
-            };
-            self.vfs.put_in_force(self.union, same).map_err(|e| {
+            self.vfs.renew_set(self.union).map_err(|e| {
                 crate::union::UnionError::Io(std::io::Error::from_raw_os_error(e.errno()))
             })?;
         }

@@ -12,7 +12,6 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
-use super::union::BranchSet;
 use super::versioning::Live;
 use super::{InodeNo, Result, Vfs, VfsError};
 use crate::capture::Tree;
@@ -133,13 +132,7 @@ impl Vfs {
         let instant = self.capture().map(|c| c.history().one_instant());
         let merged = commit::fold(upper, target.root.as_fd(), target.deeper, target.ns);
         if let Some(u) = self.union() {
-            // Inodes found before re-derive their layers at next use.
-            let old = u.set();
-            let bumped = BranchSet {
-                generation: old.generation.wrapping_add(1),
-                members: old.members.clone(),
-            };
-            if let Err(e) = self.put_in_force(u, bumped) {
+            if let Err(e) = self.renew_set(u) {
                 tracing::error!("sandbox commit: the union's inodes may show the old tree: {e}");
             }
         }
