@@ -467,6 +467,9 @@ fn names_now(m: &Mount) -> Vec<String> {
 #[test]
 fn history_now_shows_what_an_added_branch_shows() {
     let m = Mount::union("", 1, |b| write_file(&b[1].join("a"), b"a"));
+    // `a` predates the mount: it is in history once the first-mount walk
+    // reaches it, which runs in the background (CI once listed nothing).
+    chronofs_ok(&m, &["ingest"]);
     assert_eq!(names_now(&m), ["a"]);
     let extra = extra_dir(&m, "extra", &[("g", b"g"), ("nd/h", b"h")]);
     branch_ok(&m, &["add", extra.to_str().unwrap(), "--mode", "ro"]);
