@@ -900,7 +900,11 @@ impl Vfs {
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
         let owner = u.opts.owner.resolve(caller.uid, caller.gid);
         let lower_st = sys::fstat(node.fd())?;
-        if lower_st.st_mode & libc::S_IFMT == libc::S_IFREG && lower_st.st_nlink > 1 {
+        // An index entry of a read-write branch below (the upper one
+        // before a branch was added) goes on through the index: its other
+        // names reach it there, and follow its copy.
+        let indexed = node.inode.union_nlink().is_some();
+        if indexed || (lower_st.st_mode & libc::S_IFMT == libc::S_IFREG && lower_st.st_nlink > 1) {
             let at = (lower_parent.as_fd(), cname.as_c_str());
             let (fd, st) = self.copy_up_linked(u, &node, at, &upper_parent, &owner)?;
             let n = crate::union::index::nlink(fd.as_fd(), u.ns)?;

@@ -46,7 +46,22 @@ impl Vfs {
         if !is_linked_file(st) {
             return Ok(None);
         }
-        let name = entry_of(&self.inodes.key_in(branch, st));
+        // An entry may itself have been copied up into a branch added
+        // above its own (a rename needs the upper branch): the newest copy
+        // is at the end of the chain. Each step goes up, so it ends.
+        let mut found = None;
+        let mut at = (branch, *st);
+        while let Some(hit) = self.entry_above(u, at)? {
+            at = (hit.0, hit.3);
+            found = Some(hit);
+        }
+        Ok(found)
+    }
+
+    /// The index entry of `st` (found in `branch`) in the read-write
+    /// branches above it, the highest first.
+    fn entry_above(&self, u: &Union, (branch, st): (BranchId, Stat)) -> Result<Option<Indexed>> {
+        let name = entry_of(&self.inodes.key_in(branch, &st));
         for (b, index) in u.indexes_above(branch) {
             match sys::fstatat(index.as_fd(), &name) {
                 Ok(found) => return Ok(Some((b, index, name, found))),
@@ -96,8 +111,13 @@ impl Vfs {
     ) -> Result<(OwnedFd, Stat)> {
         let index = u.index_or_make()?;
         let entry = entry_of(&node.key);
-        let lower_links = sys::fstat(node.fd())?.st_nlink as u32;
-        let fd = match copyup::copy_up_file_as(lower_parent, name, (index.as_fd(), &entry), owner) {
+        let own = self.own_index_entry(u, node)?;
+        let (from, lower_links) = match &own {
+            Some((dir, own, links)) => ((dir.as_fd(), own.as_c_str()), *links),
+            None => ((lower_parent, name), sys::fstat(node.fd())?.st_nlink as u32),
+        };
+        let copied = copyup::copy_up_file_as(from.0, from.1, (index.as_fd(), &entry), owner);
+        let fd = match copied {
             Ok(fd) => {
                 index::set_entry(fd.as_fd(), u.ns, &entry)?;
                 index::set_nlink(fd.as_fd(), u.ns, lower_links)?;
@@ -121,6 +141,28 @@ impl Vfs {
         }
         let st = sys::fstat(fd.as_fd())?;
         Ok((fd, st))
+    }
+
+    /// Where `node` is an entry of its own branch's index (a read-write
+    /// branch below the upper one, which was the upper one when the entry
+    /// was made): that index, the entry's name and the union's link count.
+    /// Its copy-up copies the entry, whatever name it was reached by (the
+    /// branch may hold none of them).
+    fn own_index_entry(
+        &self,
+        u: &Union,
+        node: &Node,
+    ) -> Result<Option<(Arc<OwnedFd>, CString, u32)>> {
+        let Some(links) = node.inode.union_nlink() else {
+            return Ok(None);
+        };
+        let Some(index) = u.index_of(self.inodes.branch_of(&node.key)) else {
+            return Ok(None);
+        };
+        let Some(entry) = index::entry(node.fd(), u.ns)? else {
+            return Ok(None);
+        };
+        Ok(Some((index, entry, links)))
     }
 
     /// Before a name of `ino` goes: a lower file with other names is
