@@ -847,3 +847,99 @@ fn fsck_of_a_branch_list_checks_the_set_in_force_snapshots_included() {
     assert_eq!(read_file(&m.p("after")), b"in the fresh branch");
     assert_eq!(listed(&m).len(), 3);
 }
+
+#[test]
+fn hard_links_copied_up_before_a_snapshot_keep_one_identity() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, three_names);
+        append_all(&m.p("a"), b"more\n");
+        let before = shape(&m, &["a", "b", "c"]);
+        branch_snapshot(&m, &["--name", "s1"]);
+        assert_eq!(shape(&m, &["a", "b", "c"]), before, "mode {mode:?}");
+        for n in ["a", "b", "c"] {
+            assert_eq!(read_file(&m.p(n)), b"data\nmore\n", "mode {mode:?}: {n}");
+        }
+        // Changes after the snapshot copy the frozen entry up once.
+        append_all(&m.p("b"), b"b\n");
+        fs::rename(m.p("c"), m.p("c2")).unwrap();
+        for n in ["a", "b", "c2"] {
+            assert_eq!(read_file(&m.p(n)), b"data\nmore\nb\n", "mode {mode:?}: {n}");
+        }
+        let after = shape(&m, &["a", "b", "c2"]);
+        assert_eq!(after[0], (12, 3, before[0].2), "mode {mode:?}");
+        assert!(after.iter().all(|s| *s == after[0]), "{after:?}");
+        m.remount();
+        assert_eq!(
+            shape(&m, &["c2", "b", "a"]),
+            after,
+            "mode {mode:?}: remounted"
+        );
+    }
+}
+
+#[test]
+fn snapmerge_folds_copied_up_hard_links_and_every_name_keeps_one_copy() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| {
+            three_names(b);
+            write_file(&b[1].join("k1"), b"k\n");
+            fs::hard_link(b[1].join("k1"), b[1].join("k2")).unwrap();
+        });
+        // Copied up into the primary branch's index before s1...
+        append_all(&m.p("a"), b"s0\n");
+        branch_snapshot(&m, &["--name", "s1"]);
+        // ...and into s1's fresh branch after it: a lower file's first
+        // copy-up, and the frozen entry copied on (a rename and a link
+        // need the upper branch).
+        append_all(&m.p("k1"), b"s1\n");
+        fs::rename(m.p("b"), m.p("b2")).unwrap();
+        fs::hard_link(m.p("c"), m.p("d")).unwrap();
+        branch_snapshot(&m, &["--name", "s2"]);
+        let names = ["a", "b2", "c", "d", "k1", "k2"];
+        let before = tree_and_numbers(&m.mnt);
+        let shapes = shape(&m, &names);
+        assert_eq!(shapes[0].1, 4, "mode {mode:?}: {shapes:?}");
+        assert_eq!(shapes[4].1, 2, "mode {mode:?}: {shapes:?}");
+
+        let out = snapmerge_while_walked(&m, &before, mode);
+        assert!(
+            out.status.success(),
+            "mode {mode:?}: {}\n{}",
+            stderr(&out),
+            m.log_tail()
+        );
+        assert_eq!(tree_and_numbers(&m.mnt), before, "mode {mode:?}: merged");
+        assert_eq!(shape(&m, &names), shapes, "mode {mode:?}: merged");
+        // The frozen branch's entries moved into the primary's index: the
+        // lowest files' copies, and the copy of a copy.
+        assert_eq!(names_in(&m.src.join(".chronofs-index")).len(), 3);
+        // One copy still: a change through one name shows through all.
+        append_all(&m.p("k2"), b"k2\n");
+        append_all(&m.p("d"), b"d\n");
+        m.remount();
+        for n in ["a", "b2", "c", "d"] {
+            assert_eq!(read_file(&m.p(n)), b"data\ns0\nd\n", "mode {mode:?}: {n}");
+        }
+        for n in ["k1", "k2"] {
+            assert_eq!(read_file(&m.p(n)), b"k\ns1\nk2\n", "mode {mode:?}: {n}");
+        }
+        let now = shape(&m, &names);
+        assert!(
+            now[..4].iter().all(|s| *s == (10, 4, shapes[0].2)),
+            "{now:?}"
+        );
+        assert!(
+            now[4..].iter().all(|s| *s == (8, 2, shapes[4].2)),
+            "{now:?}"
+        );
+    }
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}

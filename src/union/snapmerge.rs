@@ -33,10 +33,14 @@
 //! was renamed too, the moved one's redirect is changed with the move, the
 //! union's lookups held off for that moment (`Live::exclusive`).
 //!
+//! The upper branch's **hard-link index** entries (`index::INDEX_DIR`)
+//! move into the lower branch's index first, under the same names: each
+//! names the object it replaces, wherever that is, and the mount asks the
+//! index of a name's own branch and those above it.
+//!
 //! Not merged (refused before anything changes, with
-//! `UnionError::Unmergeable`): an upper branch holding a hard-link index
-//! (`index::INDEX_DIR`), and a relative redirect inside a renamed
-//! directory.
+//! `UnionError::Unmergeable`): a relative redirect inside a renamed
+//! directory, and an index entry both branches hold.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -58,6 +62,9 @@ pub trait Live {
     /// Renamed directories absorbed what they showed from below: objects
     /// the mount found before are to be found again.
     fn refind(&mut self) -> Result<()>;
+    /// The lower branch has a hard-link index now (it had none): the mount
+    /// consults it from here on.
+    fn index_made(&mut self);
     /// Holds the union's lookups and listings off until [`Live::release`].
     fn hold(&mut self);
     fn release(&mut self);
@@ -72,6 +79,7 @@ impl Live for Unwatched {
     fn refind(&mut self) -> Result<()> {
         Ok(())
     }
+    fn index_made(&mut self) {}
     fn hold(&mut self) {}
     fn release(&mut self) {}
 }
@@ -135,20 +143,7 @@ pub(super) fn merge(
         false => absorb::find_renamed(up.as_fd(), ns)?,
     };
     absorb::refuse_ambiguous(&renamed)?;
-    if let Some(ix) = index::open_existing(up.as_fd())? {
-        if !children(ix.as_fd())?.is_empty() {
-            return Err(UnionError::Unmergeable(
-                "the upper branch holds copied-up hard links (its .chronofs-index is not \
-                 empty); merging them is not supported yet"
-                    .into(),
-            ));
-        }
-        sys::unlinkat(
-            up.as_fd(),
-            &cname(index::INDEX_DIR.as_bytes())?,
-            libc::AT_REMOVEDIR,
-        )?;
-    }
+    let index = upper_index(up.as_fd(), low.as_fd())?;
     let mut m = Merge {
         ns,
         commit,
@@ -158,6 +153,9 @@ pub(super) fn merge(
         switch: Vec::new(),
         switch_root: None,
     };
+    if let Some((ix, entries)) = index {
+        m.move_index(up.as_fd(), low.as_fd(), ix.as_fd(), &entries)?;
+    }
     let root = sys::fstat(low.as_fd())?;
     if !renamed.is_empty() {
         let absorbed = absorb::absorb(up.as_fd(), low.as_fd(), &renamed, ns, &mut |from, to| {
@@ -169,6 +167,34 @@ pub(super) fn merge(
     m.merge_dir(up.as_fd(), low.as_fd(), b"/")?;
     sys::utimens_fd(low.as_fd(), atime_of(&root), mtime_of(&root))?;
     Ok(m.count)
+}
+
+/// The upper branch's hard-link index and its entries, if it has one.
+/// Refused, before anything changes: an entry the lower index holds too
+/// (each copy-up finds the highest entry of its object, so a second one
+/// below is a copy nobody reaches, or damage; merging would pick one).
+fn upper_index(up: BorrowedFd<'_>, low: BorrowedFd<'_>) -> Result<Option<(OwnedFd, Vec<Vec<u8>>)>> {
+    let Some(ix) = index::open_existing(up)? else {
+        return Ok(None);
+    };
+    let entries = children(ix.as_fd())?;
+    if let (Some(low_ix), false) = (index::open_existing(low)?, entries.is_empty()) {
+        for e in &entries {
+            match sys::fstatat(low_ix.as_fd(), &cname(e)?) {
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(err) => return Err(err.into()),
+                Ok(_) => {
+                    return Err(UnionError::Unmergeable(format!(
+                        "both branches' {} hold entry {}: one hard-linked file has two \
+                         copies (`chronofs fsck` the branch list); nothing was merged",
+                        index::INDEX_DIR,
+                        String::from_utf8_lossy(e)
+                    )))
+                }
+            }
+        }
+    }
+    Ok(Some((ix, entries)))
 }
 
 fn atime_of(st: &Stat) -> sys::TimeSpec {
@@ -186,6 +212,39 @@ fn mtime_of(st: &Stat) -> sys::TimeSpec {
 }
 
 impl Merge<'_> {
+    /// Moves the upper branch's hard-link index entries into the lower
+    /// branch's index (made if need be, and consulted by the mount before
+    /// the first entry lands), then drops the emptied index. Each entry
+    /// keeps its name, the key of the object it stands for: every name of
+    /// that object, wherever it is, still resolves to it. Their upper names
+    /// are hard links to them, moved down as any file.
+    fn move_index(
+        &mut self,
+        up: BorrowedFd<'_>,
+        low: BorrowedFd<'_>,
+        ix: BorrowedFd<'_>,
+        entries: &[Vec<u8>],
+    ) -> Result<()> {
+        if !entries.is_empty() {
+            let low_ix = index::open_or_make(low)?;
+            self.live.index_made();
+            for e in entries {
+                let c = cname(e)?;
+                if copyup::is_copyup_temp(e) {
+                    // A copy-up a crash cut short: never linked to a name.
+                    sys::unlinkat(ix, &c, 0)?;
+                    continue;
+                }
+                let st = sys::fstatat(ix, &c)?;
+                self.live.moved(&st, &st);
+                sys::renameat2(ix, &c, low_ix.as_fd(), &c, libc::RENAME_NOREPLACE)?;
+                self.count.moved += 1;
+            }
+        }
+        let name = cname(index::INDEX_DIR.as_bytes())?;
+        Ok(sys::unlinkat(up, &name, libc::AT_REMOVEDIR)?)
+    }
+
     /// Merges the entries of directory `up` into directory `low` (both
     /// open for reading); `path` names them in messages.
     fn merge_dir(&mut self, up: BorrowedFd<'_>, low: BorrowedFd<'_>, path: &[u8]) -> Result<()> {
@@ -740,6 +799,18 @@ mod tests {
         fs::create_dir(up.join("newp/moved")).unwrap();
         format::set_redirect(open_dir(&up.join("newp/moved")).as_fd(), ns(), b"/ra2").unwrap();
         whiteout(&up.join("ra2"));
+        // Hard-link index entries (copies of linked lower files, one
+        // linked to an upper name), and the lower branch's own entry.
+        for b in [&up, &low] {
+            fs::create_dir(b.join(index::INDEX_DIR)).unwrap();
+        }
+        w(up.join(index::INDEX_DIR).join("1-801-a"), "copy of a");
+        fs::hard_link(up.join(index::INDEX_DIR).join("1-801-a"), up.join("linked")).unwrap();
+        w(
+            up.join(index::INDEX_DIR).join("2-801-b"),
+            "reached by index",
+        );
+        w(low.join(index::INDEX_DIR).join("1-801-c"), "low's own");
         if deeper {
             // Renamed twice: `mv ca cb` in the lower branch, `mv cb cc` in
             // the upper one.
@@ -784,6 +855,7 @@ mod tests {
         fn refind(&mut self) -> Result<()> {
             Ok(())
         }
+        fn index_made(&mut self) {}
         fn hold(&mut self) {}
         fn release(&mut self) {}
     }
@@ -806,6 +878,28 @@ mod tests {
         )
     }
 
+    /// Every hard-link index entry of `branches`, as (name, content,
+    /// inode): each must be in exactly one index at every step.
+    fn index_entries(branches: &[PathBuf]) -> Vec<(String, Vec<u8>, u64)> {
+        let mut out = Vec::new();
+        for b in branches {
+            let Ok(dir) = fs::read_dir(b.join(index::INDEX_DIR)) else {
+                continue;
+            };
+            for e in dir {
+                let e = e.unwrap();
+                let name = e.file_name().into_string().unwrap();
+                out.push((
+                    name,
+                    fs::read(e.path()).unwrap(),
+                    e.metadata().unwrap().ino(),
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
     fn is_empty(dir: &Path) -> bool {
         fs::read_dir(dir).unwrap().next().is_none()
     }
@@ -819,9 +913,17 @@ mod tests {
             let t = tempfile::tempdir().unwrap();
             let b = fill(t.path(), deeper);
             let before = view(&b);
+            let entries = index_entries(&b);
             let n = merge(&b, None).unwrap();
             assert!(is_empty(&b[0]), "the upper branch is left empty");
             assert_eq!(view(&b[1..]), before, "deeper: {deeper}");
+            assert_eq!(index_entries(&b[1..]), entries, "deeper: {deeper}");
+            let ix = b[1].join(index::INDEX_DIR);
+            assert_eq!(
+                fs::metadata(ix.join("1-801-a")).unwrap().ino(),
+                fs::metadata(b[1].join("linked")).unwrap().ino(),
+                "an entry and its name stay one file"
+            );
             assert!(
                 n.moved >= 6 && n.merged_dirs == 1 && n.whiteouts >= 5,
                 "{n:?}"
@@ -870,12 +972,15 @@ mod tests {
                 let t = tempfile::tempdir().unwrap();
                 let b = fill(t.path(), deeper);
                 let before = view(&b);
+                let entries = index_entries(&b);
                 let crashed = catch_unwind(AssertUnwindSafe(|| merge(&b, Some(stop))));
                 assert!(crashed.is_err(), "step {stop} of {steps}");
                 assert_eq!(view(&b), before, "after a crash at step {stop}");
+                assert_eq!(index_entries(&b), entries, "after a crash at step {stop}");
                 merge(&b, None).unwrap();
                 assert!(is_empty(&b[0]));
                 assert_eq!(view(&b[1..]), before, "resumed after step {stop}");
+                assert_eq!(index_entries(&b[1..]), entries, "resumed after step {stop}");
             }
         }
     }
@@ -908,7 +1013,8 @@ mod tests {
     }
 
     #[test]
-    fn ambiguous_redirects_and_hard_link_indexes_are_refused_with_nothing_changed() {
+    fn ambiguous_redirects_and_an_index_entry_both_branches_hold_are_refused_with_nothing_changed()
+    {
         if sys::geteuid() != 0 {
             return;
         }
@@ -927,11 +1033,13 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let b = fill(t.path(), false);
         let before = view(&b);
-        let ix = b[0].join(index::INDEX_DIR);
-        fs::create_dir(&ix).unwrap();
-        fs::write(ix.join("entry"), "x").unwrap();
+        // One object's entry in both indexes.
+        let entries = index_entries(&b);
+        fs::write(b[1].join(index::INDEX_DIR).join("1-801-a"), "x").unwrap();
         let err = merge(&b, None).unwrap_err();
         assert_eq!(err.errno(), libc::EOPNOTSUPP, "{err}");
+        assert!(err.to_string().contains("1-801-a"), "{err}");
         assert_eq!(view(&b), before);
+        assert_eq!(index_entries(&b).len(), entries.len() + 1);
     }
 }

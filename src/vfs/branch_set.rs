@@ -443,6 +443,12 @@ impl snapmerge::Live for Folding<'_> {
         Ok(())
     }
 
+    fn index_made(&mut self) {
+        if let Some(m) = self.union.set().member(self.lower) {
+            m.reopen_index();
+        }
+    }
+
     fn hold(&mut self) {
         self.held = Some(self.union.set_lock.write());
     }

@@ -47,22 +47,32 @@ pub(super) struct Member {
 
 impl Member {
     pub(super) fn new(id: BranchId, root: Arc<OwnedFd>, writable: bool) -> Arc<Member> {
-        // Any branch may be read: one that is not a union's upper branch
-        // may hold anything under that name (a copy-up into it would fail
-        // and say so).
-        let index = match crate::union::index::open_existing(root.as_fd()) {
-            Ok(index) => index.map(Arc::new),
-            Err(e) => {
-                tracing::warn!("union: branch {}: hard-link index unreadable: {e}", id.0);
-                None
-            }
-        };
+        let index = Self::existing_index(id, &root);
         Arc::new(Member {
             id,
             root,
             writable: AtomicBool::new(writable),
             index: RwLock::new(index),
         })
+    }
+
+    fn existing_index(id: BranchId, root: &OwnedFd) -> Option<Arc<OwnedFd>> {
+        // Any branch may be read: one that is not a union's upper branch
+        // may hold anything under that name (a copy-up into it would fail
+        // and say so).
+        match crate::union::index::open_existing(root.as_fd()) {
+            Ok(index) => index.map(Arc::new),
+            Err(e) => {
+                tracing::warn!("union: branch {}: hard-link index unreadable: {e}", id.0);
+                None
+            }
+        }
+    }
+
+    /// The branch's index was made by something else than a copy-up (a
+    /// snapmerge moved one into it): found again.
+    pub(super) fn reopen_index(&self) {
+        *self.index.write() = Self::existing_index(self.id, &self.root);
     }
 
     pub(super) fn writable(&self) -> bool {
@@ -298,14 +308,19 @@ impl Union {
         self.set().member(b)?.index()
     }
 
-    /// The read-write branches above branch `b` that have an index, top
-    /// first: where a copy of one of its linked files may be.
-    pub(super) fn indexes_above(&self, b: BranchId) -> Vec<(BranchId, Arc<OwnedFd>)> {
+    /// The branches from the top down to branch `b` itself that have an
+    /// index, top first: where a copy of one of its linked files may be.
+    /// Read-only ones count (a snapshot froze the copies it held), and
+    /// `b`'s own (a snapmerge moved the copies of its files into it).
+    pub(super) fn indexes_over(&self, b: BranchId) -> Vec<(BranchId, Arc<OwnedFd>)> {
         let set = self.set();
-        set.members
+        let upto = set
+            .members
             .iter()
-            .take_while(|m| m.id != b)
-            .filter(|m| m.writable())
+            .position(|m| m.id == b)
+            .map_or(set.members.len(), |at| at + 1);
+        set.members[..upto]
+            .iter()
             .filter_map(|m| Some((m.id, m.index()?)))
             .collect()
     }

@@ -49,20 +49,28 @@ impl Vfs {
         // An entry may itself have been copied up into a branch added
         // above its own (a rename needs the upper branch): the newest copy
         // is at the end of the chain. Each step goes up, so it ends.
-        let mut found = None;
+        // (A merged branch's own index may hold the entry of one of its
+        // files; each step goes to another file, at most one per branch.)
+        let mut found: Option<Indexed> = None;
         let mut at = (branch, *st);
-        while let Some(hit) = self.entry_above(u, at)? {
+        for _ in 0..u.set().members.len() {
+            let Some(hit) = self.entry_over(u, at)? else {
+                break;
+            };
+            if (hit.3.st_dev, hit.3.st_ino) == (at.1.st_dev, at.1.st_ino) {
+                break;
+            }
             at = (hit.0, hit.3);
             found = Some(hit);
         }
         Ok(found)
     }
 
-    /// The index entry of `st` (found in `branch`) in the read-write
-    /// branches above it, the highest first.
-    fn entry_above(&self, u: &Union, (branch, st): (BranchId, Stat)) -> Result<Option<Indexed>> {
+    /// The index entry of `st` (found in `branch`) in the branches over it
+    /// and its own, the highest first.
+    fn entry_over(&self, u: &Union, (branch, st): (BranchId, Stat)) -> Result<Option<Indexed>> {
         let name = entry_of(&self.inodes.key_in(branch, &st));
-        for (b, index) in u.indexes_above(branch) {
+        for (b, index) in u.indexes_over(branch) {
             match sys::fstatat(index.as_fd(), &name) {
                 Ok(found) => return Ok(Some((b, index, name, found))),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -86,8 +94,7 @@ impl Vfs {
         if inode.union_nlink().is_some() || (!via_index && !is_linked_file(st)) {
             return;
         }
-        let own = self.inodes.branch_of(&inode.key);
-        if !u.writable(own) || u.index_of(own).is_none() {
+        if u.index_of(self.inodes.branch_of(&inode.key)).is_none() {
             return;
         }
         match index::nlink(fd, u.ns) {
@@ -177,7 +184,9 @@ impl Vfs {
         if u.upper().is_none() || u.writable(self.inodes.branch_of(&node.key)) {
             return Ok(());
         }
-        if !is_linked_file(&sys::fstat(node.fd())?) {
+        // An entry a snapshot froze counts there too: its count must not
+        // change in the frozen branch.
+        if node.inode.union_nlink().is_none() && !is_linked_file(&sys::fstat(node.fd())?) {
             return Ok(());
         }
         self.writable_node(caller, ino).map(drop)
