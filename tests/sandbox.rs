@@ -822,3 +822,102 @@ fn a_removed_directory_is_weighed_and_kept_in_history_whole() {
         }
     }
 }
+
+/// Hard-linked files of the branches below, changed, renamed and linked
+/// in a sandbox (copied up through its hard-link index), commit as one
+/// file each: every name shows the change under one number.
+#[test]
+fn hard_links_changed_in_a_sandbox_commit_as_one_file() {
+    for mode in ["plain", ""] {
+        let mut m = Mount::union(mode, 1, |b| {
+            write_file(&b[1].join("a"), b"low\n");
+            fs::hard_link(b[1].join("a"), b[1].join("b")).unwrap();
+            fs::hard_link(b[1].join("a"), b[1].join("c")).unwrap();
+            // Linked in the mount's read-write branch itself too.
+            write_file(&b[0].join("k1"), b"k\n");
+            fs::hard_link(b[0].join("k1"), b[0].join("k2")).unwrap();
+        });
+        // Never looked up through the mount before the commit (made
+        // behind its back): no number the mount knew leads to the copy.
+        write_file(&m.src.join("j1"), b"j\n");
+        fs::hard_link(m.src.join("j1"), m.src.join("j2")).unwrap();
+        let out = in_sandbox(
+            &m,
+            None,
+            "echo s >> MNT/a && mv MNT/b MNT/b2 && ln MNT/c MNT/d && echo t >> MNT/k1 \
+             && echo u >> MNT/j1",
+        );
+        ok(out, "sandbox", &m);
+        assert_eq!(read_file(&m.p("c")), b"low\n", "mode {mode:?}: not yet");
+        let reply = json(&ok(commit(&m, 1, false), "commit", &m));
+        assert_eq!(reply["applied"], true, "{reply}");
+        let check = |m: &Mount, when: &str| {
+            for n in ["a", "b2", "c", "d"] {
+                assert_eq!(read_file(&m.p(n)), b"low\ns\n", "mode {mode:?} {when}: {n}");
+            }
+            for n in ["k1", "k2"] {
+                assert_eq!(read_file(&m.p(n)), b"k\nt\n", "mode {mode:?} {when}: {n}");
+            }
+            for n in ["j2", "j1"] {
+                assert_eq!(read_file(&m.p(n)), b"j\nu\n", "mode {mode:?} {when}: {n}");
+            }
+            assert!(!m.p("b").exists());
+            let s = shape(m, &["a", "b2", "c", "d"]);
+            assert!(
+                s.iter().all(|x| *x == (6, 4, s[0].2)),
+                "mode {mode:?} {when}: {s:?}"
+            );
+            let k = shape(m, &["k1", "k2"]);
+            assert!(
+                k.iter().all(|x| *x == (4, 2, k[0].2)),
+                "mode {mode:?} {when}: {k:?}"
+            );
+        };
+        check(&m, "committed");
+        // One copy still: a change through any name shows through all.
+        append_all(&m.p("c"), b"c\n");
+        assert_eq!(read_file(&m.p("b2")), b"low\ns\nc\n", "mode {mode:?}");
+        fs::write(m.p("c"), b"low\ns\n").unwrap();
+        m.remount();
+        check(&m, "remounted");
+    }
+}
+
+#[test]
+fn a_hard_linked_file_changed_on_both_sides_conflicts_even_when_forced() {
+    let m = Mount::union("plain", 1, |b| {
+        write_file(&b[1].join("a"), b"low\n");
+        fs::hard_link(b[1].join("a"), b[1].join("c")).unwrap();
+    });
+    ok(in_sandbox(&m, None, "echo s >> MNT/a"), "sandbox", &m);
+    // The mount copies the same file up through its other name.
+    append_all(&m.p("c"), b"m\n");
+    let out = commit(&m, 1, false);
+    assert!(!out.status.success());
+    let reply = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(reply["conflicts"], serde_json::json!(["/a"]), "{reply}");
+    let out = commit(&m, 1, true);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("--force cannot apply"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    for n in ["a", "c"] {
+        assert_eq!(read_file(&m.p(n)), b"low\nm\n", "{n}: nothing applied");
+    }
+    assert_eq!(listed(&m).len(), 1, "the sandbox stays");
+}
+
+#[test]
+fn hard_links_changed_in_a_sandbox_over_a_single_directory_are_refused_in_one_line() {
+    let m = Mount::new_with("plain", |src| {
+        write_file(&src.join("a"), b"a\n");
+        fs::hard_link(src.join("a"), src.join("b")).unwrap();
+    });
+    ok(in_sandbox(&m, None, "echo s >> MNT/a"), "sandbox", &m);
+    let out = commit(&m, 1, false);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("single directory"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(read_file(&m.p("b")), b"a\n", "nothing applied");
+}

@@ -391,17 +391,6 @@ fn history_follows_what_a_branch_change_shows_and_the_past_stays() {
     assert!(!at("removed").join("top").exists());
 }
 
-/// (size, st_nlink, st_ino) of each path.
-fn shape(m: &Mount, names: &[&str]) -> Vec<(u64, u64, u64)> {
-    names
-        .iter()
-        .map(|n| {
-            let md = fs::metadata(m.p(n)).unwrap();
-            (md.len(), md.nlink(), md.ino())
-        })
-        .collect()
-}
-
 #[test]
 fn hard_links_copied_up_before_a_new_top_branch_keep_one_identity() {
     for mode in union_modes() {
@@ -887,7 +876,14 @@ fn snapmerge_folds_copied_up_hard_links_and_every_name_keeps_one_copy() {
         });
         // Copied up into the primary branch's index before s1...
         append_all(&m.p("a"), b"s0\n");
+        // ...and linked in it (a file of the branch the fold goes into,
+        // which keeps only one name of its own: `q`).
+        write_file(&m.p("p"), b"p\n");
+        fs::hard_link(m.p("p"), m.p("q")).unwrap();
+        fs::hard_link(m.p("p"), m.p("r")).unwrap();
         branch_snapshot(&m, &["--name", "s1"]);
+        append_all(&m.p("p"), b"s1\n");
+        fs::remove_file(m.p("r")).unwrap();
         // ...and into s1's fresh branch after it: a lower file's first
         // copy-up, and the frozen entry copied on (a rename and a link
         // need the upper branch).
@@ -895,7 +891,7 @@ fn snapmerge_folds_copied_up_hard_links_and_every_name_keeps_one_copy() {
         fs::rename(m.p("b"), m.p("b2")).unwrap();
         fs::hard_link(m.p("c"), m.p("d")).unwrap();
         branch_snapshot(&m, &["--name", "s2"]);
-        let names = ["a", "b2", "c", "d", "k1", "k2"];
+        let names = ["a", "b2", "c", "d", "k1", "k2", "p", "q"];
         let before = tree_and_numbers(&m.mnt);
         let shapes = shape(&m, &names);
         assert_eq!(shapes[0].1, 4, "mode {mode:?}: {shapes:?}");
@@ -912,7 +908,7 @@ fn snapmerge_folds_copied_up_hard_links_and_every_name_keeps_one_copy() {
         assert_eq!(shape(&m, &names), shapes, "mode {mode:?}: merged");
         // The frozen branch's entries moved into the primary's index: the
         // lowest files' copies, and the copy of a copy.
-        assert_eq!(names_in(&m.src.join(".chronofs-index")).len(), 3);
+        assert_eq!(names_in(&m.src.join(".chronofs-index")).len(), 4);
         // One copy still: a change through one name shows through all.
         append_all(&m.p("k2"), b"k2\n");
         append_all(&m.p("d"), b"d\n");
@@ -923,15 +919,20 @@ fn snapmerge_folds_copied_up_hard_links_and_every_name_keeps_one_copy() {
         for n in ["k1", "k2"] {
             assert_eq!(read_file(&m.p(n)), b"k\ns1\nk2\n", "mode {mode:?}: {n}");
         }
+        for n in ["p", "q"] {
+            assert_eq!(read_file(&m.p(n)), b"p\ns1\n", "mode {mode:?}: {n}");
+        }
         let now = shape(&m, &names);
         assert!(
             now[..4].iter().all(|s| *s == (10, 4, shapes[0].2)),
             "{now:?}"
         );
         assert!(
-            now[4..].iter().all(|s| *s == (8, 2, shapes[4].2)),
+            now[4..6].iter().all(|s| *s == (8, 2, shapes[4].2)),
             "{now:?}"
         );
+        assert!(now[6..].iter().all(|s| *s == shapes[6]), "{now:?}");
+        assert_eq!(shapes[6].1, 2, "{shapes:?}");
     }
 }
 

@@ -28,7 +28,7 @@ use crate::control::service::{Error, Result};
 use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
 use crate::store::{BranchRoot, Store};
 use crate::sys;
-use crate::vfs::{UnionBranch, UnionOptions, Vfs, VfsConfig};
+use crate::vfs::{SandboxIds, UnionBranch, UnionOptions, Vfs, VfsConfig};
 
 /// `sandbox.json`'s format; older ones must keep opening.
 const FORMAT: u32 = 1;
@@ -73,6 +73,9 @@ pub(super) struct Recipe {
 struct Served {
     mountpoint: PathBuf,
     session: Option<std::thread::JoinHandle<()>>,
+    /// Its union's branch ids, its own first (its store is open while it
+    /// is served).
+    ids: Vec<u32>,
 }
 
 pub(super) struct Sandboxes {
@@ -234,6 +237,45 @@ impl Sandboxes {
         Ok(m)
     }
 
+    /// Sandbox `m`'s union's branch ids, its own branch first, from its
+    /// store.
+    fn store_ids(&self, m: &Manifest, store: &Store) -> Result<Vec<u32>> {
+        let mut roots = Vec::with_capacity(m.base.len() + 1);
+        for path in std::iter::once(self.branch_dir(m.id)).chain(m.base.iter().cloned()) {
+            let st = std::fs::metadata(&path).map_err(io(&path))?;
+            use std::os::unix::fs::MetadataExt;
+            roots.push(BranchRoot {
+                path,
+                dev: st.dev(),
+                ino: st.ino(),
+            });
+        }
+        store
+            .branch_ids(&roots)
+            .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))
+    }
+
+    /// How sandbox `m`'s union and the mount's (`vfs`) name the mount's
+    /// branches: its store's ids (from the served session, else read).
+    fn sandbox_ids(&self, vfs: &Vfs, m: &Manifest) -> Result<SandboxIds> {
+        let Ok(mount) = vfs.branches() else {
+            // A single directory: no ids to translate.
+            return Ok(SandboxIds::default());
+        };
+        let served = self.served.lock().get(&m.id).map(|s| s.ids.clone());
+        let own = match served {
+            Some(ids) => ids,
+            None => {
+                let dir = self.dir.join(m.id.to_string()).join("store");
+                let store = Store::open(&dir)
+                    .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+                self.store_ids(m, &store)?
+            }
+        };
+        let mount: Vec<u32> = mount.iter().map(|b| b.id).collect();
+        Ok(SandboxIds::new(own.get(1..).unwrap_or_default(), &mount))
+    }
+
     fn serve(&self, m: &Manifest) -> Result<()> {
         let fail = |e: String| Error::Io(std::io::Error::other(e));
         let dir = self.dir.join(m.id.to_string());
@@ -255,19 +297,9 @@ impl Sandboxes {
             });
         }
         let store = Store::open(&dir.join("store")).map_err(|e| fail(e.to_string()))?;
-        let mut roots = Vec::with_capacity(list.len());
-        let paths = std::iter::once(self.branch_dir(m.id)).chain(m.base.iter().cloned());
-        for (b, path) in list.iter().zip(paths) {
-            let st = sys::fstat(b.branch.root_fd()).map_err(io(&path))?;
-            roots.push(BranchRoot {
-                path,
-                dev: st.st_dev,
-                ino: st.st_ino,
-            });
-        }
-        let ids = store.branch_ids(&roots).map_err(|e| fail(e.to_string()))?;
-        for (b, id) in list.iter_mut().zip(ids) {
-            b.id = id;
+        let ids = self.store_ids(m, &store)?;
+        for (b, id) in list.iter_mut().zip(&ids) {
+            b.id = *id;
         }
         let inomap = store.inode_map().map_err(|e| fail(e.to_string()))?;
         let r = &self.recipe;
@@ -300,6 +332,7 @@ impl Sandboxes {
             Served {
                 mountpoint,
                 session: Some(thread),
+                ids,
             },
         );
         Ok(())
@@ -357,6 +390,23 @@ impl Sandboxes {
     }
 }
 
+/// Refuses a forced commit of hard-linked files changed on both sides.
+fn linked_both(
+    id: u32,
+    changes: &crate::union::commit::Changes,
+    reply: &SandboxCommitReply,
+) -> Result<()> {
+    if !changes.linked_both {
+        return Ok(());
+    }
+    Err(Error::Busy(format!(
+        "sandbox {id}: a hard-linked file was changed both in it and on the mount ({}); \
+         --force cannot apply two copies of one file: discard the sandbox, or undo one side \
+         (nothing was applied)",
+        reply.conflicts.join(", ")
+    )))
+}
+
 impl Sandboxes {
     /// Applies sandbox `id` to the mount `vfs` (made over `base`) and ends
     /// it, unless changes made on the mount since it was made conflict
@@ -405,12 +455,14 @@ impl Sandboxes {
                 .map(|p| format!("/{}", String::from_utf8_lossy(p)))
                 .collect();
         };
+        let ids = self.sandbox_ids(vfs, &m)?;
         // A first look while its processes run: a conflict leaves it be.
-        let first = vfs.commit_changes(root.as_fd(), since)?;
+        let first = vfs.commit_changes(root.as_fd(), since, &ids)?;
         report(&mut reply, &first);
         if !first.conflicts.is_empty() && !force {
             return Ok(reply);
         }
+        linked_both(id, &first, &reply)?;
         if let Some(served) = self.served.lock().remove(&id) {
             stop(served);
         }
@@ -425,17 +477,18 @@ impl Sandboxes {
             )));
         }
         // Nothing writes the branch now: this look is the one applied.
-        let changes = vfs.commit_changes(root.as_fd(), since)?;
+        let changes = vfs.commit_changes(root.as_fd(), since, &ids)?;
         report(&mut reply, &changes);
         reply.sandbox.mountpoint = None;
         if !changes.conflicts.is_empty() && !force {
             return Ok(reply);
         }
+        linked_both(id, &changes, &reply)?;
         // Before the journal: a failure here leaves nothing to finish.
         vfs.secure_commit(&changes.paths)?;
         self.write_journal(id, false)?;
         let count = vfs
-            .commit_branch(root.as_fd(), &changes.paths, false, &|| {
+            .commit_branch(root.as_fd(), (&changes.paths, &ids), false, &|| {
                 self.absorbed(id, &root)
             })
             .map_err(|e| {
@@ -505,14 +558,18 @@ impl Sandboxes {
                 journal.format
             )));
         }
-        let changes = vfs.commit_changes(root.as_fd(), 0)?;
+        let ids = self.sandbox_ids(vfs, &self.manifest(id)?)?;
+        let changes = vfs.commit_changes(root.as_fd(), 0, &ids)?;
         // What is not replaced yet is put in history (what was, is there).
         if let Err(e) = vfs.secure_commit(&changes.paths) {
             tracing::error!("sandbox {id}: history of what the commit replaces: {e}");
         }
-        let count = vfs.commit_branch(root.as_fd(), &changes.paths, journal.absorbed, &|| {
-            self.absorbed(id, root)
-        })?;
+        let count = vfs.commit_branch(
+            root.as_fd(),
+            (&changes.paths, &ids),
+            journal.absorbed,
+            &|| self.absorbed(id, root),
+        )?;
         self.finish_commit(id, root)?;
         Ok(count)
     }

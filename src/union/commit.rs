@@ -22,10 +22,12 @@
 //! on the mount since is not seen (nothing is left to date it); it is
 //! documented (docs/CLI.md, `sandbox commit`).
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use super::format::{self, Opacity, XattrNs};
+use super::snapmerge::Rekey;
 use super::{absorb, copyup, index, snapmerge, Result, UnionError};
 use crate::sys::{self, Stat};
 
@@ -35,6 +37,10 @@ use crate::sys::{self, Stat};
 pub struct Changes {
     pub paths: Vec<Vec<u8>>,
     pub conflicts: Vec<Vec<u8>>,
+    /// Some conflicts are hard-linked files both sides copied up: the
+    /// fold cannot apply those even when forced (the mount's other names
+    /// would keep its copy).
+    pub linked_both: bool,
 }
 
 /// The changes `upper` (a sandbox's branch) would make to `lower` (the
@@ -47,18 +53,11 @@ pub fn changes(
     lower: BorrowedFd<'_>,
     (since_ns, deeper): (u64, bool),
     ns: XattrNs,
+    rekey: Option<Rekey<'_>>,
 ) -> Result<Changes> {
     let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
     let low = sys::reopen_dir(lower, libc::O_RDONLY)?;
-    if let Some(ix) = index::open_existing(up.as_fd())? {
-        if !format::entries(sys::reopen_dir(ix.as_fd(), libc::O_RDONLY)?.as_fd())?.is_empty() {
-            return Err(UnionError::Unmergeable(
-                "the sandbox made hard links to files of the branches below it; committing \
-                 those is not supported yet (nothing was applied)"
-                    .into(),
-            ));
-        }
-    }
+    let clash = index_clashes(up.as_fd(), low.as_fd(), rekey)?;
     // The old names of renamed directories: what the target holds there
     // moves with them (absorbed), so a change in it is no conflict.
     let mut renamed = Vec::new();
@@ -73,10 +72,73 @@ pub fn changes(
         since_ns,
         deeper,
         ns,
+        clash,
         out: Changes::default(),
     };
+    scan.out.linked_both = !scan.clash.is_empty();
     scan.dir(up.as_fd(), Some(low.as_fd()), b"", true)?;
+    // A clashing copy no name of which was met (a name in a directory that
+    // moves whole): reported by its entry.
+    for name in scan.clash.into_values().flatten() {
+        scan.out
+            .conflicts
+            .push(join(index::INDEX_DIR.as_bytes(), &name));
+    }
     Ok(scan.out)
+}
+
+type Clashes = HashMap<(u64, u64), Option<Vec<u8>>>;
+
+/// Copies of hard-linked files the sandbox made (its hard-link index)
+/// that the target's index holds a copy of too: the mount copied the same
+/// file up since, so both sides changed it. By the copy's (dev, ino), with
+/// its entry name until a name of it is reported. Refused: copies the
+/// fold cannot apply (into a single directory, which has no index: its
+/// other names would keep the old file).
+fn index_clashes(
+    up: BorrowedFd<'_>,
+    low: BorrowedFd<'_>,
+    rekey: Option<Rekey<'_>>,
+) -> Result<Clashes> {
+    let mut out = HashMap::new();
+    let Some(ix) = index::open_existing(up)? else {
+        return Ok(out);
+    };
+    let names: Vec<Vec<u8>> =
+        format::entries(sys::reopen_dir(ix.as_fd(), libc::O_RDONLY)?.as_fd())?
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| !copyup::is_copyup_temp(n))
+            .collect();
+    if names.is_empty() {
+        return Ok(out);
+    }
+    let Some(rekey) = rekey else {
+        return Err(UnionError::Unmergeable(
+            "the sandbox changed hard-linked files of the mount's directory; committing those \
+             into a mount of a single directory is not supported yet (nothing was applied)"
+                .into(),
+        ));
+    };
+    let mut entries = Vec::with_capacity(names.len());
+    for n in names {
+        let to = rekey(&n).ok_or_else(|| {
+            UnionError::Unmergeable(format!(
+                "the sandbox's hard-link index entry {} stands for a file of a branch the \
+                 mount no longer has (nothing was applied)",
+                String::from_utf8_lossy(&n)
+            ))
+        })?;
+        entries.push((n, to));
+    }
+    let Some(low_ix) = index::open_existing(low)? else {
+        return Ok(out);
+    };
+    for (name, _) in snapmerge::clashing(low_ix.as_fd(), &entries)? {
+        let st = sys::fstatat(ix.as_fd(), &cname(name)?)?;
+        out.insert((st.st_dev, st.st_ino), Some(name.clone()));
+    }
+    Ok(out)
 }
 
 /// One look at a sandbox's branch against the target.
@@ -86,6 +148,9 @@ struct Scan<'t> {
     since_ns: u64,
     deeper: bool,
     ns: XattrNs,
+    /// See [`index_clashes`]; a copy's entry name goes once a name of it
+    /// is reported.
+    clash: Clashes,
     out: Changes,
 }
 
@@ -153,6 +218,12 @@ impl Scan<'_> {
             }
             if changes && !walked {
                 self.out.paths.push(child.clone());
+            }
+            if !dir && !whiteout {
+                if let Some(entry) = self.clash.get_mut(&(st.st_dev, st.st_ino)) {
+                    *entry = None;
+                    self.out.conflicts.push(child.clone());
+                }
             }
             if !dir {
                 continue;
@@ -239,8 +310,15 @@ pub fn fold(
     lower: BorrowedFd<'_>,
     deeper: bool,
     ns: XattrNs,
+    rekey: Rekey<'_>,
 ) -> Result<snapmerge::MergeCount> {
-    snapmerge::merge(upper, lower, (deeper, true), ns, &mut snapmerge::Unwatched)
+    snapmerge::merge(
+        upper,
+        lower,
+        (deeper, Some(rekey)),
+        ns,
+        &mut snapmerge::Unwatched,
+    )
 }
 
 /// Whether anything in directory `name` of `dir` was made or changed at or
@@ -340,6 +418,7 @@ mod tests {
             open_dir(&low).as_fd(),
             (since, false),
             XattrNs::for_daemon(),
+            None,
         )
         .unwrap();
         assert_eq!(names(&c.paths), ["new", "src/a.c", "src/deep/b.c"]);

@@ -86,6 +86,19 @@ pub fn open_existing(root: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
     }
 }
 
+/// Whether index `index` (of branch `branch`) holds an entry for a file
+/// of that branch itself: a fold or a commit moved the copy of one of its
+/// files into it, and a name of that file may have become its only one.
+pub fn holds_own(index: BorrowedFd<'_>, branch: u32) -> io::Result<bool> {
+    let dir = sys::reopen_dir(index, libc::O_RDONLY)?;
+    Ok(super::format::entries(dir.as_fd())?.iter().any(|e| {
+        CString::new(e.name.as_slice())
+            .ok()
+            .and_then(|n| key_of_entry(&n))
+            .is_some_and(|(b, _, _)| b == branch)
+    }))
+}
+
 fn nlink_xattr(ns: XattrNs) -> &'static CStr {
     match ns {
         XattrNs::Trusted => c"trusted.overlay.chronofs.nlink",

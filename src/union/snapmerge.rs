@@ -62,8 +62,9 @@ pub trait Live {
     /// Renamed directories absorbed what they showed from below: objects
     /// the mount found before are to be found again.
     fn refind(&mut self) -> Result<()>;
-    /// The lower branch has a hard-link index now (it had none): the mount
-    /// consults it from here on.
+    /// The lower branch's hard-link index (made now if it had none) is
+    /// about to take the upper one's entries: the mount consults it, for
+    /// every regular file of the lower branch, from here on.
     fn index_made(&mut self);
     /// Holds the union's lookups and listings off until [`Live::release`].
     fn hold(&mut self);
@@ -125,28 +126,35 @@ pub fn merge_into(
     ns: XattrNs,
     live: &mut dyn Live,
 ) -> Result<MergeCount> {
-    merge(upper, lower, (deeper, false), ns, live)
+    merge(upper, lower, (deeper, None), ns, live)
 }
 
-/// [`merge_into`]; `commit`: see [`Merge::commit`].
+/// The name in the lower branch's hard-link index of the upper branch's
+/// entry `name`, where the two unions key objects differently (a
+/// sandbox's own branch ids); `None`: it has none there.
+pub type Rekey<'a> = &'a dyn Fn(&[u8]) -> Option<Vec<u8>>;
+
+/// [`merge_into`]; a commit (`Some`, with its [`Rekey`]): see
+/// [`Merge::commit`].
 pub(super) fn merge(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
-    (deeper, commit): (bool, bool),
+    (deeper, commit): (bool, Option<Rekey<'_>>),
     ns: XattrNs,
     live: &mut dyn Live,
 ) -> Result<MergeCount> {
     let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
     let low = sys::reopen_dir(lower, libc::O_RDONLY)?;
     let renamed = match commit {
-        true => Vec::new(),
-        false => absorb::find_renamed(up.as_fd(), ns)?,
+        Some(_) => Vec::new(),
+        None => absorb::find_renamed(up.as_fd(), ns)?,
     };
     absorb::refuse_ambiguous(&renamed)?;
-    let index = upper_index(up.as_fd(), low.as_fd())?;
+    let same = |name: &[u8]| Some(name.to_vec());
+    let index = upper_index(up.as_fd(), low.as_fd(), commit.unwrap_or(&same))?;
     let mut m = Merge {
         ns,
-        commit,
+        commit: commit.is_some(),
         deeper,
         live,
         count: MergeCount::default(),
@@ -169,32 +177,64 @@ pub(super) fn merge(
     Ok(m.count)
 }
 
-/// The upper branch's hard-link index and its entries, if it has one.
-/// Refused, before anything changes: an entry the lower index holds too
-/// (each copy-up finds the highest entry of its object, so a second one
-/// below is a copy nobody reaches, or damage; merging would pick one).
-fn upper_index(up: BorrowedFd<'_>, low: BorrowedFd<'_>) -> Result<Option<(OwnedFd, Vec<Vec<u8>>)>> {
+/// An index entry's name in the upper branch and in the lower one.
+type Moving = (Vec<u8>, Vec<u8>);
+
+/// The upper branch's hard-link index and its entries, each with its
+/// name in the lower one's, if it has one. Refused, before anything
+/// changes: an entry with no name there, and one the lower index holds
+/// too (each copy-up finds the highest entry of its object, so a second
+/// one below is a copy nobody reaches, or damage; merging would pick one).
+fn upper_index(
+    up: BorrowedFd<'_>,
+    low: BorrowedFd<'_>,
+    rekey: Rekey<'_>,
+) -> Result<Option<(OwnedFd, Vec<Moving>)>> {
     let Some(ix) = index::open_existing(up)? else {
         return Ok(None);
     };
-    let entries = children(ix.as_fd())?;
+    let mut entries = Vec::new();
+    for e in children(ix.as_fd())? {
+        let to = match copyup::is_copyup_temp(&e) {
+            true => e.clone(),
+            false => rekey(&e).ok_or_else(|| {
+                UnionError::Unmergeable(format!(
+                    "hard-link index entry {} stands for a file of a branch the mount no \
+                     longer has; nothing was applied",
+                    String::from_utf8_lossy(&e)
+                ))
+            })?,
+        };
+        entries.push((e, to));
+    }
     if let (Some(low_ix), false) = (index::open_existing(low)?, entries.is_empty()) {
-        for e in &entries {
-            match sys::fstatat(low_ix.as_fd(), &cname(e)?) {
-                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(err) => return Err(err.into()),
-                Ok(_) => {
-                    return Err(UnionError::Unmergeable(format!(
-                        "both branches' {} hold entry {}: one hard-linked file has two \
-                         copies (`chronofs fsck` the branch list); nothing was merged",
-                        index::INDEX_DIR,
-                        String::from_utf8_lossy(e)
-                    )))
-                }
-            }
+        if let Some((e, _)) = clashing(low_ix.as_fd(), &entries)?.first() {
+            return Err(UnionError::Unmergeable(format!(
+                "both branches' {} hold entry {}: one hard-linked file has two copies \
+                 (`chronofs fsck` the branch list); nothing was merged",
+                index::INDEX_DIR,
+                String::from_utf8_lossy(e)
+            )));
         }
     }
     Ok(Some((ix, entries)))
+}
+
+/// The entries (upper name, lower name) whose lower name index `low_ix`
+/// holds already.
+pub(super) fn clashing<'e>(
+    low_ix: BorrowedFd<'_>,
+    entries: &'e [Moving],
+) -> Result<Vec<&'e Moving>> {
+    let mut out = Vec::new();
+    for entry in entries {
+        match sys::fstatat(low_ix, &cname(&entry.1)?) {
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(err) => return Err(err.into()),
+            Ok(_) => out.push(entry),
+        }
+    }
+    Ok(out)
 }
 
 fn atime_of(st: &Stat) -> sys::TimeSpec {
@@ -223,12 +263,12 @@ impl Merge<'_> {
         up: BorrowedFd<'_>,
         low: BorrowedFd<'_>,
         ix: BorrowedFd<'_>,
-        entries: &[Vec<u8>],
+        entries: &[Moving],
     ) -> Result<()> {
         if !entries.is_empty() {
             let low_ix = index::open_or_make(low)?;
             self.live.index_made();
-            for e in entries {
+            for (e, to) in entries {
                 let c = cname(e)?;
                 if copyup::is_copyup_temp(e) {
                     // A copy-up a crash cut short: never linked to a name.
@@ -237,7 +277,15 @@ impl Merge<'_> {
                 }
                 let st = sys::fstatat(ix, &c)?;
                 self.live.moved(&st, &st);
-                sys::renameat2(ix, &c, low_ix.as_fd(), &c, libc::RENAME_NOREPLACE)?;
+                let to = cname(to)?;
+                if to != c {
+                    // An entry names itself in an xattr too (for the
+                    // removal of its last name): the mount's name, before
+                    // it moves (a crash must not leave the old one there).
+                    let fd = sys::open_path(ix, &c)?;
+                    index::set_entry(fd.as_fd(), self.ns, &to)?;
+                }
+                sys::renameat2(ix, &c, low_ix.as_fd(), &to, libc::RENAME_NOREPLACE)?;
                 self.count.moved += 1;
             }
         }

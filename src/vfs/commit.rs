@@ -7,7 +7,7 @@
 //! shows the tree before the commit or after it, never between.
 //! docs/ARCHITECTURE.md "Sandboxes".
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -18,7 +18,31 @@ use crate::capture::Tree;
 use crate::sys;
 use crate::union::commit::{self, Changes};
 use crate::union::format::XattrNs;
+use crate::union::index;
 use crate::union::snapmerge::MergeCount;
+use crate::union::snapmerge::Rekey;
+
+/// A sandbox's branch ids of the mount's branches, each with the mount's
+/// own id: its union keys objects with ids of its own store.
+#[derive(Debug, Default, Clone)]
+pub struct SandboxIds(HashMap<u32, u32>);
+
+impl SandboxIds {
+    /// The sandbox's ids of the mount's branches (top first, as the mount
+    /// lists them), and the mount's.
+    pub fn new(sandbox: &[u32], mount: &[u32]) -> SandboxIds {
+        SandboxIds(sandbox.iter().copied().zip(mount.iter().copied()).collect())
+    }
+
+    /// The name in the mount's hard-link index of the sandbox's entry
+    /// `entry`; `None`: its object is in no branch of the mount.
+    fn rekey(&self, entry: &[u8]) -> Option<Vec<u8>> {
+        let entry = std::ffi::CString::new(entry).ok()?;
+        let (branch, dev, ino) = index::key_of_entry(&entry)?;
+        let mount = self.0.get(&branch)?;
+        Some(index::entry_name(*mount, dev, ino).into_bytes())
+    }
+}
 
 /// The branch a commit writes into.
 struct Target {
@@ -75,7 +99,14 @@ impl Vfs {
     /// What applying `upper` (a sandbox's branch) would change, and which
     /// of those changes conflict with changes made on the mount at or
     /// after `since_ns`.
-    pub fn commit_changes(&self, upper: BorrowedFd<'_>, since_ns: u64) -> Result<Changes> {
+    /// `ids`: the sandbox's branch ids of the mount's branches, each with
+    /// the mount's id (its hard-link index entries are named with them).
+    pub fn commit_changes(
+        &self,
+        upper: BorrowedFd<'_>,
+        since_ns: u64,
+        ids: &SandboxIds,
+    ) -> Result<Changes> {
         let t = self.commit_target()?;
         if sys::fstat(upper)?.st_dev != sys::fstat(t.root.as_fd())?.st_dev {
             return Err(VfsError::BranchBusy(
@@ -84,11 +115,17 @@ impl Vfs {
                     .into(),
             ));
         }
+        let rekey = |entry: &[u8]| ids.rekey(entry);
+        let rekey: Option<Rekey<'_>> = match self.union() {
+            Some(_) => Some(&rekey),
+            None => None,
+        };
         Ok(commit::changes(
             upper,
             t.root.as_fd(),
             (since_ns, t.deeper),
             t.ns,
+            rekey,
         )?)
     }
 
@@ -118,7 +155,7 @@ impl Vfs {
     pub fn commit_branch(
         &self,
         upper: BorrowedFd<'_>,
-        paths: &[Vec<u8>],
+        (paths, ids): (&[Vec<u8>], &SandboxIds),
         absorbed: bool,
         on_absorbed: &dyn Fn() -> std::io::Result<()>,
     ) -> Result<MergeCount> {
@@ -130,8 +167,13 @@ impl Vfs {
         }
         // Changes made before the commit keep their own times.
         let instant = self.capture().map(|c| c.history().one_instant());
-        let merged = commit::fold(upper, target.root.as_fd(), target.deeper, target.ns);
+        let rekey = |entry: &[u8]| ids.rekey(entry);
+        let merged = commit::fold(upper, target.root.as_fd(), target.deeper, target.ns, &rekey);
         if let Some(u) = self.union() {
+            // The fold may have given it a hard-link index.
+            if let Some(m) = u.set().members.first() {
+                m.reopen_index();
+            }
             if let Err(e) = self.renew_set(u) {
                 tracing::error!("sandbox commit: the union's inodes may show the old tree: {e}");
             }

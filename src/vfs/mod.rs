@@ -51,6 +51,7 @@ pub use crate::sys::Stat;
 pub use attr::{SetAttr, Xattr};
 pub use branch_modes::{BranchInfo, ModeChange};
 pub use branch_set::{NewBranch, SetChange, SetChanged};
+pub use commit::SandboxIds;
 pub use dircache::{DirCache, OpenedDir};
 pub use file::Opened;
 pub use inodes::InodeNo;

@@ -43,36 +43,61 @@ pub(super) struct Member {
     /// where they are when the upper branch moves (a branch added above, a
     /// mode change), and their lower names must still find them.
     index: RwLock<Option<Arc<OwnedFd>>>,
+    /// Its index holds the copy of one of its own files
+    /// (`index::holds_own`): a lookup of any regular file in it asks.
+    holds_own: AtomicBool,
 }
 
 impl Member {
     pub(super) fn new(id: BranchId, root: Arc<OwnedFd>, writable: bool) -> Arc<Member> {
-        let index = Self::existing_index(id, &root);
+        let (index, holds_own) = Self::existing_index(id, &root);
         Arc::new(Member {
             id,
             root,
             writable: AtomicBool::new(writable),
             index: RwLock::new(index),
+            holds_own: AtomicBool::new(holds_own),
         })
     }
 
-    fn existing_index(id: BranchId, root: &OwnedFd) -> Option<Arc<OwnedFd>> {
+    fn existing_index(id: BranchId, root: &OwnedFd) -> (Option<Arc<OwnedFd>>, bool) {
         // Any branch may be read: one that is not a union's upper branch
         // may hold anything under that name (a copy-up into it would fail
         // and say so).
+        let unreadable = |e: std::io::Error| {
+            tracing::warn!("union: branch {}: hard-link index unreadable: {e}", id.0);
+        };
         match crate::union::index::open_existing(root.as_fd()) {
-            Ok(index) => index.map(Arc::new),
+            Ok(Some(index)) => {
+                let own = crate::union::index::holds_own(index.as_fd(), id.0)
+                    .map_err(unreadable)
+                    .unwrap_or(false);
+                (Some(Arc::new(index)), own)
+            }
+            Ok(None) => (None, false),
             Err(e) => {
-                tracing::warn!("union: branch {}: hard-link index unreadable: {e}", id.0);
-                None
+                unreadable(e);
+                (None, false)
             }
         }
     }
 
-    /// The branch's index was made by something else than a copy-up (a
-    /// snapmerge moved one into it): found again.
+    /// The branch's index was given entries by something else than a
+    /// copy-up (a snapmerge's fold, a sandbox's commit): found again.
     pub(super) fn reopen_index(&self) {
-        *self.index.write() = Self::existing_index(self.id, &self.root);
+        let (index, own) = Self::existing_index(self.id, &self.root);
+        *self.index.write() = index;
+        self.holds_own.store(own, Ordering::Release);
+    }
+
+    /// Its index is about to take entries for its own files.
+    pub(super) fn assume_own(&self) {
+        self.holds_own.store(true, Ordering::Release);
+    }
+
+    /// See [`Member::holds_own`].
+    pub(super) fn holds_own(&self) -> bool {
+        self.holds_own.load(Ordering::Acquire)
     }
 
     pub(super) fn writable(&self) -> bool {

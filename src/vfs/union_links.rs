@@ -43,7 +43,11 @@ impl Vfs {
         branch: BranchId,
         st: &Stat,
     ) -> Result<Option<Indexed>> {
-        if !is_linked_file(st) {
+        let own = || {
+            st.st_mode & libc::S_IFMT == libc::S_IFREG
+                && u.set().member(branch).is_some_and(|m| m.holds_own())
+        };
+        if !is_linked_file(st) && !own() {
             return Ok(None);
         }
         // An entry may itself have been copied up into a branch added

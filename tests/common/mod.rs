@@ -1305,3 +1305,15 @@ pub fn append_all(p: &std::path::Path, data: &[u8]) {
         .write_all(data)
         .unwrap();
 }
+
+/// (size, st_nlink, st_ino) of each path of the mount.
+pub fn shape(m: &Mount, names: &[&str]) -> Vec<(u64, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    names
+        .iter()
+        .map(|n| {
+            let md = std::fs::metadata(m.p(n)).unwrap();
+            (md.len(), md.nlink(), md.ino())
+        })
+        .collect()
+}
