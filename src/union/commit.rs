@@ -53,10 +53,14 @@ pub fn changes(
     lower: BorrowedFd<'_>,
     (since_ns, deeper): (u64, bool),
     ns: XattrNs,
-    rekey: Option<Rekey<'_>>,
+    into: Into<'_>,
 ) -> Result<Changes> {
     let up = sys::reopen_dir(upper, libc::O_RDONLY)?;
     let low = sys::reopen_dir(lower, libc::O_RDONLY)?;
+    let rekey = match into {
+        Into::Union(rekey) => Some(rekey),
+        Into::Directory(_) => None,
+    };
     let clash = index_clashes(up.as_fd(), low.as_fd(), rekey)?;
     // The old names of renamed directories: what the target holds there
     // moves with them (absorbed), so a change in it is no conflict.
@@ -84,17 +88,164 @@ pub fn changes(
             .conflicts
             .push(join(index::INDEX_DIR.as_bytes(), &name));
     }
+    if let Into::Directory(skip) = into {
+        // The other names of the files it copied up through its index
+        // take the copy too.
+        let mut out = scan.out;
+        for (path, st) in names_of_linked(up.as_fd(), low.as_fd(), skip)? {
+            if changed_since(&st, since_ns) && !out.conflicts.contains(&path) {
+                out.conflicts.push(path.clone());
+            }
+            if !out.paths.contains(&path) {
+                out.paths.push(path);
+            }
+        }
+        return Ok(out);
+    }
     Ok(scan.out)
+}
+
+/// What a commit goes into: a union's top branch (with the names its
+/// hard-link index takes the sandbox's entries under), or a single
+/// directory (with its store's name at the root, not searched).
+#[derive(Clone, Copy)]
+pub enum Into<'a> {
+    Union(Rekey<'a>),
+    Directory(Option<&'a [u8]>),
 }
 
 type Clashes = HashMap<(u64, u64), Option<Vec<u8>>>;
 
+/// The sandbox's copies of hard-linked files (its hard-link index), by
+/// the (dev, ino) of the file each replaces, with its entry name.
+fn linked_copies(ix: BorrowedFd<'_>) -> Result<ByFile<std::ffi::CString>> {
+    let mut out = HashMap::new();
+    for e in format::entries(sys::reopen_dir(ix, libc::O_RDONLY)?.as_fd())? {
+        let Ok(name) = std::ffi::CString::new(e.name) else {
+            continue;
+        };
+        if let Some((_, dev, ino)) = index::key_of_entry(&name) {
+            out.insert((dev, ino), name);
+        }
+    }
+    Ok(out)
+}
+
+/// Something per file, by (dev, ino).
+type ByFile<T> = HashMap<(u64, u64), T>;
+
+/// Told (directory, name, path, what `ByFile` holds for it).
+type OnName<'f, T> = dyn FnMut(BorrowedFd<'_>, &std::ffi::CStr, &[u8], &T) -> Result<()> + 'f;
+
+/// Calls `f` with (directory, name, path) for every name under `dir`
+/// (at `path`) of a regular file whose (dev, ino) `wanted` holds; `skip`:
+/// a name at the root not to enter (the store).
+fn each_name_of<T>(
+    dir: BorrowedFd<'_>,
+    path: &[u8],
+    (wanted, skip): (&ByFile<T>, Option<&[u8]>),
+    f: &mut OnName<'_, T>,
+) -> Result<()> {
+    let inos: std::collections::HashSet<u64> = wanted.keys().map(|k| k.1).collect();
+    for e in format::entries(dir)? {
+        if path.is_empty()
+            && (Some(e.name.as_slice()) == skip || e.name == index::INDEX_DIR.as_bytes())
+        {
+            continue;
+        }
+        let child = join(path, &e.name);
+        let c = cname(&e.name)?;
+        match e.dtype {
+            libc::DT_DIR | libc::DT_UNKNOWN => {}
+            libc::DT_REG if inos.contains(&e.ino) => {}
+            _ => continue,
+        }
+        let st = sys::fstatat(dir, &c)?;
+        if is_dir(&st) {
+            let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
+            each_name_of(sub.as_fd(), &child, (wanted, None), f)?;
+        } else if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            if let Some(t) = wanted.get(&(st.st_dev, st.st_ino)) {
+                f(dir, &c, &child, t)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Into a single directory, which has no hard-link index to send names
+/// through: every name `target` holds of a file the sandbox copied up
+/// through its index is made a name of the copy (`skip`: the store's name
+/// at the root). Then the index goes (the sandbox's names of each copy
+/// keep it). Run again after a crash, it relinks what is left. Returns
+/// how many names it relinked.
+pub fn relink_linked(
+    upper: BorrowedFd<'_>,
+    target: BorrowedFd<'_>,
+    skip: Option<&[u8]>,
+) -> Result<u64> {
+    let Some(ix) = index::open_existing(upper)? else {
+        return Ok(0);
+    };
+    let copies = linked_copies(ix.as_fd())?;
+    let mut relinked = 0;
+    let root = sys::reopen_dir(target, libc::O_RDONLY)?;
+    each_name_of(
+        root.as_fd(),
+        b"",
+        (&copies, skip),
+        &mut |dir, name, _, entry| {
+            let copy = sys::open_path(ix.as_fd(), entry)?;
+            copyup::replace_by_link(copy.as_fd(), dir, name)?;
+            relinked += 1;
+            Ok(())
+        },
+    )?;
+    let dir = sys::reopen_dir(ix.as_fd(), libc::O_RDONLY)?;
+    for e in format::entries(dir.as_fd())? {
+        sys::unlinkat(ix.as_fd(), &cname(&e.name)?, 0)?;
+    }
+    sys::unlinkat(
+        upper,
+        &cname(index::INDEX_DIR.as_bytes())?,
+        libc::AT_REMOVEDIR,
+    )?;
+    Ok(relinked)
+}
+
+/// The paths in `target` naming files the sandbox copied up through its
+/// index (see [`relink_linked`]): changes of a commit into a single
+/// directory.
+fn names_of_linked(
+    upper: BorrowedFd<'_>,
+    target: BorrowedFd<'_>,
+    skip: Option<&[u8]>,
+) -> Result<Vec<(Vec<u8>, Stat)>> {
+    let Some(ix) = index::open_existing(upper)? else {
+        return Ok(Vec::new());
+    };
+    let copies = linked_copies(ix.as_fd())?;
+    let mut out = Vec::new();
+    if copies.is_empty() {
+        return Ok(out);
+    }
+    let root = sys::reopen_dir(target, libc::O_RDONLY)?;
+    each_name_of(
+        root.as_fd(),
+        b"",
+        (&copies, skip),
+        &mut |dir, name, path, _| {
+            out.push((path.to_vec(), sys::fstatat(dir, name)?));
+            Ok(())
+        },
+    )?;
+    Ok(out)
+}
+
 /// Copies of hard-linked files the sandbox made (its hard-link index)
 /// that the target's index holds a copy of too: the mount copied the same
 /// file up since, so both sides changed it. By the copy's (dev, ino), with
-/// its entry name until a name of it is reported. Refused: copies the
-/// fold cannot apply (into a single directory, which has no index: its
-/// other names would keep the old file).
+/// its entry name until a name of it is reported.
 fn index_clashes(
     up: BorrowedFd<'_>,
     low: BorrowedFd<'_>,
@@ -114,11 +265,8 @@ fn index_clashes(
         return Ok(out);
     }
     let Some(rekey) = rekey else {
-        return Err(UnionError::Unmergeable(
-            "the sandbox changed hard-linked files of the mount's directory; committing those \
-             into a mount of a single directory is not supported yet (nothing was applied)"
-                .into(),
-        ));
+        // A single directory: no index there (`relink_linked`).
+        return Ok(out);
     };
     let mut entries = Vec::with_capacity(names.len());
     for n in names {
@@ -383,6 +531,65 @@ mod tests {
         out
     }
 
+    /// Into a single directory: every name of a file the sandbox copied
+    /// up through its index becomes a name of the copy, once, whatever an
+    /// interrupted run did already.
+    #[test]
+    fn relinking_gives_every_name_the_copy_and_resumes() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let (up, low) = (t.path().join("up"), t.path().join("low"));
+        fs::create_dir_all(low.join("sub")).unwrap();
+        fs::create_dir_all(low.join(".store")).unwrap();
+        fs::write(low.join("a"), "old").unwrap();
+        for n in ["b", "sub/d", ".store/kept"] {
+            fs::hard_link(low.join("a"), low.join(n)).unwrap();
+        }
+        let l = fs::metadata(low.join("a")).unwrap();
+        let ix = up.join(index::INDEX_DIR);
+        fs::create_dir_all(&ix).unwrap();
+        let entry = ix.join(index::entry_name(1, l.dev(), l.ino()).to_str().unwrap());
+        fs::write(&entry, "new").unwrap();
+        fs::hard_link(&entry, up.join("a")).unwrap();
+        let copy = fs::metadata(&entry).unwrap().ino();
+        let paths = names_of_linked(
+            open_dir(&up).as_fd(),
+            open_dir(&low).as_fd(),
+            Some(b".store"),
+        )
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect::<Vec<_>>();
+        assert_eq!(names(&paths), ["a", "b", "sub/d"]);
+        // As a crash leaves it: one name relinked.
+        let c = open_path_fd(&entry);
+        copyup::replace_by_link(c.as_fd(), open_dir(&low).as_fd(), c"b").unwrap();
+        let n = relink_linked(
+            open_dir(&up).as_fd(),
+            open_dir(&low).as_fd(),
+            Some(b".store"),
+        );
+        assert_eq!(n.unwrap(), 2);
+        for n in ["a", "b", "sub/d"] {
+            assert_eq!(fs::metadata(low.join(n)).unwrap().ino(), copy, "{n}");
+        }
+        assert_eq!(
+            fs::read(low.join(".store/kept")).unwrap(),
+            b"old",
+            "not entered"
+        );
+        assert!(!ix.exists(), "the index goes");
+        assert_eq!(fs::read(up.join("a")).unwrap(), b"new");
+        let again = relink_linked(open_dir(&up).as_fd(), open_dir(&low).as_fd(), None);
+        assert_eq!(again.unwrap(), 0);
+    }
+
+    fn open_path_fd(path: &Path) -> OwnedFd {
+        let c = sys::cstr(path.as_os_str()).unwrap();
+        sys::openat(sys::CWD, &c, libc::O_PATH, 0).unwrap()
+    }
+
     #[test]
     fn changes_are_the_entries_put_in_place_and_conflicts_those_changed_below_since() {
         let t = tempfile::tempdir().unwrap();
@@ -418,7 +625,7 @@ mod tests {
             open_dir(&low).as_fd(),
             (since, false),
             XattrNs::for_daemon(),
-            None,
+            Into::Directory(None),
         )
         .unwrap();
         assert_eq!(names(&c.paths), ["new", "src/a.c", "src/deep/b.c"]);

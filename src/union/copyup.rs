@@ -349,6 +349,21 @@ pub fn link_up(fd: BorrowedFd<'_>, upper_parent: BorrowedFd<'_>, name: &CStr) ->
     Ok(linked?)
 }
 
+/// Makes `name` in `dir` a name of `fd` instead of what it named (a
+/// link under a temporary name renamed over it), the directory's times
+/// kept: the view does not change, only which file holds it.
+pub fn replace_by_link(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    let parent = ParentTimes::save(dir)?;
+    let tmp = temp_name();
+    let r = sys::link_fd(fd, dir, &tmp).and_then(|()| {
+        sys::renameat2(dir, &tmp, dir, name, 0).inspect_err(|_| {
+            let _ = sys::unlinkat(dir, &tmp, 0);
+        })
+    });
+    parent.restore();
+    Ok(r?)
+}
+
 /// [`copy_up_file`] for a change that truncates the file to `len` bytes
 /// (open with O_TRUNC: 0; truncate(2)): only the bytes that survive the
 /// truncation are copied, so an O_TRUNC open of a large lower file costs

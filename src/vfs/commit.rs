@@ -16,11 +16,11 @@ use super::versioning::Live;
 use super::{InodeNo, Result, Vfs, VfsError};
 use crate::capture::Tree;
 use crate::sys;
+use crate::union::commit::Into;
 use crate::union::commit::{self, Changes};
 use crate::union::format::XattrNs;
 use crate::union::index;
 use crate::union::snapmerge::MergeCount;
-use crate::union::snapmerge::Rekey;
 
 /// A sandbox's branch ids of the mount's branches, each with the mount's
 /// own id: its union keys objects with ids of its own store.
@@ -116,17 +116,24 @@ impl Vfs {
             ));
         }
         let rekey = |entry: &[u8]| ids.rekey(entry);
-        let rekey: Option<Rekey<'_>> = match self.union() {
-            Some(_) => Some(&rekey),
-            None => None,
+        let store = self.store_name();
+        let into = match self.union() {
+            Some(_) => Into::Union(&rekey),
+            None => Into::Directory(store.as_deref()),
         };
         Ok(commit::changes(
             upper,
             t.root.as_fd(),
             (since_ns, t.deeper),
             t.ns,
-            rekey,
+            into,
         )?)
+    }
+
+    /// The store's name in the mount's root directory, if it is there.
+    fn store_name(&self) -> Option<Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
+        self.branch.reserved_name().map(|n| n.as_bytes().to_vec())
     }
 
     /// Before a commit of `paths` (from [`Vfs::commit_changes`]): what it
@@ -163,6 +170,10 @@ impl Vfs {
         let all = self.tree_lock().write();
         if !absorbed {
             crate::union::absorb::absorb_renamed_dirs(upper, target.root.as_fd(), target.ns)?;
+            if self.union().is_none() {
+                let store = self.store_name();
+                commit::relink_linked(upper, target.root.as_fd(), store.as_deref())?;
+            }
             on_absorbed()?;
         }
         // Changes made before the commit keep their own times.
