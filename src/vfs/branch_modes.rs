@@ -116,6 +116,9 @@ impl Vfs {
         record: &RecordSet<'_>,
     ) -> Result<ModeChange> {
         let u = self.union().ok_or(VfsError::NotUnion)?;
+        if !writable {
+            self.await_releases(|| self.branch_at(position).ok(), force, Blocking::ReadOnly);
+        }
         let _all = u.set_lock.write();
         let b = self.branch_at(position)?;
         if u.writable(b) == writable {
@@ -161,34 +164,11 @@ impl Vfs {
         force: bool,
         change: Blocking,
     ) -> Result<Vec<u64>> {
-        // Under the writeback cache the kernel holds writes the daemon has
-        // not seen: a revoked handle's would stay readable in the page
-        // cache without ever reaching a branch.
-        let cached = self.writeback();
-        let mut blocking = Vec::new();
-        let mut pinned = 0;
-        let mut cached_writers = 0;
-        for (fh, handle) in self.handles.files() {
-            let Handle::File {
-                ino,
-                writes,
-                branch,
-                ..
-            } = &*handle
-            else {
-                continue;
-            };
-            if *branch != b.0 {
-                continue;
-            }
-            if self.uses_passthrough(*ino) {
-                pinned += 1;
-            } else if *writes && cached {
-                cached_writers += 1;
-            } else if *writes || change == Blocking::Removal {
-                blocking.push(fh);
-            }
-        }
+        let OpenIn {
+            blocking,
+            pinned,
+            cached_writers,
+        } = self.open_in(b, change);
         if pinned > 0 {
             return Err(VfsError::BranchBusy(format!(
                 "{pinned} open file(s) of branch {position} use kernel passthrough, which the \
@@ -217,10 +197,84 @@ impl Vfs {
         Ok(blocking)
     }
 
+    /// The open handles into branch `b` that stand in the way of `change`.
+    fn open_in(&self, b: BranchId, change: Blocking) -> OpenIn {
+        // Under the writeback cache the kernel holds writes the daemon has
+        // not seen: a revoked handle's would stay readable in the page
+        // cache without ever reaching a branch.
+        let cached = self.writeback();
+        let mut open = OpenIn::default();
+        for (fh, handle) in self.handles.files() {
+            let Handle::File {
+                ino,
+                writes,
+                branch,
+                ..
+            } = &*handle
+            else {
+                continue;
+            };
+            if *branch != b.0 {
+                continue;
+            }
+            if self.uses_passthrough(*ino) {
+                open.pinned += 1;
+            } else if *writes && cached {
+                open.cached_writers += 1;
+            } else if *writes || change == Blocking::Removal {
+                open.blocking.push(fh);
+            }
+        }
+        open
+    }
+
+    /// Before a branch change takes the set lock: handles in its way get
+    /// a moment to go. The kernel sends a file's release after close(2)
+    /// has returned, so a command run right after closing the last
+    /// descriptor would otherwise find the file still open. `branch`: the
+    /// branch concerned (none: nothing to wait for).
+    pub(super) fn await_releases(
+        &self,
+        branch: impl Fn() -> Option<BranchId>,
+        force: bool,
+        change: Blocking,
+    ) {
+        let deadline = std::time::Instant::now() + RELEASE_GRACE;
+        loop {
+            let seen = self.handles.removals();
+            let Some(b) = branch() else {
+                return;
+            };
+            let open = self.open_in(b, change);
+            let revocable = force || open.blocking.is_empty();
+            if open.pinned == 0 && open.cached_writers == 0 && revocable {
+                return;
+            }
+            if !self.handles.wait_removal(seen, deadline) {
+                return;
+            }
+        }
+    }
+
     /// Closes a handle its owner still holds, as its release would.
     pub(super) fn close_revoked(&self, fh: u64) {
         if let Some(handle) = self.handles.revoke(fh) {
             self.close_handle(handle);
         }
     }
+}
+
+/// How long a branch change waits for the releases of files closed just
+/// before it (the kernel's release follows close(2) by microseconds).
+const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// See [`Vfs::open_in`].
+#[derive(Default)]
+struct OpenIn {
+    /// Handles a forced change revokes.
+    blocking: Vec<u64>,
+    /// Handles the kernel writes through itself (passthrough).
+    pinned: usize,
+    /// Writers through the kernel's writeback cache.
+    cached_writers: usize,
 }

@@ -185,6 +185,7 @@ impl Vfs {
         record: &RecordSet<'_>,
     ) -> Result<SetChange> {
         let u = self.union().ok_or(VfsError::NotUnion)?;
+        self.await_releases(|| self.branch_at(position).ok(), force, Blocking::Removal);
         let change = {
             let _all = u.set_lock.write();
             let b = self.branch_at(position)?;
@@ -230,6 +231,7 @@ impl Vfs {
         record: &RecordSet<'_>,
     ) -> Result<(BranchId, SetChange)> {
         let u = self.union().ok_or(VfsError::NotUnion)?;
+        self.await_releases(|| u.upper(), force, Blocking::ReadOnly);
         let (frozen, change) = {
             let _all = u.set_lock.write();
             let old = u.set();

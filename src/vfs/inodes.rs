@@ -1077,6 +1077,9 @@ pub struct HandleTable {
     /// Handles closed by a branch change rather than by their owner: any
     /// use but the release answers ESTALE.
     revoked: Mutex<std::collections::HashSet<u64>>,
+    /// How many handles were removed so far, and a wakeup for each.
+    removals: Mutex<u64>,
+    removed: parking_lot::Condvar,
 }
 
 impl Default for HandleTable {
@@ -1085,6 +1088,8 @@ impl Default for HandleTable {
             next: AtomicU64::new(1),
             handles: RwLock::new(HashMap::new()),
             revoked: Mutex::new(std::collections::HashSet::new()),
+            removals: Mutex::new(0),
+            removed: parking_lot::Condvar::new(),
         }
     }
 }
@@ -1131,12 +1136,33 @@ impl HandleTable {
 
     pub fn remove(&self, fh: u64) -> Result<Arc<Handle>> {
         let removed = self.handles.write().remove(&fh);
+        if removed.is_some() {
+            *self.removals.lock() += 1;
+            self.removed.notify_all();
+        }
         match removed {
             Some(h) => Ok(h),
             // Its owner's close of a revoked handle: forgotten now.
             None if self.revoked.lock().remove(&fh) => Err(VfsError::RevokedHandle(fh)),
             None => Err(VfsError::UnknownHandle(fh)),
         }
+    }
+
+    /// How many handles were removed so far (see [`HandleTable::wait_removal`]).
+    pub fn removals(&self) -> u64 {
+        *self.removals.lock()
+    }
+
+    /// Waits until a handle is removed after the `seen`th, or `deadline`;
+    /// whether one was.
+    pub fn wait_removal(&self, seen: u64, deadline: std::time::Instant) -> bool {
+        let mut removals = self.removals.lock();
+        while *removals == seen {
+            if self.removed.wait_until(&mut removals, deadline).timed_out() {
+                return false;
+            }
+        }
+        true
     }
 
     /// Takes `fh` away from its owner: later uses answer ESTALE until
