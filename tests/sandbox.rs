@@ -954,3 +954,31 @@ fn hard_links_changed_in_a_sandbox_over_a_single_directory_commit_as_one_file() 
         check(&m, "remounted");
     }
 }
+
+/// A directory both sides hold keeps the mount's attributes unless the
+/// sandbox set its own; both setting them conflicts.
+#[test]
+fn a_commit_keeps_directory_attributes_the_sandbox_did_not_set() {
+    use std::os::unix::fs::PermissionsExt;
+    each_kind(|m| {
+        fs::create_dir(m.p("mine")).unwrap();
+        fs::create_dir(m.p("theirs")).unwrap();
+        fs::create_dir(m.p("both")).unwrap();
+        let script = "echo n > MNT/theirs/new && chmod 700 MNT/mine && echo n > MNT/mine/new \
+                      && chmod 711 MNT/both";
+        ok(in_sandbox(m, None, script), "sandbox", m);
+        let mode = |m: &Mount, d: &str| fs::metadata(m.p(d)).unwrap().permissions().mode() & 0o7777;
+        fs::set_permissions(m.p("theirs"), fs::Permissions::from_mode(0o750)).unwrap();
+        fs::set_permissions(m.p("both"), fs::Permissions::from_mode(0o705)).unwrap();
+        let out = commit(m, 1, false);
+        assert!(!out.status.success());
+        let reply = json(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(reply["conflicts"], serde_json::json!(["/both"]), "{reply}");
+        ok(commit(m, 1, true), "commit --force", m);
+        assert_eq!(mode(m, "theirs"), 0o750, "the mount's chmod stays");
+        assert_eq!(mode(m, "mine"), 0o700, "the sandbox's chmod applies");
+        assert_eq!(mode(m, "both"), 0o711, "forced: the sandbox's");
+        assert_eq!(read_file(&m.p("theirs/new")), b"n\n");
+        assert_eq!(read_file(&m.p("mine/new")), b"n\n");
+    });
+}

@@ -351,6 +351,18 @@ impl Scan<'_> {
                 && renamed.is_none()
                 && below.as_ref().is_some_and(is_dir)
                 && !format::is_opaque(fd.as_fd(), ns)?;
+            if walked && format::attrs_were_set(fd.as_fd(), ns)? {
+                // Both hold it, and the sandbox set its attributes: a
+                // conflict if they differ and the mount's changed since
+                // (its ctime moves with its entries too: when in doubt,
+                // ask).
+                let b = below.as_ref().filter(|b| changed_since(b, self.since_ns));
+                if b.is_some_and(|b| {
+                    (b.st_mode, b.st_uid, b.st_gid) != (st.st_mode, st.st_uid, st.st_gid)
+                }) {
+                    self.out.conflicts.push(child.clone());
+                }
+            }
             // Removed on both sides: nothing to lose.
             let both_removed = whiteout && below.as_ref().is_some_and(format::is_whiteout);
             if let Some(b) = below.as_ref().filter(|_| !walked && !both_removed) {

@@ -82,6 +82,28 @@ impl XattrNs {
             XattrNs::User => c"user.overlay.whiteout",
         }
     }
+
+    /// chronofs's own: see [`mark_attrs_set`].
+    pub fn attrs_set(self) -> &'static CStr {
+        match self {
+            XattrNs::Trusted => c"trusted.overlay.chronofs.attrs",
+            XattrNs::User => c"user.overlay.chronofs.attrs",
+        }
+    }
+}
+
+/// Marks a directory copy whose own attributes (mode, owner, times,
+/// xattrs) were set through the union, not only copied from below: a
+/// sandbox's commit gives the mount's copy these, and keeps the mount's
+/// own where the sandbox only copied them (the mount may have changed
+/// them since).
+pub fn mark_attrs_set(dir_fd: BorrowedFd<'_>, ns: XattrNs) -> io::Result<()> {
+    sys::setxattr_fd(dir_fd, ns.attrs_set(), b"y", 0)
+}
+
+/// See [`mark_attrs_set`].
+pub fn attrs_were_set(dir_fd: BorrowedFd<'_>, ns: XattrNs) -> io::Result<bool> {
+    Ok(read_xattr(dir_fd, ns.attrs_set())?.is_some())
 }
 
 /// Whether xattr `name` is an overlay marker of namespace `ns`, to be

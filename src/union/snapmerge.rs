@@ -387,7 +387,15 @@ impl Merge<'_> {
                 let sub_low = sys::openat(low, c, DIR_FLAGS, 0)?;
                 self.live.moved(st, b);
                 self.merge_dir(sub_up.as_fd(), sub_low.as_fd(), path)?;
-                copy_dir_attrs(sub_up.as_fd(), sub_low.as_fd(), self.ns)?;
+                // A frozen lower branch changed nothing since: the upper
+                // copy's attributes are what the union showed. A commit's
+                // target may have: it keeps its own where the sandbox only
+                // copied them, and the later times.
+                if !self.commit || format::attrs_were_set(sub_up.as_fd(), self.ns)? {
+                    copy_dir_attrs(sub_up.as_fd(), sub_low.as_fd(), self.ns)?;
+                } else {
+                    later_times(sub_up.as_fd(), sub_low.as_fd())?;
+                }
                 sys::unlinkat(up, c, libc::AT_REMOVEDIR)?;
                 self.count.merged_dirs += 1;
             }
@@ -619,6 +627,26 @@ fn copy_dir_attrs(up: BorrowedFd<'_>, low: BorrowedFd<'_>, ns: XattrNs) -> Resul
         sys::setxattr_fd(low, &cname(name)?, value, 0)?;
     }
     sys::utimens_fd(low, atime_of(&st), mtime_of(&st))?;
+    Ok(())
+}
+
+/// `low` takes `up`'s access and modification times where they are later.
+fn later_times(up: BorrowedFd<'_>, low: BorrowedFd<'_>) -> Result<()> {
+    let (u, l) = (sys::fstat(up)?, sys::fstat(low)?);
+    let later = |a: (i64, i64), b: (i64, i64)| if a > b { a } else { b };
+    let (asec, ansec) = later((u.st_atime, u.st_atime_nsec), (l.st_atime, l.st_atime_nsec));
+    let (msec, mnsec) = later((u.st_mtime, u.st_mtime_nsec), (l.st_mtime, l.st_mtime_nsec));
+    sys::utimens_fd(
+        low,
+        sys::TimeSpec::At {
+            secs: asec,
+            nsecs: ansec,
+        },
+        sys::TimeSpec::At {
+            secs: msec,
+            nsecs: mnsec,
+        },
+    )?;
     Ok(())
 }
 

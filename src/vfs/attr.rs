@@ -123,6 +123,7 @@ impl Vfs {
 
     fn apply_setattr(&self, caller: &Caller, ino: InodeNo, set: &SetAttr) -> Result<Attr> {
         let inode = self.writable_node(caller, ino)?;
+        self.mark_attrs_set(&inode)?;
         let fd = inode.fd();
         let is_symlink = inode.kind == libc::S_IFLNK;
         if let Some(mode) = set.mode {
@@ -173,6 +174,19 @@ impl Vfs {
         self.getattr(ino, set.fh)
     }
 
+    /// Before a union directory's own attributes change: its copy says so
+    /// (`format::mark_attrs_set`). Before, not after: a crash in between
+    /// errs towards the copy's attributes, as without the mark.
+    fn mark_attrs_set(&self, node: &super::inodes::Node) -> Result<()> {
+        let Some(u) = self.union() else {
+            return Ok(());
+        };
+        if node.is_dir() {
+            crate::union::format::mark_attrs_set(node.fd(), u.ns)?;
+        }
+        Ok(())
+    }
+
     pub fn readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
         self.source_of(ino).readlink(self)
     }
@@ -220,6 +234,7 @@ impl Vfs {
         self.refuse_union_xattr(name)?;
         self.before_change(ino)?;
         let inode = self.writable_node(caller, ino)?;
+        self.mark_attrs_set(&inode)?;
         let cname = sys::cstr(name)?;
         // Setting an access ACL may clear the set-group-ID bit for a caller
         // outside the file's group: membership must be known up front.
@@ -250,6 +265,7 @@ impl Vfs {
         self.refuse_union_xattr(name)?;
         self.before_change(ino)?;
         let inode = self.writable_node(caller, ino)?;
+        self.mark_attrs_set(&inode)?;
         let cname = sys::cstr(name)?;
         creds::as_caller(caller, || sys::removexattr_fd(inode.fd(), &cname))?;
         self.after_change(caller, ino, Cause::Xattr);
