@@ -597,6 +597,20 @@ fn snapmerge(m: &Mount, args: &[&str]) -> std::process::Output {
     chronofs_in(m.root(), &all)
 }
 
+/// [`snapmerge_while_walked`], which must succeed and leave the tree with
+/// every path, number, mode and content of `before`; what it printed.
+fn merged_unchanged(m: &Mount, before: &[(String, u64, u32, Vec<u8>)], mode: &str) -> String {
+    let out = snapmerge_while_walked(m, before, mode);
+    assert!(
+        out.status.success(),
+        "mode {mode:?}: {}\n{}",
+        stderr(&out),
+        m.log_tail()
+    );
+    assert_eq!(tree_and_numbers(&m.mnt), before, "mode {mode:?}: merged");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `snapmerge MNT` while a thread walks the mount over and over, each walk
 /// required to list exactly the paths of `before`.
 fn snapmerge_while_walked(
@@ -668,20 +682,8 @@ fn snapmerge_folds_frozen_branches_and_the_union_stays_the_same_while_in_use() {
         // Held open across the merge: a file that moves down.
         let mut held = fs::File::open(m.p("new/inner/f")).unwrap();
 
-        let out = snapmerge_while_walked(&m, &before, mode);
-        assert!(
-            out.status.success(),
-            "mode {mode:?}: {}\n{}",
-            stderr(&out),
-            m.log_tail()
-        );
-        let said = String::from_utf8_lossy(&out.stdout);
+        let said = merged_unchanged(&m, &before, mode);
         assert!(said.contains("s2 folded into snapshot s1"), "{said}");
-        assert_eq!(
-            tree_and_numbers(&m.mnt),
-            before,
-            "mode {mode:?}: after the merge"
-        );
         let now = listed(&m);
         assert_eq!(now.len(), 3, "{now:?}");
         assert_eq!(now[1], (canon(&m.src), "ro".to_string()));
@@ -767,18 +769,7 @@ fn snapmerge_folds_renamed_directories_and_the_union_stays_the_same_while_in_use
             assert!(names.contains(&n), "mode {mode:?}: {n} in {names:?}");
         }
 
-        let out = snapmerge_while_walked(&m, &before, mode);
-        assert!(
-            out.status.success(),
-            "mode {mode:?}: {}\n{}",
-            stderr(&out),
-            m.log_tail()
-        );
-        assert_eq!(
-            tree_and_numbers(&m.mnt),
-            before,
-            "mode {mode:?}: after the merge"
-        );
+        merged_unchanged(&m, &before, mode);
         assert_eq!(listed(&m).len(), 3);
         m.remount();
         assert_eq!(
@@ -897,14 +888,7 @@ fn snapmerge_folds_copied_up_hard_links_and_every_name_keeps_one_copy() {
         assert_eq!(shapes[0].1, 4, "mode {mode:?}: {shapes:?}");
         assert_eq!(shapes[4].1, 2, "mode {mode:?}: {shapes:?}");
 
-        let out = snapmerge_while_walked(&m, &before, mode);
-        assert!(
-            out.status.success(),
-            "mode {mode:?}: {}\n{}",
-            stderr(&out),
-            m.log_tail()
-        );
-        assert_eq!(tree_and_numbers(&m.mnt), before, "mode {mode:?}: merged");
+        merged_unchanged(&m, &before, mode);
         assert_eq!(shape(&m, &names), shapes, "mode {mode:?}: merged");
         // The frozen branch's entries moved into the primary's index: the
         // lowest files' copies, and the copy of a copy.

@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::format::{self, Opacity, XattrNs};
 use super::snapmerge::Rekey;
@@ -116,11 +116,15 @@ pub enum Into<'a> {
 
 type Clashes = HashMap<(u64, u64), Option<Vec<u8>>>;
 
-/// The sandbox's copies of hard-linked files (its hard-link index), by
-/// the (dev, ino) of the file each replaces, with its entry name.
-fn linked_copies(ix: BorrowedFd<'_>) -> Result<ByFile<std::ffi::CString>> {
+/// The sandbox's hard-link index, if it has one, and its copies of
+/// hard-linked files, by the (dev, ino) of the file each replaces, with
+/// its entry name.
+fn linked_index(upper: BorrowedFd<'_>) -> Result<Option<(OwnedFd, ByFile<std::ffi::CString>)>> {
+    let Some(ix) = index::open_existing(upper)? else {
+        return Ok(None);
+    };
     let mut out = HashMap::new();
-    for e in format::entries(sys::reopen_dir(ix, libc::O_RDONLY)?.as_fd())? {
+    for e in format::entries(sys::reopen_dir(ix.as_fd(), libc::O_RDONLY)?.as_fd())? {
         let Ok(name) = std::ffi::CString::new(e.name) else {
             continue;
         };
@@ -128,7 +132,7 @@ fn linked_copies(ix: BorrowedFd<'_>) -> Result<ByFile<std::ffi::CString>> {
             out.insert((dev, ino), name);
         }
     }
-    Ok(out)
+    Ok(Some((ix, out)))
 }
 
 /// Something per file, by (dev, ino).
@@ -184,10 +188,9 @@ pub fn relink_linked(
     target: BorrowedFd<'_>,
     skip: Option<&[u8]>,
 ) -> Result<u64> {
-    let Some(ix) = index::open_existing(upper)? else {
+    let Some((ix, copies)) = linked_index(upper)? else {
         return Ok(0);
     };
-    let copies = linked_copies(ix.as_fd())?;
     let mut relinked = 0;
     let root = sys::reopen_dir(target, libc::O_RDONLY)?;
     each_name_of(
@@ -221,14 +224,10 @@ fn names_of_linked(
     target: BorrowedFd<'_>,
     skip: Option<&[u8]>,
 ) -> Result<Vec<(Vec<u8>, Stat)>> {
-    let Some(ix) = index::open_existing(upper)? else {
-        return Ok(Vec::new());
-    };
-    let copies = linked_copies(ix.as_fd())?;
     let mut out = Vec::new();
-    if copies.is_empty() {
+    let Some((_, copies)) = linked_index(upper)?.filter(|(_, c)| !c.is_empty()) else {
         return Ok(out);
-    }
+    };
     let root = sys::reopen_dir(target, libc::O_RDONLY)?;
     each_name_of(
         root.as_fd(),
