@@ -28,7 +28,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::format::{self, Opacity, XattrNs};
 use super::snapmerge::Rekey;
-use super::{absorb, copyup, index, snapmerge, Result, UnionError};
+use super::{absorb, copyup, index, snapmerge, Result};
 use crate::sys::{self, Stat};
 
 /// The changes of a sandbox's branch and the conflicts among them, by
@@ -251,33 +251,13 @@ fn index_clashes(
     rekey: Option<Rekey<'_>>,
 ) -> Result<Clashes> {
     let mut out = HashMap::new();
-    let Some(ix) = index::open_existing(up)? else {
-        return Ok(out);
-    };
-    let names: Vec<Vec<u8>> =
-        format::entries(sys::reopen_dir(ix.as_fd(), libc::O_RDONLY)?.as_fd())?
-            .into_iter()
-            .map(|e| e.name)
-            .filter(|n| !copyup::is_copyup_temp(n))
-            .collect();
-    if names.is_empty() {
-        return Ok(out);
-    }
     let Some(rekey) = rekey else {
         // A single directory: no index there (`relink_linked`).
         return Ok(out);
     };
-    let mut entries = Vec::with_capacity(names.len());
-    for n in names {
-        let to = rekey(&n).ok_or_else(|| {
-            UnionError::Unmergeable(format!(
-                "the sandbox's hard-link index entry {} stands for a file of a branch the \
-                 mount no longer has (nothing was applied)",
-                String::from_utf8_lossy(&n)
-            ))
-        })?;
-        entries.push((n, to));
-    }
+    let Some((ix, entries)) = snapmerge::index_entries(up, rekey)? else {
+        return Ok(out);
+    };
     let Some(low_ix) = index::open_existing(low)? else {
         return Ok(out);
     };

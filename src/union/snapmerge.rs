@@ -190,6 +190,29 @@ fn upper_index(
     low: BorrowedFd<'_>,
     rekey: Rekey<'_>,
 ) -> Result<Option<(OwnedFd, Vec<Moving>)>> {
+    let Some((ix, entries)) = index_entries(up, rekey)? else {
+        return Ok(None);
+    };
+    if let (Some(low_ix), false) = (index::open_existing(low)?, entries.is_empty()) {
+        if let Some((e, _)) = clashing(low_ix.as_fd(), &entries)?.first() {
+            return Err(UnionError::Unmergeable(format!(
+                "both branches' {} hold entry {}: one hard-linked file has two copies \
+                 (`chronofs fsck` the branch list); nothing was merged",
+                index::INDEX_DIR,
+                String::from_utf8_lossy(e)
+            )));
+        }
+    }
+    Ok(Some((ix, entries)))
+}
+
+/// The upper branch's hard-link index, if it has one, and its entries,
+/// each with its name in the lower one's (`rekey`; a copy-up's leftover
+/// temporary keeps its own). Refused: an entry with no name there.
+pub(super) fn index_entries(
+    up: BorrowedFd<'_>,
+    rekey: Rekey<'_>,
+) -> Result<Option<(OwnedFd, Vec<Moving>)>> {
     let Some(ix) = index::open_existing(up)? else {
         return Ok(None);
     };
@@ -206,16 +229,6 @@ fn upper_index(
             })?,
         };
         entries.push((e, to));
-    }
-    if let (Some(low_ix), false) = (index::open_existing(low)?, entries.is_empty()) {
-        if let Some((e, _)) = clashing(low_ix.as_fd(), &entries)?.first() {
-            return Err(UnionError::Unmergeable(format!(
-                "both branches' {} hold entry {}: one hard-linked file has two copies \
-                 (`chronofs fsck` the branch list); nothing was merged",
-                index::INDEX_DIR,
-                String::from_utf8_lossy(e)
-            )));
-        }
     }
     Ok(Some((ix, entries)))
 }
@@ -633,21 +646,15 @@ fn copy_dir_attrs(up: BorrowedFd<'_>, low: BorrowedFd<'_>, ns: XattrNs) -> Resul
 /// `low` takes `up`'s access and modification times where they are later.
 fn later_times(up: BorrowedFd<'_>, low: BorrowedFd<'_>) -> Result<()> {
     let (u, l) = (sys::fstat(up)?, sys::fstat(low)?);
-    let later = |a: (i64, i64), b: (i64, i64)| if a > b { a } else { b };
-    let (asec, ansec) = later((u.st_atime, u.st_atime_nsec), (l.st_atime, l.st_atime_nsec));
-    let (msec, mnsec) = later((u.st_mtime, u.st_mtime_nsec), (l.st_mtime, l.st_mtime_nsec));
-    sys::utimens_fd(
-        low,
-        sys::TimeSpec::At {
-            secs: asec,
-            nsecs: ansec,
-        },
-        sys::TimeSpec::At {
-            secs: msec,
-            nsecs: mnsec,
-        },
-    )?;
-    Ok(())
+    let a = match (u.st_atime, u.st_atime_nsec) > (l.st_atime, l.st_atime_nsec) {
+        true => &u,
+        false => &l,
+    };
+    let m = match (u.st_mtime, u.st_mtime_nsec) > (l.st_mtime, l.st_mtime_nsec) {
+        true => &u,
+        false => &l,
+    };
+    Ok(sys::utimens_fd(low, atime_of(a), mtime_of(m))?)
 }
 
 /// The names in directory `dir` (any descriptor of it), `.` and `..`

@@ -329,7 +329,7 @@ impl Vfs {
             &mut live,
         );
         drop(live);
-        lower.reopen_index();
+        u.reopen_index(lower.id, false);
         u.merging.store(false, std::sync::atomic::Ordering::Release);
         let count = merged?;
         let change = {
@@ -447,12 +447,9 @@ impl snapmerge::Live for Folding<'_> {
     }
 
     fn index_made(&mut self) {
-        if let Some(m) = self.union.set().member(self.lower) {
-            m.reopen_index();
-            // Entries for its own files may come: asked from now on (the
-            // set made after the fold knows exactly).
-            m.assume_own();
-        }
+        // Entries for its own files may come: asked from now on (looked
+        // at again once the fold is done).
+        self.union.reopen_index(self.lower, true);
     }
 
     fn hold(&mut self) {

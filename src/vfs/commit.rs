@@ -182,8 +182,8 @@ impl Vfs {
         let merged = commit::fold(upper, target.root.as_fd(), target.deeper, target.ns, &rekey);
         if let Some(u) = self.union() {
             // The fold may have given it a hard-link index.
-            if let Some(m) = u.set().members.first() {
-                m.reopen_index();
+            if let Some(top) = u.set().members.first() {
+                u.reopen_index(top.id, false);
             }
             if let Err(e) = self.renew_set(u) {
                 tracing::error!("sandbox commit: the union's inodes may show the old tree: {e}");

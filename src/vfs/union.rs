@@ -169,6 +169,10 @@ pub struct Union {
     /// A snapmerge is moving objects between two branches: a lookup that
     /// saw an object in one and then missed it tries again.
     pub(super) merging: std::sync::atomic::AtomicBool,
+    /// Some member's index holds entries of its own files
+    /// (`Member::holds_own`): only then does a lookup of a regular file
+    /// with one link look at the member (every lookup passes here).
+    any_holds_own: AtomicBool,
     /// Objects being copied up now: a second change to one of them waits
     /// for the first copy instead of making its own (whose link into
     /// place would then fail with EEXIST).
@@ -212,6 +216,7 @@ impl Union {
         let primary = store
             .or(upper)
             .unwrap_or_else(|| set.members.first().map_or(BranchId(0), |m| m.id));
+        let any_holds_own = set.members.iter().any(|m| m.holds_own());
         Ok(Union {
             set: RwLock::new(Arc::new(set)),
             upper: AtomicU32::new(upper.map_or(NO_UPPER, |b| b.0)),
@@ -220,6 +225,7 @@ impl Union {
             opts,
             set_lock: RwLock::new(()),
             merging: std::sync::atomic::AtomicBool::new(false),
+            any_holds_own: AtomicBool::new(any_holds_own),
             copying: Mutex::new(HashSet::new()),
             copied: Condvar::new(),
         })
@@ -230,8 +236,33 @@ impl Union {
         self.set.read().clone()
     }
 
+    /// Whether member `b`'s index may hold entries of its own files.
+    pub(super) fn holds_own(&self, b: BranchId) -> bool {
+        self.any_holds_own.load(Ordering::Acquire)
+            && self.set().member(b).is_some_and(|m| m.holds_own())
+    }
+
+    /// Member `b`'s index was given entries by something else than a
+    /// copy-up (a snapmerge's fold, a sandbox's commit): found again.
+    /// `assume_own`: entries of its own files may come before the next
+    /// look (a fold under way).
+    pub(super) fn reopen_index(&self, b: BranchId, assume_own: bool) {
+        if let Some(m) = self.set().member(b) {
+            m.reopen_index();
+            if assume_own {
+                m.assume_own();
+            }
+            if m.holds_own() {
+                self.any_holds_own.store(true, Ordering::Release);
+            }
+        }
+    }
+
     /// Puts `set` in force; the caller holds `set_lock` exclusively.
     pub(super) fn swap_set(&self, set: BranchSet) -> Result<()> {
+        if set.members.iter().any(|m| m.holds_own()) {
+            self.any_holds_own.store(true, Ordering::Release);
+        }
         *self.set.write() = Arc::new(set);
         self.follow_upper();
         Ok(())

@@ -43,10 +43,7 @@ impl Vfs {
         branch: BranchId,
         st: &Stat,
     ) -> Result<Option<Indexed>> {
-        let own = || {
-            st.st_mode & libc::S_IFMT == libc::S_IFREG
-                && u.set().member(branch).is_some_and(|m| m.holds_own())
-        };
+        let own = || st.st_mode & libc::S_IFMT == libc::S_IFREG && u.holds_own(branch);
         if !is_linked_file(st) && !own() {
             return Ok(None);
         }
