@@ -217,3 +217,68 @@ impl Drop for Unmount {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// tests/fixtures/union/union-f6: a union store of format 6, which kept
+/// its branch tables in the index, written by a format-6 build that
+/// changed the set while mounted (`LIVE=1` in make-union-fixture.sh:
+/// branch 2 made read-write, then `snapshot --name s1`). Opened by this
+/// build, the tables move to the branch registry (`branches.redb`) with
+/// every id, both lists of the set and the snapshot's name, and the
+/// index keeps its keys.
+#[test]
+fn a_format_6_union_store_keeps_its_branches_set_and_snapshots() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/union");
+    let expected = fixture_lines(&fs::read_to_string(dir.join("union-f6.expected")).unwrap());
+    let tmp = tempdir();
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(tmp.path())
+        .arg("-xzf")
+        .arg(dir.join("union-f6.tar.gz"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "untar: {out:?}");
+    let store_dir = tmp.path().join("src/.chronofs");
+    assert!(!store_dir.join(chronofs::store::REGISTRY_FILE).exists());
+    for _ in 0..2 {
+        // Moved at the first open; the second finds it moved.
+        let store = Store::open(&store_dir).unwrap();
+        let names: Vec<(u32, String)> = store
+            .branches()
+            .unwrap()
+            .into_iter()
+            .map(|r| {
+                let name = r.root.path.file_name().unwrap().to_string_lossy().into();
+                (r.id, name)
+            })
+            .collect();
+        let want: Vec<(u32, String)> = [(0, "src"), (1, "lower1"), (2, "lower2"), (3, "over-s1")]
+            .into_iter()
+            .map(|(id, n)| (id, n.to_string()))
+            .collect();
+        assert_eq!(names, want);
+        let set = store.branch_set().unwrap().expect("the recorded set");
+        assert_eq!(set.mounted, vec![(0, true), (1, false), (2, false)]);
+        assert_eq!(set.live, vec![(3, true), (0, false), (1, false), (2, true)]);
+        let snapshots = store.branch_set_log().snapshots().unwrap();
+        assert_eq!(snapshots.len(), 1, "{snapshots:?}");
+        assert_eq!((snapshots[0].name.as_str(), snapshots[0].branch), ("s1", 0));
+        let map = store.inode_map().unwrap();
+        for (pos, dev, ino, st_ino, path) in &expected {
+            let key = BackingKey {
+                branch: *pos,
+                dev: *dev,
+                ino: *ino,
+            };
+            assert_eq!(map.get(&key).unwrap(), Some(*st_ino), "{path}");
+        }
+        assert!(store_dir.join(chronofs::store::REGISTRY_FILE).exists());
+    }
+    // The upgraded store checks clean.
+    let out = Command::new(bin())
+        .arg("fsck")
+        .arg(tmp.path().join("src"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "fsck: {out:?}");
+}

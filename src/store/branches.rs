@@ -12,7 +12,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-use redb::{ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition, TableHandle};
 
 use super::{index_error, Store, StoreError};
 
@@ -141,13 +141,13 @@ pub fn match_branches(known: &[BranchRecord], wanted: &[BranchRoot], mut next: u
 impl Store {
     /// Every branch this store has known.
     pub fn branches(&self) -> Result<Vec<BranchRecord>, StoreError> {
-        read_branches(&self.db)
+        read_branches(&self.registry)
     }
 
     /// The persistent id of each branch of a mount's list (top first),
     /// recording new branches and moved ones in one durable commit.
     pub fn branch_ids(&self, wanted: &[BranchRoot]) -> Result<Vec<u32>, StoreError> {
-        assign_ids(&self.db, wanted)
+        assign_ids(&self.registry, wanted)
     }
 }
 
@@ -419,7 +419,7 @@ fn insert_set(txn: &redb::WriteTransaction, set: &BranchSet) -> Result<(), Store
 impl Store {
     /// The branch modes last recorded, if any union was mounted.
     pub fn branch_set(&self) -> Result<Option<BranchSet>, StoreError> {
-        let txn = self.db.begin_read().map_err(index_error)?;
+        let txn = self.registry.begin_read().map_err(index_error)?;
         let Some(table) = read_table(&txn, BRANCH_SET)? else {
             return Ok(None);
         };
@@ -445,7 +445,7 @@ impl Store {
                     mounted: mounted.clone(),
                     live: mounted.clone(),
                 };
-                write_set(&self.db, &fresh)?;
+                write_set(&self.registry, &fresh)?;
                 fresh
             }
         };
@@ -454,9 +454,75 @@ impl Store {
 
     pub fn branch_set_log(&self) -> BranchSetLog {
         BranchSetLog {
-            db: self.db.clone(),
+            db: self.registry.clone(),
         }
     }
+}
+
+/// The tables of this module, which a format-6 store kept in its index.
+const MOVED: [&str; 3] = ["branches", "branch_set", "snapshots"];
+
+/// Copies this module's tables (and `next_branch_id`) from `from` into
+/// `txn`: from a format-6 index into the registry's first transaction.
+pub(super) fn copy_branch_tables(
+    from: &super::Index,
+    txn: &redb::WriteTransaction,
+) -> Result<(), StoreError> {
+    let old = from.begin_read().map_err(index_error)?;
+    if let Some(table) = read_table(&old, BRANCHES)? {
+        let mut to = txn.open_table(BRANCHES).map_err(index_error)?;
+        for row in table.iter().map_err(index_error)? {
+            let (k, v) = row.map_err(index_error)?;
+            to.insert(k.value(), v.value()).map_err(index_error)?;
+        }
+    }
+    for def in [BRANCH_SET, SNAPSHOTS] {
+        if let Some(table) = read_table(&old, def)? {
+            let mut to = txn.open_table(def).map_err(index_error)?;
+            for row in table.iter().map_err(index_error)? {
+                let (k, v) = row.map_err(index_error)?;
+                to.insert(k.value(), v.value()).map_err(index_error)?;
+            }
+        }
+    }
+    if let Some(table) = read_table(&old, COUNTERS)? {
+        if let Some(next) = table.get(NEXT_BRANCH_ID).map_err(index_error)? {
+            let mut to = txn.open_table(COUNTERS).map_err(index_error)?;
+            to.insert(NEXT_BRANCH_ID, next.value())
+                .map_err(index_error)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes what [`copy_into_registry`] copied from the index, once the
+/// registry holds it durably (a no-op when nothing is left).
+pub(super) fn drop_from_index(index: &super::Index) -> Result<(), StoreError> {
+    let left = {
+        let txn = index.begin_read().map_err(index_error)?;
+        let mut left = txn
+            .list_tables()
+            .map_err(index_error)?
+            .any(|t| MOVED.contains(&t.name()));
+        if let Some(table) = read_table(&txn, COUNTERS)? {
+            left |= table.get(NEXT_BRANCH_ID).map_err(index_error)?.is_some();
+        }
+        left
+    };
+    if !left {
+        return Ok(());
+    }
+    let txn = index.begin_write().map_err(index_error)?;
+    txn.delete_table(BRANCHES).map_err(index_error)?;
+    txn.delete_table(BRANCH_SET).map_err(index_error)?;
+    txn.delete_table(SNAPSHOTS).map_err(index_error)?;
+    match txn.open_table(COUNTERS) {
+        Ok(mut table) => {
+            table.remove(NEXT_BRANCH_ID).map_err(index_error)?;
+        }
+        Err(e) => return Err(index_error(e)),
+    }
+    txn.commit().map_err(index_error)
 }
 
 #[cfg(test)]

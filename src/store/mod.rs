@@ -11,6 +11,8 @@ pub mod chunks;
 pub mod inomap;
 pub mod io;
 pub mod journal;
+mod registry;
+pub use registry::REGISTRY_FILE;
 #[cfg(test)]
 pub mod sim;
 
@@ -28,7 +30,7 @@ pub use redb;
 
 /// The format written by this build. Bump on any incompatible change to a
 /// key or value layout, and record it in docs/FORMAT.md.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// Older formats this build upgrades in place, by rewriting the version
 /// number only: format 1 had no history tables (they are created on first
 /// use); format 2 had no delta chunks (it never holds any, and format 3
@@ -40,8 +42,11 @@ pub const FORMAT_VERSION: u32 = 6;
 /// first use): its inode-map keys name a union's branch by position, and
 /// an empty table gives position *i* id *i*, so they keep their meaning. A
 /// format-5 build refuses a format-6 store: it would read a reordered
-/// union's keys by position.
-const UPGRADABLE: &[u64] = &[1, 2, 3, 4, 5];
+/// union's keys by position. Format 6 kept the branch tables in the
+/// index; opening one moves them to the registry (`registry.rs`). A
+/// format-6 build refuses a format-7 store: it would change branches in
+/// tables this build no longer reads.
+const UPGRADABLE: &[u64] = &[1, 2, 3, 4, 5, 6];
 
 /// The index's page cache. redb's default (1 GiB) lets it grow with the
 /// index, i.e. with every file ever recorded, and the daemon's resident
@@ -52,6 +57,23 @@ const INDEX_CACHE: usize = 32 << 20;
 pub const INDEX_FILE: &str = "index.redb";
 /// A new index is built under this name and renamed when complete.
 const INDEX_NEW: &str = "index.redb.new";
+
+/// One redb database file of the store: its name, the name it is built
+/// under, and the format a new one is created with (`None`: none yet; the
+/// first transaction writes it).
+#[derive(Clone, Copy)]
+struct DbFile {
+    name: &'static str,
+    building: &'static str,
+    created_format: Option<u32>,
+}
+
+/// The index: history, the inode map.
+const MAIN_DB: DbFile = DbFile {
+    name: INDEX_FILE,
+    building: INDEX_NEW,
+    created_format: Some(FORMAT_VERSION),
+};
 pub const PACK_DIR: &str = "packs";
 const JOURNAL_FILES: [&str; 2] = ["journal-0", "journal-1"];
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -259,6 +281,10 @@ pub struct Store {
     dir: PathBuf,
     io: Arc<Guarded>,
     db: Arc<Index>,
+    /// The branch registry (`registry.rs`): its own file, so that a branch
+    /// change's durable record waits neither for history's transactions
+    /// nor for the fsync of their pages.
+    registry: Arc<Index>,
     space: Arc<Space>,
 }
 
@@ -383,6 +409,7 @@ impl Space {
 /// inode map re-flushes what it has pending.
 pub struct Index {
     io: Arc<Guarded>,
+    file: DbFile,
     /// Packs to fsync before any write transaction (see `Unsynced`).
     unsynced: Arc<Unsynced>,
     db: parking_lot::RwLock<Option<Arc<Database>>>,
@@ -397,9 +424,10 @@ pub struct Index {
 }
 
 impl Index {
-    fn new(io: Arc<Guarded>, db: Database) -> Index {
+    fn new(io: Arc<Guarded>, file: DbFile, db: Database) -> Index {
         Index {
             io,
+            file,
             unsynced: Arc::new(Unsynced::default()),
             db: parking_lot::RwLock::new(Some(Arc::new(db))),
             reopening: parking_lot::Mutex::new(None),
@@ -489,13 +517,13 @@ impl Index {
             return;
         };
         *self.db.write() = None;
-        match Store::open_index(&self.io) {
+        match Store::open_index(&self.io, self.file) {
             Ok(db) => {
                 // Reported once a minute: on a full disk every retry fails.
                 if reported.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
                     tracing::warn!(
                         "store index {} re-opened after a failed write",
-                        self.io.path(INDEX_FILE).display()
+                        self.io.path(self.file.name).display()
                     );
                     *reported = Some(std::time::Instant::now());
                 }
@@ -510,9 +538,33 @@ impl Index {
                     .store(e.errno(), std::sync::atomic::Ordering::Release);
                 tracing::error!(
                     "store index {} cannot be re-opened yet: {e}",
-                    self.io.path(INDEX_FILE).display()
+                    self.io.path(self.file.name).display()
                 )
             }
+        }
+    }
+}
+
+/// Writes a database's format number in `txn`.
+fn put_format(txn: &redb::WriteTransaction, format: u32) -> Result<(), StoreError> {
+    let mut table = txn.open_table(META).map_err(index_error)?;
+    table
+        .insert(META_FORMAT, u64::from(format))
+        .map_err(index_error)?;
+    Ok(())
+}
+
+impl Index {
+    /// The format number the database records, if any.
+    fn format(&self) -> Result<Option<u64>, StoreError> {
+        let txn = self.begin_read().map_err(index_error)?;
+        match txn.open_table(META) {
+            Ok(table) => Ok(table
+                .get(META_FORMAT)
+                .map_err(index_error)?
+                .map(|v| v.value())),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(index_error(e)),
         }
     }
 }
@@ -554,20 +606,23 @@ impl Store {
             .list("")
             .map_err(|e| StoreError::from_io(dir.clone(), e))?;
         if !names.iter().any(|n| n == INDEX_FILE) {
-            Self::create_index(&io)?;
+            Self::create_index(&io, MAIN_DB)?;
         }
-        let db = Self::open_index(&io)?;
+        let db = Self::open_index(&io, MAIN_DB)?;
+        let main = Arc::new(Index::new(io.clone(), MAIN_DB, db));
+        Self::check_format(&main)?;
+        let registry = registry::open(&io, &names, &main)?;
         let store = Store {
             dir,
             io: io.clone(),
-            db: Arc::new(Index::new(io.clone(), db)),
+            db: main,
+            registry,
             space: Arc::new(Space {
                 io,
                 full: std::sync::atomic::AtomicBool::new(false),
                 on_full: parking_lot::Mutex::new(None),
             }),
         };
-        store.check_format()?;
         Ok(store)
     }
 
@@ -575,38 +630,38 @@ impl Store {
     /// another name and renamed into place once complete and durable, so
     /// a power cut never leaves a file at the index's name that is not a
     /// database.
-    fn create_index(io: &Guarded) -> Result<(), StoreError> {
-        let io_err = |e| StoreError::from_io(io.path(INDEX_NEW), e);
-        match io.remove(INDEX_NEW) {
+    fn create_index(io: &Guarded, file: DbFile) -> Result<(), StoreError> {
+        let io_err = |e| StoreError::from_io(io.path(file.building), e);
+        match io.remove(file.building) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(e)),
             _ => {}
         }
         {
-            let backend = io.open_index(INDEX_NEW).map_err(io_err)?;
+            let backend = io.open_index(file.building).map_err(io_err)?;
             let db = Database::builder()
                 .set_cache_size(INDEX_CACHE)
                 .create_with_backend(backend)
-                .map_err(|e| open_error(io.path(INDEX_NEW), e))?;
+                .map_err(|e| open_error(io.path(file.building), e))?;
             let txn = db.begin_write().map_err(index_error)?;
-            {
+            if let Some(format) = file.created_format {
                 let mut table = txn.open_table(META).map_err(index_error)?;
                 table
-                    .insert(META_FORMAT, u64::from(FORMAT_VERSION))
+                    .insert(META_FORMAT, u64::from(format))
                     .map_err(index_error)?;
             }
             txn.commit().map_err(index_error)?;
         }
-        io.rename(INDEX_NEW, INDEX_FILE)
+        io.rename(file.building, file.name)
             .and_then(|()| io.sync_dir(""))
             .map_err(io_err)
     }
 
     /// Opens the index, waiting a little for a daemon that was just
     /// unmounted to finish its last commit and release the file lock.
-    fn open_index(io: &Guarded) -> Result<Database, StoreError> {
+    fn open_index(io: &Guarded, file: DbFile) -> Result<Database, StoreError> {
         let deadline = std::time::Instant::now() + INUSE_WAIT;
         loop {
-            match Self::try_open_index(io) {
+            match Self::try_open_index(io, file) {
                 Err(StoreError::InUse { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -615,10 +670,10 @@ impl Store {
         }
     }
 
-    fn try_open_index(io: &Guarded) -> Result<Database, StoreError> {
-        let path = io.path(INDEX_FILE);
+    fn try_open_index(io: &Guarded, file: DbFile) -> Result<Database, StoreError> {
+        let path = io.path(file.name);
         let backend = io
-            .open_index(INDEX_FILE)
+            .open_index(file.name)
             .map_err(|source| StoreError::from_io(path.clone(), source))?;
         Database::builder()
             .set_cache_size(INDEX_CACHE)
@@ -626,38 +681,22 @@ impl Store {
             .map_err(|e| open_error(path, e))
     }
 
-    fn check_format(&self) -> Result<(), StoreError> {
-        let found = {
-            let txn = self.db.begin_read().map_err(index_error)?;
-            match txn.open_table(META) {
-                Ok(table) => table
-                    .get(META_FORMAT)
-                    .map_err(index_error)?
-                    .map(|v| v.value()),
-                Err(redb::TableError::TableDoesNotExist(_)) => None,
-                Err(e) => return Err(index_error(e)),
-            }
-        };
-        match found {
+    fn check_format(db: &Index) -> Result<(), StoreError> {
+        match db.format()? {
             Some(v) if v == u64::from(FORMAT_VERSION) => Ok(()),
-            Some(v) if UPGRADABLE.contains(&v) => self.write_format(),
+            Some(v) if UPGRADABLE.contains(&v) => Self::write_format(db),
             Some(v) => Err(StoreError::UnsupportedFormat {
-                path: self.io.path(INDEX_FILE),
+                path: db.io.path(INDEX_FILE),
                 found: v,
                 supported: FORMAT_VERSION,
             }),
-            None => self.write_format(),
+            None => Self::write_format(db),
         }
     }
 
-    fn write_format(&self) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(index_error)?;
-        {
-            let mut table = txn.open_table(META).map_err(index_error)?;
-            table
-                .insert(META_FORMAT, u64::from(FORMAT_VERSION))
-                .map_err(index_error)?;
-        }
+    fn write_format(db: &Index) -> Result<(), StoreError> {
+        let txn = db.begin_write().map_err(index_error)?;
+        put_format(&txn, FORMAT_VERSION)?;
         txn.commit().map_err(index_error)
     }
 
