@@ -7,9 +7,11 @@ mod common;
 use common::*;
 use std::fs;
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// (path, mode) of every branch, top first, from `branch list --json`.
 fn listed(m: &Mount) -> Vec<(PathBuf, String)> {
@@ -927,4 +929,96 @@ fn names_in(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// A layer written by kernel overlayfs (`redirect_dir=on`): `mv O X` then
+/// `mv X/oldY X/Y` leave two relative redirects, X's (`O`) and, inside the
+/// renamed X, Y's (`oldY`), which overlayfs resolves beside the *lower*
+/// copy of Y's parent (`O/oldY`), not beside X. snapmerge folds that layer
+/// into the one below and the union stays the same (it refused before).
+#[test]
+fn snapmerge_folds_an_overlayfs_layer_with_a_rename_inside_a_renamed_directory() {
+    let fss = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !fss.lines().any(|l| l.trim_end().ends_with("overlay")) {
+        eprintln!("skipped: the kernel has no overlay file system");
+        return;
+    }
+    let base = tempdir();
+    let [l, u, w, merged] = ["lower", "upper", "work", "merged"].map(|n| base.path().join(n));
+    for d in [&u, &w, &merged] {
+        fs::create_dir_all(d).unwrap();
+    }
+    fs::create_dir_all(l.join("O/oldY")).unwrap();
+    write_file(&l.join("O/oldY/f"), b"f");
+    write_file(&l.join("O/oldY/h"), b"h");
+    write_file(&l.join("O/g"), b"g");
+    write_file(&l.join("O/gone"), b"removed through overlayfs");
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
+        l.display(),
+        u.display(),
+        w.display()
+    );
+    let ok = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(&merged)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount -t overlay -o {opts}");
+    let renames = (|| {
+        fs::rename(merged.join("O"), merged.join("X"))?;
+        fs::rename(merged.join("X/oldY"), merged.join("X/Y"))?;
+        fs::write(merged.join("X/Y/new"), b"new")?;
+        fs::remove_file(merged.join("X/gone"))
+    })();
+    let seen = tree(&merged);
+    let ok = Command::new("umount").arg(&merged).status().unwrap();
+    assert!(ok.success());
+    renames.unwrap();
+    let redirect = |p: &Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+        let fd = chronofs::sys::openat(chronofs::sys::CWD, &c, libc::O_PATH, 0).unwrap();
+        chronofs::union::format::redirect(fd.as_fd(), chronofs::union::format::XattrNs::Trusted)
+            .unwrap()
+    };
+    assert_eq!(redirect(&u.join("X")).as_deref(), Some(&b"O"[..]));
+    assert_eq!(redirect(&u.join("X/Y")).as_deref(), Some(&b"oldY"[..]));
+    // Made a chronofs snapshot, as an imported layer would be: the lower
+    // layer frozen by s1, the overlayfs layer over it frozen by s2.
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |_| {});
+        let copy = |from: &Path, name: &str| {
+            let to = m.root().join(name);
+            let ok = Command::new("cp")
+                .arg("-a")
+                .arg(from)
+                .arg(&to)
+                .status()
+                .unwrap();
+            assert!(ok.success(), "cp -a {}", from.display());
+            to.to_str().unwrap().to_string()
+        };
+        let (lo, up) = (copy(&l, "layer-lower"), copy(&u, "layer-upper"));
+        branch_ok(&m, &["add", &lo, "--mode", "rw"]);
+        branch_snapshot(&m, &["--name", "s1"]);
+        branch_ok(&m, &["remove", "0"]);
+        branch_ok(&m, &["add", &up, "--mode", "rw"]);
+        branch_snapshot(&m, &["--name", "s2"]);
+        let before = tree_and_numbers(&m.mnt);
+        let listing: Vec<(String, Vec<u8>)> = before
+            .iter()
+            .map(|(p, _, _, d)| (p.clone(), d.clone()))
+            .collect();
+        assert_eq!(
+            listing, seen,
+            "mode {mode:?}: chronofs shows what overlayfs showed"
+        );
+        merged_unchanged(&m, &before, mode);
+        let left: Vec<PathBuf> = listed(&m).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(left.len(), 4, "mode {mode:?}: {left:?}");
+        assert!(
+            !left.contains(&canon(Path::new(&up))),
+            "mode {mode:?}: {left:?}"
+        );
+    }
 }

@@ -24,7 +24,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::format::{self, XattrNs};
-use super::{copyup, index, Result, UnionError};
+use super::{copyup, index, Result};
 use crate::sys::{self, Stat};
 
 /// Told of each object the upper branch now shows that the union showed
@@ -91,6 +91,29 @@ pub fn origin_path(path: &[Vec<u8>], origin: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
+/// Where the directory at `path` of a branch has its copy in the branch
+/// below, given the branch's `renamed` directories: its own path, or,
+/// under a renamed directory, where that one came from followed by the
+/// rest. A relative redirect names a directory beside the *lower* copy of
+/// its parent, as overlayfs resolves it (after `mv O X; mv X/a X/b`, `b`
+/// says `a`, and came from `O/a`).
+pub fn lower_path(renamed: &[Redirected], path: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let Some((dir, origin)) = renamed
+        .iter()
+        .filter(|(p, _)| !p.is_empty() && path.starts_with(p))
+        .max_by_key(|(p, _)| p.len())
+    else {
+        return path.to_vec();
+    };
+    let mut out = match origin.first() {
+        Some(b'/') => Vec::new(),
+        _ => lower_path(renamed, &dir[..dir.len() - 1]),
+    };
+    out.extend(components(origin));
+    out.extend_from_slice(&path[dir.len()..]);
+    out
+}
+
 /// A path as its non-empty components.
 pub fn components(path: &[u8]) -> Vec<Vec<u8>> {
     path.split(|b| *b == b'/')
@@ -111,8 +134,8 @@ pub fn absorb(
     linked: &mut Linked<'_>,
 ) -> Result<Vec<Renamed>> {
     let mut out = Vec::new();
-    for (path, origin) in renamed {
-        let at = origin_path(path, origin);
+    for (path, _) in renamed {
+        let at = lower_path(renamed, path);
         let dir = open_path_beneath(upper, path)?;
         let mut then = None;
         if let Ok(from) = open_path_beneath(lower, &at) {
@@ -269,23 +292,6 @@ pub fn open_path_beneath(root: BorrowedFd<'_>, path: &[Vec<u8>]) -> io::Result<O
     Ok(dir)
 }
 
-/// A relative redirect under a directory that was itself renamed cannot be
-/// told apart from one beside it: refused before anything changes.
-pub fn refuse_ambiguous(renamed: &[Redirected]) -> Result<()> {
-    for (path, origin) in renamed {
-        let nested = renamed
-            .iter()
-            .any(|(p, _)| p.len() < path.len() && path.starts_with(p));
-        if nested && origin.first() != Some(&b'/') {
-            return Err(UnionError::Unmergeable(format!(
-                "/{}: a relative redirect inside a renamed directory cannot be merged",
-                String::from_utf8_lossy(&path.join(&b'/'))
-            )));
-        }
-    }
-    Ok(())
-}
-
 const DIR_FLAGS: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
 fn is_dir(st: &Stat) -> bool {
@@ -294,4 +300,32 @@ fn is_dir(st: &Stat) -> bool {
 
 fn cname(name: &[u8]) -> io::Result<std::ffi::CString> {
     std::ffi::CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(p: &str) -> Vec<Vec<u8>> {
+        components(p.as_bytes())
+    }
+
+    #[test]
+    fn a_relative_redirect_is_beside_its_parents_lower_copy() {
+        let renamed: Vec<Redirected> = vec![
+            (path("X"), b"O".to_vec()),
+            (path("X/Y"), b"oldY".to_vec()),
+            (path("X/Y/Z"), b"/elsewhere/z".to_vec()),
+            (path("P/Q"), b"q0".to_vec()),
+        ];
+        assert_eq!(lower_path(&renamed, &path("X")), path("O"));
+        assert_eq!(lower_path(&renamed, &path("X/Y")), path("O/oldY"));
+        assert_eq!(lower_path(&renamed, &path("X/Y/sub")), path("O/oldY/sub"));
+        assert_eq!(
+            lower_path(&renamed, &path("X/Y/Z/w")),
+            path("elsewhere/z/w")
+        );
+        assert_eq!(lower_path(&renamed, &path("P/Q")), path("P/q0"));
+        assert_eq!(lower_path(&renamed, &path("plain/dir")), path("plain/dir"));
+    }
 }

@@ -69,9 +69,10 @@ pub fn changes(
     renamed.extend(absorb::find_renamed(walk.as_fd(), ns)?);
     let mut scan = Scan {
         origins: renamed
-            .into_iter()
-            .map(|(path, origin)| absorb::origin_path(&path, &origin).join(&b'/'))
+            .iter()
+            .map(|(path, _)| absorb::lower_path(&renamed, path).join(&b'/'))
             .collect(),
+        renamed,
         target: low.as_fd(),
         since_ns,
         deeper,
@@ -271,6 +272,8 @@ fn index_clashes(
 /// One look at a sandbox's branch against the target.
 struct Scan<'t> {
     origins: std::collections::HashSet<Vec<u8>>,
+    /// The sandbox branch's renamed directories ([`absorb::find_renamed`]).
+    renamed: Vec<absorb::Redirected>,
     target: BorrowedFd<'t>,
     since_ns: u64,
     deeper: bool,
@@ -369,8 +372,8 @@ impl Scan<'_> {
             }
             let sub_up = sys::openat(up, &c, DIR_FLAGS, 0)?;
             let sub_low = match (&renamed, walked, low) {
-                (Some(origin), _, _) => {
-                    let at = absorb::origin_path(&absorb::components(&child), origin);
+                (Some(_), _, _) => {
+                    let at = absorb::lower_path(&self.renamed, &absorb::components(&child));
                     let found = absorb::open_path_beneath(self.target, &at).ok();
                     if found.is_none() && self.removed(&at)? {
                         // What it held is gone from the mount: the rename

@@ -38,9 +38,13 @@
 //! names the object it replaces, wherever that is, and the mount asks the
 //! index of a name's own branch and those above it.
 //!
+//! A relative redirect (overlayfs's, for a rename within one directory)
+//! names a directory beside the lower copy of its parent, which is not
+//! its parent's path when the parent was renamed too
+//! (`absorb::lower_path`).
+//!
 //! Not merged (refused before anything changes, with
-//! `UnionError::Unmergeable`): a relative redirect inside a renamed
-//! directory, and an index entry both branches hold.
+//! `UnionError::Unmergeable`): an index entry both branches hold.
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -149,7 +153,6 @@ pub(super) fn merge(
         Some(_) => Vec::new(),
         None => absorb::find_renamed(up.as_fd(), ns)?,
     };
-    absorb::refuse_ambiguous(&renamed)?;
     let same = |name: &[u8]| Some(name.to_vec());
     let index = upper_index(up.as_fd(), low.as_fd(), commit.unwrap_or(&same))?;
     let mut m = Merge {
