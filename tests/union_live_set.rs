@@ -477,14 +477,46 @@ fn history_now_shows_what_an_added_branch_shows() {
     assert_eq!(names_now(&m), ["a", "g", "nd"]);
 }
 
+/// A branch added while the first-mount walk runs: the walk may have
+/// passed the directories the new branch adds to, so `chronofs ingest`
+/// (which waits for it) walks again; nothing of the mount is looked up in
+/// between, so no lookup records the new names instead.
+#[test]
+fn a_branch_added_during_the_first_mount_walk_is_walked_too() {
+    let m = Mount::union("", 1, |b| {
+        for d in 0..60 {
+            fs::create_dir(b[1].join(format!("d{d:02}"))).unwrap();
+            for f in 0..100 {
+                write_file(&b[1].join(format!("d{d:02}/f{f:03}")), b"x");
+            }
+        }
+    });
+    let extra = extra_dir(&m, "extra", &[("g", b"g"), ("d00/new", b"new")]);
+    let status = chronofs_in(m.root(), &["status", m.mnt.to_str().unwrap(), "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        st["ingest"]["done"], false,
+        "the walk ended before the add: {st}"
+    );
+    branch_ok(&m, &["add", extra.to_str().unwrap(), "--mode", "ro"]);
+    chronofs_ok(&m, &["ingest"]);
+    let now = names(&m.p(".history/@now"));
+    assert!(now.iter().any(|n| n == "g"), "{now:?}");
+    assert!(names(&m.p(".history/@now/d00")).iter().any(|n| n == "new"));
+}
+
 #[test]
 fn history_now_drops_what_a_removed_branch_showed() {
     let m = Mount::union("", 1, |b| write_file(&b[1].join("a"), b"a"));
     let extra = extra_dir(&m, "extra", &[("g", b"g"), ("nd/h", b"h")]);
     branch_ok(&m, &["add", extra.to_str().unwrap(), "--mode", "ro"]);
-    // What `branch add` does not record yet, `chronofs ingest` does.
-    let out = chronofs_in(m.root(), &["ingest", m.mnt.to_str().unwrap()]);
+    // What `branch add` does not record yet, `chronofs ingest` does; it
+    // reports the walk of the new view (a, g, nd/h), not a sum with the
+    // first-mount walk's.
+    let out = chronofs_in(m.root(), &["ingest", m.mnt.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    let done: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(done["files"], 3, "{done}");
     assert_eq!(names_now(&m), ["a", "g", "nd"]);
     branch_ok(&m, &["remove", extra.to_str().unwrap()]);
     assert_eq!(names(&m.mnt), ["a"]);

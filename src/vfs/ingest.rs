@@ -27,10 +27,22 @@ pub struct IngestProgress {
     pub stop: AtomicBool,
     thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
     pub done: AtomicBool,
+    /// Set by a start while a walk runs: it walks again when done.
+    again: AtomicBool,
     pub dirs: AtomicU64,
     pub files: AtomicU64,
     pub bytes: AtomicU64,
     pub errors: AtomicU64,
+}
+
+impl IngestProgress {
+    /// Counted per walk: `chronofs ingest` after a branch change reports
+    /// the walk of the new view, not a sum with the walks before it.
+    fn reset_counts(&self) {
+        for count in [&self.dirs, &self.files, &self.bytes, &self.errors] {
+            count.store(0, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Where an object was found: (parent, name).
@@ -148,26 +160,26 @@ impl Vfs {
         self.capture.is_some()
     }
 
-    /// Starts the eager baseline on its own thread unless one runs.
+    /// Starts the eager baseline on its own thread; one that runs already
+    /// walks again once done, since the view may have changed under the
+    /// part it walked (a branch added or removed meanwhile).
     pub fn start_ingest(self: &Arc<Self>) -> Result<(), String> {
         if self.capture.is_none() {
             return Err("this mount does not record history (-o plain)".into());
         }
         if self.ingest.running.swap(true, Ordering::AcqRel) {
+            self.ingest.again.store(true, Ordering::Release);
             return Ok(());
         }
         self.ingest.done.store(false, Ordering::Release);
         self.ingest.stop.store(false, Ordering::Release);
+        self.ingest.reset_counts();
         let vfs = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("ingest".into())
             .spawn(move || {
                 if let Some(v) = vfs.upgrade() {
-                    let complete = v.ingest_tree();
-                    if complete {
-                        v.note_ingest_complete();
-                    }
-                    v.ingest.running.store(false, Ordering::Release);
+                    v.ingest_while_asked();
                     v.ingest.done.store(true, Ordering::Release);
                 }
             })
@@ -176,6 +188,29 @@ impl Vfs {
                 self.ingest.running.store(false, Ordering::Release);
                 format!("cannot start the ingest thread: {e}")
             })
+    }
+
+    /// Walks, and again for every [`Vfs::start_ingest`] made meanwhile.
+    fn ingest_while_asked(&self) {
+        let p = &self.ingest;
+        loop {
+            if self.ingest_tree() {
+                self.note_ingest_complete();
+            }
+            let asked = |p: &IngestProgress| {
+                p.again.swap(false, Ordering::AcqRel) && !p.stop.load(Ordering::Acquire)
+            };
+            if !asked(p) {
+                p.running.store(false, Ordering::Release);
+                // Asked after the check above, by a caller that found the
+                // walk still running: this thread walks, unless another
+                // started since.
+                if !asked(p) || p.running.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+            p.reset_counts();
+        }
     }
 
     pub fn ingest_progress(&self) -> &IngestProgress {
