@@ -123,6 +123,24 @@ fn fixture_lines(expected: &str) -> Vec<(u32, u64, u64, u64, String)> {
         .collect()
 }
 
+/// tests/fixtures/union/NAME.tar.gz unpacked in a fresh directory, and
+/// the lines of NAME.expected.
+fn unpack_fixture(name: &str) -> (tempfile::TempDir, Vec<(u32, u64, u64, u64, String)>) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/union");
+    let expected =
+        fixture_lines(&fs::read_to_string(dir.join(format!("{name}.expected"))).unwrap());
+    let tmp = tempdir();
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(tmp.path())
+        .arg("-xzf")
+        .arg(dir.join(format!("{name}.tar.gz")))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "untar: {out:?}");
+    (tmp, expected)
+}
+
 fn root_of(path: &Path) -> BranchRoot {
     let md = fs::metadata(path).unwrap();
     BranchRoot {
@@ -138,17 +156,7 @@ fn root_of(path: &Path) -> BranchRoot {
 /// would: through the ids the branches get.
 #[test]
 fn a_format_5_union_store_reads_positions_as_ids() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/union");
-    let expected = fixture_lines(&fs::read_to_string(dir.join("union-f5.expected")).unwrap());
-    let tmp = tempdir();
-    let out = Command::new("tar")
-        .arg("-C")
-        .arg(tmp.path())
-        .arg("-xzf")
-        .arg(dir.join("union-f5.tar.gz"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "untar: {out:?}");
+    let (tmp, expected) = unpack_fixture("union-f5");
     let branches: Vec<PathBuf> = ["src", "lower1", "lower2"]
         .iter()
         .map(|b| tmp.path().join(b))
@@ -227,17 +235,7 @@ impl Drop for Unmount {
 /// index keeps its keys.
 #[test]
 fn a_format_6_union_store_keeps_its_branches_set_and_snapshots() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/union");
-    let expected = fixture_lines(&fs::read_to_string(dir.join("union-f6.expected")).unwrap());
-    let tmp = tempdir();
-    let out = Command::new("tar")
-        .arg("-C")
-        .arg(tmp.path())
-        .arg("-xzf")
-        .arg(dir.join("union-f6.tar.gz"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "untar: {out:?}");
+    let (tmp, expected) = unpack_fixture("union-f6");
     let store_dir = tmp.path().join("src/.chronofs");
     assert!(!store_dir.join(chronofs::store::REGISTRY_FILE).exists());
     for _ in 0..2 {
