@@ -107,7 +107,11 @@ fn reordering_or_inserting_branches_keeps_inode_numbers() {
 }
 
 /// The fixture's recorded objects: (branch position, dev, ino, st_ino).
-fn fixture_lines(expected: &str) -> Vec<(u32, u64, u64, u64, String)> {
+/// One line of a union fixture's EXPECTED: branch position, backing
+/// (dev, ino), the inode number shown, path.
+type FixtureLine = (u32, u64, u64, u64, String);
+
+fn fixture_lines(expected: &str) -> Vec<FixtureLine> {
     expected
         .lines()
         .map(|l| {
@@ -125,7 +129,7 @@ fn fixture_lines(expected: &str) -> Vec<(u32, u64, u64, u64, String)> {
 
 /// tests/fixtures/union/NAME.tar.gz unpacked in a fresh directory, and
 /// the lines of NAME.expected.
-fn unpack_fixture(name: &str) -> (tempfile::TempDir, Vec<(u32, u64, u64, u64, String)>) {
+fn unpack_fixture(name: &str) -> (tempfile::TempDir, Vec<FixtureLine>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/union");
     let expected =
         fixture_lines(&fs::read_to_string(dir.join(format!("{name}.expected"))).unwrap());
