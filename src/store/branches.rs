@@ -516,12 +516,10 @@ pub(super) fn drop_from_index(index: &super::Index) -> Result<(), StoreError> {
     txn.delete_table(BRANCHES).map_err(index_error)?;
     txn.delete_table(BRANCH_SET).map_err(index_error)?;
     txn.delete_table(SNAPSHOTS).map_err(index_error)?;
-    match txn.open_table(COUNTERS) {
-        Ok(mut table) => {
-            table.remove(NEXT_BRANCH_ID).map_err(index_error)?;
-        }
-        Err(e) => return Err(index_error(e)),
-    }
+    txn.open_table(COUNTERS)
+        .map_err(index_error)?
+        .remove(NEXT_BRANCH_ID)
+        .map_err(index_error)?;
     txn.commit().map_err(index_error)
 }
 

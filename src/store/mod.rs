@@ -605,11 +605,7 @@ impl Store {
         let names = io
             .list("")
             .map_err(|e| StoreError::from_io(dir.clone(), e))?;
-        if !names.iter().any(|n| n == INDEX_FILE) {
-            Self::create_index(&io, MAIN_DB)?;
-        }
-        let db = Self::open_index(&io, MAIN_DB)?;
-        let main = Arc::new(Index::new(io.clone(), MAIN_DB, db));
+        let main = Arc::new(Self::open_db(&io, &names, MAIN_DB)?);
         Self::check_format(&main)?;
         let registry = registry::open(&io, &names, &main)?;
         let store = Store {
@@ -624,6 +620,16 @@ impl Store {
             }),
         };
         Ok(store)
+    }
+
+    /// Opens the database `file` of the store whose files are `names`,
+    /// creating it first if it is not one of them.
+    fn open_db(io: &Arc<Guarded>, names: &[String], file: DbFile) -> Result<Index, StoreError> {
+        if !names.iter().any(|n| n == file.name) {
+            Self::create_index(io, file)?;
+        }
+        let db = Self::open_index(io, file)?;
+        Ok(Index::new(io.clone(), file, db))
     }
 
     /// Creates an empty index of the current format. It is built under
@@ -644,10 +650,7 @@ impl Store {
                 .map_err(|e| open_error(io.path(file.building), e))?;
             let txn = db.begin_write().map_err(index_error)?;
             if let Some(format) = file.created_format {
-                let mut table = txn.open_table(META).map_err(index_error)?;
-                table
-                    .insert(META_FORMAT, u64::from(format))
-                    .map_err(index_error)?;
+                put_format(&txn, format)?;
             }
             txn.commit().map_err(index_error)?;
         }

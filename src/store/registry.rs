@@ -36,11 +36,7 @@ pub(super) fn open(
     names: &[String],
     main: &Index,
 ) -> Result<Arc<Index>, StoreError> {
-    if !names.iter().any(|n| n == REGISTRY_FILE) {
-        Store::create_index(io, REGISTRY_DB)?;
-    }
-    let db = Store::open_index(io, REGISTRY_DB)?;
-    let registry = Arc::new(Index::new(io.clone(), REGISTRY_DB, db));
+    let registry = Arc::new(Store::open_db(io, names, REGISTRY_DB)?);
     match registry.format()? {
         Some(v) if v == u64::from(REGISTRY_FORMAT) => {}
         Some(v) => {

@@ -82,7 +82,7 @@ fn find_under(
 /// Where a redirect found on the directory at `path` points, from the
 /// branch root: an absolute one as it says, a relative one (a name, as
 /// overlayfs writes for a rename within one directory) beside `path`.
-pub fn origin_path(path: &[Vec<u8>], origin: &[u8]) -> Vec<Vec<u8>> {
+fn origin_path(path: &[Vec<u8>], origin: &[u8]) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = match origin.first() {
         Some(b'/') => Vec::new(),
         _ => path[..path.len().saturating_sub(1)].to_vec(),
