@@ -180,7 +180,6 @@ impl Vfs {
             .spawn(move || {
                 if let Some(v) = vfs.upgrade() {
                     v.ingest_while_asked();
-                    v.ingest.done.store(true, Ordering::Release);
                 }
             })
             .map(|t| *self.ingest.thread.lock() = Some(t))
@@ -191,6 +190,8 @@ impl Vfs {
     }
 
     /// Walks, and again for every [`Vfs::start_ingest`] made meanwhile.
+    /// `done` is set before `running` is cleared, so that a start after
+    /// that (which clears `done`) is never undone by this thread.
     fn ingest_while_asked(&self) {
         let p = &self.ingest;
         loop {
@@ -201,6 +202,7 @@ impl Vfs {
                 p.again.swap(false, Ordering::AcqRel) && !p.stop.load(Ordering::Acquire)
             };
             if !asked(p) {
+                p.done.store(true, Ordering::Release);
                 p.running.store(false, Ordering::Release);
                 // Asked after the check above, by a caller that found the
                 // walk still running: this thread walks, unless another
@@ -208,6 +210,7 @@ impl Vfs {
                 if !asked(p) || p.running.swap(true, Ordering::AcqRel) {
                     return;
                 }
+                p.done.store(false, Ordering::Release);
             }
             p.reset_counts();
         }
