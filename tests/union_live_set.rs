@@ -226,15 +226,18 @@ fn branch_add_and_remove_refuse_bad_input_in_one_line() {
 /// union shows.
 fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
-        for e in fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
+        fn at<T>(p: &Path, e: std::io::Error) -> T {
+            panic!("{}: {e}", p.display())
+        }
+        for e in fs::read_dir(dir).unwrap_or_else(|e| at(dir, e)) {
+            let p = e.unwrap_or_else(|e| at(dir, e)).path();
             let rel = p.strip_prefix(root).unwrap().display().to_string();
-            let meta = fs::symlink_metadata(&p).unwrap();
+            let meta = fs::symlink_metadata(&p).unwrap_or_else(|e| at(&p, e));
             if meta.is_dir() {
                 out.push((rel + "/", Vec::new()));
                 walk(root, &p, out);
             } else {
-                out.push((rel, fs::read(&p).unwrap()));
+                out.push((rel, fs::read(&p).unwrap_or_else(|e| at(&p, e))));
             }
         }
     }

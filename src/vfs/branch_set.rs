@@ -330,9 +330,7 @@ impl Vfs {
         );
         drop(live);
         u.reopen_index(lower.id, false);
-        u.merging.store(false, std::sync::atomic::Ordering::Release);
-        let count = merged?;
-        let change = {
+        let folded = merged.map_err(VfsError::from).and_then(|count| {
             let _all = u.set_lock.write();
             let old = u.set();
             let mut members = old.members.clone();
@@ -342,8 +340,13 @@ impl Vfs {
                 members,
             };
             record(&set.modes())?;
-            self.put_in_force(u, set)?
-        };
+            Ok((count, self.put_in_force(u, set)?))
+        });
+        // Only now: until the new set is in force, inodes found before
+        // still list copies the fold emptied and removed (a renamed
+        // directory's origin), and must skip them.
+        u.merging.store(false, std::sync::atomic::Ordering::Release);
+        let (count, change) = folded?;
         tracing::info!(
             "snapmerge: branch {} folded into branch {} ({} moved, {} directories merged)",
             upper.id.0,
