@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use super::inodes::Handle;
+use super::inodes::{Handle, SessionMark};
 use super::union_ops::MakeAt;
 use super::versioning::writes;
 use super::{errno, Attr, Caller, Entry, InodeNo, Result, Vfs, VfsError};
@@ -149,7 +149,7 @@ impl Vfs {
             ino,
             fd,
             opener: *caller,
-            session,
+            session: SessionMark::new(session),
             writes: writes(flags),
             branch: inode.key.branch,
         });
@@ -310,7 +310,9 @@ impl Vfs {
             self.with_file(opened.fh, |fd, _| Ok(self.every_write(caller, ino, fd)))?;
         let session = self.after_write_open(caller, ino, daemon_path, false, every_write)?;
         if session {
-            self.handles.mark_session(opened.fh);
+            if !self.handles.mark_session(opened.fh) {
+                self.session_closed(ino);
+            }
             if !created && flags & libc::O_TRUNC != 0 {
                 self.wrote_range(ino, 0, u64::MAX);
             }
@@ -362,7 +364,9 @@ impl Vfs {
                 false,
             )?
         {
-            self.handles.mark_session(opened.fh);
+            if !self.handles.mark_session(opened.fh) {
+                self.session_closed(entry.attr.ino);
+            }
             opened.session = true;
         }
         Ok((entry, opened))
@@ -402,7 +406,7 @@ impl Vfs {
             ino: inode.ino,
             fd,
             opener: *caller,
-            session: false,
+            session: SessionMark::default(),
             writes: writing,
             branch: inode.key.branch,
         });
@@ -506,11 +510,10 @@ impl Vfs {
         let Some(c) = self.capture() else {
             return Ok(false);
         };
-        if let Handle::File {
-            ino, session: true, ..
-        } = &*handle
-        {
-            c.flushed(ino.object());
+        if let Handle::File { ino, session, .. } = &*handle {
+            if session.is_open() {
+                c.flushed(ino.object());
+            }
         }
         Ok(true)
     }
@@ -529,7 +532,10 @@ impl Vfs {
     /// owner, or revoked by a branch change); returns its inode.
     pub(super) fn close_handle(&self, handle: Arc<Handle>) -> InodeNo {
         let ino = handle.ino();
-        let session = matches!(&*handle, Handle::File { session: true, .. });
+        let session = match &*handle {
+            Handle::File { session, .. } => session.end(),
+            Handle::Dir { .. } => false,
+        };
         let file = matches!(&*handle, Handle::File { .. });
         // Its descriptor closes first: the session's end asks whether the
         // file is still open for writing anywhere else.
@@ -554,7 +560,7 @@ impl Vfs {
                 fd, session, ino, ..
             } => {
                 sys::fsync(fd.as_fd(), datasync)?;
-                if *session {
+                if session.is_open() {
                     if let Some(c) = self.capture() {
                         c.fsync(ino.object())?;
                     }

@@ -1049,7 +1049,7 @@ pub enum Handle {
         opener: super::Caller,
         /// Opened for writing while history is captured: its close ends a
         /// write session.
-        session: bool,
+        session: SessionMark,
         /// Opened for writing (a branch that turns read-only must have
         /// none, `Vfs::set_branch_mode`).
         writes: bool,
@@ -1060,6 +1060,44 @@ pub enum Handle {
         ino: InodeNo,
         stream: Mutex<super::dir::DirStream>,
     },
+}
+
+/// Whether closing a file handle ends a write session. A create starts
+/// the session after its handle is in the table, where a branch change may
+/// hold it or close it meanwhile: exactly one of the session's start
+/// ([`SessionMark::begin`]) and the handle's close ([`SessionMark::end`])
+/// finds the other done, and that one ends the session.
+#[derive(Debug, Default)]
+pub struct SessionMark(std::sync::atomic::AtomicU8);
+
+const NO_SESSION: u8 = 0;
+const IN_SESSION: u8 = 1;
+const CLOSED: u8 = 2;
+
+impl SessionMark {
+    pub fn new(session: bool) -> Self {
+        SessionMark(std::sync::atomic::AtomicU8::new(match session {
+            true => IN_SESSION,
+            false => NO_SESSION,
+        }))
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.0.load(Ordering::Acquire) == IN_SESSION
+    }
+
+    /// The handle's session started; false: the handle was closed first,
+    /// so the caller ends the session itself.
+    pub fn begin(&self) -> bool {
+        self.0
+            .compare_exchange(NO_SESSION, IN_SESSION, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The handle closes; whether that ends a session.
+    pub fn end(&self) -> bool {
+        self.0.swap(CLOSED, Ordering::AcqRel) == IN_SESSION
+    }
 }
 
 impl Handle {
@@ -1124,13 +1162,13 @@ impl HandleTable {
             .collect()
     }
 
-    /// Marks a file handle as ending a write session when closed.
-    pub fn mark_session(&self, fh: u64) {
-        let mut handles = self.handles.write();
-        if let Some(h) = handles.get_mut(&fh) {
-            if let Some(Handle::File { session, .. }) = Arc::get_mut(h) {
-                *session = true;
-            }
+    /// Marks a file handle as ending a write session when closed; false:
+    /// it is closed already (revoked by a branch change), and the caller
+    /// ends the session.
+    pub fn mark_session(&self, fh: u64) -> bool {
+        match self.handles.read().get(&fh).map(|h| &**h) {
+            Some(Handle::File { session, .. }) => session.begin(),
+            _ => false,
         }
     }
 
@@ -1344,5 +1382,62 @@ mod tests {
             left < held / 10,
             "{left} of {held} bytes still held after every forget"
         );
+    }
+
+    fn file_handle(dir: &std::path::Path) -> Handle {
+        let path = dir.join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let c = sys::cstr(path.as_os_str()).unwrap();
+        Handle::File {
+            ino: InodeNo(2),
+            fd: sys::openat(sys::CWD, &c, libc::O_RDWR, 0).unwrap(),
+            opener: super::super::Caller {
+                uid: 0,
+                gid: 0,
+                pid: 0,
+            },
+            session: SessionMark::default(),
+            writes: true,
+            branch: 0,
+        }
+    }
+
+    fn ends_session(handle: &Handle) -> bool {
+        match handle {
+            Handle::File { session, .. } => session.end(),
+            Handle::Dir { .. } => false,
+        }
+    }
+
+    /// A create marks its handle after it is in the table, where a branch
+    /// change may be looking at it (holding it) at that moment.
+    #[test]
+    fn a_session_marked_while_the_handle_is_held_elsewhere_ends_at_its_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = HandleTable::default();
+        let fh = table.insert(file_handle(dir.path()));
+        let held = table.files();
+        assert!(table.mark_session(fh));
+        drop(held);
+        assert!(ends_session(&table.remove(fh).unwrap()));
+    }
+
+    /// A branch change may revoke and close the handle before the create
+    /// marks it: the create is told, and ends the session itself.
+    #[test]
+    fn a_session_marked_after_its_handle_was_revoked_is_left_to_the_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = HandleTable::default();
+        let fh = table.insert(file_handle(dir.path()));
+        let revoked = table.revoke(fh).unwrap();
+        let (shared, closing) = (revoked.clone(), revoked);
+        assert!(!ends_session(&closing));
+        assert!(!table.mark_session(fh));
+        // Held by an operation in flight when revoked: marked now, the
+        // close that already ran does not end it twice.
+        match &*shared {
+            Handle::File { session, .. } => assert!(!session.begin()),
+            Handle::Dir { .. } => unreachable!(),
+        }
     }
 }
