@@ -320,7 +320,7 @@ impl Vfs {
             lower: lower.id,
             held: None,
         };
-        u.merging.store(true, std::sync::atomic::Ordering::Release);
+        u.set_fold(Some((upper.id, lower.id)));
         let merged = snapmerge::merge_into(
             upper.root.as_fd(),
             lower.root.as_fd(),
@@ -345,7 +345,7 @@ impl Vfs {
         // Only now: until the new set is in force, inodes found before
         // still list copies the fold emptied and removed (a renamed
         // directory's origin), and must skip them.
-        u.merging.store(false, std::sync::atomic::Ordering::Release);
+        u.set_fold(None);
         let (count, change) = folded?;
         tracing::info!(
             "snapmerge: branch {} folded into branch {} ({} moved, {} directories merged)",

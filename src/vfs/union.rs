@@ -166,9 +166,12 @@ pub struct Union {
     /// branch change: nothing decided under the old set lands after the
     /// new one is in force.
     pub(super) set_lock: RwLock<()>,
-    /// A snapmerge is moving objects between two branches: a lookup that
-    /// saw an object in one and then missed it tries again.
-    pub(super) merging: std::sync::atomic::AtomicBool,
+    /// The branches (upper, lower) a snapmerge is folding one into the
+    /// other, until the set without the upper one is in force: a lookup
+    /// that saw an object in one and then missed it tries again, and a
+    /// redirect followed from the upper one passes over the lower one's
+    /// whiteouts ([`Union::folded_whiteout`]).
+    fold: Mutex<Option<(BranchId, BranchId)>>,
     /// Some member's index holds entries of its own files
     /// (`Member::holds_own`): only then does a lookup of a regular file
     /// with one link look at the member (every lookup passes here).
@@ -224,11 +227,31 @@ impl Union {
             ns: format::XattrNs::for_daemon(),
             opts,
             set_lock: RwLock::new(()),
-            merging: std::sync::atomic::AtomicBool::new(false),
+            fold: Mutex::new(None),
             any_holds_own: AtomicBool::new(any_holds_own),
             copying: Mutex::new(HashSet::new()),
             copied: Condvar::new(),
         })
+    }
+
+    /// Whether a snapmerge is folding two branches (see `Union::fold`).
+    pub(super) fn merging(&self) -> bool {
+        self.fold.lock().is_some()
+    }
+
+    pub(super) fn set_fold(&self, fold: Option<(BranchId, BranchId)>) {
+        *self.fold.lock() = fold;
+    }
+
+    /// Whether a redirect followed from branch `from` passes over a
+    /// whiteout in `member`: while `from` is folded into `member`. Such a
+    /// whiteout was put there by the fold, as the lower copy of one the
+    /// renamed directory's own rename left in `from`, or the directory
+    /// moved into `member` already (its inode not yet told), where its
+    /// redirect is followed from below `member`. Either way the union
+    /// showed what lies below it.
+    pub(super) fn folded_whiteout(&self, from: BranchId, member: BranchId) -> bool {
+        *self.fold.lock() == Some((from, member))
     }
 
     /// The set in force.
@@ -610,7 +633,11 @@ impl Vfs {
                 Err(e) if is_absent(&e) => continue,
                 Err(e) => return Err(e.into()),
             };
-            if !is_dir(&sys::fstat(fd.as_fd())?) {
+            let st = sys::fstat(fd.as_fd())?;
+            if format::is_whiteout(&st) && u.folded_whiteout(above, member.id) {
+                continue;
+            }
+            if !is_dir(&st) {
                 break;
             }
             let opaque = format::is_opaque(fd.as_fd(), u.ns).unwrap_or(false);
@@ -698,10 +725,7 @@ impl Vfs {
     /// Whether `e` says a directory copy is gone because a snapmerge
     /// running now moved what it held down and removed it.
     pub(super) fn gone_mid_merge(&self, e: &std::io::Error) -> bool {
-        e.raw_os_error() == Some(libc::ENOENT)
-            && self
-                .union()
-                .is_some_and(|u| u.merging.load(std::sync::atomic::Ordering::Acquire))
+        e.raw_os_error() == Some(libc::ENOENT) && self.union().is_some_and(|u| u.merging())
     }
 
     /// A union directory opened for reading when its top copy is
@@ -725,10 +749,7 @@ impl Vfs {
 
     /// Lookup in a union directory.
     pub(super) fn union_lookup(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
-        let merging = || {
-            self.union()
-                .is_some_and(|u| u.merging.load(std::sync::atomic::Ordering::Acquire))
-        };
+        let merging = || self.union().is_some_and(|u| u.merging());
         let mut tries = 0;
         loop {
             match self.union_lookup_once(dir, name) {
