@@ -1224,7 +1224,13 @@ impl Capture {
         Ok(())
     }
 
-    fn wait_ingests(&self, obj: ObjectId) {
+    /// Whether a version is queued or being built for any object.
+    pub fn ingesting_any(&self) -> bool {
+        self.state.lock().any_ingesting()
+    }
+
+    /// Waits until no version of `obj` is queued or being built.
+    pub fn wait_ingests(&self, obj: ObjectId) {
         let mut st = self.state.lock();
         while st.ingesting(obj) {
             self.idle.wait(&mut st);

@@ -249,6 +249,7 @@ impl Vfs {
     }
 
     pub fn unlink(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<()> {
+        self.settle_named(parent, name);
         let _set = self.changing();
         self.remove(caller, parent, name, 0)
     }
@@ -352,6 +353,8 @@ impl Vfs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<()> {
+        self.settle_named(parent, name);
+        self.settle_named(newparent, newname);
         let _set = self.changing();
         if !self.source_of(parent).writable() {
             // Out of a read-only source into a writable one is a move across

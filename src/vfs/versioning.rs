@@ -328,6 +328,32 @@ impl Vfs {
         }
     }
 
+    /// Before an operation that removes or replaces `name` in `parent`
+    /// takes the tree lock: waits, unlocked, for the version of that file
+    /// being built (typically the one whose close just returned). Under the
+    /// lock `Capture::before_change` waits again, now rarely: a branch
+    /// change waiting for the lock exclusively is not kept waiting behind
+    /// the ingest worker. The file is found as `hold_known` finds it (one
+    /// system call, and only while some version is pending): one the
+    /// kernel knows beside its parent's top copy, where a file just written
+    /// is.
+    pub(super) fn settle_named(&self, parent: InodeNo, name: &OsStr) {
+        let Some(c) = self.capture().filter(|c| c.ingesting_any()) else {
+            return;
+        };
+        let (Ok(dir), Ok(cname)) = (self.node(parent), sys::cstr(name)) else {
+            return;
+        };
+        let Ok(st) = sys::fstatat(dir.fd(), &cname) else {
+            return;
+        };
+        let key = self.inodes.key_in(self.inodes.branch_of(&dir.key), &st);
+        if let Some(inode) = self.inodes.acquire_known(&key) {
+            c.wait_ingests(inode.ino.object());
+            self.inodes.forget(inode.ino, 1);
+        }
+    }
+
     /// The object `name` in `parent` names, registered for the duration of
     /// an operation that will change or remove it (capture reads it through
     /// the inode table). The caller must `forget` it afterwards.
