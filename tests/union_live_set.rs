@@ -1057,3 +1057,117 @@ fn snapmerge_folds_an_overlayfs_layer_with_a_rename_inside_a_renamed_directory()
         );
     }
 }
+
+/// Unmounts what it names when dropped (a second mount of a test).
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A second chronofs daemon in the foreground, ready when made; dropped:
+/// unmounted and exited (so its claims on its branches are gone).
+struct SecondMount {
+    child: std::process::Child,
+    mnt: PathBuf,
+}
+
+impl SecondMount {
+    fn start(src: &Path, mnt: &Path, opts: &str) -> SecondMount {
+        let mut cmd = Command::new(bin());
+        cmd.arg("mount").arg(src).arg(mnt).args(["-f", "-o", opts]);
+        let (ready, ready_w) = common::sys::pipe_cloexec().unwrap();
+        common::sys::pass_fd(&mut cmd, &ready_w, 3);
+        common::sys::term_on_parent_death(&mut cmd);
+        cmd.args(["--ready-fd", "3"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let child = cmd.spawn().unwrap();
+        drop(ready_w);
+        let mut said = String::new();
+        fs::File::from(ready).read_to_string(&mut said).unwrap();
+        assert_eq!(said.trim_end(), "ok", "second mount of {}", src.display());
+        SecondMount {
+            child,
+            mnt: mnt.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for SecondMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// issue 17's bad input "merging a branch that another mount uses": a
+/// snapmerge refuses, in one line and with nothing changed, while the
+/// branch it would fold is a branch of another chronofs mount or a layer
+/// of a kernel overlayfs mount, and goes ahead once that mount is gone.
+#[test]
+fn snapmerge_refuses_a_branch_another_mount_uses() {
+    let fss = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    let overlay = fss.lines().any(|l| l.trim_end().ends_with("overlay"));
+    let m = Mount::union("plain", 1, |b| write_file(&b[1].join("low"), b"low"));
+    write_file(&m.p("one"), b"1");
+    branch_snapshot(&m, &["--name", "s1"]);
+    write_file(&m.p("two"), b"2");
+    branch_snapshot(&m, &["--name", "s2"]);
+    let before = tree_and_numbers(&m.mnt);
+    let branches = listed(&m);
+    // The branch s2 froze, which the fold empties into s1's.
+    let folded = branches[1].0.clone();
+    let base = tempdir();
+    let refused = |users: &str| {
+        let out = snapmerge(&m, &[]);
+        assert!(!out.status.success(), "{users}: snapmerge went ahead");
+        let why = stderr(&out);
+        assert_eq!(why.trim().lines().count(), 1, "{users}: {why}");
+        assert!(why.contains("nothing was merged"), "{users}: {why}");
+        assert_eq!(listed(&m), branches, "{users}: the branches changed");
+        assert_eq!(tree_and_numbers(&m.mnt), before, "{users}");
+        why
+    };
+    {
+        let mnt2 = base.path().join("second");
+        fs::create_dir(&mnt2).unwrap();
+        let store = base.path().join("second-store");
+        let opts = format!("plain,store={}", store.display());
+        let _second = SecondMount::start(&folded, &mnt2, &opts);
+        assert_eq!(read_file(&mnt2.join("two")), b"2");
+        let why = refused("a second chronofs mount");
+        assert!(why.contains("another chronofs mount"), "{why}");
+    }
+    if overlay {
+        let [up, work, merged] = ["up", "work", "merged"].map(|n| base.path().join(n));
+        for d in [&up, &work, &merged] {
+            fs::create_dir_all(d).unwrap();
+        }
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            folded.display(),
+            up.display(),
+            work.display()
+        );
+        let ok = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(&merged)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount -t overlay -o {opts}");
+        let _overlay = Unmount(merged.clone());
+        let why = refused("an overlayfs mount");
+        assert!(why.contains(merged.to_str().unwrap()), "{why}");
+    } else {
+        eprintln!("overlayfs part skipped: the kernel has no overlay file system");
+    }
+    // Both gone (unmounted as their guards dropped): the fold goes ahead.
+    let out = snapmerge(&m, &[]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), m.log_tail());
+    assert_eq!(listed(&m).len(), branches.len() - 1);
+    assert_eq!(tree_and_numbers(&m.mnt), before);
+}

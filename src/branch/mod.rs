@@ -13,6 +13,8 @@ use std::path::Path;
 
 use crate::sys;
 
+pub mod claim;
+
 /// Position of a branch in a mount's list (0 = top), which decides
 /// precedence. Inode-map keys carry the branch's persistent id instead
 /// (`store::branches`), so a position may change across remounts.
@@ -28,6 +30,9 @@ pub struct DirBranch {
     reserved_root_name: Option<OsString>,
     /// Other such names (a union's hard-link index).
     also_reserved: Vec<OsString>,
+    /// Held while mounted (`claim`); none where the directory cannot be
+    /// opened for reading (then a fold elsewhere is not kept out).
+    _claim: Option<claim::Claim>,
 }
 
 impl DirBranch {
@@ -40,11 +45,13 @@ impl DirBranch {
     ) -> io::Result<Self> {
         let cpath = sys::cstr(path.as_os_str())?;
         let root = sys::openat(sys::CWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+        let claim = claim::claim_or_warn(root.as_fd(), path)?;
         Ok(DirBranch {
             id,
             root,
             reserved_root_name,
             also_reserved: Vec::new(),
+            _claim: claim,
         })
     }
 

@@ -313,6 +313,9 @@ impl Vfs {
             }
             (upper.clone(), lower.clone(), at + 2 < set.members.len())
         };
+        let position = position as usize;
+        let _upper_held = upper.exclusive(position)?;
+        let _lower_held = lower.exclusive(position + 1)?;
         let mut live = Folding {
             vfs: self,
             union: u,

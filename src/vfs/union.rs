@@ -46,18 +46,55 @@ pub(super) struct Member {
     /// Its index holds the copy of one of its own files
     /// (`index::holds_own`): a lookup of any regular file in it asks.
     holds_own: AtomicBool,
+    /// Keeps other chronofs mounts from folding it (`branch::claim`).
+    claim: Option<crate::branch::claim::Claim>,
 }
 
 impl Member {
     pub(super) fn new(id: BranchId, root: Arc<OwnedFd>, writable: bool) -> Arc<Member> {
         let (index, holds_own) = Self::existing_index(id, &root);
+        let claim = crate::branch::claim::claim(root.as_fd())
+            .map_err(|e| tracing::warn!("branch id {}: not claimed: {e}", id.0))
+            .ok();
         Arc::new(Member {
             id,
             root,
             writable: AtomicBool::new(writable),
             index: RwLock::new(index),
             holds_own: AtomicBool::new(holds_own),
+            claim,
         })
+    }
+
+    /// The branch to itself while a fold rewrites it: refused (EBUSY, one
+    /// line) while another mount uses it. `position` names it.
+    pub(super) fn exclusive(
+        &self,
+        position: usize,
+    ) -> Result<Option<crate::branch::claim::Exclusive<'_>>> {
+        let busy = |why: String| {
+            VfsError::BranchBusy(format!(
+                "branch {position} (id {}) {why}: nothing was merged",
+                self.id.0
+            ))
+        };
+        let held = match &self.claim {
+            Some(c) => match c.exclusive() {
+                Ok(held) => Some(held),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Err(busy("is a branch of another chronofs mount".into()))
+                }
+                Err(e) => return Err(e.into()),
+            },
+            None => None,
+        };
+        if let Some(point) = crate::branch::claim::mounts_over(self.root.as_fd())?.first() {
+            return Err(busy(format!(
+                "is a layer of the mount at {}",
+                point.display()
+            )));
+        }
+        Ok(held)
     }
 
     fn existing_index(id: BranchId, root: &OwnedFd) -> (Option<Arc<OwnedFd>>, bool) {
