@@ -988,18 +988,7 @@ fn snapmerge_folds_an_overlayfs_layer_with_a_rename_inside_a_renamed_directory()
     write_file(&l.join("O/oldY/h"), b"h");
     write_file(&l.join("O/g"), b"g");
     write_file(&l.join("O/gone"), b"removed through overlayfs");
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
-        l.display(),
-        u.display(),
-        w.display()
-    );
-    let ok = Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o", &opts])
-        .arg(&merged)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "mount -t overlay -o {opts}");
+    mount_overlay([&l, &u, &w], &merged, ",redirect_dir=on");
     let renames = (|| {
         fs::rename(merged.join("O"), merged.join("X"))?;
         fs::rename(merged.join("X/oldY"), merged.join("X/Y"))?;
@@ -1056,6 +1045,23 @@ fn snapmerge_folds_an_overlayfs_layer_with_a_rename_inside_a_renamed_directory()
             "mode {mode:?}: {left:?}"
         );
     }
+}
+
+/// Kernel overlayfs of `[lower, upper, work]` at `merged`, with `more`
+/// options (each after a comma).
+fn mount_overlay([l, u, w]: [&Path; 3], merged: &Path, more: &str) {
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}{more}",
+        l.display(),
+        u.display(),
+        w.display()
+    );
+    let ok = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(merged)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount -t overlay -o {opts}");
 }
 
 /// Unmounts what it names when dropped (a second mount of a test).
@@ -1147,18 +1153,7 @@ fn snapmerge_refuses_a_branch_another_mount_uses() {
         for d in [&up, &work, &merged] {
             fs::create_dir_all(d).unwrap();
         }
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            folded.display(),
-            up.display(),
-            work.display()
-        );
-        let ok = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(&merged)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "mount -t overlay -o {opts}");
+        mount_overlay([&folded, &up, &work], &merged, "");
         let _overlay = Unmount(merged.clone());
         let why = refused("an overlayfs mount");
         assert!(why.contains(merged.to_str().unwrap()), "{why}");

@@ -187,7 +187,7 @@ fn parse_mountinfo(line: &str) -> Option<Layered> {
 }
 
 /// mountinfo's octal escapes (`\040` for a space) undone.
-fn unescape(field: &str) -> PathBuf {
+pub fn unescape(field: &str) -> PathBuf {
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

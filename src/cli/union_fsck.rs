@@ -13,6 +13,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::history::print_json;
+use crate::branch::claim::unescape;
 use crate::store::Store;
 use crate::union::format::XattrNs;
 use crate::union::fsck::{self, Branch};
@@ -176,36 +177,9 @@ fn mounted_at(spec: &UnionSpec) -> Option<(PathBuf, String)> {
         }
         let source = r.next().map(unescape).unwrap_or_default();
         let mnt = left.split(' ').nth(4).map(unescape).unwrap_or_default();
-        if let Some(b) = spec
-            .branches()
-            .iter()
-            .find(|b| b.path() == Path::new(&source))
-        {
-            return Some((b.path().to_path_buf(), mnt));
+        if let Some(b) = spec.branches().iter().find(|b| b.path() == source) {
+            return Some((b.path().to_path_buf(), mnt.display().to_string()));
         }
     }
     None
-}
-
-/// mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .and_then(|d| std::str::from_utf8(d).ok());
-        match octal.and_then(|d| u8::from_str_radix(d, 8).ok()) {
-            Some(v) if b[i] == b'\\' => {
-                out.push(v);
-                i += 4;
-            }
-            _ => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
