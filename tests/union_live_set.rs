@@ -477,7 +477,9 @@ fn history_now_shows_what_an_added_branch_shows() {
     let extra = extra_dir(&m, "extra", &[("g", b"g"), ("nd/h", b"h")]);
     branch_ok(&m, &["add", extra.to_str().unwrap(), "--mode", "ro"]);
     assert_eq!(names(&m.mnt), ["a", "g", "nd"]);
-    assert_eq!(names_now(&m), ["a", "g", "nd"]);
+    // (Failed once in a full local run, unexplained and not reproduced in
+    // 100 more: the daemon's log says what history recorded meanwhile.)
+    assert_eq!(names_now(&m), ["a", "g", "nd"], "{}", m.log_tail());
 }
 
 /// A branch added while the first-mount walk runs: the walk may have
