@@ -167,10 +167,15 @@ impl Vfs {
         if self.capture.is_none() {
             return Err("this mount does not record history (-o plain)".into());
         }
-        if self.ingest.running.swap(true, Ordering::AcqRel) {
-            self.ingest.again.store(true, Ordering::Release);
+        // Asked before the running walk is looked at: a walk that ends
+        // after that look sees the request (`ingest_while_asked`); asked
+        // after it, the request came too late for that walk (CI once lost
+        // a branch add's walk to a first-mount walk ending just then).
+        self.ingest.again.store(true, Ordering::SeqCst);
+        if self.ingest.running.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.ingest.again.store(false, Ordering::SeqCst);
         self.ingest.done.store(false, Ordering::Release);
         self.ingest.stop.store(false, Ordering::Release);
         self.ingest.reset_counts();
@@ -199,15 +204,15 @@ impl Vfs {
                 self.note_ingest_complete();
             }
             let asked = |p: &IngestProgress| {
-                p.again.swap(false, Ordering::AcqRel) && !p.stop.load(Ordering::Acquire)
+                p.again.swap(false, Ordering::SeqCst) && !p.stop.load(Ordering::Acquire)
             };
             if !asked(p) {
                 p.done.store(true, Ordering::Release);
-                p.running.store(false, Ordering::Release);
+                p.running.store(false, Ordering::SeqCst);
                 // Asked after the check above, by a caller that found the
                 // walk still running: this thread walks, unless another
                 // started since.
-                if !asked(p) || p.running.swap(true, Ordering::AcqRel) {
+                if !asked(p) || p.running.swap(true, Ordering::SeqCst) {
                     return;
                 }
                 p.done.store(false, Ordering::Release);
