@@ -169,8 +169,8 @@ impl Vfs {
         }
         // Asked before the running walk is looked at: a walk that ends
         // after that look sees the request (`ingest_while_asked`); asked
-        // after it, the request came too late for that walk (CI once lost
-        // a branch add's walk to a first-mount walk ending just then).
+        // after it, the request came too late for that walk (a local run
+        // once lost a branch add's walk to a first-mount walk ending then).
         self.ingest.again.store(true, Ordering::SeqCst);
         if self.ingest.running.swap(true, Ordering::SeqCst) {
             return Ok(());
