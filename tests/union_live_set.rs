@@ -510,6 +510,80 @@ fn a_branch_added_during_the_first_mount_walk_is_walked_too() {
     assert!(names(&m.p(".history/@now/d00")).iter().any(|n| n == "new"));
 }
 
+/// `.history/@T/` for an instant right after `branch add` returned shows
+/// what the added branch brought, though history finds those names only
+/// later (the walk, a lookup); right after `branch remove` it no longer
+/// shows what the removed branch showed, though that is recorded only at
+/// the next lookup. Each is dated by its branch change.
+#[test]
+fn the_past_right_after_a_branch_change_shows_that_change() {
+    let m = Mount::union("", 1, |b| {
+        write_file(&b[1].join("a"), b"a");
+        fs::create_dir(b[1].join("d")).unwrap();
+        write_file(&b[1].join("d/old"), b"o");
+    });
+    chronofs_ok(&m, &["ingest"]);
+    // Enough files that the walk after the add outlasts the next step.
+    let mut files: Vec<(String, &[u8])> = vec![("g".into(), b"g"), ("d/new".into(), b"n")];
+    for i in 0..2000 {
+        files.push((format!("nd/s{:02}/f{i:04}", i % 20), b"x"));
+    }
+    let files: Vec<(&str, &[u8])> = files.iter().map(|(n, d)| (n.as_str(), *d)).collect();
+    let extra = extra_dir(&m, "extra", &files);
+    let extra = extra.to_str().unwrap();
+    let past = |t: &jiff::Timestamp, sub: &str| names(&m.p(&format!(".history/@{t}/{sub}")));
+    let before_add = jiff::Timestamp::now();
+    branch_ok(&m, &["add", extra, "--mode", "ro"]);
+    let added = jiff::Timestamp::now();
+    chronofs_ok(&m, &["ingest"]);
+    assert_eq!(past(&before_add, ""), ["a", "d"]);
+    assert_eq!(past(&added, ""), ["a", "d", "g", "nd"], "{}", m.log_tail());
+    assert_eq!(past(&added, "d"), ["new", "old"]);
+    assert_eq!(past(&added, "nd").len(), 20);
+    assert_eq!(past(&added, "nd/s07").len(), 100);
+    branch_ok(&m, &["remove", extra]);
+    let removed = jiff::Timestamp::now();
+    // The first lookup since the removal records it.
+    assert_eq!(names(&m.mnt), ["a", "d"]);
+    assert_eq!(names(&m.p("d")), ["old"]);
+    assert_eq!(past(&removed, ""), ["a", "d"], "{}", m.log_tail());
+    assert_eq!(past(&removed, "d"), ["old"]);
+    assert_eq!(
+        past(&added, ""),
+        ["a", "d", "g", "nd"],
+        "the past before stays"
+    );
+    chronofs_ok(&m, &["fsck"]);
+}
+
+/// A sandbox commit after a branch change is dated at the commit: only a
+/// branch change's own effects are dated at the change.
+#[test]
+fn a_sandbox_commit_after_a_branch_change_is_dated_at_the_commit() {
+    let m = Mount::union("", 1, |b| write_file(&b[1].join("top"), b"top"));
+    chronofs_ok(&m, &["ingest"]);
+    let extra = extra_dir(&m, "extra", &[("g", b"g")]);
+    branch_ok(
+        &m,
+        &["add", extra.to_str().unwrap(), "--mode", "ro", "--at", "1"],
+    );
+    chronofs_ok(&m, &["ingest"]);
+    chronofs_ok(&m, &["tag", "added"]);
+    let mnt = m.mnt.to_str().unwrap();
+    let script = format!("rm {mnt}/top && echo new > {mnt}/new");
+    let out = chronofs_in(m.root(), &["sandbox", mnt, "--", "sh", "-c", &script]);
+    assert_succeeded(&m, &["sandbox"], &out);
+    chronofs_ok(&m, &["tag", "before"]);
+    let args = ["sandbox", "commit", "1", "--mount", mnt];
+    let out = chronofs_in(m.root(), &args);
+    assert_succeeded(&m, &args, &out);
+    chronofs_ok(&m, &["tag", "after"]);
+    assert_eq!(names(&m.mnt), ["g", "new"]);
+    assert_eq!(names(&m.p(".history/@added")), ["g", "top"]);
+    assert_eq!(names(&m.p(".history/@before")), ["g", "top"]);
+    assert_eq!(names(&m.p(".history/@after")), ["g", "new"]);
+}
+
 #[test]
 fn history_now_drops_what_a_removed_branch_showed() {
     let m = Mount::union("", 1, |b| write_file(&b[1].join("a"), b"a"));

@@ -11,6 +11,7 @@
 //! xattrs, process names). Must not use the vfs: the vfs hands in a `Tree`
 //! to reach live objects.
 
+mod branch_changes;
 pub mod retention;
 mod state;
 
@@ -28,6 +29,7 @@ use crate::history::{
     Time, Version, Who, ROOT,
 };
 use crate::sys::{self, Stat};
+use branch_changes::Unseen;
 use state::Job;
 pub use state::Known;
 
@@ -153,6 +155,8 @@ pub struct Capture {
     namer: parking_lot::RwLock<Option<Namer>>,
     /// Owner and group names for policy rules.
     owner_names: Mutex<retention::Names>,
+    /// The union's branch changes in this mount, to date what they did.
+    changes: branch_changes::Changes,
 }
 
 /// Whether a file whose last write handle closed is still open for
@@ -163,6 +167,19 @@ fn written_elsewhere(reader: std::os::fd::BorrowedFd<'_>) -> bool {
         tracing::debug!("cannot tell whether a closed file is still written: {e}");
         false
     })
+}
+
+/// Why a directory's entries are compared with history's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DirCheck {
+    /// Looked up or read; history knows it already this mount.
+    Seen,
+    /// Looked up or read for the first time since mount.
+    SeenFirst,
+    /// Its union's branch set changed.
+    BranchChange,
+    /// The mount changed its entries itself.
+    Applied,
 }
 
 /// Finds an object's live name: (parent, name).
@@ -227,6 +244,7 @@ impl Capture {
             policy,
             namer: parking_lot::RwLock::new(None),
             owner_names: Mutex::new(retention::Names::default()),
+            changes: branch_changes::Changes::default(),
         });
         let worker = Arc::downgrade(&capture);
         let spawned = std::thread::Builder::new()
@@ -467,35 +485,44 @@ impl Capture {
         st: &Stat,
         first_sight: bool,
     ) -> Result<()> {
-        self.compare_dir(tree, dir, st, first_sight, false)
+        let why = match first_sight {
+            true => DirCheck::SeenFirst,
+            false => DirCheck::Seen,
+        };
+        self.compare_dir(tree, dir, st, why)
     }
 
     /// [`Capture::dir_seen`] whatever the directory's attributes say: its
     /// entries changed with no change to them (a union directory whose
     /// branch set changed: names of an inserted branch show, a removed
     /// one's go).
+    /// The differences are dated by the branch change that made them
+    /// (`branch_changes.rs`).
     pub fn dir_recheck(&self, tree: &dyn Tree, dir: ObjectId, st: &Stat) -> Result<()> {
-        self.compare_dir(tree, dir, st, true, true)
+        self.compare_dir(tree, dir, st, DirCheck::BranchChange)
     }
 
-    fn compare_dir(
-        &self,
-        tree: &dyn Tree,
-        dir: ObjectId,
-        st: &Stat,
-        first_sight: bool,
-        whatever_attrs: bool,
-    ) -> Result<()> {
+    /// [`Capture::dir_recheck`] after the mount itself changed the entries
+    /// with no operation through it (a sandbox commit): the differences
+    /// are its own, dated now.
+    pub fn dir_applied(&self, tree: &dyn Tree, dir: ObjectId, st: &Stat) -> Result<()> {
+        self.compare_dir(tree, dir, st, DirCheck::Applied)
+    }
+
+    fn compare_dir(&self, tree: &dyn Tree, dir: ObjectId, st: &Stat, why: DirCheck) -> Result<()> {
         // A collection must not remove a chunk this build reuses.
         let _building = self.history.building();
+        let first_sight = why != DirCheck::Seen;
         let Some(k) = self.known_at_lookup(dir, first_sight)? else {
             return Ok(());
         };
         let attrs = attrs_of(st);
+        let whatever_attrs = matches!(why, DirCheck::BranchChange | DirCheck::Applied);
         if !whatever_attrs && (k.verified.same_state(&attrs) || k.attrs.same_state(&attrs)) {
             return Ok(());
         }
         let _one = self.baseline_lock.lock();
+        let as_of = self.comparing();
         let recorded: HashMap<Vec<u8>, ObjectId> = self
             .history
             .list_at(dir, Seq::MAX)?
@@ -505,30 +532,44 @@ impl Capture {
         let live = tree.list(dir)?;
         let mut draft = Draft::default();
         let mut present = std::collections::HashSet::new();
+        // A recheck finds a branch change's doing; a lookup may find a
+        // branch insertion's before the recheck does; what the mount
+        // applied itself is its own.
+        let unseen = |draft: &mut Draft, d: Dirent, branch| match why {
+            DirCheck::BranchChange => self.push_unseen(draft, d, branch, Unseen::Rebound),
+            DirCheck::Seen | DirCheck::SeenFirst => self.push_unseen(draft, d, branch, Unseen::New),
+            DirCheck::Applied => {
+                draft.dirents.push(d);
+                Ok(())
+            }
+        };
         for (name, binding) in live {
             if recorded.get(&name) != Some(&binding.object) {
-                draft.dirents.push(Dirent {
+                let d = Dirent {
                     parent: dir,
                     name: name.clone(),
                     child: Some(binding.object),
-                });
+                };
+                unseen(&mut draft, d, Some(binding.branch))?;
                 draft.bind.push(binding);
             }
             present.insert(name);
         }
         for name in recorded.into_keys().filter(|n| !present.contains(n)) {
-            draft.dirents.push(Dirent {
+            let d = Dirent {
                 parent: dir,
                 name,
                 child: None,
-            });
+            };
+            unseen(&mut draft, d, None)?;
         }
-        if !draft.dirents.is_empty() {
+        if !draft.dirents.is_empty() || !draft.backdated.is_empty() {
             tracing::debug!("directory {dir} changed behind the mount; recording its entries");
             let v = self.snapshot(tree, dir, st, Cause::External, &Who::default())?;
             draft.versions.push((dir, v));
             self.commit(draft)?;
         }
+        self.compared(dir, as_of);
         self.state.lock().verified(dir, attrs);
         Ok(())
     }
@@ -555,20 +596,39 @@ impl Capture {
             return Ok(());
         }
         let mut draft = Draft::default();
+        let binding = tree.binding(obj);
         if let Some((parent, name)) = tree.parent_of(obj) {
             self.baseline_dir(tree, parent, 0)?;
-            if self.history.current_dirent(parent, &name)? != Some(Some(obj)) {
-                draft.dirents.push(Dirent {
-                    parent,
-                    name,
-                    child: Some(obj),
-                });
-            }
+            self.push_parent_entry(&mut draft, (parent, name), obj, binding)?;
         }
         let v = self.snapshot(tree, obj, st, Cause::Baseline, &Who::default())?;
         draft.versions.push((obj, v));
-        draft.bind.extend(tree.binding(obj));
+        draft.bind.extend(binding);
         self.commit(draft)
+    }
+
+    /// The entry that names a baselined object, unless history has it: a
+    /// name that history binds to another object was rebound unseen.
+    fn push_parent_entry(
+        &self,
+        draft: &mut Draft,
+        (parent, name): (ObjectId, Vec<u8>),
+        obj: ObjectId,
+        binding: Option<Binding>,
+    ) -> Result<()> {
+        let last = self.history.current_dirent_seq(parent, &name)?;
+        let why = match last {
+            Some((Some(o), _)) if o == obj => return Ok(()),
+            Some((Some(_), _)) => Unseen::Rebound,
+            _ => Unseen::New,
+        };
+        let d = Dirent {
+            parent,
+            name,
+            child: Some(obj),
+        };
+        self.push_unseen_after(draft, d, binding.map(|b| b.branch), why, last);
+        Ok(())
     }
 
     /// Records `dir` with its whole listing, after its ancestors.
@@ -582,31 +642,31 @@ impl Capture {
             return Err(CaptureError::TooDeep(MAX_DEPTH));
         }
         let mut draft = Draft::default();
+        let own = tree.binding(dir);
         if dir != ROOT {
             if let Some((parent, name)) = tree.parent_of(dir) {
                 self.baseline_dir(tree, parent, depth + 1)?;
-                if self.history.current_dirent(parent, &name)? != Some(Some(dir)) {
-                    draft.dirents.push(Dirent {
-                        parent,
-                        name,
-                        child: Some(dir),
-                    });
-                }
+                self.push_parent_entry(&mut draft, (parent, name), dir, own)?;
             }
         }
         let st = tree.stat(dir)?;
+        let as_of = self.comparing();
         for (name, binding) in tree.list(dir)? {
-            draft.dirents.push(Dirent {
+            let d = Dirent {
                 parent: dir,
                 name,
                 child: Some(binding.object),
-            });
+            };
+            // A directory history has no version of has no entries there.
+            self.push_unseen_after(&mut draft, d, Some(binding.branch), Unseen::New, None);
             draft.bind.push(binding);
         }
         let v = self.snapshot(tree, dir, &st, Cause::Baseline, &Who::default())?;
         draft.versions.push((dir, v));
-        draft.bind.extend(tree.binding(dir));
-        self.commit(draft)
+        draft.bind.extend(own);
+        self.commit(draft)?;
+        self.compared(dir, as_of);
+        Ok(())
     }
 
     /// The full state of `obj` now, as a version (file content ingested).

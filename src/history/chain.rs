@@ -27,6 +27,11 @@ pub const RETIRED: TableDefinition<&[u8], u8> = TableDefinition::new("chain_reti
 /// seq ‖ record hash → 1: records retention rewrote (not part of the op).
 pub const AMENDED: TableDefinition<&[u8], u8> = TableDefinition::new("chain_amended");
 
+/// key seq ‖ record hash → seq of the op whose digest holds it: a
+/// backdated directory entry (`Op::backdated`), keyed at the earlier
+/// instant it took effect at, but recorded, and chained, by a later op.
+pub const MOVED: TableDefinition<&[u8], u64> = TableDefinition::new("chain_moved");
+
 fn err(e: impl Into<redb::Error>) -> HistoryError {
     HistoryError::Store(index_error(e))
 }
@@ -89,6 +94,48 @@ fn note(table: &mut Table<&[u8], u8>, seq: u64, record: &Hash) -> Result<()> {
     let mut key = seq.to_be_bytes().to_vec();
     key.extend_from_slice(record.as_slice());
     table.insert(key.as_slice(), 1).map_err(err)?;
+    Ok(())
+}
+
+/// The record keyed at `at` belongs to op `op`'s digest.
+pub fn moved(txn: &WriteTransaction, at: Seq, record: &Hash, op: Seq) -> Result<()> {
+    let mut key = at.get().to_be_bytes().to_vec();
+    key.extend_from_slice(record.as_slice());
+    let mut t = txn.open_table(MOVED).map_err(err)?;
+    t.insert(key.as_slice(), op.get()).map_err(err)?;
+    Ok(())
+}
+
+/// Hands each moved record, present or retired, from the op its key
+/// names to the op that recorded it.
+fn apply_moves(txn: &redb::ReadTransaction, groups: [&mut BySeq; 2]) -> Result<()> {
+    let t = match txn.open_table(MOVED) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(err(e)),
+    };
+    let [present, retired] = groups;
+    for e in t.iter().map_err(err)? {
+        let (k, v) = e.map_err(err)?;
+        let k = k.value();
+        if k.len() != 40 {
+            return Err(HistoryError::Corrupt("malformed hash-chain move".into()));
+        }
+        let at = u64::from_be_bytes(k[..8].try_into().unwrap_or_default());
+        let record = to_hash(&k[8..])?;
+        for group in [&mut *present, &mut *retired] {
+            let Some(held) = group.get_mut(&at) else {
+                continue;
+            };
+            if let Some(i) = held.iter().position(|r| *r == record) {
+                held.swap_remove(i);
+                if held.is_empty() {
+                    group.remove(&at);
+                }
+                group.entry(v.value()).or_default().push(record);
+            }
+        }
+    }
     Ok(())
 }
 
@@ -198,7 +245,8 @@ pub fn verify(db: &Index) -> Result<ChainReport> {
         Err(e) => return Err(err(e)),
     };
     let mut present = present(&txn)?;
-    let retired = notes(&txn, RETIRED)?;
+    let mut retired = notes(&txn, RETIRED)?;
+    apply_moves(&txn, [&mut present, &mut retired])?;
     let amended = notes(&txn, AMENDED)?;
     let first = chain.first().map_err(err)?.map(|(k, _)| k.value());
     let mut prev = Hash::default();
@@ -339,6 +387,59 @@ mod tests {
                 .any(|p| p.contains("#999") && p.contains("not in the chain")),
             "{found:?}"
         );
+    }
+
+    /// An entry a branch change explains, recorded later and keyed at the
+    /// change: every view from the change on shows it, none before; the
+    /// chain still verifies, also once retention removed it.
+    #[test]
+    fn a_backdated_entry_shows_from_its_instant_and_verifies() {
+        use super::super::{Backdated, Dirent, Draft};
+        let k = kit();
+        let h = &k.history;
+        let names = |s: Seq| -> Vec<Vec<u8>> {
+            let l = h.list_at(o(2), s).unwrap().unwrap();
+            l.into_iter().map(|(n, _)| n).collect()
+        };
+        mkdir(h, o(2), Some((ROOT, b"d")));
+        let before = write(h, o(10), Some((o(2), b"a")), b"a");
+        let change = h.commit(Draft::default()).unwrap();
+        let between = write(h, o(11), Some((ROOT, b"other")), b"x");
+        let late = write(h, o(12), None, b"b");
+        let mut d = Draft::default();
+        d.backdated.push(Backdated {
+            dirent: Dirent {
+                parent: o(2),
+                name: b"b".to_vec(),
+                child: Some(o(12)),
+            },
+            at: change,
+        });
+        let recorded = h.commit(d).unwrap();
+        assert_eq!(
+            h.current_dirent_seq(o(2), b"b").unwrap(),
+            Some((Some(o(12)), change))
+        );
+        h.settle().unwrap();
+        assert_eq!(
+            h.current_dirent_seq(o(2), b"b").unwrap(),
+            Some((Some(o(12)), change))
+        );
+        assert_eq!(names(before), [b"a".to_vec()]);
+        for s in [change, between, late, recorded] {
+            assert_eq!(names(s), [b"a".to_vec(), b"b".to_vec()], "at #{s}");
+        }
+        assert_eq!(
+            h.name_at(o(12), between).unwrap(),
+            Some((o(2), b"b".to_vec()))
+        );
+        assert!(problems(h).is_empty(), "{:?}", problems(h));
+        // Retention removes the object whole, its backdated name with it.
+        super::super::testkit::unlink(h, o(2), b"b", o(12));
+        h.prune(&[(o(12), Removal::Whole)], Pins::Respect, None)
+            .unwrap();
+        assert_eq!(names(between), [b"a".to_vec()]);
+        assert!(problems(h).is_empty(), "{:?}", problems(h));
     }
 
     #[test]

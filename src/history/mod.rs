@@ -163,6 +163,7 @@ pub struct Draft {
     pub bind: Vec<Binding>,
     pub unbind: Vec<Binding>,
     pub tags: Vec<(String, Option<Seq>)>,
+    pub backdated: Vec<Backdated>,
 }
 
 /// See [`History::one_instant`].
@@ -196,7 +197,7 @@ struct WriteState {
     /// Latest versions and directory entries of queued changes, for the
     /// capture's hot-path questions (what is the newest version of X?).
     latest: HashMap<ObjectId, (Seq, Arc<Version>)>,
-    dirents: HashMap<(ObjectId, Vec<u8>), Option<ObjectId>>,
+    dirents: HashMap<(ObjectId, Vec<u8>), (Option<ObjectId>, Seq)>,
 }
 
 pub struct History {
@@ -389,6 +390,7 @@ impl History {
             bind: draft.bind,
             unbind: draft.unbind,
             tags: draft.tags,
+            backdated: draft.backdated,
         };
         for (_, v) in &mut op.versions {
             v.time_ns = time_ns;
@@ -405,7 +407,13 @@ impl History {
             st.latest.insert(*obj, (seq, Arc::new(v.clone())));
         }
         for d in &op.dirents {
-            st.dirents.insert((d.parent, d.name.clone()), d.child);
+            st.dirents
+                .insert((d.parent, d.name.clone()), (d.child, seq));
+        }
+        for b in &op.backdated {
+            let d = &b.dirent;
+            st.dirents
+                .insert((d.parent, d.name.clone()), (d.child, b.at));
         }
         st.queue.push(op);
         Ok(seq)
@@ -420,6 +428,11 @@ impl History {
         let t = self.clock.now_ns().max(st.last_time + 1);
         st.pinned = Some(t);
         OneInstant(self)
+    }
+
+    /// The sequence number of the newest change recorded (ZERO: none).
+    pub fn last_seq(&self) -> Seq {
+        Seq::new(self.state.lock().next_seq.get().saturating_sub(1))
     }
 
     /// Ok if changes can be recorded now; ENOSPC while the store is full
@@ -590,7 +603,13 @@ impl History {
             let pending: std::collections::HashSet<(ObjectId, Vec<u8>)> = st
                 .queue
                 .iter()
-                .flat_map(|op| op.dirents.iter().map(|d| (d.parent, d.name.clone())))
+                .flat_map(|op| {
+                    let late = op.backdated.iter().map(|b| &b.dirent);
+                    op.dirents
+                        .iter()
+                        .chain(late)
+                        .map(|d| (d.parent, d.name.clone()))
+                })
                 .collect();
             st.dirents.retain(|k, _| pending.contains(k));
         }
@@ -696,10 +715,22 @@ impl History {
         parent: ObjectId,
         name: &[u8],
     ) -> Result<Option<Option<ObjectId>>> {
+        Ok(self
+            .current_dirent_seq(parent, name)?
+            .map(|(child, _)| child))
+    }
+
+    /// [`History::current_dirent`], with the sequence number it took
+    /// effect at (a backdated entry's earlier one).
+    pub fn current_dirent_seq(
+        &self,
+        parent: ObjectId,
+        name: &[u8],
+    ) -> Result<Option<(Option<ObjectId>, Seq)>> {
         if let Some(hit) = self.state.lock().dirents.get(&(parent, name.to_vec())) {
             return Ok(Some(*hit));
         }
-        tables::dirent_at(&self.db, parent, name, Seq::MAX)
+        tables::dirent_seq_at(&self.db, parent, name, Seq::MAX)
     }
 
     pub(crate) fn db(&self) -> &Arc<Index> {

@@ -342,10 +342,25 @@ pub struct Op {
     pub unbind: Vec<Binding>,
     /// Tag name → sequence number, or removal.
     pub tags: Vec<(String, Option<Seq>)>,
+    /// Entries recorded now that took effect at an earlier instant (keyed
+    /// at that sequence number): names a union's branch change brought or
+    /// took, found by the walk or a recheck after the change. Last, so
+    /// that a format-1 record decodes with it empty.
+    pub backdated: Vec<Backdated>,
 }
 
-/// The journal record format (first byte of each record).
-pub const OP_FORMAT: u8 = 1;
+/// A directory entry whose effect dates from `at`, an earlier change
+/// than the op that records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backdated {
+    pub dirent: Dirent,
+    pub at: Seq,
+}
+
+/// The journal record format (first byte of each record). Format 1 had no
+/// `backdated` field.
+pub const OP_FORMAT: u8 = 2;
+const OP_FORMAT_1: u8 = 1;
 
 impl Op {
     pub fn encode(&self) -> Vec<u8> {
@@ -357,6 +372,13 @@ impl Op {
     pub fn decode(bytes: &[u8]) -> Result<Op, String> {
         match bytes.split_first() {
             Some((&OP_FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| e.to_string()),
+            Some((&OP_FORMAT_1, rest)) => {
+                // Format 2 only appended `backdated`: a format-1 record is
+                // a format-2 one whose list is empty (postcard: length 0).
+                let mut v2 = rest.to_vec();
+                v2.push(0);
+                postcard::from_bytes(&v2).map_err(|e| e.to_string())
+            }
             Some((v, _)) => Err(format!("journal record of unknown format {v}")),
             None => Err("empty journal record".into()),
         }

@@ -163,22 +163,24 @@ pub fn apply_ops_with(
                     .insert(key.as_slice(), encode_version(v).as_slice())
                     .map_err(err)?;
             }
-            for d in &op.dirents {
-                let key = dirent_key(d.parent, &d.name, op.seq);
+            let dated = op.dirents.iter().map(|d| (d, op.seq));
+            let dated = dated.chain(op.backdated.iter().map(|b| (&b.dirent, b.at)));
+            for (d, seq) in dated.clone() {
+                let key = dirent_key(d.parent, &d.name, seq);
                 dirents
                     .insert(key.as_slice(), d.child.map_or(0, ObjectId::get))
                     .map_err(err)?;
             }
-            for d in &op.dirents {
+            for (d, seq) in dated {
                 // The child that lost the name is the one bound just before.
                 let (child, bound) = match d.child {
                     Some(c) => (c, 1u8),
-                    None => match previous_child(&dirents, d, op.seq)? {
+                    None => match previous_child(&dirents, d, seq)? {
                         Some(c) => (c, 0u8),
                         None => continue,
                     },
                 };
-                let key = link_key(child, op.seq, d.parent, &d.name);
+                let key = link_key(child, seq, d.parent, &d.name);
                 links.insert(key.as_slice(), bound).map_err(err)?;
             }
             for (name, target) in &op.tags {
@@ -203,6 +205,13 @@ pub fn apply_ops_with(
                 &key,
                 d.child.map_or(0, ObjectId::get),
             ));
+        }
+        for b in &op.backdated {
+            let d = &b.dirent;
+            let key = dirent_key(d.parent, &d.name, b.at);
+            let record = super::chain::dirent_record(&key, d.child.map_or(0, ObjectId::get));
+            super::chain::moved(&txn, b.at, &record, op.seq)?;
+            records.push(record);
         }
         super::chain::extend(&txn, op.seq, records)?;
     }
@@ -325,6 +334,37 @@ pub fn dirent_at(
         Err(e) => return Err(err(e)),
     };
     dirent_at_in(&table, parent, name, seq)
+}
+
+/// [`dirent_at`], with the sequence number the entry is keyed at.
+pub fn dirent_seq_at(
+    db: &Index,
+    parent: ObjectId,
+    name: &[u8],
+    seq: Seq,
+) -> Result<Option<(Option<ObjectId>, Seq)>> {
+    let txn = read_txn(db)?;
+    let table = match txn.open_table(DIRENTS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(err(e)),
+    };
+    let lo = dirent_key(parent, name, Seq::ZERO);
+    let hi = dirent_key(parent, name, seq);
+    let mut range = table.range(lo.as_slice()..=hi.as_slice()).map_err(err)?;
+    match range.next_back() {
+        Some(entry) => {
+            let (k, v) = entry.map_err(err)?;
+            let key = k.value();
+            let at = key
+                .get(key.len().saturating_sub(8)..)
+                .and_then(|b| b.try_into().ok())
+                .map(Seq::from_be_bytes)
+                .ok_or_else(|| HistoryError::Corrupt("malformed dirent key".into()))?;
+            Ok(Some((child(v.value()), at)))
+        }
+        None => Ok(None),
+    }
 }
 
 pub fn dirent_at_in(
@@ -484,6 +524,56 @@ mod tests {
         newer[0] = OP_FORMAT + 1;
         let e = Op::decode(&newer).unwrap_err();
         assert!(e.contains("unknown format"), "{e}");
+    }
+
+    /// Journal format 1 (before `backdated`): what a build of store format
+    /// 7 left in a journal at a crash replays after the upgrade.
+    #[test]
+    fn a_format_1_journal_record_still_decodes() {
+        #[derive(serde::Serialize)]
+        struct OpV1 {
+            seq: Seq,
+            time_ns: i64,
+            versions: Vec<(ObjectId, Version)>,
+            dirents: Vec<Dirent>,
+            manifests: Vec<(crate::store::Hash, Vec<u8>)>,
+            chunks: Vec<(crate::store::Hash, Vec<u8>)>,
+            bind: Vec<crate::history::Binding>,
+            unbind: Vec<crate::history::Binding>,
+            tags: Vec<(String, Option<Seq>)>,
+        }
+        let old = OpV1 {
+            seq: sq(7),
+            time_ns: 5,
+            versions: vec![(o(10), sample())],
+            dirents: vec![Dirent {
+                parent: o(1),
+                name: b"f".to_vec(),
+                child: Some(o(10)),
+            }],
+            manifests: Vec::new(),
+            chunks: Vec::new(),
+            bind: Vec::new(),
+            unbind: Vec::new(),
+            tags: vec![("t".into(), None)],
+        };
+        let mut bytes = vec![1u8];
+        bytes.extend(postcard::to_allocvec(&old).unwrap());
+        let op = Op::decode(&bytes).unwrap();
+        assert_eq!((op.seq, op.time_ns), (sq(7), 5));
+        assert_eq!(op.versions, old.versions);
+        assert_eq!(op.dirents, old.dirents);
+        assert_eq!(op.tags, old.tags);
+        assert!(op.backdated.is_empty());
+        // And the current format keeps what it adds.
+        let now = Op {
+            backdated: vec![Backdated {
+                dirent: old.dirents[0].clone(),
+                at: sq(3),
+            }],
+            ..op
+        };
+        assert_eq!(Op::decode(&now.encode()).unwrap().backdated, now.backdated);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub use redb;
 
 /// The format written by this build. Bump on any incompatible change to a
 /// key or value layout, and record it in docs/FORMAT.md.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// Older formats this build upgrades in place, by rewriting the version
 /// number only: format 1 had no history tables (they are created on first
 /// use); format 2 had no delta chunks (it never holds any, and format 3
@@ -45,8 +45,10 @@ pub const FORMAT_VERSION: u32 = 7;
 /// union's keys by position. Format 6 kept the branch tables in the
 /// index; opening one moves them to the registry (`registry.rs`). A
 /// format-6 build refuses a format-7 store: it would change branches in
-/// tables this build no longer reads.
-const UPGRADABLE: &[u64] = &[1, 2, 3, 4, 5, 6];
+/// tables this build no longer reads. Format 7 had no backdated directory
+/// entries (`chain_moved`, journal records of format 2): a format-7 build
+/// refuses a format-8 store, whose fsck would report them as tampering.
+const UPGRADABLE: &[u64] = &[1, 2, 3, 4, 5, 6, 7];
 
 /// The index's page cache. redb's default (1 GiB) lets it grow with the
 /// index, i.e. with every file ever recorded, and the daemon's resident

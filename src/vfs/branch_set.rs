@@ -165,6 +165,7 @@ impl Vfs {
                 members,
             };
             record(&set.modes())?;
+            self.note_view_change(Some(id));
             self.inodes.add_mount(id, BranchMount::of(root.as_fd()));
             self.put_in_force(u, set)?
         };
@@ -204,6 +205,7 @@ impl Vfs {
                 members,
             };
             record(&set.modes())?;
+            self.note_view_change(None);
             let revoked = open.len();
             for fh in open {
                 self.close_revoked(fh);
@@ -371,6 +373,22 @@ impl Vfs {
             members: old.members.clone(),
         };
         self.put_in_force(u, same)
+    }
+
+    /// The view is about to change with the branch set (the caller holds
+    /// the set lock exclusively): history takes the instant, to date the
+    /// names the change brings or takes when it finds them
+    /// (`capture/branch_changes.rs`). `added`: the branch inserted.
+    fn note_view_change(&self, added: Option<BranchId>) {
+        let Some(c) = self.capture() else {
+            return;
+        };
+        if let Err(e) = c.branch_changed(added.map(|b| b.0)) {
+            tracing::warn!(
+                "history: the branch change's instant is not recorded ({e}); the names it \
+                 brings or takes are dated when history finds them"
+            );
+        }
     }
 
     /// Swaps `set` in; the caller holds the set lock exclusively.

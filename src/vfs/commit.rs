@@ -245,7 +245,7 @@ impl Vfs {
                     }
                     if dirs_done.insert(dir) {
                         let st = sys::fstat(self.node(dir)?.fd())?;
-                        c.dir_recheck(&tree, dir.object(), &st)?;
+                        c.dir_applied(&tree, dir.object(), &st)?;
                         // Merged directories took the sandbox's attributes.
                         for d in std::iter::once(InodeNo::ROOT).chain(held.iter().copied()) {
                             c.before_change(&tree, d.object())?;
