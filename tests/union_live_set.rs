@@ -1242,3 +1242,53 @@ fn snapmerge_refuses_a_branch_another_mount_uses() {
     assert_eq!(listed(&m).len(), branches.len() - 1);
     assert_eq!(tree_and_numbers(&m.mnt), before);
 }
+
+/// A directory another mount is folding (its `snapmerge` holds the
+/// directory's claim exclusively, as taken here) can be neither mounted
+/// nor added as a branch: one line, nothing mounted, the set unchanged;
+/// once the fold is over, it adds.
+#[test]
+fn a_directory_another_mount_folds_is_neither_mounted_nor_added() {
+    use rustix::fs::{flock, FlockOperation};
+    let base = tempdir();
+    let busy = base.path().join("busy");
+    fs::create_dir(&busy).unwrap();
+    write_file(&busy.join("f"), b"f");
+    let fold = fs::File::open(&busy).unwrap();
+    flock(&fold, FlockOperation::NonBlockingLockExclusive).unwrap();
+    let mnt = base.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let store = base.path().join("store");
+    let opts = format!("plain,store={}", store.display());
+    let one_line = |out: &std::process::Output, what: &str| {
+        assert!(!out.status.success(), "{what} went ahead");
+        let why = stderr(out);
+        assert_eq!(why.trim().lines().count(), 1, "{what}: {why}");
+        assert!(why.contains("folding"), "{what}: {why}");
+    };
+    for spec in [format!("{}=rw", busy.display()), busy.display().to_string()] {
+        let out = Command::new(bin())
+            .args(["mount", &spec, mnt.to_str().unwrap(), "-o", &opts])
+            .output()
+            .unwrap();
+        one_line(&out, &format!("mount {spec}"));
+        assert!(!is_mounted(&mnt), "{spec}");
+    }
+    let m = Mount::union("plain", 1, |b| write_file(&b[1].join("low"), b"low"));
+    let before = listed(&m);
+    let busy_path = busy.to_str().unwrap();
+    let add = [
+        "branch",
+        "add",
+        m.mnt.to_str().unwrap(),
+        busy_path,
+        "--mode",
+        "ro",
+    ];
+    one_line(&chronofs_in(m.root(), &add), "branch add");
+    assert_eq!(listed(&m), before);
+    assert_eq!(names(&m.mnt), ["low"]);
+    drop(fold);
+    branch_ok(&m, &["add", busy_path, "--mode", "ro"]);
+    assert_eq!(names(&m.mnt), ["f", "low"]);
+}

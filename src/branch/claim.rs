@@ -63,10 +63,8 @@ pub fn claim_or_warn(root: BorrowedFd<'_>, path: &Path) -> io::Result<Option<Cla
         Ok(c) => Ok(Some(c)),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::Error::new(
             io::ErrorKind::ResourceBusy,
-            format!(
-                "{}: another mount is folding this branch (snapmerge)",
-                path.display()
-            ),
+            // Callers name the branch; the path is for the log line.
+            "another mount is folding this branch (snapmerge)".to_string(),
         )),
         Err(e) => {
             tracing::warn!(

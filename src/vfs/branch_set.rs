@@ -146,6 +146,18 @@ impl Vfs {
     /// first) before it takes effect.
     pub fn add_branch(&self, new: NewBranch, record: &RecordSet<'_>) -> Result<SetChange> {
         let u = self.union().ok_or(VfsError::NotUnion)?;
+        // Held until the member holds its own: a fold elsewhere rewrites
+        // the directory in place, which this mount would not see happen.
+        let _claim = match crate::branch::claim::claim(new.root.as_fd()) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(VfsError::BranchBusy(
+                    "another mount is folding that directory (snapmerge); add it when the \
+                     fold is done"
+                        .into(),
+                ))
+            }
+            claimed => claimed.ok(),
+        };
         let change = {
             let _all = u.set_lock.write();
             let old = u.set();
