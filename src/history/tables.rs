@@ -355,11 +355,7 @@ pub fn dirent_seq_at(
     match range.next_back() {
         Some(entry) => {
             let (k, v) = entry.map_err(err)?;
-            let key = k.value();
-            let at = key
-                .get(key.len().saturating_sub(8)..)
-                .and_then(|b| b.try_into().ok())
-                .map(Seq::from_be_bytes)
+            let (_, at) = split_dirent_key(k.value())
                 .ok_or_else(|| HistoryError::Corrupt("malformed dirent key".into()))?;
             Ok(Some((child(v.value()), at)))
         }
