@@ -45,9 +45,10 @@ pub(super) enum Unseen {
     /// of that branch since the name was last confirmed.
     New,
     /// A recheck after a branch change: the view binds the name otherwise
-    /// than history holds, or no longer at all, and changes of the view
-    /// made no other way since the name was last confirmed; the first
-    /// branch change since did it.
+    /// than history holds, or no longer at all. A removal since the name
+    /// was last confirmed explains that (the first one); an insertion only
+    /// explains names of the inserted branch. Otherwise the directory
+    /// changed behind the mount's back, dated when seen.
     Rebound,
 }
 
@@ -118,7 +119,7 @@ impl Capture {
     /// The branch change since the name was last confirmed (its entry,
     /// `last`, or a comparison of its directory) that explains `d`: the
     /// latest insertion of the branch its object is in, else (for a
-    /// rebinding) the first change.
+    /// rebinding) the first removal.
     fn explaining_change(
         &self,
         d: &Dirent,
@@ -137,7 +138,8 @@ impl Capture {
             }
         }
         if why == Unseen::Rebound && last.is_some() {
-            return dated.changes.iter().find(after).map(|c| c.seq);
+            let mut removals = dated.changes.iter().filter(after);
+            return removals.find(|c| c.added.is_none()).map(|c| c.seq);
         }
         None
     }
@@ -181,45 +183,38 @@ mod tests {
             })
         };
         old(b"kept", 10).unwrap();
+        let rebound =
+            |name: &[u8], child, branch| dated(&c, entry(name, child), branch, Unseen::Rebound);
+        let new = |name: &[u8], child, branch| dated(&c, entry(name, child), branch, Unseen::New);
         // No change in this mount: nothing is backdated.
-        assert_eq!(dated(&c, entry(b"x", Some(11)), Some(7), Unseen::New), None);
+        assert_eq!(new(b"x", Some(11), Some(7)), None);
         let add7 = c.branch_changed(Some(7)).unwrap();
         let removal = c.branch_changed(None).unwrap();
         let add8 = c.branch_changed(Some(8)).unwrap();
-        assert_eq!(
-            dated(&c, entry(b"x", Some(11)), Some(7), Unseen::New),
-            Some(add7)
-        );
-        assert_eq!(
-            dated(&c, entry(b"y", Some(12)), Some(8), Unseen::New),
-            Some(add8)
-        );
+        assert_eq!(new(b"x", Some(11), Some(7)), Some(add7));
+        assert_eq!(new(b"y", Some(12), Some(8)), Some(add8));
         // An object of a branch no change inserted: not explained.
-        assert_eq!(dated(&c, entry(b"z", Some(13)), Some(1), Unseen::New), None);
-        // A rebinding or removal: the first change after the last record.
-        assert_eq!(
-            dated(&c, entry(b"kept", None), None, Unseen::Rebound),
-            Some(add7)
-        );
-        assert_eq!(
-            dated(&c, entry(b"kept", Some(14)), Some(1), Unseen::Rebound),
-            Some(add7)
-        );
+        assert_eq!(new(b"z", Some(13), Some(1)), None);
+        // Gone, or bound to an object of an older branch: the first
+        // removal after the last record.
+        assert_eq!(rebound(b"kept", None, None), Some(removal));
+        assert_eq!(rebound(b"kept", Some(14), Some(1)), Some(removal));
+        // Bound to an object of an inserted branch: that insertion.
+        assert_eq!(rebound(b"kept", Some(16), Some(8)), Some(add8));
         // A name recorded after every change: recorded now.
         old(b"late", 15).unwrap();
-        assert_eq!(dated(&c, entry(b"late", None), None, Unseen::Rebound), None);
+        assert_eq!(rebound(b"late", None, None), None);
         // A comparison of the directory after the changes confirms every
         // name in it: a later difference is not theirs (a sandbox commit).
         let as_of = c.comparing();
         assert_eq!(as_of, Some(c.history.last_seq()));
         c.compared(ROOT, as_of);
-        assert_eq!(dated(&c, entry(b"kept", None), None, Unseen::Rebound), None);
-        assert_eq!(dated(&c, entry(b"x", Some(11)), Some(7), Unseen::New), None);
-        let add9 = c.branch_changed(Some(9)).unwrap();
-        assert_eq!(
-            dated(&c, entry(b"kept", None), None, Unseen::Rebound),
-            Some(add9)
-        );
-        let _ = removal;
+        assert_eq!(rebound(b"kept", None, None), None);
+        assert_eq!(new(b"x", Some(11), Some(7)), None);
+        // An insertion explains no removal: a name gone since is dated now.
+        c.branch_changed(Some(9)).unwrap();
+        assert_eq!(rebound(b"kept", None, None), None);
+        let removal2 = c.branch_changed(None).unwrap();
+        assert_eq!(rebound(b"kept", None, None), Some(removal2));
     }
 }

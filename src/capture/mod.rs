@@ -650,7 +650,8 @@ impl Capture {
             }
         }
         let st = tree.stat(dir)?;
-        let as_of = self.comparing();
+        // No confirmation of the listing here: the walk's tree hands over
+        // a listing it read before, perhaps under an older branch set.
         for (name, binding) in tree.list(dir)? {
             let d = Dirent {
                 parent: dir,
@@ -664,9 +665,7 @@ impl Capture {
         let v = self.snapshot(tree, dir, &st, Cause::Baseline, &Who::default())?;
         draft.versions.push((dir, v));
         draft.bind.extend(own);
-        self.commit(draft)?;
-        self.compared(dir, as_of);
-        Ok(())
+        self.commit(draft)
     }
 
     /// The full state of `obj` now, as a version (file content ingested).

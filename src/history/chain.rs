@@ -442,6 +442,41 @@ mod tests {
         assert!(problems(h).is_empty(), "{:?}", problems(h));
     }
 
+    /// An entry backdated past a newer one of its name (recorded between
+    /// its maker's look and its commit) goes in as of now instead.
+    #[test]
+    fn a_backdated_entry_never_goes_below_a_newer_one() {
+        use super::super::{Backdated, Dirent, Draft};
+        let k = kit();
+        let h = &k.history;
+        mkdir(h, o(2), Some((ROOT, b"d")));
+        let change = h.commit(Draft::default()).unwrap();
+        let removed = super::super::testkit::unlink(h, o(2), b"n", o(12));
+        let mut d = Draft::default();
+        d.backdated.push(Backdated {
+            dirent: Dirent {
+                parent: o(2),
+                name: b"n".to_vec(),
+                child: Some(o(13)),
+            },
+            at: change,
+        });
+        let late = h.commit(d).unwrap();
+        assert_eq!(
+            h.current_dirent_seq(o(2), b"n").unwrap(),
+            Some((Some(o(13)), late))
+        );
+        h.settle().unwrap();
+        assert_eq!(
+            h.current_dirent_seq(o(2), b"n").unwrap(),
+            Some((Some(o(13)), late))
+        );
+        let at = |s: Seq| h.lookup_at(o(2), b"n", s).unwrap();
+        assert!(matches!(at(removed), super::super::query::Lookup::Absent));
+        assert!(matches!(at(late), super::super::query::Lookup::Found(x) if x == o(13)));
+        assert!(problems(h).is_empty(), "{:?}", problems(h));
+    }
+
     #[test]
     fn pruning_is_not_tampering() {
         let k = kit();

@@ -367,9 +367,10 @@ impl History {
 
     /// Records a change; returns its sequence number. Once this returns,
     /// the change survives a kill of the daemon.
-    pub fn commit(&self, draft: Draft) -> Result<Seq> {
+    pub fn commit(&self, mut draft: Draft) -> Result<Seq> {
         self.space.check()?;
         let mut st = self.state.lock();
+        self.keep_backdated_in_order(&st, &mut draft)?;
         let seq = st.next_seq;
         let time_ns = st
             .pinned
@@ -417,6 +418,29 @@ impl History {
         }
         st.queue.push(op);
         Ok(seq)
+    }
+
+    /// A backdated entry goes in at its instant only if nothing was
+    /// recorded for its name since (its maker read the name's last entry
+    /// before this commit, and a change through the mount may have come in
+    /// between); otherwise it is recorded as of now, behind that change.
+    fn keep_backdated_in_order(&self, st: &WriteState, draft: &mut Draft) -> Result<()> {
+        let mut now = Vec::new();
+        for b in std::mem::take(&mut draft.backdated) {
+            let d = &b.dirent;
+            let latest = match st.dirents.get(&(d.parent, d.name.clone())) {
+                Some((_, seq)) => Some(*seq),
+                None => tables::dirent_seq_at(&self.db, d.parent, &d.name, Seq::MAX)?
+                    .map(|(_, seq)| seq),
+            };
+            if latest.is_some_and(|seq| seq >= b.at) {
+                now.push(b.dirent);
+            } else {
+                draft.backdated.push(b);
+            }
+        }
+        draft.dirents.extend(now);
+        Ok(())
     }
 
     /// Until the guard drops, every change recorded gets one time, so that

@@ -156,7 +156,14 @@ impl Vfs {
                         .into(),
                 ))
             }
-            claimed => claimed.ok(),
+            Err(e) => {
+                tracing::warn!(
+                    "the new branch is not claimed ({e}): a snapmerge by another mount \
+                     will not see this one"
+                );
+                None
+            }
+            Ok(claim) => Some(claim),
         };
         let change = {
             let _all = u.set_lock.write();
