@@ -556,17 +556,22 @@ fn the_past_right_after_a_branch_change_shows_that_change() {
     chronofs_ok(&m, &["fsck"]);
 }
 
-/// A sandbox commit after a branch change is dated at the commit: only a
-/// branch change's own effects are dated at the change.
+/// A sandbox commit after branch changes (insertions, a removal) is dated
+/// at the commit: only a branch change's own effects are dated at the
+/// change.
 #[test]
 fn a_sandbox_commit_after_a_branch_change_is_dated_at_the_commit() {
     let m = Mount::union("", 1, |b| write_file(&b[1].join("top"), b"top"));
     chronofs_ok(&m, &["ingest"]);
+    let add_below = |dir: &Path| {
+        let dir = dir.to_str().unwrap();
+        branch_ok(&m, &["add", dir, "--mode", "ro", "--at", "1"]);
+    };
     let extra = extra_dir(&m, "extra", &[("g", b"g")]);
-    branch_ok(
-        &m,
-        &["add", extra.to_str().unwrap(), "--mode", "ro", "--at", "1"],
-    );
+    add_below(&extra);
+    let gone = extra_dir(&m, "gone", &[("h", b"h")]);
+    add_below(&gone);
+    branch_ok(&m, &["remove", gone.to_str().unwrap()]);
     chronofs_ok(&m, &["ingest"]);
     chronofs_ok(&m, &["tag", "added"]);
     let mnt = m.mnt.to_str().unwrap();
