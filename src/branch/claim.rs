@@ -57,19 +57,22 @@ pub fn claim(root: BorrowedFd<'_>) -> io::Result<Claim> {
 }
 
 /// [`claim`] where the directory can be read; a fold running elsewhere is
-/// an error (one line, naming `path`), any other failure a warning.
-pub fn claim_or_warn(root: BorrowedFd<'_>, path: &Path) -> io::Result<Option<Claim>> {
+/// an error (`ResourceBusy`, one line), any other failure a warning naming
+/// the branch as `what`.
+pub fn claim_or_warn(
+    root: BorrowedFd<'_>,
+    what: &dyn std::fmt::Display,
+) -> io::Result<Option<Claim>> {
     match claim(root) {
         Ok(c) => Ok(Some(c)),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::Error::new(
             io::ErrorKind::ResourceBusy,
-            // Callers name the branch; the path is for the log line.
+            // Callers name the branch.
             "another mount is folding this branch (snapmerge)".to_string(),
         )),
         Err(e) => {
             tracing::warn!(
-                "{}: not claimed ({e}): a snapmerge by another mount will not see this one",
-                path.display()
+                "{what}: not claimed ({e}): a snapmerge by another mount will not see this one"
             );
             Ok(None)
         }

@@ -45,7 +45,7 @@ impl DirBranch {
     ) -> io::Result<Self> {
         let cpath = sys::cstr(path.as_os_str())?;
         let root = sys::openat(sys::CWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-        let claim = claim::claim_or_warn(root.as_fd(), path)?;
+        let claim = claim::claim_or_warn(root.as_fd(), &path.display())?;
         Ok(DirBranch {
             id,
             root,

@@ -327,13 +327,7 @@ pub fn dirent_at(
     name: &[u8],
     seq: Seq,
 ) -> Result<Option<Option<ObjectId>>> {
-    let txn = read_txn(db)?;
-    let table = match txn.open_table(DIRENTS) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-        Err(e) => return Err(err(e)),
-    };
-    dirent_at_in(&table, parent, name, seq)
+    Ok(dirent_seq_at(db, parent, name, seq)?.map(|(child, _)| child))
 }
 
 /// [`dirent_at`], with the sequence number the entry is keyed at.
@@ -358,24 +352,6 @@ pub fn dirent_seq_at(
             let (_, at) = split_dirent_key(k.value())
                 .ok_or_else(|| HistoryError::Corrupt("malformed dirent key".into()))?;
             Ok(Some((child(v.value()), at)))
-        }
-        None => Ok(None),
-    }
-}
-
-pub fn dirent_at_in(
-    table: &impl ReadableTable<&'static [u8], u64>,
-    parent: ObjectId,
-    name: &[u8],
-    seq: Seq,
-) -> Result<Option<Option<ObjectId>>> {
-    let lo = dirent_key(parent, name, Seq::ZERO);
-    let hi = dirent_key(parent, name, seq);
-    let mut range = table.range(lo.as_slice()..=hi.as_slice()).map_err(err)?;
-    match range.next_back() {
-        Some(entry) => {
-            let (_, v) = entry.map_err(err)?;
-            Ok(Some(child(v.value())))
         }
         None => Ok(None),
     }

@@ -148,23 +148,8 @@ impl Vfs {
         let u = self.union().ok_or(VfsError::NotUnion)?;
         // Held until the member holds its own: a fold elsewhere rewrites
         // the directory in place, which this mount would not see happen.
-        let _claim = match crate::branch::claim::claim(new.root.as_fd()) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                return Err(VfsError::BranchBusy(
-                    "another mount is folding that directory (snapmerge); add it when the \
-                     fold is done"
-                        .into(),
-                ))
-            }
-            Err(e) => {
-                tracing::warn!(
-                    "the new branch is not claimed ({e}): a snapmerge by another mount \
-                     will not see this one"
-                );
-                None
-            }
-            Ok(claim) => Some(claim),
-        };
+        let _claim = crate::branch::claim::claim_or_warn(new.root.as_fd(), &"the new branch")
+            .map_err(|e| VfsError::BranchBusy(format!("{e}; add it when the fold is done")))?;
         let change = {
             let _all = u.set_lock.write();
             let old = u.set();
