@@ -12,6 +12,7 @@
 //! to reach live objects.
 
 mod branch_changes;
+mod clones;
 pub mod retention;
 mod state;
 

@@ -695,6 +695,34 @@ pub fn tag(t: &Target, name: &str, at: Option<&str>, delete: bool, json: bool) -
     Ok(())
 }
 
+/// `chronofs clone SRC DST`: both in one mount.
+pub fn clone(src: &Target, dst: &Target, at: Option<&str>, json: bool) -> Result<()> {
+    let same_mount = matches!((&src.backend, &dst.backend),
+        (Backend::Daemon(a), Backend::Daemon(b)) if a == b);
+    if !same_mount {
+        anyhow::bail!(
+            "{} and {} must both lie in one chronofs mount",
+            src.abs.display(),
+            dst.abs.display()
+        );
+    }
+    let v = src
+        .client()
+        .clone_path(&src.path, &dst.path, parse_at(at)?)?;
+    if json {
+        print_json(&v);
+    } else {
+        println!(
+            "cloned {} as of #{} ({}) to {}",
+            src.abs.display(),
+            v.seq,
+            spec::show(v.time_ns),
+            dst.abs.display()
+        );
+    }
+    Ok(())
+}
+
 pub fn tags(t: &Target, json: bool) -> Result<()> {
     let v = t.client().tags()?;
     if json {

@@ -161,6 +161,17 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Make DST a writable copy of SRC (a file or a tree in the mount),
+    /// at once whatever its size: nothing is copied until it changes.
+    Clone {
+        src: PathBuf,
+        dst: PathBuf,
+        /// Copy SRC as it was then (default: now).
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+        at: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Name an instant (default: now); a tag works wherever a time does.
     Tag {
         name: String,
@@ -473,6 +484,7 @@ const VERBS: &[&str] = &[
     "revert",
     "undelete",
     "diff",
+    "clone",
     "tag",
     "tags",
     "status",
@@ -738,6 +750,17 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             }
             restore::run(&t, restore::Verb::Undelete, &at, &dest, common.json)
         }
+        Command::Clone {
+            src,
+            dst,
+            at,
+            common,
+        } => h::clone(
+            &tgt(&src, &common)?,
+            &tgt(&dst, &common)?,
+            at.as_deref(),
+            common.json,
+        ),
         Command::Tag {
             name,
             at,

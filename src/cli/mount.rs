@@ -593,6 +593,14 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     }
     .map_err(|e| anyhow!("{e}"))?;
     if let Some(c) = &capture {
+        // Until a clone exists, no operation looks for a clone's mark.
+        if c.history()
+            .tags()?
+            .iter()
+            .any(|(n, _)| n.starts_with("clone:"))
+        {
+            vfs.enable_clones();
+        }
         let weak = Arc::downgrade(&vfs);
         c.set_namer(Box::new(move |obj| weak.upgrade()?.name_of(obj)));
         vfs.check_root_entries();
@@ -1206,6 +1214,41 @@ impl control::service::Host for MountHost {
         }
         reply.set = self.set_reply(&vfs, change, t0)?;
         Ok(reply)
+    }
+
+    fn clone_tree(
+        &self,
+        src: &control::proto::Components,
+        seq: crate::history::Seq,
+        dst: &control::proto::Components,
+        peer: &sys::Peer,
+    ) -> control::service::Result<String> {
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let caller = crate::vfs::Caller {
+            uid: peer.uid,
+            gid: peer.gid,
+            pid: peer.pid,
+        };
+        let Some((name, parents)) = dst.split_last() else {
+            return Err(control::service::Error::Usage(
+                "DST is the mount itself".into(),
+            ));
+        };
+        let mut dir = crate::vfs::InodeNo::ROOT;
+        let mut held = Vec::new();
+        let found = parents.iter().try_for_each(|comp| {
+            let e = vfs.lookup(&caller, dir, std::ffi::OsStr::from_bytes(comp))?;
+            held.push(e.attr.ino);
+            dir = e.attr.ino;
+            Ok::<_, crate::vfs::VfsError>(())
+        });
+        let made = found.and_then(|()| {
+            vfs.clone_path(&caller, src, seq, dir, std::ffi::OsStr::from_bytes(name))
+        });
+        for ino in held {
+            vfs.forget(ino, 1);
+        }
+        Ok(made?.tag)
     }
 
     fn start_sandbox(

@@ -83,6 +83,14 @@ impl Client<'_> {
         })
     }
 
+    pub fn clone_path(&self, src: &Components, dst: &Components, at: At) -> Result<CloneReply> {
+        self.ask(Request::Clone {
+            src: src.clone(),
+            dst: dst.clone(),
+            at,
+        })
+    }
+
     pub fn untag(&self, name: &str) -> Result<UntagReply> {
         self.ask(Request::Untag { name: name.into() })
     }

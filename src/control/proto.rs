@@ -169,6 +169,13 @@ pub enum Request {
         id: u32,
         force: bool,
     },
+    /// Makes `dst` (a new name in the mount) a writable copy of `src` as
+    /// of `at`, sharing everything until it changes.
+    Clone {
+        src: Components,
+        dst: Components,
+        at: At,
+    },
 }
 
 impl Request {
@@ -639,6 +646,16 @@ pub struct TagInfo {
     pub time_ns: Option<i64>,
 }
 
+/// `Clone`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CloneReply {
+    /// The instant copied.
+    pub seq: Seq,
+    pub time_ns: i64,
+    /// The tag that keeps that instant while the clone reads it.
+    pub tag: String,
+}
+
 /// `Tags`'s reply.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TagsReply {
@@ -785,6 +802,7 @@ pub enum Answer {
     Status(Box<StatusReply>),
     Tags(TagsReply),
     Tag(TagInfo),
+    Clone(CloneReply),
     Untag(UntagReply),
     Instant(Instant),
     Node(Box<NodeInfo>),

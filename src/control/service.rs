@@ -109,6 +109,19 @@ pub trait Host: LiveIds {
     fn commit_sandbox(&self, _id: u32, _force: bool) -> Result<super::proto::SandboxCommitReply> {
         Err(Error::Usage("nothing is mounted".into()))
     }
+    /// Makes `dst` a clone of `src` as of `seq`, as `peer` (the caller
+    /// checked that `peer` may read `src` then); returns the clone's tag.
+    fn clone_tree(
+        &self,
+        _src: &Components,
+        _seq: Seq,
+        _dst: &Components,
+        _peer: &Peer,
+    ) -> Result<String> {
+        Err(Error::Usage(
+            "nothing is mounted: clones are made in a mount".into(),
+        ))
+    }
     /// Removes a union's branch (the caller checked the privilege).
     fn remove_branch(&self, _branch: &str, _force: bool) -> Result<super::proto::BranchSetReply> {
         Err(Error::Usage("nothing is mounted".into()))
@@ -257,6 +270,37 @@ impl Service {
         self.past().node(path, seq)
     }
 
+    /// `chronofs clone`: SRC must be readable to the caller at the
+    /// instant (what it may not read there it may not copy), and DST must
+    /// not lie in SRC.
+    fn clone_path(
+        &self,
+        src: &Components,
+        dst: &Components,
+        at: &At,
+        peer: &Peer,
+    ) -> Result<super::proto::CloneReply> {
+        if dst.is_empty() {
+            return Err(Error::Usage(
+                "DST must be a new name inside the mount".into(),
+            ));
+        }
+        if dst.starts_with(src) {
+            return Err(Error::Usage(format!(
+                "{} lies inside {}: a clone cannot hold itself",
+                show_path(dst),
+                show_path(src)
+            )));
+        }
+        self.host.settle();
+        let (seq, time_ns) = self.resolve_at(at)?;
+        let node = self.node(src, seq)?;
+        self.past()
+            .check(&who(peer), src, seq, &node, access::READ)?;
+        let tag = self.host.clone_tree(src, seq, dst, peer)?;
+        Ok(super::proto::CloneReply { seq, time_ns, tag })
+    }
+
     pub fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Answer> {
         if peer.uid != 0 && self.host.audit() {
             return Err(Error::Denied(
@@ -277,6 +321,7 @@ impl Service {
             Request::Status => Answer::Status(Box::new(self.status()?)),
             Request::Tags => Answer::Tags(self.tags()?),
             Request::Tag { name, at } => Answer::Tag(self.tag(name, at, peer)?),
+            Request::Clone { src, dst, at } => Answer::Clone(self.clone_path(src, dst, at, peer)?),
             Request::Untag { name } => Answer::Untag(self.untag(name, peer)?),
             Request::Resolve { at } => {
                 let (seq, t) = self.resolve_at(at)?;

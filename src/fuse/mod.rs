@@ -133,6 +133,13 @@ impl ChronoFuse {
         self.vfs.on_attrs_changed(Box::new(move |i| {
             invalidate_attrs(&notifier, INodeNo(i.0));
         }));
+        let notifier = self.notifier.clone();
+        self.vfs.on_name_made(Box::new(move |parent, name| {
+            if let Some(n) = notifier.get() {
+                // ENOENT: the kernel has no entry, which is the aim.
+                let _ = n.inval_entry(INodeNo(parent.0), OsStr::from_bytes(name));
+            }
+        }));
     }
 }
 

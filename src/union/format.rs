@@ -83,6 +83,16 @@ impl XattrNs {
         }
     }
 
+    /// chronofs's own: a clone's object that still shows its base
+    /// (`vfs/clone.rs`). Under the overlay prefix so that it is hidden
+    /// and refused as the union's markers are.
+    pub fn clone_mark(self) -> &'static CStr {
+        match self {
+            XattrNs::Trusted => c"trusted.overlay.chronofs.clone",
+            XattrNs::User => c"user.overlay.chronofs.clone",
+        }
+    }
+
     /// chronofs's own: see [`mark_attrs_set`].
     pub fn attrs_set(self) -> &'static CStr {
         match self {
@@ -178,6 +188,11 @@ pub fn set_redirect(dir_fd: BorrowedFd<'_>, ns: XattrNs, abs_path: &[u8]) -> io:
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     sys::setxattr_fd(dir_fd, ns.redirect(), abs_path, 0)
+}
+
+/// A clone object's mark (`XattrNs::clone_mark`), if it has one.
+pub fn read_clone_mark(fd: BorrowedFd<'_>, ns: XattrNs) -> io::Result<Option<Vec<u8>>> {
+    read_xattr(fd, ns.clone_mark())
 }
 
 /// An xattr's value; `None` where it is absent or the file system has no

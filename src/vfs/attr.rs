@@ -253,7 +253,7 @@ impl Vfs {
     }
 
     pub(super) fn live_listxattr(&self, caller: &Caller, ino: InodeNo, size: u32) -> Result<Xattr> {
-        if self.union().is_some() {
+        if self.union().is_some() || self.clones_on() {
             return self.union_listxattr(caller, ino, size);
         }
         Xattr::list(caller, self.node(ino)?.fd(), size)

@@ -154,6 +154,7 @@ impl Vfs {
         if !inode.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
+        self.fill_if_unfilled(&inode)?;
         let (cache, stamp) = self.listing_cache(&inode);
         let access = libc::O_RDONLY | libc::O_DIRECTORY | (flags & libc::O_NOATIME);
         let union = inode.has_layers();

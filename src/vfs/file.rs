@@ -104,6 +104,11 @@ impl Vfs {
             libc::S_IFLNK => return Err(errno(libc::ELOOP)),
             _ => {}
         }
+        if self.clones_on() && !writes(flags) && flags & libc::O_TRUNC == 0 {
+            if let Some(mark) = self.base_of_file(&inode)? {
+                return self.open_base_file(&mark);
+            }
+        }
         let versioned = self.capture.is_some() && inode.kind == libc::S_IFREG && writes(flags);
         if versioned {
             self.before_write_open(ino)?;

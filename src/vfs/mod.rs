@@ -21,6 +21,7 @@
 mod attr;
 mod branch_modes;
 mod branch_set;
+mod clone;
 mod commit;
 mod dir;
 mod dircache;
@@ -91,6 +92,9 @@ pub enum VfsError {
     Reserved(std::ffi::OsString),
     #[error("operation not valid on this kind of file")]
     WrongKind,
+    /// A clone asked of a mount without history.
+    #[error("clones need history, and this mount keeps none (-o plain)")]
+    NoHistory,
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Recording a change failed (the message says why; the caller sees
@@ -116,6 +120,7 @@ impl VfsError {
             VfsError::NoSuchBranch(_) => libc::ENOENT,
             VfsError::Reserved(_) => libc::EPERM,
             VfsError::WrongKind => libc::EINVAL,
+            VfsError::NoHistory => libc::EOPNOTSUPP,
             VfsError::Store(e) => e.errno(),
             VfsError::Capture(e) => e.errno(),
             VfsError::History(e) => e.errno(),
@@ -247,12 +252,20 @@ pub struct Vfs {
     /// Told of an inode whose attributes changed outside any reply that
     /// carries them (the FUSE adapter invalidates the kernel's copy).
     attrs_changed: std::sync::OnceLock<AttrsChanged>,
+    /// Told of a name the vfs made where no request of the kernel's did
+    /// (a clone): the kernel may remember it as absent.
+    name_made: std::sync::OnceLock<NameMade>,
     /// Told when a union's branch set changed (`Vfs::on_set_changed`).
     set_changed: std::sync::OnceLock<SetChanged>,
     /// A single directory's [`Vfs::changing`] lock (a union's is its set
     /// lock): a sandbox commit holds it exclusively.
     tree_lock: parking_lot::RwLock<()>,
+    /// Clones in this mount (`clone.rs`).
+    clones: clone::Clones,
 }
+
+/// See [`Vfs::on_name_made`].
+pub type NameMade = Box<dyn Fn(InodeNo, &[u8]) + Send + Sync>;
 
 /// See [`Vfs::on_attrs_changed`].
 pub type AttrsChanged = Box<dyn Fn(InodeNo) + Send + Sync>;
@@ -299,8 +312,10 @@ impl Vfs {
             views: views::Views::default(),
             union,
             attrs_changed: std::sync::OnceLock::new(),
+            name_made: std::sync::OnceLock::new(),
             set_changed: std::sync::OnceLock::new(),
             tree_lock: parking_lot::RwLock::new(()),
+            clones: clone::Clones::default(),
         }))
     }
 
@@ -350,6 +365,20 @@ impl Vfs {
     pub fn on_attrs_changed(&self, hook: AttrsChanged) {
         if self.attrs_changed.set(hook).is_err() {
             tracing::warn!("attribute-change hook set twice; the first stays");
+        }
+    }
+
+    /// Runs `hook` for a name the vfs made outside any request that
+    /// named it (a clone's): the kernel must forget that it was absent.
+    pub fn on_name_made(&self, hook: NameMade) {
+        if self.name_made.set(hook).is_err() {
+            tracing::warn!("name hook set twice; the first stays");
+        }
+    }
+
+    pub(in crate::vfs) fn name_made(&self, parent: InodeNo, name: &[u8]) {
+        if let Some(hook) = self.name_made.get() {
+            hook(parent, name);
         }
     }
 

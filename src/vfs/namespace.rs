@@ -32,6 +32,7 @@ impl Vfs {
             return Err(errno(libc::ENOENT));
         }
         let dir = self.node(parent)?;
+        self.fill_if_unfilled(&dir)?;
         self.recheck_if_marked(&dir);
         let entry = match self.lookup_in(&dir, name) {
             Err(e) if e.errno_is(libc::ENOENT) => {
@@ -270,7 +271,12 @@ impl Vfs {
             true => None,
             false => self.hold_named(parent, name)?,
         };
-        if let Err(e) = self.before_freeing(Some(parent), held) {
+        // rmdir of a clone's directory: its base's entries count.
+        let filled = match held.filter(|_| flags & libc::AT_REMOVEDIR != 0) {
+            Some(dir) => self.fill_held(dir),
+            None => Ok(()),
+        };
+        if let Err(e) = filled.and_then(|()| self.before_freeing(Some(parent), held)) {
             self.release_held(held);
             return Err(e);
         }
@@ -392,13 +398,18 @@ impl Vfs {
                 return Err(e);
             }
         };
-        let result = self.rename_held(
-            caller,
-            (parent, name),
-            (newparent, newname),
-            flags,
-            (moved, target),
-        );
+        // A clone's directory replaced by the rename must be as empty as
+        // it looks: its base's entries count.
+        let result = match target.map(|t| self.fill_held(t)) {
+            Some(Err(e)) => Err(e),
+            _ => self.rename_held(
+                caller,
+                (parent, name),
+                (newparent, newname),
+                flags,
+                (moved, target),
+            ),
+        };
         self.release_held(moved);
         self.release_held(target);
         result

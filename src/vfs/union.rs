@@ -988,6 +988,9 @@ impl Vfs {
     /// under the same number.
     pub(super) fn writable_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
         let node = self.node(ino)?;
+        if self.clones_on() {
+            self.materialise(&node)?;
+        }
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
         };
@@ -1190,22 +1193,28 @@ impl Vfs {
     /// The union's own xattrs (whiteouts, opaque, redirect) are not the
     /// file's: hidden and refused, as overlayfs does (EOPNOTSUPP).
     pub(super) fn refuse_union_xattr(&self, name: &OsStr) -> Result<()> {
-        match &self.union {
-            Some(u) if format::is_overlay_xattr(name.as_bytes(), u.ns) => {
-                Err(errno(libc::EOPNOTSUPP))
-            }
-            _ => Ok(()),
+        if self.hidden_xattr(name.as_bytes()) {
+            Err(errno(libc::EOPNOTSUPP))
+        } else {
+            Ok(())
         }
     }
 
-    /// listxattr without the union's own names.
+    /// The mount's own xattrs: a union's markers, or a clone's mark.
+    fn hidden_xattr(&self, name: &[u8]) -> bool {
+        match &self.union {
+            Some(u) => format::is_overlay_xattr(name, u.ns),
+            None => self.clones_on() && name == self.clone_mark_name().to_bytes(),
+        }
+    }
+
+    /// listxattr without the mount's own names.
     pub(super) fn union_listxattr(
         &self,
         caller: &super::Caller,
         ino: InodeNo,
         size: u32,
     ) -> Result<super::Xattr> {
-        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let node = self.node(ino)?;
         let fd = node.fd();
         let mut buf = Vec::new();
@@ -1224,7 +1233,7 @@ impl Vfs {
         }
         let mut shown = Vec::with_capacity(buf.len());
         for name in buf.split(|b| *b == 0).filter(|n| !n.is_empty()) {
-            if !format::is_overlay_xattr(name, u.ns) {
+            if !self.hidden_xattr(name) {
                 shown.extend_from_slice(name);
                 shown.push(0);
             }

@@ -33,6 +33,10 @@ impl Tree for Live<'_> {
 
     fn open_read(&self, obj: ObjectId) -> io::Result<OwnedFd> {
         let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
+        // A clone's file that still reads its base gets its bytes first.
+        if self.0.clones_on() {
+            self.0.materialise(&node).map_err(io_err)?;
+        }
         sys::reopen(node.fd(), libc::O_RDONLY | libc::O_NOATIME)
             .or_else(|_| sys::reopen(node.fd(), libc::O_RDONLY))
     }
@@ -67,12 +71,19 @@ impl Tree for Live<'_> {
             return None;
         }
         let inode = self.0.inodes.get(InodeNo::from(obj)).ok()?;
-        Some(Binding {
+        Some(self.binding_of(&inode))
+    }
+}
+
+impl Live<'_> {
+    /// How history knows `inode`'s backing object.
+    pub(super) fn binding_of(&self, inode: &super::inodes::Inode) -> Binding {
+        Binding {
             branch: inode.key.branch,
             dev: inode.key.dev,
             ino: inode.key.ino,
-            object: obj,
-        })
+            object: inode.ino.object(),
+        }
     }
 }
 
@@ -153,6 +164,9 @@ impl Vfs {
     /// Before `ino` changes.
     pub(super) fn before_change(&self, ino: InodeNo) -> Result<()> {
         if let Some(c) = self.capture() {
+            if self.clones_on() {
+                self.materialise(&self.node(ino)?)?;
+            }
             c.before_change(&Live(self), ino.object())?;
         }
         Ok(())
@@ -187,6 +201,9 @@ impl Vfs {
     /// Before an entry of `dir` is added, removed or replaced.
     pub(super) fn before_dir_change(&self, dir: InodeNo) -> Result<()> {
         if let Some(c) = self.capture() {
+            if self.clones_on() {
+                self.fill_if_unfilled(&self.node(dir)?)?;
+            }
             c.before_dir_change(&Live(self), dir.object())?;
         }
         Ok(())
@@ -194,7 +211,7 @@ impl Vfs {
 
     /// After history recorded a change of `dirs`' entries: their live
     /// attributes now go with the recorded listings.
-    fn dirs_verified(&self, c: &Capture, dirs: &[InodeNo]) {
+    pub(super) fn dirs_verified(&self, c: &Capture, dirs: &[InodeNo]) {
         for dir in dirs {
             if let Ok(node) = self.node(*dir) {
                 if let Ok(st) = sys::fstat(node.fd()) {

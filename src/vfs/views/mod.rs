@@ -204,7 +204,7 @@ fn enoent<T>(why: impl std::fmt::Display) -> Result<T> {
     Err(errno(libc::ENOENT))
 }
 
-fn past_err(e: past::Error) -> VfsError {
+pub(in crate::vfs) fn past_err(e: past::Error) -> VfsError {
     match e {
         past::Error::NotFound(m) | past::Error::Usage(m) => {
             tracing::debug!("history view: {m}");
@@ -282,7 +282,7 @@ impl Vfs {
         }
     }
 
-    fn with_past<T>(&self, f: impl FnOnce(&Past) -> Result<T>) -> Result<T> {
+    pub(in crate::vfs) fn with_past<T>(&self, f: impl FnOnce(&Past) -> Result<T>) -> Result<T> {
         let ids = VfsIds(self);
         let past = Past {
             history: self.history()?,

@@ -21,13 +21,8 @@ impl Vfs {
             return Err(VfsError::WrongKind);
         }
         self.view_permits(caller, &node, crate::history::access::READ)?;
-        let source = self.source_for(*obj, *at, state)?;
-        let passthrough = self.clone_for(&node, *obj, &source);
-        let reader = Reader {
-            obj: *obj,
-            at: *at,
-            source,
-        };
+        let reader = self.source_for(*obj, *at, state)?;
+        let passthrough = self.clone_for(&node, reader.obj, &reader.source);
         let passthrough_ok = passthrough.is_some();
         let fh = self.insert_view_handle(ViewHandle::File {
             reader: Mutex::new(reader),
@@ -109,9 +104,67 @@ impl Vfs {
         fh
     }
 
+    /// Opens `path` as it was at `at` for reading: what a clone's file
+    /// that still shows its base reads (the kernel checked the caller's
+    /// right to read against the clone's own file).
+    pub(in crate::vfs) fn open_base(
+        &self,
+        at: Seq,
+        path: &[Vec<u8>],
+    ) -> Result<crate::vfs::Opened> {
+        let reader = self.base_reader(at, path)?;
+        let fh = self.insert_view_handle(ViewHandle::File {
+            reader: Mutex::new(reader),
+            passthrough: None,
+        });
+        Ok(crate::vfs::Opened {
+            fh,
+            passthrough_ok: false,
+            session: false,
+            per_write: false,
+        })
+    }
+
+    fn base_reader(&self, at: Seq, path: &[Vec<u8>]) -> Result<Reader> {
+        let Some(node) = self.with_past(|p| p.resolve(path, at).map_err(past_err))? else {
+            tracing::error!(
+                "a clone's base {} at #{at} is not in history",
+                past::show_path(path)
+            );
+            return Err(errno(libc::EIO));
+        };
+        if node.mode() & libc::S_IFMT != libc::S_IFREG {
+            return Err(VfsError::WrongKind);
+        }
+        let (obj, state) = match node {
+            Node::Hist { obj, v, .. } => (obj, State::Hist { v: Arc::new(v) }),
+            Node::Live { fd, st, .. } => {
+                let inode = self.inodes.acquire_new(fd, &st, false)?;
+                (inode.ino.object(), State::Live { inode })
+            }
+        };
+        let reader = self.source_for(obj, at, &state);
+        self.drop_what(What::At { at, obj, state });
+        reader
+    }
+
     /// Where an open view file reads from: the live file if it still holds
-    /// exactly the content of the instant, else the chunks.
-    pub(super) fn source_for(&self, obj: ObjectId, at: Seq, state: &State) -> Result<ReadFrom> {
+    /// exactly the content of the instant, else the chunks. A clone's file
+    /// that still shows its base reads that base.
+    pub(super) fn source_for(&self, obj: ObjectId, at: Seq, state: &State) -> Result<Reader> {
+        if let State::Live { inode } = state {
+            if inode.kind == libc::S_IFREG && self.clones_on() {
+                let node = self.inodes.node_of(inode.clone())?;
+                if let Some(mark) = self.base_of_file(&node)? {
+                    return self.base_reader(mark.at, &mark.path);
+                }
+            }
+        }
+        let source = self.read_from(obj, at, state)?;
+        Ok(Reader { obj, at, source })
+    }
+
+    fn read_from(&self, obj: ObjectId, at: Seq, state: &State) -> Result<ReadFrom> {
         let h = self.history()?;
         let latest = h
             .latest(obj)

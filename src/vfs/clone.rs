@@ -1,0 +1,501 @@
+//! Clones (docs/ARCHITECTURE.md "Clones"): `chronofs clone SRC DST` makes
+//! DST an independent, writable copy of SRC as of an instant, without
+//! copying anything at clone time.
+//!
+//! A clone's objects are real objects of the writable branch from the
+//! start, so every operation on them is the live tree's. Until one has
+//! content of its own it carries a *mark* (`XattrNs::clone_mark`, hidden
+//! from users as the union's markers are) naming its *base*: the path
+//! and instant of the object it copies, which history keeps. A marked
+//! directory has not been filled yet: the first operation on its entries
+//! fills it with marked copies of the base's entries (attributes, names,
+//! xattrs, symlinks, special files: metadata only). A marked file reads
+//! the base's bytes (the live file while unchanged, else history's
+//! chunks, as a view does) until the first change materialises it: its
+//! bytes are copied in and the mark is removed.
+//!
+//! History records a clone's entries as of the clone's instant (the fill
+//! backdates them), so the past shows the clone whole from its start, and
+//! a tag `clone:N` keeps the base's instant from retention.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use super::inodes::Node;
+use super::{errno, Caller, InodeNo, Result, Vfs, VfsError};
+use crate::history::past::Node as PastNode;
+use crate::history::{Binding, Content, Seq};
+use crate::sys::{self, creds, Stat, TimeSpec};
+use crate::union::copyup::temp_name;
+use crate::union::format::{self, XattrNs};
+
+/// The mark's format: its value's first byte.
+const MARK_FORMAT: u8 = 1;
+/// A directory whose entries are still its base's.
+const UNFILLED_DIR: u8 = b'D';
+/// A file whose bytes are still its base's.
+const BASE_FILE: u8 = b'F';
+/// Bytes copied per step when a file is materialised.
+const COPY_STEP: usize = 1 << 20;
+
+/// What a marked object copies: `path` (from the mount root) as it was
+/// at `at`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Mark {
+    dir: bool,
+    pub at: Seq,
+    pub path: Vec<Vec<u8>>,
+}
+
+impl Mark {
+    fn encode(&self) -> Vec<u8> {
+        let kind = if self.dir { UNFILLED_DIR } else { BASE_FILE };
+        let mut out = vec![MARK_FORMAT, kind];
+        out.extend_from_slice(&self.at.get().to_le_bytes());
+        out.extend_from_slice(&self.path.join(&b'/'));
+        out
+    }
+
+    fn decode(b: &[u8]) -> std::result::Result<Mark, String> {
+        let [format, kind, rest @ ..] = b else {
+            return Err("too short".into());
+        };
+        if *format != MARK_FORMAT {
+            return Err(format!(
+                "format {format}, this build reads format {MARK_FORMAT}"
+            ));
+        }
+        let dir = match *kind {
+            UNFILLED_DIR => true,
+            BASE_FILE => false,
+            k => return Err(format!("unknown kind {k}")),
+        };
+        let (at, path) = rest.split_at_checked(8).ok_or("too short")?;
+        let at = Seq::new(u64::from_le_bytes(at.try_into().map_err(|_| "too short")?));
+        let path = if path.is_empty() {
+            Vec::new()
+        } else {
+            path.split(|b| *b == b'/').map(<[u8]>::to_vec).collect()
+        };
+        if path.iter().any(|c| c.is_empty()) {
+            return Err("an empty path component".into());
+        }
+        Ok(Mark { dir, at, path })
+    }
+
+    fn child(&self, name: &[u8], dir: bool) -> Mark {
+        let mut path = self.path.clone();
+        path.push(name.to_vec());
+        Mark {
+            dir,
+            at: self.at,
+            path,
+        }
+    }
+}
+
+/// What `chronofs clone` made.
+#[derive(Clone, Debug)]
+pub struct Cloned {
+    pub ino: InodeNo,
+    /// The instant copied.
+    pub at: Seq,
+    pub tag: String,
+}
+
+/// The clone state of a mount.
+#[derive(Default)]
+pub(super) struct Clones {
+    /// Set once the mount holds (or may hold) a clone: until then no
+    /// operation pays for a mark check.
+    on: std::sync::atomic::AtomicBool,
+    /// One fill or materialisation at a time: a second caller waits and
+    /// then finds the mark gone.
+    busy: parking_lot::Mutex<()>,
+}
+
+impl Vfs {
+    /// The namespace of the mount's own xattrs.
+    fn clone_ns(&self) -> XattrNs {
+        self.union().map_or_else(XattrNs::for_daemon, |u| u.ns)
+    }
+
+    /// The name of the clone mark's xattr in this mount.
+    pub(super) fn clone_mark_name(&self) -> &'static std::ffi::CStr {
+        self.clone_ns().clone_mark()
+    }
+
+    pub(super) fn clones_on(&self) -> bool {
+        self.clones.on.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the mount as holding clones (at mount, if history has a
+    /// clone's tag; and when one is made).
+    pub fn enable_clones(&self) {
+        self.clones
+            .on
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The mark of the object behind `fd`, if it has one.
+    fn mark_of(&self, fd: BorrowedFd<'_>) -> Result<Option<Mark>> {
+        if !self.clones_on() {
+            return Ok(None);
+        }
+        let Some(raw) = format::read_clone_mark(fd, self.clone_ns())? else {
+            return Ok(None);
+        };
+        Mark::decode(&raw).map(Some).map_err(|why| {
+            tracing::error!("a clone's mark is damaged ({why}); its base is unknown");
+            errno(libc::EIO)
+        })
+    }
+
+    /// The base a clone's file still reads from, if it does.
+    pub(super) fn base_of_file(&self, node: &Node) -> Result<Option<Mark>> {
+        if node.kind != libc::S_IFREG {
+            return Ok(None);
+        }
+        Ok(self.mark_of(node.fd())?.filter(|m| !m.dir))
+    }
+
+    /// Before an operation on `dir`'s entries: a clone's directory gets
+    /// its base's entries first.
+    pub(super) fn fill_if_unfilled(&self, dir: &Node) -> Result<()> {
+        if !dir.is_dir() || !self.clones_on() {
+            return Ok(());
+        }
+        if self.mark_of(dir.fd())?.is_none() {
+            return Ok(());
+        }
+        let _one = self.clones.busy.lock();
+        // Another caller may have filled it meanwhile.
+        let Some(mark) = self.mark_of(dir.fd())?.filter(|m| m.dir) else {
+            return Ok(());
+        };
+        self.fill(dir, &mark)
+    }
+
+    /// [`Vfs::fill_if_unfilled`] for an inode an operation holds.
+    pub(super) fn fill_held(&self, ino: InodeNo) -> Result<()> {
+        if !self.clones_on() {
+            return Ok(());
+        }
+        self.fill_if_unfilled(&self.node(ino)?)
+    }
+
+    /// Fills the unfilled directory `dir` with copies of its base's
+    /// entries: each made under a hidden name, complete, then renamed into
+    /// place, so a crash leaves only whole entries (a later fill skips
+    /// them) and hidden leftovers (`fsck` removes them). The mark goes
+    /// only once the entries are durable and recorded.
+    fn fill(&self, dir: &Node, mark: &Mark) -> Result<()> {
+        let children = self.with_past(|p| {
+            let Some(base) = p
+                .resolve(&mark.path, mark.at)
+                .map_err(super::views::past_err)?
+            else {
+                return Ok(Vec::new());
+            };
+            let names = p
+                .names(&base, mark.at, mark.path.is_empty())
+                .map_err(super::views::past_err)?;
+            let mut out = Vec::with_capacity(names.len());
+            for name in names {
+                let mut path = mark.path.clone();
+                path.push(name.clone());
+                if let Some(node) = p.resolve(&path, mark.at).map_err(super::views::past_err)? {
+                    out.push((name, node));
+                }
+            }
+            Ok(out)
+        })?;
+        let mut made = Vec::with_capacity(children.len());
+        for (name, base) in children {
+            let cname = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
+            match sys::fstatat(dir.fd(), &cname) {
+                // Made by a fill a crash interrupted.
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    self.copy_entry(dir.fd(), &cname, &base, mark.child(&name, false))?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            made.push((name, cname));
+        }
+        let rw = sys::reopen_dir(dir.fd(), libc::O_RDONLY)?;
+        sys::fsync(rw.as_fd(), false)?;
+        self.record_fill(dir, mark.at, &made)?;
+        sys::removexattr_fd(dir.fd(), self.clone_ns().clone_mark())?;
+        if let Some(c) = self.capture() {
+            c.dir_verified(dir.ino.object(), &sys::fstat(dir.fd())?);
+        }
+        Ok(())
+    }
+
+    /// History learns a fill's entries as of the clone's instant `at`.
+    fn record_fill(&self, dir: &Node, at: Seq, made: &[(Vec<u8>, CString)]) -> Result<()> {
+        let Some(c) = self.capture() else {
+            return Ok(());
+        };
+        let mut entries: Vec<(Vec<u8>, Binding)> = Vec::with_capacity(made.len());
+        for (name, cname) in made {
+            let fd = sys::open_path(dir.fd(), cname)?;
+            let st = sys::fstat(fd.as_fd())?;
+            let inode = self.inodes.acquire_new(fd, &st, false)?;
+            let binding = super::versioning::Live(self).binding_of(&inode);
+            inode.set_name(dir.ino, name);
+            self.inodes.forget(inode.ino, 1);
+            entries.push((name.clone(), binding));
+        }
+        c.filled(dir.ino.object(), entries, at)?;
+        Ok(())
+    }
+
+    /// Makes `name` in `dir` a copy of `base` (metadata only: a regular
+    /// file gets its size and a mark, a directory a mark).
+    fn copy_entry(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+        base: &PastNode,
+        mark: Mark,
+    ) -> Result<()> {
+        let (st, xattrs, target) = describe(base)?;
+        let kind = st.st_mode & libc::S_IFMT;
+        let hidden = temp_name();
+        let mut made_mark = None;
+        match kind {
+            libc::S_IFDIR => {
+                sys::mkdirat(dir, &hidden, 0o700)?;
+                made_mark = Some(Mark { dir: true, ..mark });
+            }
+            libc::S_IFREG => {
+                let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW;
+                let fd = sys::openat(dir, &hidden, flags, 0o600)?;
+                sys::ftruncate(fd.as_fd(), st.st_size as u64)?;
+                made_mark = Some(mark);
+            }
+            libc::S_IFLNK => {
+                let t =
+                    CString::new(target.unwrap_or_default()).map_err(|_| errno(libc::EINVAL))?;
+                sys::symlinkat(&t, dir, &hidden)?;
+            }
+            _ => sys::mknodat(dir, &hidden, kind | 0o600, st.st_rdev)?,
+        }
+        let fd = sys::open_path(dir, &hidden)?;
+        let done = (|| -> Result<()> {
+            if let Some(m) = made_mark {
+                sys::setxattr_fd(fd.as_fd(), self.clone_ns().clone_mark(), &m.encode(), 0)?;
+            }
+            set_meta(fd.as_fd(), &st, &xattrs)?;
+            sys::renameat2(dir, &hidden, dir, name, libc::RENAME_NOREPLACE)?;
+            Ok(())
+        })();
+        if done.is_err() {
+            let flags = if kind == libc::S_IFDIR {
+                libc::AT_REMOVEDIR
+            } else {
+                0
+            };
+            let _ = sys::unlinkat(dir, &hidden, flags);
+        }
+        done
+    }
+
+    /// Opens what a clone's unchanged file reads: its base.
+    pub(super) fn open_base_file(&self, mark: &Mark) -> Result<super::Opened> {
+        self.open_base(mark.at, &mark.path)
+    }
+
+    /// Gives a clone's file its own bytes (before it changes, or before
+    /// anything reads it as a live file): the base's are copied in, made
+    /// durable, and only then is the mark removed.
+    pub(super) fn materialise(&self, node: &Node) -> Result<()> {
+        if self.base_of_file(node)?.is_none() {
+            return Ok(());
+        }
+        let _one = self.clones.busy.lock();
+        let Some(mark) = self.base_of_file(node)? else {
+            return Ok(());
+        };
+        let opened = self.open_base_file(&mark)?;
+        let copied = self.copy_base(opened.fh, node.fd());
+        let _ = self.view_release(opened.fh);
+        copied?;
+        sys::removexattr_fd(node.fd(), self.clone_ns().clone_mark())?;
+        Ok(())
+    }
+
+    fn copy_base(&self, fh: u64, to: BorrowedFd<'_>) -> Result<()> {
+        let out = sys::reopen(to, libc::O_WRONLY)?;
+        let mut off = 0u64;
+        loop {
+            let buf = self.view_read(fh, off, COPY_STEP as u32)?;
+            if buf.is_empty() {
+                break;
+            }
+            let mut done = 0;
+            while done < buf.len() {
+                done += sys::pwrite(out.as_fd(), &buf[done..], off + done as u64)?;
+            }
+            off += buf.len() as u64;
+        }
+        sys::fsync(out.as_fd(), false)?;
+        Ok(())
+    }
+
+    /// `chronofs clone`: makes `dst` (in directory `dst_parent`) a copy of
+    /// mount path `src` as of `at`, as `caller`. Refused where the caller
+    /// could not read SRC's top or write DST's directory, where DST is in
+    /// SRC, and where DST exists (nothing is replaced yet).
+    pub fn clone_path(
+        &self,
+        caller: &Caller,
+        src: &[Vec<u8>],
+        at: Seq,
+        dst_parent: InodeNo,
+        dst_name: &OsStr,
+    ) -> Result<Cloned> {
+        let _set = self.changing();
+        let Some(c) = self.capture() else {
+            return Err(VfsError::NoHistory);
+        };
+        let base = self
+            .with_past(|p| p.resolve(src, at).map_err(super::views::past_err))?
+            .ok_or_else(|| errno(libc::ENOENT))?;
+        self.check_name(dst_parent, dst_name)?;
+        let parent = self.node(dst_parent)?;
+        self.fill_if_unfilled(&parent)?;
+        creds::as_caller(caller, || {
+            sys::access_fd(parent.fd(), libc::W_OK | libc::X_OK)
+        })?;
+        let cname = sys::cstr(dst_name)?;
+        let taken = match self.union() {
+            Some(_) => self.lookup_exists(&parent, dst_name)?,
+            None => sys::fstatat(parent.fd(), &cname).is_ok(),
+        };
+        if taken {
+            return Err(errno(libc::EEXIST));
+        }
+        self.before_dir_change(dst_parent)?;
+        let target = self.create_target(caller, dst_parent, &cname)?;
+        self.enable_clones();
+        let mark = Mark {
+            dir: false,
+            at,
+            path: src.to_vec(),
+        };
+        self.copy_entry(target.dir.fd(), &cname, &base, mark)?;
+        let fd = sys::open_path(target.dir.fd(), &cname)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let inode = match target.branch {
+            Some(b) => self.inodes.acquire_new_in(b, fd, &st, true)?,
+            None => self.inodes.acquire_new(fd, &st, true)?,
+        };
+        inode.set_name(target.dir.ino, dst_name.as_bytes());
+        let binding = super::versioning::Live(self).binding_of(&inode);
+        let tag = format!("clone:{}", inode.ino.0);
+        self.inodes.forget(inode.ino, 1);
+        let entry = (dst_name.as_bytes().to_vec(), binding);
+        c.cloned(target.dir.ino.object(), entry, at, &tag)?;
+        self.dirs_verified(c, &[target.dir.ino]);
+        self.attrs_changed(target.dir.ino);
+        self.name_made(dst_parent, dst_name.as_bytes());
+        Ok(Cloned {
+            ino: inode.ino,
+            at,
+            tag,
+        })
+    }
+}
+
+/// A base object's attributes, xattrs and symlink target.
+type Described = (Stat, Vec<(Vec<u8>, Vec<u8>)>, Option<Vec<u8>>);
+
+fn describe(base: &PastNode) -> Result<Described> {
+    match base {
+        PastNode::Hist { v, .. } => {
+            let a = &v.attrs;
+            let mut st = sys::zeroed_stat();
+            st.st_mode = a.mode;
+            st.st_uid = a.uid;
+            st.st_gid = a.gid;
+            st.st_rdev = a.rdev;
+            st.st_size = a.size as i64;
+            (st.st_atime, st.st_atime_nsec) = (a.atime.sec, i64::from(a.atime.nsec));
+            (st.st_mtime, st.st_mtime_nsec) = (a.mtime.sec, i64::from(a.mtime.nsec));
+            let target = match &v.content {
+                Content::Symlink { target } => Some(target.clone()),
+                _ => None,
+            };
+            Ok((st, v.xattrs.clone(), target))
+        }
+        PastNode::Live { fd, st, .. } => {
+            let target = (st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+                .then(|| sys::readlink_fd(fd.as_fd()))
+                .transpose()?;
+            let xattrs = if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                Vec::new()
+            } else {
+                sys::xattrs_of(fd.as_fd())?
+            };
+            Ok((*st, xattrs, target))
+        }
+    }
+}
+
+/// Owner, xattrs, mode, times: the order in which none undoes another
+/// (chown clears set-id bits; times last). Without the privilege to give
+/// an object away, the daemon's own ownership stays.
+fn set_meta(fd: BorrowedFd<'_>, st: &Stat, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    match sys::chown_fd(fd, st.st_uid, st.st_gid) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) && sys::geteuid() != 0 => {}
+        other => other?,
+    }
+    let symlink = st.st_mode & libc::S_IFMT == libc::S_IFLNK;
+    if !symlink {
+        for (name, value) in xattrs {
+            if name.starts_with(b"trusted.overlay.") || name.starts_with(b"user.overlay.") {
+                continue;
+            }
+            let name = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
+            sys::setxattr_fd(fd, &name, value, 0)?;
+        }
+        sys::chmod_fd(fd, st.st_mode & 0o7777)?;
+    }
+    let at = |secs: i64, nsecs: i64| TimeSpec::At { secs, nsecs };
+    sys::utimens_fd(
+        fd,
+        at(st.st_atime, st.st_atime_nsec),
+        at(st.st_mtime, st.st_mtime_nsec),
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mark_round_trips_and_a_damaged_one_is_refused() {
+        let m = Mark {
+            dir: true,
+            at: Seq::new(42),
+            path: vec![b"a".to_vec(), b"b c".to_vec()],
+        };
+        assert_eq!(Mark::decode(&m.encode()), Ok(m));
+        let root = Mark {
+            dir: false,
+            at: Seq::new(1),
+            path: Vec::new(),
+        };
+        assert_eq!(Mark::decode(&root.encode()), Ok(root));
+        assert!(Mark::decode(b"").is_err());
+        assert!(Mark::decode(&[2, b'D', 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(Mark::decode(&[1, b'X', 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(Mark::decode(&[1, b'D', 0, 0]).is_err());
+        assert!(Mark::decode(b"\x01D\0\0\0\0\0\0\0\0a//b").is_err());
+    }
+}

@@ -1,0 +1,161 @@
+//! `chronofs clone SRC DST` through a real mount: DST is the same tree,
+//! independent of SRC from then on, and its past shows it whole.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+fn chronofs(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(bin())
+        .args(args)
+        .output()
+        .expect("run chronofs")
+}
+
+fn clone(src: &Path, dst: &Path) -> std::process::Output {
+    chronofs(&["clone".as_ref(), src.as_os_str(), dst.as_os_str()])
+}
+
+/// (relative path, kind, mode, size, content or target) of every entry.
+fn tree(root: &Path) -> Vec<(String, u32, u32, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).expect("list") {
+            let p = e.expect("entry").path();
+            let md = fs::symlink_metadata(&p).expect("lstat");
+            let kind = md.mode() & libc::S_IFMT;
+            let body = match kind {
+                libc::S_IFREG => fs::read(&p).expect("read"),
+                libc::S_IFLNK => fs::read_link(&p)
+                    .expect("readlink")
+                    .into_os_string()
+                    .into_encoded_bytes(),
+                libc::S_IFDIR => {
+                    stack.push(p.clone());
+                    Vec::new()
+                }
+                _ => Vec::new(),
+            };
+            let rel = p.strip_prefix(root).expect("under root");
+            let size = if kind == libc::S_IFDIR { 0 } else { md.len() };
+            out.push((rel.display().to_string(), kind, md.mode(), size, body));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn populate(src: &Path) {
+    let t = src.join("t");
+    fs::create_dir_all(t.join("sub/deeper")).unwrap();
+    fs::write(t.join("a"), b"hello").unwrap();
+    fs::write(t.join("sub/big"), vec![7u8; 3 << 20]).unwrap();
+    fs::write(t.join("sub/deeper/c"), b"deep").unwrap();
+    fs::set_permissions(t.join("a"), fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::symlink("a", t.join("link")).unwrap();
+    sys::mkfifo(&cstr(t.join("fifo")), 0o600).unwrap();
+}
+
+#[test]
+fn a_clone_is_the_same_tree_and_independent_of_its_source() {
+    let m = Mount::new_with("", populate);
+    let (src, dst) = (m.p("t"), m.p("c"));
+    let before = tree(&src);
+    let out = clone(&src, &dst);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree(&dst), before, "the clone differs from its source");
+    // Both sides change; neither sees the other's change.
+    fs::write(dst.join("a"), b"clone's").unwrap();
+    fs::write(src.join("sub/deeper/c"), b"source's").unwrap();
+    fs::remove_file(dst.join("sub/big")).unwrap();
+    fs::create_dir(dst.join("sub/new")).unwrap();
+    assert_eq!(fs::read(src.join("a")).unwrap(), b"hello");
+    assert_eq!(fs::read(dst.join("sub/deeper/c")).unwrap(), b"deep");
+    assert_eq!(fs::read(src.join("sub/big")).unwrap().len(), 3 << 20);
+    assert!(!src.join("sub/new").exists());
+    // rmdir of a directory only the base fills is refused as non-empty.
+    let e = fs::remove_dir(dst.join("sub/deeper")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+    // The clone survives a remount with its content.
+    let mut m = m;
+    m.remount();
+    let (src, dst) = (m.p("t"), m.p("c"));
+    assert_eq!(fs::read(dst.join("a")).unwrap(), b"clone's");
+    assert_eq!(fs::read(dst.join("sub/deeper/c")).unwrap(), b"deep");
+    assert_eq!(fs::read(src.join("sub/deeper/c")).unwrap(), b"source's");
+    // The clone's own marks are never shown.
+    let names = xattr_names(&dst.join("sub/deeper/c"));
+    assert!(names.iter().all(|n| !n.contains("overlay")), "{names:?}");
+}
+
+#[test]
+fn a_clone_of_a_past_state_and_bad_requests() {
+    let m = Mount::new_with("", populate);
+    let (src, dst) = (m.p("t"), m.p("old"));
+    let out = chronofs(&[
+        "tag".as_ref(),
+        "before".as_ref(),
+        "--path".as_ref(),
+        m.mnt.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = tree(&src);
+    fs::write(src.join("a"), b"changed").unwrap();
+    fs::remove_file(src.join("sub/deeper/c")).unwrap();
+    let out = chronofs(&[
+        "clone".as_ref(),
+        src.as_os_str(),
+        dst.as_os_str(),
+        "--at".as_ref(),
+        "before".as_ref(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree(&dst), before, "the clone is not the tagged state");
+    // DST taken, DST inside SRC, SRC missing: refused, nothing made.
+    for (s, d) in [
+        (src.clone(), dst.clone()),
+        (src.clone(), src.join("inner")),
+        (m.p("missing"), m.p("x")),
+    ] {
+        let out = clone(&s, &d);
+        assert!(
+            !out.status.success(),
+            "clone {} {} succeeded",
+            s.display(),
+            d.display()
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    }
+    assert!(!src.join("inner").exists() && !m.p("x").exists());
+}
+
+fn xattr_names(p: &Path) -> Vec<String> {
+    let c = cstr(p);
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the buffer is valid for its length; the path is NUL-ended.
+    let n = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "listxattr {}", p.display());
+    buf.truncate(n as usize);
+    buf.split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect()
+}
