@@ -147,6 +147,43 @@ fn a_clone_of_a_past_state_and_bad_requests() {
     assert!(!src.join("inner").exists() && !m.p("x").exists());
 }
 
+/// The past shows the clone whole from its instant, though its
+/// directories are filled later, and its files as they were before each
+/// change.
+#[test]
+fn the_past_shows_a_clone_from_its_instant() {
+    let m = Mount::new_with("", populate);
+    let (src, dst) = (m.p("t"), m.p("c"));
+    let out = clone(&src, &dst);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = chronofs(&[
+        "tag".as_ref(),
+        "cloned".as_ref(),
+        "--path".as_ref(),
+        m.mnt.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Filled only now, then changed: history holds the clone's listings.
+    fs::write(dst.join("new"), b"after").unwrap();
+    fs::write(dst.join("sub/deeper/c"), b"changed").unwrap();
+    fs::write(dst.join("sub/deeper/d"), b"after").unwrap();
+    let past = m.p(".history/@cloned/c");
+    assert_eq!(
+        tree(&past),
+        tree(&src),
+        "the clone's past differs from its source"
+    );
+    assert_eq!(fs::read(dst.join("sub/deeper/c")).unwrap(), b"changed");
+}
+
 fn xattr_names(p: &Path) -> Vec<String> {
     let c = cstr(p);
     let mut buf = vec![0u8; 4096];

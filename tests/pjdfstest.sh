@@ -7,6 +7,8 @@
 #         passthrough=off  -> chronofs mount -o plain,passthrough=off
 #         default          -> chronofs mount (no -o)
 #         samedir          -> chronofs mount SRC SRC (MNT = SRC, no -o)
+#         clone            -> chronofs mount; the suite runs inside a
+#                             `chronofs clone` of a small tree
 #         anything else    -> passed verbatim as -o MODE
 #   Without MODE: $PJDFSTEST_MODES (default: "plain passthrough=off default
 #   policy samedir"; `policy` is the default mount under
@@ -42,7 +44,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain union-sandbox"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain union-sandbox clone"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -227,7 +229,7 @@ trap 'exit 143' TERM
 
 mode_opts() {
     case $1 in
-    default | samedir | union | union-moded | union-added | union-sandbox) printf '' ;;
+    default | samedir | union | union-moded | union-added | union-sandbox | clone) printf '' ;;
     union-plain | union1-plain) printf 'plain' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
@@ -517,11 +519,22 @@ for mode in "${MODES[@]}"; do
             say "pjdfstest $mode: chronofs sandbox failed"
         fi
     fi
+    # Inside a clone (`chronofs clone`) of a small tree: the suite runs in
+    # the clone's directory, filled from its base at first use.
+    pjd_dir=$mnt
+    if [ "$mode" = clone ]; then
+        pjd_dir=$mnt/clone
+        if ! mkdir -p "$mnt/base/d" || ! echo base >"$mnt/base/f" ||
+            ! chmod 755 "$mnt/base" ||
+            ! "$CHRONOFS_BIN" clone "$mnt/base" "$pjd_dir" >/dev/null; then
+            say "pjdfstest $mode: chronofs clone failed"
+        fi
+    fi
     chmod 755 "$mnt" 2>/dev/null || true
     completed=1
-    run_pjdfstest "$mnt" "$out" || completed=0
+    run_pjdfstest "$pjd_dir" "$out" || completed=0
     secs=$RUN_SECONDS
-    [ "$completed" = 1 ] && retry_failures "$mnt" "$out" "$mode"
+    [ "$completed" = 1 ] && retry_failures "$pjd_dir" "$out" "$mode"
     unmount_fs "$mnt" "$CUR_PID"
     CUR_MNT=""
     CUR_PID=""

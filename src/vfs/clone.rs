@@ -27,7 +27,7 @@ use super::{errno, Caller, InodeNo, Result, Vfs, VfsError};
 use crate::history::past::Node as PastNode;
 use crate::history::{Binding, Content, Seq};
 use crate::sys::{self, creds, Stat, TimeSpec};
-use crate::union::copyup::temp_name;
+use crate::union::copyup::{is_copyup_temp, temp_name};
 use crate::union::format::{self, XattrNs};
 
 /// The mark's format: its value's first byte.
@@ -113,6 +113,9 @@ pub(super) struct Clones {
     /// One fill or materialisation at a time: a second caller waits and
     /// then finds the mark gone.
     busy: parking_lot::Mutex<()>,
+    /// How many files were materialised: a handle opened on a base knows
+    /// its file still shows it while this has not moved.
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl Vfs {
@@ -196,7 +199,13 @@ impl Vfs {
                 .resolve(&mark.path, mark.at)
                 .map_err(super::views::past_err)?
             else {
-                return Ok(Vec::new());
+                // Never silently empty: the clone would lose its entries.
+                tracing::error!(
+                    "a clone's base {} at #{} is not in history",
+                    crate::history::past::show_path(&mark.path),
+                    mark.at
+                );
+                return Err(errno(libc::EIO));
             };
             let names = p
                 .names(&base, mark.at, mark.path.is_empty())
@@ -211,6 +220,7 @@ impl Vfs {
             }
             Ok(out)
         })?;
+        self.drop_leftovers(dir.fd())?;
         let mut made = Vec::with_capacity(children.len());
         for (name, base) in children {
             let cname = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
@@ -232,6 +242,29 @@ impl Vfs {
             c.dir_verified(dir.ino.object(), &sys::fstat(dir.fd())?);
         }
         Ok(())
+    }
+
+    /// Removes what an interrupted fill left under hidden names (nobody
+    /// has seen the directory since: every use fills it first).
+    fn drop_leftovers(&self, dir: BorrowedFd<'_>) -> Result<()> {
+        let rd = sys::reopen_dir(dir, libc::O_RDONLY)?;
+        let mut buf = sys::DirBuf::new(64 * 1024);
+        loop {
+            let batch = sys::getdents(rd.as_fd(), &mut buf)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            for e in batch.iter().filter(|e| is_copyup_temp(&e.name)) {
+                let name = CString::new(e.name.clone()).map_err(|_| errno(libc::EINVAL))?;
+                let is_dir = match e.dtype {
+                    libc::DT_UNKNOWN => sys::fstatat(dir, &name)
+                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
+                    t => t == libc::DT_DIR,
+                };
+                let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+                sys::unlinkat(dir, &name, flags)?;
+            }
+        }
     }
 
     /// History learns a fill's entries as of the clone's instant `at`.
@@ -304,9 +337,38 @@ impl Vfs {
         done
     }
 
-    /// Opens what a clone's unchanged file reads: its base.
-    pub(super) fn open_base_file(&self, mark: &Mark) -> Result<super::Opened> {
-        self.open_base(mark.at, &mark.path)
+    /// For a read-only open of `node`: if it is a clone's file that still
+    /// shows its base, a view handle on the base, with the count of
+    /// materialisations so far.
+    pub(super) fn open_base_if_marked(&self, node: &Node) -> Result<Option<(u64, u64)>> {
+        let epoch = self.clones.epoch.load(std::sync::atomic::Ordering::Acquire);
+        let Some(mark) = self.base_of_file(node)? else {
+            return Ok(None);
+        };
+        Ok(Some((self.open_base(mark.at, &mark.path)?.fh, epoch)))
+    }
+
+    /// The view handle a read through `fh` goes to: the base, while the
+    /// file still shows it. Nothing materialised since the open means it
+    /// still does; otherwise its mark says.
+    pub(super) fn base_while_marked(&self, fh: u64) -> Result<Option<u64>> {
+        if !self.clones_on() {
+            return Ok(None);
+        }
+        let handle = self.handles.get(fh)?;
+        let super::inodes::Handle::File {
+            ino,
+            base: Some((view, epoch)),
+            ..
+        } = &*handle
+        else {
+            return Ok(None);
+        };
+        if self.clones.epoch.load(std::sync::atomic::Ordering::Acquire) == *epoch {
+            return Ok(Some(*view));
+        }
+        let node = self.node(*ino)?;
+        Ok(self.base_of_file(&node)?.map(|_| *view))
     }
 
     /// Gives a clone's file its own bytes (before it changes, or before
@@ -320,11 +382,14 @@ impl Vfs {
         let Some(mark) = self.base_of_file(node)? else {
             return Ok(());
         };
-        let opened = self.open_base_file(&mark)?;
+        let opened = self.open_base(mark.at, &mark.path)?;
         let copied = self.copy_base(opened.fh, node.fd());
         let _ = self.view_release(opened.fh);
         copied?;
         sys::removexattr_fd(node.fd(), self.clone_ns().clone_mark())?;
+        self.clones
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(())
     }
 

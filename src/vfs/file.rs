@@ -104,11 +104,12 @@ impl Vfs {
             libc::S_IFLNK => return Err(errno(libc::ELOOP)),
             _ => {}
         }
-        if self.clones_on() && !writes(flags) && flags & libc::O_TRUNC == 0 {
-            if let Some(mark) = self.base_of_file(&inode)? {
-                return self.open_base_file(&mark);
-            }
-        }
+        // A clone's file that still shows its base reads the base; its own
+        // descriptor serves once a writer has materialised it.
+        let base = match self.clones_on() && !writes(flags) && flags & libc::O_TRUNC == 0 {
+            true => self.open_base_if_marked(&inode)?,
+            false => None,
+        };
         let versioned = self.capture.is_some() && inode.kind == libc::S_IFREG && writes(flags);
         if versioned {
             self.before_write_open(ino)?;
@@ -128,6 +129,7 @@ impl Vfs {
         let passthrough = self.claim_io(
             ino,
             !every_write
+                && base.is_none()
                 && !self.in_read_only_branch(&inode)
                 && match self.cfg.write_path {
                     super::WritePath::Auto => !trackable,
@@ -157,6 +159,7 @@ impl Vfs {
             session: SessionMark::new(session),
             writes: writes(flags),
             branch: inode.key.branch,
+            base,
         });
         Ok(Opened {
             fh,
@@ -414,6 +417,7 @@ impl Vfs {
             session: SessionMark::default(),
             writes: writing,
             branch: inode.key.branch,
+            base: None,
         });
         let entry = Entry {
             attr: Attr { ino: inode.ino, st },
@@ -457,6 +461,9 @@ impl Vfs {
     }
 
     pub(super) fn live_read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        if let Some(base) = self.base_while_marked(fh)? {
+            return self.view_read(base, offset, size);
+        }
         self.with_file(fh, |fd, _| {
             let mut buf = vec![0u8; size as usize];
             let n = sys::pread(fd, &mut buf, offset)?;
@@ -538,7 +545,12 @@ impl Vfs {
     pub(super) fn close_handle(&self, handle: Arc<Handle>) -> InodeNo {
         let ino = handle.ino();
         let session = match &*handle {
-            Handle::File { session, .. } => session.end(),
+            Handle::File { session, base, .. } => {
+                if let Some((view, _)) = base {
+                    let _ = self.view_release(*view);
+                }
+                session.end()
+            }
             Handle::Dir { .. } => false,
         };
         let file = matches!(&*handle, Handle::File { .. });
@@ -601,6 +613,9 @@ impl Vfs {
     }
 
     pub(super) fn live_lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        if let Some(base) = self.base_while_marked(fh)? {
+            return self.view_lseek(base, offset, whence);
+        }
         self.with_file(fh, |fd, _| Ok(sys::lseek(fd, offset, whence)?))
     }
 
@@ -619,6 +634,11 @@ impl Vfs {
         let Handle::File { fd: fd_in, .. } = &*input else {
             return Err(VfsError::WrongKind);
         };
+        // The kernel copies from the descriptor: a clone's file that still
+        // shows its base must hold its bytes first.
+        if self.base_while_marked(fh_in)?.is_some() {
+            self.materialise(&self.node(input.ino())?)?;
+        }
         let n = self.with_file(fh_out, |fd_out, opener| {
             Ok(creds::as_caller(opener, || {
                 sys::copy_file_range(fd_in.as_fd(), off_in, fd_out, off_out, len)

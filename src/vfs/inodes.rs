@@ -1055,6 +1055,10 @@ pub enum Handle {
         writes: bool,
         /// The persistent id of the branch the object was in when opened.
         branch: u32,
+        /// A clone's file that still shows its base: the view handle its
+        /// reads go to while the mark stays, and the materialisation
+        /// count when it was opened (`vfs/clone.rs`).
+        base: Option<(u64, u64)>,
     },
     Dir {
         ino: InodeNo,
@@ -1399,6 +1403,7 @@ mod tests {
             session: SessionMark::default(),
             writes: true,
             branch: 0,
+            base: None,
         }
     }
 

@@ -262,6 +262,7 @@ impl Vfs {
 
     fn remove(&self, caller: &Caller, parent: InodeNo, name: &OsStr, flags: i32) -> Result<()> {
         self.source_of(parent).check_writable()?;
+        self.fill_held(parent)?;
         if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
@@ -375,6 +376,8 @@ impl Vfs {
             return Err(errno(libc::ENOENT));
         }
         self.check_name(newparent, newname)?;
+        self.fill_held(parent)?;
+        self.fill_held(newparent)?;
         self.before_dir_change(parent)?;
         if newparent != parent {
             self.before_dir_change(newparent)?;
