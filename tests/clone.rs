@@ -92,6 +92,17 @@ fn a_clone_is_the_same_tree_and_independent_of_its_source() {
     assert_eq!(fs::read(dst.join("a")).unwrap(), b"clone's");
     assert_eq!(fs::read(dst.join("sub/deeper/c")).unwrap(), b"deep");
     assert_eq!(fs::read(src.join("sub/deeper/c")).unwrap(), b"source's");
+    // A clone replaces a file as rename(2) would, and the kernel's cached
+    // name follows at once.
+    fs::write(m.p("f"), b"old").unwrap();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"old");
+    let out = clone(&src.join("a"), &m.p("f"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"hello");
     // The clone's own marks are never shown.
     let names = xattr_names(&dst.join("sub/deeper/c"));
     assert!(names.iter().all(|n| !n.contains("overlay")), "{names:?}");

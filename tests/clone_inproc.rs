@@ -98,7 +98,7 @@ fn bad_clones_are_refused_and_make_nothing() {
     let (vfs, who) = (&rig.vfs, &rig.caller);
     let at = rig.settle();
     let taken = vfs.clone_path(who, &[b"t".to_vec()], at, InodeNo::ROOT, OsStr::new("c"));
-    assert_eq!(errno(taken), libc::EEXIST);
+    assert_eq!(errno(taken), libc::ENOTEMPTY);
     let missing = vfs.clone_path(who, &[b"nope".to_vec()], at, InodeNo::ROOT, OsStr::new("d"));
     assert_eq!(errno(missing), libc::ENOENT);
     let reserved = vfs.clone_path(
@@ -110,4 +110,40 @@ fn bad_clones_are_refused_and_make_nothing() {
     );
     assert_eq!(errno(reserved), libc::EEXIST);
     assert!(!rig.src.join("d").exists());
+}
+
+/// An existing DST is replaced as rename(2) replaces its target.
+#[test]
+fn a_clone_replaces_its_destination_as_rename_would() {
+    let rig = cloned();
+    let (vfs, who) = (&rig.vfs, &rig.caller);
+    rig.write_file("f", 0o644, b"old").unwrap();
+    vfs.mkdir(who, InodeNo::ROOT, OsStr::new("empty"), 0o755, 0)
+        .unwrap();
+    vfs.mkdir(who, InodeNo::ROOT, OsStr::new("full"), 0o755, 0)
+        .unwrap();
+    rig.write_file("full/x", 0o644, b"x").unwrap();
+    let at = rig.settle();
+    let (t, ta) = (vec![b"t".to_vec()], vec![b"t".to_vec(), b"a".to_vec()]);
+    let root = InodeNo::ROOT;
+    vfs.clone_path(who, &ta, at, root, OsStr::new("f")).unwrap();
+    assert_eq!(read_all(&rig, "f"), b"hello");
+    vfs.clone_path(who, &t, at, root, OsStr::new("empty"))
+        .unwrap();
+    assert_eq!(read_all(&rig, "empty/sub/b"), b"bee");
+    let full = vfs.clone_path(who, &t, at, root, OsStr::new("full"));
+    assert_eq!(errno(full), libc::ENOTEMPTY);
+    assert_eq!(read_all(&rig, "full/x"), b"x");
+    let over_file = vfs.clone_path(who, &t, at, root, OsStr::new("f"));
+    assert_eq!(errno(over_file), libc::ENOTDIR);
+    let over_dir = vfs.clone_path(who, &ta, at, root, OsStr::new("full"));
+    assert_eq!(errno(over_dir), libc::EISDIR);
+    // Nothing half-made is left: the backing root holds the names it did.
+    let mut names: Vec<_> = std::fs::read_dir(&rig.src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["c", "empty", "f", "full", "t"]);
 }

@@ -228,7 +228,8 @@ impl Vfs {
                 // Made by a fill a crash interrupted.
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    self.copy_entry(dir.fd(), &cname, &base, mark.child(&name, false))?;
+                    let mark = mark.child(&name, false);
+                    self.copy_entry(dir.fd(), &cname, &base, mark, false)?;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -294,6 +295,7 @@ impl Vfs {
         name: &std::ffi::CStr,
         base: &PastNode,
         mark: Mark,
+        replace: bool,
     ) -> Result<()> {
         let (st, xattrs, target) = describe(base)?;
         let kind = st.st_mode & libc::S_IFMT;
@@ -323,7 +325,8 @@ impl Vfs {
                 sys::setxattr_fd(fd.as_fd(), self.clone_ns().clone_mark(), &m.encode(), 0)?;
             }
             set_meta(fd.as_fd(), &st, &xattrs)?;
-            sys::renameat2(dir, &hidden, dir, name, libc::RENAME_NOREPLACE)?;
+            let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
+            sys::renameat2(dir, &hidden, dir, name, flags)?;
             Ok(())
         })();
         if done.is_err() {
@@ -413,8 +416,10 @@ impl Vfs {
 
     /// `chronofs clone`: makes `dst` (in directory `dst_parent`) a copy of
     /// mount path `src` as of `at`, as `caller`. Refused where the caller
-    /// could not read SRC's top or write DST's directory, where DST is in
-    /// SRC, and where DST exists (nothing is replaced yet).
+    /// could not read SRC's top or write DST's directory. An existing DST
+    /// is replaced as rename(2) would replace it (a directory only by a
+    /// directory, and only if empty), in one step; in a union mount an
+    /// existing DST is refused (EEXIST).
     pub fn clone_path(
         &self,
         caller: &Caller,
@@ -424,9 +429,9 @@ impl Vfs {
         dst_name: &OsStr,
     ) -> Result<Cloned> {
         let _set = self.changing();
-        let Some(c) = self.capture() else {
+        if self.capture().is_none() {
             return Err(VfsError::NoHistory);
-        };
+        }
         let base = self
             .with_past(|p| p.resolve(src, at).map_err(super::views::past_err))?
             .ok_or_else(|| errno(libc::ENOENT))?;
@@ -436,14 +441,68 @@ impl Vfs {
         creds::as_caller(caller, || {
             sys::access_fd(parent.fd(), libc::W_OK | libc::X_OK)
         })?;
-        let cname = sys::cstr(dst_name)?;
-        let taken = match self.union() {
-            Some(_) => self.lookup_exists(&parent, dst_name)?,
-            None => sys::fstatat(parent.fd(), &cname).is_ok(),
+        let old = match self.union() {
+            Some(_) if self.lookup_exists(&parent, dst_name)? => {
+                return Err(errno(libc::EEXIST));
+            }
+            Some(_) => None,
+            None => self.replaced_by_clone(caller, &parent, dst_name, &base)?,
         };
-        if taken {
-            return Err(errno(libc::EEXIST));
+        let made = self.make_clone(caller, (&base, src, at), dst_parent, dst_name, old);
+        self.release_held(old.map(|(ino, _)| ino));
+        made
+    }
+
+    /// What a clone named `name` in `parent` would replace: checked as
+    /// rename(2) checks the target, its state secured in history.
+    fn replaced_by_clone(
+        &self,
+        caller: &Caller,
+        parent: &Node,
+        name: &OsStr,
+        base: &PastNode,
+    ) -> Result<Option<(InodeNo, Stat)>> {
+        let Ok(st) = sys::fstatat(parent.fd(), &sys::cstr(name)?) else {
+            return Ok(None);
+        };
+        let is_dir = |mode: u32| mode & libc::S_IFMT == libc::S_IFDIR;
+        match (is_dir(base.mode()), is_dir(st.st_mode)) {
+            (true, false) => return Err(errno(libc::ENOTDIR)),
+            (false, true) => return Err(errno(libc::EISDIR)),
+            _ => {}
         }
+        // The sticky bit: only the owner of the name or of the directory.
+        let dir_st = sys::fstat(parent.fd())?;
+        if dir_st.st_mode & libc::S_ISVTX != 0
+            && caller.uid != 0
+            && caller.uid != st.st_uid
+            && caller.uid != dir_st.st_uid
+        {
+            return Err(errno(libc::EPERM));
+        }
+        let Some(ino) = self.hold_named(parent.ino, name)? else {
+            return Ok(None);
+        };
+        let secured = self
+            .fill_held(ino)
+            .and_then(|()| self.before_freeing(Some(parent.ino), Some(ino)));
+        if let Err(e) = secured {
+            self.release_held(Some(ino));
+            return Err(e);
+        }
+        Ok(Some((ino, st)))
+    }
+
+    fn make_clone(
+        &self,
+        caller: &Caller,
+        (base, src, at): (&PastNode, &[Vec<u8>], Seq),
+        dst_parent: InodeNo,
+        dst_name: &OsStr,
+        old: Option<(InodeNo, Stat)>,
+    ) -> Result<Cloned> {
+        let c = self.capture().ok_or(VfsError::NoHistory)?;
+        let cname = sys::cstr(dst_name)?;
         self.before_dir_change(dst_parent)?;
         let target = self.create_target(caller, dst_parent, &cname)?;
         self.enable_clones();
@@ -452,7 +511,16 @@ impl Vfs {
             at,
             path: src.to_vec(),
         };
-        self.copy_entry(target.dir.fd(), &cname, &base, mark)?;
+        self.copy_entry(target.dir.fd(), &cname, base, mark, old.is_some())?;
+        if let Some((victim, st)) = old {
+            let binding = self.binding_of(victim);
+            let gone = st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            let cause = crate::history::Cause::Rename;
+            self.after_remove(caller, dst_parent, dst_name, victim, binding, gone, cause);
+            if gone {
+                self.inodes.retire(&self.inodes.key_of(&st))?;
+            }
+        }
         let fd = sys::open_path(target.dir.fd(), &cname)?;
         let st = sys::fstat(fd.as_fd())?;
         let inode = match target.branch {
