@@ -288,6 +288,12 @@ pub fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<
     check(unsafe { libc::sync_file_range(fd.as_raw_fd(), offset, len, flags) }).map(drop)
 }
 
+/// Tells the kernel the file will be read from start to end (a larger
+/// readahead window).
+pub fn advise_sequential(fd: BorrowedFd<'_>) -> io::Result<()> {
+    rfs::fadvise(fd, 0, None, rfs::Advice::Sequential).map_err(os_err)
+}
+
 pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
     rfs::ftruncate(fd, size).map_err(os_err)
 }

@@ -178,6 +178,10 @@ enum ReadFrom {
         fd: OwnedFd,
         expect: Attrs,
         latest: Option<Seq>,
+        /// History's newest change when `latest` was last confirmed: while
+        /// nothing newer is recorded, the object's versions are as they
+        /// were (one lock instead of an index read per read).
+        as_of: Seq,
     },
     Chunks {
         manifest: Manifest,

@@ -58,7 +58,10 @@ impl Vfs {
         if let Some(decided) = &*slot {
             return decided.clone();
         }
-        let ReadFrom::Head { fd, expect, latest } = source else {
+        let ReadFrom::Head {
+            fd, expect, latest, ..
+        } = source
+        else {
             return None;
         };
         let dir = self.views.clone_dir.get()?;
@@ -166,6 +169,7 @@ impl Vfs {
 
     fn read_from(&self, obj: ObjectId, at: Seq, state: &State) -> Result<ReadFrom> {
         let h = self.history()?;
+        let as_of = h.last_seq();
         let latest = h
             .latest(obj)
             .map_err(|e| past_err(e.into()))?
@@ -190,7 +194,17 @@ impl Vfs {
             let now = attrs_of(&sys::fstat(fd.as_fd())?);
             let expect = expect.unwrap_or(now);
             if expect.same_state(&now) {
-                return Ok(ReadFrom::Head { fd, expect, latest });
+                // Views and clones are mostly read whole: a readahead
+                // window that keeps the disk busy between requests.
+                if let Err(e) = sys::advise_sequential(fd.as_fd()) {
+                    tracing::debug!("history view: fadvise: {e}");
+                }
+                return Ok(ReadFrom::Head {
+                    fd,
+                    expect,
+                    latest,
+                    as_of,
+                });
             }
         }
         self.chunk_source(obj, at)
@@ -237,7 +251,14 @@ impl Vfs {
             return Err(errno(libc::EISDIR));
         };
         let mut r = reader.lock();
-        if let ReadFrom::Head { fd, expect, latest } = &r.source {
+        let obj = r.obj;
+        if let ReadFrom::Head {
+            fd,
+            expect,
+            latest,
+            as_of,
+        } = &mut r.source
+        {
             let mut buf = vec![0u8; size as usize];
             let n = sys::pread(fd.as_fd(), &mut buf, offset)?;
             buf.truncate(n);
@@ -247,11 +268,16 @@ impl Vfs {
             // read were the instant's.
             let now = attrs_of(&sys::fstat(fd.as_fd())?);
             let h = self.history()?;
-            let newest = h
-                .latest(r.obj)
-                .map_err(|e| past_err(e.into()))?
-                .map(|(s, _)| s);
-            if expect.same_state(&now) && newest == *latest {
+            let seq = h.last_seq();
+            let same_versions = seq == *as_of || {
+                let newest = h
+                    .latest(obj)
+                    .map_err(|e| past_err(e.into()))?
+                    .map(|(s, _)| s);
+                *as_of = seq;
+                newest == *latest
+            };
+            if expect.same_state(&now) && same_versions {
                 return Ok(buf);
             }
             tracing::debug!(
