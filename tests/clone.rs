@@ -195,6 +195,27 @@ fn the_past_shows_a_clone_from_its_instant() {
     assert_eq!(fs::read(dst.join("sub/deeper/c")).unwrap(), b"changed");
 }
 
+/// A clone the command reported survives kill -9 of the daemon at once:
+/// the next mount reads it through its marks, whole.
+#[test]
+fn a_clone_survives_kill_9_right_after_it_is_made() {
+    let mut m = Mount::new_with("", populate);
+    let before = tree(&m.p("t"));
+    let out = clone(&m.p("t"), &m.p("c"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.kill9();
+    m.start();
+    assert_eq!(
+        tree(&m.p("c")),
+        before,
+        "the clone is not whole after kill -9"
+    );
+}
+
 fn xattr_names(p: &Path) -> Vec<String> {
     let c = cstr(p);
     let mut buf = vec![0u8; 4096];

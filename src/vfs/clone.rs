@@ -229,7 +229,7 @@ impl Vfs {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     let mark = mark.child(&name, false);
-                    self.copy_entry(dir.fd(), &cname, &base, mark, false)?;
+                    self.copy_entry(dir.fd(), &cname, &base, mark)?;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -295,49 +295,58 @@ impl Vfs {
         name: &std::ffi::CStr,
         base: &PastNode,
         mark: Mark,
-        replace: bool,
     ) -> Result<()> {
+        let prepared = self.prepare_entry(dir, base, mark)?;
+        let published = prepared.publish(dir, name, false);
+        if published.is_err() {
+            prepared.discard(dir);
+        }
+        published
+    }
+
+    /// Makes a copy of `base` (metadata only: a regular file gets its size
+    /// and a mark, a directory a mark) under a hidden name in `dir`.
+    fn prepare_entry(&self, dir: BorrowedFd<'_>, base: &PastNode, mark: Mark) -> Result<Prepared> {
         let (st, xattrs, target) = describe(base)?;
         let kind = st.st_mode & libc::S_IFMT;
-        let hidden = temp_name();
+        let prepared = Prepared {
+            hidden: temp_name(),
+            is_dir: kind == libc::S_IFDIR,
+        };
+        let hidden = &prepared.hidden;
         let mut made_mark = None;
         match kind {
             libc::S_IFDIR => {
-                sys::mkdirat(dir, &hidden, 0o700)?;
+                sys::mkdirat(dir, hidden, 0o700)?;
                 made_mark = Some(Mark { dir: true, ..mark });
             }
             libc::S_IFREG => {
                 let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW;
-                let fd = sys::openat(dir, &hidden, flags, 0o600)?;
+                let fd = sys::openat(dir, hidden, flags, 0o600)?;
                 sys::ftruncate(fd.as_fd(), st.st_size as u64)?;
                 made_mark = Some(mark);
             }
             libc::S_IFLNK => {
                 let t =
                     CString::new(target.unwrap_or_default()).map_err(|_| errno(libc::EINVAL))?;
-                sys::symlinkat(&t, dir, &hidden)?;
+                sys::symlinkat(&t, dir, hidden)?;
             }
-            _ => sys::mknodat(dir, &hidden, kind | 0o600, st.st_rdev)?,
+            _ => sys::mknodat(dir, hidden, kind | 0o600, st.st_rdev)?,
         }
-        let fd = sys::open_path(dir, &hidden)?;
         let done = (|| -> Result<()> {
+            let fd = sys::open_path(dir, hidden)?;
             if let Some(m) = made_mark {
                 sys::setxattr_fd(fd.as_fd(), self.clone_ns().clone_mark(), &m.encode(), 0)?;
             }
-            set_meta(fd.as_fd(), &st, &xattrs)?;
-            let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
-            sys::renameat2(dir, &hidden, dir, name, flags)?;
-            Ok(())
+            set_meta(fd.as_fd(), &st, &xattrs)
         })();
-        if done.is_err() {
-            let flags = if kind == libc::S_IFDIR {
-                libc::AT_REMOVEDIR
-            } else {
-                0
-            };
-            let _ = sys::unlinkat(dir, &hidden, flags);
+        match done {
+            Ok(()) => Ok(prepared),
+            Err(e) => {
+                prepared.discard(dir);
+                Err(e)
+            }
         }
-        done
     }
 
     /// For a read-only open of `node`: if it is a clone's file that still
@@ -511,7 +520,42 @@ impl Vfs {
             at,
             path: src.to_vec(),
         };
-        self.copy_entry(target.dir.fd(), &cname, base, mark, old.is_some())?;
+        let dir = target.dir.fd();
+        let prepared = self.prepare_entry(dir, base, mark)?;
+        let fd = sys::open_path(dir, &prepared.hidden)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let inode = match target.branch {
+            Some(b) => self.inodes.acquire_new_in(b, fd, &st, true),
+            None => self.inodes.acquire_new(fd, &st, true),
+        };
+        let inode = match inode {
+            Ok(i) => i,
+            Err(e) => {
+                prepared.discard(dir);
+                return Err(e);
+            }
+        };
+        let tag = format!("clone:{}", inode.ino.0);
+        // The tag first: a crash after it leaves a tag and no clone, never
+        // a clone whose base history may drop, or that the next mount
+        // does not know to read through its marks.
+        let published = c
+            .pin_for_clone(&tag, at)
+            .map_err(VfsError::from)
+            .and_then(|()| prepared.publish(dir, &cname, old.is_some()));
+        if let Err(e) = published {
+            prepared.discard(dir);
+            let _ = c.unpin_clone(&tag);
+            self.inodes.forget(inode.ino, 1);
+            return Err(e);
+        }
+        inode.set_name(target.dir.ino, dst_name.as_bytes());
+        // The clone, once reported, survives a power cut.
+        let synced =
+            sys::reopen_dir(dir, libc::O_RDONLY).and_then(|d| sys::fsync(d.as_fd(), false));
+        if let Err(e) = synced {
+            tracing::warn!("clone: directory not synced: {e}");
+        }
         if let Some((victim, st)) = old {
             let binding = self.binding_of(victim);
             let gone = st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR;
@@ -521,18 +565,10 @@ impl Vfs {
                 self.inodes.retire(&self.inodes.key_of(&st))?;
             }
         }
-        let fd = sys::open_path(target.dir.fd(), &cname)?;
-        let st = sys::fstat(fd.as_fd())?;
-        let inode = match target.branch {
-            Some(b) => self.inodes.acquire_new_in(b, fd, &st, true)?,
-            None => self.inodes.acquire_new(fd, &st, true)?,
-        };
-        inode.set_name(target.dir.ino, dst_name.as_bytes());
         let binding = super::versioning::Live(self).binding_of(&inode);
-        let tag = format!("clone:{}", inode.ino.0);
         self.inodes.forget(inode.ino, 1);
         let entry = (dst_name.as_bytes().to_vec(), binding);
-        c.cloned(target.dir.ino.object(), entry, at, &tag)?;
+        c.cloned(target.dir.ino.object(), entry)?;
         self.dirs_verified(c, &[target.dir.ino]);
         self.attrs_changed(target.dir.ino);
         self.name_made(dst_parent, dst_name.as_bytes());
@@ -541,6 +577,25 @@ impl Vfs {
             at,
             tag,
         })
+    }
+}
+
+/// A copy made under a hidden name, not yet in place.
+struct Prepared {
+    hidden: CString,
+    is_dir: bool,
+}
+
+impl Prepared {
+    /// Gives it `name` (replacing what is there only if `replace`).
+    fn publish(&self, dir: BorrowedFd<'_>, name: &std::ffi::CStr, replace: bool) -> Result<()> {
+        let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
+        Ok(sys::renameat2(dir, &self.hidden, dir, name, flags)?)
+    }
+
+    fn discard(&self, dir: BorrowedFd<'_>) {
+        let flags = if self.is_dir { libc::AT_REMOVEDIR } else { 0 };
+        let _ = sys::unlinkat(dir, &self.hidden, flags);
     }
 }
 
