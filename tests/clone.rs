@@ -20,8 +20,11 @@ fn clone(src: &Path, dst: &Path) -> std::process::Output {
     chronofs(&["clone".as_ref(), src.as_os_str(), dst.as_os_str()])
 }
 
-/// (relative path, kind, mode, size, content or target) of every entry.
-fn tree(root: &Path) -> Vec<(String, u32, u32, u64, Vec<u8>)> {
+/// (relative path, kind, mode, size, link count of a directory,
+/// modification time, content or target) of every entry.
+type Entry = (String, u32, u32, u64, u64, (i64, i64), Vec<u8>);
+
+fn tree(root: &Path) -> Vec<Entry> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -43,7 +46,10 @@ fn tree(root: &Path) -> Vec<(String, u32, u32, u64, Vec<u8>)> {
             };
             let rel = p.strip_prefix(root).expect("under root");
             let size = if kind == libc::S_IFDIR { 0 } else { md.len() };
-            out.push((rel.display().to_string(), kind, md.mode(), size, body));
+            let nlink = if kind == libc::S_IFDIR { md.nlink() } else { 0 };
+            let mtime = (md.mtime(), md.mtime_nsec());
+            let rel = rel.display().to_string();
+            out.push((rel, kind, md.mode(), size, nlink, mtime, body));
         }
     }
     out.sort();

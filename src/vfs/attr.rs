@@ -81,6 +81,9 @@ impl Vfs {
     }
 
     pub(super) fn live_getattr(&self, ino: InodeNo, fh: Option<u64>) -> Result<Attr> {
+        if self.clones_on() {
+            self.fill_held(ino)?;
+        }
         let st = match fh.map(|fh| self.handles.get(fh)) {
             Some(Ok(handle)) => match &*handle {
                 Handle::File { fd, .. } => sys::fstat(fd.as_fd())?,

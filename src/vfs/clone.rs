@@ -180,6 +180,22 @@ impl Vfs {
         self.fill(dir, &mark)
     }
 
+    /// A lookup found `entry`: a clone's directory is filled before the
+    /// kernel takes its attributes (its link count counts the base's
+    /// subdirectories; `find` and `ls -l` see the base's).
+    pub(super) fn filled_entry(&self, mut entry: super::Entry) -> Result<super::Entry> {
+        if !self.clones_on() || entry.attr.st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Ok(entry);
+        }
+        let node = self.node(entry.attr.ino)?;
+        if self.mark_of(node.fd())?.is_none() {
+            return Ok(entry);
+        }
+        self.fill_if_unfilled(&node)?;
+        entry.attr = self.live_getattr(entry.attr.ino, None)?;
+        Ok(entry)
+    }
+
     /// [`Vfs::fill_if_unfilled`] for an inode an operation holds.
     pub(super) fn fill_held(&self, ino: InodeNo) -> Result<()> {
         if !self.clones_on() {
@@ -194,6 +210,8 @@ impl Vfs {
     /// them) and hidden leftovers (`fsck` removes them). The mark goes
     /// only once the entries are durable and recorded.
     fn fill(&self, dir: &Node, mark: &Mark) -> Result<()> {
+        // Filling is not a change the user made: the times stay the base's.
+        let times = sys::fstat(dir.fd())?;
         let children = self.with_past(|p| {
             let Some(base) = p
                 .resolve(&mark.path, mark.at)
@@ -239,9 +257,12 @@ impl Vfs {
         sys::fsync(rw.as_fd(), false)?;
         self.record_fill(dir, mark.at, &made)?;
         sys::removexattr_fd(dir.fd(), self.clone_ns().clone_mark())?;
+        keep_times(dir.fd(), &times)?;
         if let Some(c) = self.capture() {
             c.dir_verified(dir.ino.object(), &sys::fstat(dir.fd())?);
         }
+        // Its link count and times may be cached from before.
+        self.attrs_changed(dir.ino);
         Ok(())
     }
 
@@ -394,11 +415,15 @@ impl Vfs {
         let Some(mark) = self.base_of_file(node)? else {
             return Ok(());
         };
+        let times = sys::fstat(node.fd())?;
         let opened = self.open_base(mark.at, &mark.path)?;
         let copied = self.copy_base(opened.fh, node.fd());
         let _ = self.view_release(opened.fh);
         copied?;
         sys::removexattr_fd(node.fd(), self.clone_ns().clone_mark())?;
+        // Copying the bytes in is not a change the user made (a chmod or a
+        // read by history may be what asked for it).
+        keep_times(node.fd(), &times)?;
         self.clones
             .epoch
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -580,6 +605,17 @@ impl Vfs {
     }
 }
 
+/// Sets `fd`'s access and modification times back to `st`'s.
+fn keep_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
+    let at = |secs: i64, nsecs: i64| TimeSpec::At { secs, nsecs };
+    sys::utimens_fd(
+        fd,
+        at(st.st_atime, st.st_atime_nsec),
+        at(st.st_mtime, st.st_mtime_nsec),
+    )?;
+    Ok(())
+}
+
 /// A copy made under a hidden name, not yet in place.
 struct Prepared {
     hidden: CString,
@@ -653,13 +689,7 @@ fn set_meta(fd: BorrowedFd<'_>, st: &Stat, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Res
         }
         sys::chmod_fd(fd, st.st_mode & 0o7777)?;
     }
-    let at = |secs: i64, nsecs: i64| TimeSpec::At { secs, nsecs };
-    sys::utimens_fd(
-        fd,
-        at(st.st_atime, st.st_atime_nsec),
-        at(st.st_mtime, st.st_mtime_nsec),
-    )?;
-    Ok(())
+    keep_times(fd, st)
 }
 
 #[cfg(test)]

@@ -50,6 +50,8 @@ impl Vfs {
             }
             other => other?,
         };
+        // A clone's directory shows its base's link count once filled.
+        let entry = self.filled_entry(entry)?;
         if let Some(c) = self.capture() {
             if let Ok(inode) = self.inodes.get(entry.attr.ino) {
                 inode.set_name(parent, name.as_encoded_bytes());
