@@ -20,6 +20,23 @@ fn clone(src: &Path, dst: &Path) -> std::process::Output {
     chronofs(&["clone".as_ref(), src.as_os_str(), dst.as_os_str()])
 }
 
+fn succeeded(out: std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn tag(m: &Mount, name: &str) {
+    succeeded(chronofs(&[
+        "tag".as_ref(),
+        name.as_ref(),
+        "--path".as_ref(),
+        m.mnt.as_os_str(),
+    ]));
+}
+
 /// (relative path, kind, mode, size, link count of a directory,
 /// modification time, content or target) of every entry.
 type Entry = (String, u32, u32, u64, u64, (i64, i64), Vec<u8>);
@@ -72,12 +89,7 @@ fn a_clone_is_the_same_tree_and_independent_of_its_source() {
     let m = Mount::new_with("", populate);
     let (src, dst) = (m.p("t"), m.p("c"));
     let before = tree(&src);
-    let out = clone(&src, &dst);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(clone(&src, &dst));
     assert_eq!(tree(&dst), before, "the clone differs from its source");
     // Both sides change; neither sees the other's change.
     fs::write(dst.join("a"), b"clone's").unwrap();
@@ -102,12 +114,7 @@ fn a_clone_is_the_same_tree_and_independent_of_its_source() {
     // name follows at once.
     fs::write(m.p("f"), b"old").unwrap();
     assert_eq!(fs::read(m.p("f")).unwrap(), b"old");
-    let out = clone(&src.join("a"), &m.p("f"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(clone(&src.join("a"), &m.p("f")));
     assert_eq!(fs::read(m.p("f")).unwrap(), b"hello");
     // The clone's own marks are never shown.
     let names = xattr_names(&dst.join("sub/deeper/c"));
@@ -118,32 +125,18 @@ fn a_clone_is_the_same_tree_and_independent_of_its_source() {
 fn a_clone_of_a_past_state_and_bad_requests() {
     let m = Mount::new_with("", populate);
     let (src, dst) = (m.p("t"), m.p("old"));
-    let out = chronofs(&[
-        "tag".as_ref(),
-        "before".as_ref(),
-        "--path".as_ref(),
-        m.mnt.as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    tag(&m, "before");
     let before = tree(&src);
     fs::write(src.join("a"), b"changed").unwrap();
     fs::remove_file(src.join("sub/deeper/c")).unwrap();
-    let out = chronofs(&[
-        "clone".as_ref(),
-        src.as_os_str(),
-        dst.as_os_str(),
-        "--at".as_ref(),
-        "before".as_ref(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let at = ["--at".as_ref(), "before".as_ref()];
+    succeeded(chronofs(
+        &[
+            &["clone".as_ref(), src.as_os_str(), dst.as_os_str()],
+            &at[..],
+        ]
+        .concat(),
+    ));
     assert_eq!(tree(&dst), before, "the clone is not the tagged state");
     // DST taken, DST inside SRC, SRC missing: refused, nothing made.
     for (s, d) in [
@@ -171,23 +164,8 @@ fn a_clone_of_a_past_state_and_bad_requests() {
 fn the_past_shows_a_clone_from_its_instant() {
     let m = Mount::new_with("", populate);
     let (src, dst) = (m.p("t"), m.p("c"));
-    let out = clone(&src, &dst);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = chronofs(&[
-        "tag".as_ref(),
-        "cloned".as_ref(),
-        "--path".as_ref(),
-        m.mnt.as_os_str(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(clone(&src, &dst));
+    tag(&m, "cloned");
     // Filled only now, then changed: history holds the clone's listings.
     fs::write(dst.join("new"), b"after").unwrap();
     fs::write(dst.join("sub/deeper/c"), b"changed").unwrap();
@@ -207,12 +185,7 @@ fn the_past_shows_a_clone_from_its_instant() {
 fn a_clone_survives_kill_9_right_after_it_is_made() {
     let mut m = Mount::new_with("", populate);
     let before = tree(&m.p("t"));
-    let out = clone(&m.p("t"), &m.p("c"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(clone(&m.p("t"), &m.p("c")));
     m.kill9();
     m.start();
     assert_eq!(
