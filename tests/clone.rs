@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -193,6 +194,74 @@ fn a_clone_survives_kill_9_right_after_it_is_made() {
         before,
         "the clone is not whole after kill -9"
     );
+}
+
+/// `chronofs clone` as an ordinary user: the caller must be able to
+/// write DST's directory and read SRC, and a clone keeps owners and
+/// modes, so it shows that user nothing SRC did not.
+#[test]
+fn a_clone_by_an_ordinary_user_widens_no_access() {
+    let m = Mount::new_with("", |src| {
+        let mine = src.join("mine");
+        fs::create_dir_all(mine.join("theirs")).unwrap();
+        fs::write(mine.join("open"), b"open").unwrap();
+        fs::write(mine.join("secret"), b"secret").unwrap();
+        fs::set_permissions(mine.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+        for (name, mode) in [("suid", 0o4755), ("own-sgid", 0o2755)] {
+            fs::write(mine.join(name), b"#!/bin/sh\n").unwrap();
+            fs::set_permissions(mine.join(name), fs::Permissions::from_mode(mode)).unwrap();
+        }
+        fs::create_dir(src.join("closed")).unwrap();
+        fs::set_permissions(src.join("closed"), fs::Permissions::from_mode(0o700)).unwrap();
+        fs::create_dir(src.join("readonly")).unwrap();
+        fs::create_dir(src.join("work")).unwrap();
+        for d in [src.join("mine"), src.join("mine/theirs"), src.join("work")] {
+            std::os::unix::fs::chown(&d, Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+        for f in ["open", "own-sgid"] {
+            std::os::unix::fs::chown(mine.join(f), Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+        fs::set_permissions(mine.join("own-sgid"), fs::Permissions::from_mode(0o2755)).unwrap();
+    });
+    let as_nobody = |args: &[&std::ffi::OsStr]| {
+        Command::new(bin())
+            .args(args)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .expect("run chronofs")
+    };
+    let clone_as =
+        |s: &str, d: &str| as_nobody(&["clone".as_ref(), m.p(s).as_os_str(), m.p(d).as_os_str()]);
+    succeeded(clone_as("mine", "work/copy"));
+    assert_eq!(fs::read(m.p("work/copy/open")).unwrap(), b"open");
+    let copy = fs::symlink_metadata(m.p("work/copy/secret")).unwrap();
+    assert_eq!((copy.uid(), copy.mode() & 0o7777), (0, 0o600));
+    let cat = Command::new("cat")
+        .arg(m.p("work/copy/secret"))
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    assert!(
+        !cat.status.success(),
+        "nobody read root's 0600 file through a clone"
+    );
+    // No set-ID program of another user lands in nobody's hands; nobody's
+    // own keeps its bits, and so does a clone made by root.
+    let mode = |p: &str| fs::symlink_metadata(m.p(p)).unwrap().mode() & 0o7777;
+    assert_eq!(mode("work/copy/suid"), 0o755);
+    assert_eq!(mode("work/copy/own-sgid"), 0o2755);
+    succeeded(clone(&m.p("mine"), &m.p("work/root-copy")));
+    assert_eq!(mode("work/root-copy/suid"), 0o4755);
+    // A directory nobody may not write, a source nobody may not read.
+    for (s, d) in [("mine", "readonly/copy"), ("closed", "work/closed")] {
+        let out = clone_as(s, d);
+        assert!(!out.status.success(), "clone {s} {d} as nobody succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+        assert!(!m.p(d).exists(), "{d} was made");
+    }
 }
 
 fn xattr_names(p: &Path) -> Vec<String> {

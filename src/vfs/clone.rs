@@ -45,6 +45,11 @@ const COPY_STEP: usize = 1 << 20;
 pub(super) struct Mark {
     dir: bool,
     pub at: Seq,
+    /// Who made the clone: a clone made by anyone but root keeps no
+    /// set-user-ID or set-group-ID bit on a file that user does not own
+    /// (a copy of a privileged program in their hands, as a hard link
+    /// would be, which `protected_hardlinks` refuses).
+    by: u32,
     pub path: Vec<Vec<u8>>,
 }
 
@@ -53,6 +58,7 @@ impl Mark {
         let kind = if self.dir { UNFILLED_DIR } else { BASE_FILE };
         let mut out = vec![MARK_FORMAT, kind];
         out.extend_from_slice(&self.at.get().to_le_bytes());
+        out.extend_from_slice(&self.by.to_le_bytes());
         out.extend_from_slice(&self.path.join(&b'/'));
         out
     }
@@ -71,8 +77,10 @@ impl Mark {
             BASE_FILE => false,
             k => return Err(format!("unknown kind {k}")),
         };
-        let (at, path) = rest.split_at_checked(8).ok_or("too short")?;
+        let (at, rest) = rest.split_at_checked(8).ok_or("too short")?;
+        let (by, path) = rest.split_at_checked(4).ok_or("too short")?;
         let at = Seq::new(u64::from_le_bytes(at.try_into().map_err(|_| "too short")?));
+        let by = u32::from_le_bytes(by.try_into().map_err(|_| "too short")?);
         let path = if path.is_empty() {
             Vec::new()
         } else {
@@ -81,7 +89,7 @@ impl Mark {
         if path.iter().any(|c| c.is_empty()) {
             return Err("an empty path component".into());
         }
-        Ok(Mark { dir, at, path })
+        Ok(Mark { dir, at, by, path })
     }
 
     fn child(&self, name: &[u8], dir: bool) -> Mark {
@@ -90,7 +98,19 @@ impl Mark {
         Mark {
             dir,
             at: self.at,
+            by: self.by,
             path,
+        }
+    }
+
+    /// The mode a copy of an object with `st` gets in this clone.
+    fn mode_for(&self, st: &Stat) -> u32 {
+        let privileged = libc::S_ISUID | libc::S_ISGID;
+        let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
+        if self.by != 0 && regular && st.st_uid != self.by {
+            st.st_mode & !privileged
+        } else {
+            st.st_mode
         }
     }
 }
@@ -328,7 +348,8 @@ impl Vfs {
     /// Makes a copy of `base` (metadata only: a regular file gets its size
     /// and a mark, a directory a mark) under a hidden name in `dir`.
     fn prepare_entry(&self, dir: BorrowedFd<'_>, base: &PastNode, mark: Mark) -> Result<Prepared> {
-        let (st, xattrs, target) = describe(base)?;
+        let (mut st, xattrs, target) = describe(base)?;
+        st.st_mode = mark.mode_for(&st);
         let kind = st.st_mode & libc::S_IFMT;
         let prepared = Prepared {
             hidden: temp_name(),
@@ -543,6 +564,7 @@ impl Vfs {
         let mark = Mark {
             dir: false,
             at,
+            by: caller.uid,
             path: src.to_vec(),
         };
         let dir = target.dir.fd();
@@ -701,19 +723,24 @@ mod tests {
         let m = Mark {
             dir: true,
             at: Seq::new(42),
+            by: 1000,
             path: vec![b"a".to_vec(), b"b c".to_vec()],
         };
         assert_eq!(Mark::decode(&m.encode()), Ok(m));
         let root = Mark {
             dir: false,
             at: Seq::new(1),
+            by: 0,
             path: Vec::new(),
         };
         assert_eq!(Mark::decode(&root.encode()), Ok(root));
         assert!(Mark::decode(b"").is_err());
-        assert!(Mark::decode(&[2, b'D', 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
-        assert!(Mark::decode(&[1, b'X', 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        let zeros = [0u8; 12];
+        assert!(Mark::decode(&[&[2, b'D'][..], &zeros].concat()).is_err());
+        assert!(Mark::decode(&[&[1, b'X'][..], &zeros].concat()).is_err());
         assert!(Mark::decode(&[1, b'D', 0, 0]).is_err());
-        assert!(Mark::decode(b"\x01D\0\0\0\0\0\0\0\0a//b").is_err());
+        assert!(Mark::decode(&[&[1, b'D'][..], &zeros[..10]].concat()).is_err());
+        assert!(Mark::decode(&[&[1, b'D'][..], &zeros, b"a//b"].concat()).is_err());
+        assert!(Mark::decode(&[&[1, b'D'][..], &zeros].concat()).is_ok());
     }
 }
