@@ -7,7 +7,7 @@ use common::*;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn chronofs(args: &[&std::ffi::OsStr]) -> std::process::Output {
@@ -156,6 +156,44 @@ fn a_clone_of_a_past_state_and_bad_requests() {
         assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
     }
     assert!(!src.join("inner").exists() && !m.p("x").exists());
+    // --json says what was cloned; outside a mount (--store, or the
+    // source directory itself) nothing is cloned.
+    let out = chronofs(&[
+        "clone".as_ref(),
+        src.as_os_str(),
+        m.p("j").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    succeeded(out.clone());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        v["tag"].as_str().is_some_and(|t| t.starts_with("clone:")),
+        "{v}"
+    );
+    assert!(v["seq"].as_u64().is_some_and(|s| s > 0), "{v}");
+    let store = m.src.join(".chronofs");
+    let os = |p: PathBuf| p.into_os_string();
+    for args in [
+        vec![
+            std::ffi::OsString::from("clone"),
+            os(m.src.join("t")),
+            os(m.src.join("y")),
+        ],
+        vec![
+            "clone".into(),
+            os(m.src.join("t")),
+            os(m.src.join("z")),
+            "--store".into(),
+            os(store),
+        ],
+    ] {
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let out = chronofs(&args);
+        assert!(!out.status.success(), "clone {args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    }
+    assert!(!m.src.join("y").exists() && !m.src.join("z").exists());
 }
 
 /// The past shows the clone whole from its instant, though its

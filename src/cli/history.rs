@@ -695,8 +695,19 @@ pub fn tag(t: &Target, name: &str, at: Option<&str>, delete: bool, json: bool) -
     Ok(())
 }
 
-/// `chronofs clone SRC DST`: both in one mount.
-pub fn clone(src: &Target, dst: &Target, at: Option<&str>, json: bool) -> Result<()> {
+/// `chronofs clone SRC DST`: both in one mount (a clone is made by the
+/// mount's daemon, so a path outside any mount is refused at once, its
+/// store never opened).
+pub fn clone(src: &Path, dst: &Path, at: Option<&str>, common: &super::Common) -> Result<()> {
+    for p in [src, dst] {
+        let abs = absolutize(p)?;
+        if control::mount_of(&abs).is_none() {
+            anyhow::bail!("{}: clones are made inside a chronofs mount", abs.display());
+        }
+    }
+    let src = &target(src, common.store.as_deref())?;
+    let dst = &target(dst, common.store.as_deref())?;
+    let json = common.json;
     let same_mount = matches!((&src.backend, &dst.backend),
         (Backend::Daemon(a), Backend::Daemon(b)) if a == b);
     if !same_mount {

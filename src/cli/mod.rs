@@ -465,7 +465,7 @@ enum PolicyVerb {
 
 /// Options every history verb takes.
 #[derive(clap::Args, Debug)]
-struct Common {
+pub(crate) struct Common {
     /// Print machine-readable JSON.
     #[arg(long)]
     json: bool,
@@ -755,12 +755,7 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             dst,
             at,
             common,
-        } => h::clone(
-            &tgt(&src, &common)?,
-            &tgt(&dst, &common)?,
-            at.as_deref(),
-            common.json,
-        ),
+        } => h::clone(&src, &dst, at.as_deref(), &common),
         Command::Tag {
             name,
             at,
