@@ -119,8 +119,7 @@ impl Mark {
 #[derive(Clone, Debug)]
 pub struct Cloned {
     pub ino: InodeNo,
-    /// The instant copied.
-    pub at: Seq,
+    /// The tag that keeps the instant copied.
     pub tag: String,
 }
 
@@ -161,12 +160,14 @@ impl Vfs {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// The mark of the object behind `fd`, if it has one.
-    fn mark_of(&self, fd: BorrowedFd<'_>) -> Result<Option<Mark>> {
-        if !self.clones_on() {
+    /// The mark of `node`, if it has one (read once per inode while it
+    /// has none: see `Inode::known_unmarked`).
+    fn mark_of(&self, node: &Node) -> Result<Option<Mark>> {
+        if !self.clones_on() || node.inode.known_unmarked() {
             return Ok(None);
         }
-        let Some(raw) = format::read_clone_mark(fd, self.clone_ns())? else {
+        let Some(raw) = format::read_clone_mark(node.fd(), self.clone_ns())? else {
+            node.inode.set_unmarked();
             return Ok(None);
         };
         Mark::decode(&raw).map(Some).map_err(|why| {
@@ -180,24 +181,22 @@ impl Vfs {
         if node.kind != libc::S_IFREG {
             return Ok(None);
         }
-        Ok(self.mark_of(node.fd())?.filter(|m| !m.dir))
+        Ok(self.mark_of(node)?.filter(|m| !m.dir))
     }
 
     /// Before an operation on `dir`'s entries: a clone's directory gets
-    /// its base's entries first.
-    pub(super) fn fill_if_unfilled(&self, dir: &Node) -> Result<()> {
-        if !dir.is_dir() || !self.clones_on() {
-            return Ok(());
-        }
-        if self.mark_of(dir.fd())?.is_none() {
-            return Ok(());
+    /// its base's entries first. Returns whether this call filled it.
+    pub(super) fn fill_if_unfilled(&self, dir: &Node) -> Result<bool> {
+        if !dir.is_dir() || self.mark_of(dir)?.is_none() {
+            return Ok(false);
         }
         let _one = self.clones.busy.lock();
         // Another caller may have filled it meanwhile.
-        let Some(mark) = self.mark_of(dir.fd())?.filter(|m| m.dir) else {
-            return Ok(());
+        let Some(mark) = self.mark_of(dir)?.filter(|m| m.dir) else {
+            return Ok(false);
         };
-        self.fill(dir, &mark)
+        self.fill(dir, &mark)?;
+        Ok(true)
     }
 
     /// A lookup found `entry`: a clone's directory is filled before the
@@ -207,12 +206,9 @@ impl Vfs {
         if !self.clones_on() || entry.attr.st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Ok(entry);
         }
-        let node = self.node(entry.attr.ino)?;
-        if self.mark_of(node.fd())?.is_none() {
-            return Ok(entry);
+        if self.fill_if_unfilled(&self.node(entry.attr.ino)?)? {
+            entry.attr = self.live_getattr(entry.attr.ino, None)?;
         }
-        self.fill_if_unfilled(&node)?;
-        entry.attr = self.live_getattr(entry.attr.ino, None)?;
         Ok(entry)
     }
 
@@ -221,7 +217,7 @@ impl Vfs {
         if !self.clones_on() {
             return Ok(());
         }
-        self.fill_if_unfilled(&self.node(ino)?)
+        self.fill_if_unfilled(&self.node(ino)?).map(drop)
     }
 
     /// Fills the unfilled directory `dir` with copies of its base's
@@ -277,6 +273,7 @@ impl Vfs {
         sys::fsync(rw.as_fd(), false)?;
         self.record_fill(dir, mark.at, &made)?;
         sys::removexattr_fd(dir.fd(), self.clone_ns().clone_mark())?;
+        dir.inode.set_unmarked();
         keep_times(dir.fd(), &times)?;
         if let Some(c) = self.capture() {
             c.dir_verified(dir.ino.object(), &sys::fstat(dir.fd())?);
@@ -442,6 +439,7 @@ impl Vfs {
         let _ = self.view_release(opened.fh);
         copied?;
         sys::removexattr_fd(node.fd(), self.clone_ns().clone_mark())?;
+        node.inode.set_unmarked();
         // Copying the bytes in is not a change the user made (a chmod or a
         // read by history may be what asked for it).
         keep_times(node.fd(), &times)?;
@@ -621,7 +619,6 @@ impl Vfs {
         self.name_made(dst_parent, dst_name.as_bytes());
         Ok(Cloned {
             ino: inode.ino,
-            at,
             tag,
         })
     }

@@ -73,7 +73,11 @@ const SEEN: u32 = 1 << 31;
 /// `Inode::nlink_seen`'s bit for a directory whose entries history must
 /// compare in full at its next use: the union's branch set changed.
 const RECHECK: u32 = 1 << 30;
-const FLAGS: u32 = SEEN | RECHECK;
+/// `Inode::nlink_seen`'s bit for an object found without a clone's mark
+/// (`vfs/clone.rs`): an object never gains one after it is made, so the
+/// xattr is not read again on each lookup and getattr.
+const UNMARKED: u32 = 1 << 29;
+const FLAGS: u32 = SEEN | RECHECK | UNMARKED;
 
 /// One branch's copy of a union directory.
 #[derive(Clone)]
@@ -204,6 +208,15 @@ impl Inode {
     }
 
     /// True the first time it is asked for this inode.
+    /// Whether it was found without a clone's mark (see `UNMARKED`).
+    pub fn known_unmarked(&self) -> bool {
+        self.nlink_seen.load(Ordering::Acquire) & UNMARKED != 0
+    }
+
+    pub fn set_unmarked(&self) {
+        self.nlink_seen.fetch_or(UNMARKED, Ordering::AcqRel);
+    }
+
     pub fn first_sight(&self) -> bool {
         self.nlink_seen.fetch_or(SEEN, Ordering::AcqRel) & SEEN == 0
     }
