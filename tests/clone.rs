@@ -314,3 +314,90 @@ fn xattr_names(p: &Path) -> Vec<String> {
         .map(|n| String::from_utf8_lossy(n).into_owned())
         .collect()
 }
+
+#[test]
+fn a_template_makes_working_trees_of_a_tree_as_it_was() {
+    let m = Mount::new_with("", |src| {
+        populate(src);
+        fs::create_dir(src.join("closed")).unwrap();
+        fs::set_permissions(src.join("closed"), fs::Permissions::from_mode(0o700)).unwrap();
+        fs::create_dir(src.join("work")).unwrap();
+        fs::set_permissions(src.join("work"), fs::Permissions::from_mode(0o777)).unwrap();
+    });
+    let template = |args: &[&str], extra: &[&Path]| {
+        let mut v: Vec<&std::ffi::OsStr> = vec!["template".as_ref()];
+        v.extend(args.iter().map(std::ffi::OsStr::new));
+        v.extend(extra.iter().map(|p| p.as_os_str()));
+        chronofs(&v)
+    };
+    let before = tree(&m.p("t"));
+    succeeded(template(&["create", "rootfs"], &[&m.p("t")]));
+    // The tree changes and goes; the template does not.
+    fs::write(m.p("t/a"), b"changed").unwrap();
+    fs::remove_dir_all(m.p("t")).unwrap();
+    for dst in ["one", "two"] {
+        succeeded(template(&["instantiate", "rootfs"], &[&m.p(dst)]));
+        assert_eq!(tree(&m.p(dst)), before, "{dst} differs from the template");
+    }
+    fs::write(m.p("one/a"), b"one's").unwrap();
+    assert_eq!(fs::read(m.p("two/a")).unwrap(), b"hello");
+    // Bad requests: one line each, nothing made.
+    for (args, path) in [
+        (&["create", "rootfs"][..], m.p("one")),
+        (&["create", ".bad"][..], m.p("one")),
+        (&["create", "a/b"][..], m.p("one")),
+        (&["create", "gone"][..], m.p("t")),
+        (&["instantiate", "nope"][..], m.p("three")),
+        (&["instantiate", "rootfs"][..], m.p("one/sub/deeper")),
+    ] {
+        let out = template(args, &[&path]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "template {args:?} succeeded");
+        assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    }
+    assert!(!m.p("three").exists());
+    let out = chronofs(&[
+        "tag".as_ref(),
+        "template:x".as_ref(),
+        "--path".as_ref(),
+        m.mnt.as_os_str(),
+    ]);
+    assert!(!out.status.success(), "a tag took a template's name");
+    // Templates outlive a remount; the list says what each one is.
+    let mut m = m;
+    m.remount();
+    let out = template(&["list", "--json"], &[&m.mnt]);
+    succeeded(out.clone());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["templates"][0]["name"], "rootfs");
+    assert_eq!(v["templates"][0]["path"], "/t");
+    // An ordinary user may use a template only where they could read its
+    // tree, and may not remove another's.
+    succeeded(template(&["create", "closed"], &[&m.p("closed")]));
+    let as_nobody = |args: &[&str], p: &Path| {
+        Command::new(bin())
+            .arg("template")
+            .args(args)
+            .arg(p)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .expect("run chronofs")
+    };
+    succeeded(as_nobody(&["instantiate", "rootfs"], &m.p("work/mine")));
+    assert_eq!(fs::read(m.p("work/mine/sub/deeper/c")).unwrap(), b"deep");
+    for (args, p) in [
+        (&["instantiate", "closed"][..], m.p("work/closed")),
+        (&["delete", "rootfs", "--path"][..], m.mnt.clone()),
+    ] {
+        let out = as_nobody(args, &p);
+        assert!(!out.status.success(), "nobody: template {args:?} succeeded");
+    }
+    assert!(!m.p("work/closed").exists());
+    // Deleting a template keeps what was made from it.
+    succeeded(template(&["delete", "rootfs", "--path"], &[&m.mnt]));
+    assert_eq!(fs::read(m.p("two/sub/deeper/c")).unwrap(), b"deep");
+    assert!(!template(&["instantiate", "rootfs"], &[&m.p("three")])
+        .status
+        .success());
+}

@@ -14,6 +14,7 @@ mod options;
 mod restore;
 mod sandbox;
 mod sandbox_host;
+mod template;
 mod union_fsck;
 
 use std::ffi::OsString;
@@ -171,6 +172,13 @@ enum Command {
         at: Option<String>,
         #[command(flatten)]
         common: Common,
+    },
+    /// Name a tree as it is (or was) and make working trees from it:
+    /// each instantiation is a clone, made at once whatever the tree's
+    /// size; the tree may change or go afterwards.
+    Template {
+        #[command(subcommand)]
+        verb: TemplateVerb,
     },
     /// Name an instant (default: now); a tag works wherever a time does.
     Tag {
@@ -372,6 +380,44 @@ enum SandboxVerb {
 }
 
 #[derive(Subcommand, Debug)]
+enum TemplateVerb {
+    /// Make DIR (a file or a tree in a mount with history) template NAME,
+    /// as it is now or as it was at TIME.
+    Create {
+        name: String,
+        dir: PathBuf,
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+        at: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Make DST (a new name in the same mount) a writable clone of
+    /// template NAME.
+    Instantiate {
+        name: String,
+        dst: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List the templates of the mount PATH lies in.
+    List {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Forget template NAME (its maker or root); trees made from it stay.
+    Delete {
+        name: String,
+        /// A path in the mount (default: the current directory).
+        #[arg(long, default_value = ".")]
+        path: PathBuf,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum BranchVerb {
     /// The branches, top first: position, mode, persistent id, path.
     List {
@@ -485,6 +531,7 @@ const VERBS: &[&str] = &[
     "undelete",
     "diff",
     "clone",
+    "template",
     "tag",
     "tags",
     "status",
@@ -756,6 +803,19 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             at,
             common,
         } => h::clone(&src, &dst, at.as_deref(), &common),
+        Command::Template { verb } => match verb {
+            TemplateVerb::Create {
+                name,
+                dir,
+                at,
+                common,
+            } => template::create(&name, &dir, at.as_deref(), &common),
+            TemplateVerb::Instantiate { name, dst, common } => {
+                template::instantiate(&name, &dst, &common)
+            }
+            TemplateVerb::List { path, common } => template::list(&path, &common),
+            TemplateVerb::Delete { name, path, common } => template::delete(&name, &path, &common),
+        },
         Command::Tag {
             name,
             at,

@@ -91,6 +91,29 @@ impl Client<'_> {
         })
     }
 
+    pub fn template_create(&self, name: &str, path: &Components, at: At) -> Result<TemplateInfo> {
+        self.ask(Request::TemplateCreate {
+            name: name.into(),
+            path: path.clone(),
+            at,
+        })
+    }
+
+    pub fn template_instantiate(&self, name: &str, dst: &Components) -> Result<CloneReply> {
+        self.ask(Request::TemplateInstantiate {
+            name: name.into(),
+            dst: dst.clone(),
+        })
+    }
+
+    pub fn templates(&self) -> Result<TemplatesReply> {
+        self.ask(Request::Templates)
+    }
+
+    pub fn template_delete(&self, name: &str) -> Result<UntagReply> {
+        self.ask(Request::TemplateDelete { name: name.into() })
+    }
+
     pub fn untag(&self, name: &str) -> Result<UntagReply> {
         self.ask(Request::Untag { name: name.into() })
     }

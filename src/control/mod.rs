@@ -18,6 +18,7 @@ mod client;
 mod maintain;
 pub mod proto;
 pub mod service;
+mod templates;
 mod tree;
 
 pub use client::{Client, ControlError};

@@ -176,6 +176,23 @@ pub enum Request {
         dst: Components,
         at: At,
     },
+    /// Names `path` as of `at` template `name`.
+    TemplateCreate {
+        name: String,
+        path: Components,
+        at: At,
+    },
+    /// Clones template `name` to `dst` (as `Clone` does).
+    TemplateInstantiate {
+        name: String,
+        dst: Components,
+    },
+    /// Lists the templates.
+    Templates,
+    /// Forgets template `name` (its maker or root); its clones stay.
+    TemplateDelete {
+        name: String,
+    },
 }
 
 impl Request {
@@ -656,6 +673,22 @@ pub struct CloneReply {
     pub tag: String,
 }
 
+/// A template, as `TemplateCreate` and `Templates` show it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TemplateInfo {
+    pub name: String,
+    /// Its tree's path from the mount's root, as it was then.
+    pub path: String,
+    pub seq: Seq,
+    pub time_ns: Option<i64>,
+}
+
+/// `Templates`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TemplatesReply {
+    pub templates: Vec<TemplateInfo>,
+}
+
 /// `Tags`'s reply.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TagsReply {
@@ -804,6 +837,8 @@ pub enum Answer {
     Tag(TagInfo),
     Clone(CloneReply),
     Untag(UntagReply),
+    Template(TemplateInfo),
+    Templates(TemplatesReply),
     Instant(Instant),
     Node(Box<NodeInfo>),
     List(Listing),

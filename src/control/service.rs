@@ -273,7 +273,7 @@ impl Service {
     /// `chronofs clone`: SRC must be readable to the caller at the
     /// instant (what it may not read there it may not copy), and DST must
     /// not lie in SRC.
-    fn clone_path(
+    pub(super) fn clone_path(
         &self,
         src: &Components,
         dst: &Components,
@@ -323,6 +323,14 @@ impl Service {
             Request::Tag { name, at } => Answer::Tag(self.tag(name, at, peer)?),
             Request::Clone { src, dst, at } => Answer::Clone(self.clone_path(src, dst, at, peer)?),
             Request::Untag { name } => Answer::Untag(self.untag(name, peer)?),
+            Request::TemplateCreate { name, path, at } => {
+                Answer::Template(self.template_create(name, path, at, peer)?)
+            }
+            Request::TemplateInstantiate { name, dst } => {
+                Answer::Clone(self.template_instantiate(name, dst, peer)?)
+            }
+            Request::Templates => Answer::Templates(self.templates()?),
+            Request::TemplateDelete { name } => Answer::Untag(self.template_delete(name, peer)?),
             Request::Resolve { at } => {
                 let (seq, t) = self.resolve_at(at)?;
                 Answer::Instant(Instant {
@@ -792,6 +800,14 @@ impl Service {
         {
             return Err(Error::Usage(format!(
                 "'{name}' cannot be a tag name: it would read as a time or sequence number"
+            )));
+        }
+        if let Some(what) = ["clone", "template"]
+            .into_iter()
+            .find(|p| name.strip_prefix(p).is_some_and(|r| r.starts_with(':')))
+        {
+            return Err(Error::Usage(format!(
+                "'{name}': tags named {what}:... are kept by chronofs for its {what}s"
             )));
         }
         let (seq, t) = self.resolve_at(at)?;

@@ -28,6 +28,7 @@ pub mod prune;
 pub mod query;
 pub mod spec;
 mod tables;
+pub mod templates;
 #[cfg(test)]
 pub(crate) mod testkit;
 pub mod verify;

@@ -32,6 +32,9 @@ pub const TAGS: TableDefinition<&str, u64> = TableDefinition::new("tags");
 /// tag name → uid of the user who made it (store format 5, written
 /// beside the tag, not journaled: a tag without an owner is root's).
 pub const TAG_OWNERS: TableDefinition<&str, u32> = TableDefinition::new("tag_owners");
+/// template name → format byte ‖ postcard path components (written
+/// beside the template's tag, not journaled; see `templates`).
+pub const TEMPLATES: TableDefinition<&str, &[u8]> = TableDefinition::new("templates");
 /// object → the sequence number of its oldest version ever pruned: its
 /// oldest kept version stands for the states before it (see `prune`).
 pub const PRUNED: TableDefinition<u64, u64> = TableDefinition::new("pruned");
@@ -106,7 +109,7 @@ pub fn child(value: u64) -> Option<ObjectId> {
     Some(value).filter(|c| *c != 0).map(ObjectId::new)
 }
 
-fn err(e: impl Into<redb::Error>) -> HistoryError {
+pub(super) fn err(e: impl Into<redb::Error>) -> HistoryError {
     HistoryError::Store(index_error(e))
 }
 

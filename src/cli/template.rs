@@ -1,0 +1,84 @@
+//! `chronofs template`: name a tree as it is (or was), and make working
+//! trees from it by clone (`control/templates.rs` answers).
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use super::history::{parse_at, print_json, target};
+use super::Common;
+use crate::control;
+use crate::history::spec;
+
+/// A mount's daemon answers every template verb: a template is made and
+/// used through the mount, never through a store opened beside it.
+fn in_mount(path: &Path, store: Option<&Path>) -> Result<super::history::Target> {
+    let abs = super::history::absolutize(path)?;
+    if control::mount_of(&abs).is_none() {
+        anyhow::bail!("{}: templates live in a chronofs mount", abs.display());
+    }
+    target(path, store)
+}
+
+pub fn create(name: &str, dir: &Path, at: Option<&str>, common: &Common) -> Result<()> {
+    let t = in_mount(dir, common.store.as_deref())?;
+    let v = t.client().template_create(name, &t.path, parse_at(at)?)?;
+    if common.json {
+        print_json(&v);
+    } else {
+        println!(
+            "template {} is {} as of #{} ({})",
+            v.name,
+            t.abs.display(),
+            v.seq,
+            spec::show(v.time_ns.unwrap_or(0))
+        );
+    }
+    Ok(())
+}
+
+pub fn instantiate(name: &str, dst: &Path, common: &Common) -> Result<()> {
+    let t = in_mount(dst, common.store.as_deref())?;
+    let v = t.client().template_instantiate(name, &t.path)?;
+    if common.json {
+        print_json(&v);
+    } else {
+        println!(
+            "made {} from template {name} (#{}, {})",
+            t.abs.display(),
+            v.seq,
+            spec::show(v.time_ns)
+        );
+    }
+    Ok(())
+}
+
+pub fn list(path: &Path, common: &Common) -> Result<()> {
+    let t = in_mount(path, common.store.as_deref())?;
+    let v = t.client().templates()?;
+    if common.json {
+        print_json(&v);
+        return Ok(());
+    }
+    for e in &v.templates {
+        println!(
+            "{:<24} #{:<8} {}  {}",
+            e.name,
+            e.seq,
+            spec::show(e.time_ns.unwrap_or(0)),
+            e.path
+        );
+    }
+    Ok(())
+}
+
+pub fn delete(name: &str, path: &Path, common: &Common) -> Result<()> {
+    let t = in_mount(path, common.store.as_deref())?;
+    let v = t.client().template_delete(name)?;
+    if common.json {
+        print_json(&v);
+    } else {
+        println!("template {} removed (trees made from it stay)", v.name);
+    }
+    Ok(())
+}
