@@ -401,3 +401,85 @@ fn a_template_makes_working_trees_of_a_tree_as_it_was() {
         .status
         .success());
 }
+
+#[test]
+fn hard_links_inside_a_clone_stay_one_file() {
+    let m = Mount::new_with("", |src| {
+        let t = src.join("t");
+        fs::create_dir_all(t.join("sub/deeper")).unwrap();
+        fs::create_dir_all(src.join("outside")).unwrap();
+        fs::write(t.join("a"), b"shared").unwrap();
+        fs::hard_link(t.join("a"), t.join("sub/a2")).unwrap();
+        fs::hard_link(t.join("a"), t.join("sub/deeper/a3")).unwrap();
+        // A name outside the cloned tree does not count in the clone.
+        fs::write(t.join("x"), b"x").unwrap();
+        fs::hard_link(t.join("x"), src.join("outside/y")).unwrap();
+    });
+    let lstat = |p: &str| fs::symlink_metadata(m.p(p)).unwrap();
+    succeeded(clone(&m.p("t"), &m.p("c")));
+    succeeded(clone(&m.p("t"), &m.p("d")));
+    // Three names before the other directories are even filled.
+    assert_eq!(lstat("c/a").nlink(), 3);
+    assert_eq!(lstat("c/x").nlink(), 1);
+    let ino = lstat("c/a").ino();
+    assert_eq!(lstat("c/sub/a2").ino(), ino);
+    assert_eq!(lstat("c/sub/deeper/a3").ino(), ino);
+    assert_ne!(lstat("t/a").ino(), ino);
+    assert_ne!(lstat("d/a").ino(), ino, "two clones share a file");
+    // Written through one name, read through the others; the source and
+    // the other clone keep theirs.
+    fs::write(m.p("c/sub/a2"), b"changed in c").unwrap();
+    assert_eq!(fs::read(m.p("c/a")).unwrap(), b"changed in c");
+    assert_eq!(fs::read(m.p("c/sub/deeper/a3")).unwrap(), b"changed in c");
+    assert_eq!(fs::read(m.p("t/a")).unwrap(), b"shared");
+    assert_eq!(fs::read(m.p("d/sub/a2")).unwrap(), b"shared");
+    // link and unlink count as they do anywhere.
+    fs::remove_file(m.p("c/a")).unwrap();
+    assert_eq!(lstat("c/sub/a2").nlink(), 2);
+    fs::hard_link(m.p("c/sub/a2"), m.p("c/new")).unwrap();
+    assert_eq!(lstat("c/new").nlink(), 3);
+    fs::rename(m.p("c/x"), m.p("c/new")).unwrap();
+    assert_eq!(lstat("c/sub/a2").nlink(), 2);
+    // In d, the first name filled goes before the others are filled:
+    // they still name the file, with its content.
+    assert_eq!(lstat("d/a").nlink(), 3);
+    fs::remove_file(m.p("d/a")).unwrap();
+    assert_eq!(fs::read(m.p("d/sub/deeper/a3")).unwrap(), b"shared");
+    assert_eq!(lstat("d/sub/a2").nlink(), 2);
+    assert_eq!(lstat("d/sub/a2").ino(), lstat("d/sub/deeper/a3").ino());
+    // The index is never shown, and goes with a file's last name.
+    let names: Vec<_> = fs::read_dir(&m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(names.iter().all(|n| n != ".chronofs-index"), "{names:?}");
+    assert!(fs::symlink_metadata(m.p(".chronofs-index")).is_err());
+    let index = m.src.join(".chronofs-index");
+    let entries = || fs::read_dir(&index).unwrap().count();
+    assert_eq!(entries(), 2, "one entry per clone's linked file");
+    for p in ["d/sub/a2", "d/sub/deeper/a3"] {
+        fs::remove_file(m.p(p)).unwrap();
+    }
+    assert_eq!(entries(), 1);
+    // Identity and counts survive a remount.
+    let mut m = m;
+    m.remount();
+    let lstat = |p: &str| fs::symlink_metadata(m.p(p)).unwrap();
+    assert_eq!(lstat("c/sub/a2").nlink(), 2);
+    assert_eq!(lstat("c/sub/deeper/a3").ino(), lstat("c/sub/a2").ino());
+    // tar archives one file and a link to it.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("tar -C \"$1\" -cf - . | tar -tvf -")
+        .arg("sh")
+        .arg(m.p("c"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(listing.matches(" link to ").count(), 1, "{listing}");
+}

@@ -190,9 +190,16 @@ impl Past<'_> {
         Ok((seq, t))
     }
 
+    /// A name of the root that is chronofs's own: the store's, the
+    /// hard-link index's.
+    fn is_reserved(&self, name: &[u8]) -> bool {
+        let name = OsStr::from_bytes(name);
+        self.reserved == Some(name) || name == crate::store::LINK_INDEX_DIR
+    }
+
     /// One name in a live directory.
     pub fn live_step(&self, dir: BorrowedFd, in_root: bool, name: &[u8]) -> Result<Option<Cur>> {
-        if in_root && self.reserved == Some(OsStr::from_bytes(name)) {
+        if in_root && self.is_reserved(name) {
             return Ok(None);
         }
         let cname = sys::cstr(OsStr::from_bytes(name))?;
@@ -316,9 +323,12 @@ impl Past<'_> {
             if batch.is_empty() {
                 break;
             }
-            names.extend(batch.into_iter().map(|e| e.name).filter(|n| {
-                n != b"." && n != b".." && !(in_root && self.reserved == Some(OsStr::from_bytes(n)))
-            }));
+            names.extend(
+                batch
+                    .into_iter()
+                    .map(|e| e.name)
+                    .filter(|n| n != b"." && n != b".." && !(in_root && self.is_reserved(n))),
+            );
         }
         names.sort();
         Ok(names)

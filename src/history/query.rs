@@ -276,6 +276,41 @@ impl History {
         Ok(alive.pop())
     }
 
+    /// How many names `obj` had at `seq` inside the tree at path `root`,
+    /// if history recorded every one of its `total` names then (else
+    /// `None`: the names are not all known).
+    pub fn names_within(
+        &self,
+        obj: ObjectId,
+        seq: Seq,
+        root: &[Vec<u8>],
+        total: u32,
+    ) -> Result<Option<u32>> {
+        let mut alive: Vec<(ObjectId, Vec<u8>)> = Vec::new();
+        for l in self.links(obj)? {
+            if l.seq > seq {
+                break;
+            }
+            let key = (l.parent, l.name);
+            alive.retain(|k| *k != key);
+            if l.bound {
+                alive.push(key);
+            }
+        }
+        if alive.len() != total as usize {
+            return Ok(None);
+        }
+        let mut within = 0;
+        for (parent, _) in alive {
+            match self.path_at(parent, seq)? {
+                Some(p) if p.starts_with(root) => within += 1,
+                Some(_) => {}
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(within))
+    }
+
     /// The path of `obj` at `seq` as name components from the root.
     pub fn path_at(&self, obj: ObjectId, seq: Seq) -> Result<Option<Vec<Vec<u8>>>> {
         let mut parts = Vec::new();

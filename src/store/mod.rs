@@ -57,6 +57,9 @@ const UPGRADABLE: &[u64] = &[1, 2, 3, 4, 5, 6, 7];
 const INDEX_CACHE: usize = 32 << 20;
 
 pub const INDEX_FILE: &str = "index.redb";
+/// The hard-link index a mount keeps in a branch's root (a union's
+/// copied-up links, a clone's linked files), hidden like the store.
+pub const LINK_INDEX_DIR: &str = ".chronofs-index";
 /// A new index is built under this name and renamed when complete.
 const INDEX_NEW: &str = "index.redb.new";
 

@@ -26,7 +26,7 @@ use super::format::XattrNs;
 use crate::sys;
 
 /// The index's name in the upper branch's root (hidden through the mount).
-pub const INDEX_DIR: &str = ".chronofs-index";
+pub const INDEX_DIR: &str = crate::store::LINK_INDEX_DIR;
 
 /// Whether `name` in a branch root is the index.
 pub fn is_index_dir(name: &OsStr) -> bool {

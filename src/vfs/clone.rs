@@ -30,8 +30,11 @@ use crate::sys::{self, creds, Stat, TimeSpec};
 use crate::union::copyup::{is_copyup_temp, temp_name};
 use crate::union::format::{self, XattrNs};
 
-/// The mark's format: its value's first byte.
-const MARK_FORMAT: u8 = 1;
+/// The mark's format: its value's first byte. Format 1 (the first
+/// slice) had no clone id and no root depth; it still reads, and its
+/// hard links stay separate files.
+const MARK_FORMAT: u8 = 2;
+const MARK_FORMAT_1: u8 = 1;
 /// A directory whose entries are still its base's.
 const UNFILLED_DIR: u8 = b'D';
 /// A file whose bytes are still its base's.
@@ -50,6 +53,12 @@ pub(super) struct Mark {
     /// (a copy of a privileged program in their hands, as a hard link
     /// would be, which `protected_hardlinks` refuses).
     by: u32,
+    /// The clone's id (the number in its tag `clone:N`); 0 for a mark
+    /// of format 1, which did not say.
+    clone_id: u64,
+    /// How many leading components of `path` name the clone's source:
+    /// the tree whose hard links the clone keeps.
+    depth: u16,
     pub path: Vec<Vec<u8>>,
 }
 
@@ -59,6 +68,8 @@ impl Mark {
         let mut out = vec![MARK_FORMAT, kind];
         out.extend_from_slice(&self.at.get().to_le_bytes());
         out.extend_from_slice(&self.by.to_le_bytes());
+        out.extend_from_slice(&self.clone_id.to_le_bytes());
+        out.extend_from_slice(&self.depth.to_le_bytes());
         out.extend_from_slice(&self.path.join(&b'/'));
         out
     }
@@ -67,9 +78,9 @@ impl Mark {
         let [format, kind, rest @ ..] = b else {
             return Err("too short".into());
         };
-        if *format != MARK_FORMAT {
+        if *format != MARK_FORMAT && *format != MARK_FORMAT_1 {
             return Err(format!(
-                "format {format}, this build reads format {MARK_FORMAT}"
+                "format {format}, this build reads formats {MARK_FORMAT_1} and {MARK_FORMAT}"
             ));
         }
         let dir = match *kind {
@@ -77,11 +88,16 @@ impl Mark {
             BASE_FILE => false,
             k => return Err(format!("unknown kind {k}")),
         };
-        let (at, rest) = rest.split_at_checked(8).ok_or("too short")?;
-        let (by, path) = rest.split_at_checked(4).ok_or("too short")?;
-        let at = Seq::new(u64::from_le_bytes(at.try_into().map_err(|_| "too short")?));
-        let by = u32::from_le_bytes(by.try_into().map_err(|_| "too short")?);
-        let path = if path.is_empty() {
+        let (at, rest) = take::<8>(rest)?;
+        let (by, rest) = take::<4>(rest)?;
+        let (clone_id, depth, path) = if *format == MARK_FORMAT_1 {
+            (0, 0, rest)
+        } else {
+            let (clone, rest) = take::<8>(rest)?;
+            let (depth, rest) = take::<2>(rest)?;
+            (u64::from_le_bytes(clone), u16::from_le_bytes(depth), rest)
+        };
+        let path: Vec<Vec<u8>> = if path.is_empty() {
             Vec::new()
         } else {
             path.split(|b| *b == b'/').map(<[u8]>::to_vec).collect()
@@ -89,7 +105,17 @@ impl Mark {
         if path.iter().any(|c| c.is_empty()) {
             return Err("an empty path component".into());
         }
-        Ok(Mark { dir, at, by, path })
+        if usize::from(depth) > path.len() {
+            return Err("a source deeper than the path".into());
+        }
+        Ok(Mark {
+            dir,
+            at: Seq::new(u64::from_le_bytes(at)),
+            by: u32::from_le_bytes(by),
+            clone_id,
+            depth,
+            path,
+        })
     }
 
     fn child(&self, name: &[u8], dir: bool) -> Mark {
@@ -97,9 +123,8 @@ impl Mark {
         path.push(name.to_vec());
         Mark {
             dir,
-            at: self.at,
-            by: self.by,
             path,
+            ..self.clone()
         }
     }
 
@@ -256,6 +281,7 @@ impl Vfs {
         })?;
         self.drop_leftovers(dir.fd())?;
         let mut made = Vec::with_capacity(children.len());
+        let mut index = None;
         for (name, base) in children {
             let cname = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
             match sys::fstatat(dir.fd(), &cname) {
@@ -263,7 +289,13 @@ impl Vfs {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     let mark = mark.child(&name, false);
-                    self.copy_entry(dir.fd(), &cname, &base, mark)?;
+                    match self.linked_copy(&mark, &base)? {
+                        Some(link) => {
+                            let to = (dir.fd(), cname.as_c_str());
+                            self.copy_linked_entry(to, &base, mark, &link, &mut index)?;
+                        }
+                        None => self.copy_entry(dir.fd(), &cname, &base, mark)?,
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -335,6 +367,97 @@ impl Vfs {
         mark: Mark,
     ) -> Result<()> {
         let prepared = self.prepare_entry(dir, base, mark)?;
+        let published = prepared.publish(dir, name, false);
+        if published.is_err() {
+            prepared.discard(dir);
+        }
+        published
+    }
+
+    /// Where `base` is a regular file with several names, the index entry
+    /// every name of it in this clone links to (so that they stay one
+    /// file), and the link count the clone shows for it: its names inside
+    /// the clone's source then (all of them, where history does not know
+    /// each). None in a union mount, whose index is the union's, and for
+    /// a mark of format 1, which does not name its clone.
+    fn linked_copy(&self, mark: &Mark, base: &PastNode) -> Result<Option<(CString, u32)>> {
+        if mark.clone_id == 0 || self.union().is_some() {
+            return Ok(None);
+        }
+        let (obj, mode, nlink) = match base {
+            PastNode::Hist { obj, v, .. } => (*obj, v.attrs.mode, v.attrs.nlink),
+            PastNode::Live { obj, st, .. } => {
+                let obj = match obj {
+                    Some(o) => *o,
+                    None => self.inodes.number_for(self.inodes.key_of(st))?.object(),
+                };
+                (obj, st.st_mode, st.st_nlink as u32)
+            }
+        };
+        if mode & libc::S_IFMT != libc::S_IFREG || nlink < 2 {
+            return Ok(None);
+        }
+        let source = &mark.path[..usize::from(mark.depth)];
+        let within = self.with_past(|p| {
+            p.history
+                .names_within(obj, mark.at, source, nlink)
+                .map_err(|e| super::views::past_err(e.into()))
+        })?;
+        // Its only name in the clone needs no index.
+        if within == Some(1) {
+            return Ok(None);
+        }
+        let entry = format!("clone{}-{:x}", mark.clone_id, obj.get());
+        let entry = CString::new(entry).map_err(|_| errno(libc::EINVAL))?;
+        Ok(Some((entry, within.unwrap_or(nlink).max(1))))
+    }
+
+    /// Makes `name` in `dir` a name of the clone's copy of `base`, a file
+    /// with several names: a link to its index entry, made (a copy with
+    /// the link count to show) by the first of its names to be filled.
+    /// The entry is durable before any name links to it, so a name never
+    /// outlives a crash without it.
+    fn copy_linked_entry(
+        &self,
+        (dir, name): (BorrowedFd<'_>, &std::ffi::CStr),
+        base: &PastNode,
+        mark: Mark,
+        (entry, links): &(CString, u32),
+        index: &mut Option<std::os::fd::OwnedFd>,
+    ) -> Result<()> {
+        let ix = match index {
+            Some(fd) => fd,
+            None => index.insert(crate::union::index::open_or_make(self.branch.root_fd())?),
+        };
+        let ix = ix.as_fd();
+        let prepared = match sys::open_path(ix, entry) {
+            Ok(copy) => {
+                let hidden = temp_name();
+                sys::link_fd(copy.as_fd(), dir, &hidden)?;
+                Prepared {
+                    hidden,
+                    is_dir: false,
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let prepared = self.prepare_entry(dir, base, mark)?;
+                let ns = self.clone_ns();
+                let indexed = (|| -> Result<()> {
+                    let copy = sys::open_path(dir, &prepared.hidden)?;
+                    crate::union::index::set_entry(copy.as_fd(), ns, entry)?;
+                    crate::union::index::set_nlink(copy.as_fd(), ns, *links)?;
+                    sys::link_fd(copy.as_fd(), ix, entry)?;
+                    let ix = sys::reopen_dir(ix, libc::O_RDONLY)?;
+                    Ok(sys::fsync(ix.as_fd(), false)?)
+                })();
+                if let Err(e) = indexed {
+                    prepared.discard(dir);
+                    return Err(e);
+                }
+                prepared
+            }
+            Err(e) => return Err(e.into()),
+        };
         let published = prepared.publish(dir, name, false);
         if published.is_err() {
             prepared.discard(dir);
@@ -559,21 +682,35 @@ impl Vfs {
         self.before_dir_change(dst_parent)?;
         let target = self.create_target(caller, dst_parent, &cname)?;
         self.enable_clones();
-        let mark = Mark {
+        let depth = u16::try_from(src.len()).map_err(|_| errno(libc::ENAMETOOLONG))?;
+        let mut mark = Mark {
             dir: false,
             at,
             by: caller.uid,
+            clone_id: 0,
+            depth,
             path: src.to_vec(),
         };
         let dir = target.dir.fd();
-        let prepared = self.prepare_entry(dir, base, mark)?;
-        let fd = sys::open_path(dir, &prepared.hidden)?;
-        let st = sys::fstat(fd.as_fd())?;
-        let inode = match target.branch {
-            Some(b) => self.inodes.acquire_new_in(b, fd, &st, true),
-            None => self.inodes.acquire_new(fd, &st, true),
-        };
-        let inode = match inode {
+        let prepared = self.prepare_entry(dir, base, mark.clone())?;
+        let acquired = (|| {
+            let fd = sys::open_path(dir, &prepared.hidden)?;
+            let st = sys::fstat(fd.as_fd())?;
+            let inode = match target.branch {
+                Some(b) => self.inodes.acquire_new_in(b, fd, &st, true)?,
+                None => self.inodes.acquire_new(fd, &st, true)?,
+            };
+            // The clone's id is its number, known only now.
+            mark.dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            mark.clone_id = inode.ino.0;
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG || mark.dir {
+                let node = self.inodes.node_of(inode.clone())?;
+                let name = self.clone_ns().clone_mark();
+                sys::setxattr_fd(node.fd(), name, &mark.encode(), 0)?;
+            }
+            Ok::<_, VfsError>(inode)
+        })();
+        let inode = match acquired {
             Ok(i) => i,
             Err(e) => {
                 prepared.discard(dir);
@@ -622,6 +759,13 @@ impl Vfs {
             tag,
         })
     }
+}
+
+/// The first `N` bytes of `b`, and the rest.
+fn take<const N: usize>(b: &[u8]) -> std::result::Result<([u8; N], &[u8]), String> {
+    let (head, rest) = b.split_at_checked(N).ok_or("too short")?;
+    let head = head.try_into().map_err(|_| "too short")?;
+    Ok((head, rest))
 }
 
 /// Sets `fd`'s access and modification times back to `st`'s.
@@ -721,6 +865,8 @@ mod tests {
             dir: true,
             at: Seq::new(42),
             by: 1000,
+            clone_id: 77,
+            depth: 1,
             path: vec![b"a".to_vec(), b"b c".to_vec()],
         };
         assert_eq!(Mark::decode(&m.encode()), Ok(m));
@@ -728,16 +874,41 @@ mod tests {
             dir: false,
             at: Seq::new(1),
             by: 0,
+            clone_id: 5,
+            depth: 0,
             path: Vec::new(),
         };
         assert_eq!(Mark::decode(&root.encode()), Ok(root));
         assert!(Mark::decode(b"").is_err());
+        let zeros = [0u8; 22];
+        assert!(Mark::decode(&[&[3, b'D'][..], &zeros].concat()).is_err());
+        assert!(Mark::decode(&[&[2, b'X'][..], &zeros].concat()).is_err());
+        assert!(Mark::decode(&[2, b'D', 0, 0]).is_err());
+        assert!(Mark::decode(&[&[2, b'D'][..], &zeros[..20]].concat()).is_err());
+        assert!(Mark::decode(&[&[2, b'D'][..], &zeros, b"a//b"].concat()).is_err());
+        assert!(Mark::decode(&[&[2, b'D'][..], &zeros].concat()).is_ok());
+        // A source deeper than the path.
+        let mut deep = zeros;
+        deep[20] = 2;
+        assert!(Mark::decode(&[&[2, b'D'][..], &deep, b"a"].concat()).is_err());
+    }
+
+    /// Marks written by the first slice (format 1: no clone id, no
+    /// depth) keep reading.
+    #[test]
+    fn a_format_1_mark_still_reads() {
+        let mut v1 = vec![1, b'F'];
+        v1.extend_from_slice(&9u64.to_le_bytes());
+        v1.extend_from_slice(&1000u32.to_le_bytes());
+        v1.extend_from_slice(b"src/a");
+        let m = Mark::decode(&v1).unwrap();
+        assert_eq!(
+            (m.dir, m.at, m.by, m.clone_id, m.depth),
+            (false, Seq::new(9), 1000, 0, 0)
+        );
+        assert_eq!(m.path, vec![b"src".to_vec(), b"a".to_vec()]);
         let zeros = [0u8; 12];
-        assert!(Mark::decode(&[&[2, b'D'][..], &zeros].concat()).is_err());
-        assert!(Mark::decode(&[&[1, b'X'][..], &zeros].concat()).is_err());
-        assert!(Mark::decode(&[1, b'D', 0, 0]).is_err());
-        assert!(Mark::decode(&[&[1, b'D'][..], &zeros[..10]].concat()).is_err());
-        assert!(Mark::decode(&[&[1, b'D'][..], &zeros, b"a//b"].concat()).is_err());
         assert!(Mark::decode(&[&[1, b'D'][..], &zeros].concat()).is_ok());
+        assert!(Mark::decode(&[&[1, b'D'][..], &zeros[..10]].concat()).is_err());
     }
 }

@@ -77,7 +77,10 @@ const RECHECK: u32 = 1 << 30;
 /// (`vfs/clone.rs`): an object never gains one after it is made, so the
 /// xattr is not read again on each lookup and getattr.
 const UNMARKED: u32 = 1 << 29;
-const FLAGS: u32 = SEEN | RECHECK | UNMARKED;
+/// `Inode::nlink_seen`'s bit for a file with several names found not to
+/// be a clone's linked copy (`vfs/clone.rs`): none becomes one later.
+const UNINDEXED: u32 = 1 << 28;
+const FLAGS: u32 = SEEN | RECHECK | UNMARKED | UNINDEXED;
 
 /// One branch's copy of a union directory.
 #[derive(Clone)]
@@ -215,6 +218,15 @@ impl Inode {
 
     pub fn set_unmarked(&self) {
         self.nlink_seen.fetch_or(UNMARKED, Ordering::AcqRel);
+    }
+
+    /// Whether it was found not to be a clone's linked copy.
+    pub fn known_unindexed(&self) -> bool {
+        self.nlink_seen.load(Ordering::Acquire) & UNINDEXED != 0
+    }
+
+    pub fn set_unindexed(&self) {
+        self.nlink_seen.fetch_or(UNINDEXED, Ordering::AcqRel);
     }
 
     pub fn first_sight(&self) -> bool {

@@ -272,11 +272,16 @@ pub type AttrsChanged = Box<dyn Fn(InodeNo) + Send + Sync>;
 
 impl Vfs {
     pub fn new(
-        branch: DirBranch,
+        mut branch: DirBranch,
         inomap: InodeMap,
         cfg: VfsConfig,
         capture: Option<Arc<Capture>>,
     ) -> Result<Arc<Vfs>> {
+        // A mount with history may hold clones, whose files with several
+        // names link to an index there (`clone.rs`), as a union's do.
+        if capture.is_some() {
+            branch.reserve(OsStr::new(crate::union::index::INDEX_DIR));
+        }
         let id = branch.id();
         let mounts = vec![(id, inodes::BranchMount::of(branch.root_fd()))];
         Vfs::assemble(branch, id, inomap, mounts, cfg, capture, None)

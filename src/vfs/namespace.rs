@@ -77,7 +77,10 @@ impl Vfs {
         if let Some(inode) = self.inodes.acquire_known(&self.inodes.key_of(&st)) {
             if self.inodes.still_names(&inode, dir.fd(), &cname) {
                 return Ok(Entry {
-                    attr: Attr { ino: inode.ino, st },
+                    attr: Attr {
+                        ino: inode.ino,
+                        st: self.shown(inode.ino, st),
+                    },
                     entry_ttl: None,
                 });
             }
@@ -89,7 +92,9 @@ impl Vfs {
             self.inodes.detach_key(&inode);
             reused = true;
         }
-        self.register(dir, &cname, reused, None)
+        let mut entry = self.register(dir, &cname, reused, None)?;
+        entry.attr.st = self.shown(entry.attr.ino, entry.attr.st);
+        Ok(entry)
     }
 
     /// Opens `name` in `dir` and registers it; `fresh` gives it a new
@@ -314,7 +319,15 @@ impl Vfs {
         } else {
             let victim = self.pin_victim(&dir, &cname)?;
             creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
-            victim
+            // A clone's linked copy: its count is the one shown.
+            match (victim, held) {
+                (Some(st), Some(ino)) => {
+                    let shown = self.shown(ino, st);
+                    self.links_changed(ino, -1)?;
+                    Some(shown)
+                }
+                (victim, _) => victim,
+            }
         };
         if let (Some(ino), Some(st)) = (held, victim) {
             let cause = if flags & libc::AT_REMOVEDIR != 0 {
@@ -435,6 +448,15 @@ impl Vfs {
         let in_place = match self.through_union() {
             true => None,
             false => self.rename_in_place(caller, (parent, name), (newparent, newname), flags)?,
+        };
+        // A clone's linked copy replaced: its count is the one shown.
+        let in_place = match (in_place, target) {
+            (Some(Some(st)), Some(t)) if !exchange && Some(t) != moved => {
+                let shown = self.shown(t, st);
+                self.links_changed(t, -1)?;
+                Some(Some(shown))
+            }
+            (in_place, _) => in_place,
         };
         let victim = if let Some(victim) = in_place {
             victim

@@ -198,30 +198,68 @@ impl Vfs {
     /// its subdirectories are not counted anywhere, and the top copy's
     /// count would undercount them, so find(1) could skip some; 1 says
     /// "unknown", as overlayfs shows it).
+    /// A clone's file with several names (`clone.rs`) shows its count the
+    /// same way.
     pub(super) fn shown(&self, ino: InodeNo, mut st: Stat) -> Stat {
-        if self.union().is_none() {
+        let union = self.union().is_some();
+        if !union && !self.clones_on() {
             return st;
         }
         let Ok(inode) = self.inodes.get(ino) else {
             return st;
         };
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            if inode.has_layers() {
+            if union && inode.has_layers() {
                 st.st_nlink = 1;
             }
         } else if let Some(n) = inode.union_nlink() {
             st.st_nlink = n.into();
+        } else if !union && is_linked_file(&st) && !inode.known_unindexed() {
+            match self.clone_links(&inode) {
+                Some(n) => st.st_nlink = n.into(),
+                None => inode.set_unindexed(),
+            }
         }
         st
+    }
+
+    /// The link count a clone's linked copy shows, read from its index
+    /// xattr (then kept on the inode).
+    fn clone_links(&self, inode: &Arc<Inode>) -> Option<u32> {
+        let node = self.inodes.node_of(inode.clone()).ok()?;
+        match index::nlink(node.fd(), self.link_ns()) {
+            Ok(Some(n)) => {
+                let n = n.max(1);
+                inode.set_union_nlink(n);
+                Some(n)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!("clone: link count of inode {} unread: {e}", inode.ino.0);
+                None
+            }
+        }
+    }
+
+    /// The namespace of the link index's xattrs.
+    fn link_ns(&self) -> crate::union::format::XattrNs {
+        self.union()
+            .map_or_else(crate::union::format::XattrNs::for_daemon, |u| u.ns)
+    }
+
+    /// The link index that holds `node`'s entry: its branch's (a union),
+    /// or the mount's root's (a clone's linked copy).
+    fn link_index_of(&self, node: &Node) -> Result<Option<Arc<OwnedFd>>> {
+        match self.union() {
+            Some(u) => Ok(u.index_of(self.inodes.branch_of(&node.key))),
+            None => Ok(index::open_existing(self.branch.root_fd())?.map(Arc::new)),
+        }
     }
 
     /// After a name of `ino` was added (+1) or removed (-1): an indexed
     /// file's link count follows. Its last name gone, the index entry
     /// goes too.
     pub(super) fn links_changed(&self, ino: InodeNo, delta: i32) -> Result<()> {
-        let Some(u) = self.union() else {
-            return Ok(());
-        };
         let Ok(inode) = self.inodes.get(ino) else {
             return Ok(());
         };
@@ -231,21 +269,21 @@ impl Vfs {
         let n = n.saturating_add_signed(delta);
         let node = self.inodes.node_of(inode.clone())?;
         if n == 0 {
-            self.drop_index_entry(u, &node)?;
+            self.drop_index_entry(&node)?;
             return Ok(());
         }
-        index::set_nlink(node.fd(), u.ns, n)?;
+        index::set_nlink(node.fd(), self.link_ns(), n)?;
         inode.set_union_nlink(n);
         Ok(())
     }
 
     /// The file has no name left in the union: its index entry would keep
     /// it (and a stale count) alive.
-    fn drop_index_entry(&self, u: &Union, node: &Node) -> Result<()> {
-        let Some(index) = u.index_of(self.inodes.branch_of(&node.key)) else {
+    fn drop_index_entry(&self, node: &Node) -> Result<()> {
+        let Some(index) = self.link_index_of(node)? else {
             return Ok(());
         };
-        let Some(entry) = index::entry(node.fd(), u.ns)? else {
+        let Some(entry) = index::entry(node.fd(), self.link_ns())? else {
             return Ok(());
         };
         match sys::unlinkat(index.as_fd(), &entry, 0) {
