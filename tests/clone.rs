@@ -483,3 +483,53 @@ fn hard_links_inside_a_clone_stay_one_file() {
     let listing = String::from_utf8_lossy(&out.stdout);
     assert_eq!(listing.matches(" link to ").count(), 1, "{listing}");
 }
+
+#[test]
+fn status_says_what_each_clone_shares_and_holds() {
+    let m = Mount::new_with("", |src| {
+        populate(src);
+        fs::create_dir(src.join("private")).unwrap();
+        fs::set_permissions(src.join("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    });
+    succeeded(clone(&m.p("t"), &m.p("c")));
+    succeeded(clone(&m.p("t"), &m.p("private/c")));
+    let clones = |uid: u32| {
+        let out = Command::new(bin())
+            .args(["status", "--clones", "--json"])
+            .arg(&m.mnt)
+            .uid(uid)
+            .gid(uid)
+            .output()
+            .unwrap();
+        succeeded(out.clone());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["clones"].as_array().unwrap().clone()
+    };
+    let space = |path: &str| {
+        let all = clones(0);
+        let row = all.iter().find(|c| c["path"] == path).expect("listed");
+        let s = &row["space"];
+        let n = |k: &str| s[k].as_u64().unwrap();
+        (
+            n("shared_files"),
+            n("shared_bytes"),
+            n("own_files"),
+            n("own_bytes"),
+        )
+    };
+    // Untouched: everything shared (a, big, c), nothing of its own.
+    let sizes = 5 + (3 << 20) + 4;
+    assert_eq!(space("/c"), (3, sizes, 0, 0));
+    fs::write(m.p("c/sub/big"), vec![1u8; 1 << 20]).unwrap();
+    let (shared_files, shared_bytes, own_files, own_bytes) = space("/c");
+    assert_eq!((shared_files, shared_bytes, own_files), (2, 9, 1));
+    assert!(own_bytes >= 1 << 20, "own bytes {own_bytes}");
+    // A removed clone is listed as gone; an ordinary user sees only the
+    // clones they could read.
+    fs::remove_dir_all(m.p("c")).unwrap();
+    let all = clones(0);
+    assert_eq!(all.len(), 2);
+    assert!(all.iter().any(|c| c["path"].is_null()), "{all:?}");
+    let theirs = clones(NOBODY);
+    assert!(theirs.is_empty(), "nobody sees {theirs:?}");
+}

@@ -208,6 +208,11 @@ enum Command {
         /// Also list the FUSE requests the mount has served, by kind.
         #[arg(long)]
         requests: bool,
+        /// List the clones instead: where each is, its instant, the bytes
+        /// it shares with its base and the bytes of its own (walks each
+        /// clone).
+        #[arg(long, conflicts_with = "requests")]
+        clones: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -832,7 +837,14 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
         Command::Tags { path, common } => h::tags(&tgt(&path, &common)?, common.json),
         Command::Status {
             path,
+            clones: true,
+            common,
+            ..
+        } => template::clones(&path, &common),
+        Command::Status {
+            path,
             requests,
+            clones: false,
             common,
         } => h::status(&tgt(&path, &common)?, common.json, requests),
         Command::Ingest {

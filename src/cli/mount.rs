@@ -1251,6 +1251,21 @@ impl control::service::Host for MountHost {
         Ok(made?.tag)
     }
 
+    fn clone_space(
+        &self,
+        path: &control::proto::Components,
+    ) -> control::service::Result<control::proto::CloneSpace> {
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        let s = vfs.clone_space(path)?;
+        Ok(control::proto::CloneSpace {
+            shared_files: s.shared_files,
+            shared_bytes: s.shared_bytes,
+            own_files: s.own_files,
+            own_bytes: s.own_bytes,
+            unfilled_dirs: s.unfilled_dirs,
+        })
+    }
+
     fn start_sandbox(
         &self,
         id: Option<u32>,

@@ -1,5 +1,6 @@
 //! `chronofs template`: name a tree as it is (or was), and make working
-//! trees from it by clone (`control/templates.rs` answers).
+//! trees from it by clone; and `chronofs status --clones`
+//! (`control/templates.rs` answers both).
 
 use std::path::Path;
 
@@ -79,6 +80,36 @@ pub fn delete(name: &str, path: &Path, common: &Common) -> Result<()> {
         print_json(&v);
     } else {
         println!("template {} removed (trees made from it stay)", v.name);
+    }
+    Ok(())
+}
+
+/// `chronofs status --clones`.
+pub fn clones(path: &Path, common: &Common) -> Result<()> {
+    let t = in_mount(path, common.store.as_deref())?;
+    let v = t.client().clones()?;
+    if common.json {
+        print_json(&v);
+        return Ok(());
+    }
+    let mib = |n: u64| n as f64 / (1 << 20) as f64;
+    for c in &v.clones {
+        let at = format!("#{} ({})", c.seq, spec::show(c.time_ns.unwrap_or(0)));
+        match (&c.path, &c.space) {
+            (Some(p), Some(s)) => println!(
+                "{p}: {} as of {at}; shared {:.1} MiB in {} files, own {:.1} MiB in {} files{}",
+                c.tag,
+                mib(s.shared_bytes),
+                s.shared_files,
+                mib(s.own_bytes),
+                s.own_files,
+                match s.unfilled_dirs {
+                    0 => String::new(),
+                    n => format!(", {n} directories not yet filled"),
+                }
+            ),
+            _ => println!("(gone): {} as of {at}", c.tag),
+        }
     }
     Ok(())
 }

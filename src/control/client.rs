@@ -106,6 +106,10 @@ impl Client<'_> {
         })
     }
 
+    pub fn clones(&self) -> Result<ClonesReply> {
+        self.ask(Request::Clones)
+    }
+
     pub fn templates(&self) -> Result<TemplatesReply> {
         self.ask(Request::Templates)
     }

@@ -193,6 +193,8 @@ pub enum Request {
     TemplateDelete {
         name: String,
     },
+    /// Each clone's space: what it shares with its base, what it holds.
+    Clones,
 }
 
 impl Request {
@@ -683,6 +685,37 @@ pub struct TemplateInfo {
     pub time_ns: Option<i64>,
 }
 
+/// A clone's space (`Clones`): shared files read their base's bytes and
+/// take no space; own files hold bytes of their own.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CloneSpace {
+    pub shared_files: u64,
+    pub shared_bytes: u64,
+    pub own_files: u64,
+    pub own_bytes: u64,
+    pub unfilled_dirs: u64,
+}
+
+/// One clone, as `Clones` lists it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CloneRow {
+    pub tag: String,
+    /// Where it is now (`None`: its top was removed or history cannot
+    /// say where it went).
+    pub path: Option<String>,
+    /// The instant it copies.
+    pub seq: Seq,
+    pub time_ns: Option<i64>,
+    /// `None` where `path` is.
+    pub space: Option<CloneSpace>,
+}
+
+/// `Clones`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ClonesReply {
+    pub clones: Vec<CloneRow>,
+}
+
 /// `Templates`'s reply.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TemplatesReply {
@@ -839,6 +872,7 @@ pub enum Answer {
     Untag(UntagReply),
     Template(TemplateInfo),
     Templates(TemplatesReply),
+    Clones(ClonesReply),
     Instant(Instant),
     Node(Box<NodeInfo>),
     List(Listing),

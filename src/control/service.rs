@@ -122,6 +122,12 @@ pub trait Host: LiveIds {
             "nothing is mounted: clones are made in a mount".into(),
         ))
     }
+    /// The space of the clone at `path`.
+    fn clone_space(&self, _path: &Components) -> Result<super::proto::CloneSpace> {
+        Err(Error::Usage(
+            "nothing is mounted: a clone's space is read through its mount".into(),
+        ))
+    }
     /// Removes a union's branch (the caller checked the privilege).
     fn remove_branch(&self, _branch: &str, _force: bool) -> Result<super::proto::BranchSetReply> {
         Err(Error::Usage("nothing is mounted".into()))
@@ -253,6 +259,10 @@ impl Service {
         &self.history
     }
 
+    pub(super) fn host(&self) -> &dyn Host {
+        self.host.as_ref()
+    }
+
     pub(super) fn past(&self) -> Past<'_> {
         Past {
             history: &self.history,
@@ -330,6 +340,7 @@ impl Service {
                 Answer::Clone(self.template_instantiate(name, dst, peer)?)
             }
             Request::Templates => Answer::Templates(self.templates()?),
+            Request::Clones => Answer::Clones(self.clones(peer)?),
             Request::TemplateDelete { name } => Answer::Untag(self.template_delete(name, peer)?),
             Request::Resolve { at } => {
                 let (seq, t) = self.resolve_at(at)?;

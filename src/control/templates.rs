@@ -4,14 +4,14 @@
 //! whatever the tree's size, and the tree it was made from may change or
 //! go without disturbing it.
 
-use super::proto::{CloneReply, TemplateInfo, TemplatesReply, UntagReply};
+use super::proto::{CloneReply, CloneRow, ClonesReply, TemplateInfo, TemplatesReply, UntagReply};
 use super::service::{who, Error, Result, Service};
 use super::spec::At;
 use super::Components;
 use crate::history::access;
 use crate::history::past::show_path;
 use crate::history::templates::tag_of;
-use crate::history::{Draft, Seq};
+use crate::history::{Draft, ObjectId, Seq};
 use crate::sys::Peer;
 
 /// Why `name` cannot name a template, if it cannot: it must read the
@@ -99,6 +99,45 @@ impl Service {
             }
         }
         Ok(TemplatesReply { templates })
+    }
+
+    /// Every clone (a tag `clone:N`, N its top's object) with where it
+    /// is now and its space there.
+    /// A peer sees the clones whose top it may read now.
+    pub(super) fn clones(&self, peer: &Peer) -> Result<ClonesReply> {
+        let Some((_, (now, _))) = self.history().bounds()? else {
+            return Ok(ClonesReply::default());
+        };
+        let mut clones = Vec::new();
+        for (tag, seq) in self.history().tags()? {
+            let Some(top) = tag.strip_prefix("clone:").and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            let path = self.history().path_at(ObjectId::new(top), now)?;
+            if peer.uid != 0 {
+                let readable = path.as_ref().is_some_and(|p| {
+                    self.past()
+                        .node(p, now)
+                        .and_then(|n| self.past().check(&who(peer), p, now, &n, access::READ))
+                        .is_ok()
+                });
+                if !readable {
+                    continue;
+                }
+            }
+            let space = match &path {
+                Some(p) => Some(self.host().clone_space(p)?),
+                None => None,
+            };
+            clones.push(CloneRow {
+                tag,
+                path: path.as_deref().map(show_path),
+                seq,
+                time_ns: self.history().time_of_seq(seq)?,
+                space,
+            });
+        }
+        Ok(ClonesReply { clones })
     }
 
     pub(super) fn template_delete(&self, name: &str, peer: &Peer) -> Result<UntagReply> {

@@ -46,7 +46,7 @@ const COPY_STEP: usize = 1 << 20;
 /// at `at`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Mark {
-    dir: bool,
+    pub dir: bool,
     pub at: Seq,
     /// Who made the clone: a clone made by anyone but root keeps no
     /// set-user-ID or set-group-ID bit on a file that user does not own
@@ -191,8 +191,16 @@ impl Vfs {
         if !self.clones_on() || node.inode.known_unmarked() {
             return Ok(None);
         }
-        let Some(raw) = format::read_clone_mark(node.fd(), self.clone_ns())? else {
+        let mark = self.read_mark(node.fd())?;
+        if mark.is_none() {
             node.inode.set_unmarked();
+        }
+        Ok(mark)
+    }
+
+    /// The mark of the backing object `fd`, if it has one.
+    pub(super) fn read_mark(&self, fd: BorrowedFd<'_>) -> Result<Option<Mark>> {
+        let Some(raw) = format::read_clone_mark(fd, self.clone_ns())? else {
             return Ok(None);
         };
         Mark::decode(&raw).map(Some).map_err(|why| {

@@ -1,0 +1,125 @@
+//! What a clone shares with its base and what it holds of its own
+//! (`chronofs status --clones`), read from its marks without filling or
+//! materialising anything.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+
+use super::clone::Mark;
+use super::{errno, Result, Vfs};
+use crate::history::past::Node as PastNode;
+use crate::sys;
+use crate::union::copyup::is_copyup_temp;
+
+/// A clone's space, by where its files' bytes are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloneSpace {
+    /// Files that still read their base's bytes, and their sizes: the
+    /// clone takes no space for them.
+    pub shared_files: u64,
+    pub shared_bytes: u64,
+    /// Files with bytes of their own, and the space they take.
+    pub own_files: u64,
+    pub own_bytes: u64,
+    /// Directories not filled yet (their base's files count as shared).
+    pub unfilled_dirs: u64,
+}
+
+/// Objects already counted: a file with several names counts once.
+type Seen = HashSet<(u64, u64)>;
+
+impl Vfs {
+    /// The space of the clone at `path` (from the mount root, in the
+    /// root's branch).
+    pub fn clone_space(&self, path: &[Vec<u8>]) -> Result<CloneSpace> {
+        let mut fd = sys::reopen(self.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?;
+        for comp in path {
+            let name = CString::new(comp.clone()).map_err(|_| errno(libc::EINVAL))?;
+            fd = sys::openat(fd.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        }
+        let mut space = CloneSpace::default();
+        let mut seen = Seen::new();
+        let mut stack = vec![fd];
+        while let Some(fd) = stack.pop() {
+            self.count_object(fd, &mut space, &mut seen, &mut stack)?;
+        }
+        Ok(space)
+    }
+
+    fn count_object(
+        &self,
+        fd: OwnedFd,
+        space: &mut CloneSpace,
+        seen: &mut Seen,
+        stack: &mut Vec<OwnedFd>,
+    ) -> Result<()> {
+        let st = sys::fstat(fd.as_fd())?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {
+                if !seen.insert((st.st_dev, st.st_ino)) {
+                    return Ok(());
+                }
+                if self.read_mark(fd.as_fd())?.is_some() {
+                    space.shared_files += 1;
+                    space.shared_bytes += st.st_size as u64;
+                } else {
+                    space.own_files += 1;
+                    space.own_bytes += st.st_blocks as u64 * 512;
+                }
+            }
+            libc::S_IFDIR => match self.read_mark(fd.as_fd())? {
+                Some(mark) if mark.dir => {
+                    space.unfilled_dirs += 1;
+                    self.count_base(&mark, space)?;
+                }
+                _ => {
+                    let dir = sys::reopen_dir(fd.as_fd(), libc::O_RDONLY)?;
+                    for e in crate::union::format::entries(dir.as_fd())? {
+                        if e.name == b"." || e.name == b".." || is_copyup_temp(&e.name) {
+                            continue;
+                        }
+                        let name = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
+                        let flags = libc::O_PATH | libc::O_NOFOLLOW;
+                        stack.push(sys::openat(fd.as_fd(), &name, flags, 0)?);
+                    }
+                }
+            },
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Counts an unfilled directory's base tree, every file of it shared.
+    fn count_base(&self, mark: &Mark, space: &mut CloneSpace) -> Result<()> {
+        self.with_past(|p| {
+            let err = super::views::past_err;
+            let mut seen = HashSet::new();
+            let mut stack = vec![mark.path.clone()];
+            while let Some(path) = stack.pop() {
+                let Some(node) = p.resolve(&path, mark.at).map_err(err)? else {
+                    continue;
+                };
+                let (obj, size) = match &node {
+                    PastNode::Hist { obj, v, .. } => (Some(*obj), v.attrs.size),
+                    PastNode::Live { obj, st, .. } => (*obj, st.st_size as u64),
+                };
+                match node.mode() & libc::S_IFMT {
+                    libc::S_IFDIR => {
+                        for name in p.names(&node, mark.at, path.is_empty()).map_err(err)? {
+                            let mut child = path.clone();
+                            child.push(name);
+                            stack.push(child);
+                        }
+                    }
+                    libc::S_IFREG if obj.is_none_or(|o| seen.insert(o)) => {
+                        space.shared_files += 1;
+                        space.shared_bytes += size;
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+    }
+}
