@@ -533,3 +533,58 @@ fn status_says_what_each_clone_shares_and_holds() {
     let theirs = clones(NOBODY);
     assert!(theirs.is_empty(), "nobody sees {theirs:?}");
 }
+
+#[test]
+fn a_clone_tag_stays_while_anything_reads_its_base_and_gc_releases_it() {
+    let m = Mount::new_with("", populate);
+    let tag_of = |out: std::process::Output| {
+        succeeded(out.clone());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tag"].as_str().unwrap().to_string()
+    };
+    let json_clone = |s: &str, d: &str| {
+        tag_of(chronofs(&[
+            "clone".as_ref(),
+            m.p(s).as_os_str(),
+            m.p(d).as_os_str(),
+            "--json".as_ref(),
+        ]))
+    };
+    let (kept, moved) = (json_clone("t", "c1"), json_clone("t", "c2"));
+    let untag = |tag: &str| {
+        chronofs(&[
+            "tag".as_ref(),
+            "--delete".as_ref(),
+            tag.as_ref(),
+            "--path".as_ref(),
+            m.mnt.as_os_str(),
+        ])
+    };
+    let tags = || {
+        let out = chronofs(&["tags".as_ref(), m.mnt.as_os_str()]);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let gc = || {
+        let out = chronofs(&["gc".as_ref(), m.mnt.as_os_str()]);
+        succeeded(out.clone());
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    // A part of c2 moved out before c2 goes still reads its base.
+    fs::rename(m.p("c2/sub"), m.p("moved")).unwrap();
+    fs::remove_dir_all(m.p("c2")).unwrap();
+    for tag in [&kept, &moved] {
+        assert!(!untag(tag).status.success(), "{tag} removed while in use");
+    }
+    assert!(!gc().contains(&moved), "gc released a tag still read");
+    assert!(tags().contains(&moved));
+    assert_eq!(fs::read(m.p("moved/deeper/c")).unwrap(), b"deep");
+    // Once nothing reads it, gc releases it; the other stays.
+    fs::remove_dir_all(m.p("moved")).unwrap();
+    assert!(gc().contains(&moved));
+    let now = tags();
+    assert!(
+        !now.contains(&format!("{moved} ")) && now.contains(&kept),
+        "{now}"
+    );
+    assert_eq!(fs::read(m.p("c1/sub/deeper/c")).unwrap(), b"deep");
+}

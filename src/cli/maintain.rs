@@ -75,6 +75,13 @@ pub fn gc(t: &Target, dry_run: bool, json: bool) -> Result<()> {
         return Ok(());
     }
     let verb = if dry_run { "would free" } else { "freed" };
+    if !r.released_clone_tags.is_empty() {
+        let release = if dry_run { "would release" } else { "released" };
+        println!(
+            "{release} the tags of removed clones: {} (retention may now prune what only they kept)",
+            r.released_clone_tags.join(", ")
+        );
+    }
     println!(
         "{verb} {} of {} chunk(s) ({}); {} version(s) reference the {} kept",
         r.removed_chunks,

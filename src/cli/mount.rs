@@ -1251,6 +1251,13 @@ impl control::service::Host for MountHost {
         Ok(made?.tag)
     }
 
+    fn clone_instants_in_use(
+        &self,
+    ) -> control::service::Result<Option<std::collections::HashSet<crate::history::Seq>>> {
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        Ok(Some(vfs.clone_instants_in_use()?))
+    }
+
     fn clone_space(
         &self,
         path: &control::proto::Components,

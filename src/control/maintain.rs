@@ -114,7 +114,9 @@ impl Service {
                 let _ = reply.data(format!("{phase} {done} {total}\n").as_bytes());
             }
         };
-        let report = self.history().gc(dry_run, &mut progress)?;
+        let released_clone_tags = self.release_gone_clones(dry_run)?;
+        let mut report = self.history().gc(dry_run, &mut progress)?;
+        report.released_clone_tags = released_clone_tags;
         if !dry_run {
             let detail = serde_json::to_value(&report).unwrap_or(Value::Null);
             self.history()

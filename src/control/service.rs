@@ -122,6 +122,11 @@ pub trait Host: LiveIds {
             "nothing is mounted: clones are made in a mount".into(),
         ))
     }
+    /// The instants some clone's mark still reads (`None`: unknown, as
+    /// with no mount).
+    fn clone_instants_in_use(&self) -> Result<Option<HashSet<Seq>>> {
+        Ok(None)
+    }
     /// The space of the clone at `path`.
     fn clone_space(&self, _path: &Components) -> Result<super::proto::CloneSpace> {
         Err(Error::Usage(
@@ -840,9 +845,10 @@ impl Service {
     }
 
     fn untag(&self, name: &str, peer: &Peer) -> Result<UntagReply> {
-        if self.history.tag(name)?.is_none() {
+        let Some(seq) = self.history.tag(name)? else {
             return Err(Error::NotFound(format!("no tag named '{name}'")));
-        }
+        };
+        self.clone_tag_unused(name, seq)?;
         let owner = self.history.tag_owner(name)?;
         if peer.uid != 0 && owner != Some(peer.uid) {
             return Err(Error::Denied(format!(

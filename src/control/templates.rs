@@ -105,15 +105,12 @@ impl Service {
     /// is now and its space there.
     /// A peer sees the clones whose top it may read now.
     pub(super) fn clones(&self, peer: &Peer) -> Result<ClonesReply> {
-        let Some((_, (now, _))) = self.history().bounds()? else {
-            return Ok(ClonesReply::default());
-        };
         let mut clones = Vec::new();
-        for (tag, seq) in self.history().tags()? {
-            let Some(top) = tag.strip_prefix("clone:").and_then(|n| n.parse().ok()) else {
-                continue;
-            };
-            let path = self.history().path_at(ObjectId::new(top), now)?;
+        for (mut row, path) in self.clones_listed()? {
+            let now = self
+                .history()
+                .bounds()?
+                .map_or(row.seq, |(_, (now, _))| now);
             if peer.uid != 0 {
                 let readable = path.as_ref().is_some_and(|p| {
                     self.past()
@@ -125,19 +122,89 @@ impl Service {
                     continue;
                 }
             }
-            let space = match &path {
+            row.space = match &path {
                 Some(p) => Some(self.host().clone_space(p)?),
                 None => None,
             };
-            clones.push(CloneRow {
+            clones.push(row);
+        }
+        Ok(ClonesReply { clones })
+    }
+
+    /// Every clone's tag, instant and place now (without its space).
+    fn clones_listed(&self) -> Result<Vec<(CloneRow, Option<Components>)>> {
+        let Some((_, (now, _))) = self.history().bounds()? else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (tag, seq) in self.history().tags()? {
+            let Some(top) = tag.strip_prefix("clone:").and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            let path = self.history().path_at(ObjectId::new(top), now)?;
+            let row = CloneRow {
                 tag,
                 path: path.as_deref().map(show_path),
                 seq,
                 time_ns: self.history().time_of_seq(seq)?,
-                space,
-            });
+                space: None,
+            };
+            out.push((row, path));
         }
-        Ok(ClonesReply { clones })
+        Ok(out)
+    }
+
+    /// Refuses to remove a clone's tag while the clone is there or a
+    /// mark still reads its instant: history could then drop the base.
+    pub(super) fn clone_tag_unused(&self, tag: &str, seq: Seq) -> Result<()> {
+        let Some(top) = tag.strip_prefix("clone:").and_then(|n| n.parse().ok()) else {
+            return Ok(());
+        };
+        if let Some((_, (now, _))) = self.history().bounds()? {
+            if let Some(path) = self.history().path_at(ObjectId::new(top), now)? {
+                return Err(Error::Busy(format!(
+                    "tag '{tag}' keeps the base of the clone at {}: remove the clone first",
+                    show_path(&path)
+                )));
+            }
+        }
+        match self.host().clone_instants_in_use()? {
+            Some(used) if !used.contains(&seq) => Ok(()),
+            Some(_) => Err(Error::Busy(format!(
+                "tag '{tag}': parts of its clone moved elsewhere in the mount still read #{seq}"
+            ))),
+            None => Err(Error::Busy(format!(
+                "tag '{tag}' keeps a clone's base: remove it through the clone's mount"
+            ))),
+        }
+    }
+
+    /// Releases the tags of removed clones whose instants no mark reads.
+    pub(super) fn release_gone_clones(&self, dry_run: bool) -> Result<Vec<String>> {
+        let gone: Vec<(String, Seq)> = self
+            .clones_listed()?
+            .into_iter()
+            .filter(|(row, _)| row.path.is_none())
+            .map(|(row, _)| (row.tag, row.seq))
+            .collect();
+        if gone.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(used) = self.host().clone_instants_in_use()? else {
+            return Ok(Vec::new());
+        };
+        let released: Vec<String> = gone
+            .into_iter()
+            .filter(|(_, seq)| !used.contains(seq))
+            .map(|(tag, _)| tag)
+            .collect();
+        if !dry_run && !released.is_empty() {
+            self.history().commit(Draft {
+                tags: released.iter().map(|t| (t.clone(), None)).collect(),
+                ..Default::default()
+            })?;
+        }
+        Ok(released)
     }
 
     pub(super) fn template_delete(&self, name: &str, peer: &Peer) -> Result<UntagReply> {

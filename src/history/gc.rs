@@ -61,6 +61,12 @@ pub struct GcReport {
     pub pack_bytes_before: u64,
     pub pack_bytes_after: u64,
     pub elapsed_ms: u64,
+    /// Tags of removed clones that no mark reads any more, released
+    /// before the collection (filled in by the mount's service: history
+    /// does not know clones); retention may then prune what only they
+    /// kept, for a later collection to free.
+    #[serde(default)]
+    pub released_clone_tags: Vec<String>,
 }
 
 /// Progress: phase name, done, total.

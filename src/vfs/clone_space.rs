@@ -1,14 +1,17 @@
-//! What a clone shares with its base and what it holds of its own
-//! (`chronofs status --clones`), read from its marks without filling or
-//! materialising anything.
+//! What clones hold, read from their marks without filling or
+//! materialising anything: what a clone shares with its base and what it
+//! holds of its own (`chronofs status --clones`), and which instants some
+//! mark still reads (a removed clone's tag may go only when none does).
 
 use std::collections::HashSet;
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 
 use super::clone::Mark;
 use super::{errno, Result, Vfs};
 use crate::history::past::Node as PastNode;
+use crate::history::Seq;
 use crate::sys;
 use crate::union::copyup::is_copyup_temp;
 
@@ -45,6 +48,56 @@ impl Vfs {
             self.count_object(fd, &mut space, &mut seen, &mut stack)?;
         }
         Ok(space)
+    }
+
+    /// The instants some clone's mark in any branch still reads.
+    pub fn clone_instants_in_use(&self) -> Result<HashSet<Seq>> {
+        let mut used = HashSet::new();
+        if !self.clones_on() {
+            return Ok(used);
+        }
+        let roots: Vec<OwnedFd> = match self.union() {
+            Some(u) => u
+                .roots()
+                .into_iter()
+                .map(|(_, fd)| sys::reopen(fd.as_fd(), libc::O_PATH | libc::O_DIRECTORY))
+                .collect::<std::io::Result<_>>()?,
+            None => vec![sys::reopen(
+                self.branch.root_fd(),
+                libc::O_PATH | libc::O_DIRECTORY,
+            )?],
+        };
+        let mut stack: Vec<(OwnedFd, bool)> = roots.into_iter().map(|fd| (fd, true)).collect();
+        while let Some((dir, in_root)) = stack.pop() {
+            let listing = sys::reopen_dir(dir.as_fd(), libc::O_RDONLY)?;
+            for e in crate::union::format::entries(listing.as_fd())? {
+                let skip = e.name == b"." || e.name == b"..";
+                // The store holds no marks (the link index does).
+                let store =
+                    in_root && self.branch.reserved_name() == Some(OsStr::from_bytes(&e.name));
+                if skip || store {
+                    continue;
+                }
+                let is_dir = e.dtype == libc::DT_DIR;
+                if !is_dir && e.dtype != libc::DT_REG && e.dtype != libc::DT_UNKNOWN {
+                    continue;
+                }
+                let name = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
+                let fd = sys::openat(dir.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+                let st = sys::fstat(fd.as_fd())?;
+                let kind = st.st_mode & libc::S_IFMT;
+                if kind != libc::S_IFDIR && kind != libc::S_IFREG {
+                    continue;
+                }
+                if let Some(mark) = self.read_mark(fd.as_fd())? {
+                    used.insert(mark.at);
+                }
+                if kind == libc::S_IFDIR {
+                    stack.push((fd, false));
+                }
+            }
+        }
+        Ok(used)
     }
 
     fn count_object(
