@@ -519,13 +519,14 @@ for mode in "${MODES[@]}"; do
             say "pjdfstest $mode: chronofs sandbox failed"
         fi
     fi
-    # Inside a clone (`chronofs clone`) of a small tree: the suite runs in
-    # the clone's directory, filled from its base at first use.
+    # Inside a clone (`chronofs clone`) of a small tree (with a hard link:
+    # the clone's link index is in use): the suite runs in the clone's
+    # directory, filled from its base at first use.
     pjd_dir=$mnt
     if [ "$mode" = clone ]; then
         pjd_dir=$mnt/clone
         if ! mkdir -p "$mnt/base/d" || ! echo base >"$mnt/base/f" ||
-            ! chmod 755 "$mnt/base" ||
+            ! ln "$mnt/base/f" "$mnt/base/d/f2" || ! chmod 755 "$mnt/base" ||
             ! "$CHRONOFS_BIN" clone "$mnt/base" "$pjd_dir" >/dev/null; then
             say "pjdfstest $mode: chronofs clone failed"
         fi
