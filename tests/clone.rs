@@ -588,3 +588,28 @@ fn a_clone_tag_stays_while_anything_reads_its_base_and_gc_releases_it() {
     );
     assert_eq!(fs::read(m.p("c1/sub/deeper/c")).unwrap(), b"deep");
 }
+
+#[test]
+fn a_clone_of_a_clone_not_yet_used_is_whole() {
+    let m = Mount::new_with("", |src| {
+        populate(src);
+        fs::hard_link(src.join("t/a"), src.join("t/sub/deeper/a2")).unwrap();
+    });
+    let before = tree(&m.p("t"));
+    succeeded(clone(&m.p("t"), &m.p("c")));
+    succeeded(clone(&m.p("c"), &m.p("d")));
+    succeeded(clone(&m.p("d"), &m.p("e")));
+    // e first: its bases are d's and c's directories, none filled yet.
+    assert_eq!(tree(&m.p("e")), before, "a clone of a clone differs");
+    assert_eq!(tree(&m.p("d")), before);
+    assert_eq!(tree(&m.p("c")), before);
+    let lstat = |p: &str| fs::symlink_metadata(m.p(p)).unwrap();
+    for side in ["c", "d", "e"] {
+        let a = lstat(&format!("{side}/a"));
+        let a2 = lstat(&format!("{side}/sub/deeper/a2"));
+        assert_eq!((a.nlink(), a2.ino()), (2, a.ino()), "{side}: links");
+    }
+    fs::write(m.p("d/a"), b"d's").unwrap();
+    assert_eq!(fs::read(m.p("e/sub/deeper/a2")).unwrap(), b"hello");
+    assert_eq!(fs::read(m.p("d/sub/deeper/a2")).unwrap(), b"d's");
+}

@@ -1134,9 +1134,6 @@ fn a_clone_of_an_instant_since_changed() {
 /// filled: the second must be whole too. Walked before the first clone
 /// is (a walk of it would fill its directories and hide the loss).
 #[test]
-#[ignore = "bug: a clone of a clone copies the first clone's unfilled \
-            directories as empty (`fill` in src/vfs/clone.rs lists its base \
-            without filling it, as views/list.rs does before listing)"]
 fn a_clone_of_a_clone_not_yet_filled_is_whole() {
     let rig = Rig::new();
     let (vfs, who) = (&rig.vfs, &rig.caller);

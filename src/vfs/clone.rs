@@ -261,6 +261,7 @@ impl Vfs {
     fn fill(&self, dir: &Node, mark: &Mark) -> Result<()> {
         // Filling is not a change the user made: the times stay the base's.
         let times = sys::fstat(dir.fd())?;
+        self.fill_live_base(mark)?;
         let children = self.with_past(|p| {
             let Some(base) = p
                 .resolve(&mark.path, mark.at)
@@ -321,6 +322,33 @@ impl Vfs {
         // Its link count and times may be cached from before.
         self.attrs_changed(dir.ino);
         Ok(())
+    }
+
+    /// A clone of a clone: where `mark`'s base is a live directory of
+    /// another clone not filled yet, that one is filled first, or its
+    /// (empty) listing would be taken for its base's. (The caller holds
+    /// `Clones::busy`; each step goes to an earlier clone, so it ends.)
+    fn fill_live_base(&self, mark: &Mark) -> Result<()> {
+        let base = self.with_past(|p| {
+            p.resolve(&mark.path, mark.at)
+                .map_err(super::views::past_err)
+        })?;
+        let Some(PastNode::Live { fd, st, .. }) = base else {
+            return Ok(());
+        };
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Ok(());
+        }
+        let Some(base_mark) = self.read_mark(fd.as_fd())?.filter(|m| m.dir) else {
+            return Ok(());
+        };
+        let inode = self.inodes.acquire_new(fd, &st, false)?;
+        let filled = self
+            .inodes
+            .node_of(inode.clone())
+            .and_then(|node| self.fill(&node, &base_mark));
+        self.inodes.forget(inode.ino, 1);
+        filled
     }
 
     /// Removes what an interrupted fill left under hidden names (nobody
@@ -394,12 +422,18 @@ impl Vfs {
         }
         let (obj, mode, nlink) = match base {
             PastNode::Hist { obj, v, .. } => (*obj, v.attrs.mode, v.attrs.nlink),
-            PastNode::Live { obj, st, .. } => {
+            PastNode::Live { obj, st, fd } => {
                 let obj = match obj {
                     Some(o) => *o,
                     None => self.inodes.number_for(self.inodes.key_of(st))?.object(),
                 };
-                (obj, st.st_mode, st.st_nlink as u32)
+                // A clone's linked copy shows its own count, not the
+                // backing one (which counts its index entry).
+                let shown = match st.st_nlink > 1 {
+                    true => crate::union::index::nlink(fd.as_fd(), self.clone_ns())?,
+                    false => None,
+                };
+                (obj, st.st_mode, shown.unwrap_or(st.st_nlink as u32))
             }
         };
         if mode & libc::S_IFMT != libc::S_IFREG || nlink < 2 {
