@@ -613,3 +613,42 @@ fn a_clone_of_a_clone_not_yet_used_is_whole() {
     assert_eq!(fs::read(m.p("e/sub/deeper/a2")).unwrap(), b"hello");
     assert_eq!(fs::read(m.p("d/sub/deeper/a2")).unwrap(), b"d's");
 }
+
+#[test]
+fn a_template_of_a_past_state_and_the_plain_listings() {
+    let m = Mount::new_with("", populate);
+    tag(&m, "before");
+    let before = tree(&m.p("t"));
+    fs::write(m.p("t/a"), b"later").unwrap();
+    succeeded(chronofs(&[
+        "template".as_ref(),
+        "create".as_ref(),
+        "old".as_ref(),
+        m.p("t").as_os_str(),
+        "--at".as_ref(),
+        "before".as_ref(),
+    ]));
+    succeeded(chronofs(&[
+        "template".as_ref(),
+        "instantiate".as_ref(),
+        "old".as_ref(),
+        m.p("o").as_os_str(),
+    ]));
+    assert_eq!(tree(&m.p("o")), before, "not the tree as it was");
+    let out = chronofs(&["template".as_ref(), "list".as_ref(), m.mnt.as_os_str()]);
+    succeeded(out.clone());
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.starts_with("old ") && listing.contains("/t"),
+        "{listing}"
+    );
+    let out = chronofs(&["status".as_ref(), "--clones".as_ref(), m.mnt.as_os_str()]);
+    succeeded(out.clone());
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(listing.starts_with("/o: clone:"), "{listing}");
+    // a, big and c: the clone holds none of their bytes itself.
+    assert!(
+        listing.contains("shared 3.0 MiB in 3 files, own 0.0 MiB"),
+        "{listing}"
+    );
+}
