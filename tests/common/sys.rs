@@ -647,11 +647,19 @@ pub fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
 pub fn pass_fd(cmd: &mut Command, fd: &OwnedFd, target: RawFd) {
     let raw = fd.as_raw_fd();
     // SAFETY: the hook runs in the forked child before exec and only calls
-    // dup2 (async-signal-safe) on integers; dup2's copy is not
-    // close-on-exec, so the new program inherits it.
+    // dup2 and fcntl (async-signal-safe) on integers; dup2's copy is not
+    // close-on-exec, so the new program inherits it. Where the descriptor
+    // already is `target`, dup2 does nothing and close-on-exec would stay
+    // set: the program would start without it (its reader saw EOF at once
+    // and a mount "did not become ready", now and then in CI).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(raw, target) < 0 {
+            let done = if raw == target {
+                libc::fcntl(target, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, target)
+            };
+            if done < 0 {
                 return Err(io::Error::last_os_error());
             }
             Ok(())
