@@ -106,11 +106,10 @@ impl Service {
     /// A peer sees the clones whose top it may read now.
     pub(super) fn clones(&self, peer: &Peer) -> Result<ClonesReply> {
         let mut clones = Vec::new();
+        let Some((_, (now, _))) = self.history().bounds()? else {
+            return Ok(ClonesReply { clones });
+        };
         for (mut row, path) in self.clones_listed()? {
-            let now = self
-                .history()
-                .bounds()?
-                .map_or(row.seq, |(_, (now, _))| now);
             if peer.uid != 0 {
                 let readable = path.as_ref().is_some_and(|p| {
                     self.past()

@@ -164,7 +164,7 @@ pub(super) struct Clones {
 
 impl Vfs {
     /// The namespace of the mount's own xattrs.
-    fn clone_ns(&self) -> XattrNs {
+    pub(super) fn clone_ns(&self) -> XattrNs {
         self.union().map_or_else(XattrNs::for_daemon, |u| u.ns)
     }
 

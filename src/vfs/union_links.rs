@@ -227,7 +227,7 @@ impl Vfs {
     /// xattr (then kept on the inode).
     fn clone_links(&self, inode: &Arc<Inode>) -> Option<u32> {
         let node = self.inodes.node_of(inode.clone()).ok()?;
-        match index::nlink(node.fd(), self.link_ns()) {
+        match index::nlink(node.fd(), self.clone_ns()) {
             Ok(Some(n)) => {
                 let n = n.max(1);
                 inode.set_union_nlink(n);
@@ -239,12 +239,6 @@ impl Vfs {
                 None
             }
         }
-    }
-
-    /// The namespace of the link index's xattrs.
-    fn link_ns(&self) -> crate::union::format::XattrNs {
-        self.union()
-            .map_or_else(crate::union::format::XattrNs::for_daemon, |u| u.ns)
     }
 
     /// The link index that holds `node`'s entry: its branch's (a union),
@@ -272,7 +266,7 @@ impl Vfs {
             self.drop_index_entry(&node)?;
             return Ok(());
         }
-        index::set_nlink(node.fd(), self.link_ns(), n)?;
+        index::set_nlink(node.fd(), self.clone_ns(), n)?;
         inode.set_union_nlink(n);
         Ok(())
     }
@@ -283,7 +277,7 @@ impl Vfs {
         let Some(index) = self.link_index_of(node)? else {
             return Ok(());
         };
-        let Some(entry) = index::entry(node.fd(), self.link_ns())? else {
+        let Some(entry) = index::entry(node.fd(), self.clone_ns())? else {
             return Ok(());
         };
         match sys::unlinkat(index.as_fd(), &entry, 0) {
