@@ -18,7 +18,7 @@ mod state;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,11 +107,38 @@ mod errno {
     }
 }
 
+/// A live file's content as capture reads it: its backing descriptor
+/// (attributes, xattrs, whether it is open for writing elsewhere) and its
+/// bytes. A clone's file that still shares its base's bytes reads them
+/// through the vfs, not from the descriptor.
+pub trait Readable: Send + Sync {
+    fn fd(&self) -> BorrowedFd<'_>;
+
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        sys::pread(self.fd(), buf, off)
+    }
+
+    /// The ranges holding data (the rest reads as zeros).
+    fn data_ranges(&self, size: u64) -> io::Result<Vec<(u64, u64)>> {
+        sys::data_ranges(self.fd(), size)
+    }
+
+    fn xattrs(&self) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        sys::xattrs_of(self.fd())
+    }
+}
+
+impl Readable for OwnedFd {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
 /// The live objects capture reads from, as the vfs sees them.
 pub trait Tree {
     fn stat(&self, obj: ObjectId) -> io::Result<Stat>;
-    /// A descriptor for reading the object's content (as the daemon).
-    fn open_read(&self, obj: ObjectId) -> io::Result<OwnedFd>;
+    /// The object's content for reading (as the daemon).
+    fn open_read(&self, obj: ObjectId) -> io::Result<Box<dyn Readable>>;
     fn readlink(&self, obj: ObjectId) -> io::Result<Vec<u8>>;
     fn xattrs(&self, obj: ObjectId) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>>;
     /// The name the object was last reached by: (parent, name).
@@ -698,7 +725,7 @@ impl Capture {
                 Some(level) => {
                     let fd = tree.open_read(obj)?;
                     let known = self.state.lock().known(obj);
-                    self.ingest_fd(&fd, known.as_ref().map(|k| &k.content).or(like), level)?
+                    self.ingest_fd(&*fd, known.as_ref().map(|k| &k.content).or(like), level)?
                 }
             },
             libc::S_IFDIR => Content::Dir,
@@ -720,10 +747,15 @@ impl Capture {
 
     /// Ingests the file behind `fd`; `previous`: the content history holds
     /// for it now, whose chunks serve as delta bases.
-    fn ingest_fd(&self, fd: &OwnedFd, previous: Option<&Content>, level: i32) -> Result<Content> {
-        let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
-        let size = sys::fstat(fd.as_fd())?.st_size as u64;
-        let data = sys::data_ranges(fd.as_fd(), size)?;
+    fn ingest_fd(
+        &self,
+        fd: &dyn Readable,
+        previous: Option<&Content>,
+        level: i32,
+    ) -> Result<Content> {
+        let read_at = |buf: &mut [u8], off: u64| fd.read_at(buf, off);
+        let size = sys::fstat(fd.fd())?.st_size as u64;
+        let data = fd.data_ranges(size)?;
         let bases = match previous {
             Some(Content::File { manifest }) => self
                 .history
@@ -746,7 +778,7 @@ impl Capture {
     /// written `ranges` read again.
     fn ingest_changes(
         &self,
-        fd: &OwnedFd,
+        fd: &dyn Readable,
         previous: &crate::store::Hash,
         ranges: &[(u64, u64)],
         level: i32,
@@ -755,8 +787,8 @@ impl Capture {
             .history
             .recent_manifest(previous)?
             .ok_or(CaptureError::PreviousUnreadable)?;
-        let read_at = |buf: &mut [u8], off: u64| sys::pread(fd.as_fd(), buf, off);
-        let size = sys::fstat(fd.as_fd())?.st_size as u64;
+        let read_at = |buf: &mut [u8], off: u64| fd.read_at(buf, off);
+        let size = sys::fstat(fd.fd())?.st_size as u64;
         let (manifest, _) =
             content::ingest_changes(self.history.chunks(), &read_at, size, &prev, ranges, level)?;
         self.content_of(
@@ -1121,7 +1153,7 @@ impl Capture {
     pub fn session_opened(
         &self,
         obj: ObjectId,
-        reader: OwnedFd,
+        reader: Box<dyn Readable>,
         who: Who,
         daemon_path: bool,
         track: bool,
@@ -1365,7 +1397,7 @@ impl Capture {
     }
 
     fn ingest_job(&self, job: &Job) -> Result<()> {
-        let st = sys::fstat(job.reader.as_fd())?;
+        let st = sys::fstat(job.reader.fd())?;
         let attrs = attrs_of(&st);
         let known = self.known(job.obj)?;
         let created = self.state.lock().creates.remove(&job.obj);
@@ -1398,7 +1430,7 @@ impl Capture {
         let content = match (level, dirty, known.as_ref().map(|k| &k.content)) {
             (None, _, _) => Content::Unrecorded,
             (Some(level), Some(ranges), Some(Content::File { manifest })) => {
-                match self.ingest_changes(&job.reader, manifest, &ranges, level) {
+                match self.ingest_changes(&*job.reader, manifest, &ranges, level) {
                     Ok(c) => c,
                     Err(e) => {
                         self.state.lock().dirty_lost(job.obj);
@@ -1406,9 +1438,9 @@ impl Capture {
                     }
                 }
             }
-            (Some(level), _, previous) => self.ingest_fd(&job.reader, previous, level)?,
+            (Some(level), _, previous) => self.ingest_fd(&*job.reader, previous, level)?,
         };
-        let xattrs = sys::xattrs_of(job.reader.as_fd()).unwrap_or_default();
+        let xattrs = job.reader.xattrs().unwrap_or_default();
         let mut v = Version {
             time_ns: 0,
             who: job.who.clone(),

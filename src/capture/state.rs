@@ -2,7 +2,7 @@
 //! bounded cache of what history holds as each object's newest state.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -63,7 +63,7 @@ impl Known {
 /// Open write handles of one object.
 pub struct Session {
     writers: u32,
-    reader: Arc<OwnedFd>,
+    reader: Arc<dyn super::Readable>,
     who: Who,
     /// Attributes changed during the session (fold into its version).
     dirty: bool,
@@ -85,7 +85,7 @@ pub struct Session {
 /// A version to build from a file's current content.
 pub struct Job {
     pub obj: ObjectId,
-    pub reader: Arc<OwnedFd>,
+    pub reader: Arc<dyn super::Readable>,
     pub who: Who,
     pub cause: Cause,
     pub dirty: bool,
@@ -133,7 +133,7 @@ pub struct Objects {
 
 /// A file watched after its session (`Objects::close_session`).
 pub struct Watch {
-    reader: Arc<OwnedFd>,
+    reader: Arc<dyn super::Readable>,
     who: Who,
 }
 
@@ -316,7 +316,7 @@ impl Objects {
     pub fn open_session(
         &mut self,
         obj: ObjectId,
-        reader: OwnedFd,
+        reader: Box<dyn super::Readable>,
         who: Who,
         every_write: bool,
         passthrough: bool,
@@ -335,7 +335,7 @@ impl Objects {
                     obj,
                     Session {
                         writers: 1,
-                        reader: Arc::new(reader),
+                        reader: Arc::from(reader),
                         who,
                         dirty: false,
                         retimed: false,
@@ -370,7 +370,7 @@ impl Objects {
             s.flushed = None;
             return None;
         }
-        if s.passthrough && written_elsewhere(s.reader.as_fd()) {
+        if s.passthrough && written_elsewhere(s.reader.fd()) {
             let watch = Watch {
                 reader: s.reader.clone(),
                 who: s.who.clone(),
@@ -391,7 +391,7 @@ impl Objects {
         let ended: Vec<ObjectId> = self
             .watched
             .iter()
-            .filter(|(_, w)| all || !written_elsewhere(w.reader.as_fd()))
+            .filter(|(_, w)| all || !written_elsewhere(w.reader.fd()))
             .map(|(o, _)| *o)
             .collect();
         let mut jobs = Vec::with_capacity(ended.len());
@@ -591,8 +591,9 @@ pub fn worker_loop(capture: Weak<Capture>) {
 mod tests {
     use super::*;
 
-    fn fd() -> OwnedFd {
-        std::fs::File::open("/dev/null").unwrap().into()
+    fn fd() -> Box<dyn super::super::Readable> {
+        let fd: std::os::fd::OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        Box::new(fd)
     }
 
     fn s(n: u64) -> Duration {
@@ -719,7 +720,7 @@ mod tests {
     fn job(obj: u64) -> Job {
         Job {
             obj: id(obj),
-            reader: Arc::new(fd()),
+            reader: Arc::from(fd()),
             who: Who::default(),
             cause: Cause::Interval,
             dirty: true,

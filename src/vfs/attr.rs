@@ -159,6 +159,9 @@ impl Vfs {
                     creds::as_caller(caller, || sys::truncate_fd_path(fd, size))?
                 }
             }
+            if let Some(p) = self.patched(&inode)? {
+                p.truncated(size);
+            }
         }
         if set.atime.is_some() || set.mtime.is_some() {
             let atime = set.atime.unwrap_or(TimeSpec::Omit);

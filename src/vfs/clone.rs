@@ -22,6 +22,10 @@ use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::clone_patch::{PatchMeta, Patched, Runs};
 use super::inodes::Node;
 use super::{errno, Caller, InodeNo, Result, Vfs, VfsError};
 use crate::history::past::Node as PastNode;
@@ -35,17 +39,23 @@ use crate::union::format::{self, XattrNs};
 /// hard links stay separate files.
 const MARK_FORMAT: u8 = 2;
 const MARK_FORMAT_1: u8 = 1;
+/// Format 2 plus a patch (base length and owned runs) before the path:
+/// written only for patched files, so a store without one still opens in
+/// a build that reads format 2.
+const MARK_FORMAT_PATCH: u8 = 3;
 /// A directory whose entries are still its base's.
 const UNFILLED_DIR: u8 = b'D';
 /// A file whose bytes are still its base's.
 const BASE_FILE: u8 = b'F';
+/// A file with some bytes of its own (`clone_patch`).
+const PATCHED_FILE: u8 = b'P';
 /// Bytes copied per step when a file is materialised.
 const COPY_STEP: usize = 1 << 20;
 
 /// What a marked object copies: `path` (from the mount root) as it was
 /// at `at`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Mark {
+pub(in crate::vfs) struct Mark {
     pub dir: bool,
     pub at: Seq,
     /// Who made the clone: a clone made by anyone but root keeps no
@@ -60,16 +70,30 @@ pub(super) struct Mark {
     /// the tree whose hard links the clone keeps.
     depth: u16,
     pub path: Vec<Vec<u8>>,
+    /// A patched file's own bytes (`clone_patch`).
+    pub patch: Option<PatchMeta>,
 }
 
 impl Mark {
-    fn encode(&self) -> Vec<u8> {
-        let kind = if self.dir { UNFILLED_DIR } else { BASE_FILE };
-        let mut out = vec![MARK_FORMAT, kind];
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let (format, kind) = match (self.dir, &self.patch) {
+            (true, _) => (MARK_FORMAT, UNFILLED_DIR),
+            (false, None) => (MARK_FORMAT, BASE_FILE),
+            (false, Some(_)) => (MARK_FORMAT_PATCH, PATCHED_FILE),
+        };
+        let mut out = vec![format, kind];
         out.extend_from_slice(&self.at.get().to_le_bytes());
         out.extend_from_slice(&self.by.to_le_bytes());
         out.extend_from_slice(&self.clone_id.to_le_bytes());
         out.extend_from_slice(&self.depth.to_le_bytes());
+        if let Some(p) = self.patch.as_ref().filter(|_| !self.dir) {
+            out.extend_from_slice(&p.base_len.to_le_bytes());
+            out.extend_from_slice(&(p.own.count() as u32).to_le_bytes());
+            for (s, e) in p.own.pairs() {
+                out.extend_from_slice(&s.to_le_bytes());
+                out.extend_from_slice(&e.to_le_bytes());
+            }
+        }
         out.extend_from_slice(&self.path.join(&b'/'));
         out
     }
@@ -78,15 +102,15 @@ impl Mark {
         let [format, kind, rest @ ..] = b else {
             return Err("too short".into());
         };
-        if *format != MARK_FORMAT && *format != MARK_FORMAT_1 {
+        if ![MARK_FORMAT_1, MARK_FORMAT, MARK_FORMAT_PATCH].contains(format) {
             return Err(format!(
-                "format {format}, this build reads formats {MARK_FORMAT_1} and {MARK_FORMAT}"
+                "format {format}, this build reads formats {MARK_FORMAT_1} to {MARK_FORMAT_PATCH}"
             ));
         }
-        let dir = match *kind {
-            UNFILLED_DIR => true,
-            BASE_FILE => false,
-            k => return Err(format!("unknown kind {k}")),
+        let dir = match (*kind, *format == MARK_FORMAT_PATCH) {
+            (UNFILLED_DIR, false) => true,
+            (BASE_FILE, false) | (PATCHED_FILE, true) => false,
+            (k, _) => return Err(format!("kind {k} in a mark of format {format}")),
         };
         let (at, rest) = take::<8>(rest)?;
         let (by, rest) = take::<4>(rest)?;
@@ -96,6 +120,22 @@ impl Mark {
             let (clone, rest) = take::<8>(rest)?;
             let (depth, rest) = take::<2>(rest)?;
             (u64::from_le_bytes(clone), u16::from_le_bytes(depth), rest)
+        };
+        let (patch, path) = if *format == MARK_FORMAT_PATCH {
+            let (base_len, rest) = take::<8>(path)?;
+            let (n, mut rest) = take::<4>(rest)?;
+            let mut pairs = Vec::new();
+            for _ in 0..u32::from_le_bytes(n) {
+                let (s, r) = take::<8>(rest)?;
+                let (e, r) = take::<8>(r)?;
+                pairs.push((u64::from_le_bytes(s), u64::from_le_bytes(e)));
+                rest = r;
+            }
+            let own = Runs::from_pairs(&pairs)?;
+            let base_len = u64::from_le_bytes(base_len);
+            (Some(PatchMeta { base_len, own }), rest)
+        } else {
+            (None, path)
         };
         let path: Vec<Vec<u8>> = if path.is_empty() {
             Vec::new()
@@ -115,6 +155,7 @@ impl Mark {
             clone_id,
             depth,
             path,
+            patch,
         })
     }
 
@@ -124,6 +165,7 @@ impl Mark {
         Mark {
             dir,
             path,
+            patch: None,
             ..self.clone()
         }
     }
@@ -156,10 +198,12 @@ pub(super) struct Clones {
     on: std::sync::atomic::AtomicBool,
     /// One fill or materialisation at a time: a second caller waits and
     /// then finds the mark gone.
-    busy: parking_lot::Mutex<()>,
-    /// How many files were materialised: a handle opened on a base knows
-    /// its file still shows it while this has not moved.
-    epoch: std::sync::atomic::AtomicU64,
+    pub(super) busy: parking_lot::Mutex<()>,
+    /// How many files were materialised or patched: a handle opened on a
+    /// base knows its file still shows all of it while this has not moved.
+    pub(super) epoch: std::sync::atomic::AtomicU64,
+    /// Patched files the daemon has met (`clone_patch`).
+    pub(super) patched: parking_lot::Mutex<HashMap<InodeNo, Arc<Patched>>>,
 }
 
 impl Vfs {
@@ -214,7 +258,7 @@ impl Vfs {
         if node.kind != libc::S_IFREG {
             return Ok(None);
         }
-        Ok(self.mark_of(node)?.filter(|m| !m.dir))
+        Ok(self.mark_of(node)?.filter(|m| !m.dir && m.patch.is_none()))
     }
 
     /// Before an operation on `dir`'s entries: a clone's directory gets
@@ -592,7 +636,7 @@ impl Vfs {
     /// durable, and only then is the mark removed.
     pub(super) fn materialise(&self, node: &Node) -> Result<()> {
         if self.base_of_file(node)?.is_none() {
-            return Ok(());
+            return self.materialise_patched(node);
         }
         let _one = self.clones.busy.lock();
         let Some(mark) = self.base_of_file(node)? else {
@@ -732,6 +776,7 @@ impl Vfs {
             clone_id: 0,
             depth,
             path: src.to_vec(),
+            patch: None,
         };
         let dir = target.dir.fd();
         let prepared = self.prepare_entry(dir, base, mark.clone())?;
@@ -811,7 +856,7 @@ fn take<const N: usize>(b: &[u8]) -> std::result::Result<([u8; N], &[u8]), Strin
 }
 
 /// Sets `fd`'s access and modification times back to `st`'s.
-fn keep_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
+pub(super) fn keep_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
     let at = |secs: i64, nsecs: i64| TimeSpec::At { secs, nsecs };
     sys::utimens_fd(
         fd,
@@ -910,8 +955,26 @@ mod tests {
             clone_id: 77,
             depth: 1,
             path: vec![b"a".to_vec(), b"b c".to_vec()],
+            patch: None,
         };
-        assert_eq!(Mark::decode(&m.encode()), Ok(m));
+        assert_eq!(Mark::decode(&m.encode()), Ok(m.clone()));
+        let own = Runs::from_pairs(&[(0, 4096), (8192, 12288)]).unwrap_or_default();
+        let patched = Mark {
+            dir: false,
+            patch: Some(PatchMeta {
+                base_len: 70000,
+                own,
+            }),
+            ..m
+        };
+        let bytes = patched.encode();
+        assert_eq!(bytes[..2], [3, b'P']);
+        assert_eq!(Mark::decode(&bytes), Ok(patched));
+        // A patch mark cut inside its runs, or with runs out of order.
+        assert!(Mark::decode(&bytes[..2 + 22 + 12 + 20]).is_err());
+        let mut swapped = bytes.clone();
+        swapped[2 + 22 + 12..2 + 22 + 12 + 16].rotate_left(8);
+        assert!(Mark::decode(&swapped).is_err());
         let root = Mark {
             dir: false,
             at: Seq::new(1),
@@ -919,8 +982,11 @@ mod tests {
             clone_id: 5,
             depth: 0,
             path: Vec::new(),
+            patch: None,
         };
         assert_eq!(Mark::decode(&root.encode()), Ok(root));
+        assert!(Mark::decode(&[&[4, b'F'][..], &[0u8; 22]].concat()).is_err());
+        assert!(Mark::decode(&[&[2, b'P'][..], &[0u8; 22]].concat()).is_err());
         assert!(Mark::decode(b"").is_err());
         let zeros = [0u8; 22];
         assert!(Mark::decode(&[&[3, b'D'][..], &zeros].concat()).is_err());

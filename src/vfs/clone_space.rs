@@ -113,7 +113,13 @@ impl Vfs {
                 if !seen.insert((st.st_dev, st.st_ino)) {
                     return Ok(());
                 }
-                if self.read_mark(fd.as_fd())?.is_some() {
+                let mark = self.read_mark(fd.as_fd())?;
+                if let Some(patch) = mark.as_ref().and_then(|m| m.patch.as_ref()) {
+                    // A patched file: partly shared, partly its own.
+                    space.shared_files += 1;
+                    space.shared_bytes += patch.base_len - patch.own.total();
+                    space.own_bytes += st.st_blocks as u64 * 512;
+                } else if mark.is_some() {
                     space.shared_files += 1;
                     space.shared_bytes += st.st_size as u64;
                 } else {

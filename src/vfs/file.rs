@@ -110,6 +110,9 @@ impl Vfs {
             true => self.open_base_if_marked(&inode)?,
             false => None,
         };
+        // A patched file's bytes are partly its base's: the daemon serves
+        // its I/O.
+        let patched = self.patched(&inode)?;
         let versioned = self.capture.is_some() && inode.kind == libc::S_IFREG && writes(flags);
         if versioned {
             self.before_write_open(ino)?;
@@ -130,6 +133,7 @@ impl Vfs {
             ino,
             !every_write
                 && base.is_none()
+                && patched.is_none()
                 && !self.in_read_only_branch(&inode)
                 && match self.cfg.write_path {
                     super::WritePath::Auto => !trackable,
@@ -151,6 +155,9 @@ impl Vfs {
         };
         if session && flags & libc::O_TRUNC != 0 {
             self.wrote_range(ino, 0, u64::MAX);
+        }
+        if let Some(p) = patched.as_ref().filter(|_| flags & libc::O_TRUNC != 0) {
+            p.truncated(0);
         }
         let fh = self.handles.insert(Handle::File {
             ino,
@@ -464,6 +471,9 @@ impl Vfs {
         if let Some(base) = self.base_while_marked(fh)? {
             return self.view_read(base, offset, size);
         }
+        if let Some(p) = self.patched_handle(fh)? {
+            return p.read(offset, size);
+        }
         self.with_file(fh, |fd, _| {
             let mut buf = vec![0u8; size as usize];
             let n = sys::pread(fd, &mut buf, offset)?;
@@ -497,7 +507,10 @@ impl Vfs {
         } else {
             opener
         };
-        let n = creds::as_caller(who, || sys::pwrite(fd.as_fd(), data, offset))?;
+        let n = match self.patched_handle(fh)? {
+            Some(p) => p.write(who, offset, data)?,
+            None => creds::as_caller(who, || sys::pwrite(fd.as_fd(), data, offset))?,
+        };
         // After the write: a version built meanwhile either saw these bytes
         // or finds the range in the next set.
         if self.wrote_range(*ino, offset, n as u64) {
@@ -522,7 +535,16 @@ impl Vfs {
         let Some(c) = self.capture() else {
             return Ok(false);
         };
-        if let Handle::File { ino, session, .. } = &*handle {
+        if let Handle::File {
+            ino,
+            session,
+            writes,
+            ..
+        } = &*handle
+        {
+            if *writes {
+                self.settle_patched(fh, false)?;
+            }
             if session.is_open() {
                 c.flushed(ino.object());
             }
@@ -576,6 +598,7 @@ impl Vfs {
             Handle::File {
                 fd, session, ino, ..
             } => {
+                self.settle_patched(fh, true)?;
                 sys::fsync(fd.as_fd(), datasync)?;
                 if session.is_open() {
                     if let Some(c) = self.capture() {
@@ -596,6 +619,11 @@ impl Vfs {
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> Result<()> {
         let _set = self.changing();
         self.handle_source(fh).check_writable()?;
+        // Hole punching and range shifts are the backing file's own: it
+        // must hold all its bytes first.
+        if self.patched_handle(fh)?.is_some() {
+            self.materialise(&self.node(self.handles.get(fh)?.ino())?)?;
+        }
         self.with_file(fh, |fd, opener| {
             Ok(creds::as_caller(opener, || {
                 sys::fallocate(fd, mode, offset, len)
@@ -615,6 +643,9 @@ impl Vfs {
     pub(super) fn live_lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64> {
         if let Some(base) = self.base_while_marked(fh)? {
             return self.view_lseek(base, offset, whence);
+        }
+        if let Some(p) = self.patched_handle(fh)? {
+            return p.lseek(offset, whence);
         }
         self.with_file(fh, |fd, _| Ok(sys::lseek(fd, offset, whence)?))
     }
@@ -636,8 +667,11 @@ impl Vfs {
         };
         // The kernel copies from the descriptor: a clone's file that still
         // shows its base must hold its bytes first.
-        if self.base_while_marked(fh_in)?.is_some() {
+        if self.base_while_marked(fh_in)?.is_some() || self.patched_handle(fh_in)?.is_some() {
             self.materialise(&self.node(input.ino())?)?;
+        }
+        if self.patched_handle(fh_out)?.is_some() {
+            self.materialise(&self.node(self.handles.get(fh_out)?.ino())?)?;
         }
         let n = self.with_file(fh_out, |fd_out, opener| {
             Ok(creds::as_caller(opener, || {

@@ -95,10 +95,9 @@ impl Tree for Walk<'_> {
         }
     }
 
-    fn open_read(&self, obj: ObjectId) -> io::Result<OwnedFd> {
+    fn open_read(&self, obj: ObjectId) -> io::Result<Box<dyn crate::capture::Readable>> {
         match self.fd(obj) {
-            Ok(fd) => sys::reopen(fd, libc::O_RDONLY | libc::O_NOATIME)
-                .or_else(|_| sys::reopen(fd, libc::O_RDONLY)),
+            Ok(fd) => super::versioning::open_read_fd(self.live.0, InodeNo::from(obj), fd),
             Err(_) => self.live.open_read(obj),
         }
     }

@@ -989,7 +989,7 @@ impl Vfs {
     pub(super) fn writable_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
         let node = self.node(ino)?;
         if self.clones_on() {
-            self.materialise(&node)?;
+            self.before_clone_change(&node)?;
         }
         let Some(u) = self.union.as_ref() else {
             return Ok(node);

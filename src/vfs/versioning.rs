@@ -10,11 +10,11 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use super::{Caller, InodeNo, Result, Vfs, VfsError};
-use crate::capture::{Capture, CaptureError, Tree};
+use crate::capture::{Capture, CaptureError, Readable, Tree};
 use crate::history::{Binding, Cause, ObjectId, Who, ROOT};
 use crate::sys::{self, Stat};
 
@@ -31,14 +31,9 @@ impl Tree for Live<'_> {
         sys::fstat(node.fd())
     }
 
-    fn open_read(&self, obj: ObjectId) -> io::Result<OwnedFd> {
+    fn open_read(&self, obj: ObjectId) -> io::Result<Box<dyn Readable>> {
         let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
-        // A clone's file that still reads its base gets its bytes first.
-        if self.0.clones_on() {
-            self.0.materialise(&node).map_err(io_err)?;
-        }
-        sys::reopen(node.fd(), libc::O_RDONLY | libc::O_NOATIME)
-            .or_else(|_| sys::reopen(node.fd(), libc::O_RDONLY))
+        open_read_fd(self.0, node.ino, node.fd())
     }
 
     fn readlink(&self, obj: ObjectId) -> io::Result<Vec<u8>> {
@@ -73,6 +68,21 @@ impl Tree for Live<'_> {
         let inode = self.0.inodes.get(InodeNo::from(obj)).ok()?;
         Some(self.binding_of(&inode))
     }
+}
+
+/// What capture reads of a live file: its descriptor, or, for a clone's
+/// file that shares bytes with its base, those bytes merged in.
+pub(super) fn open_read_fd(
+    vfs: &Vfs,
+    ino: InodeNo,
+    fd: BorrowedFd<'_>,
+) -> io::Result<Box<dyn Readable>> {
+    if let Some(content) = vfs.clone_content(ino, fd).map_err(io_err)? {
+        return Ok(content);
+    }
+    let fd = sys::reopen(fd, libc::O_RDONLY | libc::O_NOATIME)
+        .or_else(|_| sys::reopen(fd, libc::O_RDONLY))?;
+    Ok(Box::new(fd))
 }
 
 impl Live<'_> {
@@ -165,7 +175,7 @@ impl Vfs {
     pub(super) fn before_change(&self, ino: InodeNo) -> Result<()> {
         if let Some(c) = self.capture() {
             if self.clones_on() {
-                self.materialise(&self.node(ino)?)?;
+                self.before_clone_change(&self.node(ino)?)?;
             }
             c.before_change(&Live(self), ino.object())?;
         }

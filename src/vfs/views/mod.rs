@@ -24,6 +24,8 @@ mod access;
 mod list;
 mod lookup;
 mod read;
+
+pub(in crate::vfs) use read::read_reader_into;
 mod removal;
 
 use std::collections::HashMap;
@@ -166,13 +168,13 @@ struct Listed {
     hist: Option<(Seq, ObjectId, Arc<Version>)>,
 }
 
-struct Reader {
+pub(in crate::vfs) struct Reader {
     obj: ObjectId,
     at: Seq,
     source: ReadFrom,
 }
 
-enum ReadFrom {
+pub(in crate::vfs) enum ReadFrom {
     /// The live file, while it still matches the state at the instant.
     Head {
         fd: OwnedFd,
@@ -182,6 +184,14 @@ enum ReadFrom {
         /// nothing newer is recorded, the object's versions are as they
         /// were (one lock instead of an index read per read).
         as_of: Seq,
+    },
+    /// A live clone's file with bytes of its own and its base's (checked
+    /// as `Head` is).
+    Patched {
+        file: Arc<crate::vfs::clone_patch::Patched>,
+        /// Its generation at the instant: every change to its bytes
+        /// goes through the daemon and moves it.
+        generation: u64,
     },
     Chunks {
         manifest: Manifest,

@@ -128,7 +128,7 @@ impl Vfs {
         })
     }
 
-    fn base_reader(&self, at: Seq, path: &[Vec<u8>]) -> Result<Reader> {
+    pub(in crate::vfs) fn base_reader(&self, at: Seq, path: &[Vec<u8>]) -> Result<Reader> {
         let Some(node) = self.with_past(|p| p.resolve(path, at).map_err(past_err))? else {
             tracing::error!(
                 "a clone's base {} at #{at} is not in history",
@@ -155,26 +155,13 @@ impl Vfs {
     /// exactly the content of the instant, else the chunks. A clone's file
     /// that still shows its base reads that base.
     pub(super) fn source_for(&self, obj: ObjectId, at: Seq, state: &State) -> Result<Reader> {
-        if let State::Live { inode } = state {
-            if inode.kind == libc::S_IFREG && self.clones_on() {
-                let node = self.inodes.node_of(inode.clone())?;
-                if let Some(mark) = self.base_of_file(&node)? {
-                    return self.base_reader(mark.at, &mark.path);
-                }
-            }
-        }
-        let source = self.read_from(obj, at, state)?;
-        Ok(Reader { obj, at, source })
-    }
-
-    fn read_from(&self, obj: ObjectId, at: Seq, state: &State) -> Result<ReadFrom> {
         let h = self.history()?;
         let as_of = h.last_seq();
         let latest = h
             .latest(obj)
             .map_err(|e| past_err(e.into()))?
             .map(|(s, _)| s);
-        let live = match state {
+        let mut live = match state {
             State::Live { inode } => Some((self.inodes.fd(inode)?, None)),
             State::Hist { v } => {
                 let (seq_v, _) = h
@@ -189,60 +176,82 @@ impl Vfs {
                 }
             }
         };
-        if let Some((path_fd, expect)) = live {
-            let fd = sys::reopen(path_fd.as_fd(), libc::O_RDONLY)?;
-            let now = attrs_of(&sys::fstat(fd.as_fd())?);
-            let expect = expect.unwrap_or(now);
-            if expect.same_state(&now) {
-                // Views and clones are mostly read whole: a readahead
-                // window that keeps the disk busy between requests.
-                if let Err(e) = sys::advise_sequential(fd.as_fd()) {
-                    tracing::debug!("history view: fadvise: {e}");
+        if let Some((fd, expect)) = live.as_ref().filter(|_| self.clones_on()) {
+            if let Some(mark) = self.read_mark(fd.as_fd())? {
+                match self.clone_source(obj, at, fd.as_fd(), expect.as_ref(), mark)? {
+                    Some(reader) => return Ok(reader),
+                    // Its backing file has holes where the base's bytes
+                    // show: history has the instant's.
+                    None => live = None,
                 }
-                return Ok(ReadFrom::Head {
-                    fd,
-                    expect,
-                    latest,
-                    as_of,
-                });
             }
         }
-        self.chunk_source(obj, at)
+        let source = match live {
+            Some((path_fd, expect)) => self.head(path_fd.as_fd(), expect, latest, as_of)?,
+            None => None,
+        };
+        Ok(Reader {
+            obj,
+            at,
+            source: match source {
+                Some(s) => s,
+                None => chunk_source(h, obj, at)?,
+            },
+        })
     }
 
-    pub(super) fn chunk_source(&self, obj: ObjectId, at: Seq) -> Result<ReadFrom> {
-        let h = self.history()?;
-        let Some((_, v)) = h.object_at(obj, at).map_err(|e| past_err(e.into()))? else {
-            tracing::error!(
-                "history view: object {obj} changed behind the mount since #{at} and history holds no copy"
-            );
-            return Err(errno(libc::EIO));
-        };
-        let manifest = match v.content {
-            Content::File { manifest } => manifest,
-            // Not versioned by policy: the bytes of that instant are gone.
-            Content::Unrecorded => return Err(errno(libc::ENODATA)),
-            Content::Lost { .. } => {
-                tracing::warn!(
-                    "history view: object {obj} at #{at}: {}",
-                    crate::history::HistoryError::Lost("its version".into())
-                );
-                return Err(errno(libc::EIO));
-            }
-            _ => return Err(VfsError::WrongKind),
-        };
-        let manifest = h.manifest(&manifest).map_err(|e| past_err(e.into()))?;
-        let mut starts = Vec::with_capacity(manifest.extents.len());
-        let mut off = 0u64;
-        for e in &manifest.extents {
-            starts.push(off);
-            off += u64::from(e.len);
+    /// A reader of a clone's file `fd` (marked `mark`) as it is now, if it
+    /// still is as `expect` says.
+    fn clone_source(
+        &self,
+        obj: ObjectId,
+        at: Seq,
+        fd: std::os::fd::BorrowedFd<'_>,
+        expect: Option<&Attrs>,
+        mark: crate::vfs::clone::Mark,
+    ) -> Result<Option<Reader>> {
+        let now = attrs_of(&sys::fstat(fd)?);
+        if mark.dir || expect.is_some_and(|e| !e.same_state(&now)) {
+            return Ok(None);
         }
-        Ok(ReadFrom::Chunks {
-            manifest,
-            starts,
-            cached: None,
-        })
+        if mark.patch.is_none() {
+            return self.base_reader(mark.at, &mark.path).map(Some);
+        }
+        let Some(file) = self.patched_of_fd(InodeNo::from(obj), fd)? else {
+            return Ok(None);
+        };
+        let source = ReadFrom::Patched {
+            generation: file.generation(),
+            file,
+        };
+        Ok(Some(Reader { obj, at, source }))
+    }
+
+    /// The live file `path_fd` as a source, if it still holds `expect`.
+    fn head(
+        &self,
+        path_fd: std::os::fd::BorrowedFd<'_>,
+        expect: Option<Attrs>,
+        latest: Option<Seq>,
+        as_of: Seq,
+    ) -> Result<Option<ReadFrom>> {
+        let fd = sys::reopen(path_fd, libc::O_RDONLY)?;
+        let now = attrs_of(&sys::fstat(fd.as_fd())?);
+        let expect = expect.unwrap_or(now);
+        if !expect.same_state(&now) {
+            return Ok(None);
+        }
+        // Views and clones are mostly read whole: a readahead window that
+        // keeps the disk busy between requests.
+        if let Err(e) = sys::advise_sequential(fd.as_fd()) {
+            tracing::debug!("history view: fadvise: {e}");
+        }
+        Ok(Some(ReadFrom::Head {
+            fd,
+            expect,
+            latest,
+            as_of,
+        }))
     }
 
     pub(in crate::vfs) fn view_read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
@@ -251,98 +260,8 @@ impl Vfs {
             return Err(errno(libc::EISDIR));
         };
         let mut r = reader.lock();
-        let obj = r.obj;
-        if let ReadFrom::Head {
-            fd,
-            expect,
-            latest,
-            as_of,
-        } = &mut r.source
-        {
-            let mut buf = vec![0u8; size as usize];
-            let n = sys::pread(fd.as_fd(), &mut buf, offset)?;
-            buf.truncate(n);
-            // Checked after the read: a writer through the mount records
-            // the old state before its first write, and any write changes
-            // mtime, so unchanged attributes and versions prove the bytes
-            // read were the instant's.
-            let now = attrs_of(&sys::fstat(fd.as_fd())?);
-            let h = self.history()?;
-            let seq = h.last_seq();
-            let same_versions = seq == *as_of || {
-                let newest = h
-                    .latest(obj)
-                    .map_err(|e| past_err(e.into()))?
-                    .map(|(s, _)| s);
-                *as_of = seq;
-                newest == *latest
-            };
-            if expect.same_state(&now) && same_versions {
-                return Ok(buf);
-            }
-            tracing::debug!(
-                "history view: object {} changed while read; reading history",
-                r.obj
-            );
-            r.source = self.chunk_source(r.obj, r.at)?;
-        }
-        let ReadFrom::Chunks {
-            manifest,
-            starts,
-            cached,
-        } = &mut r.source
-        else {
-            return Err(VfsError::WrongKind);
-        };
-        self.read_chunks(manifest, starts, cached, offset, size as usize)
-    }
-
-    pub(super) fn read_chunks(
-        &self,
-        manifest: &Manifest,
-        starts: &[u64],
-        cached: &mut Option<(usize, Vec<u8>)>,
-        offset: u64,
-        size: usize,
-    ) -> Result<Vec<u8>> {
-        let chunks = self.history()?.chunks();
-        let mut out = Vec::with_capacity(size);
-        let mut i = starts.partition_point(|s| *s <= offset).saturating_sub(1);
-        let mut pos = offset;
-        while out.len() < size && i < manifest.extents.len() {
-            let e = manifest.extents[i];
-            let start = starts[i];
-            let end = start + u64::from(e.len);
-            if pos >= end {
-                i += 1;
-                continue;
-            }
-            let from = (pos - start) as usize;
-            let take = (end - pos).min((size - out.len()) as u64) as usize;
-            match e.chunk {
-                None => out.resize(out.len() + take, 0),
-                Some(hash) => {
-                    if cached.as_ref().is_none_or(|(idx, _)| *idx != i) {
-                        let data = chunks.get(&hash).map_err(|e| {
-                            tracing::error!("history view: {e}");
-                            errno(libc::EIO)
-                        })?;
-                        *cached = Some((i, data));
-                    }
-                    let data = cached
-                        .as_ref()
-                        .map(|(_, d)| d.as_slice())
-                        .unwrap_or_default();
-                    let slice = data
-                        .get(from..from + take)
-                        .ok_or_else(|| errno(libc::EIO))?;
-                    out.extend_from_slice(slice);
-                }
-            }
-            pos += take as u64;
-            i += 1;
-        }
-        Ok(out)
+        let read = read_reader(self.history()?, &mut r, offset, size);
+        read
     }
 
     pub(super) fn view_handle(&self, fh: u64) -> Result<Arc<ViewHandle>> {
@@ -370,6 +289,7 @@ impl Vfs {
         };
         let size = match &reader.lock().source {
             ReadFrom::Head { expect, .. } => expect.size as i64,
+            ReadFrom::Patched { file, .. } => file.size() as i64,
             ReadFrom::Chunks { manifest, .. } => {
                 manifest.extents.iter().map(|e| i64::from(e.len)).sum()
             }
@@ -381,4 +301,183 @@ impl Vfs {
             _ => Err(errno(libc::EINVAL)),
         }
     }
+}
+
+pub(super) fn chunk_source(h: &History, obj: ObjectId, at: Seq) -> Result<ReadFrom> {
+    let Some((_, v)) = h.object_at(obj, at).map_err(|e| past_err(e.into()))? else {
+        tracing::error!(
+            "history view: object {obj} changed behind the mount since #{at} and history holds no copy"
+        );
+        return Err(errno(libc::EIO));
+    };
+    let manifest = match v.content {
+        Content::File { manifest } => manifest,
+        // Not versioned by policy: the bytes of that instant are gone.
+        Content::Unrecorded => return Err(errno(libc::ENODATA)),
+        Content::Lost { .. } => {
+            tracing::warn!(
+                "history view: object {obj} at #{at}: {}",
+                crate::history::HistoryError::Lost("its version".into())
+            );
+            return Err(errno(libc::EIO));
+        }
+        _ => return Err(VfsError::WrongKind),
+    };
+    let manifest = h.manifest(&manifest).map_err(|e| past_err(e.into()))?;
+    let mut starts = Vec::with_capacity(manifest.extents.len());
+    let mut off = 0u64;
+    for e in &manifest.extents {
+        starts.push(off);
+        off += u64::from(e.len);
+    }
+    Ok(ReadFrom::Chunks {
+        manifest,
+        starts,
+        cached: None,
+    })
+}
+
+/// Reads `size` bytes at `offset` of what `r` reads.
+pub(in crate::vfs) fn read_reader(
+    h: &History,
+    r: &mut Reader,
+    offset: u64,
+    size: u32,
+) -> Result<Vec<u8>> {
+    let obj = r.obj;
+    if let ReadFrom::Patched { .. } = r.source {
+        let mut buf = vec![0u8; size as usize];
+        let n = read_reader_into(h, r, &mut buf, offset)?;
+        buf.truncate(n);
+        return Ok(buf);
+    }
+    if let ReadFrom::Head {
+        fd,
+        expect,
+        latest,
+        as_of,
+    } = &mut r.source
+    {
+        let mut buf = vec![0u8; size as usize];
+        let n = sys::pread(fd.as_fd(), &mut buf, offset)?;
+        buf.truncate(n);
+        // Checked after the read: a writer through the mount records
+        // the old state before its first write, and any write changes
+        // mtime, so unchanged attributes and versions prove the bytes
+        // read were the instant's.
+        let now = attrs_of(&sys::fstat(fd.as_fd())?);
+        if expect.same_state(&now) && unchanged_versions(h, obj, latest, as_of)? {
+            return Ok(buf);
+        }
+        tracing::debug!(
+            "history view: object {} changed while read; reading history",
+            r.obj
+        );
+        r.source = chunk_source(h, r.obj, r.at)?;
+    }
+    let ReadFrom::Chunks {
+        manifest,
+        starts,
+        cached,
+    } = &mut r.source
+    else {
+        return Err(VfsError::WrongKind);
+    };
+    read_chunks(h, manifest, starts, cached, offset, size as usize)
+}
+
+pub(super) fn read_chunks(
+    h: &History,
+    manifest: &Manifest,
+    starts: &[u64],
+    cached: &mut Option<(usize, Vec<u8>)>,
+    offset: u64,
+    size: usize,
+) -> Result<Vec<u8>> {
+    let chunks = h.chunks();
+    let mut out = Vec::with_capacity(size);
+    let mut i = starts.partition_point(|s| *s <= offset).saturating_sub(1);
+    let mut pos = offset;
+    while out.len() < size && i < manifest.extents.len() {
+        let e = manifest.extents[i];
+        let start = starts[i];
+        let end = start + u64::from(e.len);
+        if pos >= end {
+            i += 1;
+            continue;
+        }
+        let from = (pos - start) as usize;
+        let take = (end - pos).min((size - out.len()) as u64) as usize;
+        match e.chunk {
+            None => out.resize(out.len() + take, 0),
+            Some(hash) => {
+                if cached.as_ref().is_none_or(|(idx, _)| *idx != i) {
+                    let data = chunks.get(&hash).map_err(|e| {
+                        tracing::error!("history view: {e}");
+                        errno(libc::EIO)
+                    })?;
+                    *cached = Some((i, data));
+                }
+                let data = cached
+                    .as_ref()
+                    .map(|(_, d)| d.as_slice())
+                    .unwrap_or_default();
+                let slice = data
+                    .get(from..from + take)
+                    .ok_or_else(|| errno(libc::EIO))?;
+                out.extend_from_slice(slice);
+            }
+        }
+        pos += take as u64;
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// Whether history has recorded no new version of `obj` since `latest`
+/// (checked against the index only when anything new was recorded since
+/// `as_of`).
+fn unchanged_versions(
+    h: &History,
+    obj: ObjectId,
+    latest: &Option<Seq>,
+    as_of: &mut Seq,
+) -> Result<bool> {
+    let seq = h.last_seq();
+    if seq == *as_of {
+        return Ok(true);
+    }
+    let newest = h
+        .latest(obj)
+        .map_err(|e| past_err(e.into()))?
+        .map(|(s, _)| s);
+    *as_of = seq;
+    Ok(newest == *latest)
+}
+
+/// [`read_reader`] into `buf`: a patched file (a clone's, read as another
+/// clone's base) reads straight into it, however deep its chain of bases.
+pub(in crate::vfs) fn read_reader_into(
+    h: &History,
+    r: &mut Reader,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<usize> {
+    if let ReadFrom::Patched { file, generation } = &r.source {
+        if file.generation() == *generation {
+            let n = file.read_into(buf, offset)?;
+            if file.generation() == *generation {
+                return Ok(n);
+            }
+        }
+        tracing::debug!(
+            "history view: clone file {} changed; reading history",
+            r.obj
+        );
+        r.source = chunk_source(h, r.obj, r.at)?;
+    }
+    let size = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+    let got = read_reader(h, r, offset, size)?;
+    buf[..got.len()].copy_from_slice(&got);
+    Ok(got.len())
 }

@@ -1,0 +1,612 @@
+//! Copy-on-abundant-write (docs/ARCHITECTURE.md "Clones: patched
+//! files"): a clone's file that is written keeps reading its base's
+//! bytes wherever it has none of its own.
+//!
+//! The first change to a clone's file of at least `PATCH_MIN` bytes does
+//! not copy it: its mark becomes a *patch* mark (`Mark::patch`), which
+//! says which byte ranges the backing file holds itself (`own`, whole
+//! blocks, so a small write costs one block) and up to where the base
+//! still shows through (`base_len`: a truncation below it hides the
+//! base's bytes for good). Reads merge the two; writes read the rest of
+//! the blocks they touch from the base first. Once half the file is its
+//! own, or its runs no longer fit a mark, the writer's close copies the
+//! rest in and the mark goes (`Vfs::materialise`).
+//!
+//! Durability: the backing file's data is synced before a mark that
+//! claims it is written, so a crash shows, for each block, either the
+//! base or data that reached the disk. A crash before the mark is
+//! written loses the writes since the last close or fsync, as a crash
+//! loses unsynced writes of any file.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::clone::Mark;
+use super::views::{read_reader_into, Reader};
+use super::{errno, Caller, InodeNo, Result, Vfs};
+use crate::capture::Readable;
+use crate::history::History;
+use crate::sys::{self, creds};
+use crate::union::format::XattrNs;
+
+/// Smaller files are copied whole at their first change: a patch would
+/// save less than its bookkeeping costs.
+pub(super) const PATCH_MIN: u64 = 64 << 10;
+/// The unit a patch owns: what the backing file system allocates anyway.
+const BLOCK: u64 = 4096;
+/// Most runs a mark may list (16 bytes each, so the mark fits one xattr
+/// block beside its path); a file with more is materialised.
+pub(super) const MAX_RUNS: usize = 64;
+/// Bytes read from the base per step when the rest is copied in.
+const COPY_STEP: u64 = 1 << 20;
+
+/// Disjoint, non-adjacent byte ranges [start, end), by start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Runs(BTreeMap<u64, u64>);
+
+impl Runs {
+    pub(super) fn from_pairs(pairs: &[(u64, u64)]) -> std::result::Result<Runs, String> {
+        let mut runs = Runs::default();
+        let mut last = None;
+        for &(s, e) in pairs {
+            if s >= e || last.is_some_and(|l| s <= l) {
+                return Err("runs out of order".into());
+            }
+            runs.0.insert(s, e);
+            last = Some(e);
+        }
+        Ok(runs)
+    }
+
+    pub(super) fn pairs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.0.iter().map(|(s, e)| (*s, *e))
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn total(&self) -> u64 {
+        self.pairs().map(|(s, e)| e - s).sum()
+    }
+
+    /// Adds [start, end), merging what it overlaps or touches.
+    pub(super) fn insert(&mut self, mut start: u64, mut end: u64) {
+        if start >= end {
+            return;
+        }
+        if let Some((&s, &e)) = self.0.range(..=start).next_back() {
+            if e >= start {
+                start = s;
+                end = end.max(e);
+            }
+        }
+        let inside: Vec<(u64, u64)> = self.0.range(start..=end).map(|(s, e)| (*s, *e)).collect();
+        for (s, e) in inside {
+            end = end.max(e);
+            self.0.remove(&s);
+        }
+        self.0.insert(start, end);
+    }
+
+    /// Drops everything at or past `len`.
+    pub(super) fn truncate(&mut self, len: u64) {
+        let past: Vec<u64> = self.0.range(len..).map(|(s, _)| *s).collect();
+        for s in past {
+            self.0.remove(&s);
+        }
+        if let Some((_, e)) = self.0.range_mut(..len).next_back() {
+            *e = (*e).min(len);
+        }
+    }
+
+    /// The run holding `pos`, or the start of the next one.
+    fn at(&self, pos: u64) -> std::result::Result<u64, Option<u64>> {
+        match self.0.range(..=pos).next_back() {
+            Some((_, &e)) if e > pos => Ok(e),
+            _ => Err(self.0.range(pos..).next().map(|(s, _)| *s)),
+        }
+    }
+
+    /// [start, end) cut where ownership changes: (from, to, own), with
+    /// everything from `base_len` on owned.
+    pub(super) fn pieces(&self, start: u64, end: u64, base_len: u64) -> Vec<(u64, u64, bool)> {
+        let mut out = Vec::new();
+        let mut pos = start;
+        while pos < end {
+            if pos >= base_len {
+                out.push((pos, end, true));
+                break;
+            }
+            let (to, own) = match self.at(pos) {
+                Ok(run_end) => (run_end.min(end), true),
+                Err(next) => (next.unwrap_or(u64::MAX).min(base_len).min(end), false),
+            };
+            out.push((pos, to, own));
+            pos = to;
+        }
+        out
+    }
+}
+
+/// What a patch mark adds to a file's mark.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct PatchMeta {
+    pub base_len: u64,
+    pub own: Runs,
+}
+
+/// A clone's file with bytes of its own and its base's elsewhere, while
+/// the daemon knows it (one per inode: every write goes through it).
+pub(in crate::vfs) struct Patched {
+    /// The backing file, open for reading and writing by the daemon.
+    fd: OwnedFd,
+    history: Arc<History>,
+    /// The base (the mark without its patch).
+    mark: Mark,
+    /// Moves with every change to the bytes: a reader of this file as
+    /// another clone's base reads history instead once it has moved.
+    generation: AtomicU64,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// The file's size (every change to it goes through here).
+    size: u64,
+    base_len: u64,
+    own: Runs,
+    /// The mark on disk lags `own`/`base_len`.
+    dirty: bool,
+    /// Materialised: all bytes are the file's own and the mark is gone.
+    done: bool,
+    base: Reader,
+}
+
+impl Patched {
+    pub(in crate::vfs) fn size(&self) -> u64 {
+        self.state.lock().size
+    }
+
+    pub(in crate::vfs) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Reads as the file shows: its own bytes, and its base's elsewhere.
+    pub(in crate::vfs) fn read(&self, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; size as usize];
+        let n = self.read_into(&mut buf, offset)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// [`Patched::read`] into `buf`; returns the bytes read (short only
+    /// at the end of the file).
+    pub(in crate::vfs) fn read_into(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let mut st = self.state.lock();
+        self.read_locked(&mut st, buf, offset)
+    }
+
+    fn read_locked(&self, st: &mut State, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let end = offset.saturating_add(buf.len() as u64).min(st.size);
+        if offset >= end {
+            return Ok(0);
+        }
+        let n = (end - offset) as usize;
+        for (from, to, own) in st.own.pieces(offset, end, st.base_len) {
+            let out = &mut buf[(from - offset) as usize..(to - offset) as usize];
+            let got = if own {
+                sys::pread(self.fd.as_fd(), out, from)?
+            } else {
+                read_base_into(&self.history, &mut st.base, out, from)?
+            };
+            // Short only past an end (a base cut by a crash): zeros.
+            out[got..].fill(0);
+        }
+        Ok(n)
+    }
+
+    fn read_vec(&self, st: &mut State, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        let n = self.read_locked(st, &mut buf, offset)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset` as `who`; the blocks it touches below
+    /// `base_len` become the file's own, completed with the bytes shown
+    /// there before.
+    pub(in crate::vfs) fn write(&self, who: &Caller, offset: u64, data: &[u8]) -> Result<usize> {
+        let mut st = self.state.lock();
+        let end = offset + data.len() as u64;
+        self.changed();
+        if st.done {
+            creds::as_caller(who, || write_all(self.fd.as_fd(), data, offset))?;
+            st.size = st.size.max(end);
+            return Ok(data.len());
+        }
+        let (start, stop) = if offset < st.base_len {
+            let whole = end.div_ceil(BLOCK) * BLOCK;
+            (offset / BLOCK * BLOCK, whole.min(st.base_len).max(end))
+        } else {
+            (offset, end)
+        };
+        let mut buf = self.read_vec(&mut st, start, offset - start)?;
+        buf.extend_from_slice(data);
+        if stop > end {
+            buf.extend(self.read_vec(&mut st, end, stop - end)?);
+        }
+        creds::as_caller(who, || write_all(self.fd.as_fd(), &buf, start))?;
+        st.size = st.size.max(end);
+        if start < st.base_len {
+            let to = stop.min(st.base_len);
+            st.own.insert(start, to);
+            st.dirty = true;
+        }
+        Ok(data.len())
+    }
+
+    /// After the backing file was truncated to `size`: the base no longer
+    /// shows past it, even if the file grows again.
+    pub(in crate::vfs) fn truncated(&self, size: u64) {
+        let mut st = self.state.lock();
+        self.changed();
+        st.size = size;
+        if size < st.base_len {
+            st.base_len = size;
+            st.own.truncate(size);
+            st.dirty = true;
+        }
+    }
+
+    /// SEEK_DATA/SEEK_HOLE: all of it is data (the holes of the backing
+    /// file are the base's bytes).
+    pub(in crate::vfs) fn lseek(&self, offset: i64, whence: i32) -> Result<i64> {
+        let size = self.state.lock().size as i64;
+        match whence {
+            libc::SEEK_DATA if offset < size => Ok(offset),
+            libc::SEEK_HOLE if offset < size => Ok(size),
+            libc::SEEK_DATA | libc::SEEK_HOLE => Err(errno(libc::ENXIO)),
+            _ => Err(errno(libc::EINVAL)),
+        }
+    }
+
+    /// Whether enough is the file's own that it should stop sharing.
+    pub(in crate::vfs) fn abundant(&self) -> bool {
+        let st = self.state.lock();
+        !st.done && (st.own.count() > MAX_RUNS || st.own.total() * 2 >= st.base_len)
+    }
+
+    /// Writes the mark for what the file owns now, once the bytes it
+    /// claims are on disk; `durable`: the mark too (fsync(2)).
+    pub(in crate::vfs) fn persist(&self, ns: XattrNs, durable: bool) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.dirty && !st.done {
+            sys::fsync(self.fd.as_fd(), true)?;
+            let mut mark = self.mark.clone();
+            mark.patch = Some(PatchMeta {
+                base_len: st.base_len,
+                own: st.own.clone(),
+            });
+            sys::setxattr_fd(self.fd.as_fd(), ns.clone_mark(), &mark.encode(), 0)?;
+            st.dirty = false;
+        }
+        if durable {
+            sys::fsync(self.fd.as_fd(), false)?;
+        }
+        Ok(())
+    }
+
+    /// Copies in every byte still shared and syncs them: the caller then
+    /// removes the mark. Writes meanwhile wait.
+    fn fill_all(&self, ns: XattrNs) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.done {
+            return Ok(());
+        }
+        self.changed();
+        let base_len = st.base_len;
+        let mut buf = vec![0u8; COPY_STEP as usize];
+        for (from, to, own) in st.own.pieces(0, base_len, base_len) {
+            let mut pos = from;
+            while !own && pos < to {
+                let step = (to - pos).min(COPY_STEP) as usize;
+                let got = read_base_into(&self.history, &mut st.base, &mut buf[..step], pos)?;
+                if got != step {
+                    tracing::error!("a clone's base is shorter than its mark says");
+                    return Err(errno(libc::EIO));
+                }
+                write_all(self.fd.as_fd(), &buf[..step], pos)?;
+                pos += step as u64;
+            }
+        }
+        sys::fsync(self.fd.as_fd(), false)?;
+        sys::removexattr_fd(self.fd.as_fd(), ns.clone_mark())?;
+        st.own = Runs::default();
+        st.own.insert(0, base_len);
+        st.done = true;
+        Ok(())
+    }
+}
+
+/// Fills `buf` from `base` at `offset`; returns the bytes read (short
+/// only at its end).
+fn read_base_into(h: &History, base: &mut Reader, buf: &mut [u8], offset: u64) -> Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = read_reader_into(h, base, &mut buf[done..], offset + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(done)
+}
+
+fn write_all(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        done += sys::pwrite(fd, &buf[done..], offset + done as u64)?;
+    }
+    Ok(())
+}
+
+/// What capture reads of a clone's file: its base's bytes wherever it
+/// has none of its own (the backing file has holes there).
+struct CloneContent {
+    fd: OwnedFd,
+    ns: XattrNs,
+    bytes: Bytes,
+}
+
+enum Bytes {
+    Base {
+        history: Arc<History>,
+        reader: Mutex<Reader>,
+    },
+    Patched(Arc<Patched>),
+}
+
+impl Readable for CloneContent {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+        let got = match &self.bytes {
+            Bytes::Base { history, reader } => {
+                read_base_into(history, &mut reader.lock(), buf, off)
+            }
+            Bytes::Patched(p) => p.read_into(buf, off),
+        }
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        Ok(got)
+    }
+
+    fn data_ranges(&self, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+        Ok(vec![(0, size)])
+    }
+
+    fn xattrs(&self) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mark = self.ns.clone_mark().to_bytes();
+        let mut all = sys::xattrs_of(self.fd.as_fd())?;
+        all.retain(|(name, _)| name.as_slice() != mark);
+        Ok(all)
+    }
+}
+
+impl Vfs {
+    /// What capture reads for inode `ino` (backing object `fd`) if it is
+    /// a clone's file that shares bytes with its base.
+    pub(in crate::vfs) fn clone_content(
+        &self,
+        ino: InodeNo,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Option<Box<dyn Readable>>> {
+        if !self.clones_on() || sys::fstat(fd)?.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(None);
+        }
+        let Some(mark) = self.read_mark(fd)? else {
+            return Ok(None);
+        };
+        let bytes = match self.patched_of_fd(ino, fd)? {
+            Some(p) => Bytes::Patched(p),
+            None => Bytes::Base {
+                history: self
+                    .capture()
+                    .ok_or(super::VfsError::NoHistory)?
+                    .history()
+                    .clone(),
+                reader: Mutex::new(self.base_reader(mark.at, &mark.path)?),
+            },
+        };
+        let fd = sys::reopen(fd, libc::O_RDONLY)?;
+        Ok(Some(Box::new(CloneContent {
+            fd,
+            ns: self.clone_ns(),
+            bytes,
+        })))
+    }
+
+    /// The patched file behind inode `ino` (backing object `fd`), if its
+    /// mark is a patch mark.
+    pub(in crate::vfs) fn patched_of_fd(
+        &self,
+        ino: InodeNo,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Option<Arc<Patched>>> {
+        if let Some(p) = self.clones.patched.lock().get(&ino) {
+            return Ok(Some(p.clone()));
+        }
+        let Some(mut mark) = self.read_mark(fd)? else {
+            return Ok(None);
+        };
+        let Some(meta) = mark.patch.take() else {
+            return Ok(None);
+        };
+        let size = sys::fstat(fd)?.st_size as u64;
+        let history = self.capture().ok_or(super::VfsError::NoHistory)?.history();
+        let p = Arc::new(Patched {
+            fd: sys::reopen(fd, libc::O_RDWR)?,
+            history: history.clone(),
+            generation: AtomicU64::new(0),
+            state: Mutex::new(State {
+                size,
+                // A crash after a truncation reached the disk but before
+                // its mark did.
+                base_len: meta.base_len.min(size),
+                own: meta.own,
+                dirty: false,
+                done: false,
+                base: self.base_reader(mark.at, &mark.path)?,
+            }),
+            mark,
+        });
+        // Made without the table's lock (its base may be patched too); the
+        // first one made serves.
+        let p = self.clones.patched.lock().entry(ino).or_insert(p).clone();
+        Ok(Some(p))
+    }
+
+    /// The patched file `node` is, if it is one.
+    pub(in crate::vfs) fn patched(
+        &self,
+        node: &super::inodes::Node,
+    ) -> Result<Option<Arc<Patched>>> {
+        if !self.clones_on() || node.kind != libc::S_IFREG || node.inode.known_unmarked() {
+            return Ok(None);
+        }
+        self.patched_of_fd(node.ino, node.fd())
+    }
+
+    /// The patched file an open handle reads and writes, if it is one.
+    pub(in crate::vfs) fn patched_handle(&self, fh: u64) -> Result<Option<Arc<Patched>>> {
+        if !self.clones_on() {
+            return Ok(None);
+        }
+        let ino = self.handles.get(fh)?.ino();
+        self.patched(&self.node(ino)?)
+    }
+
+    /// Before a change to `node`: a clone's file that still reads all of
+    /// its base becomes a patched file (its bytes stay shared), or, if it
+    /// is small or in a union, gets its own bytes at once.
+    pub(in crate::vfs) fn before_clone_change(&self, node: &super::inodes::Node) -> Result<()> {
+        let Some(mark) = self.base_of_file(node)? else {
+            return Ok(());
+        };
+        let size = sys::fstat(node.fd())?.st_size as u64;
+        if size < PATCH_MIN || self.union().is_some() {
+            return self.materialise(node);
+        }
+        let _one = self.clones.busy.lock();
+        if self.base_of_file(node)?.is_none() {
+            return Ok(());
+        }
+        let mut patched = mark;
+        patched.patch = Some(PatchMeta {
+            base_len: size,
+            own: Runs::default(),
+        });
+        // Nothing is the file's own yet: the mark needs no sync.
+        sys::setxattr_fd(
+            node.fd(),
+            self.clone_ns().clone_mark(),
+            &patched.encode(),
+            0,
+        )?;
+        // Handles opened on the base now read through the patch.
+        self.clones
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Gives a patched file all its bytes and drops its mark.
+    pub(in crate::vfs) fn materialise_patched(&self, node: &super::inodes::Node) -> Result<()> {
+        let Some(p) = self.patched(node)? else {
+            return Ok(());
+        };
+        let times = sys::fstat(node.fd())?;
+        p.fill_all(self.clone_ns())?;
+        node.inode.set_unmarked();
+        self.clones.patched.lock().remove(&node.ino);
+        super::clone::keep_times(node.fd(), &times)
+    }
+
+    /// At a writer's close or fsync: the mark catches up with the bytes,
+    /// or a file changed enough stops sharing.
+    pub(in crate::vfs) fn settle_patched(&self, fh: u64, durable: bool) -> Result<()> {
+        let Some(p) = self.patched_handle(fh)? else {
+            return Ok(());
+        };
+        if p.abundant() {
+            let node = self.node(self.handles.get(fh)?.ino())?;
+            return self.materialise_patched(&node);
+        }
+        p.persist(self.clone_ns(), durable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(r: &Runs) -> Vec<(u64, u64)> {
+        r.pairs().collect()
+    }
+
+    #[test]
+    fn runs_merge_what_they_touch_and_truncate_cuts() {
+        let mut r = Runs::default();
+        r.insert(4096, 8192);
+        r.insert(0, 100);
+        r.insert(12288, 16384);
+        assert_eq!(runs(&r), [(0, 100), (4096, 8192), (12288, 16384)]);
+        r.insert(8192, 12288);
+        assert_eq!(runs(&r), [(0, 100), (4096, 16384)]);
+        r.insert(50, 5000);
+        assert_eq!(runs(&r), [(0, 16384)]);
+        r.truncate(10000);
+        assert_eq!(runs(&r), [(0, 10000)]);
+        r.truncate(0);
+        assert_eq!(runs(&r), []);
+        assert_eq!(
+            Runs::from_pairs(&[(5, 9), (1, 3)]),
+            Err("runs out of order".into())
+        );
+        assert_eq!(Runs::from_pairs(&[(1, 1)]), Err("runs out of order".into()));
+    }
+
+    #[test]
+    fn pieces_split_own_and_base_and_own_everything_past_base_len() {
+        let r = Runs::from_pairs(&[(10, 20), (30, 40)]).unwrap_or_default();
+        assert_eq!(
+            r.pieces(0, 60, 50),
+            [
+                (0, 10, false),
+                (10, 20, true),
+                (20, 30, false),
+                (30, 40, true),
+                (40, 50, false),
+                (50, 60, true)
+            ]
+        );
+        assert_eq!(
+            r.pieces(15, 35, 50),
+            [(15, 20, true), (20, 30, false), (30, 35, true)]
+        );
+        assert_eq!(
+            r.pieces(0, 25, 12),
+            [(0, 10, false), (10, 12, true), (12, 25, true)]
+        );
+        assert_eq!(r.pieces(5, 5, 50), []);
+    }
+}
