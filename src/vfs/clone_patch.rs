@@ -605,7 +605,7 @@ mod tests {
         );
         assert_eq!(
             r.pieces(0, 25, 12),
-            [(0, 10, false), (10, 12, true), (12, 25, true)]
+            [(0, 10, false), (10, 20, true), (20, 25, true)]
         );
         assert_eq!(r.pieces(5, 5, 50), []);
     }
