@@ -652,3 +652,89 @@ fn a_template_of_a_past_state_and_the_plain_listings() {
         "{listing}"
     );
 }
+
+/// Blocks (512 B) the backing file of mount path `rel` has on disk.
+fn backing_blocks(m: &Mount, rel: &str) -> u64 {
+    fs::metadata(m.src.join(rel)).unwrap().blocks()
+}
+
+fn write_at(p: &Path, off: u64, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new().write(true).open(p).unwrap();
+    f.write_all_at(data, off).unwrap();
+}
+
+/// Copy-on-abundant-write: a small write to a large cloned file copies
+/// one block, not the file; the rest still reads from the base, through
+/// chains of clones of clones, across remounts and kill -9, and in the
+/// past; truncation hides the base's bytes for good; a file written
+/// half over gets its own bytes at its writer's close.
+#[test]
+fn a_small_write_to_a_cloned_file_copies_one_block() {
+    const LEN: usize = (4 << 20) + 123;
+    let m0 = Mount::new_with("", |src| {
+        fs::create_dir_all(src.join("t")).unwrap();
+        fs::write(src.join("t/big"), pattern(LEN, 7)).unwrap();
+    });
+    let mut m = m0;
+    let mut want = pattern(LEN, 7);
+    let mut prev = "t".to_string();
+    for k in 1..=4u8 {
+        let c = format!("c{k}");
+        succeeded(clone(&m.p(&prev), &m.p(&c)));
+        let stamp = [b'0' + k; 16];
+        write_at(&m.p(&format!("{c}/big")), 4096 + u64::from(k) * 100, &stamp);
+        let at = 4096 + usize::from(k) * 100;
+        want[at..at + 16].copy_from_slice(&stamp);
+        assert_eq!(fs::read(m.p(&format!("{c}/big"))).unwrap(), want, "{c}");
+        // One block of its own (the file system may allocate a little
+        // more), not 4 MiB.
+        let blocks = backing_blocks(&m, &format!("{c}/big"));
+        assert!(blocks * 512 <= 64 << 10, "{c}: {} KiB on disk", blocks / 2);
+        prev = c;
+    }
+    assert_eq!(fs::read(m.p("t/big")).unwrap(), pattern(LEN, 7));
+    let mut c2 = pattern(LEN, 7);
+    for k in 1..=2u8 {
+        let at = 4096 + usize::from(k) * 100;
+        c2[at..at + 16].copy_from_slice(&[b'0' + k; 16]);
+    }
+    assert_eq!(fs::read(m.p("c2/big")).unwrap(), c2);
+    // The past: c4's file before its write is c3's.
+    let versions = fs::read_dir(m.p(".history")).unwrap().count();
+    assert!(versions > 0);
+    assert_eq!(fs::read(m.p("c4/big;1")).unwrap()[..8192], {
+        let mut c3 = c2.clone();
+        c3[4396..4412].copy_from_slice(&[b'3'; 16]);
+        c3
+    }[..8192]);
+    // What the close made durable survives kill -9 and a remount.
+    m.kill9();
+    m.start();
+    assert_eq!(fs::read(m.p("c4/big")).unwrap(), want);
+    assert_eq!(fs::read(m.p("c2/big")).unwrap(), c2);
+    // Cut below a written block and grown again: zeros, not the base.
+    let f = fs::OpenOptions::new().write(true).open(m.p("c4/big")).unwrap();
+    f.set_len(5000).unwrap();
+    f.set_len(300_000).unwrap();
+    drop(f);
+    let got = fs::read(m.p("c4/big")).unwrap();
+    assert_eq!(got.len(), 300_000);
+    assert_eq!(got[..5000], want[..5000]);
+    assert!(got[5000..].iter().all(|b| *b == 0), "the base shows again");
+    m.remount();
+    assert_eq!(fs::read(m.p("c4/big")).unwrap(), got);
+    assert_eq!(fs::read(m.p("c3/big")).unwrap()[4396..4412], [b'3'; 16]);
+    // Written half over: the close gives it all its bytes.
+    let half = pattern(LEN / 2 + 8192, 9);
+    write_at(&m.p("c3/big"), 0, &half);
+    let mut c3 = fs::read(m.p("c2/big")).unwrap();
+    c3[4396..4412].copy_from_slice(&[b'3'; 16]);
+    c3[..half.len()].copy_from_slice(&half);
+    assert_eq!(fs::read(m.p("c3/big")).unwrap(), c3);
+    let blocks = backing_blocks(&m, "c3/big");
+    assert!(blocks * 512 >= LEN as u64, "c3 still shares: {blocks} blocks");
+    m.remount();
+    assert_eq!(fs::read(m.p("c3/big")).unwrap(), c3);
+    assert_eq!(fs::read(m.p("c2/big")).unwrap(), c2);
+}

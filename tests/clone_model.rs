@@ -120,9 +120,10 @@ fn source() -> BoxedStrategy<Side> {
     Just(Side::Src).boxed()
 }
 
-/// File sizes of the tree that is cloned: 0-64 KiB.
+/// File sizes of the tree that is cloned: 0-64 KiB, and some larger
+/// ones, which a write patches rather than copies (`PATCH_MIN`).
 fn fill_len() -> impl Strategy<Value = usize> {
-    prop_oneof![3 => 0usize..300, 2 => 0usize..=65_536]
+    prop_oneof![3 => 0usize..300, 2 => 0usize..=65_536, 1 => 65_536usize..=160_000]
 }
 
 /// What one of `LEAVES` is in the tree that is cloned.

@@ -23,7 +23,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::Weak;
 
 use super::clone_patch::{PatchMeta, Patched, Runs};
 use super::inodes::Node;
@@ -203,7 +203,9 @@ pub(super) struct Clones {
     /// base knows its file still shows all of it while this has not moved.
     pub(super) epoch: std::sync::atomic::AtomicU64,
     /// Patched files the daemon has met (`clone_patch`).
-    pub(super) patched: parking_lot::Mutex<HashMap<InodeNo, Arc<Patched>>>,
+    /// Patched files in use (`clone_patch`): at most one per inode while
+    /// anything holds it, gone (its descriptors closed) when nothing does.
+    pub(super) patched: parking_lot::Mutex<HashMap<InodeNo, Weak<Patched>>>,
 }
 
 impl Vfs {

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -146,6 +146,7 @@ pub(in crate::vfs) struct Patched {
     /// The backing file, open for reading and writing by the daemon.
     fd: OwnedFd,
     history: Arc<History>,
+    ns: XattrNs,
     /// The base (the mark without its patch).
     mark: Mark,
     /// Moves with every change to the bytes: a reader of this file as
@@ -169,6 +170,10 @@ struct State {
 impl Patched {
     pub(in crate::vfs) fn size(&self) -> u64 {
         self.state.lock().size
+    }
+
+    pub(in crate::vfs) fn is_done(&self) -> bool {
+        self.state.lock().done
     }
 
     pub(in crate::vfs) fn generation(&self) -> u64 {
@@ -286,7 +291,8 @@ impl Patched {
 
     /// Writes the mark for what the file owns now, once the bytes it
     /// claims are on disk; `durable`: the mark too (fsync(2)).
-    pub(in crate::vfs) fn persist(&self, ns: XattrNs, durable: bool) -> Result<()> {
+    pub(in crate::vfs) fn persist(&self, durable: bool) -> Result<()> {
+        let ns = self.ns;
         let mut st = self.state.lock();
         if st.dirty && !st.done {
             sys::fsync(self.fd.as_fd(), true)?;
@@ -306,7 +312,8 @@ impl Patched {
 
     /// Copies in every byte still shared and syncs them: the caller then
     /// removes the mark. Writes meanwhile wait.
-    fn fill_all(&self, ns: XattrNs) -> Result<()> {
+    fn fill_all(&self) -> Result<()> {
+        let ns = self.ns;
         let mut st = self.state.lock();
         if st.done {
             return Ok(());
@@ -338,6 +345,16 @@ impl Patched {
 
 /// Fills `buf` from `base` at `offset`; returns the bytes read (short
 /// only at its end).
+impl Drop for Patched {
+    /// The last user is gone (a truncation by path, or writes through a
+    /// mapping after the last close): the mark catches up.
+    fn drop(&mut self) {
+        if let Err(e) = self.persist(false) {
+            tracing::warn!("a clone file's patch mark could not be written: {e}");
+        }
+    }
+}
+
 fn read_base_into(h: &History, base: &mut Reader, buf: &mut [u8], offset: u64) -> Result<usize> {
     let mut done = 0;
     while done < buf.len() {
@@ -442,8 +459,8 @@ impl Vfs {
         ino: InodeNo,
         fd: BorrowedFd<'_>,
     ) -> Result<Option<Arc<Patched>>> {
-        if let Some(p) = self.clones.patched.lock().get(&ino) {
-            return Ok(Some(p.clone()));
+        if let Some(p) = self.clones.patched.lock().get(&ino).and_then(Weak::upgrade) {
+            return Ok(Some(p));
         }
         let Some(mut mark) = self.read_mark(fd)? else {
             return Ok(None);
@@ -456,6 +473,7 @@ impl Vfs {
         let p = Arc::new(Patched {
             fd: sys::reopen(fd, libc::O_RDWR)?,
             history: history.clone(),
+            ns: self.clone_ns(),
             generation: AtomicU64::new(0),
             state: Mutex::new(State {
                 size,
@@ -471,7 +489,14 @@ impl Vfs {
         });
         // Made without the table's lock (its base may be patched too); the
         // first one made serves.
-        let p = self.clones.patched.lock().entry(ino).or_insert(p).clone();
+        let mut known = self.clones.patched.lock();
+        if let Some(first) = known.get(&ino).and_then(Weak::upgrade) {
+            return Ok(Some(first));
+        }
+        if known.len() >= 256 {
+            known.retain(|_, w| w.strong_count() > 0);
+        }
+        known.insert(ino, Arc::downgrade(&p));
         Ok(Some(p))
     }
 
@@ -491,8 +516,16 @@ impl Vfs {
         if !self.clones_on() {
             return Ok(None);
         }
-        let ino = self.handles.get(fh)?.ino();
-        self.patched(&self.node(ino)?)
+        let handle = self.handles.get(fh)?;
+        let p = match &*handle {
+            super::inodes::Handle::File {
+                patched: Some(p), ..
+            } => Some(p.clone()),
+            // Opened before the file was patched.
+            _ => self.patched(&self.node(handle.ino())?)?,
+        };
+        // Once it has all its bytes, its descriptor serves as any file's.
+        Ok(p.filter(|p| !p.is_done()))
     }
 
     /// Before a change to `node`: a clone's file that still reads all of
@@ -535,7 +568,7 @@ impl Vfs {
             return Ok(());
         };
         let times = sys::fstat(node.fd())?;
-        p.fill_all(self.clone_ns())?;
+        p.fill_all()?;
         node.inode.set_unmarked();
         self.clones.patched.lock().remove(&node.ino);
         super::clone::keep_times(node.fd(), &times)
@@ -551,7 +584,7 @@ impl Vfs {
             let node = self.node(self.handles.get(fh)?.ino())?;
             return self.materialise_patched(&node);
         }
-        p.persist(self.clone_ns(), durable)
+        p.persist(durable)
     }
 }
 

@@ -167,6 +167,7 @@ impl Vfs {
             writes: writes(flags),
             branch: inode.key.branch,
             base,
+            patched: patched.clone(),
         });
         Ok(Opened {
             fh,
@@ -425,6 +426,7 @@ impl Vfs {
             writes: writing,
             branch: inode.key.branch,
             base: None,
+            patched: None,
         });
         let entry = Entry {
             attr: Attr { ino: inode.ino, st },

@@ -1084,6 +1084,9 @@ pub enum Handle {
         /// reads go to while the mark stays, and the materialisation
         /// count when it was opened (`vfs/clone.rs`).
         base: Option<(u64, u64)>,
+        /// A clone's file with bytes of its own and its base's, opened as
+        /// one (`vfs/clone_patch.rs`): kept while the handle is open.
+        patched: Option<std::sync::Arc<super::clone_patch::Patched>>,
     },
     Dir {
         ino: InodeNo,
@@ -1427,6 +1430,7 @@ mod tests {
             },
             session: SessionMark::default(),
             writes: true,
+            patched: None,
             branch: 0,
             base: None,
         }
