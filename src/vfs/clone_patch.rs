@@ -471,7 +471,9 @@ impl Vfs {
         let size = sys::fstat(fd)?.st_size as u64;
         let history = self.capture().ok_or(super::VfsError::NoHistory)?.history();
         let p = Arc::new(Patched {
-            fd: sys::reopen(fd, libc::O_RDWR)?,
+            // A daemon that is not root may not write a read-only file:
+            // then nothing writes it through the mount either.
+            fd: sys::reopen(fd, libc::O_RDWR).or_else(|_| sys::reopen(fd, libc::O_RDONLY))?,
             history: history.clone(),
             ns: self.clone_ns(),
             generation: AtomicU64::new(0),
