@@ -152,6 +152,8 @@ pub(in crate::vfs) struct Patched {
     /// Moves with every change to the bytes: a reader of this file as
     /// another clone's base reads history instead once it has moved.
     generation: AtomicU64,
+    /// A thread is copying the rest in (`fill_in_background`).
+    filling: std::sync::atomic::AtomicBool,
     state: Mutex<State>,
 }
 
@@ -286,7 +288,7 @@ impl Patched {
     /// Whether enough is the file's own that it should stop sharing.
     pub(in crate::vfs) fn abundant(&self) -> bool {
         let st = self.state.lock();
-        !st.done && (st.own.count() > MAX_RUNS || st.own.total() * 2 >= st.base_len)
+        !st.done && st.own.total() * 2 >= st.base_len
     }
 
     /// Writes the mark for what the file owns now, once the bytes it
@@ -294,6 +296,9 @@ impl Patched {
     pub(in crate::vfs) fn persist(&self, durable: bool) -> Result<()> {
         let ns = self.ns;
         let mut st = self.state.lock();
+        if st.dirty && !st.done && st.own.count() > MAX_RUNS {
+            return Err(errno(libc::E2BIG));
+        }
         if st.dirty && !st.done {
             sys::fsync(self.fd.as_fd(), true)?;
             let mut mark = self.mark.clone();
@@ -310,49 +315,91 @@ impl Patched {
         Ok(())
     }
 
-    /// Copies in every byte still shared and syncs them: the caller then
-    /// removes the mark. Writes meanwhile wait.
+    /// Copies in every byte still shared, a step at a time (writes and
+    /// reads go on between steps), syncs them and removes the mark. The
+    /// bytes the file shows do not change, so readers of it as a base
+    /// are not told.
     fn fill_all(&self) -> Result<()> {
-        let ns = self.ns;
+        let mut buf = vec![0u8; COPY_STEP as usize];
+        loop {
+            let mut st = self.state.lock();
+            if st.done {
+                return Ok(());
+            }
+            let base_len = st.base_len;
+            let next = st
+                .own
+                .pieces(0, base_len, base_len)
+                .into_iter()
+                .find(|(_, _, own)| !own);
+            let Some((from, to, _)) = next else {
+                break;
+            };
+            let step = (to - from).min(COPY_STEP) as usize;
+            let got = read_base_into(&self.history, &mut st.base, &mut buf[..step], from)?;
+            if got != step {
+                tracing::error!("a clone's base is shorter than its mark says");
+                return Err(errno(libc::EIO));
+            }
+            write_all(self.fd.as_fd(), &buf[..step], from)?;
+            st.own.insert(from, from + step as u64);
+        }
         let mut st = self.state.lock();
         if st.done {
             return Ok(());
         }
-        self.changed();
-        let base_len = st.base_len;
-        let mut buf = vec![0u8; COPY_STEP as usize];
-        for (from, to, own) in st.own.pieces(0, base_len, base_len) {
-            let mut pos = from;
-            while !own && pos < to {
-                let step = (to - pos).min(COPY_STEP) as usize;
-                let got = read_base_into(&self.history, &mut st.base, &mut buf[..step], pos)?;
-                if got != step {
-                    tracing::error!("a clone's base is shorter than its mark says");
-                    return Err(errno(libc::EIO));
-                }
-                write_all(self.fd.as_fd(), &buf[..step], pos)?;
-                pos += step as u64;
-            }
-        }
         sys::fsync(self.fd.as_fd(), false)?;
-        sys::removexattr_fd(self.fd.as_fd(), ns.clone_mark())?;
-        st.own = Runs::default();
-        st.own.insert(0, base_len);
+        sys::removexattr_fd(self.fd.as_fd(), self.ns.clone_mark())?;
         st.done = true;
         Ok(())
     }
+
+    /// [`Patched::fill_all`] on a thread of its own, keeping the file's
+    /// times unless the user changed it meanwhile.
+    fn fill_in_background(self: &Arc<Self>) {
+        if self.filling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let p = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("clone-fill".into())
+            .spawn(move || {
+                let before = sys::fstat(p.fd.as_fd());
+                let generation = p.generation();
+                if let Err(e) = p.fill_all() {
+                    tracing::warn!("a clone file could not get its own bytes: {e}");
+                    return;
+                }
+                if let Some(st) = before.ok().filter(|_| p.generation() == generation) {
+                    if let Err(e) = super::clone::keep_times(p.fd.as_fd(), &st) {
+                        tracing::debug!("a materialised clone file's times: {e}");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to materialise a clone file: {e}");
+        }
+    }
 }
 
-/// Fills `buf` from `base` at `offset`; returns the bytes read (short
-/// only at its end).
 impl Drop for Patched {
     /// The last user is gone (a truncation by path, or writes through a
     /// mapping after the last close): the mark catches up.
     fn drop(&mut self) {
-        if let Err(e) = self.persist(false) {
+        let kept = match self.persist(false) {
+            Err(e) if mark_too_big(&e) => self.fill_all(),
+            other => other,
+        };
+        if let Err(e) = kept {
             tracing::warn!("a clone file's patch mark could not be written: {e}");
         }
     }
+}
+
+/// The runs do not fit a mark (too many for `MAX_RUNS`, or for the
+/// xattr space the file system gives).
+fn mark_too_big(e: &super::VfsError) -> bool {
+    [libc::E2BIG, libc::ENOSPC, libc::ERANGE].contains(&e.errno())
 }
 
 fn read_base_into(h: &History, base: &mut Reader, buf: &mut [u8], offset: u64) -> Result<usize> {
@@ -477,6 +524,7 @@ impl Vfs {
             history: history.clone(),
             ns: self.clone_ns(),
             generation: AtomicU64::new(0),
+            filling: Default::default(),
             state: Mutex::new(State {
                 size,
                 // A crash after a truncation reached the disk but before
@@ -577,16 +625,24 @@ impl Vfs {
     }
 
     /// At a writer's close or fsync: the mark catches up with the bytes,
-    /// or a file changed enough stops sharing.
+    /// or a file changed enough starts copying the rest in.
     pub(in crate::vfs) fn settle_patched(&self, fh: u64, durable: bool) -> Result<()> {
         let Some(p) = self.patched_handle(fh)? else {
             return Ok(());
         };
-        if p.abundant() {
-            let node = self.node(self.handles.get(fh)?.ino())?;
-            return self.materialise_patched(&node);
+        match p.persist(durable) {
+            Ok(()) if p.abundant() => p.fill_in_background(),
+            Ok(()) => {}
+            // More runs than a mark holds: the file gets all its bytes
+            // now (in the background, an exit could lose the writes the
+            // mark does not list).
+            Err(e) if mark_too_big(&e) => {
+                let node = self.node(self.handles.get(fh)?.ino())?;
+                self.materialise_patched(&node)?;
+            }
+            Err(e) => return Err(e),
         }
-        p.persist(durable)
+        Ok(())
     }
 }
 

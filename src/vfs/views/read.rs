@@ -464,9 +464,12 @@ pub(in crate::vfs) fn read_reader_into(
     offset: u64,
 ) -> Result<usize> {
     if let ReadFrom::Patched { file, generation } = &r.source {
-        if file.generation() == *generation {
+        // Once materialised, its writes no longer go through it.
+        let same =
+            |f: &crate::vfs::clone_patch::Patched| f.generation() == *generation && !f.is_done();
+        if same(file) {
             let n = file.read_into(buf, offset)?;
-            if file.generation() == *generation {
+            if same(file) {
                 return Ok(n);
             }
         }
