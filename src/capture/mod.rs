@@ -614,6 +614,30 @@ impl Capture {
     }
 
     fn baseline(&self, tree: &dyn Tree, obj: ObjectId, st: &Stat) -> Result<()> {
+        self.baseline_with(tree, obj, st, None)
+    }
+
+    /// A clone's file about to change for the first time, whose bytes
+    /// are still its base's `content` (`vfs/clone_patch.rs`): its state
+    /// before is recorded from that, without reading the file.
+    pub fn baseline_as(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        st: &Stat,
+        content: Content,
+    ) -> Result<()> {
+        self.history.writable()?;
+        self.baseline_with(tree, obj, st, Some(content))
+    }
+
+    fn baseline_with(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        st: &Stat,
+        content: Option<Content>,
+    ) -> Result<()> {
         // A collection must not remove a chunk this build reuses.
         let _building = self.history.building();
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
@@ -629,7 +653,22 @@ impl Capture {
             self.baseline_dir(tree, parent, 0)?;
             self.push_parent_entry(&mut draft, (parent, name), obj, binding)?;
         }
-        let v = self.snapshot(tree, obj, st, Cause::Baseline, &Who::default())?;
+        let who = Who::default();
+        let v = match content {
+            Some(content) => Version {
+                time_ns: 0,
+                who: who.clone(),
+                cause: Cause::Baseline,
+                attrs: attrs_of(st),
+                content: match self.content_policy(obj, st, &who) {
+                    None => Content::Unrecorded,
+                    Some(_) => content,
+                },
+                xattrs: tree.xattrs(obj).unwrap_or_default(),
+                gone: false,
+            },
+            None => self.snapshot(tree, obj, st, Cause::Baseline, &who)?,
+        };
         draft.versions.push((obj, v));
         draft.bind.extend(binding);
         self.commit(draft)

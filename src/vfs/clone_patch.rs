@@ -29,7 +29,8 @@ use super::clone::Mark;
 use super::views::{read_reader_into, Reader};
 use super::{errno, Caller, InodeNo, Result, Vfs};
 use crate::capture::Readable;
-use crate::history::History;
+use crate::history::past::Node as PastNode;
+use crate::history::{Content, History};
 use crate::sys::{self, creds};
 use crate::union::format::XattrNs;
 
@@ -283,6 +284,12 @@ impl Patched {
             libc::SEEK_DATA | libc::SEEK_HOLE => Err(errno(libc::ENXIO)),
             _ => Err(errno(libc::EINVAL)),
         }
+    }
+
+    /// Bytes still read from the base.
+    fn shared(&self) -> u64 {
+        let st = self.state.lock();
+        st.base_len.saturating_sub(st.own.total())
     }
 
     /// Whether enough is the file's own that it should stop sharing.
@@ -609,7 +616,30 @@ impl Vfs {
         self.clones
             .epoch
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Ok(())
+        self.baseline_from_base(node, &patched)
+    }
+
+    /// History's record of a clone's file before its first change is its
+    /// base's content at the instant (when history holds it): no need to
+    /// read the file for it, which would cost the whole file for the
+    /// smallest write.
+    fn baseline_from_base(&self, node: &super::inodes::Node, mark: &Mark) -> Result<()> {
+        let Some(c) = self.capture() else {
+            return Ok(());
+        };
+        let base = self.with_past(|p| {
+            p.resolve(&mark.path, mark.at)
+                .map_err(super::views::past_err)
+        })?;
+        let Some(PastNode::Hist { v, .. }) = base else {
+            return Ok(());
+        };
+        if !matches!(v.content, Content::File { .. }) {
+            return Ok(());
+        }
+        let st = sys::fstat(node.fd())?;
+        let live = super::versioning::Live(self);
+        Ok(c.baseline_as(&live, node.ino.object(), &st, v.content)?)
     }
 
     /// Gives a patched file all its bytes and drops its mark.
@@ -631,6 +661,12 @@ impl Vfs {
             return Ok(());
         };
         match p.persist(durable) {
+            // Little left to copy (a file rewritten from its start): at
+            // once, so the file is plain when its writer's close returns.
+            Ok(()) if p.abundant() && p.shared() <= COPY_STEP => {
+                let node = self.node(self.handles.get(fh)?.ino())?;
+                self.materialise_patched(&node)?;
+            }
             Ok(()) if p.abundant() => p.fill_in_background(),
             Ok(()) => {}
             // More runs than a mark holds: the file gets all its bytes

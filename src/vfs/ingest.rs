@@ -111,7 +111,7 @@ impl Tree for Walk<'_> {
 
     fn xattrs(&self, obj: ObjectId) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         match self.fd(obj) {
-            Ok(fd) => sys::xattrs_of(fd),
+            Ok(fd) => super::versioning::recorded_xattrs(self.live.0, fd),
             Err(_) => self.live.xattrs(obj),
         }
     }

@@ -43,7 +43,7 @@ impl Tree for Live<'_> {
 
     fn xattrs(&self, obj: ObjectId) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
-        sys::xattrs_of(node.fd())
+        recorded_xattrs(self.0, node.fd())
     }
 
     fn parent_of(&self, obj: ObjectId) -> Option<(ObjectId, Vec<u8>)> {
@@ -83,6 +83,20 @@ pub(super) fn open_read_fd(
     let fd = sys::reopen(fd, libc::O_RDONLY | libc::O_NOATIME)
         .or_else(|_| sys::reopen(fd, libc::O_RDONLY))?;
     Ok(Box::new(fd))
+}
+
+/// The xattrs history records of backing object `fd`: a clone's mark is
+/// the daemon's, not the file's.
+pub(super) fn recorded_xattrs(
+    vfs: &Vfs,
+    fd: BorrowedFd<'_>,
+) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut all = sys::xattrs_of(fd)?;
+    if vfs.clones_on() {
+        let mark = vfs.clone_mark_name().to_bytes();
+        all.retain(|(name, _)| name.as_slice() != mark);
+    }
+    Ok(all)
 }
 
 impl Live<'_> {
