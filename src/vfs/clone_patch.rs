@@ -141,6 +141,68 @@ pub(super) struct PatchMeta {
     pub own: Runs,
 }
 
+impl PatchMeta {
+    /// LEB128 varints, small enough that a mark with a few runs stays in
+    /// an ext4 inode's own xattr space (a spill costs a 4 KiB block per
+    /// file): the base's length, the number of runs, then per run the
+    /// blocks since the previous run's end and its length in blocks.
+    /// Runs start on a block; each ends on one or at the base's length,
+    /// where decoding cuts it.
+    pub(super) fn encode(&self, out: &mut Vec<u8>) {
+        put_varint(out, self.base_len);
+        put_varint(out, self.own.count() as u64);
+        let mut prev = 0;
+        for (s, e) in self.own.pairs() {
+            put_varint(out, s / BLOCK - prev);
+            let blocks = (e - s).div_ceil(BLOCK);
+            put_varint(out, blocks);
+            prev = s / BLOCK + blocks;
+        }
+    }
+
+    pub(super) fn decode(b: &[u8]) -> std::result::Result<(PatchMeta, &[u8]), String> {
+        let (base_len, mut rest) = take_varint(b)?;
+        let (n, r) = take_varint(rest)?;
+        rest = r;
+        let mut pairs = Vec::new();
+        let mut prev: u64 = 0;
+        for _ in 0..n {
+            let (gap, r) = take_varint(rest)?;
+            let (blocks, r) = take_varint(r)?;
+            rest = r;
+            let start = prev.checked_add(gap).ok_or("a run past the end")?;
+            let end = start.checked_add(blocks).ok_or("a run past the end")?;
+            let (s, e) = (start.saturating_mul(BLOCK), end.saturating_mul(BLOCK));
+            if blocks == 0 || s >= base_len {
+                return Err("a run outside the base".into());
+            }
+            pairs.push((s, e.min(base_len)));
+            prev = end;
+        }
+        let own = Runs::from_pairs(&pairs)?;
+        Ok((PatchMeta { base_len, own }, rest))
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn take_varint(b: &[u8]) -> std::result::Result<(u64, &[u8]), String> {
+    let mut v: u64 = 0;
+    for (i, byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Ok((v, &b[i + 1..]));
+        }
+    }
+    Err("a number cut short".into())
+}
+
 /// A clone's file with bytes of its own and its base's elsewhere, while
 /// the daemon knows it (one per inode: every write goes through it).
 pub(in crate::vfs) struct Patched {
@@ -537,7 +599,11 @@ impl Vfs {
                 // A crash after a truncation reached the disk but before
                 // its mark did.
                 base_len: meta.base_len.min(size),
-                own: meta.own,
+                own: {
+                    let mut own = meta.own;
+                    own.truncate(meta.base_len.min(size));
+                    own
+                },
                 dirty: false,
                 done: false,
                 base: self.base_reader(mark.at, &mark.path)?,
@@ -710,6 +776,26 @@ mod tests {
             Err("runs out of order".into())
         );
         assert_eq!(Runs::from_pairs(&[(1, 1)]), Err("runs out of order".into()));
+    }
+
+    #[test]
+    fn a_patch_encodes_in_a_few_bytes_and_damage_is_refused() {
+        let own = Runs::from_pairs(&[(0, 4096), (8192, 12288), (40960, 70000)]).unwrap_or_default();
+        let meta = PatchMeta {
+            base_len: 70000,
+            own,
+        };
+        let mut bytes = Vec::new();
+        meta.encode(&mut bytes);
+        assert!(bytes.len() <= 12, "{} bytes", bytes.len());
+        assert_eq!(PatchMeta::decode(&bytes), Ok((meta.clone(), &[][..])));
+        for cut in 0..bytes.len() {
+            assert!(PatchMeta::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // A run of no blocks, or one past the base.
+        assert!(PatchMeta::decode(&[100, 1, 0, 0]).is_err());
+        assert!(PatchMeta::decode(&[100, 1, 1, 1]).is_err());
+        assert!(PatchMeta::decode(&[0xff; 11]).is_err());
     }
 
     #[test]
