@@ -640,12 +640,21 @@ impl Vfs {
             return Ok(None);
         }
         let handle = self.handles.get(fh)?;
-        let p = match &*handle {
-            super::inodes::Handle::File {
-                patched: Some(p), ..
-            } => Some(p.clone()),
-            // Opened before the file was patched.
-            _ => self.patched(&self.node(handle.ino())?)?,
+        let super::inodes::Handle::File { patched: held, .. } = &*handle else {
+            return Ok(None);
+        };
+        let known = held.lock().clone();
+        let p = match known {
+            Some(p) => Some(p),
+            // Opened before the file was patched: the handle keeps it from
+            // now on, so its reads do not load it again each time.
+            None => {
+                let found = self.patched(&self.node(handle.ino())?)?;
+                if let Some(p) = &found {
+                    held.lock().get_or_insert_with(|| p.clone());
+                }
+                found
+            }
         };
         // Once it has all its bytes, its descriptor serves as any file's.
         Ok(p.filter(|p| !p.is_done()))

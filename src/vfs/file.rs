@@ -167,7 +167,7 @@ impl Vfs {
             writes: writes(flags),
             branch: inode.key.branch,
             base,
-            patched: patched.clone(),
+            patched: parking_lot::Mutex::new(patched.clone()),
         });
         Ok(Opened {
             fh,
@@ -426,7 +426,7 @@ impl Vfs {
             writes: writing,
             branch: inode.key.branch,
             base: None,
-            patched: None,
+            patched: parking_lot::Mutex::new(None),
         });
         let entry = Entry {
             attr: Attr { ino: inode.ino, st },

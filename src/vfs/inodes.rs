@@ -1085,8 +1085,9 @@ pub enum Handle {
         /// count when it was opened (`vfs/clone.rs`).
         base: Option<(u64, u64)>,
         /// A clone's file with bytes of its own and its base's, opened as
-        /// one (`vfs/clone_patch.rs`): kept while the handle is open.
-        patched: Option<std::sync::Arc<super::clone_patch::Patched>>,
+        /// one or met since (`vfs/clone_patch.rs`): kept while the handle
+        /// is open.
+        patched: Mutex<Option<std::sync::Arc<super::clone_patch::Patched>>>,
     },
     Dir {
         ino: InodeNo,
@@ -1430,7 +1431,7 @@ mod tests {
             },
             session: SessionMark::default(),
             writes: true,
-            patched: None,
+            patched: Mutex::new(None),
             branch: 0,
             base: None,
         }
