@@ -471,6 +471,18 @@ fn mark_too_big(e: &super::VfsError) -> bool {
     [libc::E2BIG, libc::ENOSPC, libc::ERANGE].contains(&e.errno())
 }
 
+/// The xattrs of backing object `fd` as its file's: a clone's mark is the
+/// daemon's.
+pub(super) fn xattrs_without_mark(
+    fd: BorrowedFd<'_>,
+    ns: XattrNs,
+) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mark = ns.clone_mark().to_bytes();
+    let mut all = sys::xattrs_of(fd)?;
+    all.retain(|(name, _)| name.as_slice() != mark);
+    Ok(all)
+}
+
 fn read_base_into(h: &History, base: &mut Reader, buf: &mut [u8], offset: u64) -> Result<usize> {
     let mut done = 0;
     while done < buf.len() {
@@ -528,10 +540,7 @@ impl Readable for CloneContent {
     }
 
     fn xattrs(&self) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let mark = self.ns.clone_mark().to_bytes();
-        let mut all = sys::xattrs_of(self.fd.as_fd())?;
-        all.retain(|(name, _)| name.as_slice() != mark);
-        Ok(all)
+        xattrs_without_mark(self.fd.as_fd(), self.ns)
     }
 }
 
@@ -543,13 +552,17 @@ impl Vfs {
         ino: InodeNo,
         fd: BorrowedFd<'_>,
     ) -> Result<Option<Box<dyn Readable>>> {
-        if !self.clones_on() || sys::fstat(fd)?.st_mode & libc::S_IFMT != libc::S_IFREG {
+        if !self.clones_on() {
             return Ok(None);
         }
-        let Some(mark) = self.read_mark(fd)? else {
+        let Some(mark) = self.read_mark(fd)?.filter(|m| !m.dir) else {
             return Ok(None);
         };
-        let bytes = match self.patched_of_fd(ino, fd)? {
+        let patched = match mark.patch {
+            Some(_) => self.patched_with(ino, fd, mark.clone())?,
+            None => None,
+        };
+        let bytes = match patched {
             Some(p) => Bytes::Patched(p),
             None => Bytes::Base {
                 history: self
@@ -578,9 +591,22 @@ impl Vfs {
         if let Some(p) = self.clones.patched.lock().get(&ino).and_then(Weak::upgrade) {
             return Ok(Some(p));
         }
-        let Some(mut mark) = self.read_mark(fd)? else {
-            return Ok(None);
-        };
+        match self.read_mark(fd)? {
+            Some(mark) => self.patched_with(ino, fd, mark),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Vfs::patched_of_fd`] with `fd`'s mark already read.
+    pub(in crate::vfs) fn patched_with(
+        &self,
+        ino: InodeNo,
+        fd: BorrowedFd<'_>,
+        mut mark: Mark,
+    ) -> Result<Option<Arc<Patched>>> {
+        if let Some(p) = self.clones.patched.lock().get(&ino).and_then(Weak::upgrade) {
+            return Ok(Some(p));
+        }
         let Some(meta) = mark.patch.take() else {
             return Ok(None);
         };

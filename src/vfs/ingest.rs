@@ -97,7 +97,7 @@ impl Tree for Walk<'_> {
 
     fn open_read(&self, obj: ObjectId) -> io::Result<Box<dyn crate::capture::Readable>> {
         match self.fd(obj) {
-            Ok(fd) => super::versioning::open_read_fd(self.live.0, InodeNo::from(obj), fd),
+            Ok(fd) => super::versioning::open_read_fd(self.live.0, InodeNo::from(obj), fd, true),
             Err(_) => self.live.open_read(obj),
         }
     }

@@ -33,7 +33,8 @@ impl Tree for Live<'_> {
 
     fn open_read(&self, obj: ObjectId) -> io::Result<Box<dyn Readable>> {
         let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
-        open_read_fd(self.0, node.ino, node.fd())
+        let may_be_marked = !node.inode.known_unmarked();
+        open_read_fd(self.0, node.ino, node.fd(), may_be_marked)
     }
 
     fn readlink(&self, obj: ObjectId) -> io::Result<Vec<u8>> {
@@ -72,13 +73,17 @@ impl Tree for Live<'_> {
 
 /// What capture reads of a live file: its descriptor, or, for a clone's
 /// file that shares bytes with its base, those bytes merged in.
+/// `may_be_marked`: false where the inode is known to carry no mark.
 pub(super) fn open_read_fd(
     vfs: &Vfs,
     ino: InodeNo,
     fd: BorrowedFd<'_>,
+    may_be_marked: bool,
 ) -> io::Result<Box<dyn Readable>> {
-    if let Some(content) = vfs.clone_content(ino, fd).map_err(io_err)? {
-        return Ok(content);
+    if may_be_marked {
+        if let Some(content) = vfs.clone_content(ino, fd).map_err(io_err)? {
+            return Ok(content);
+        }
     }
     let fd = sys::reopen(fd, libc::O_RDONLY | libc::O_NOATIME)
         .or_else(|_| sys::reopen(fd, libc::O_RDONLY))?;
@@ -91,12 +96,10 @@ pub(super) fn recorded_xattrs(
     vfs: &Vfs,
     fd: BorrowedFd<'_>,
 ) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let mut all = sys::xattrs_of(fd)?;
-    if vfs.clones_on() {
-        let mark = vfs.clone_mark_name().to_bytes();
-        all.retain(|(name, _)| name.as_slice() != mark);
+    match vfs.clones_on() {
+        true => super::clone_patch::xattrs_without_mark(fd, vfs.clone_ns()),
+        false => sys::xattrs_of(fd),
     }
-    Ok(all)
 }
 
 impl Live<'_> {

@@ -217,7 +217,7 @@ impl Vfs {
         if mark.patch.is_none() {
             return self.base_reader(mark.at, &mark.path).map(Some);
         }
-        let Some(file) = self.patched_of_fd(InodeNo::from(obj), fd)? else {
+        let Some(file) = self.patched_with(InodeNo::from(obj), fd, mark)? else {
             return Ok(None);
         };
         let source = ReadFrom::Patched {
