@@ -754,3 +754,81 @@ fn a_small_write_to_a_cloned_file_copies_one_block() {
     assert_eq!(fs::read(m.p("c3/big")).unwrap(), c3);
     assert_eq!(fs::read(m.p("c2/big")).unwrap(), c2);
 }
+
+/// The path a clone file's mark reads its base from (the mark's tail).
+fn base_of(m: &Mount, rel: &str, base: &str) -> bool {
+    let mark = get_xattr(&m.src.join(rel), "trusted.overlay.chronofs.clone").unwrap();
+    mark.ends_with(base.as_bytes())
+}
+
+#[test]
+fn a_chain_of_written_clones_reads_one_level_deep() {
+    const LEN: usize = (4 << 20) + 77;
+    let m0 = Mount::new_with("", |src| {
+        fs::create_dir_all(src.join("t")).unwrap();
+        fs::write(src.join("t/big"), pattern(LEN, 3)).unwrap();
+    });
+    let mut m = m0;
+    let mut want = pattern(LEN, 3);
+    let mut prev = "t".to_string();
+    let stamp = |k: usize| [b'a' + k as u8; 16];
+    // Each round writes a block of its own, so each file owns its
+    // parent's blocks and one more.
+    for k in 1..=6 {
+        let c = format!("c{k}");
+        succeeded(clone(&m.p(&prev), &m.p(&c)));
+        write_at(&m.p(&format!("{c}/big")), k as u64 * 5000, &stamp(k));
+        want[k * 5000..k * 5000 + 16].copy_from_slice(&stamp(k));
+        assert_eq!(fs::read(m.p(&format!("{c}/big"))).unwrap(), want, "{c}");
+        // It reads the first file, not its parent: no chain.
+        assert!(base_of(&m, &format!("{c}/big"), "t/big"), "{c}");
+        let blocks = backing_blocks(&m, &format!("{c}/big"));
+        assert!(blocks * 512 <= 96 << 10, "{c}: {} KiB on disk", blocks / 2);
+        prev = c;
+    }
+    // Rounds that write what the file holds already (Dookubench's): the
+    // write makes no version, and the chain is flattened all the same.
+    for k in 1..=3 {
+        let d = format!("d{k}");
+        succeeded(clone(&m.p(&prev), &m.p(&d)));
+        write_at(&m.p(&format!("{d}/big")), 6 * 5000, &stamp(6));
+        assert_eq!(fs::read(m.p(&format!("{d}/big"))).unwrap(), want, "{d}");
+        assert!(base_of(&m, &format!("{d}/big"), "t/big"), "{d}");
+        prev = d;
+    }
+    // A parent changed after its clone was made: the clone's base is in
+    // history, already one level; it is not taken from the parent.
+    succeeded(clone(&m.p("c6"), &m.p("c7")));
+    write_at(&m.p("c6/big"), 70_000, b"after the clone");
+    write_at(&m.p("c7/big"), 90_000, &stamp(7));
+    let mut c7 = want.clone();
+    c7[90_000..90_016].copy_from_slice(&stamp(7));
+    want[70_000..70_015].copy_from_slice(b"after the clone");
+    assert_eq!(fs::read(m.p("c7/big")).unwrap(), c7);
+    assert_eq!(fs::read(m.p("c6/big")).unwrap(), want);
+    assert!(base_of(&m, "c7/big", "c6/big"));
+    // A parent that owns much: taking its bytes would cost more than the
+    // level saves.
+    write_at(&m.p("c6/big"), 0, &pattern(3 << 19, 5));
+    want[..3 << 19].copy_from_slice(&pattern(3 << 19, 5));
+    succeeded(clone(&m.p("c6"), &m.p("c8")));
+    write_at(&m.p("c8/big"), 3 << 20, &stamp(8));
+    let mut c8 = want.clone();
+    c8[3 << 20..(3 << 20) + 16].copy_from_slice(&stamp(8));
+    assert_eq!(fs::read(m.p("c8/big")).unwrap(), c8);
+    assert!(base_of(&m, "c8/big", "c6/big"));
+    // The flattened marks are what a restart reads.
+    m.kill9();
+    m.start();
+    assert_eq!(fs::read(m.p("c8/big")).unwrap(), c8);
+    assert_eq!(fs::read(m.p("c7/big")).unwrap(), c7);
+    assert_eq!(fs::read(m.p("c6/big")).unwrap(), want);
+    let mut c3 = pattern(LEN, 3);
+    for k in 1..=3 {
+        c3[k * 5000..k * 5000 + 16].copy_from_slice(&stamp(k));
+    }
+    assert_eq!(fs::read(m.p("c3/big")).unwrap(), c3);
+    assert_eq!(fs::read(m.p("t/big")).unwrap(), pattern(LEN, 3));
+    // History shows each file before its first write as its parent was.
+    assert_eq!(fs::read(m.p("c4/big;1")).unwrap(), c3);
+}

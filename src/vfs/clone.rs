@@ -75,6 +75,18 @@ pub(in crate::vfs) struct Mark {
 }
 
 impl Mark {
+    /// This file's mark reading `base`'s base instead: the same clone and
+    /// maker, one level less of chain.
+    pub(super) fn rebased(&self, base: &Mark) -> Mark {
+        Mark {
+            at: base.at,
+            depth: base.depth,
+            path: base.path.clone(),
+            patch: None,
+            ..self.clone()
+        }
+    }
+
     pub(super) fn encode(&self) -> Vec<u8> {
         let (format, kind) = match (self.dir, &self.patch) {
             (true, _) => (MARK_FORMAT, UNFILLED_DIR),

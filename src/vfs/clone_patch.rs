@@ -210,8 +210,6 @@ pub(in crate::vfs) struct Patched {
     fd: OwnedFd,
     history: Arc<History>,
     ns: XattrNs,
-    /// The base (the mark without its patch).
-    mark: Mark,
     /// Moves with every change to the bytes: a reader of this file as
     /// another clone's base reads history instead once it has moved.
     generation: AtomicU64,
@@ -221,6 +219,9 @@ pub(in crate::vfs) struct Patched {
 }
 
 struct State {
+    /// The base (the mark without its patch); a chain is flattened into
+    /// it (`Vfs::flatten`).
+    mark: Mark,
     /// The file's size (every change to it goes through here).
     size: u64,
     base_len: u64,
@@ -370,7 +371,7 @@ impl Patched {
         }
         if st.dirty && !st.done {
             sys::fsync(self.fd.as_fd(), true)?;
-            let mut mark = self.mark.clone();
+            let mut mark = st.mark.clone();
             mark.patch = Some(PatchMeta {
                 base_len: st.base_len,
                 own: st.own.clone(),
@@ -633,8 +634,8 @@ impl Vfs {
                 dirty: false,
                 done: false,
                 base: self.base_reader(mark.at, &mark.path)?,
+                mark,
             }),
-            mark,
         });
         // Made without the table's lock (its base may be patched too); the
         // first one made serves.
@@ -755,12 +756,78 @@ impl Vfs {
         super::clone::keep_times(node.fd(), &times)
     }
 
+    /// A patched file whose base is another clone's live patched file
+    /// takes in the bytes that file owns and reads that file's base
+    /// instead, so a chain of clones of clones reads one level deep
+    /// however long it grows (a cold open resolved a base and read a mark
+    /// per level). Only when there are few bytes to take (`COPY_STEP`).
+    /// What the file shows does not change, so its readers are not told;
+    /// the new mark is written by `persist`, after the bytes are synced.
+    fn flatten(&self, p: &Patched) -> Result<()> {
+        let Some((parent, generation)) = p.state.lock().base.patched_base() else {
+            return Ok(());
+        };
+        if parent.filling.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let parent_mark = parent.state.lock().mark.clone();
+        let new_base = self.base_reader(parent_mark.at, &parent_mark.path)?;
+        let mut st = p.state.lock();
+        let same_base = |b: &Reader| {
+            b.patched_base()
+                .is_some_and(|(f, g)| Arc::ptr_eq(&f, &parent) && g == generation)
+        };
+        if st.done || !same_base(&st.base) {
+            return Ok(());
+        }
+        let theirs = parent.state.lock();
+        if theirs.done || parent.generation() != generation || theirs.mark != parent_mark {
+            return Ok(());
+        }
+        // What this file shows of its base that the base owns.
+        let mut take = Vec::new();
+        for (from, to, own) in st.own.pieces(0, st.base_len, st.base_len) {
+            if !own {
+                let owned_there = theirs.own.pieces(from, to, theirs.base_len);
+                take.extend(owned_there.into_iter().filter(|p| p.2).map(|p| (p.0, p.1)));
+            }
+        }
+        let base_len = st.base_len.min(theirs.base_len);
+        let mut own = st.own.clone();
+        for &(from, to) in &take {
+            own.insert(from, to);
+        }
+        own.truncate(base_len);
+        let bytes: u64 = take.iter().map(|(from, to)| to - from).sum();
+        if bytes > COPY_STEP || own.count() > MAX_RUNS {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        for (from, to) in take {
+            buf.resize((to - from) as usize, 0);
+            let got = sys::pread(parent.fd.as_fd(), &mut buf, from)?;
+            buf[got..].fill(0);
+            write_all(p.fd.as_fd(), &buf, from)?;
+        }
+        drop(theirs);
+        st.mark = st.mark.rebased(&parent_mark);
+        st.base = new_base;
+        st.base_len = base_len;
+        st.own = own;
+        st.dirty = true;
+        Ok(())
+    }
+
     /// At a writer's close or fsync: the mark catches up with the bytes,
     /// or a file changed enough starts copying the rest in.
     pub(in crate::vfs) fn settle_patched(&self, fh: u64, durable: bool) -> Result<()> {
         let Some(p) = self.patched_handle(fh)? else {
             return Ok(());
         };
+        if let Err(e) = self.flatten(&p) {
+            // The chain stays as it was: only slower to open.
+            tracing::debug!("a clone file's chain of bases stays: {e}");
+        }
         match p.persist(durable) {
             // Little left to copy (a file rewritten from its start): at
             // once, so the file is plain when its writer's close returns.

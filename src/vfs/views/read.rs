@@ -172,7 +172,8 @@ impl Vfs {
                     None
                 } else {
                     self.with_past(|p| p.live_object(obj).map_err(past_err))?
-                        .map(|(fd, _)| (Arc::new(fd), Some(v.attrs)))
+                        .map(|(fd, _)| self.live_state_of(obj, &v.attrs, fd))
+                        .transpose()?
                 }
             }
         };
@@ -198,6 +199,24 @@ impl Vfs {
                 None => chunk_source(h, obj, at)?,
             },
         })
+    }
+
+    /// The live file `fd` of `obj`, whose newest version has attributes
+    /// `newest`, with the attributes it must still have to show that
+    /// version: those, or its own if capture found an identical rewrite.
+    fn live_state_of(
+        &self,
+        obj: ObjectId,
+        newest: &Attrs,
+        fd: OwnedFd,
+    ) -> Result<(Arc<OwnedFd>, Option<Attrs>)> {
+        let now = attrs_of(&sys::fstat(fd.as_fd())?);
+        let rewritten = !newest.same_state(&now)
+            && self
+                .capture()
+                .is_some_and(|c| c.verified_as(obj, newest, &now));
+        let expect = if rewritten { now } else { *newest };
+        Ok((Arc::new(fd), Some(expect)))
     }
 
     /// A reader of a clone's file `fd` (marked `mark`) as it is now, if it
@@ -335,6 +354,23 @@ pub(super) fn chunk_source(h: &History, obj: ObjectId, at: Seq) -> Result<ReadFr
         starts,
         cached: None,
     })
+}
+
+impl Reader {
+    /// The live patched file this reads, with its generation at the
+    /// instant, while it is still as it was then.
+    pub(in crate::vfs) fn patched_base(
+        &self,
+    ) -> Option<(Arc<crate::vfs::clone_patch::Patched>, u64)> {
+        match &self.source {
+            ReadFrom::Patched { file, generation }
+                if file.generation() == *generation && !file.is_done() =>
+            {
+                Some((file.clone(), *generation))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Reads `size` bytes at `offset` of what `r` reads.
