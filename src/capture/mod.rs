@@ -246,7 +246,7 @@ fn content_level(resolved: Option<&crate::policy::Resolved>) -> Option<i32> {
 /// Local wall-clock time at `ns` (for policy rules by time of day).
 fn local_time(ns: i64) -> jiff::civil::DateTime {
     match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
-        Ok(t) => t.to_zoned(jiff::tz::TimeZone::system()).datetime(),
+        Ok(t) => t.to_zoned(crate::history::spec::local_zone()).datetime(),
         Err(_) => jiff::Zoned::now().datetime(),
     }
 }

@@ -306,7 +306,7 @@ pub fn clean(
     audit: Option<serde_json::Value>,
 ) -> crate::history::Result<CleanReport> {
     let started = Instant::now();
-    let tz = jiff::tz::TimeZone::system();
+    let tz = crate::history::spec::local_zone();
     let mut report = CleanReport {
         dry_run,
         ..Default::default()

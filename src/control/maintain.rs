@@ -176,7 +176,7 @@ impl Service {
             keep,
             policy: (peer.uid != 0).then_some(&*policy),
         };
-        let tz = jiff::tz::TimeZone::system();
+        let tz = crate::history::spec::local_zone();
         let mut report = CleanReport {
             dry_run,
             ..Default::default()

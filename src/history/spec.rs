@@ -96,8 +96,29 @@ fn relative(rel: &str) -> Result<i64, String> {
     Ok(ns as i64)
 }
 
+/// The local time zone as jiff's `TimeZone::system` finds it, but read
+/// straight from /etc/localtime when that links into a zoneinfo tree:
+/// jiff looks the link's name up in its database, which first lists the
+/// whole tree (about 60 directories: most of a short command's run).
+pub fn local_zone() -> jiff::tz::TimeZone {
+    static ZONE: std::sync::OnceLock<jiff::tz::TimeZone> = std::sync::OnceLock::new();
+    ZONE.get_or_init(|| etc_localtime().unwrap_or_else(jiff::tz::TimeZone::system))
+        .clone()
+}
+
+fn etc_localtime() -> Option<jiff::tz::TimeZone> {
+    const LOCALTIME: &str = "/etc/localtime";
+    if std::env::var_os("TZ").is_some() {
+        return None;
+    }
+    let target = std::fs::read_link(LOCALTIME).ok()?;
+    let (_, name) = target.to_str()?.rsplit_once("zoneinfo/")?;
+    let data = std::fs::read(LOCALTIME).ok()?;
+    jiff::tz::TimeZone::tzif(name, &data).ok()
+}
+
 fn day_time(days_back: i64, clock: &str) -> Result<i64, String> {
-    let tz = jiff::tz::TimeZone::system();
+    let tz = local_zone();
     let today = jiff::Timestamp::now().to_zoned(tz.clone()).date();
     let day = today
         .checked_sub(jiff::Span::new().days(days_back))
@@ -127,7 +148,7 @@ fn absolute(s: &str) -> Result<i64, String> {
     if let Ok(ts) = s.parse::<jiff::Timestamp>() {
         return Ok(ts.as_nanosecond() as i64);
     }
-    let tz = jiff::tz::TimeZone::system();
+    let tz = local_zone();
     let civil = s
         .parse::<jiff::civil::DateTime>()
         .or_else(|_| {
@@ -164,10 +185,7 @@ pub fn show(ns: i64) -> String {
 /// range.
 fn local(ns: i64, format: &str) -> String {
     match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
-        Ok(ts) => ts
-            .to_zoned(jiff::tz::TimeZone::system())
-            .strftime(format)
-            .to_string(),
+        Ok(ts) => ts.to_zoned(local_zone()).strftime(format).to_string(),
         Err(_) => format!("@{ns}"),
     }
 }
@@ -175,7 +193,7 @@ fn local(ns: i64, format: &str) -> String {
 /// Formats a time as ISO 8601 with nanoseconds and offset (for --json).
 pub fn iso(ns: i64) -> String {
     match jiff::Timestamp::from_nanosecond(i128::from(ns)) {
-        Ok(ts) => ts.to_zoned(jiff::tz::TimeZone::system()).to_string(),
+        Ok(ts) => ts.to_zoned(local_zone()).to_string(),
         Err(_) => format!("@{ns}"),
     }
 }
@@ -183,6 +201,20 @@ pub fn iso(ns: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_local_zone_read_directly_is_the_one_jiff_finds() {
+        let Some(direct) = etc_localtime() else {
+            return; // no /etc/localtime link here: jiff's own lookup serves
+        };
+        let system = jiff::tz::TimeZone::system();
+        let now = jiff::Timestamp::now();
+        assert_eq!(direct.iana_name(), system.iana_name());
+        for days in [0, 91, 182, 273] {
+            let t = now + jiff::SignedDuration::from_hours(24 * days);
+            assert_eq!(direct.to_offset(t), system.to_offset(t));
+        }
+    }
 
     #[test]
     fn parses_each_form() {
