@@ -434,6 +434,23 @@ pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<StatFs> {
     rfs::fstatvfs(fd).map_err(os_err)
 }
 
+/// Whether the file system of `fd` allocates every block written to,
+/// whatever its bytes, and after a crash shows a block allocated only
+/// with the data written to it (ordered data or copy-on-write: ext4,
+/// XFS, btrfs; tmpfs has no crash): there, a hole where a block was
+/// written means its data never reached the disk. Not so where zeros
+/// are stored as holes (ZFS with compression) or ordering is unknown.
+pub fn holes_mean_unwritten(fd: BorrowedFd<'_>) -> bool {
+    const EXT4: i64 = 0xEF53;
+    const XFS: i64 = 0x5846_5342;
+    const BTRFS: i64 = 0x9123_683E;
+    const TMPFS: i64 = 0x0102_1994;
+    match rfs::fstatfs(fd) {
+        Ok(st) => [EXT4, XFS, BTRFS, TMPFS].contains(&(st.f_type as i64)),
+        Err(_) => false,
+    }
+}
+
 /// One entry of a `getdents64` buffer.
 pub struct DirEntry {
     pub ino: u64,

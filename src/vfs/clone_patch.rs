@@ -215,6 +215,11 @@ pub(in crate::vfs) struct Patched {
     generation: AtomicU64,
     /// A thread is copying the rest in (`fill_in_background`).
     filling: std::sync::atomic::AtomicBool,
+    /// The backing file system shows an unwritten block as a hole after
+    /// a crash (`sys::holes_mean_unwritten`): a mark need not wait for
+    /// the data it lists, since a run that did not reach the disk is a
+    /// hole and reads the base again.
+    holes_mean_unwritten: bool,
     state: Mutex<State>,
 }
 
@@ -370,7 +375,9 @@ impl Patched {
             return Err(errno(libc::E2BIG));
         }
         if st.dirty && !st.done {
-            sys::fsync(self.fd.as_fd(), true)?;
+            if !self.holes_mean_unwritten {
+                sys::fsync(self.fd.as_fd(), true)?;
+            }
             let mut mark = st.mark.clone();
             mark.patch = Some(PatchMeta {
                 base_len: st.base_len,
@@ -464,6 +471,23 @@ impl Drop for Patched {
             tracing::warn!("a clone file's patch mark could not be written: {e}");
         }
     }
+}
+
+/// The part of runs `own` (below `len`) that backing file `fd` holds
+/// data for: a run whose data a crash dropped after its mark was written
+/// is a hole, and reads the base as before the write.
+fn held(fd: BorrowedFd<'_>, own: &Runs, len: u64) -> Result<Runs> {
+    if own.count() == 0 {
+        return Ok(own.clone());
+    }
+    let data = sys::data_ranges(fd, len)?;
+    let mut held = Runs::default();
+    for (start, end) in own.pairs() {
+        for &(at, n) in &data {
+            held.insert(start.max(at), end.min(at + n));
+        }
+    }
+    Ok(held)
 }
 
 /// The runs do not fit a mark (too many for `MAX_RUNS`, or for the
@@ -613,24 +637,29 @@ impl Vfs {
         };
         let size = sys::fstat(fd)?.st_size as u64;
         let history = self.capture().ok_or(super::VfsError::NoHistory)?.history();
+        // A daemon that is not root may not write a read-only file: then
+        // nothing writes it through the mount either.
+        let rw = sys::reopen(fd, libc::O_RDWR).or_else(|_| sys::reopen(fd, libc::O_RDONLY))?;
+        let holes_mean_unwritten = sys::holes_mean_unwritten(rw.as_fd());
+        let base_len = meta.base_len.min(size);
+        let mut own = meta.own;
+        own.truncate(base_len);
+        if holes_mean_unwritten {
+            own = held(rw.as_fd(), &own, base_len)?;
+        }
         let p = Arc::new(Patched {
-            // A daemon that is not root may not write a read-only file:
-            // then nothing writes it through the mount either.
-            fd: sys::reopen(fd, libc::O_RDWR).or_else(|_| sys::reopen(fd, libc::O_RDONLY))?,
+            fd: rw,
             history: history.clone(),
             ns: self.clone_ns(),
             generation: AtomicU64::new(0),
             filling: Default::default(),
+            holes_mean_unwritten,
             state: Mutex::new(State {
                 size,
                 // A crash after a truncation reached the disk but before
                 // its mark did.
-                base_len: meta.base_len.min(size),
-                own: {
-                    let mut own = meta.own;
-                    own.truncate(meta.base_len.min(size));
-                    own
-                },
+                base_len,
+                own,
                 dirty: false,
                 done: false,
                 base: self.base_reader(mark.at, &mark.path)?,
