@@ -446,6 +446,8 @@ pub fn holes_mean_unwritten(fd: BorrowedFd<'_>) -> bool {
     const BTRFS: i64 = 0x9123_683E;
     const TMPFS: i64 = 0x0102_1994;
     match rfs::fstatfs(fd) {
+        // `f_type` is an i64 here, narrower on some other architectures.
+        #[allow(clippy::unnecessary_cast)]
         Ok(st) => [EXT4, XFS, BTRFS, TMPFS].contains(&(st.f_type as i64)),
         Err(_) => false,
     }
