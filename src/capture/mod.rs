@@ -1226,13 +1226,14 @@ impl Capture {
 
     /// Whether versions of `obj` (open as `fd`) are worth building from
     /// the ranges written rather than by reading it whole: history holds
-    /// its current content, with at least `TRACK_MIN` bytes of data (a
-    /// preallocated or sparse file that is about to be filled is not).
-    pub fn trackable(&self, obj: ObjectId, fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    /// its current content, with at least `min` bytes of data (usually
+    /// `TRACK_MIN`; a preallocated or sparse file that is about to be
+    /// filled is not).
+    pub fn trackable(&self, obj: ObjectId, fd: std::os::fd::BorrowedFd<'_>, min: u64) -> bool {
         let Ok(st) = sys::fstat(fd) else {
             return false;
         };
-        if (st.st_size as u64) < TRACK_MIN {
+        if (st.st_size as u64) < min {
             return false;
         }
         let attrs = attrs_of(&st);
@@ -1246,7 +1247,7 @@ impl Capture {
             return false;
         }
         match self.history.recent_manifest(manifest) {
-            Ok(Some(m)) => m.data_bytes() >= TRACK_MIN,
+            Ok(Some(m)) => m.data_bytes() >= min,
             _ => false,
         }
     }

@@ -121,11 +121,18 @@ impl Vfs {
         // A large file updated in place goes through the daemon, which then
         // knows the ranges written: its versions cost what changed, not the
         // file (docs/ARCHITECTURE.md "Per-open write path").
+        // A patched file's writes reach the daemon anyway: tracked at any
+        // size (read whole, a 16-byte write into a 4 MiB clone file cost
+        // its version 4 MiB of chunking).
+        let track_from = match patched {
+            Some(_) => 0,
+            None => crate::capture::TRACK_MIN,
+        };
         let trackable = versioned
             && flags & libc::O_TRUNC == 0
             && self
                 .capture()
-                .is_some_and(|c| c.trackable(ino.object(), fd.as_fd()));
+                .is_some_and(|c| c.trackable(ino.object(), fd.as_fd(), track_from));
         // The policy may want each write to be a version: the daemon must
         // then see the writes.
         let every_write = versioned && self.every_write(caller, ino, fd.as_fd());
