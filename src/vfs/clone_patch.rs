@@ -804,8 +804,10 @@ impl Vfs {
         if parent.filling.load(Ordering::Acquire) {
             return Ok(());
         }
-        let parent_mark = parent.state.lock().mark.clone();
-        let new_base = self.base_reader(parent_mark.at, &parent_mark.path)?;
+        let (parent_mark, new_base) = {
+            let theirs = parent.state.lock();
+            (theirs.mark.clone(), theirs.base.try_clone()?)
+        };
         let mut st = p.state.lock();
         let same_base = |b: &Reader| {
             b.patched_base()

@@ -357,6 +357,40 @@ pub(super) fn chunk_source(h: &History, obj: ObjectId, at: Seq) -> Result<ReadFr
 }
 
 impl Reader {
+    /// Another reader of the same bytes from the same place (no history
+    /// query: a clone's chain is flattened with its base's reader).
+    pub(in crate::vfs) fn try_clone(&self) -> Result<Reader> {
+        let source = match &self.source {
+            ReadFrom::Head {
+                fd,
+                expect,
+                latest,
+                as_of,
+            } => ReadFrom::Head {
+                fd: fd.try_clone()?,
+                expect: *expect,
+                latest: *latest,
+                as_of: *as_of,
+            },
+            ReadFrom::Patched { file, generation } => ReadFrom::Patched {
+                file: file.clone(),
+                generation: *generation,
+            },
+            ReadFrom::Chunks {
+                manifest, starts, ..
+            } => ReadFrom::Chunks {
+                manifest: manifest.clone(),
+                starts: starts.clone(),
+                cached: None,
+            },
+        };
+        Ok(Reader {
+            obj: self.obj,
+            at: self.at,
+            source,
+        })
+    }
+
     /// The live patched file this reads, with its generation at the
     /// instant, while it is still as it was then.
     pub(in crate::vfs) fn patched_base(
