@@ -450,22 +450,6 @@ impl Capture {
         }
     }
 
-    /// Whether live attributes `now` of `obj` are known to show the same
-    /// state as its newest version, whose attributes are `newest`: an
-    /// identical rewrite changes the times but makes no version, and a
-    /// reader of that version may still read the live file.
-    /// Not while a writer is open or a version is held back (interval
-    /// mode marks the held-back state verified: it is not the newest
-    /// version's).
-    pub fn verified_as(&self, obj: ObjectId, newest: &Attrs, now: &Attrs) -> bool {
-        let st = self.state.lock();
-        if st.has_writers(obj) || st.is_deferred(obj) {
-            return false;
-        }
-        st.known(obj)
-            .is_some_and(|k| k.attrs.same_state(newest) && k.verified.same_state(now))
-    }
-
     /// A lookup found `obj` with attributes `st`: if history holds a
     /// different state for it, it changed behind the mount's back and the
     /// live state is recorded (cause `external`). `first_sight`: the first

@@ -172,8 +172,7 @@ impl Vfs {
                     None
                 } else {
                     self.with_past(|p| p.live_object(obj).map_err(past_err))?
-                        .map(|(fd, _)| self.live_state_of(obj, &v.attrs, fd))
-                        .transpose()?
+                        .map(|(fd, _)| (Arc::new(fd), Some(v.attrs)))
                 }
             }
         };
@@ -199,24 +198,6 @@ impl Vfs {
                 None => chunk_source(h, obj, at)?,
             },
         })
-    }
-
-    /// The live file `fd` of `obj`, whose newest version has attributes
-    /// `newest`, with the attributes it must still have to show that
-    /// version: those, or its own if capture found an identical rewrite.
-    fn live_state_of(
-        &self,
-        obj: ObjectId,
-        newest: &Attrs,
-        fd: OwnedFd,
-    ) -> Result<(Arc<OwnedFd>, Option<Attrs>)> {
-        let now = attrs_of(&sys::fstat(fd.as_fd())?);
-        let rewritten = !newest.same_state(&now)
-            && self
-                .capture()
-                .is_some_and(|c| c.verified_as(obj, newest, &now));
-        let expect = if rewritten { now } else { *newest };
-        Ok((Arc::new(fd), Some(expect)))
     }
 
     /// A reader of a clone's file `fd` (marked `mark`) as it is now, if it
