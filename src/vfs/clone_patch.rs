@@ -796,7 +796,8 @@ impl Vfs {
     /// however long it grows (a cold open resolved a base and read a mark
     /// per level). Only when there are few bytes to take (`COPY_STEP`).
     /// What the file shows does not change, so its readers are not told;
-    /// the new mark is written by `persist`, after the bytes are synced.
+    /// the file's data is synced here and the new mark written by
+    /// `persist`.
     fn flatten(&self, p: &Patched) -> Result<()> {
         let Some((parent, generation)) = p.state.lock().base.patched_base() else {
             return Ok(());
@@ -846,6 +847,10 @@ impl Vfs {
             write_all(p.fd.as_fd(), &buf, from)?;
         }
         drop(theirs);
+        // On the new base, a block a crash dropped would read the old
+        // base's base, not what the file showed: the data first, always
+        // (`persist` skips this where holes mean unwritten).
+        sys::fsync(p.fd.as_fd(), true)?;
         st.mark = st.mark.rebased(&parent_mark);
         st.base = new_base;
         st.base_len = base_len;
