@@ -199,6 +199,10 @@ struct WriteState {
     /// capture's hot-path questions (what is the newest version of X?).
     latest: HashMap<ObjectId, (Seq, Arc<Version>)>,
     dirents: HashMap<(ObjectId, Vec<u8>), (Option<ObjectId>, Seq)>,
+    /// The objects whose versions, or whose directory entries, changes not
+    /// yet in the index record (with the newest such change): a query
+    /// about none of them reads the index as settling would leave it.
+    touched: HashMap<ObjectId, Seq>,
 }
 
 pub struct History {
@@ -319,6 +323,7 @@ impl History {
                 apply_failed: false,
                 latest: HashMap::new(),
                 dirents: HashMap::new(),
+                touched: HashMap::new(),
             }),
             apply_lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -416,6 +421,15 @@ impl History {
             let d = &b.dirent;
             st.dirents
                 .insert((d.parent, d.name.clone()), (d.child, b.at));
+        }
+        let touched = op.versions.iter().map(|(obj, _)| *obj).chain(
+            op.dirents
+                .iter()
+                .chain(op.backdated.iter().map(|b| &b.dirent))
+                .map(|d| d.parent),
+        );
+        for obj in touched.collect::<Vec<_>>() {
+            st.touched.insert(obj, seq);
         }
         st.queue.push(op);
         Ok(seq)
@@ -625,6 +639,7 @@ impl History {
         }
         if let Some(last) = batch.last().map(|op| op.seq) {
             st.latest.retain(|_, (seq, _)| *seq > last);
+            st.touched.retain(|_, seq| *seq > last);
             let pending: std::collections::HashSet<(ObjectId, Vec<u8>)> = st
                 .queue
                 .iter()
@@ -703,6 +718,24 @@ impl History {
             }
             other => other,
         }
+    }
+
+    /// [`History::settle`] for a query that reads only the versions and
+    /// directory entries of `objs`: none of them in a change not yet
+    /// applied, the index already answers it as settling would, and the
+    /// query need not wait for an apply (a past lookup during writes
+    /// elsewhere). Changes applied without durability count as applied
+    /// only while the index they went to is the one open.
+    pub fn settle_for(&self, objs: &[ObjectId]) -> Result<()> {
+        {
+            let st = self.state.lock();
+            let index_holds_applied =
+                !st.apply_failed && st.applied_generation == self.db.generation();
+            if index_holds_applied && !objs.iter().any(|o| st.touched.contains_key(o)) {
+                return Ok(());
+            }
+        }
+        self.settle()
     }
 
     /// Changes committed but not yet in the index (a full store holds

@@ -112,7 +112,7 @@ impl History {
 
     /// All versions of `obj` with sequence numbers in `from..=to`.
     pub fn versions(&self, obj: ObjectId, from: Seq, to: Seq) -> Result<Vec<Recorded>> {
-        self.settle()?;
+        self.settle_for(&[obj])?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, VERSIONS, Vec::new());
         let lo = tables::version_key(obj, from);
@@ -163,14 +163,14 @@ impl History {
     /// `None`: no version recorded by then (the object is unchanged since,
     /// so its live state is its state then — or it did not exist).
     pub fn object_at(&self, obj: ObjectId, seq: Seq) -> Result<Option<Recorded>> {
-        self.settle()?;
+        self.settle_for(&[obj])?;
         let seq = self.effective_seq(obj, seq)?;
         tables::version_at(self.db(), obj, seq)
     }
 
     /// What `name` in directory `dir` was at `seq`.
     pub fn lookup_at(&self, dir: ObjectId, name: &[u8], seq: Seq) -> Result<Lookup> {
-        self.settle()?;
+        self.settle_for(&[dir])?;
         let seq = self.effective_seq(dir, seq)?;
         if tables::version_at(self.db(), dir, seq)?.is_none() {
             return Ok(Lookup::Live);
@@ -184,7 +184,7 @@ impl History {
     /// The entries of directory `dir` at `seq`, sorted by name; `None` if
     /// its listing was not recorded by then (read it live).
     pub fn list_at(&self, dir: ObjectId, seq: Seq) -> Result<Option<Listing>> {
-        self.settle()?;
+        self.settle_for(&[dir])?;
         let seq = self.effective_seq(dir, seq)?;
         if tables::version_at(self.db(), dir, seq)?.is_none() {
             return Ok(None);
@@ -482,6 +482,31 @@ mod tests {
             h.bounds().unwrap(),
             Some(((s1, T0), (s4, T0 + 2 * HOUR + 1)))
         );
+    }
+
+    /// A past question about objects no queued change touches is answered
+    /// from the index as it stands; one about a touched object applies the
+    /// queue first (a change's version, or an entry it names in a directory).
+    #[test]
+    fn a_query_settles_only_for_what_queued_changes_touch() {
+        let k = kit();
+        let h = &k.history;
+        mkdir(h, ROOT, None);
+        let s1 = write(h, o(10), Some((ROOT, b"f")), b"one");
+        h.settle().unwrap();
+        let s2 = write(h, o(11), Some((ROOT, b"g")), b"other");
+        assert_eq!(h.object_at(o(10), s2).unwrap().map(|(s, _)| s), Some(s1));
+        assert_eq!(h.versions(o(10), Seq::ZERO, s2).unwrap().len(), 1);
+        assert_eq!(h.queued(), 1, "untouched objects need no apply");
+        let found = h.lookup_at(ROOT, b"g", s2).unwrap();
+        assert!(matches!(found, Lookup::Found(x) if x == o(11)), "{found:?}");
+        assert_eq!(h.queued(), 0);
+        let s3 = write(h, o(10), None, b"two");
+        assert_eq!(h.object_at(o(10), s3).unwrap().map(|(s, _)| s), Some(s3));
+        assert_eq!(h.queued(), 0);
+        let s4 = write(h, o(12), Some((o(11), b"x")), b"");
+        let _ = h.list_at(o(11), s4).unwrap();
+        assert_eq!(h.queued(), 0, "a listing of a directory a change names in");
     }
 
     #[test]
