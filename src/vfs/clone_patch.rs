@@ -225,7 +225,7 @@ pub(in crate::vfs) struct Patched {
 
 struct State {
     /// The base (the mark without its patch); a chain is flattened into
-    /// it (`Vfs::flatten`).
+    /// it (`Patched::flatten`).
     mark: Mark,
     /// The file's size (every change to it goes through here).
     size: u64,
@@ -374,8 +374,10 @@ impl Patched {
     /// Writes the mark for what the file owns now, once the bytes it
     /// claims are on disk; `durable`: the mark too (fsync(2)).
     pub(in crate::vfs) fn persist(&self, durable: bool) -> Result<()> {
-        let ns = self.ns;
-        let mut st = self.state.lock();
+        self.persist_locked(&mut self.state.lock(), durable)
+    }
+
+    fn persist_locked(&self, st: &mut State, durable: bool) -> Result<()> {
         if st.dirty && !st.done && st.own.count() > MAX_RUNS {
             return Err(errno(libc::E2BIG));
         }
@@ -388,13 +390,93 @@ impl Patched {
                 base_len: st.base_len,
                 own: st.own.clone(),
             });
-            sys::setxattr_fd(self.fd.as_fd(), ns.clone_mark(), &mark.encode(), 0)?;
+            sys::setxattr_fd(self.fd.as_fd(), self.ns.clone_mark(), &mark.encode(), 0)?;
             st.dirty = false;
         }
         if durable {
             sys::fsync(self.fd.as_fd(), false)?;
         }
         Ok(())
+    }
+
+    /// The mark catches up with the bytes, after a [`Patched::flatten`]
+    /// if `flatten` (the one lock held throughout); more runs than a
+    /// mark holds: the file gets all its bytes.
+    pub(in crate::vfs) fn flatten_and_persist(&self, flatten: bool) -> Result<()> {
+        let mut st = self.state.lock();
+        if flatten {
+            if let Err(e) = self.flatten(&mut st) {
+                // The chain stays as it was: only slower to open.
+                tracing::debug!("a clone file's chain of bases stays: {e}");
+            }
+        }
+        let kept = self.persist_locked(&mut st, false);
+        drop(st);
+        match kept {
+            Err(e) if mark_too_big(&e) => self.fill_all(),
+            other => other,
+        }
+    }
+
+    /// A patched file whose base is another clone's live patched file
+    /// takes in the bytes that file owns and reads that file's base
+    /// instead, so a chain of clones of clones reads one level deep
+    /// however long it grows (a cold open resolved a base and read a mark
+    /// per level). Only when there are few bytes to take (`COPY_STEP`).
+    /// What the file shows does not change, so its readers are not told.
+    /// The file's data is synced here; false: nothing to do (the mark
+    /// is as it was). Done as the writer's handle is released
+    /// (`Vfs::close_handle`), off the path its close waits for: the sync
+    /// takes milliseconds.
+    fn flatten(&self, st: &mut State) -> Result<bool> {
+        let Some((parent, generation)) = st.base.patched_base() else {
+            return Ok(false);
+        };
+        if st.done || parent.filling.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let theirs = parent.state.lock();
+        if theirs.done || parent.generation() != generation {
+            return Ok(false);
+        }
+        // What this file shows of its base that the base owns.
+        let mut take = Vec::new();
+        for (from, to, own) in st.own.pieces(0, st.base_len, st.base_len) {
+            if !own {
+                let owned_there = theirs.own.pieces(from, to, theirs.base_len);
+                take.extend(owned_there.into_iter().filter(|p| p.2).map(|p| (p.0, p.1)));
+            }
+        }
+        let base_len = st.base_len.min(theirs.base_len);
+        let mut own = st.own.clone();
+        for &(from, to) in &take {
+            own.insert(from, to);
+        }
+        own.truncate(base_len);
+        let bytes: u64 = take.iter().map(|(from, to)| to - from).sum();
+        if bytes > COPY_STEP || own.count() > MAX_RUNS {
+            return Ok(false);
+        }
+        let mut buf = Vec::new();
+        for (from, to) in take {
+            buf.resize((to - from) as usize, 0);
+            let got = sys::pread(parent.fd.as_fd(), &mut buf, from)?;
+            buf[got..].fill(0);
+            write_all(self.fd.as_fd(), &buf, from)?;
+        }
+        let new_base = theirs.base.try_clone()?;
+        let parent_mark = theirs.mark.clone();
+        drop(theirs);
+        // On the new base, a block a crash dropped would read the old
+        // base's base, not what the file showed: the data first, always
+        // (`persist` skips this where holes mean unwritten).
+        sys::fsync(self.fd.as_fd(), true)?;
+        st.mark = st.mark.rebased(&parent_mark);
+        st.base = new_base;
+        st.base_len = base_len;
+        st.own = own;
+        st.dirty = true;
+        Ok(true)
     }
 
     /// Copies in every byte still shared, a step at a time (writes and
@@ -468,11 +550,7 @@ impl Drop for Patched {
     /// The last user is gone (a truncation by path, or writes through a
     /// mapping after the last close): the mark catches up.
     fn drop(&mut self) {
-        let kept = match self.persist(false) {
-            Err(e) if mark_too_big(&e) => self.fill_all(),
-            other => other,
-        };
-        if let Err(e) = kept {
+        if let Err(e) = self.flatten_and_persist(false) {
             tracing::warn!("a clone file's patch mark could not be written: {e}");
         }
     }
@@ -618,7 +696,7 @@ impl Vfs {
         ino: InodeNo,
         fd: BorrowedFd<'_>,
     ) -> Result<Option<Arc<Patched>>> {
-        if let Some(p) = self.clones.patched.lock().get(&ino).and_then(Weak::upgrade) {
+        if let Some(p) = self.known_patched(ino) {
             return Ok(Some(p));
         }
         match self.read_mark(fd)? {
@@ -634,7 +712,7 @@ impl Vfs {
         fd: BorrowedFd<'_>,
         mut mark: Mark,
     ) -> Result<Option<Arc<Patched>>> {
-        if let Some(p) = self.clones.patched.lock().get(&ino).and_then(Weak::upgrade) {
+        if let Some(p) = self.known_patched(ino) {
             return Ok(Some(p));
         }
         let Some(meta) = mark.patch.take() else {
@@ -682,6 +760,11 @@ impl Vfs {
         }
         known.insert(ino, Arc::downgrade(&p));
         Ok(Some(p))
+    }
+
+    /// The patched file of `ino` the daemon holds, if any.
+    fn known_patched(&self, ino: InodeNo) -> Option<Arc<Patched>> {
+        self.clones.patched.lock().get(&ino).and_then(Weak::upgrade)
     }
 
     /// The patched file `node` is, if it is one.
@@ -790,85 +873,12 @@ impl Vfs {
         super::clone::keep_times(node.fd(), &times)
     }
 
-    /// A patched file whose base is another clone's live patched file
-    /// takes in the bytes that file owns and reads that file's base
-    /// instead, so a chain of clones of clones reads one level deep
-    /// however long it grows (a cold open resolved a base and read a mark
-    /// per level). Only when there are few bytes to take (`COPY_STEP`).
-    /// What the file shows does not change, so its readers are not told;
-    /// the file's data is synced here and the new mark written by
-    /// `persist`.
-    fn flatten(&self, p: &Patched) -> Result<()> {
-        let Some((parent, generation)) = p.state.lock().base.patched_base() else {
-            return Ok(());
-        };
-        if parent.filling.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let (parent_mark, new_base) = {
-            let theirs = parent.state.lock();
-            (theirs.mark.clone(), theirs.base.try_clone()?)
-        };
-        let mut st = p.state.lock();
-        let same_base = |b: &Reader| {
-            b.patched_base()
-                .is_some_and(|(f, g)| Arc::ptr_eq(&f, &parent) && g == generation)
-        };
-        if st.done || !same_base(&st.base) {
-            return Ok(());
-        }
-        let theirs = parent.state.lock();
-        if theirs.done || parent.generation() != generation || theirs.mark != parent_mark {
-            return Ok(());
-        }
-        // What this file shows of its base that the base owns.
-        let mut take = Vec::new();
-        for (from, to, own) in st.own.pieces(0, st.base_len, st.base_len) {
-            if !own {
-                let owned_there = theirs.own.pieces(from, to, theirs.base_len);
-                take.extend(owned_there.into_iter().filter(|p| p.2).map(|p| (p.0, p.1)));
-            }
-        }
-        let base_len = st.base_len.min(theirs.base_len);
-        let mut own = st.own.clone();
-        for &(from, to) in &take {
-            own.insert(from, to);
-        }
-        own.truncate(base_len);
-        let bytes: u64 = take.iter().map(|(from, to)| to - from).sum();
-        if bytes > COPY_STEP || own.count() > MAX_RUNS {
-            return Ok(());
-        }
-        let mut buf = Vec::new();
-        for (from, to) in take {
-            buf.resize((to - from) as usize, 0);
-            let got = sys::pread(parent.fd.as_fd(), &mut buf, from)?;
-            buf[got..].fill(0);
-            write_all(p.fd.as_fd(), &buf, from)?;
-        }
-        drop(theirs);
-        // On the new base, a block a crash dropped would read the old
-        // base's base, not what the file showed: the data first, always
-        // (`persist` skips this where holes mean unwritten).
-        sys::fsync(p.fd.as_fd(), true)?;
-        st.mark = st.mark.rebased(&parent_mark);
-        st.base = new_base;
-        st.base_len = base_len;
-        st.own = own;
-        st.dirty = true;
-        Ok(())
-    }
-
     /// At a writer's close or fsync: the mark catches up with the bytes,
     /// or a file changed enough starts copying the rest in.
     pub(in crate::vfs) fn settle_patched(&self, fh: u64, durable: bool) -> Result<()> {
         let Some(p) = self.patched_handle(fh)? else {
             return Ok(());
         };
-        if let Err(e) = self.flatten(&p) {
-            // The chain stays as it was: only slower to open.
-            tracing::debug!("a clone file's chain of bases stays: {e}");
-        }
         match p.persist(durable) {
             // Little left to copy (a file rewritten from its start): at
             // once, so the file is plain when its writer's close returns.

@@ -585,9 +585,23 @@ impl Vfs {
             Handle::Dir { .. } => false,
         };
         let file = matches!(&*handle, Handle::File { .. });
+        let patched = match &*handle {
+            Handle::File { patched, .. } => patched.lock().clone(),
+            _ => None,
+        };
         // Its descriptor closes first: the session's end asks whether the
         // file is still open for writing anywhere else.
         drop(handle);
+        // The mark catches up with writes through a mapping after the
+        // last flush, and a writer's file is flattened. Before the
+        // session's version is taken: a new mark changes the file's ctime,
+        // and a version older than that would not vouch for the live file
+        // (views and clones of it would read history).
+        if let Some(p) = patched {
+            if let Err(e) = p.flatten_and_persist(session) {
+                tracing::warn!("a clone file's patch mark could not be written: {e}");
+            }
+        }
         if session {
             self.session_closed(ino);
         }
