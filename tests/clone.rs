@@ -877,3 +877,32 @@ fn a_patched_block_whose_data_a_crash_dropped_reads_its_base() {
     assert_eq!(fs::read(m.p("c")).unwrap(), both);
     assert_eq!(fs::read(m.p("big")).unwrap(), pattern(LEN, 11));
 }
+
+/// A clone's base moved away (its directory renamed: the file itself
+/// unchanged), with a new file in its place: the clone still reads its
+/// base, not what now has the base's path (a base is looked for first at
+/// the path it had, and must be the same object there).
+#[test]
+fn a_base_moved_away_and_replaced_is_still_the_base() {
+    const LEN: usize = (1 << 20) + 5;
+    let mut m = Mount::new_with("", |src| {
+        fs::create_dir_all(src.join("t")).unwrap();
+        fs::write(src.join("t/big"), pattern(LEN, 4)).unwrap();
+    });
+    succeeded(clone(&m.p("t"), &m.p("c1")));
+    write_at(&m.p("c1/big"), 9000, b"the clone's own");
+    let mut want = pattern(LEN, 4);
+    want[9000..9015].copy_from_slice(b"the clone's own");
+    fs::rename(m.p("t"), m.p("moved")).unwrap();
+    fs::create_dir(m.p("t")).unwrap();
+    fs::write(m.p("t/big"), pattern(LEN, 9)).unwrap();
+    // Loaded again from its mark, as after any restart.
+    m.remount();
+    assert_eq!(fs::read(m.p("c1/big")).unwrap(), want);
+    succeeded(clone(&m.p("c1"), &m.p("c2")));
+    write_at(&m.p("c2/big"), 20_000, b"and the second");
+    assert_eq!(fs::read(m.p("c1/big")).unwrap(), want);
+    want[20_000..20_014].copy_from_slice(b"and the second");
+    assert_eq!(fs::read(m.p("c2/big")).unwrap(), want);
+    assert_eq!(fs::read(m.p("moved/big")).unwrap(), pattern(LEN, 4));
+}

@@ -213,6 +213,36 @@ impl Past<'_> {
         Ok(Some(Cur::Live { obj, fd, st }))
     }
 
+    /// [`Past::live_object`], tried first at `hint` (a path it had at
+    /// some instant): finding an object by its recorded path reads the
+    /// index for each of its names, and an object seldom moves.
+    pub fn live_object_near(
+        &self,
+        obj: ObjectId,
+        hint: &[Vec<u8>],
+    ) -> Result<Option<(OwnedFd, Stat)>> {
+        if !hint.is_empty() {
+            let mut fd = sys::reopen(self.root, libc::O_PATH)?;
+            let mut found = true;
+            for (i, comp) in hint.iter().enumerate() {
+                match self.live_step(fd.as_fd(), i == 0, comp)? {
+                    Some(Cur::Live { fd: next, .. }) => fd = next,
+                    _ => {
+                        found = false;
+                        break;
+                    }
+                }
+            }
+            if found {
+                let st = sys::fstat(fd.as_fd())?;
+                if self.live.identify(&st) == Some(obj) {
+                    return Ok(Some((fd, st)));
+                }
+            }
+        }
+        self.live_object(obj)
+    }
+
     /// The live object `obj` (found by its current recorded path, and
     /// checked to be the same object).
     pub fn live_object(&self, obj: ObjectId) -> Result<Option<(OwnedFd, Stat)>> {

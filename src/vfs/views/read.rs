@@ -21,7 +21,7 @@ impl Vfs {
             return Err(VfsError::WrongKind);
         }
         self.view_permits(caller, &node, crate::history::access::READ)?;
-        let reader = self.source_for(*obj, *at, state)?;
+        let reader = self.source_for(*obj, *at, state, &[])?;
         let passthrough = self.clone_for(&node, reader.obj, &reader.source);
         let passthrough_ok = passthrough.is_some();
         let fh = self.insert_view_handle(ViewHandle::File {
@@ -146,7 +146,7 @@ impl Vfs {
                 (inode.ino.object(), State::Live { inode })
             }
         };
-        let reader = self.source_for(obj, at, &state);
+        let reader = self.source_for(obj, at, &state, path);
         self.drop_what(What::At { at, obj, state });
         reader
     }
@@ -154,7 +154,14 @@ impl Vfs {
     /// Where an open view file reads from: the live file if it still holds
     /// exactly the content of the instant, else the chunks. A clone's file
     /// that still shows its base reads that base.
-    pub(super) fn source_for(&self, obj: ObjectId, at: Seq, state: &State) -> Result<Reader> {
+    /// `hint`: a path the object had at `at`, where it is likely still.
+    pub(super) fn source_for(
+        &self,
+        obj: ObjectId,
+        at: Seq,
+        state: &State,
+        hint: &[Vec<u8>],
+    ) -> Result<Reader> {
         let h = self.history()?;
         let as_of = h.last_seq();
         let latest = h
@@ -171,7 +178,7 @@ impl Vfs {
                 if latest != Some(seq_v) {
                     None
                 } else {
-                    self.with_past(|p| p.live_object(obj).map_err(past_err))?
+                    self.with_past(|p| p.live_object_near(obj, hint).map_err(past_err))?
                         .map(|(fd, _)| (Arc::new(fd), Some(v.attrs)))
                 }
             }
