@@ -906,3 +906,29 @@ fn a_base_moved_away_and_replaced_is_still_the_base() {
     assert_eq!(fs::read(m.p("c2/big")).unwrap(), want);
     assert_eq!(fs::read(m.p("moved/big")).unwrap(), pattern(LEN, 4));
 }
+
+/// A clone of clones never written: the first write records the file's
+/// state before it as the first written ancestor's, found down the chain
+/// of marks (not read whole), and the past shows exactly that.
+#[test]
+fn a_write_into_a_chain_of_unwritten_clones_records_what_it_showed() {
+    const LEN: usize = (2 << 20) + 11;
+    let m = Mount::new_with("", |src| {
+        fs::create_dir_all(src.join("t")).unwrap();
+        fs::write(src.join("t/big"), pattern(LEN, 6)).unwrap();
+    });
+    succeeded(clone(&m.p("t"), &m.p("c1")));
+    write_at(&m.p("c1/big"), 8192, b"written in c1");
+    let mut c1 = pattern(LEN, 6);
+    c1[8192..8205].copy_from_slice(b"written in c1");
+    for (from, to) in [("c1", "c2"), ("c2", "c3"), ("c3", "c4")] {
+        succeeded(clone(&m.p(from), &m.p(to)));
+    }
+    write_at(&m.p("c4/big"), 100_000, b"and in c4");
+    let mut c4 = c1.clone();
+    c4[100_000..100_009].copy_from_slice(b"and in c4");
+    assert_eq!(fs::read(m.p("c4/big")).unwrap(), c4);
+    assert_eq!(fs::read(m.p("c4/big;1")).unwrap(), c1);
+    assert_eq!(fs::read(m.p("c3/big")).unwrap(), c1);
+    assert_eq!(fs::read(m.p("c1/big")).unwrap(), c1);
+}

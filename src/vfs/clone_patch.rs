@@ -44,6 +44,9 @@ const BLOCK: u64 = 4096;
 pub(super) const MAX_RUNS: usize = 64;
 /// Bytes read from the base per step when the rest is copied in.
 const COPY_STEP: u64 = 1 << 20;
+/// How far down a chain of never-written clones a first write looks for
+/// history's record of what the file shows (`Vfs::base_content`).
+const MAX_UNWRITTEN_CHAIN: usize = 64;
 
 /// Disjoint, non-adjacent byte ranges [start, end), by start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -846,19 +849,43 @@ impl Vfs {
         let Some(c) = self.capture() else {
             return Ok(());
         };
-        let base = self.with_past(|p| {
-            p.resolve(&mark.path, mark.at)
-                .map_err(super::views::past_err)
-        })?;
-        let Some(PastNode::Hist { v, .. }) = base else {
+        let Some(content) = self.base_content(mark)? else {
             return Ok(());
         };
-        if !matches!(v.content, Content::File { .. }) {
-            return Ok(());
-        }
         let st = sys::fstat(node.fd())?;
         let live = super::versioning::Live(self);
-        Ok(c.baseline_as(&live, node.ino.object(), &st, v.content)?)
+        Ok(c.baseline_as(&live, node.ino.object(), &st, content)?)
+    }
+
+    /// The content a clone's file shows before its first change, as
+    /// history holds it: its base's version at the instant, or, where
+    /// the base is itself a clone's file never changed since (history has
+    /// no version of it, so it resolves live), that file's base, and so
+    /// on down a chain of unwritten clones (the file was read whole).
+    fn base_content(&self, mark: &Mark) -> Result<Option<Content>> {
+        let (mut at, mut path) = (mark.at, mark.path.clone());
+        for _ in 0..MAX_UNWRITTEN_CHAIN {
+            let base = self.with_past(|p| p.resolve(&path, at).map_err(super::views::past_err))?;
+            let next = match base {
+                Some(PastNode::Hist { v, .. }) => {
+                    let file = matches!(v.content, Content::File { .. });
+                    return Ok(file.then_some(v.content));
+                }
+                Some(PastNode::Live { fd, st, .. })
+                    if st.st_mode & libc::S_IFMT == libc::S_IFREG =>
+                {
+                    self.read_mark(fd.as_fd())?
+                }
+                _ => None,
+            };
+            // Only a mark with no bytes of the file's own shows its base
+            // whole.
+            match next.filter(|m| !m.dir && m.patch.is_none()) {
+                Some(m) => (at, path) = (m.at, m.path),
+                None => return Ok(None),
+            }
+        }
+        Ok(None)
     }
 
     /// Gives a patched file all its bytes and drops its mark.
