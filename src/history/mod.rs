@@ -428,7 +428,7 @@ impl History {
                 .chain(op.backdated.iter().map(|b| &b.dirent))
                 .map(|d| d.parent),
         );
-        for obj in touched.collect::<Vec<_>>() {
+        for obj in touched {
             st.touched.insert(obj, seq);
         }
         st.queue.push(op);

@@ -222,22 +222,8 @@ impl Past<'_> {
         hint: &[Vec<u8>],
     ) -> Result<Option<(OwnedFd, Stat)>> {
         if !hint.is_empty() {
-            let mut fd = sys::reopen(self.root, libc::O_PATH)?;
-            let mut found = true;
-            for (i, comp) in hint.iter().enumerate() {
-                match self.live_step(fd.as_fd(), i == 0, comp)? {
-                    Some(Cur::Live { fd: next, .. }) => fd = next,
-                    _ => {
-                        found = false;
-                        break;
-                    }
-                }
-            }
-            if found {
-                let st = sys::fstat(fd.as_fd())?;
-                if self.live.identify(&st) == Some(obj) {
-                    return Ok(Some((fd, st)));
-                }
+            if let Some(found) = self.live_at_path(obj, hint)? {
+                return Ok(Some(found));
             }
         }
         self.live_object(obj)
@@ -251,9 +237,14 @@ impl Past<'_> {
             let st = sys::fstat(fd.as_fd())?;
             return Ok(Some((fd, st)));
         }
-        let Some(path) = self.history.path_at(obj, Seq::MAX)? else {
-            return Ok(None);
-        };
+        match self.history.path_at(obj, Seq::MAX)? {
+            Some(path) => self.live_at_path(obj, &path),
+            None => Ok(None),
+        }
+    }
+
+    /// What lives at `path` now, if it is `obj`.
+    fn live_at_path(&self, obj: ObjectId, path: &[Vec<u8>]) -> Result<Option<(OwnedFd, Stat)>> {
         let mut fd = sys::reopen(self.root, libc::O_PATH)?;
         for (i, comp) in path.iter().enumerate() {
             match self.live_step(fd.as_fd(), i == 0, comp)? {
