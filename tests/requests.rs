@@ -138,3 +138,27 @@ fn a_mount_without_requests_to_count_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A mount without history still reports what it is: its transport and
+/// the requests it served (status used to refuse it outright).
+#[test]
+fn a_mount_without_history_reports_its_requests_and_transport() {
+    let mut m = Mount::new("plain");
+    fs::write(m.p("f"), b"x").unwrap();
+    let before = counts(&m);
+    fs::metadata(m.p("absent")).unwrap_err();
+    let looked = delta(&before, &counts(&m));
+    assert_eq!(looked.get("lookup"), Some(&1), "{looked:?}");
+    let status = chronofs_ok(&m, &["status", "."]);
+    assert!(status.contains("history:      off"), "{status}");
+    assert!(
+        status.lines().any(|l| l.starts_with("transport:")),
+        "{status}"
+    );
+    assert!(!status.contains("store:"), "{status}");
+    let json: serde_json::Value =
+        serde_json::from_str(&chronofs_ok(&m, &["status", "--json", "."])).unwrap();
+    assert_eq!(json["plain"], true, "{json}");
+    assert!(json["requests"].as_array().is_some_and(|r| !r.is_empty()));
+    m.unmount();
+}

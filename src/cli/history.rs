@@ -543,6 +543,16 @@ fn print_requests(counts: Option<&[crate::control::proto::RequestCount]>) -> Res
     Ok(())
 }
 
+/// What the running mount says of itself, with or without history.
+fn print_mount_status(v: &crate::control::proto::StatusReply) {
+    if let Some(t) = &v.transport {
+        println!("transport:    {t}");
+    }
+    if let Some(u) = &v.union {
+        print_branches(u);
+    }
+}
+
 pub fn status(t: &Target, json: bool, requests: bool) -> Result<()> {
     let v = t.client().status()?;
     if json {
@@ -551,6 +561,11 @@ pub fn status(t: &Target, json: bool, requests: bool) -> Result<()> {
     }
     if requests {
         return print_requests(v.requests.as_deref());
+    }
+    if v.plain {
+        println!("history:      off (mounted with -o plain)");
+        print_mount_status(&v);
+        return Ok(());
     }
     let mib = |n: u64| n as f64 / (1 << 20) as f64;
     println!("store:        {}", v.store);
@@ -588,12 +603,7 @@ pub fn status(t: &Target, json: bool, requests: bool) -> Result<()> {
         v.dedup_ratio, v.compression_ratio
     );
     println!("tags:         {}", v.tags);
-    if let Some(t) = &v.transport {
-        println!("transport:    {t}");
-    }
-    if let Some(u) = &v.union {
-        print_branches(u);
-    }
+    print_mount_status(&v);
     if let Some(head) = &v.chain_head {
         // What an administrator notes elsewhere: a store rewritten behind
         // chronofs's back cannot keep this value.

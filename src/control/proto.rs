@@ -516,6 +516,11 @@ pub struct StatusReply {
     /// How requests reach the daemon: `io_uring` or `/dev/fuse`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<String>,
+    /// The mount keeps no history (`-o plain`): the store's figures are
+    /// zero, and only the mount's own (branches, requests, transport)
+    /// are given.
+    #[serde(default)]
+    pub plain: bool,
 }
 
 /// How many requests of one kind (the kernel's name: `lookup`) a mount

@@ -159,6 +159,13 @@ impl Answerer for HostOnly {
     fn answer(&self, req: &Request, peer: &Peer, _reply: &mut dyn Reply) -> Result<Answer> {
         match req {
             r if r.is_branch_request() => branch_request(&*self.0, req, peer),
+            Request::Status => Ok(Answer::Status(Box::new(StatusReply {
+                plain: true,
+                union: self.0.union_status(),
+                requests: self.0.request_counts(),
+                transport: self.0.transport(),
+                ..StatusReply::default()
+            }))),
             _ => Err(Error::Usage(
                 "this mount keeps no history (mounted with -o plain)".into(),
             )),
@@ -794,6 +801,7 @@ impl Service {
             union: self.host.union_status(),
             requests: self.host.request_counts(),
             transport: self.host.transport(),
+            plain: false,
             ingest: self.host.ingest_status(),
             first: bounds.map(|((seq, time_ns), _)| SeqTime { seq, time_ns }),
             last: bounds.map(|(_, (seq, time_ns))| SeqTime { seq, time_ns }),
