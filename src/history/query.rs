@@ -194,7 +194,7 @@ impl History {
 
     /// Every name ever recorded in `dir`, with the children it named.
     pub fn names_ever(&self, dir: ObjectId) -> Result<NameChanges> {
-        self.settle()?;
+        self.settle_for(&[dir])?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, DIRENTS, Vec::new());
         let lo = dir.to_be_bytes();
@@ -335,6 +335,12 @@ impl History {
     /// chunk (delta-encoded against the previous version's); format-2
     /// stores keep theirs in the `manifests` table, which is read first.
     pub fn manifest(&self, hash: &Hash) -> Result<Manifest> {
+        // Content-addressed: one already readable is the one asked for.
+        // Only a manifest of a change still queued waits for the queue
+        // (a read of a clone's base applied it on the request thread).
+        if let Some(m) = self.recent_manifest(hash)? {
+            return Ok(m);
+        }
         self.settle()?;
         let bytes = match tables::manifest_bytes(self.db(), hash)? {
             Some(b) => b,
@@ -404,7 +410,7 @@ pub struct Counts {
 impl History {
     /// Every change of `name` in `dir`: (seq, child or removal), oldest first.
     pub fn name_history(&self, dir: ObjectId, name: &[u8]) -> Result<Vec<(Seq, Option<ObjectId>)>> {
-        self.settle()?;
+        self.settle_for(&[dir])?;
         let txn = read_txn(self.db())?;
         let t = open_or_empty!(txn, DIRENTS, Vec::new());
         let lo = tables::dirent_key(dir, name, Seq::ZERO);
@@ -507,6 +513,13 @@ mod tests {
         let s4 = write(h, o(12), Some((o(11), b"x")), b"");
         let _ = h.list_at(o(11), s4).unwrap();
         assert_eq!(h.queued(), 0, "a listing of a directory a change names in");
+        let s5 = write(h, o(13), Some((ROOT, b"h")), b"");
+        let _ = h.list_at(o(11), s5).unwrap();
+        assert_eq!(h.queued(), 1, "a listing of a directory no change names");
+        assert!(h.name_history(o(11), b"x").unwrap().len() == 1);
+        assert_eq!(h.queued(), 1);
+        assert!(h.names_ever(ROOT).unwrap().iter().any(|(n, ..)| n == b"h"));
+        assert_eq!(h.queued(), 0);
     }
 
     #[test]
