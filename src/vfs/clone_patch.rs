@@ -713,14 +713,28 @@ impl Vfs {
         &self,
         ino: InodeNo,
         fd: BorrowedFd<'_>,
-        mut mark: Mark,
+        mark: Mark,
     ) -> Result<Option<Arc<Patched>>> {
         if let Some(p) = self.known_patched(ino) {
             return Ok(Some(p));
         }
-        let Some(meta) = mark.patch.take() else {
+        if mark.patch.is_none() {
             return Ok(None);
-        };
+        }
+        let base = self.base_reader(mark.at, &mark.path)?;
+        self.patched_from(ino, fd, mark, base).map(Some)
+    }
+
+    /// The patched file of inode `ino` (backing object `fd`, patch mark
+    /// `mark`), reading its base through `base`.
+    fn patched_from(
+        &self,
+        ino: InodeNo,
+        fd: BorrowedFd<'_>,
+        mut mark: Mark,
+        base: Reader,
+    ) -> Result<Arc<Patched>> {
+        let meta = mark.patch.take().ok_or(super::VfsError::WrongKind)?;
         let size = sys::fstat(fd)?.st_size as u64;
         let history = self.capture().ok_or(super::VfsError::NoHistory)?.history();
         // A daemon that is not root may not write a read-only file: then
@@ -748,7 +762,7 @@ impl Vfs {
                 own,
                 dirty: false,
                 done: false,
-                base: self.base_reader(mark.at, &mark.path)?,
+                base,
                 mark,
             }),
         });
@@ -756,13 +770,13 @@ impl Vfs {
         // first one made serves.
         let mut known = self.clones.patched.lock();
         if let Some(first) = known.get(&ino).and_then(Weak::upgrade) {
-            return Ok(Some(first));
+            return Ok(first);
         }
         if known.len() >= 256 {
             known.retain(|_, w| w.strong_count() > 0);
         }
         known.insert(ino, Arc::downgrade(&p));
-        Ok(Some(p))
+        Ok(p)
     }
 
     /// The patched file of `ino` the daemon holds, if any.
@@ -811,16 +825,27 @@ impl Vfs {
     /// its base becomes a patched file (its bytes stay shared), or, if it
     /// is small or in a union, gets its own bytes at once.
     pub(in crate::vfs) fn before_clone_change(&self, node: &super::inodes::Node) -> Result<()> {
+        self.before_clone_change_for(node, false).map(drop)
+    }
+
+    /// [`Vfs::before_clone_change`]; for an `open` that will use the
+    /// patched file, that file too, made with the base resolved once for
+    /// both the baseline and the reads (it was resolved twice).
+    pub(in crate::vfs) fn before_clone_change_for(
+        &self,
+        node: &super::inodes::Node,
+        open: bool,
+    ) -> Result<Option<Arc<Patched>>> {
         let Some(mark) = self.base_of_file(node)? else {
-            return Ok(());
+            return Ok(None);
         };
         let size = sys::fstat(node.fd())?.st_size as u64;
         if size < PATCH_MIN || self.union().is_some() {
-            return self.materialise(node);
+            return self.materialise(node).map(|()| None);
         }
-        let _one = self.clones.busy.lock();
+        let one = self.clones.busy.lock();
         if self.base_of_file(node)?.is_none() {
-            return Ok(());
+            return Ok(None);
         }
         let mut patched = mark;
         patched.patch = Some(PatchMeta {
@@ -838,18 +863,34 @@ impl Vfs {
         self.clones
             .epoch
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        self.baseline_from_base(node, &patched)
+        let base = self.with_past(|p| {
+            p.resolve(&patched.path, patched.at)
+                .map_err(super::views::past_err)
+        })?;
+        self.baseline_from_base(node, &patched, base.as_ref())?;
+        drop(one);
+        if !open {
+            return Ok(None);
+        }
+        let reader = self.reader_of_base(base, patched.at, &patched.path)?;
+        self.patched_from(node.ino, node.fd(), patched, reader)
+            .map(Some)
     }
 
     /// History's record of a clone's file before its first change is its
     /// base's content at the instant (when history holds it): no need to
     /// read the file for it, which would cost the whole file for the
-    /// smallest write.
-    fn baseline_from_base(&self, node: &super::inodes::Node, mark: &Mark) -> Result<()> {
+    /// smallest write. `base`: the mark's base, resolved.
+    fn baseline_from_base(
+        &self,
+        node: &super::inodes::Node,
+        mark: &Mark,
+        base: Option<&PastNode>,
+    ) -> Result<()> {
         let Some(c) = self.capture() else {
             return Ok(());
         };
-        let Some(content) = self.base_content(mark)? else {
+        let Some(content) = self.base_content(mark, base)? else {
             return Ok(());
         };
         let st = sys::fstat(node.fd())?;
@@ -862,14 +903,23 @@ impl Vfs {
     /// the base is itself a clone's file never changed since (history has
     /// no version of it, so it resolves live), that file's base, and so
     /// on down a chain of unwritten clones (the file was read whole).
-    fn base_content(&self, mark: &Mark) -> Result<Option<Content>> {
+    fn base_content(&self, mark: &Mark, first: Option<&PastNode>) -> Result<Option<Content>> {
         let (mut at, mut path) = (mark.at, mark.path.clone());
+        let mut first = Some(first);
         for _ in 0..MAX_UNWRITTEN_CHAIN {
-            let base = self.with_past(|p| p.resolve(&path, at).map_err(super::views::past_err))?;
+            let resolved;
+            let base = match first.take() {
+                Some(node) => node,
+                None => {
+                    resolved =
+                        self.with_past(|p| p.resolve(&path, at).map_err(super::views::past_err))?;
+                    resolved.as_ref()
+                }
+            };
             let next = match base {
                 Some(PastNode::Hist { v, .. }) => {
                     let file = matches!(v.content, Content::File { .. });
-                    return Ok(file.then_some(v.content));
+                    return Ok(file.then(|| v.content.clone()));
                 }
                 Some(PastNode::Live { fd, st, .. })
                     if st.st_mode & libc::S_IFMT == libc::S_IFREG =>

@@ -94,10 +94,10 @@ impl Vfs {
     }
 
     pub(super) fn live_open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
-        let inode = if writes(flags) || flags & libc::O_TRUNC != 0 {
-            self.writable_node(caller, ino)?
+        let (inode, made) = if writes(flags) || flags & libc::O_TRUNC != 0 {
+            self.writable_node_to_open(caller, ino)?
         } else {
-            self.node(ino)?
+            (self.node(ino)?, None)
         };
         match inode.kind {
             libc::S_IFDIR => return Err(errno(libc::EISDIR)),
@@ -112,7 +112,10 @@ impl Vfs {
         };
         // A patched file's bytes are partly its base's: the daemon serves
         // its I/O.
-        let patched = self.patched(&inode)?;
+        let patched = match made {
+            Some(p) => Some(p),
+            None => self.patched(&inode)?,
+        };
         let versioned = self.capture.is_some() && inode.kind == libc::S_IFREG && writes(flags);
         if versioned {
             self.before_write_open(ino)?;

@@ -991,6 +991,25 @@ impl Vfs {
         if self.clones_on() {
             self.before_clone_change(&node)?;
         }
+        self.writable_in_union(caller, ino, node)
+    }
+
+    /// [`Vfs::writable_node`] for an open: with the patched file a clone's
+    /// file became (in no union: those are materialised).
+    pub(super) fn writable_node_to_open(
+        &self,
+        caller: &super::Caller,
+        ino: InodeNo,
+    ) -> Result<(Node, Option<std::sync::Arc<super::clone_patch::Patched>>)> {
+        let node = self.node(ino)?;
+        let made = match self.clones_on() {
+            true => self.before_clone_change_for(&node, true)?,
+            false => None,
+        };
+        Ok((self.writable_in_union(caller, ino, node)?, made))
+    }
+
+    fn writable_in_union(&self, caller: &super::Caller, ino: InodeNo, node: Node) -> Result<Node> {
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
         };

@@ -129,7 +129,19 @@ impl Vfs {
     }
 
     pub(in crate::vfs) fn base_reader(&self, at: Seq, path: &[Vec<u8>]) -> Result<Reader> {
-        let Some(node) = self.with_past(|p| p.resolve(path, at).map_err(past_err))? else {
+        let node = self.with_past(|p| p.resolve(path, at).map_err(past_err))?;
+        self.reader_of_base(node, at, path)
+    }
+
+    /// [`Vfs::base_reader`] of a base already resolved (`None`: history
+    /// does not have it).
+    pub(in crate::vfs) fn reader_of_base(
+        &self,
+        node: Option<Node>,
+        at: Seq,
+        path: &[Vec<u8>],
+    ) -> Result<Reader> {
+        let Some(node) = node else {
             tracing::error!(
                 "a clone's base {} at #{at} is not in history",
                 past::show_path(path)
