@@ -878,6 +878,61 @@ fn a_patched_block_whose_data_a_crash_dropped_reads_its_base() {
     assert_eq!(fs::read(m.p("big")).unwrap(), pattern(LEN, 11));
 }
 
+/// A clone of a written clone is flattened when its writer's handle is
+/// released, without syncing the bytes it takes in (on file systems where
+/// a block a crash dropped is a hole): such a block must read what the
+/// file showed there (its old base, the first clone), never the new base
+/// (the source), which the file never showed there.
+#[test]
+fn a_flattened_block_whose_data_a_crash_dropped_reads_what_the_file_showed() {
+    const LEN: usize = 1 << 20;
+    let mut m = Mount::new_with("", |src| {
+        fs::write(src.join("big"), pattern(LEN, 11)).unwrap();
+    });
+    succeeded(clone(&m.p("big"), &m.p("c1")));
+    write_at(&m.p("c1"), 8192 + 10, b"parent's");
+    succeeded(clone(&m.p("c1"), &m.p("c2")));
+    write_at(&m.p("c2"), 40960 + 5, b"child's");
+    assert!(rebased_on(&m, "c2", "big"), "c2 was not flattened");
+    let mut shown = pattern(LEN, 11);
+    shown[8202..8210].copy_from_slice(b"parent's");
+    let mut want = shown.clone();
+    want[40965..40972].copy_from_slice(b"child's");
+    assert_eq!(fs::read(m.p("c2")).unwrap(), want);
+    m.kill9();
+    // The block taken from c1 and the one c2 wrote, as a power cut can
+    // leave them: holes.
+    let backing = Fd::open(&m.src.join("c2"), libc::O_RDWR, 0).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    backing.fallocate(punch, 8192, 4096).unwrap();
+    backing.fallocate(punch, 40960, 4096).unwrap();
+    drop(backing);
+    m.start();
+    same(&fs::read(m.p("c2")).unwrap(), &shown, "after the crash");
+    // Mended and synced, the file no longer needs its old base.
+    write_at(&m.p("c2"), 40960 + 5, b"child's");
+    m.remount();
+    same(&fs::read(m.p("c2")).unwrap(), &want, "written again");
+    same(&fs::read(m.p("c1")).unwrap(), &shown, "the first clone");
+    same(
+        &fs::read(m.p("big")).unwrap(),
+        &pattern(LEN, 11),
+        "the source",
+    );
+}
+
+/// Equal bytes, or where the first difference lies (a whole file would
+/// flood the log).
+fn same(got: &[u8], want: &[u8], what: &str) {
+    let first = got.iter().zip(want).position(|(a, b)| a != b);
+    assert!(
+        got.len() == want.len() && first.is_none(),
+        "{what}: {} bytes against {}, first difference at {first:?}",
+        got.len(),
+        want.len()
+    );
+}
+
 /// A clone's base moved away (its directory renamed: the file itself
 /// unchanged), with a new file in its place: the clone still reads its
 /// base, not what now has the base's path (a base is looked for first at

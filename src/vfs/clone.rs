@@ -43,6 +43,12 @@ const MARK_FORMAT_1: u8 = 1;
 /// written only for patched files, so a store without one still opens in
 /// a build that reads format 2.
 const MARK_FORMAT_PATCH: u8 = 3;
+/// A patched file's mark with a fallback for blocks whose data a crash
+/// may have dropped (`clone_patch::Fallback`, after the patch), its
+/// fixed fields as varints so that it still fits an ext4 inode's own
+/// xattr space: written only while a flattened file's copied bytes are
+/// not known to be on disk.
+const MARK_FORMAT_FALLBACK: u8 = 4;
 /// A directory whose entries are still its base's.
 const UNFILLED_DIR: u8 = b'D';
 /// A file whose bytes are still its base's.
@@ -91,13 +97,25 @@ impl Mark {
         let (format, kind) = match (self.dir, &self.patch) {
             (true, _) => (MARK_FORMAT, UNFILLED_DIR),
             (false, None) => (MARK_FORMAT, BASE_FILE),
+            (false, Some(p)) if p.fallback.is_some() => (MARK_FORMAT_FALLBACK, PATCHED_FILE),
             (false, Some(_)) => (MARK_FORMAT_PATCH, PATCHED_FILE),
         };
         let mut out = vec![format, kind];
-        out.extend_from_slice(&self.at.get().to_le_bytes());
-        out.extend_from_slice(&self.by.to_le_bytes());
-        out.extend_from_slice(&self.clone_id.to_le_bytes());
-        out.extend_from_slice(&self.depth.to_le_bytes());
+        if format == MARK_FORMAT_FALLBACK {
+            for v in [
+                self.at.get(),
+                self.by.into(),
+                self.clone_id,
+                self.depth.into(),
+            ] {
+                super::clone_patch::put_varint(&mut out, v);
+            }
+        } else {
+            out.extend_from_slice(&self.at.get().to_le_bytes());
+            out.extend_from_slice(&self.by.to_le_bytes());
+            out.extend_from_slice(&self.clone_id.to_le_bytes());
+            out.extend_from_slice(&self.depth.to_le_bytes());
+        }
         if let Some(p) = self.patch.as_ref().filter(|_| !self.dir) {
             p.encode(&mut out);
         }
@@ -109,46 +127,61 @@ impl Mark {
         let [format, kind, rest @ ..] = b else {
             return Err("too short".into());
         };
-        if ![MARK_FORMAT_1, MARK_FORMAT, MARK_FORMAT_PATCH].contains(format) {
+        let formats = [
+            MARK_FORMAT_1,
+            MARK_FORMAT,
+            MARK_FORMAT_PATCH,
+            MARK_FORMAT_FALLBACK,
+        ];
+        if !formats.contains(format) {
             return Err(format!(
-                "format {format}, this build reads formats {MARK_FORMAT_1} to {MARK_FORMAT_PATCH}"
+                "format {format}, this build reads formats {MARK_FORMAT_1} to {MARK_FORMAT_FALLBACK}"
             ));
         }
-        let dir = match (*kind, *format == MARK_FORMAT_PATCH) {
+        let patched = [MARK_FORMAT_PATCH, MARK_FORMAT_FALLBACK].contains(format);
+        let dir = match (*kind, patched) {
             (UNFILLED_DIR, false) => true,
             (BASE_FILE, false) | (PATCHED_FILE, true) => false,
             (k, _) => return Err(format!("kind {k} in a mark of format {format}")),
         };
-        let (at, rest) = take::<8>(rest)?;
-        let (by, rest) = take::<4>(rest)?;
-        let (clone_id, depth, path) = if *format == MARK_FORMAT_1 {
-            (0, 0, rest)
-        } else {
-            let (clone, rest) = take::<8>(rest)?;
-            let (depth, rest) = take::<2>(rest)?;
-            (u64::from_le_bytes(clone), u16::from_le_bytes(depth), rest)
+        let (at, by, clone_id, depth, path) = match *format {
+            MARK_FORMAT_FALLBACK => {
+                let (at, rest) = super::clone_patch::take_varint(rest)?;
+                let (by, rest) = super::clone_patch::take_varint(rest)?;
+                let (clone, rest) = super::clone_patch::take_varint(rest)?;
+                let (depth, rest) = super::clone_patch::take_varint(rest)?;
+                let by = u32::try_from(by).map_err(|_| "a maker past u32")?;
+                let depth = u16::try_from(depth).map_err(|_| "a depth past u16")?;
+                (at, by, clone, depth, rest)
+            }
+            f => {
+                let (at, rest) = take::<8>(rest)?;
+                let (by, rest) = take::<4>(rest)?;
+                let (at, by) = (u64::from_le_bytes(at), u32::from_le_bytes(by));
+                if f == MARK_FORMAT_1 {
+                    (at, by, 0, 0, rest)
+                } else {
+                    let (clone, rest) = take::<8>(rest)?;
+                    let (depth, rest) = take::<2>(rest)?;
+                    let (clone, depth) = (u64::from_le_bytes(clone), u16::from_le_bytes(depth));
+                    (at, by, clone, depth, rest)
+                }
+            }
         };
-        let (patch, path) = if *format == MARK_FORMAT_PATCH {
-            let (patch, rest) = PatchMeta::decode(path)?;
+        let (patch, path) = if patched {
+            let (patch, rest) = PatchMeta::decode(path, *format == MARK_FORMAT_FALLBACK)?;
             (Some(patch), rest)
         } else {
             (None, path)
         };
-        let path: Vec<Vec<u8>> = if path.is_empty() {
-            Vec::new()
-        } else {
-            path.split(|b| *b == b'/').map(<[u8]>::to_vec).collect()
-        };
-        if path.iter().any(|c| c.is_empty()) {
-            return Err("an empty path component".into());
-        }
+        let path = split_path(path)?;
         if usize::from(depth) > path.len() {
             return Err("a source deeper than the path".into());
         }
         Ok(Mark {
             dir,
-            at: Seq::new(u64::from_le_bytes(at)),
-            by: u32::from_le_bytes(by),
+            at: Seq::new(at),
+            by,
             clone_id,
             depth,
             path,
@@ -847,6 +880,18 @@ impl Vfs {
     }
 }
 
+/// A mark's path: components joined by `/`, empty for the root.
+pub(super) fn split_path(b: &[u8]) -> std::result::Result<Vec<Vec<u8>>, String> {
+    if b.is_empty() {
+        return Ok(Vec::new());
+    }
+    let path: Vec<Vec<u8>> = b.split(|c| *c == b'/').map(<[u8]>::to_vec).collect();
+    if path.iter().any(|c| c.is_empty()) {
+        return Err("an empty path component".into());
+    }
+    Ok(path)
+}
+
 /// The first `N` bytes of `b`, and the rest.
 fn take<const N: usize>(b: &[u8]) -> std::result::Result<([u8; N], &[u8]), String> {
     let (head, rest) = b.split_at_checked(N).ok_or("too short")?;
@@ -963,13 +1008,47 @@ mod tests {
             dir: false,
             patch: Some(PatchMeta {
                 base_len: 70000,
-                own,
+                own: own.clone(),
+                fallback: None,
             }),
-            ..m
+            ..m.clone()
         };
         let bytes = patched.encode();
         assert_eq!(bytes[..2], [3, b'P']);
         assert_eq!(Mark::decode(&bytes), Ok(patched));
+        // A flattened file's mark with its crash fallback: format 4.
+        let flattened = Mark {
+            dir: false,
+            patch: Some(PatchMeta {
+                base_len: 70000,
+                own: own.clone(),
+                fallback: Some(super::super::clone_patch::Fallback {
+                    at: Seq::new(40),
+                    path: vec![b"c1".to_vec(), b"b c".to_vec()],
+                }),
+            }),
+            ..m.clone()
+        };
+        let four = flattened.encode();
+        assert_eq!(four[..2], [4, b'P']);
+        // Dookubench's marks once flattened: in an ext4 inode's own
+        // xattr space (48 bytes of value beside this name).
+        assert!(four.len() <= 40, "{} bytes", four.len());
+        assert_eq!(Mark::decode(&four), Ok(flattened));
+        let tail = four.len() - b"a/b c".len();
+        for cut in 2..tail {
+            assert!(Mark::decode(&four[..cut]).is_err(), "cut at {cut}");
+        }
+        let bytes = Mark {
+            dir: false,
+            patch: Some(PatchMeta {
+                base_len: 70000,
+                own,
+                fallback: None,
+            }),
+            ..m
+        }
+        .encode();
         // A patch mark cut inside its runs.
         let path_at = bytes.len() - b"a/b c".len();
         assert!(Mark::decode(&bytes[..path_at - 1]).is_err());

@@ -30,7 +30,7 @@ use super::views::{read_reader_into, Reader};
 use super::{errno, Caller, InodeNo, Result, Vfs};
 use crate::capture::Readable;
 use crate::history::past::Node as PastNode;
-use crate::history::{Content, History};
+use crate::history::{Content, History, Seq};
 use crate::sys::{self, creds};
 use crate::union::format::XattrNs;
 
@@ -142,6 +142,22 @@ impl Runs {
 pub(super) struct PatchMeta {
     pub base_len: u64,
     pub own: Runs,
+    /// Set by a flattening whose copied bytes were not synced.
+    pub fallback: Option<Fallback>,
+}
+
+/// What a flattened file's owned blocks read if a crash dropped their
+/// data: the base the file had before it was flattened (`at`, `path`:
+/// what the file showed then, from history). Without it such a block
+/// would read the new base, which the file never showed there. For a
+/// block the old base did not own, the two show the same bytes (the old
+/// base showed the new one there), so it serves every owned block. Kept
+/// until the file's data is synced (fsync(2), another flattening, or a
+/// load after a crash that mended it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Fallback {
+    pub at: Seq,
+    pub path: Vec<Vec<u8>>,
 }
 
 impl PatchMeta {
@@ -150,44 +166,49 @@ impl PatchMeta {
     /// file): the base's length, the number of runs, then per run the
     /// blocks since the previous run's end and its length in blocks.
     /// Runs start on a block; each ends on one or at the base's length,
-    /// where decoding cuts it.
+    /// where decoding cuts it. A fallback (mark format 4) follows: its
+    /// instant, its path's length and its path.
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
         put_varint(out, self.base_len);
-        put_varint(out, self.own.count() as u64);
-        let mut prev = 0;
-        for (s, e) in self.own.pairs() {
-            put_varint(out, s / BLOCK - prev);
-            let blocks = (e - s).div_ceil(BLOCK);
-            put_varint(out, blocks);
-            prev = s / BLOCK + blocks;
+        encode_runs(&self.own, out);
+        if let Some(f) = &self.fallback {
+            put_varint(out, f.at.get());
+            let path = f.path.join(&b'/');
+            put_varint(out, path.len() as u64);
+            out.extend_from_slice(&path);
         }
     }
 
-    pub(super) fn decode(b: &[u8]) -> std::result::Result<(PatchMeta, &[u8]), String> {
-        let (base_len, mut rest) = take_varint(b)?;
-        let (n, r) = take_varint(rest)?;
-        rest = r;
-        let mut pairs = Vec::new();
-        let mut prev: u64 = 0;
-        for _ in 0..n {
-            let (gap, r) = take_varint(rest)?;
-            let (blocks, r) = take_varint(r)?;
-            rest = r;
-            let start = prev.checked_add(gap).ok_or("a run past the end")?;
-            let end = start.checked_add(blocks).ok_or("a run past the end")?;
-            let (s, e) = (start.saturating_mul(BLOCK), end.saturating_mul(BLOCK));
-            if blocks == 0 || s >= base_len {
-                return Err("a run outside the base".into());
-            }
-            pairs.push((s, e.min(base_len)));
-            prev = end;
+    pub(super) fn decode(
+        b: &[u8],
+        with_fallback: bool,
+    ) -> std::result::Result<(PatchMeta, &[u8]), String> {
+        let (base_len, rest) = take_varint(b)?;
+        let (own, mut rest) = decode_runs(rest, base_len)?;
+        let mut fallback = None;
+        if with_fallback {
+            let (at, r) = take_varint(rest)?;
+            let (n, r) = take_varint(r)?;
+            let n = usize::try_from(n).map_err(|_| "a path past the end")?;
+            let path = r.get(..n).ok_or("a path past the end")?;
+            fallback = Some(Fallback {
+                at: Seq::new(at),
+                path: super::clone::split_path(path)?,
+            });
+            rest = &r[n..];
         }
-        let own = Runs::from_pairs(&pairs)?;
-        Ok((PatchMeta { base_len, own }, rest))
+        Ok((
+            PatchMeta {
+                base_len,
+                own,
+                fallback,
+            },
+            rest,
+        ))
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -195,7 +216,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn take_varint(b: &[u8]) -> std::result::Result<(u64, &[u8]), String> {
+pub(super) fn take_varint(b: &[u8]) -> std::result::Result<(u64, &[u8]), String> {
     let mut v: u64 = 0;
     for (i, byte) in b.iter().enumerate().take(10) {
         v |= u64::from(byte & 0x7f) << (7 * i);
@@ -204,6 +225,40 @@ fn take_varint(b: &[u8]) -> std::result::Result<(u64, &[u8]), String> {
         }
     }
     Err("a number cut short".into())
+}
+
+/// The number of runs, then per run the blocks since the previous run's
+/// end and its length in blocks.
+fn encode_runs(runs: &Runs, out: &mut Vec<u8>) {
+    put_varint(out, runs.count() as u64);
+    let mut prev = 0;
+    for (s, e) in runs.pairs() {
+        put_varint(out, s / BLOCK - prev);
+        let blocks = (e - s).div_ceil(BLOCK);
+        put_varint(out, blocks);
+        prev = s / BLOCK + blocks;
+    }
+}
+
+/// [`encode_runs`]'s runs, each cut at `base_len`.
+fn decode_runs(b: &[u8], base_len: u64) -> std::result::Result<(Runs, &[u8]), String> {
+    let (n, mut rest) = take_varint(b)?;
+    let mut pairs = Vec::new();
+    let mut prev: u64 = 0;
+    for _ in 0..n {
+        let (gap, r) = take_varint(rest)?;
+        let (blocks, r) = take_varint(r)?;
+        rest = r;
+        let start = prev.checked_add(gap).ok_or("a run past the end")?;
+        let end = start.checked_add(blocks).ok_or("a run past the end")?;
+        let (s, e) = (start.saturating_mul(BLOCK), end.saturating_mul(BLOCK));
+        if blocks == 0 || s >= base_len {
+            return Err("a run outside the base".into());
+        }
+        pairs.push((s, e.min(base_len)));
+        prev = end;
+    }
+    Ok((Runs::from_pairs(&pairs)?, rest))
 }
 
 /// A clone's file with bytes of its own and its base's elsewhere, while
@@ -239,6 +294,9 @@ struct State {
     /// Materialised: all bytes are the file's own and the mark is gone.
     done: bool,
     base: Reader,
+    /// Written with the mark while the bytes a flattening copied in may
+    /// not be on disk.
+    fallback: Option<Fallback>,
 }
 
 impl Patched {
@@ -384,6 +442,12 @@ impl Patched {
         if st.dirty && !st.done && st.own.count() > MAX_RUNS {
             return Err(errno(libc::E2BIG));
         }
+        if durable && !st.done && st.fallback.is_some() {
+            // The bytes the fallback stands in for are on disk now.
+            sys::fsync(self.fd.as_fd(), true)?;
+            st.fallback = None;
+            st.dirty = true;
+        }
         if st.dirty && !st.done {
             if !self.holes_mean_unwritten {
                 sys::fsync(self.fd.as_fd(), true)?;
@@ -392,6 +456,7 @@ impl Patched {
             mark.patch = Some(PatchMeta {
                 base_len: st.base_len,
                 own: st.own.clone(),
+                fallback: st.fallback.clone(),
             });
             sys::setxattr_fd(self.fd.as_fd(), self.ns.clone_mark(), &mark.encode(), 0)?;
             st.dirty = false;
@@ -471,9 +536,21 @@ impl Patched {
         let parent_mark = theirs.mark.clone();
         drop(theirs);
         // On the new base, a block a crash dropped would read the old
-        // base's base, not what the file showed: the data first, always
-        // (`persist` skips this where holes mean unwritten).
-        sys::fsync(self.fd.as_fd(), true)?;
+        // base's base, not what the file showed. Where a dropped block is
+        // a hole, the mark names the old base for the runs owned now (the
+        // first flattening since the data was last synced: an fdatasync
+        // per file was most of a round's writes); elsewhere, and for a
+        // second one, the data is synced first.
+        if self.holes_mean_unwritten && st.fallback.is_none() {
+            st.fallback = Some(Fallback {
+                at: st.mark.at,
+                path: st.mark.path.clone(),
+            });
+        } else {
+            sys::fsync(self.fd.as_fd(), true)?;
+            // Everything the file holds is on disk now.
+            st.fallback = None;
+        }
         st.mark = st.mark.rebased(&parent_mark);
         st.base = new_base;
         st.base_len = base_len;
@@ -744,7 +821,15 @@ impl Vfs {
         let base_len = meta.base_len.min(size);
         let mut own = meta.own;
         own.truncate(base_len);
+        let mut fallback = meta.fallback;
+        let mut dirty = false;
         if holes_mean_unwritten {
+            if let Some(f) = &fallback {
+                if self.mend(rw.as_fd(), f, &own, base_len)? {
+                    fallback = None;
+                    dirty = true;
+                }
+            }
             own = held(rw.as_fd(), &own, base_len)?;
         }
         let p = Arc::new(Patched {
@@ -760,10 +845,11 @@ impl Vfs {
                 // its mark did.
                 base_len,
                 own,
-                dirty: false,
+                dirty,
                 done: false,
                 base,
                 mark,
+                fallback,
             }),
         });
         // Made without the table's lock (its base may be patched too); the
@@ -777,6 +863,53 @@ impl Vfs {
         }
         known.insert(ino, Arc::downgrade(&p));
         Ok(p)
+    }
+
+    /// A flattened file loaded with its fallback: its owned blocks below
+    /// `base_len` whose data a crash dropped are read from the old base
+    /// and written in, and the file is synced; true: so it was, and the
+    /// fallback can go (the caller rewrites the mark). With nothing
+    /// missing the fallback stays (the data may still be only in the page
+    /// cache) and nothing is synced.
+    fn mend(&self, fd: BorrowedFd<'_>, f: &Fallback, own: &Runs, base_len: u64) -> Result<bool> {
+        let mut wanted = own.clone();
+        wanted.truncate(base_len);
+        let data = sys::data_ranges(fd, base_len)?;
+        let mut missing = Vec::new();
+        for (start, end) in wanted.pairs() {
+            let mut pos = start;
+            for &(at, n) in &data {
+                let (s, e) = (at.max(start), (at + n).min(end));
+                if s >= e {
+                    continue;
+                }
+                if s > pos {
+                    missing.push((pos, s));
+                }
+                pos = pos.max(e);
+            }
+            if pos < end {
+                missing.push((pos, end));
+            }
+        }
+        if missing.is_empty() {
+            return Ok(false);
+        }
+        tracing::info!(
+            "a flattened clone file lost {} run(s) in a crash: read again from its base",
+            missing.len()
+        );
+        let mut old = self.base_reader(f.at, &f.path)?;
+        let history = self.capture().ok_or(super::VfsError::NoHistory)?.history();
+        let mut buf = Vec::new();
+        for (s, e) in missing {
+            buf.resize((e - s) as usize, 0);
+            let got = read_base_into(history, &mut old, &mut buf, s)?;
+            buf[got..].fill(0);
+            write_all(fd, &buf, s)?;
+        }
+        sys::fsync(fd, true)?;
+        Ok(true)
     }
 
     /// The patched file of `ino` the daemon holds, if any.
@@ -851,6 +984,7 @@ impl Vfs {
         patched.patch = Some(PatchMeta {
             base_len: size,
             own: Runs::default(),
+            fallback: None,
         });
         // Nothing is the file's own yet: the mark needs no sync.
         sys::setxattr_fd(
@@ -1014,18 +1148,25 @@ mod tests {
         let meta = PatchMeta {
             base_len: 70000,
             own,
+            fallback: None,
         };
         let mut bytes = Vec::new();
         meta.encode(&mut bytes);
         assert!(bytes.len() <= 12, "{} bytes", bytes.len());
-        assert_eq!(PatchMeta::decode(&bytes), Ok((meta.clone(), &[][..])));
+        assert_eq!(
+            PatchMeta::decode(&bytes, false),
+            Ok((meta.clone(), &[][..]))
+        );
         for cut in 0..bytes.len() {
-            assert!(PatchMeta::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                PatchMeta::decode(&bytes[..cut], false).is_err(),
+                "cut at {cut}"
+            );
         }
         // A run of no blocks, or one past the base.
-        assert!(PatchMeta::decode(&[100, 1, 0, 0]).is_err());
-        assert!(PatchMeta::decode(&[100, 1, 1, 1]).is_err());
-        assert!(PatchMeta::decode(&[0xff; 11]).is_err());
+        assert!(PatchMeta::decode(&[100, 1, 0, 0], false).is_err());
+        assert!(PatchMeta::decode(&[100, 1, 1, 1], false).is_err());
+        assert!(PatchMeta::decode(&[0xff; 11], false).is_err());
     }
 
     #[test]

@@ -91,6 +91,10 @@ impl Vfs {
                 }
                 if let Some(mark) = self.read_mark(fd.as_fd())? {
                     used.insert(mark.at);
+                    // A flattened file's crash fallback reads that instant.
+                    if let Some(f) = mark.patch.and_then(|p| p.fallback) {
+                        used.insert(f.at);
+                    }
                 }
                 if kind == libc::S_IFDIR {
                     stack.push((fd, false));
