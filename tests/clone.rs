@@ -865,10 +865,7 @@ fn a_patched_block_whose_data_a_crash_dropped_reads_its_base() {
     both[40965..40969].copy_from_slice(b"lost");
     assert_eq!(fs::read(m.p("c")).unwrap(), both);
     m.kill9();
-    let backing = Fd::open(&m.src.join("c"), libc::O_RDWR, 0).unwrap();
-    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-    backing.fallocate(punch, 40960, 4096).unwrap();
-    drop(backing);
+    punch_backing(&m, "c", &[40960]);
     m.start();
     assert_eq!(fs::read(m.p("c")).unwrap(), kept);
     // Written again, the block is the file's own once more.
@@ -902,11 +899,7 @@ fn a_flattened_block_whose_data_a_crash_dropped_reads_what_the_file_showed() {
     m.kill9();
     // The block taken from c1 and the one c2 wrote, as a power cut can
     // leave them: holes.
-    let backing = Fd::open(&m.src.join("c2"), libc::O_RDWR, 0).unwrap();
-    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-    backing.fallocate(punch, 8192, 4096).unwrap();
-    backing.fallocate(punch, 40960, 4096).unwrap();
-    drop(backing);
+    punch_backing(&m, "c2", &[8192, 40960]);
     m.start();
     same(&fs::read(m.p("c2")).unwrap(), &shown, "after the crash");
     // Mended and synced, the file no longer needs its old base.
@@ -919,6 +912,16 @@ fn a_flattened_block_whose_data_a_crash_dropped_reads_what_the_file_showed() {
         &pattern(LEN, 11),
         "the source",
     );
+}
+
+/// The 4 KiB blocks at `offsets` of mount path `rel`'s backing file made
+/// holes, as a power cut leaves a block whose data never reached the disk.
+fn punch_backing(m: &Mount, rel: &str, offsets: &[i64]) {
+    let backing = Fd::open(&m.src.join(rel), libc::O_RDWR, 0).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    for &off in offsets {
+        backing.fallocate(punch, off, 4096).unwrap();
+    }
 }
 
 /// Equal bytes, or where the first difference lies (a whole file would
