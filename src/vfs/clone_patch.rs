@@ -537,10 +537,10 @@ impl Patched {
         drop(theirs);
         // On the new base, a block a crash dropped would read the old
         // base's base, not what the file showed. Where a dropped block is
-        // a hole, the mark names the old base for the runs owned now (the
-        // first flattening since the data was last synced: an fdatasync
-        // per file was most of a round's writes); elsewhere, and for a
-        // second one, the data is synced first.
+        // a hole, the mark names the old base as the fallback for owned
+        // blocks (the first flattening since the data was last synced: an
+        // fdatasync per file was most of a round's writes); elsewhere, and
+        // for a second one, the data is synced first.
         if self.holes_mean_unwritten && st.fallback.is_none() {
             st.fallback = Some(Fallback {
                 at: st.mark.at,
@@ -651,6 +651,16 @@ fn held(fd: BorrowedFd<'_>, own: &Runs, len: u64) -> Result<Runs> {
         }
     }
     Ok(held)
+}
+
+/// The parts of `own` that `kept` (its part the backing file holds data
+/// for) lacks.
+fn lost_runs(own: &Runs, kept: &Runs) -> Vec<(u64, u64)> {
+    own.pairs()
+        .flat_map(|(s, e)| kept.pieces(s, e, u64::MAX))
+        .filter(|p| !p.2)
+        .map(|p| (p.0, p.1))
+        .collect()
 }
 
 /// The runs do not fit a mark (too many for `MAX_RUNS`, or for the
@@ -824,13 +834,17 @@ impl Vfs {
         let mut fallback = meta.fallback;
         let mut dirty = false;
         if holes_mean_unwritten {
-            if let Some(f) = &fallback {
-                if self.mend(rw.as_fd(), f, &own, base_len)? {
+            let kept = held(rw.as_fd(), &own, base_len)?;
+            let lost = lost_runs(&own, &kept);
+            match &fallback {
+                Some(f) if !lost.is_empty() => {
+                    // Mended, every owned block holds data again.
+                    self.mend(rw.as_fd(), f, &lost)?;
                     fallback = None;
                     dirty = true;
                 }
+                _ => own = kept,
             }
-            own = held(rw.as_fd(), &own, base_len)?;
         }
         let p = Arc::new(Patched {
             fd: rw,
@@ -865,51 +879,26 @@ impl Vfs {
         Ok(p)
     }
 
-    /// A flattened file loaded with its fallback: its owned blocks below
-    /// `base_len` whose data a crash dropped are read from the old base
-    /// and written in, and the file is synced; true: so it was, and the
-    /// fallback can go (the caller rewrites the mark). With nothing
-    /// missing the fallback stays (the data may still be only in the page
-    /// cache) and nothing is synced.
-    fn mend(&self, fd: BorrowedFd<'_>, f: &Fallback, own: &Runs, base_len: u64) -> Result<bool> {
-        let mut wanted = own.clone();
-        wanted.truncate(base_len);
-        let data = sys::data_ranges(fd, base_len)?;
-        let mut missing = Vec::new();
-        for (start, end) in wanted.pairs() {
-            let mut pos = start;
-            for &(at, n) in &data {
-                let (s, e) = (at.max(start), (at + n).min(end));
-                if s >= e {
-                    continue;
-                }
-                if s > pos {
-                    missing.push((pos, s));
-                }
-                pos = pos.max(e);
-            }
-            if pos < end {
-                missing.push((pos, end));
-            }
-        }
-        if missing.is_empty() {
-            return Ok(false);
-        }
+    /// A flattened file loaded after a crash that dropped the data of
+    /// its owned blocks `lost`: they are read from its fallback (the old
+    /// base) and written in, and the file is synced, so the fallback can
+    /// go (the caller rewrites the mark).
+    fn mend(&self, fd: BorrowedFd<'_>, f: &Fallback, lost: &[(u64, u64)]) -> Result<()> {
         tracing::info!(
             "a flattened clone file lost {} run(s) in a crash: read again from its base",
-            missing.len()
+            lost.len()
         );
         let mut old = self.base_reader(f.at, &f.path)?;
         let history = self.capture().ok_or(super::VfsError::NoHistory)?.history();
         let mut buf = Vec::new();
-        for (s, e) in missing {
+        for &(s, e) in lost {
             buf.resize((e - s) as usize, 0);
             let got = read_base_into(history, &mut old, &mut buf, s)?;
             buf[got..].fill(0);
             write_all(fd, &buf, s)?;
         }
         sys::fsync(fd, true)?;
-        Ok(true)
+        Ok(())
     }
 
     /// The patched file of `ino` the daemon holds, if any.

@@ -95,7 +95,7 @@ impl Vfs {
 
     pub(super) fn live_open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
         let (inode, made) = if writes(flags) || flags & libc::O_TRUNC != 0 {
-            self.writable_node_to_open(caller, ino)?
+            self.writable_node_for(caller, ino, true)?
         } else {
             (self.node(ino)?, None)
         };

@@ -987,23 +987,21 @@ impl Vfs {
     /// in a read-only branch of a union: then a copy in the upper branch,
     /// under the same number.
     pub(super) fn writable_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
-        let node = self.node(ino)?;
-        if self.clones_on() {
-            self.before_clone_change(&node)?;
-        }
-        self.writable_in_union(caller, ino, node)
+        self.writable_node_for(caller, ino, false)
+            .map(|(node, _)| node)
     }
 
-    /// [`Vfs::writable_node`] for an open: with the patched file a clone's
-    /// file became (in no union: those are materialised).
-    pub(super) fn writable_node_to_open(
+    /// [`Vfs::writable_node`]; for an `open`, with the patched file a
+    /// clone's file became (in no union: those are materialised).
+    pub(super) fn writable_node_for(
         &self,
         caller: &super::Caller,
         ino: InodeNo,
+        open: bool,
     ) -> Result<(Node, Option<std::sync::Arc<super::clone_patch::Patched>>)> {
         let node = self.node(ino)?;
         let made = match self.clones_on() {
-            true => self.before_clone_change_for(&node, true)?,
+            true => self.before_clone_change_for(&node, open)?,
             false => None,
         };
         Ok((self.writable_in_union(caller, ino, node)?, made))
