@@ -2308,3 +2308,78 @@ fn listings_are_kept_until_the_directory_changes() {
         }
     });
 }
+
+/// Starts `prog 30`, retrying ETXTBSY: another test thread's fork may
+/// briefly hold a copy of the descriptor that wrote `prog`.
+fn start_program(prog: &Path) -> std::process::Child {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match std::process::Command::new(prog).arg("30").spawn() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETXTBSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::yield_now()
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
+
+/// Waits until `pid` runs `prog`: /proc/PID/exe names the program once
+/// execve(2) has taken its write access away.
+fn wait_until_running(pid: u32, prog: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fs::read_link(format!("/proc/{pid}/exe")).ok().as_deref() != Some(prog) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never ran",
+            prog.display()
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// A running program cannot be truncated or opened for writing (ETXTBSY)
+/// and keeps its bytes. `O_RDONLY | O_TRUNC` is the form the kernel lets
+/// reach the daemon (it takes no write access before OPEN, and atomic
+/// O_TRUNC truncates there): the daemon refuses it itself. Once the
+/// program has exited, the same open truncates (its RELEASE is sent
+/// asynchronously, so the mount may answer ETXTBSY for an instant).
+#[test]
+fn a_running_program_is_neither_written_nor_truncated() {
+    each_mode(|m| {
+        let (opens, kept, after, len) = m.compare_in("etxtbsy", |d| {
+            let prog = d.join("sleeper");
+            fs::copy("/bin/sleep", &prog).unwrap();
+            fs::set_permissions(&prog, fs::Permissions::from_mode(0o755)).unwrap();
+            let size = fs::metadata(&prog).unwrap().len();
+            let mut child = start_program(&prog);
+            wait_until_running(child.id(), &prog);
+            let opens: Vec<_> = [
+                libc::O_WRONLY,
+                libc::O_RDWR,
+                libc::O_RDONLY | libc::O_TRUNC,
+                libc::O_WRONLY | libc::O_TRUNC,
+            ]
+            .into_iter()
+            .map(|f| ok(Fd::open(&prog, f, 0)))
+            .collect();
+            let kept = fs::metadata(&prog).unwrap().len() == size;
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let after = loop {
+                match ok(Fd::open(&prog, libc::O_RDONLY | libc::O_TRUNC, 0)) {
+                    Err(libc::ETXTBSY) if std::time::Instant::now() < deadline => {
+                        std::thread::yield_now()
+                    }
+                    other => break other,
+                }
+            };
+            (opens, kept, after, fs::metadata(&prog).unwrap().len())
+        });
+        assert!(opens.iter().all(|r| *r == Err(libc::ETXTBSY)), "{opens:?}");
+        assert!(kept && after.is_ok() && len == 0, "{kept} {after:?} {len}");
+    });
+}
