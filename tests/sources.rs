@@ -135,3 +135,29 @@ fn a_view_directory_lists_and_forgets() {
     vfs.forget(f, 2);
     vfs.forget(dir, 1);
 }
+
+/// The kernel sends `open(O_RDONLY | O_TRUNC)` of a running program to
+/// the daemon (atomic O_TRUNC, no write access taken first): while an
+/// open made by execve(2) (`__FMODE_EXEC`) is held, it is ETXTBSY and the
+/// file keeps its bytes; after that open's release it truncates.
+#[test]
+fn a_file_open_for_execution_refuses_a_read_only_truncating_open() {
+    const FMODE_EXEC: i32 = 0x20;
+    let rig = Rig::new();
+    rig.write_file("prog", 0o755, b"#!/bin/sh\n").unwrap();
+    let ino = rig.resolve("prog").unwrap();
+    let exec = rig
+        .vfs
+        .open(&rig.caller, ino, libc::O_RDONLY | FMODE_EXEC)
+        .unwrap();
+    let trunc = libc::O_RDONLY | libc::O_TRUNC;
+    assert_eq!(errno(rig.vfs.open(&rig.caller, ino, trunc)), libc::ETXTBSY);
+    assert_eq!(rig.vfs.getattr(ino, None).unwrap().st.st_size, 10);
+    let reader = rig.vfs.open(&rig.caller, ino, libc::O_RDONLY).unwrap();
+    rig.vfs.release(reader.fh).unwrap();
+    assert_eq!(errno(rig.vfs.open(&rig.caller, ino, trunc)), libc::ETXTBSY);
+    rig.vfs.release(exec.fh).unwrap();
+    let t = rig.vfs.open(&rig.caller, ino, trunc).unwrap();
+    rig.vfs.release(t.fh).unwrap();
+    assert_eq!(rig.vfs.getattr(ino, None).unwrap().st.st_size, 0);
+}
