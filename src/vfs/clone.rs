@@ -236,6 +236,9 @@ pub(super) struct Clones {
     /// Patched files in use (`clone_patch`): at most one per inode while
     /// anything holds it, gone (its descriptors closed) when nothing does.
     pub(super) patched: parking_lot::Mutex<HashMap<InodeNo, Weak<Patched>>>,
+    /// Operations that can carry a mark to where a walk of the tree has
+    /// already been (`Vfs::clone_instants_in_use`).
+    pub(super) moves: super::clone_space::Moves,
 }
 
 impl Vfs {

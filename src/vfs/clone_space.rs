@@ -7,9 +7,10 @@ use std::collections::HashSet;
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::clone::Mark;
-use super::{errno, Result, Vfs};
+use super::{errno, Result, Vfs, VfsError};
 use crate::history::past::Node as PastNode;
 use crate::history::Seq;
 use crate::sys;
@@ -50,12 +51,44 @@ impl Vfs {
         Ok(space)
     }
 
-    /// The instants some clone's mark in any branch still reads.
+    /// The instants some clone's mark in any branch still reads: what
+    /// keeps a removed clone's tag (and so its base) alive.
+    ///
+    /// The walk takes no lock that stops the mount's work: a rename, link
+    /// or flattening (which can carry a mark from a directory not yet
+    /// walked into one already walked) makes it walk again, and after
+    /// `WALK_TRIES` it walks with every change held off. Branch changes,
+    /// snapmerge and sandbox commits wait for it (`Vfs::changing`).
     pub fn clone_instants_in_use(&self) -> Result<HashSet<Seq>> {
-        let mut used = HashSet::new();
         if !self.clones_on() {
-            return Ok(used);
+            return Ok(HashSet::new());
         }
+        {
+            let _set = self.changing();
+            for _ in 0..WALK_TRIES {
+                let before = self.clones.moves.done();
+                let used = self.marked_instants()?;
+                if self.clones.moves.still(before) {
+                    return Ok(used);
+                }
+            }
+        }
+        let _all = self.tree_lock().write();
+        // Only flattenings (a writer's release) still run; none starts.
+        for _ in 0..WALK_TRIES * 10 {
+            let before = self.clones.moves.done();
+            let used = self.marked_instants()?;
+            if self.clones.moves.still(before) {
+                return Ok(used);
+            }
+        }
+        Err(VfsError::Busy(
+            "clone marks kept moving while the tree was walked".into(),
+        ))
+    }
+
+    fn marked_instants(&self) -> Result<HashSet<Seq>> {
+        let mut used = HashSet::new();
         let roots: Vec<OwnedFd> = match self.union() {
             Some(u) => u
                 .roots()
@@ -83,7 +116,12 @@ impl Vfs {
                     continue;
                 }
                 let name = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
-                let fd = sys::openat(dir.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+                // Removed since the listing: a rename is counted, a removal
+                // takes its mark along.
+                let fd = match sys::openat(dir.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                    other => other?,
+                };
                 let st = sys::fstat(fd.as_fd())?;
                 let kind = st.st_mode & libc::S_IFMT;
                 if kind != libc::S_IFDIR && kind != libc::S_IFREG {
@@ -184,5 +222,68 @@ impl Vfs {
             }
             Ok(())
         })
+    }
+}
+
+/// Walks of the tree for marks before one runs with every change held
+/// off.
+const WALK_TRIES: usize = 3;
+
+/// Counts the operations that can move a clone mark (renames, links,
+/// flattenings) so that a walk of the tree can tell whether one ran while
+/// it walked: one that was running at its end, or ended during it.
+#[derive(Default)]
+pub(super) struct Moves {
+    active: AtomicU64,
+    done: AtomicU64,
+}
+
+/// Held for the whole of an operation that can move a mark.
+pub(super) struct Moving<'a>(&'a Moves);
+
+impl Moves {
+    pub(super) fn start(&self) -> Moving<'_> {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        Moving(self)
+    }
+
+    fn done(&self) -> u64 {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    /// Whether nothing moved since `done()` gave `before`.
+    fn still(&self, before: u64) -> bool {
+        self.active.load(Ordering::SeqCst) == 0 && self.done() == before
+    }
+}
+
+impl Drop for Moving<'_> {
+    fn drop(&mut self) {
+        self.0.done.fetch_add(1, Ordering::SeqCst);
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Moves;
+
+    #[test]
+    fn a_walk_is_trusted_only_if_no_move_ran_or_ended_during_it() {
+        let moves = Moves::default();
+        let before = moves.done();
+        assert!(moves.still(before));
+        // Started before the walk, still running at its end.
+        let early = moves.start();
+        let before = moves.done();
+        assert!(!moves.still(before));
+        // Ended during the walk.
+        drop(early);
+        assert!(!moves.still(before));
+        // Started and ended during it.
+        let before = moves.done();
+        drop(moves.start());
+        assert!(!moves.still(before));
+        assert!(moves.still(moves.done()));
     }
 }

@@ -617,6 +617,8 @@ impl Vfs {
         // and a version older than that would not vouch for the live file
         // (views and clones of it would read history).
         if let Some(p) = patched {
+            // A flattening rebases the mark onto another instant.
+            let _moving = session.then(|| self.clones.moves.start());
             if let Err(e) = p.flatten_and_persist(session) {
                 tracing::warn!("a clone file's patch mark could not be written: {e}");
             }

@@ -87,6 +87,9 @@ pub enum VfsError {
     /// A branch change that open files forbid; the message says which.
     #[error("{0}")]
     BranchBusy(String),
+    /// Work that the mount's own changes kept from finishing.
+    #[error("{0}")]
+    Busy(String),
     #[error("this mount is not a union: it has no branches to change")]
     NotUnion,
     #[error("no branch {0} in this union")]
@@ -118,7 +121,7 @@ impl VfsError {
             VfsError::UnknownInode(_) => libc::ESTALE,
             VfsError::UnknownHandle(_) => libc::EBADF,
             VfsError::RevokedHandle(_) => libc::ESTALE,
-            VfsError::BranchBusy(_) => libc::EBUSY,
+            VfsError::BranchBusy(_) | VfsError::Busy(_) => libc::EBUSY,
             VfsError::NotUnion => libc::EINVAL,
             VfsError::NoSuchBranch(_) => libc::ENOENT,
             VfsError::Reserved(_) => libc::EPERM,

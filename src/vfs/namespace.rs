@@ -233,6 +233,7 @@ impl Vfs {
         newname: &OsStr,
     ) -> Result<Entry> {
         let _set = self.changing();
+        let _moving = self.clones.moves.start();
         // A link cannot leave a read-only source for a writable one.
         if !self.source_of(ino).writable() {
             return Err(errno(libc::EXDEV));
@@ -378,6 +379,7 @@ impl Vfs {
         self.settle_named(parent, name);
         self.settle_named(newparent, newname);
         let _set = self.changing();
+        let _moving = self.clones.moves.start();
         if !self.source_of(parent).writable() {
             // Out of a read-only source into a writable one is a move across
             // file systems (mv copies instead); within one, a change to it.
