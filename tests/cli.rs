@@ -669,3 +669,64 @@ fn helper_shorthand_takes_external_changes() {
     let (st, err, _) = run_cli(&os(&[&"umount", &mnt]), t.path());
     assert!(st.success(), "chronofs umount failed: {st}: {err}");
 }
+
+/// A daemon whose mount was unmounted (`fusermount3 -u`) but that exits
+/// only after a new mount was made at the same place leaves that mount
+/// alone. (fuser 0.18.0 took the dead connection for a live one and
+/// unmounted the path as the daemon exited: a quick remount vanished.)
+#[test]
+fn a_new_mount_survives_the_exit_of_the_daemon_unmounted_before_it() {
+    let tmp = tempdir();
+    let (src1, src2, mnt) = (
+        tmp.path().join("s1"),
+        tmp.path().join("s2"),
+        tmp.path().join("m"),
+    );
+    for d in [&src1, &src2, &mnt] {
+        fs::create_dir(d).unwrap();
+    }
+    fs::write(src2.join("second"), b"2").unwrap();
+    let start = |src: &Path| {
+        Command::new(bin())
+            .arg("mount")
+            .arg(src)
+            .arg(&mnt)
+            .args(["-f", "-o", "plain"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mounted_within = |deadline: Duration| {
+        let t0 = Instant::now();
+        while !is_mounted(&mnt) && t0.elapsed() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        is_mounted(&mnt)
+    };
+    let signal = |pid: u32, sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill {sig} {pid}");
+    };
+    let mut first = start(&src1);
+    assert!(mounted_within(Duration::from_secs(10)), "first mount");
+    // Stopped between its unmount and its exit.
+    signal(first.id(), "-STOP");
+    let unmounted = Command::new("fusermount3").arg("-u").arg(&mnt).status();
+    let mut second = start(&src2);
+    let second_up = mounted_within(Duration::from_secs(10));
+    signal(first.id(), "-CONT");
+    first.wait().unwrap();
+    let survived = is_mounted(&mnt) && fs::read(mnt.join("second")).ok() == Some(b"2".to_vec());
+    let _ = Command::new("fusermount3").arg("-u").arg(&mnt).status();
+    let _ = second.wait();
+    assert!(unmounted.unwrap().success(), "fusermount3 -u of the first");
+    assert!(second_up, "second mount");
+    assert!(
+        survived,
+        "the new mount was unmounted by the old daemon's exit"
+    );
+}

@@ -207,7 +207,11 @@ fn is_mounted(fuse_device: &DevFuse) -> bool {
         let res = poll(slice::from_mut(&mut poll_fd), PollTimeout::ZERO);
         break match res {
             Ok(0) => true,
-            Ok(1) => poll_fd
+            // chronofs patch: POLLERR means the connection is gone (unmounted or
+            // aborted); upstream 0.18.0 had the test inverted, so a daemon
+            // outliving its unmount unmounted the path, taking a new mount
+            // there with it.
+            Ok(1) => !poll_fd
                 .revents()
                 .is_some_and(|r| r.contains(PollFlags::POLLERR)),
             Ok(_) => unreachable!(),
