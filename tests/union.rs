@@ -134,6 +134,29 @@ fn changes_copy_up_and_keep_the_inode_number() {
     });
 }
 
+/// An xattr read while the file is open comes from the object its name
+/// shows now: a descriptor opened before a copy-up still holds the lower
+/// file, whose xattrs the copy-up left behind.
+#[test]
+fn xattrs_read_while_a_lower_file_is_open_follow_its_copy_up() {
+    let m = Mount::union("plain", 1, |b| {
+        fs::write(b[1].join("f"), b"low").unwrap();
+        set_xattr(&b[1].join("f"), "user.k", b"lower", 0).unwrap();
+    });
+    let reader = fs::File::open(m.p("f")).unwrap();
+    assert_eq!(get_xattr(&m.p("f"), "user.k").unwrap(), b"lower");
+    set_xattr(&m.p("f"), "user.k", b"upper", 0).unwrap();
+    assert_eq!(get_xattr(&m.p("f"), "user.k").unwrap(), b"upper");
+    let writer = fs::OpenOptions::new().append(true).open(m.p("f")).unwrap();
+    set_xattr(&m.p("f"), "user.k", b"again", 0).unwrap();
+    assert_eq!(get_xattr(&m.p("f"), "user.k").unwrap(), b"again");
+    assert_eq!(
+        get_xattr(&m.lowers[0].join("f"), "user.k").unwrap(),
+        b"lower"
+    );
+    drop((reader, writer));
+}
+
 #[test]
 fn unlink_whites_out_a_lower_name() {
     each_union(lower_tree, |m| {

@@ -525,6 +525,17 @@ pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Resul
     .map_err(os_err)
 }
 
+/// getxattr through an open (not O_PATH) descriptor: no `/proc` path
+/// walk. `buf` empty asks the size.
+pub fn fgetxattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    if buf.is_empty() {
+        rfs::fgetxattr_query(fd, name)
+    } else {
+        rfs::fgetxattr(fd, name, buf)
+    }
+    .map_err(os_err)
+}
+
 pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
     let path = proc_fd_path(fd);
     let flags = rfs::XattrFlags::from_bits_retain(flags as _);

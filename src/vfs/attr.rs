@@ -63,6 +63,19 @@ impl Xattr {
         Ok(Xattr::sized(buf, size, n))
     }
 
+    /// getxattr through an open descriptor of the object, as `caller`.
+    pub(super) fn read_open(
+        caller: &Caller,
+        fd: std::os::fd::BorrowedFd<'_>,
+        name: &OsStr,
+        size: u32,
+    ) -> Result<Xattr> {
+        let cname = sys::cstr(name)?;
+        let mut buf = vec![0u8; size as usize];
+        let n = creds::as_caller(caller, || sys::fgetxattr(fd, &cname, &mut buf))?;
+        Ok(Xattr::sized(buf, size, n))
+    }
+
     /// listxattr of a live object, as `caller`.
     pub(super) fn list(
         caller: &Caller,
@@ -224,7 +237,15 @@ impl Vfs {
         size: u32,
     ) -> Result<Xattr> {
         self.refuse_union_xattr(name)?;
-        Xattr::read(caller, self.node(ino)?.fd(), name, size)
+        let node = self.node(ino)?;
+        // The kernel asks security.capability at a file's first write and
+        // at each chown, while the writer holds it open.
+        if let Some(h) = self.handles.open_file(ino, &node.inode.key) {
+            if let Handle::File { fd, .. } = &*h {
+                return Xattr::read_open(caller, fd.as_fd(), name, size);
+            }
+        }
+        Xattr::read(caller, node.fd(), name, size)
     }
 
     pub fn setxattr(

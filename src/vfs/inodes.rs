@@ -1151,6 +1151,8 @@ pub struct HandleTable {
     /// How many handles were removed so far, and a wakeup for each.
     removals: Mutex<u64>,
     removed: parking_lot::Condvar,
+    /// The open file handles of each inode (see [`HandleTable::open_file`]).
+    by_ino: Mutex<HashMap<InodeNo, Vec<u64>>>,
 }
 
 impl Default for HandleTable {
@@ -1161,6 +1163,7 @@ impl Default for HandleTable {
             revoked: Mutex::new(std::collections::HashSet::new()),
             removals: Mutex::new(0),
             removed: parking_lot::Condvar::new(),
+            by_ino: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -1168,8 +1171,38 @@ impl Default for HandleTable {
 impl HandleTable {
     pub fn insert(&self, handle: Handle) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Handle::File { ino, .. } = &handle {
+            self.by_ino.lock().entry(*ino).or_default().push(fh);
+        }
         self.handles.write().insert(fh, Arc::new(handle));
         fh
+    }
+
+    /// An open handle of `ino` whose descriptor is the object with `key`
+    /// (not a copy a copy-up left behind): xattrs read through it cost no
+    /// `/proc` path walk, as the inode's O_PATH descriptor's do.
+    pub fn open_file(&self, ino: InodeNo, key: &BackingKey) -> Option<Arc<Handle>> {
+        let fhs = self.by_ino.lock().get(&ino).cloned()?;
+        fhs.into_iter().find_map(|fh| {
+            let h = self.handles.read().get(&fh).cloned()?;
+            let Handle::File { fd, .. } = &*h else {
+                return None;
+            };
+            let st = sys::fstat(fd.as_fd()).ok()?;
+            (st.st_dev == key.dev && st.st_ino == key.ino).then_some(h)
+        })
+    }
+
+    fn forget_file(&self, fh: u64, handle: &Handle) {
+        if let Handle::File { ino, .. } = handle {
+            let mut by_ino = self.by_ino.lock();
+            if let Some(fhs) = by_ino.get_mut(ino) {
+                fhs.retain(|f| *f != fh);
+                if fhs.is_empty() {
+                    by_ino.remove(ino);
+                }
+            }
+        }
     }
 
     pub fn get(&self, fh: u64) -> Result<Arc<Handle>> {
@@ -1207,7 +1240,8 @@ impl HandleTable {
 
     pub fn remove(&self, fh: u64) -> Result<Arc<Handle>> {
         let removed = self.handles.write().remove(&fh);
-        if removed.is_some() {
+        if let Some(h) = &removed {
+            self.forget_file(fh, h);
             *self.removals.lock() += 1;
             self.removed.notify_all();
         }
@@ -1241,6 +1275,8 @@ impl HandleTable {
     pub fn revoke(&self, fh: u64) -> Option<Arc<Handle>> {
         let mut handles = self.handles.write();
         let handle = handles.remove(&fh)?;
+        drop(handles);
+        self.forget_file(fh, &handle);
         self.revoked.lock().insert(fh);
         Some(handle)
     }
