@@ -50,17 +50,14 @@ impl Xattr {
         Ok(Xattr::sized(value, asked, len))
     }
 
-    /// getxattr of a live object, as `caller`.
+    /// getxattr of a live object (its O_PATH descriptor), as `caller`.
     pub(super) fn read(
         caller: &Caller,
         fd: std::os::fd::BorrowedFd<'_>,
         name: &OsStr,
         size: u32,
     ) -> Result<Xattr> {
-        let cname = sys::cstr(name)?;
-        let mut buf = vec![0u8; size as usize];
-        let n = creds::as_caller(caller, || sys::getxattr_fd(fd, &cname, &mut buf))?;
-        Ok(Xattr::sized(buf, size, n))
+        Xattr::read_with(caller, name, size, |n, buf| sys::getxattr_fd(fd, n, buf))
     }
 
     /// getxattr through an open descriptor of the object, as `caller`.
@@ -70,9 +67,18 @@ impl Xattr {
         name: &OsStr,
         size: u32,
     ) -> Result<Xattr> {
+        Xattr::read_with(caller, name, size, |n, buf| sys::fgetxattr(fd, n, buf))
+    }
+
+    fn read_with(
+        caller: &Caller,
+        name: &OsStr,
+        size: u32,
+        get: impl Fn(&std::ffi::CStr, &mut [u8]) -> std::io::Result<usize>,
+    ) -> Result<Xattr> {
         let cname = sys::cstr(name)?;
         let mut buf = vec![0u8; size as usize];
-        let n = creds::as_caller(caller, || sys::fgetxattr(fd, &cname, &mut buf))?;
+        let n = creds::as_caller(caller, || get(&cname, &mut buf))?;
         Ok(Xattr::sized(buf, size, n))
     }
 
