@@ -1,7 +1,6 @@
 //! Open files: open, create, read, write, flush, release, fsync,
 //! fallocate, lseek, copy_file_range.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -84,20 +83,19 @@ impl Vfs {
     }
 
     pub fn open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
+        // With atomic O_TRUNC this open reaches the daemon before the
+        // kernel's ETXTBSY check (it takes no write access first): the
+        // daemon would truncate a running program under it. Dropping
+        // atomic O_TRUNC instead would cost a SETATTR per O_TRUNC open and
+        // take passthrough from large-file rewrites. A handle's RELEASE
+        // comes after its program exited, so such an open in the instant
+        // after the exit can still see ETXTBSY.
         if flags & libc::O_TRUNC != 0
             && flags & libc::O_ACCMODE == libc::O_RDONLY
-            && self.executing.runs(ino)
+            && self.handles.executing(ino)
         {
             return Err(errno(libc::ETXTBSY));
         }
-        let opened = self.open_unchecked(caller, ino, flags)?;
-        if flags & FMODE_EXEC != 0 {
-            self.executing.opened(opened.fh, ino);
-        }
-        Ok(opened)
-    }
-
-    fn open_unchecked(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
         let _set = (writes(flags) || flags & libc::O_TRUNC != 0)
             .then(|| self.changing())
             .flatten();
@@ -193,6 +191,7 @@ impl Vfs {
             branch: inode.key.branch,
             base,
             patched: parking_lot::Mutex::new(patched.clone()),
+            executes: flags & FMODE_EXEC != 0,
         });
         Ok(Opened {
             fh,
@@ -452,6 +451,7 @@ impl Vfs {
             branch: inode.key.branch,
             base: None,
             patched: parking_lot::Mutex::new(None),
+            executes: false,
         });
         let entry = Entry {
             attr: Attr { ino: inode.ino, st },
@@ -581,7 +581,6 @@ impl Vfs {
 
     /// Closes a handle; returns the inode it belonged to.
     pub fn release(&self, fh: u64) -> Result<Option<InodeNo>> {
-        self.executing.released(fh);
         self.handle_source(fh).release(self)
     }
 
@@ -731,34 +730,3 @@ impl Vfs {
 /// The open flag the kernel sets on the file execve(2) opens
 /// (`__FMODE_EXEC`, include/linux/fs.h); FUSE passes it on in OPEN.
 const FMODE_EXEC: i32 = 0x20;
-
-/// Files being executed, known by the handles execve(2) opened: a running
-/// program keeps its file open until it exits.
-///
-/// The kernel refuses to truncate a running program (ETXTBSY), but with
-/// atomic O_TRUNC an `open(O_RDONLY | O_TRUNC)` reaches the daemon, which
-/// truncates at OPEN, before the kernel's check (only a read-only open
-/// takes no write access first): the daemon has to refuse it itself.
-/// The handle's RELEASE is sent after the program has exited, so such an
-/// open in the instant after the exit can still see ETXTBSY; without
-/// atomic O_TRUNC, every `O_TRUNC` open would cost a SETATTR and a
-/// large file's rewrite would lose passthrough (docs/ARCHITECTURE.md
-/// "Per-open write path").
-#[derive(Default)]
-pub(super) struct Executing {
-    handles: parking_lot::Mutex<HashMap<u64, InodeNo>>,
-}
-
-impl Executing {
-    fn opened(&self, fh: u64, ino: InodeNo) {
-        self.handles.lock().insert(fh, ino);
-    }
-
-    fn released(&self, fh: u64) {
-        self.handles.lock().remove(&fh);
-    }
-
-    fn runs(&self, ino: InodeNo) -> bool {
-        self.handles.lock().values().any(|i| *i == ino)
-    }
-}

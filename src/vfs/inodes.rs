@@ -1088,6 +1088,8 @@ pub enum Handle {
         /// one or met since (`vfs/clone_patch.rs`): kept while the handle
         /// is open.
         patched: Mutex<Option<std::sync::Arc<super::clone_patch::Patched>>>,
+        /// Opened by execve(2): the program runs while it is open.
+        executes: bool,
     },
     Dir {
         ino: InodeNo,
@@ -1190,6 +1192,20 @@ impl HandleTable {
             };
             let st = sys::fstat(fd.as_fd()).ok()?;
             (st.st_dev == key.dev && st.st_ino == key.ino).then_some(h)
+        })
+    }
+
+    /// Whether a program runs from `ino`: a handle execve(2) opened is
+    /// still open.
+    pub fn executing(&self, ino: InodeNo) -> bool {
+        let Some(fhs) = self.by_ino.lock().get(&ino).cloned() else {
+            return false;
+        };
+        let handles = self.handles.read();
+        fhs.iter().any(|fh| {
+            handles
+                .get(fh)
+                .is_some_and(|h| matches!(&**h, Handle::File { executes: true, .. }))
         })
     }
 
@@ -1470,6 +1486,7 @@ mod tests {
             patched: Mutex::new(None),
             branch: 0,
             base: None,
+            executes: false,
         }
     }
 

@@ -251,8 +251,6 @@ pub struct Vfs {
     /// how many there are. The kernel refuses to mix passthrough and cached
     /// opens of one inode, so the first open chooses for all.
     io_modes: parking_lot::Mutex<std::collections::HashMap<InodeNo, (bool, u32)>>,
-    /// Handles that execve(2) opened, per inode: see `file::Executing`.
-    executing: file::Executing,
     /// Nodes and handles of the time-travel views.
     views: views::Views,
     /// The branches of a union mount (`None`: one branch).
@@ -320,7 +318,6 @@ impl Vfs {
             writeback: AtomicBool::new(false),
             passthrough: AtomicBool::new(false),
             io_modes: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            executing: file::Executing::default(),
             capture,
             ingest: ingest::IngestProgress::default(),
             views: views::Views::default(),
