@@ -315,6 +315,103 @@ fn xattr_names(p: &Path) -> Vec<String> {
         .collect()
 }
 
+/// One line on stderr and a failure with `errno`'s message.
+fn refused_with(out: std::process::Output, errno: i32) {
+    assert!(!out.status.success(), "succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    let want = std::io::Error::from_raw_os_error(errno).to_string();
+    assert!(err.contains(&want), "{err} (wanted {want})");
+}
+
+fn is_opaque(dir: &Path) -> bool {
+    let (c, name) = (cstr(dir), c"trusted.overlay.opaque");
+    let mut buf = [0u8; 8];
+    // SAFETY: both strings are NUL-ended; the buffer is valid for its length.
+    let n = unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 8) };
+    n == 1 && buf[0] == b'y'
+}
+
+/// In a union a clone takes a name whichever branch shows it, as rename(2)
+/// would: over a whiteout, over an upper object or one only a lower branch
+/// holds, a directory clone hiding what lies below it, a lower read-write
+/// branch's copy gone (delete=all); rename(2)'s refusals; what it replaced
+/// stays in the past.
+#[test]
+fn a_clone_in_a_union_replaces_what_any_branch_shows() {
+    let m = Mount::union("", 2, |b| {
+        let lo = &b[1];
+        fs::create_dir_all(lo.join("t/sub")).unwrap();
+        fs::write(lo.join("t/a"), b"from t").unwrap();
+        fs::write(lo.join("t/sub/b"), b"sub b").unwrap();
+        fs::write(lo.join("gone"), b"lower gone").unwrap();
+        fs::create_dir_all(lo.join("gonedir/x")).unwrap();
+        fs::write(lo.join("gonedir/x/y"), b"y").unwrap();
+        fs::write(lo.join("low"), b"lower file").unwrap();
+        fs::create_dir_all(lo.join("lowdir")).unwrap();
+        fs::write(lo.join("lowdir/z"), b"z").unwrap();
+        fs::create_dir_all(lo.join("full")).unwrap();
+        fs::write(lo.join("full/keep"), b"k").unwrap();
+        fs::write(b[2].join("rwfile"), b"rw lower").unwrap();
+    });
+    let t = tree(&m.p("t"));
+    let read = |p: &str| fs::read(m.p(p)).unwrap();
+    // Over whiteouts: the names show nothing, and the clone shows alone.
+    fs::remove_file(m.p("gone")).unwrap();
+    fs::remove_dir_all(m.p("gonedir")).unwrap();
+    succeeded(clone(&m.p("t/a"), &m.p("gone")));
+    succeeded(clone(&m.p("t"), &m.p("gonedir")));
+    assert_eq!(read("gone"), b"from t");
+    assert_eq!(
+        tree(&m.p("gonedir")),
+        t,
+        "lower entries merged into the clone"
+    );
+    // Over an upper file and a lower-only file; the lower one untouched.
+    fs::write(m.p("up"), b"upper").unwrap();
+    tag(&m, "before");
+    succeeded(clone(&m.p("t/a"), &m.p("up")));
+    succeeded(clone(&m.p("t/a"), &m.p("low")));
+    assert_eq!(read("up"), b"from t");
+    assert_eq!(read("low"), b"from t");
+    assert_eq!(fs::read(m.lowers[0].join("low")).unwrap(), b"lower file");
+    // Over a lower directory emptied through the union.
+    fs::remove_file(m.p("lowdir/z")).unwrap();
+    succeeded(clone(&m.p("t"), &m.p("lowdir")));
+    assert_eq!(tree(&m.p("lowdir")), t);
+    // rename(2)'s refusals, nothing changed.
+    refused_with(clone(&m.p("t"), &m.p("full")), libc::ENOTEMPTY);
+    refused_with(clone(&m.p("t"), &m.p("low")), libc::ENOTDIR);
+    refused_with(clone(&m.p("t/a"), &m.p("t/sub")), libc::EISDIR);
+    assert_eq!(read("full/keep"), b"k");
+    assert_eq!(tree(&m.p("t")), t);
+    // A lower read-write branch's copy goes (delete=all).
+    let lower2 = m.lowers[1].as_os_str();
+    succeeded(chronofs(&[
+        "branch".as_ref(),
+        "mode".as_ref(),
+        m.mnt.as_os_str(),
+        lower2,
+        "rw".as_ref(),
+    ]));
+    succeeded(clone(&m.p("t/a"), &m.p("rwfile")));
+    assert_eq!(read("rwfile"), b"from t");
+    assert!(
+        !m.lowers[1].join("rwfile").exists(),
+        "the hidden copy stays"
+    );
+    // The past keeps what was replaced.
+    assert_eq!(read(".history/@before/up"), b"upper");
+    assert_eq!(read(".history/@before/low"), b"lower file");
+    // On disk, overlayfs's formats: the directory clones made opaque where
+    // a lower directory lies below; and all of it survives a remount.
+    assert!(is_opaque(&m.src.join("gonedir")) && is_opaque(&m.src.join("lowdir")));
+    let seen = tree(&m.mnt);
+    let mut m = m;
+    m.remount();
+    assert_eq!(tree(&m.mnt), seen);
+}
+
 #[test]
 fn a_template_makes_working_trees_of_a_tree_as_it_was() {
     let m = Mount::new_with("", |src| {
@@ -404,17 +501,29 @@ fn a_template_makes_working_trees_of_a_tree_as_it_was() {
 
 #[test]
 fn hard_links_inside_a_clone_stay_one_file() {
-    let m = Mount::new_with("", |src| {
-        let t = src.join("t");
-        fs::create_dir_all(t.join("sub/deeper")).unwrap();
-        fs::create_dir_all(src.join("outside")).unwrap();
-        fs::write(t.join("a"), b"shared").unwrap();
-        fs::hard_link(t.join("a"), t.join("sub/a2")).unwrap();
-        fs::hard_link(t.join("a"), t.join("sub/deeper/a3")).unwrap();
-        // A name outside the cloned tree does not count in the clone.
-        fs::write(t.join("x"), b"x").unwrap();
-        fs::hard_link(t.join("x"), src.join("outside/y")).unwrap();
-    });
+    hard_links_stay_one_file(Mount::new_with("", linked_tree));
+}
+
+/// The same in a union, the source in a read-only lower branch: the
+/// clone's linked copies live in the upper branch's hard-link index.
+#[test]
+fn hard_links_inside_a_clone_in_a_union_stay_one_file() {
+    hard_links_stay_one_file(Mount::union("", 1, |b| linked_tree(&b[1])));
+}
+
+fn linked_tree(src: &Path) {
+    let t = src.join("t");
+    fs::create_dir_all(t.join("sub/deeper")).unwrap();
+    fs::create_dir_all(src.join("outside")).unwrap();
+    fs::write(t.join("a"), b"shared").unwrap();
+    fs::hard_link(t.join("a"), t.join("sub/a2")).unwrap();
+    fs::hard_link(t.join("a"), t.join("sub/deeper/a3")).unwrap();
+    // A name outside the cloned tree does not count in the clone.
+    fs::write(t.join("x"), b"x").unwrap();
+    fs::hard_link(t.join("x"), src.join("outside/y")).unwrap();
+}
+
+fn hard_links_stay_one_file(m: Mount) {
     let lstat = |p: &str| fs::symlink_metadata(m.p(p)).unwrap();
     succeeded(clone(&m.p("t"), &m.p("c")));
     succeeded(clone(&m.p("t"), &m.p("d")));

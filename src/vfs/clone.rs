@@ -18,19 +18,18 @@
 //! backdates them), so the past shows the clone whole from its start, and
 //! a tag `clone:N` keeps the base's instant from retention.
 
-use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use std::collections::HashMap;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use super::clone_patch::{PatchMeta, Patched};
 use super::inodes::Node;
-use super::{errno, Caller, InodeNo, Result, Vfs, VfsError};
+use super::{errno, InodeNo, Result, Vfs};
 use crate::history::past::Node as PastNode;
 use crate::history::{Binding, Content, Seq};
-use crate::sys::{self, creds, Stat, TimeSpec};
+use crate::sys::{self, Stat, TimeSpec};
 use crate::union::copyup::{is_copyup_temp, temp_name};
 use crate::union::format::{self, XattrNs};
 
@@ -68,13 +67,13 @@ pub(in crate::vfs) struct Mark {
     /// set-user-ID or set-group-ID bit on a file that user does not own
     /// (a copy of a privileged program in their hands, as a hard link
     /// would be, which `protected_hardlinks` refuses).
-    by: u32,
+    pub(in crate::vfs) by: u32,
     /// The clone's id (the number in its tag `clone:N`); 0 for a mark
     /// of format 1, which did not say.
-    clone_id: u64,
+    pub(in crate::vfs) clone_id: u64,
     /// How many leading components of `path` name the clone's source:
     /// the tree whose hard links the clone keeps.
-    depth: u16,
+    pub(in crate::vfs) depth: u16,
     pub path: Vec<Vec<u8>>,
     /// A patched file's own bytes (`clone_patch`).
     pub patch: Option<PatchMeta>,
@@ -379,7 +378,7 @@ impl Vfs {
                     let mark = mark.child(&name, false);
                     match self.linked_copy(&mark, &base)? {
                         Some(link) => {
-                            let to = (dir.fd(), cname.as_c_str());
+                            let to = (dir, cname.as_c_str());
                             self.copy_linked_entry(to, &base, mark, &link, &mut index)?;
                         }
                         None => self.copy_entry(dir.fd(), &cname, &base, mark)?,
@@ -459,10 +458,12 @@ impl Vfs {
             return Ok(());
         };
         let mut entries: Vec<(Vec<u8>, Binding)> = Vec::with_capacity(made.len());
+        // A union's create policy may have put the clone in any branch.
+        let branch = self.inodes.branch_of(&dir.key);
         for (name, cname) in made {
             let fd = sys::open_path(dir.fd(), cname)?;
             let st = sys::fstat(fd.as_fd())?;
-            let inode = self.inodes.acquire_new(fd, &st, false)?;
+            let inode = self.inodes.acquire_new_in(branch, fd, &st, false)?;
             let binding = super::versioning::Live(self).binding_of(&inode);
             inode.set_name(dir.ino, name);
             self.inodes.forget(inode.ino, 1);
@@ -496,7 +497,7 @@ impl Vfs {
     /// each). None in a union mount, whose index is the union's, and for
     /// a mark of format 1, which does not name its clone.
     fn linked_copy(&self, mark: &Mark, base: &PastNode) -> Result<Option<(CString, u32)>> {
-        if mark.clone_id == 0 || self.union().is_some() {
+        if mark.clone_id == 0 {
             return Ok(None);
         }
         let (obj, mode, nlink) = match base {
@@ -533,6 +534,18 @@ impl Vfs {
         Ok(Some((entry, within.unwrap_or(nlink).max(1))))
     }
 
+    /// The hard-link index that takes the linked copies of a clone's
+    /// directory `dir` (made if there is none): that of the branch `dir` is
+    /// in (a link cannot cross branches), else the one in the mount's root.
+    fn clone_link_index(&self, dir: &Node) -> Result<Arc<OwnedFd>> {
+        match self.union() {
+            Some(u) => u.index_or_make_in(self.inodes.branch_of(&dir.key)),
+            None => Ok(Arc::new(crate::union::index::open_or_make(
+                self.branch.root_fd(),
+            )?)),
+        }
+    }
+
     /// Makes `name` in `dir` a name of the clone's copy of `base`, a file
     /// with several names: a link to its index entry, made (a copy with
     /// the link count to show) by the first of its names to be filled.
@@ -540,17 +553,18 @@ impl Vfs {
     /// outlives a crash without it.
     fn copy_linked_entry(
         &self,
-        (dir, name): (BorrowedFd<'_>, &std::ffi::CStr),
+        (dir_node, name): (&Node, &std::ffi::CStr),
         base: &PastNode,
         mark: Mark,
         (entry, links): &(CString, u32),
-        index: &mut Option<std::os::fd::OwnedFd>,
+        index: &mut Option<Arc<OwnedFd>>,
     ) -> Result<()> {
         let ix = match index {
             Some(fd) => fd,
-            None => index.insert(crate::union::index::open_or_make(self.branch.root_fd())?),
+            None => index.insert(self.clone_link_index(dir_node)?),
         };
         let ix = ix.as_fd();
+        let dir = dir_node.fd();
         let prepared = match sys::open_path(ix, entry) {
             Ok(copy) => {
                 let hidden = temp_name();
@@ -588,7 +602,12 @@ impl Vfs {
 
     /// Makes a copy of `base` (metadata only: a regular file gets its size
     /// and a mark, a directory a mark) under a hidden name in `dir`.
-    fn prepare_entry(&self, dir: BorrowedFd<'_>, base: &PastNode, mark: Mark) -> Result<Prepared> {
+    pub(super) fn prepare_entry(
+        &self,
+        dir: BorrowedFd<'_>,
+        base: &PastNode,
+        mark: Mark,
+    ) -> Result<Prepared> {
         let (mut st, xattrs, target) = describe(base)?;
         st.st_mode = mark.mode_for(&st);
         let kind = st.st_mode & libc::S_IFMT;
@@ -710,177 +729,6 @@ impl Vfs {
         sys::fsync(out.as_fd(), false)?;
         Ok(())
     }
-
-    /// `chronofs clone`: makes `dst` (in directory `dst_parent`) a copy of
-    /// mount path `src` as of `at`, as `caller`. Refused where the caller
-    /// could not read SRC's top or write DST's directory. An existing DST
-    /// is replaced as rename(2) would replace it (a directory only by a
-    /// directory, and only if empty), in one step; in a union mount an
-    /// existing DST is refused (EEXIST).
-    pub fn clone_path(
-        &self,
-        caller: &Caller,
-        src: &[Vec<u8>],
-        at: Seq,
-        dst_parent: InodeNo,
-        dst_name: &OsStr,
-    ) -> Result<Cloned> {
-        let _set = self.changing();
-        if self.capture().is_none() {
-            return Err(VfsError::NoHistory);
-        }
-        let base = self
-            .with_past(|p| p.resolve(src, at).map_err(super::views::past_err))?
-            .ok_or_else(|| errno(libc::ENOENT))?;
-        self.check_name(dst_parent, dst_name)?;
-        let parent = self.node(dst_parent)?;
-        self.fill_if_unfilled(&parent)?;
-        creds::as_caller(caller, || {
-            sys::access_fd(parent.fd(), libc::W_OK | libc::X_OK)
-        })?;
-        let old = match self.union() {
-            Some(_) if self.lookup_exists(&parent, dst_name)? => {
-                return Err(errno(libc::EEXIST));
-            }
-            Some(_) => None,
-            None => self.replaced_by_clone(caller, &parent, dst_name, &base)?,
-        };
-        let made = self.make_clone(caller, (&base, src, at), dst_parent, dst_name, old);
-        self.release_held(old.map(|(ino, _)| ino));
-        made
-    }
-
-    /// What a clone named `name` in `parent` would replace: checked as
-    /// rename(2) checks the target, its state secured in history.
-    fn replaced_by_clone(
-        &self,
-        caller: &Caller,
-        parent: &Node,
-        name: &OsStr,
-        base: &PastNode,
-    ) -> Result<Option<(InodeNo, Stat)>> {
-        let Ok(st) = sys::fstatat(parent.fd(), &sys::cstr(name)?) else {
-            return Ok(None);
-        };
-        let is_dir = |mode: u32| mode & libc::S_IFMT == libc::S_IFDIR;
-        match (is_dir(base.mode()), is_dir(st.st_mode)) {
-            (true, false) => return Err(errno(libc::ENOTDIR)),
-            (false, true) => return Err(errno(libc::EISDIR)),
-            _ => {}
-        }
-        // The sticky bit: only the owner of the name or of the directory.
-        let dir_st = sys::fstat(parent.fd())?;
-        if dir_st.st_mode & libc::S_ISVTX != 0
-            && caller.uid != 0
-            && caller.uid != st.st_uid
-            && caller.uid != dir_st.st_uid
-        {
-            return Err(errno(libc::EPERM));
-        }
-        let Some(ino) = self.hold_named(parent.ino, name)? else {
-            return Ok(None);
-        };
-        let secured = self
-            .fill_held(ino)
-            .and_then(|()| self.before_freeing(Some(parent.ino), Some(ino)));
-        if let Err(e) = secured {
-            self.release_held(Some(ino));
-            return Err(e);
-        }
-        Ok(Some((ino, st)))
-    }
-
-    fn make_clone(
-        &self,
-        caller: &Caller,
-        (base, src, at): (&PastNode, &[Vec<u8>], Seq),
-        dst_parent: InodeNo,
-        dst_name: &OsStr,
-        old: Option<(InodeNo, Stat)>,
-    ) -> Result<Cloned> {
-        let c = self.capture().ok_or(VfsError::NoHistory)?;
-        let cname = sys::cstr(dst_name)?;
-        self.before_dir_change(dst_parent)?;
-        let target = self.create_target(caller, dst_parent, &cname)?;
-        self.enable_clones();
-        let depth = u16::try_from(src.len()).map_err(|_| errno(libc::ENAMETOOLONG))?;
-        let mut mark = Mark {
-            dir: false,
-            at,
-            by: caller.uid,
-            clone_id: 0,
-            depth,
-            path: src.to_vec(),
-            patch: None,
-        };
-        let dir = target.dir.fd();
-        let prepared = self.prepare_entry(dir, base, mark.clone())?;
-        let acquired = (|| {
-            let fd = sys::open_path(dir, &prepared.hidden)?;
-            let st = sys::fstat(fd.as_fd())?;
-            let inode = match target.branch {
-                Some(b) => self.inodes.acquire_new_in(b, fd, &st, true)?,
-                None => self.inodes.acquire_new(fd, &st, true)?,
-            };
-            // The clone's id is its number, known only now.
-            mark.dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-            mark.clone_id = inode.ino.0;
-            if st.st_mode & libc::S_IFMT == libc::S_IFREG || mark.dir {
-                let node = self.inodes.node_of(inode.clone())?;
-                let name = self.clone_ns().clone_mark();
-                sys::setxattr_fd(node.fd(), name, &mark.encode(), 0)?;
-            }
-            Ok::<_, VfsError>(inode)
-        })();
-        let inode = match acquired {
-            Ok(i) => i,
-            Err(e) => {
-                prepared.discard(dir);
-                return Err(e);
-            }
-        };
-        let tag = format!("clone:{}", inode.ino.0);
-        // The tag first: a crash after it leaves a tag and no clone, never
-        // a clone whose base history may drop, or that the next mount
-        // does not know to read through its marks.
-        let published = c
-            .pin_for_clone(&tag, at)
-            .map_err(VfsError::from)
-            .and_then(|()| prepared.publish(dir, &cname, old.is_some()));
-        if let Err(e) = published {
-            prepared.discard(dir);
-            let _ = c.unpin_clone(&tag);
-            self.inodes.forget(inode.ino, 1);
-            return Err(e);
-        }
-        inode.set_name(target.dir.ino, dst_name.as_bytes());
-        // The clone, once reported, survives a power cut.
-        let synced =
-            sys::reopen_dir(dir, libc::O_RDONLY).and_then(|d| sys::fsync(d.as_fd(), false));
-        if let Err(e) = synced {
-            tracing::warn!("clone: directory not synced: {e}");
-        }
-        if let Some((victim, st)) = old {
-            let binding = self.binding_of(victim);
-            let gone = st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-            let cause = crate::history::Cause::Rename;
-            self.after_remove(caller, dst_parent, dst_name, victim, binding, gone, cause);
-            if gone {
-                self.inodes.retire(&self.inodes.key_of(&st))?;
-            }
-        }
-        let binding = super::versioning::Live(self).binding_of(&inode);
-        self.inodes.forget(inode.ino, 1);
-        let entry = (dst_name.as_bytes().to_vec(), binding);
-        c.cloned(target.dir.ino.object(), entry)?;
-        self.dirs_verified(c, &[target.dir.ino]);
-        self.attrs_changed(target.dir.ino);
-        self.name_made(dst_parent, dst_name.as_bytes());
-        Ok(Cloned {
-            ino: inode.ino,
-            tag,
-        })
-    }
 }
 
 /// A mark's path: components joined by `/`, empty for the root.
@@ -914,19 +762,24 @@ pub(super) fn keep_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
 }
 
 /// A copy made under a hidden name, not yet in place.
-struct Prepared {
-    hidden: CString,
-    is_dir: bool,
+pub(super) struct Prepared {
+    pub(super) hidden: CString,
+    pub(super) is_dir: bool,
 }
 
 impl Prepared {
     /// Gives it `name` (replacing what is there only if `replace`).
-    fn publish(&self, dir: BorrowedFd<'_>, name: &std::ffi::CStr, replace: bool) -> Result<()> {
+    pub(super) fn publish(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+        replace: bool,
+    ) -> Result<()> {
         let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
         Ok(sys::renameat2(dir, &self.hidden, dir, name, flags)?)
     }
 
-    fn discard(&self, dir: BorrowedFd<'_>) {
+    pub(super) fn discard(&self, dir: BorrowedFd<'_>) {
         let flags = if self.is_dir { libc::AT_REMOVEDIR } else { 0 };
         let _ = sys::unlinkat(dir, &self.hidden, flags);
     }

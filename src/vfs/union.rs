@@ -443,9 +443,14 @@ impl Union {
 
     /// The index, made in the upper branch if it has none yet.
     pub(super) fn index_or_make(&self) -> Result<Arc<OwnedFd>> {
-        let upper = self.upper().ok_or(errno(libc::EROFS))?;
+        self.index_or_make_in(self.upper().ok_or(errno(libc::EROFS))?)
+    }
+
+    /// Branch `b`'s index, made if it has none yet (a clone's hard links
+    /// live in the branch its create policy put it in).
+    pub(super) fn index_or_make_in(&self, b: BranchId) -> Result<Arc<OwnedFd>> {
         let set = self.set();
-        let m = set.member(upper).ok_or(errno(libc::EROFS))?;
+        let m = set.member(b).ok_or(errno(libc::EROFS))?;
         let mut index = m.index.write();
         if let Some(fd) = &*index {
             return Ok(fd.clone());

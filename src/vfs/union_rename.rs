@@ -291,7 +291,7 @@ impl Vfs {
 
     /// Where `ino` lives if that is a read-write branch other than the
     /// primary one (a move takes it out of there).
-    fn left_behind(&self, ino: InodeNo) -> Result<LeftBehind> {
+    pub(super) fn left_behind(&self, ino: InodeNo) -> Result<LeftBehind> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let node = self.node(ino)?;
         let b = self.inodes.branch_of(&node.key);
@@ -306,7 +306,7 @@ impl Vfs {
     /// directory holding nothing but whiteouts): hidden since the move, it
     /// would only hold space. Only under `delete=all` (`delete=whiteout`
     /// leaves lower branches alone).
-    fn drop_hidden_copy(&self, dir: InodeNo, name: &CStr, branch: BranchId, was: &Stat) {
+    pub(super) fn drop_hidden_copy(&self, dir: InodeNo, name: &CStr, branch: BranchId, was: &Stat) {
         let r = (|| -> Result<()> {
             let u = self.union().ok_or(VfsError::WrongKind)?;
             if u.opts.delete != DeletePolicy::All {
