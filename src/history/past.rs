@@ -243,12 +243,18 @@ impl Past<'_> {
         }
     }
 
-    /// What lives at `path` now, if it is `obj`.
+    /// What lives at `path` now, if it is `obj`. (The path may have
+    /// changed since it was recorded: a component that is no longer a
+    /// directory means `obj` is not there.)
     fn live_at_path(&self, obj: ObjectId, path: &[Vec<u8>]) -> Result<Option<(OwnedFd, Stat)>> {
         let mut fd = sys::reopen(self.root, libc::O_PATH)?;
         for (i, comp) in path.iter().enumerate() {
             match self.live_step(fd.as_fd(), i == 0, comp)? {
-                Some(Cur::Live { fd: next, .. }) => fd = next,
+                Some(Cur::Live { fd: next, st, .. })
+                    if i + 1 == path.len() || st.st_mode & libc::S_IFMT == libc::S_IFDIR =>
+                {
+                    fd = next
+                }
                 _ => return Ok(None),
             }
         }

@@ -832,7 +832,12 @@ impl Vfs {
         let mut own = meta.own;
         own.truncate(base_len);
         let mut fallback = meta.fallback;
-        let mut dirty = false;
+        // The file was truncated below the base's length before this load
+        // (by path, whose truncation comes before the patched file is
+        // found; or before a crash that the mark did not outlive): the
+        // base no longer shows there, even once the file grows again, and
+        // the mark must say so.
+        let mut dirty = meta.base_len > size;
         if holes_mean_unwritten {
             let kept = held(rw.as_fd(), &own, base_len)?;
             let lost = lost_runs(&own, &kept);
@@ -855,8 +860,6 @@ impl Vfs {
             holes_mean_unwritten,
             state: Mutex::new(State {
                 size,
-                // A crash after a truncation reached the disk but before
-                // its mark did.
                 base_len,
                 own,
                 dirty,

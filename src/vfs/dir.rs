@@ -214,8 +214,8 @@ impl Vfs {
         let _set = self.changing();
         let handle = self.handles.get(fh)?;
         let dir = handle.ino();
-        let dev = self.inodes.get(dir)?.key.dev;
-        let resolve = |batch: &[&sys::DirEntry]| self.dirent_inos(dir, dev, batch);
+        let key = self.inodes.get(dir)?.key;
+        let resolve = |batch: &[&sys::DirEntry]| self.dirent_inos(dir, &key, batch);
         self.walk_dir(caller, fh, offset, Some(&resolve), |_, _, d| {
             Ok(add(&DirEntry {
                 ino: d.ino.ok_or(VfsError::WrongKind)?,
@@ -338,16 +338,18 @@ impl Vfs {
     }
 
     /// d_ino for a batch of entries: the numbers stat would show. getdents
-    /// gives no device, so entries are taken to be on their directory's.
+    /// gives no device, so entries are taken to be on their directory's,
+    /// and of its branch (in a union, a directory whose only copy is in a
+    /// lower branch is listed here too).
     fn dirent_inos(
         &self,
         dir: InodeNo,
-        dev: u64,
+        dir_key: &crate::store::BackingKey,
         batch: &[&sys::DirEntry],
     ) -> Result<Vec<InodeNo>> {
         let key = |e: &&sys::DirEntry| crate::store::BackingKey {
-            branch: self.inodes.primary_branch().0,
-            dev,
+            branch: dir_key.branch,
+            dev: dir_key.dev,
             ino: e.ino,
         };
         let keys: Vec<_> = batch.iter().filter(|e| !is_dot(&e.name)).map(key).collect();
