@@ -9,6 +9,8 @@
 #         samedir          -> chronofs mount SRC SRC (MNT = SRC, no -o)
 #         clone            -> chronofs mount; the suite runs inside a
 #                             `chronofs clone` of a small tree
+#         union-clone      -> the union; the suite runs inside a clone of a
+#                             lower directory made over a whiteout
 #         anything else    -> passed verbatim as -o MODE
 #   Without MODE: $PJDFSTEST_MODES (default: "plain passthrough=off default
 #   policy samedir"; `policy` is the default mount under
@@ -44,7 +46,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain union-sandbox clone"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain union-sandbox clone union-clone"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -229,7 +231,7 @@ trap 'exit 143' TERM
 
 mode_opts() {
     case $1 in
-    default | samedir | union | union-moded | union-added | union-sandbox | clone) printf '' ;;
+    default | samedir | union | union-moded | union-added | union-sandbox | clone | union-clone) printf '' ;;
     union-plain | union1-plain) printf 'plain' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
@@ -473,6 +475,8 @@ for mode in "${MODES[@]}"; do
             printf 'shared %s\n' "$l" >"$src.l$l/shared/f"
             : >"$src.l$l/dir$l/sub/leaf"
         done
+        # A clone's hard links in a union (its link index in use).
+        [ "$mode" = union-clone ] && ln "$src.l1/file1" "$src.l1/dir1/sub/file1"
         branches="$src=rw:$src.l1=ro:$src.l2=ro:$src.l3=ro"
         ;;
     esac
@@ -528,6 +532,15 @@ for mode in "${MODES[@]}"; do
         if ! mkdir -p "$mnt/base/d" || ! echo base >"$mnt/base/f" ||
             ! ln "$mnt/base/f" "$mnt/base/d/f2" || ! chmod 755 "$mnt/base" ||
             ! "$CHRONOFS_BIN" clone "$mnt/base" "$pjd_dir" >/dev/null; then
+            say "pjdfstest $mode: chronofs clone failed"
+        fi
+    fi
+    # Inside a clone of a lower directory, made over a whiteout: a second
+    # lower directory removed through the union first.
+    if [ "$mode" = union-clone ]; then
+        pjd_dir=$mnt/dir2
+        if ! rm -r "$pjd_dir" || ! chmod 755 "$mnt/dir1" ||
+            ! "$CHRONOFS_BIN" clone "$mnt/dir1" "$pjd_dir" >/dev/null; then
             say "pjdfstest $mode: chronofs clone failed"
         fi
     fi
