@@ -353,6 +353,8 @@ fn a_clone_in_a_union_replaces_what_any_branch_shows() {
         fs::create_dir_all(lo.join("full")).unwrap();
         fs::write(lo.join("full/keep"), b"k").unwrap();
         fs::write(b[2].join("rwfile"), b"rw lower").unwrap();
+        fs::write(lo.join("linked"), b"two names").unwrap();
+        fs::hard_link(lo.join("linked"), lo.join("linked2")).unwrap();
     });
     let t = tree(&m.p("t"));
     let read = |p: &str| fs::read(m.p(p)).unwrap();
@@ -385,6 +387,12 @@ fn a_clone_in_a_union_replaces_what_any_branch_shows() {
     refused_with(clone(&m.p("t/a"), &m.p("t/sub")), libc::EISDIR);
     assert_eq!(read("full/keep"), b"k");
     assert_eq!(tree(&m.p("t")), t);
+    // A lower file with another name: that name counts one fewer.
+    assert_eq!(fs::metadata(m.p("linked2")).unwrap().nlink(), 2);
+    succeeded(clone(&m.p("t/a"), &m.p("linked")));
+    assert_eq!(read("linked"), b"from t");
+    assert_eq!(read("linked2"), b"two names");
+    assert_eq!(fs::metadata(m.p("linked2")).unwrap().nlink(), 1);
     // A lower read-write branch's copy goes (delete=all).
     let lower2 = m.lowers[1].as_os_str();
     succeeded(chronofs(&[

@@ -119,7 +119,14 @@ impl Vfs {
         base: &PastNode,
         ino: InodeNo,
     ) -> Result<Replaced> {
-        let node = self.node(ino)?;
+        let mut node = self.node(ino)?;
+        if self.union().is_some() && !node.is_dir() {
+            // A lower file with other names is copied up through the
+            // index first, as an unlink does: the union's count of its
+            // names needs somewhere to live once this one goes.
+            self.index_before_unlink(caller, ino)?;
+            node = self.node(ino)?;
+        }
         let shown = self.shown(ino, sys::fstat(node.fd())?);
         match (is_dir_mode(base.mode()), is_dir_mode(shown.st_mode)) {
             (true, false) => return Err(errno(libc::ENOTDIR)),
