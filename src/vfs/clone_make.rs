@@ -14,6 +14,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::clone::{Cloned, Mark, Prepared};
 use super::inodes::Node;
+use super::namespace::is_last_name;
 use super::union::is_absent;
 use super::union_ops::Target;
 use super::{errno, Caller, InodeNo, Result, Stat, Vfs, VfsError};
@@ -38,12 +39,6 @@ struct Replaced {
 
 fn is_dir_mode(mode: u32) -> bool {
     mode & libc::S_IFMT == libc::S_IFDIR
-}
-
-/// Whether removing one name of the object with these attributes removes
-/// the object (a directory has only one name).
-fn is_last_name(st: &Stat) -> bool {
-    st.st_nlink <= 1 || is_dir_mode(st.st_mode)
 }
 
 impl Vfs {
@@ -264,10 +259,6 @@ impl Vfs {
             Err(e) if is_absent(&e) => None,
             Err(e) => return Err(e.into()),
         };
-        let key = |st: &Stat| match target.branch {
-            Some(b) => self.inodes.key_in(b, st),
-            None => self.inodes.key_of(st),
-        };
         let whiteout = there.as_ref().is_some_and(format::is_whiteout);
         if let (Some(u), Some(branch)) = (self.union(), target.branch) {
             let below = || self.visible_below(&self.node(parent)?, name, branch);
@@ -287,7 +278,7 @@ impl Vfs {
             Some(_) if old.is_none() => return Err(errno(libc::EEXIST)),
             Some(st) => {
                 // The kernel may hold it open: it must stay reachable.
-                self.inodes.pin_if_known(&key(&st))?;
+                self.inodes.pin_if_known(&self.key_in_target(target, &st))?;
                 if self.union().is_some() && is_dir_mode(st.st_mode) {
                     // Empty to the user: whiteouts are all it may hold.
                     self.clear_whiteouts_in(dir, name)?;
@@ -345,15 +336,19 @@ impl Vfs {
             self.links_changed(old.ino, -1)?;
         }
         if let Some(st) = replaced_here.filter(is_last_name) {
-            let key: BackingKey = match target.branch {
-                Some(b) => self.inodes.key_in(b, &st),
-                None => self.inodes.key_of(&st),
-            };
-            self.inodes.retire(&key)?;
+            self.inodes.retire(&self.key_in_target(target, &st))?;
         }
         if let Some((b, st)) = old.left.filter(|(b, _)| Some(*b) != target.branch) {
             self.drop_hidden_copy(parent, name, b, &st);
         }
         Ok(())
+    }
+
+    /// The key of an object in the directory a clone is made in.
+    fn key_in_target(&self, target: &Target, st: &Stat) -> BackingKey {
+        match target.branch {
+            Some(b) => self.inodes.key_in(b, st),
+            None => self.inodes.key_of(st),
+        }
     }
 }

@@ -572,6 +572,6 @@ impl Vfs {
 
 /// Whether removing one name of the object with these attributes removes
 /// the object (a directory has only one name).
-fn is_last_name(st: &Stat) -> bool {
+pub(super) fn is_last_name(st: &Stat) -> bool {
     st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
