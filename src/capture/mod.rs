@@ -166,6 +166,24 @@ impl Default for CaptureConfig {
     }
 }
 
+/// A write open between `Capture::session_opening` and
+/// `Capture::session_opened`. If it joined an open session, it holds that
+/// session open; dropped unused (the open failed), it lets go.
+#[must_use]
+pub struct Opening<'a> {
+    capture: &'a Capture,
+    obj: ObjectId,
+    joined: bool,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if self.joined {
+            self.capture.opener_gone(self.obj);
+        }
+    }
+}
+
 pub struct Capture {
     history: Arc<History>,
     cfg: CaptureConfig,
@@ -1167,21 +1185,36 @@ impl Capture {
 
     /// A handle that may write `obj` is being opened (before the backing
     /// open, which may truncate): its prior state must be in history.
-    pub fn session_opening(&self, tree: &dyn Tree, obj: ObjectId) -> Result<()> {
+    /// The opening holds a session it joins open until `session_opened`
+    /// takes it (or it is dropped: the open failed).
+    pub fn session_opening(&self, tree: &dyn Tree, obj: ObjectId) -> Result<Opening<'_>> {
         // A session may still be open only because the kernel has not sent
         // the release of a handle already closed: record what it wrote
         // before this open (which may truncate) joins it. That session
         // has ended for its writer, so interval mode may hold it back like
         // any other session's end.
-        let job = self
-            .state
-            .lock()
-            .snapshot_job(obj, Cause::Write, self.mono());
+        let job = self.state.lock().join_opening(obj, self.mono());
+        let opening = Opening {
+            capture: self,
+            obj,
+            joined: job.is_some(),
+        };
         if let Some(mut job) = job {
             job.deferrable = true;
             self.run_job(job)?;
         }
-        self.before_change(tree, obj)
+        self.before_change(tree, obj)?;
+        Ok(opening)
+    }
+
+    /// The opening of a file this open created: it had no prior state and
+    /// no session to join.
+    pub fn new_file_opening(&self, obj: ObjectId) -> Opening<'_> {
+        Opening {
+            capture: self,
+            obj,
+            joined: false,
+        }
     }
 
     /// The handle is open: `reader` reads the file for its version.
@@ -1189,16 +1222,21 @@ impl Capture {
     /// passthrough), which then reports them with `wrote_range`. `track`:
     /// the file is `trackable`, so its versions are built from the ranges
     /// written.
+    /// `opening`: from `session_opening` (or `new_file_opening`).
     pub fn session_opened(
         &self,
-        obj: ObjectId,
+        mut opening: Opening<'_>,
         reader: Box<dyn Readable>,
         who: Who,
         daemon_path: bool,
         track: bool,
         every_write: bool,
     ) {
+        let obj = opening.obj;
         let mut st = self.state.lock();
+        if std::mem::take(&mut opening.joined) {
+            st.opener_arrived(obj);
+        }
         if !daemon_path {
             st.untrack(obj);
         } else if track {
@@ -1268,6 +1306,14 @@ impl Capture {
         match job {
             Some(job) => self.run_job(job),
             None => Ok(()),
+        }
+    }
+
+    /// A joining opener failed (see `Opening`).
+    fn opener_gone(&self, obj: ObjectId) {
+        let job = self.state.lock().opener_gone(obj);
+        if let Some(job) = job {
+            self.queue(job);
         }
     }
 

@@ -63,6 +63,11 @@ impl Known {
 /// Open write handles of one object.
 pub struct Session {
     writers: u32,
+    /// Write opens that found this session between securing the file's
+    /// state (`join_opening`) and their backing open: it may not end
+    /// under them, or its version would be built from whatever their
+    /// O_TRUNC left (an empty file the application never closed).
+    openers: u32,
     reader: Arc<dyn super::Readable>,
     who: Who,
     /// Attributes changed during the session (fold into its version).
@@ -335,6 +340,7 @@ impl Objects {
                     obj,
                     Session {
                         writers: 1,
+                        openers: 0,
                         reader: Arc::from(reader),
                         who,
                         dirty: false,
@@ -364,6 +370,10 @@ impl Objects {
     ) -> Option<Job> {
         let s = self.sessions.get_mut(&obj)?;
         s.writers -= 1;
+        if s.openers > 0 {
+            // An opener is joining: the session goes on with it.
+            return None;
+        }
         if s.writers > 0 {
             // The flush most likely belonged to the handle just released:
             // the writers left are not known to be closing.
@@ -434,6 +444,34 @@ impl Objects {
             deferrable: true,
             after_session: false,
         })
+    }
+
+    /// A write open of `obj` is about to join its open session: the job
+    /// recording what the session wrote so far, with the session held
+    /// open for the opener (`opener_arrived` or `opener_gone` ends that).
+    pub fn join_opening(&mut self, obj: ObjectId, now: Duration) -> Option<Job> {
+        let job = self.snapshot_job(obj, Cause::Write, now)?;
+        if let Some(s) = self.sessions.get_mut(&obj) {
+            s.openers += 1;
+        }
+        Some(job)
+    }
+
+    /// A joining opener's handle is open (its `open_session` follows).
+    pub fn opener_arrived(&mut self, obj: ObjectId) {
+        if let Some(s) = self.sessions.get_mut(&obj) {
+            s.openers = s.openers.saturating_sub(1);
+        }
+    }
+
+    /// A joining opener failed: the session ends if nothing else holds it.
+    pub fn opener_gone(&mut self, obj: ObjectId) -> Option<Job> {
+        let s = self.sessions.get_mut(&obj)?;
+        s.openers = s.openers.saturating_sub(1);
+        if s.openers > 0 || s.writers > 0 {
+            return None;
+        }
+        self.end_session(obj)
     }
 
     /// A job capturing an open session's current state now.
@@ -637,6 +675,34 @@ mod tests {
         o.job_done(id(7), true);
         assert!(!o.any_ingesting());
         assert!(o.close_session(id(7), |_| false).is_none());
+    }
+
+    #[test]
+    fn a_session_an_opener_joins_does_not_end_under_it() {
+        // The kernel sent the release of the last handle only once the
+        // next write open had secured the session's state: the session
+        // must wait for that opener, whose O_TRUNC is not a version.
+        let mut o = Objects::default();
+        o.open_session(id(3), fd(), Who::default(), false, false, s(0));
+        let joined = o.join_opening(id(3), s(1)).unwrap();
+        assert_eq!((joined.obj, joined.queued), (id(3), false));
+        assert!(o.close_session(id(3), |_| false).is_none(), "held open");
+        assert!(o.has_writers(id(3)) && !o.ingesting(id(3)));
+        o.opener_arrived(id(3));
+        o.open_session(id(3), fd(), Who::default(), false, false, s(2));
+        let job = o.close_session(id(3), |_| false).unwrap();
+        assert_eq!(job.obj, id(3), "the joined session ends with its opener");
+        o.job_done(id(3), true);
+        // An opener that fails lets the session go: it ends with the
+        // last of its writers or openers.
+        o.open_session(id(4), fd(), Who::default(), false, false, s(0));
+        o.join_opening(id(4), s(1)).unwrap();
+        o.join_opening(id(4), s(1)).unwrap();
+        assert!(o.close_session(id(4), |_| false).is_none());
+        assert!(o.opener_gone(id(4)).is_none(), "another opener holds it");
+        let job = o.opener_gone(id(4)).unwrap();
+        assert!(job.queued && o.ingesting(id(4)) && !o.has_writers(id(4)));
+        assert!(o.join_opening(id(5), s(0)).is_none(), "no session to join");
     }
 
     #[test]

@@ -130,9 +130,10 @@ impl Vfs {
             None => self.patched(&inode)?,
         };
         let versioned = self.capture.is_some() && inode.kind == libc::S_IFREG && writes(flags);
-        if versioned {
-            self.before_write_open(ino)?;
-        }
+        let opening = match versioned {
+            true => self.before_write_open(ino)?,
+            false => None,
+        };
         let fd = self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags, 0)?;
         // A large file updated in place goes through the daemon, which then
         // knows the ranges written: its versions cost what changed, not the
@@ -166,7 +167,7 @@ impl Vfs {
         );
         let daemon_path = !passthrough || self.writeback();
         let session = if versioned {
-            match self.after_write_open(caller, ino, daemon_path, trackable, every_write) {
+            match self.after_write_open(caller, ino, opening, daemon_path, trackable, every_write) {
                 Ok(s) => s,
                 Err(e) => {
                     self.release_io(ino);
@@ -337,8 +338,9 @@ impl Vfs {
             return Ok(false);
         }
         let ino = entry.attr.ino;
+        let mut opening = None;
         if !created {
-            self.before_write_open(ino)?;
+            opening = self.before_write_open(ino)?;
             if flags & libc::O_TRUNC != 0 {
                 self.with_file(opened.fh, |fd, _| {
                     Ok(creds::as_caller(caller, || sys::ftruncate(fd, 0))?)
@@ -348,7 +350,8 @@ impl Vfs {
         let daemon_path = !opened.passthrough_ok || self.writeback();
         let every_write =
             self.with_file(opened.fh, |fd, _| Ok(self.every_write(caller, ino, fd)))?;
-        let session = self.after_write_open(caller, ino, daemon_path, false, every_write)?;
+        let session =
+            self.after_write_open(caller, ino, opening, daemon_path, false, every_write)?;
         if session {
             if !self.handles.mark_session(opened.fh) {
                 self.session_closed(ino);
@@ -399,6 +402,7 @@ impl Vfs {
             && self.after_write_open(
                 caller,
                 entry.attr.ino,
+                None,
                 !opened.passthrough_ok || self.writeback(),
                 false,
                 false,

@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use super::{Caller, InodeNo, Result, Vfs, VfsError};
-use crate::capture::{Capture, CaptureError, Readable, Tree};
+use crate::capture::{Capture, CaptureError, Opening, Readable, Tree};
 use crate::history::{Binding, Cause, ObjectId, Who, ROOT};
 use crate::sys::{self, Stat};
 
@@ -537,21 +537,24 @@ impl Vfs {
         }
     }
 
-    /// Opening `ino` for writing: secure its prior state first.
-    pub(super) fn before_write_open(&self, ino: InodeNo) -> Result<()> {
-        if let Some(c) = self.capture() {
-            c.session_opening(&Live(self), ino.object())?;
+    /// Opening `ino` for writing: secure its prior state first. The
+    /// opening goes to `after_write_open` once the handle is open.
+    pub(super) fn before_write_open(&self, ino: InodeNo) -> Result<Option<Opening<'_>>> {
+        match self.capture() {
+            Some(c) => Ok(Some(c.session_opening(&Live(self), ino.object())?)),
+            None => Ok(None),
         }
-        Ok(())
     }
 
     /// A write handle on `ino` is open: start (or join) its session.
+    /// `opening`: what `before_write_open` gave (none for a new file).
     /// `daemon_path`: its writes come through the daemon (no passthrough);
     /// `trackable`: versions may then be built from the ranges written.
     pub(super) fn after_write_open(
         &self,
         caller: &Caller,
         ino: InodeNo,
+        opening: Option<Opening<'_>>,
         daemon_path: bool,
         trackable: bool,
         every_write: bool,
@@ -561,8 +564,9 @@ impl Vfs {
         };
         let reader = Live(self).open_read(ino.object())?;
         let who = self.who(c, caller);
+        let opening = opening.unwrap_or_else(|| c.new_file_opening(ino.object()));
         c.session_opened(
-            ino.object(),
+            opening,
             reader,
             who,
             daemon_path,
