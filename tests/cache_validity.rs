@@ -189,3 +189,15 @@ fn a_split_lower_hard_link_shows_its_own_object() {
     assert_eq!((l.st_uid, l2.st_uid), (1000, 0));
     assert_ne!(l.st_ino, l2.st_ino, "l2 still shows the copy of l");
 }
+
+/// Files the daemon serves (a clone's base, views) are read ahead in
+/// 1 MiB requests, not the kernel's default 128 KiB: the mount's bdi
+/// takes the session's readahead (docs/PERFORMANCE.md, "Clones").
+#[test]
+fn the_mount_reads_ahead_a_mebibyte() {
+    let m = Mount::new("");
+    let dev = fs::metadata(&m.mnt).unwrap().dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let kb = fs::read_to_string(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb")).unwrap();
+    assert_eq!(kb.trim(), "1024");
+}

@@ -196,6 +196,11 @@ fn dir_cache_flags(cache: DirCache) -> FopenFlags {
 /// Threads for fsync; more concurrent flushes queue behind them.
 const FSYNC_WORKERS: usize = 8;
 
+/// The readahead the session asks for: the kernel grants at most its
+/// default (128 KiB) at INIT, and the mount's bdi is widened to this once
+/// mounted (`cli::mount`). One request per MiB, as `max_write` for writes.
+pub const MAX_READAHEAD: u32 = 1 << 20;
+
 impl ChronoFuse {
     pub fn passthrough_active(&self) -> bool {
         self.passthrough_active.load(Ordering::Relaxed)
@@ -473,7 +478,7 @@ impl fuser::Filesystem for ChronoFuse {
         if let Err(e) = config.set_max_write(1 << 20) {
             tracing::info!("max_write limited to {e}");
         }
-        if let Err(e) = config.set_max_readahead(1 << 20) {
+        if let Err(e) = config.set_max_readahead(MAX_READAHEAD) {
             tracing::debug!("max_readahead limited to {e}");
         }
         let _ = config.set_max_background(64);
