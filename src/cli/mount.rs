@@ -1520,7 +1520,7 @@ fn serve_control(
 /// fast (docs/PERFORMANCE.md). The mount's bdi takes the readahead the
 /// FUSE session asked for (`max_readahead`); only root may set it, and
 /// passthrough files read with their backing file's own.
-fn widen_readahead(dev: &str) {
+pub(super) fn widen_readahead(dev: &str) {
     let path = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     let kb = crate::fuse::MAX_READAHEAD >> 10;
     if let Err(e) = std::fs::write(&path, format!("{kb}\n")) {

@@ -316,6 +316,14 @@ impl Sandboxes {
         let mut spec = r.spec.clone();
         spec.fsname = format!("chronofs-sandbox-{}", m.id);
         let session = Mounted::new(fs, &mountpoint, &spec).map_err(io(&mountpoint))?;
+        // Everything below the sandbox's branch is read through the daemon.
+        if let Some(entry) = crate::control::chronofs_mounts()
+            .into_iter()
+            .rev()
+            .find(|e| e.mount_point == mountpoint)
+        {
+            super::mount::widen_readahead(&entry.dev);
+        }
         let id = m.id;
         let thread = std::thread::Builder::new()
             .name(format!("sandbox-{id}"))
