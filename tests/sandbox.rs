@@ -298,6 +298,58 @@ fn sandbox_refuses_bad_input_in_one_line() {
     assert_eq!(sandbox_mounts(same.pid().unwrap()), 0);
 }
 
+/// A sandbox's session has no history, so it would show a clone's files
+/// and directories as their bare backing objects (empty), and a commit
+/// would write that back: neither is allowed to meet the other yet.
+#[test]
+fn sandboxes_and_clones_refuse_each_other_in_one_line() {
+    let m = Mount::new("");
+    let mnt = m.mnt.to_str().unwrap();
+    fs::create_dir(m.p("d")).unwrap();
+    write_file(&m.p("d/x"), &pattern(100_000, 3));
+    // A sandbox first: no clone while it lies over the mount.
+    ok(in_sandbox(&m, None, "true"), "sandbox", &m);
+    let out = chronofs_in(
+        m.root(),
+        &[
+            "clone",
+            m.p("d").to_str().unwrap(),
+            m.p("c").to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("sandbox 1 lies over this mount"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!m.p("c").exists(), "nothing half-made");
+    ok(
+        chronofs_in(m.root(), &["sandbox", "discard", "1", "--mount", mnt]),
+        "discard",
+        &m,
+    );
+    // Then a clone: no sandbox over the mount that holds it.
+    ok(
+        chronofs_in(
+            m.root(),
+            &[
+                "clone",
+                m.p("d").to_str().unwrap(),
+                m.p("c").to_str().unwrap(),
+            ],
+        ),
+        "clone",
+        &m,
+    );
+    let out = in_sandbox(&m, None, "true");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("holds clones"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(listed(&m).is_empty(), "no sandbox was made");
+    assert_eq!(sandbox_mounts(m.pid().unwrap()), 0);
+    assert_eq!(read_file(&m.p("c/x")), pattern(100_000, 3));
+}
+
 /// A format-1 `sandbox.json` written by hand (docs/FORMAT.md) keeps
 /// opening; a newer format or a corrupt one is refused in one line.
 #[test]

@@ -763,7 +763,8 @@ struct MountHost {
     fresh_dir: PathBuf,
     /// Snapshot names, by the frozen branch's id.
     snapshots: parking_lot::Mutex<std::collections::HashMap<u32, String>>,
-    /// Held by each branch change: one at a time.
+    /// Held by each branch change, sandbox start and commit, and clone:
+    /// one at a time.
     changes: parking_lot::Mutex<()>,
     /// One SRC: the directory a sandbox lies over (a union's are `paths`).
     src: Option<PathBuf>,
@@ -1224,6 +1225,9 @@ impl control::service::Host for MountHost {
         peer: &sys::Peer,
     ) -> control::service::Result<String> {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        // Against a sandbox starting meanwhile (`start_sandbox`).
+        let _one = self.changes.lock();
+        self.sandboxes.refuse_clone()?;
         let caller = crate::vfs::Caller {
             uid: peer.uid,
             gid: peer.gid,
@@ -1279,7 +1283,8 @@ impl control::service::Host for MountHost {
     ) -> control::service::Result<control::proto::SandboxRow> {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
-        self.sandboxes.start(id, self.sandbox_base(&vfs)?)
+        self.sandboxes
+            .start(id, self.sandbox_base(&vfs)?, vfs.holds_clones())
     }
 
     fn commit_sandbox(

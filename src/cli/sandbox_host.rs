@@ -186,11 +186,38 @@ impl Sandboxes {
         }
     }
 
+    /// A clone made now would lie in branches a sandbox reads without the
+    /// mount's history (see `start`).
+    pub(super) fn refuse_clone(&self) -> Result<()> {
+        match self.ids()?.first() {
+            Some(id) => Err(Error::Busy(format!(
+                "sandbox {id} lies over this mount and could not read a clone: commit or \
+                 discard it first (chronofs sandbox list)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Serves sandbox `id`, or a new one, over `base` (the mount's branches,
-    /// top first).
-    pub(super) fn start(&self, id: Option<u32>, base: Vec<PathBuf>) -> Result<SandboxRow> {
+    /// top first). `holds_clones`: the mount has clones, whose files and
+    /// directories show their base only through the mount's history, which
+    /// a sandbox's session does not have: it would show them empty (and a
+    /// commit would write that back), so it is refused.
+    pub(super) fn start(
+        &self,
+        id: Option<u32>,
+        base: Vec<PathBuf>,
+        holds_clones: bool,
+    ) -> Result<SandboxRow> {
         if let Some(why) = &self.refused {
             return Err(Error::Usage(why.clone()));
+        }
+        if holds_clones {
+            return Err(Error::Usage(
+                "this mount holds clones (chronofs clone): a sandbox cannot read them yet, \
+                 so none is made over it"
+                    .into(),
+            ));
         }
         let manifest = match id {
             Some(id) => {

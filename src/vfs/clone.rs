@@ -255,6 +255,11 @@ impl Vfs {
         self.clones.on.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Whether the mount holds clones (or did: their tags are in history).
+    pub fn holds_clones(&self) -> bool {
+        self.clones_on()
+    }
+
     /// Marks the mount as holding clones (at mount, if history has a
     /// clone's tag; and when one is made).
     pub fn enable_clones(&self) {
