@@ -234,6 +234,37 @@ fn a_clone_survives_kill_9_right_after_it_is_made() {
     );
 }
 
+/// A clone's files keep their shared bytes in history: a mount without
+/// history (`-o plain`) would show them as zeros and lose writes to them,
+/// so it is refused in one line, and the clone reads whole again with it.
+#[test]
+fn a_mount_without_history_over_clones_is_refused() {
+    let mut m = Mount::new_with("", populate);
+    let before = tree(&m.p("t"));
+    succeeded(clone(&m.p("t"), &m.p("c")));
+    m.unmount();
+    let opts = mount_options(&format!("{},plain", m.mode));
+    let out = chronofs(&[
+        "mount".as_ref(),
+        "-o".as_ref(),
+        opts.as_ref(),
+        m.src.as_os_str(),
+        m.mnt.as_os_str(),
+    ]);
+    assert!(!out.status.success(), "a plain mount over clones was made");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds clones (clone:"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        !fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains(&format!(" {} ", m.mnt.display())),
+        "nothing is mounted"
+    );
+    m.start();
+    assert_eq!(tree(&m.p("c")), before);
+}
+
 /// `chronofs clone` as an ordinary user: the caller must be able to
 /// write DST's directory and read SRC, and a clone keeps owners and
 /// modes, so it shows that user nothing SRC did not.

@@ -539,6 +539,23 @@ type Prepared = (
     Arc<super::sandbox_host::Sandboxes>,
 );
 
+/// A clone's files keep their shared bytes in history (their backing
+/// files are sparse and marked), so a mount without history would show
+/// them as zeros and lose writes to them: refused while any clone's tag
+/// is kept.
+fn refuse_plain_over_clones(store: &Store, plan: &Plan) -> Result<()> {
+    let history = History::open(store, false).map_err(|e| anyhow!("{e}"))?;
+    let tags = history.tags().map_err(|e| anyhow!("{e}"))?;
+    if let Some((tag, _)) = tags.iter().find(|(n, _)| n.starts_with("clone:")) {
+        bail!(
+            "{} holds clones ({tag}), whose files read their shared bytes through history: \
+             mount it without -o plain (chronofs gc releases the tags of removed clones)",
+            plan.src.display()
+        );
+    }
+    Ok(())
+}
+
 fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     init_logging(opts, daemon)?;
     if let Err(e) = sys::raise_fd_limit() {
@@ -563,6 +580,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     };
     // History first: its replay may restore inode-map entries.
     let history = if opts.plain {
+        refuse_plain_over_clones(&store, plan)?;
         None
     } else {
         Some(History::open(&store, true).map_err(|e| anyhow!("{e}"))?)
