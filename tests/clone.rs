@@ -1143,3 +1143,57 @@ fn a_write_into_a_chain_of_unwritten_clones_records_what_it_showed() {
     assert_eq!(fs::read(m.p("c3/big")).unwrap(), c1);
     assert_eq!(fs::read(m.p("c1/big")).unwrap(), c1);
 }
+
+/// The blocks a backing file holds, and whether it carries a clone mark.
+fn backing(p: &Path) -> (u64, bool) {
+    let blocks = fs::metadata(p).unwrap().blocks() * 512;
+    let marked = xattr_names(p)
+        .iter()
+        .any(|n| n.ends_with("overlay.chronofs.clone"));
+    (blocks, marked)
+}
+
+/// Copy-on-abundant-write in a union mount: a small write to a clone's
+/// file costs the blocks it touches, in the branch it is in, and once
+/// that branch is frozen (`chronofs snapshot`), the next write copies the
+/// file up with its mark and its own blocks only, leaving the frozen
+/// branch as it was.
+#[test]
+fn a_clone_in_a_union_shares_its_bytes_across_copy_up() {
+    let mut m = Mount::union("", 1, |_| {});
+    let data = pattern(1 << 20, 7);
+    write_file(&m.p("f"), &data);
+    succeeded(clone(&m.p("f"), &m.p("g")));
+    let mut want = data.clone();
+    write_at(&m.p("g"), 4096, b"sixteen bytes!!!");
+    want[4096..4112].copy_from_slice(b"sixteen bytes!!!");
+    assert_eq!(read_file(&m.p("g")), want);
+    let (blocks, marked) = backing(&m.src.join("g"));
+    assert!(
+        marked && blocks <= 8192,
+        "{blocks} bytes held, marked {marked}"
+    );
+    let out = chronofs(&["snapshot".as_ref(), m.mnt.as_os_str(), "--json".as_ref()]);
+    succeeded(out.clone());
+    let fresh: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fresh = PathBuf::from(fresh["fresh"].as_str().unwrap());
+    let frozen = fs::read(m.src.join("g")).unwrap();
+    write_at(&m.p("g"), 1 << 19, b"and sixteen more");
+    want[1 << 19..(1 << 19) + 16].copy_from_slice(b"and sixteen more");
+    assert_eq!(read_file(&m.p("g")), want);
+    assert_eq!(
+        fs::read(m.src.join("g")).unwrap(),
+        frozen,
+        "the frozen copy changed"
+    );
+    assert_eq!(backing(&m.src.join("g")), (blocks, true));
+    let (up, marked) = backing(&fresh.join("g"));
+    assert!(
+        marked && up <= 16384,
+        "the copy-up holds {up} bytes, marked {marked}"
+    );
+    assert_eq!(read_file(&m.p("f")), data, "the source changed");
+    m.remount();
+    assert_eq!(read_file(&m.p("g")), want);
+    assert_eq!(read_file(&m.p("f")), data);
+}

@@ -733,8 +733,30 @@ fn copy_regular(
         sys::fsync(temp.fd(), true)?;
     }
     apply_meta(temp.fd(), lower, st, owner)?;
+    if how.len.is_none() {
+        carry_clone_mark(lower, temp.fd())?;
+    }
     before_visible(&sys::fstat(temp.fd())?);
     temp.publish(dir, name)
+}
+
+/// A clone's file keeps its shared bytes in history, and its backing
+/// file holds only the blocks it owns (holes elsewhere), which the copy
+/// kept as they were: with its mark the copy is the same clone's file, at
+/// the cost of the blocks it owns (without it, the holes would read as
+/// zeros; materialising it in the read-only branch first wrote that
+/// branch and copied the whole file). A copy that truncates has no mark
+/// to carry: its surviving bytes are not all there.
+fn carry_clone_mark(lower: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
+    for ns in [
+        super::format::XattrNs::Trusted,
+        super::format::XattrNs::User,
+    ] {
+        if let Some(mark) = super::format::read_clone_mark(lower, ns)? {
+            sys::setxattr_fd(to, ns.clone_mark(), &mark, 0)?;
+        }
+    }
+    Ok(())
 }
 
 /// Reading must not change the lower atime (the branch is read-only to

@@ -905,6 +905,12 @@ impl Vfs {
     }
 
     /// The patched file of `ino` the daemon holds, if any.
+    /// `ino` was copied up: a patched file known for it reads and writes
+    /// the copy left behind, and the next use loads the new one.
+    pub(in crate::vfs) fn forget_patched(&self, ino: InodeNo) {
+        self.clones.patched.lock().remove(&ino);
+    }
+
     fn known_patched(&self, ino: InodeNo) -> Option<Arc<Patched>> {
         self.clones.patched.lock().get(&ino).and_then(Weak::upgrade)
     }
@@ -948,7 +954,7 @@ impl Vfs {
 
     /// Before a change to `node`: a clone's file that still reads all of
     /// its base becomes a patched file (its bytes stay shared), or, if it
-    /// is small or in a union, gets its own bytes at once.
+    /// is small, gets its own bytes at once.
     pub(in crate::vfs) fn before_clone_change(&self, node: &super::inodes::Node) -> Result<()> {
         self.before_clone_change_for(node, false).map(drop)
     }
@@ -965,7 +971,7 @@ impl Vfs {
             return Ok(None);
         };
         let size = sys::fstat(node.fd())?.st_size as u64;
-        if size < PATCH_MIN || self.union().is_some() {
+        if size < PATCH_MIN {
             return self.materialise(node).map(|()| None);
         }
         let one = self.clones.busy.lock();

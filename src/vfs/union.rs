@@ -1005,11 +1005,14 @@ impl Vfs {
         open: bool,
     ) -> Result<(Node, Option<std::sync::Arc<super::clone_patch::Patched>>)> {
         let node = self.node(ino)?;
+        // A clone's file copies up with its mark (its own blocks only), and
+        // changes where the change goes: never in a read-only branch.
+        let node = self.writable_in_union(caller, ino, node)?;
         let made = match self.clones_on() {
             true => self.before_clone_change_for(&node, open)?,
             false => None,
         };
-        Ok((self.writable_in_union(caller, ino, node)?, made))
+        Ok((node, made))
     }
 
     fn writable_in_union(&self, caller: &super::Caller, ino: InodeNo, node: Node) -> Result<Node> {
@@ -1065,6 +1068,7 @@ impl Vfs {
             let inode = self.inodes.rebind_linked(ino, upper, fd, &st)?;
             inode.set_union_nlink(n.unwrap_or(lower_st.st_nlink as u32).max(1));
             self.attrs_changed(ino);
+            self.forget_patched(ino);
             return self.inodes.node_of(inode);
         }
         let fd = copyup::copy_up_file_identified(
@@ -1077,6 +1081,7 @@ impl Vfs {
         let st = sys::fstat(fd.as_fd())?;
         let inode = self.inodes.rebind(ino, upper, fd, &st, Vec::new())?;
         self.attrs_changed(ino);
+        self.forget_patched(ino);
         self.inodes.node_of(inode)
     }
 
