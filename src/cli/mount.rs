@@ -1302,7 +1302,7 @@ impl control::service::Host for MountHost {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
         self.sandboxes
-            .start(id, self.sandbox_base(&vfs)?, vfs.holds_clones())
+            .start(id, self.sandbox_base(&vfs)?, vfs.clones_on())
     }
 
     fn commit_sandbox(

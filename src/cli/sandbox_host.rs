@@ -177,22 +177,20 @@ impl Sandboxes {
 
     /// A branch change would change what every sandbox lies over.
     pub(super) fn refuse_set_change(&self) -> Result<()> {
-        match self.ids()?.first() {
-            Some(id) => Err(Error::Busy(format!(
-                "sandbox {id} lies over these branches: commit or discard it first \
-                 (chronofs sandbox list)"
-            ))),
-            None => Ok(()),
-        }
+        self.refuse_while_any("lies over these branches")
     }
 
     /// A clone made now would lie in branches a sandbox reads without the
     /// mount's history (see `start`).
     pub(super) fn refuse_clone(&self) -> Result<()> {
+        self.refuse_while_any("lies over this mount and could not read a clone")
+    }
+
+    /// Busy while any sandbox exists: "sandbox N `what`: ...".
+    fn refuse_while_any(&self, what: &str) -> Result<()> {
         match self.ids()?.first() {
             Some(id) => Err(Error::Busy(format!(
-                "sandbox {id} lies over this mount and could not read a clone: commit or \
-                 discard it first (chronofs sandbox list)"
+                "sandbox {id} {what}: commit or discard it first (chronofs sandbox list)"
             ))),
             None => Ok(()),
         }

@@ -251,13 +251,9 @@ impl Vfs {
         self.clone_ns().clone_mark()
     }
 
-    pub(super) fn clones_on(&self) -> bool {
-        self.clones.on.load(std::sync::atomic::Ordering::Acquire)
-    }
-
     /// Whether the mount holds clones (or did: their tags are in history).
-    pub fn holds_clones(&self) -> bool {
-        self.clones_on()
+    pub fn clones_on(&self) -> bool {
+        self.clones.on.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Marks the mount as holding clones (at mount, if history has a

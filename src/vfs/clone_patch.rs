@@ -904,13 +904,13 @@ impl Vfs {
         Ok(())
     }
 
-    /// The patched file of `ino` the daemon holds, if any.
     /// `ino` was copied up: a patched file known for it reads and writes
     /// the copy left behind, and the next use loads the new one.
     pub(in crate::vfs) fn forget_patched(&self, ino: InodeNo) {
         self.clones.patched.lock().remove(&ino);
     }
 
+    /// The patched file of `ino` the daemon holds, if any.
     fn known_patched(&self, ino: InodeNo) -> Option<Arc<Patched>> {
         self.clones.patched.lock().get(&ino).and_then(Weak::upgrade)
     }
