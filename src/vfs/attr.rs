@@ -167,19 +167,23 @@ impl Vfs {
             let old_size = sys::fstat(fd).map_or(0, |st| st.st_size as u64);
             // What lay past the new end is gone even if the file grows back.
             self.wrote_range(ino, old_size.min(size), u64::MAX);
-            match handle.as_deref() {
-                Some(Handle::File { fd: hfd, .. }) => {
-                    creds::as_caller(caller, || sys::ftruncate(hfd.as_fd(), size))?
-                }
-                _ => {
-                    if inode.is_dir() {
-                        return Err(errno(libc::EISDIR));
+            let cut = || -> Result<()> {
+                match handle.as_deref() {
+                    Some(Handle::File { fd: hfd, .. }) => {
+                        creds::as_caller(caller, || sys::ftruncate(hfd.as_fd(), size))?
                     }
-                    creds::as_caller(caller, || sys::truncate_fd_path(fd, size))?
+                    _ => {
+                        if inode.is_dir() {
+                            return Err(errno(libc::EISDIR));
+                        }
+                        creds::as_caller(caller, || sys::truncate_fd_path(fd, size))?
+                    }
                 }
-            }
-            if let Some(p) = self.patched(&inode)? {
-                p.truncated(size);
+                Ok(())
+            };
+            match self.patched(&inode)? {
+                Some(p) => p.truncate_with(size, cut)?,
+                None => cut()?,
             }
         }
         if set.atime.is_some() || set.mtime.is_some() {

@@ -395,10 +395,25 @@ impl Patched {
         Ok(data.len())
     }
 
+    /// Runs `cut`, which truncates the backing file to `size`, under the
+    /// file's lock, then notes it: a flattening or a mark written between
+    /// the cut and the note (a writer's release arrives after its close
+    /// has returned) wrote back what the cut removed, the old size and
+    /// base bytes past the new end (found by hand, 2026-11-29).
+    pub(in crate::vfs) fn truncate_with<T>(
+        &self,
+        size: u64,
+        cut: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let mut st = self.state.lock();
+        let out = cut()?;
+        self.truncated_locked(&mut st, size);
+        Ok(out)
+    }
+
     /// After the backing file was truncated to `size`: the base no longer
     /// shows past it, even if the file grows again.
-    pub(in crate::vfs) fn truncated(&self, size: u64) {
-        let mut st = self.state.lock();
+    fn truncated_locked(&self, st: &mut State, size: u64) {
         self.changed();
         st.size = size;
         if size < st.base_len {

@@ -134,7 +134,11 @@ impl Vfs {
             true => self.before_write_open(ino)?,
             false => None,
         };
-        let fd = self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags, 0)?;
+        let reopen = || self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags, 0);
+        let fd = match patched.as_ref().filter(|_| flags & libc::O_TRUNC != 0) {
+            Some(p) => p.truncate_with(0, reopen)?,
+            None => reopen()?,
+        };
         // A large file updated in place goes through the daemon, which then
         // knows the ranges written: its versions cost what changed, not the
         // file (docs/ARCHITECTURE.md "Per-open write path").
@@ -179,9 +183,6 @@ impl Vfs {
         };
         if session && flags & libc::O_TRUNC != 0 {
             self.wrote_range(ino, 0, u64::MAX);
-        }
-        if let Some(p) = patched.as_ref().filter(|_| flags & libc::O_TRUNC != 0) {
-            p.truncated(0);
         }
         let fh = self.handles.insert(Handle::File {
             ino,
