@@ -556,6 +556,33 @@ fn refuse_plain_over_clones(store: &Store, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
+/// A branch holding clones of another store (or, for a mount without
+/// history, of any store) is refused: its marks would read another
+/// history's files, or none (`vfs::foreign_stamp`).
+fn refuse_foreign_clones(
+    branches: &Branches,
+    plan: &Plan,
+    history: bool,
+    ours: Option<crate::store::StoreId>,
+) -> Result<()> {
+    let roots: Vec<(std::os::fd::BorrowedFd<'_>, &Path)> = match branches {
+        Branches::One(b) => vec![(b.root_fd(), plan.src.as_path())],
+        Branches::Union(list) => list
+            .iter()
+            .zip(&plan.union)
+            .map(|(b, (path, _))| (b.branch.root_fd(), path.as_path()))
+            .collect(),
+    };
+    for (root, path) in roots {
+        let why = crate::vfs::foreign_stamp(root, history, ours)
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        if let Some(why) = why {
+            bail!("{} {why}", path.display());
+        }
+    }
+    Ok(())
+}
+
 fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     init_logging(opts, daemon)?;
     if let Err(e) = sys::raise_fd_limit() {
@@ -578,9 +605,17 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     } else {
         Some(load_policy(opts)?)
     };
+    if opts.plain {
+        refuse_plain_over_clones(&store, plan)?;
+    }
+    refuse_foreign_clones(&branches, plan, !opts.plain, store.id()?)?;
+    let store_id = if opts.plain {
+        None
+    } else {
+        Some(store.ensure_id()?)
+    };
     // History first: its replay may restore inode-map entries.
     let history = if opts.plain {
-        refuse_plain_over_clones(&store, plan)?;
         None
     } else {
         Some(History::open(&store, true).map_err(|e| anyhow!("{e}"))?)
@@ -610,6 +645,9 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
         Branches::Union(list) => Vfs::new_union(list, inomap, vfs_cfg, capture.clone(), opts.union),
     }
     .map_err(|e| anyhow!("{e}"))?;
+    if let Some(id) = store_id {
+        vfs.set_store_id(id);
+    }
     if let Some(c) = &capture {
         // Until a clone exists, no operation looks for a clone's mark.
         if c.history()
@@ -1055,6 +1093,15 @@ impl control::service::Host for MountHost {
         let root = sys::openat(sys::CWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)
             .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
         let st = sys::fstat(std::os::fd::AsFd::as_fd(&root)).map_err(Error::Io)?;
+        let foreign = crate::vfs::foreign_stamp(
+            std::os::fd::AsFd::as_fd(&root),
+            vfs.store_id().is_some(),
+            vfs.store_id(),
+        )
+        .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
+        if let Some(why) = foreign {
+            return Err(Error::Usage(format!("{} {why}", path.display())));
+        }
         let new_root = crate::store::BranchRoot {
             path: path.clone(),
             dev: st.st_dev,

@@ -83,6 +83,8 @@ pub const PACK_DIR: &str = "packs";
 const JOURNAL_FILES: [&str; 2] = ["journal-0", "journal-1"];
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_FORMAT: &str = "format_version";
+/// The store's identity (`StoreId`), made at the first mount with history.
+const META_STORE_ID: &str = "store_id";
 /// How long to wait for another process (typically a daemon that is just
 /// exiting after an unmount) to release the index.
 const INUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -574,7 +576,64 @@ impl Index {
     }
 }
 
+/// What tells one store from another, kept in its `meta` table and
+/// copied with it: a branch holding clones names the store their shared
+/// bytes are in (`union::format::StoreStamp`), so that no other store
+/// reads its marks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreId(pub u64);
+
+impl std::fmt::Display for StoreId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 impl Store {
+    /// The store's identity, if it has one yet.
+    pub fn id(&self) -> Result<Option<StoreId>, StoreError> {
+        let txn = self.db.begin_read().map_err(index_error)?;
+        match txn.open_table(META) {
+            Ok(table) => Ok(table
+                .get(META_STORE_ID)
+                .map_err(index_error)?
+                .map(|v| StoreId(v.value()))),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(index_error(e)),
+        }
+    }
+
+    /// The store's identity, made (durably: a branch may name it next)
+    /// if it has none. Unique in practice: a hash of the clock, the
+    /// process and the store's place.
+    pub fn ensure_id(&self) -> Result<StoreId, StoreError> {
+        if let Some(id) = self.id()? {
+            return Ok(id);
+        }
+        let mut seed = blake3::Hasher::new();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        seed.update(&now.as_nanos().to_le_bytes());
+        seed.update(&std::process::id().to_le_bytes());
+        seed.update(self.dir.as_os_str().as_encoded_bytes());
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&seed.finalize().as_bytes()[..8]);
+        let id = StoreId(u64::from_le_bytes(bytes));
+        let txn = self.db.begin_write().map_err(index_error)?;
+        {
+            let mut table = txn.open_table(META).map_err(index_error)?;
+            if let Some(had) =
+                redb::ReadableTable::get(&table, META_STORE_ID).map_err(index_error)?
+            {
+                return Ok(StoreId(had.value()));
+            }
+            table.insert(META_STORE_ID, id.0).map_err(index_error)?;
+        }
+        txn.commit().map_err(index_error)?;
+        Ok(id)
+    }
+
     /// Opens the store in `dir`, creating it (mode 0700) if it does not exist.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let io_err = |source| StoreError::Io {

@@ -93,6 +93,14 @@ impl XattrNs {
         }
     }
 
+    /// chronofs's own: see [`StoreStamp`].
+    pub fn store_stamp(self) -> &'static CStr {
+        match self {
+            XattrNs::Trusted => c"trusted.overlay.chronofs.store",
+            XattrNs::User => c"user.overlay.chronofs.store",
+        }
+    }
+
     /// chronofs's own: see [`mark_attrs_set`].
     pub fn attrs_set(self) -> &'static CStr {
         match self {
@@ -100,6 +108,46 @@ impl XattrNs {
             XattrNs::User => c"user.overlay.chronofs.attrs",
         }
     }
+}
+
+/// What a branch's root says of the store its clones' marks belong to.
+/// A mark names its base by path and instant in the mount's history, so
+/// read through another store's history it would show another file's
+/// bytes (or zeros, where that store knows no clone): a mount refuses a
+/// branch stamped by another store. Value: a format byte (1), then the
+/// store's id, 8 bytes little endian.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreStamp {
+    Store(crate::store::StoreId),
+    /// A stamp this build does not read (another format byte or length).
+    Unknown,
+}
+
+const STORE_STAMP_FORMAT: u8 = 1;
+
+/// The stamp on branch root `root`, if any.
+pub fn store_stamp(root: BorrowedFd<'_>, ns: XattrNs) -> io::Result<Option<StoreStamp>> {
+    let Some(value) = read_xattr(root, ns.store_stamp())? else {
+        return Ok(None);
+    };
+    Ok(Some(match value.split_first() {
+        Some((&STORE_STAMP_FORMAT, id)) if id.len() == 8 => {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(id);
+            StoreStamp::Store(crate::store::StoreId(u64::from_le_bytes(le)))
+        }
+        _ => StoreStamp::Unknown,
+    }))
+}
+
+/// Stamps branch root `root` as holding clones of store `id`, durably
+/// (before any mark that needs it can reach the disk).
+pub fn stamp_store(root: BorrowedFd<'_>, ns: XattrNs, id: crate::store::StoreId) -> io::Result<()> {
+    let mut value = vec![STORE_STAMP_FORMAT];
+    value.extend_from_slice(&id.0.to_le_bytes());
+    sys::setxattr_fd(root, ns.store_stamp(), &value, 0)?;
+    let dir = sys::reopen_dir(root, libc::O_RDONLY)?;
+    sys::fsync(dir.as_fd(), false)
 }
 
 /// Marks a directory copy whose own attributes (mode, owner, times,

@@ -143,6 +143,9 @@ impl Vfs {
             self.close_revoked(fh);
         }
         u.set_mode(b, writable)?;
+        if writable {
+            self.stamp_writable_branches();
+        }
         tracing::info!(
             "branch {position} is now {}",
             if writable { "read-write" } else { "read-only" }

@@ -329,6 +329,10 @@ impl Vfs {
             lower: lower.id,
             held: None,
         };
+        if self.clones_on() {
+            // The fold may bring marks down into it.
+            self.stamp_branch(lower.id, lower.root.as_fd());
+        }
         u.set_fold(Some((upper.id, lower.id)));
         let merged = snapmerge::merge_into(
             upper.root.as_fd(),
@@ -400,6 +404,7 @@ impl Vfs {
         let generation = set.generation;
         u.swap_set(set)?;
         self.inodes.set_generation(generation);
+        self.stamp_writable_branches();
         Ok(SetChange {
             revoked: 0,
             generation,

@@ -238,6 +238,8 @@ pub(super) struct Clones {
     /// Operations that can carry a mark to where a walk of the tree has
     /// already been (`Vfs::clone_instants_in_use`).
     pub(super) moves: super::clone_space::Moves,
+    /// The store these clones belong to, and the branches that say so.
+    pub(super) stamps: super::clone_stamp::Stamps,
 }
 
 impl Vfs {
@@ -257,11 +259,13 @@ impl Vfs {
     }
 
     /// Marks the mount as holding clones (at mount, if history has a
-    /// clone's tag; and when one is made).
+    /// clone's tag; and when one is made), and its read-write branches as
+    /// holding this store's (before any mark is written).
     pub fn enable_clones(&self) {
         self.clones
             .on
             .store(true, std::sync::atomic::Ordering::Release);
+        self.stamp_writable_branches();
     }
 
     /// The mark of `node`, if it has one (read once per inode while it
