@@ -207,6 +207,11 @@ fn branch_add_and_remove_refuse_bad_input_in_one_line() {
             vec!["add", inside.to_str().unwrap()],
             "inside the mount point",
         ),
+        // Once hung the mount: the daemon opened its own root.
+        (
+            vec!["add", m.mnt.to_str().unwrap()],
+            "the mount point itself",
+        ),
         (
             vec!["add", inside_branch.to_str().unwrap()],
             "contains branch",

@@ -59,6 +59,18 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
     let dir = dir
         .canonicalize()
         .with_context(|| format!("new branch {}", dir.display()))?;
+    // The mount itself (the path as the mount shows it): the daemon would
+    // serve its own branch, and its first look at it waited for itself.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (d, m) = (std::fs::metadata(&dir)?, std::fs::metadata(mnt)?);
+        if (d.dev(), d.ino()) == (m.dev(), m.ino()) {
+            bail!(
+                "{} is the mount point itself: a mount cannot be its own branch",
+                dir.display()
+            );
+        }
+    }
     // Checked as the command line with it would be: no repeat, no nesting,
     // not inside the mount.
     let mode_of = |w: bool| if w { Mode::Rw } else { Mode::Ro };

@@ -689,7 +689,7 @@ pub fn main() -> i32 {
                 Ok(true) => exit::FAILURE,
                 Ok(false) => exit::OK,
                 Err(e) => {
-                    eprintln!("chronofs: {e:#}");
+                    eprintln!("chronofs: {}", one_line(&e));
                     DIFF_TROUBLE
                 }
             }
@@ -705,11 +705,28 @@ fn report(r: anyhow::Result<()>) -> i32 {
     match r {
         Ok(()) => exit::OK,
         Err(e) => {
-            // One line: the causes joined.
-            eprintln!("chronofs: {e:#}");
+            eprintln!("chronofs: {}", one_line(&e));
             exit::FAILURE
         }
     }
+}
+
+/// An error as one line: its causes joined by ": ", each once (an error
+/// that quotes its source in its own message, as `thiserror`'s
+/// `{source}` does, would otherwise repeat it).
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// diff's exit status for an error (diff(1)'s "trouble").
@@ -970,6 +987,21 @@ mod tests {
 
     fn args(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn an_error_line_names_each_cause_once() {
+        let quoted = crate::union::spec::SpecError::MountPoint {
+            mnt: "m".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        let line = one_line(&anyhow::Error::from(quoted).context("mounting"));
+        assert_eq!(
+            line,
+            "mounting: mount point m: No such file or directory (os error 2)"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(one_line(&plain), "outer: inner");
     }
 
     #[test]

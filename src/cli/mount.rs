@@ -48,9 +48,9 @@ pub fn run(
         Ok(p) => p,
         Err(e) => {
             if let Some(mut w) = ready.as_ref() {
-                let _ = writeln!(w, "{e:#}");
+                let _ = writeln!(w, "{}", super::one_line(&e));
             }
-            eprintln!("chronofs: {e:#}");
+            eprintln!("chronofs: {}", super::one_line(&e));
             return exit::FAILURE;
         }
     };
@@ -62,7 +62,7 @@ pub fn run(
         return match serve(&plan, &opts, notify) {
             Ok(()) => exit::OK,
             Err(e) => {
-                eprintln!("chronofs: {e:#}");
+                eprintln!("chronofs: {}", super::one_line(&e));
                 exit::FAILURE
             }
         };
@@ -363,7 +363,7 @@ fn serve(plan: &Plan, opts: &MountOptions, mut notify: Notify) -> Result<()> {
     let (session, history, _control, sandboxes) = match prepare(plan, opts, daemon) {
         Ok(s) => s,
         Err(e) => {
-            notify.report(&format!("{e:#}"));
+            notify.report(&super::one_line(&e));
             return Err(e);
         }
     };
