@@ -395,19 +395,6 @@ fn a_clone_by_an_ordinary_user_widens_no_access() {
     }
 }
 
-fn xattr_names(p: &Path) -> Vec<String> {
-    let c = cstr(p);
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: the buffer is valid for its length; the path is NUL-ended.
-    let n = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    assert!(n >= 0, "listxattr {}", p.display());
-    buf.truncate(n as usize);
-    buf.split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|n| String::from_utf8_lossy(n).into_owned())
-        .collect()
-}
-
 /// One line on stderr and a failure with `errno`'s message.
 fn refused_with(out: std::process::Output, errno: i32) {
     assert!(!out.status.success(), "succeeded");
@@ -662,6 +649,26 @@ fn hard_links_stay_one_file(m: Mount) {
     assert_eq!(fs::read(m.p("d/sub/deeper/a3")).unwrap(), b"shared");
     assert_eq!(lstat("d/sub/a2").nlink(), 2);
     assert_eq!(lstat("d/sub/a2").ino(), lstat("d/sub/deeper/a3").ino());
+    // Its names and counts are the mount's, not the file's: not listed,
+    // not read, not set, now or in the past, and so not copied by
+    // `cp -a` into ordinary files (which then showed the wrong count).
+    tag(&m, "linked");
+    for p in ["c/sub/a2", ".history/@linked/c/sub/a2"] {
+        let names = xattr_names(&m.p(p));
+        assert!(
+            names.iter().all(|n| !n.contains("chronofs")),
+            "{p}: {names:?}"
+        );
+        for name in [
+            "trusted.overlay.chronofs.nlink",
+            "trusted.overlay.chronofs.index",
+        ] {
+            assert!(get_xattr(&m.p(p), name).is_err(), "{p}: {name} read");
+        }
+    }
+    let set = set_xattr(&m.p("c/sub/a2"), "trusted.overlay.chronofs.nlink", b"5", 0);
+    assert!(set.is_err(), "set through the mount");
+    assert_eq!(lstat("c/sub/a2").nlink(), 2);
     // The index is never shown, and goes with a file's last name.
     let names: Vec<_> = fs::read_dir(&m.mnt)
         .unwrap()

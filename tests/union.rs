@@ -552,6 +552,45 @@ fn undelete_and_restore_work_on_a_union() {
     );
 }
 
+/// A lower file with two names, copied up through the union's index: its
+/// index name and count are the mount's, so history neither shows nor
+/// restores them (restore refused with EOPNOTSUPP setting them through
+/// the mount, after having changed the file in place).
+#[test]
+fn a_linked_file_copied_up_restores_and_reverts() {
+    let m = Mount::union("", 1, |b| {
+        fs::write(b[1].join("a"), b"hl\n").unwrap();
+        fs::hard_link(b[1].join("a"), b[1].join("b")).unwrap();
+    });
+    m.wait_history_ready();
+    append(&m.p("a"), b"x\n").unwrap();
+    cli_ok(&["tag", "t1", "--path", m.mnt.to_str().unwrap()]);
+    append(&m.p("a"), b"w\n").unwrap();
+    let names = xattr_names(&m.p(".history/@t1/a"));
+    assert!(names.iter().all(|n| !n.contains("overlay")), "{names:?}");
+    let (a, old) = (m.p("a"), m.p("a.old"));
+    cli_ok(&[
+        "restore",
+        a.to_str().unwrap(),
+        "--at",
+        "t1",
+        "--to",
+        old.to_str().unwrap(),
+    ]);
+    assert_eq!(read_file(&old), b"hl\nx\n");
+    cli_ok(&["restore", a.to_str().unwrap(), "--at", "t1"]);
+    assert_eq!(read_file(&m.p("b")), b"hl\nx\n");
+    append(&m.p("b"), b"w2\n").unwrap();
+    cli_ok(&["revert", m.mnt.to_str().unwrap(), "--at", "t1"]);
+    assert_eq!(read_file(&m.p("a")), b"hl\nx\n");
+    assert!(!m.p("a.old").exists());
+    let (sa, sb) = (
+        fs::metadata(m.p("a")).unwrap(),
+        fs::metadata(m.p("b")).unwrap(),
+    );
+    assert_eq!((sa.ino(), sa.nlink()), (sb.ino(), 2), "still one file");
+}
+
 /// Hard links of a lower file keep one identity across copy-up (the
 /// union's index): one number for every name before and after, every name
 /// shows the copied-up data, st_nlink counts the names a user can reach,

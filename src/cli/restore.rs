@@ -204,8 +204,16 @@ fn open_path(p: &Path) -> Result<std::fs::File> {
 }
 
 /// Whether a user of this kind can see (and so set) an xattr namespace.
+/// Whether restore sets xattr `name` recorded in history: a user's only
+/// in the namespaces they can write, and never chronofs's own (a union's
+/// hard-link index, a clone's mark: recorded by builds before they were
+/// left out, and refused through the mount).
 fn settable(name: &[u8], is_root: bool) -> bool {
-    is_root || !(name.starts_with(b"trusted.") || name.starts_with(b"security."))
+    use crate::union::format::{is_chronofs_xattr, XattrNs};
+    let own = [XattrNs::Trusted, XattrNs::User]
+        .iter()
+        .any(|ns| is_chronofs_xattr(name, *ns));
+    !own && (is_root || !(name.starts_with(b"trusted.") || name.starts_with(b"security.")))
 }
 
 fn live_xattrs(p: &Path, is_root: bool) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {

@@ -171,6 +171,14 @@ pub fn is_overlay_xattr(name: &[u8], ns: XattrNs) -> bool {
     name.starts_with(ns.prefix())
 }
 
+/// Whether xattr `name` is one of chronofs's own (`overlay.chronofs.*`
+/// of namespace `ns`: clone marks, hard-link index names and counts,
+/// store stamps), which no user sets or sees, in a union or not.
+pub fn is_chronofs_xattr(name: &[u8], ns: XattrNs) -> bool {
+    name.strip_prefix(ns.prefix())
+        .is_some_and(|rest| rest.starts_with(b"chronofs."))
+}
+
 /// A character device 0/0: overlayfs's whiteout.
 /// Whether mknod(`mode`, `rdev`) would make what a union reads as a
 /// whiteout.

@@ -248,11 +248,6 @@ impl Vfs {
         self.union().map_or_else(XattrNs::for_daemon, |u| u.ns)
     }
 
-    /// The name of the clone mark's xattr in this mount.
-    pub(super) fn clone_mark_name(&self) -> &'static std::ffi::CStr {
-        self.clone_ns().clone_mark()
-    }
-
     /// Whether the mount holds clones (or did: their tags are in history).
     pub fn clones_on(&self) -> bool {
         self.clones.on.load(std::sync::atomic::Ordering::Acquire)

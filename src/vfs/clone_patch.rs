@@ -684,15 +684,14 @@ fn mark_too_big(e: &super::VfsError) -> bool {
     [libc::E2BIG, libc::ENOSPC, libc::ERANGE].contains(&e.errno())
 }
 
-/// The xattrs of backing object `fd` as its file's: a clone's mark is the
-/// daemon's.
+/// The xattrs of backing object `fd` as its file's: a clone's mark and
+/// index names are the daemon's.
 pub(super) fn xattrs_without_mark(
     fd: BorrowedFd<'_>,
     ns: XattrNs,
 ) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let mark = ns.clone_mark().to_bytes();
     let mut all = sys::xattrs_of(fd)?;
-    all.retain(|(name, _)| name.as_slice() != mark);
+    all.retain(|(name, _)| !crate::union::format::is_chronofs_xattr(name, ns));
     Ok(all)
 }
 

@@ -1227,11 +1227,12 @@ impl Vfs {
         }
     }
 
-    /// The mount's own xattrs: a union's markers, or a clone's mark.
-    fn hidden_xattr(&self, name: &[u8]) -> bool {
+    /// The mount's own xattrs: a union's markers, or a clone's (its mark,
+    /// and the names and counts of its hard-link index).
+    pub(super) fn hidden_xattr(&self, name: &[u8]) -> bool {
         match &self.union {
             Some(u) => format::is_overlay_xattr(name, u.ns),
-            None => self.clones_on() && name == self.clone_mark_name().to_bytes(),
+            None => self.clones_on() && format::is_chronofs_xattr(name, self.clone_ns()),
         }
     }
 
@@ -1242,8 +1243,16 @@ impl Vfs {
         ino: InodeNo,
         size: u32,
     ) -> Result<super::Xattr> {
-        let node = self.node(ino)?;
-        let fd = node.fd();
+        self.listxattr_shown(caller, self.node(ino)?.fd(), size)
+    }
+
+    /// listxattr of backing object `fd` without the mount's own names.
+    pub(super) fn listxattr_shown(
+        &self,
+        caller: &super::Caller,
+        fd: std::os::fd::BorrowedFd<'_>,
+        size: u32,
+    ) -> Result<super::Xattr> {
         let mut buf = Vec::new();
         loop {
             let need = crate::sys::creds::as_caller(caller, || sys::listxattr_fd(fd, &mut []))?;

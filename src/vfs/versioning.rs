@@ -96,10 +96,13 @@ pub(super) fn recorded_xattrs(
     vfs: &Vfs,
     fd: BorrowedFd<'_>,
 ) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    match vfs.clones_on() {
-        true => super::clone_patch::xattrs_without_mark(fd, vfs.clone_ns()),
-        false => sys::xattrs_of(fd),
+    // The mount's own names (a union's markers, a clone's mark and
+    // index) are not the file's: a restore could not set them back.
+    let mut all = sys::xattrs_of(fd)?;
+    if vfs.union().is_some() || vfs.clones_on() {
+        all.retain(|(name, _)| !vfs.hidden_xattr(name));
     }
+    Ok(all)
 }
 
 impl Live<'_> {

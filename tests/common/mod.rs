@@ -1317,3 +1317,8 @@ pub fn shape(m: &Mount, names: &[&str]) -> Vec<(u64, u64, u64)> {
         })
         .collect()
 }
+
+/// The xattr names listxattr(2) gives for `p`.
+pub fn xattr_names(p: &Path) -> Vec<String> {
+    list_xattr(p).unwrap_or_else(|e| panic!("listxattr {}: {e:?}", p.display()))
+}

@@ -506,6 +506,8 @@ impl Vfs {
         name: &OsStr,
         size: u32,
     ) -> Result<Xattr> {
+        // The mount's own names are no more the file's in the past.
+        self.refuse_union_xattr(name)?;
         let node = self.view(ino)?;
         match &node.what {
             What::At {
@@ -528,10 +530,11 @@ impl Vfs {
             What::At {
                 state: State::Live { inode },
                 ..
-            } => Xattr::list(caller, self.inodes.fd(inode)?.as_fd(), size),
+            } => self.listxattr_shown(caller, self.inodes.fd(inode)?.as_fd(), size),
             what => {
                 let mut list = Vec::new();
-                for (name, _) in recorded_xattrs(what, caller) {
+                let shown = recorded_xattrs(what, caller).filter(|(n, _)| !self.hidden_xattr(n));
+                for (name, _) in shown {
                     list.extend_from_slice(name);
                     list.push(0);
                 }
