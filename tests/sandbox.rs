@@ -1034,3 +1034,123 @@ fn a_commit_keeps_directory_attributes_the_sandbox_did_not_set() {
         assert_eq!(read_file(&m.p("mine/new")), b"n\n");
     });
 }
+
+/// What a process in MNT sees: every path below it, then each file's
+/// bytes.
+const TREE: &str = "cd MNT && find . -name .history -prune -o -print | sort && \
+                    for f in $(find . -name .history -prune -o -type f -print | sort); do \
+                    echo \"$f: $(cat $f)\"; done";
+
+fn mount_tree(m: &Mount) -> String {
+    sh(&m.mnt, &TREE.replace("MNT", "."))
+}
+
+/// `chronofs fsck SRC=rw:LOWER=ro...` of the mount's branches.
+fn fsck_branches(m: &Mount) -> Output {
+    let mut spec = format!("{}=rw", m.src.display());
+    for l in &m.lowers {
+        spec.push_str(&format!(":{}=ro", l.display()));
+    }
+    chronofs_in(m.root(), &["fsck", &spec])
+}
+
+fn is_whiteout(p: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == 0)
+}
+
+/// A directory renamed in a sandbox whose old path only the mount's
+/// read-write branch held, its old parent removed too: the commit leaves
+/// that branch as the same commands run on the mount would, without a
+/// redirect on the moved directory (it pointed nowhere below, and would
+/// have merged in whatever a branch added later holds there) and without
+/// a whiteout at the old name (nothing below to hide).
+#[test]
+fn a_directory_renamed_from_the_read_write_branch_alone_commits_without_marks() {
+    for mode in ["plain", ""] {
+        let mut m = Mount::union(mode, 1, |b| {
+            write_file(&b[1].join("l"), b"l\n");
+            fs::create_dir_all(b[0].join("build/obj")).unwrap();
+            write_file(&b[0].join("build/obj/o"), b"o\n");
+        });
+        let script = format!("mv MNT/build/obj MNT/objs && rmdir MNT/build && {TREE}");
+        let seen = ok(in_sandbox(&m, None, &script), "sandbox", &m);
+        assert!(seen.contains("./objs/o: o\n"), "{seen}");
+        let reply = json(&ok(commit(&m, 1, false), "commit", &m));
+        assert_eq!(reply["applied"], true, "{reply}");
+        let check = |m: &Mount, when: &str| {
+            assert_eq!(mount_tree(m), seen, "mode {mode:?} {when}");
+            let objs = m.src.join("objs");
+            let marks: Vec<String> = list_xattr(&objs)
+                .unwrap()
+                .into_iter()
+                .filter(|n| n.contains("overlay."))
+                .collect();
+            assert!(marks.is_empty(), "mode {mode:?} {when}: {marks:?}");
+            assert!(
+                fs::symlink_metadata(m.src.join("build")).is_err(),
+                "mode {mode:?} {when}: a whiteout hiding nothing"
+            );
+            let out = fsck_branches(m);
+            assert!(
+                out.status.success(),
+                "mode {mode:?} {when}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                stderr(&out)
+            );
+        };
+        check(&m, "committed");
+        m.remount();
+        check(&m, "remounted");
+    }
+}
+
+/// Where the branch below holds the renamed directory's old path too, the
+/// redirect stays (the mount follows it to the lower copy) and so do the
+/// whiteouts hiding what lies below; one inside it for a file only the
+/// read-write branch held goes.
+#[test]
+fn a_directory_renamed_from_both_branches_keeps_its_redirect_and_whiteouts() {
+    for mode in ["plain", ""] {
+        let mut m = Mount::union(mode, 1, |b| {
+            fs::create_dir_all(b[1].join("build/obj")).unwrap();
+            write_file(&b[1].join("build/obj/l"), b"l\n");
+            write_file(&b[1].join("build/obj/x"), b"x\n");
+            fs::create_dir_all(b[0].join("build/obj")).unwrap();
+            write_file(&b[0].join("build/obj/o"), b"o\n");
+            write_file(&b[0].join("build/obj/p"), b"p\n");
+        });
+        let script = format!(
+            "mv MNT/build/obj MNT/objs && rm MNT/objs/x MNT/objs/p && rmdir MNT/build && {TREE}"
+        );
+        let seen = ok(in_sandbox(&m, None, &script), "sandbox", &m);
+        assert!(seen.contains("./objs/l: l\n./objs/o: o\n"), "{seen}");
+        let reply = json(&ok(commit(&m, 1, false), "commit", &m));
+        assert_eq!(reply["applied"], true, "{reply}");
+        let check = |m: &Mount, when: &str| {
+            assert_eq!(mount_tree(m), seen, "mode {mode:?} {when}");
+            let objs = m.src.join("objs");
+            assert_eq!(
+                get_xattr(&objs, "trusted.overlay.redirect").unwrap(),
+                b"/build/obj",
+                "mode {mode:?} {when}"
+            );
+            assert!(is_whiteout(&m.src.join("build")), "mode {mode:?} {when}");
+            assert!(is_whiteout(&objs.join("x")), "mode {mode:?} {when}");
+            assert!(
+                fs::symlink_metadata(objs.join("p")).is_err(),
+                "mode {mode:?} {when}: a whiteout hiding nothing"
+            );
+            let out = fsck_branches(m);
+            assert!(
+                out.status.success(),
+                "mode {mode:?} {when}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                stderr(&out)
+            );
+        };
+        check(&m, "committed");
+        m.remount();
+        check(&m, "remounted");
+    }
+}

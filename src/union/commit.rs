@@ -13,8 +13,12 @@
 //! another name, so before it the renamed directory is made to hold, as
 //! hard links, what the target holds there (`absorb::absorb_renamed_dirs`): it
 //! then moves whole, and the whiteout the rename left at the old name
-//! removes the target's old copy. The redirect stays where deeper
-//! branches lie below the target, so the mount still finds theirs.
+//! removes the target's old copy. The redirect stays where a branch below
+//! the target holds what it points at, so the mount still finds theirs;
+//! where none does (the old path was the target's alone), it goes, and
+//! the whiteout stays only where a branch below shows something, as the
+//! same rename made on the mount would leave them (`snapmerge`'s
+//! `Merge::settle_moved`).
 //!
 //! A change **conflicts** when the target's entry at its path was made or
 //! changed since the sandbox was (its ctime is not older): applying it
@@ -444,20 +448,22 @@ pub fn open_for_writing(upper: BorrowedFd<'_>) -> Result<Option<Vec<u8>>> {
 }
 
 /// Folds `upper` (a sandbox's branch, its renamed directories absorbed)
-/// into `lower` (the mount's read-write branch; `deeper`: branches lie
-/// below it), leaving `upper` empty. Interrupted, it leaves both valid;
+/// into `lower` (the mount's read-write branch; `under`: the roots of the
+/// branches below it, top first), leaving `upper` empty. Whiteouts,
+/// opacity and redirects land only where those branches show something
+/// for them to hide or point at. Interrupted, it leaves both valid;
 /// running it again finishes.
 pub fn fold(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
-    deeper: bool,
+    under: &[BorrowedFd<'_>],
     ns: XattrNs,
     rekey: Rekey<'_>,
 ) -> Result<snapmerge::MergeCount> {
     snapmerge::merge(
         upper,
         lower,
-        (deeper, Some(rekey)),
+        (!under.is_empty(), Some((rekey, under))),
         ns,
         &mut snapmerge::Unwatched,
     )

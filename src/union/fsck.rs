@@ -178,8 +178,10 @@ impl Walk<'_> {
     }
 }
 
-/// Whether `rel` is a directory under `root` (no symlink followed).
-fn resolves(root: BorrowedFd<'_>, rel: &Path) -> bool {
+/// Whether `rel` is a directory under `root` (no symlink followed), as
+/// the mount looks a redirect's target up in a branch (a sandbox commit
+/// keeps a redirect only where this finds it, so the two agree).
+pub(super) fn resolves(root: BorrowedFd<'_>, rel: &Path) -> bool {
     let Ok(crel) = CString::new(rel.as_os_str().as_bytes()) else {
         return false;
     };

@@ -33,6 +33,13 @@
 //! was renamed too, the moved one's redirect is changed with the move, the
 //! union's lookups held off for that moment (`Live::exclusive`).
 //!
+//! In a sandbox's **commit** (`commit::fold`), which knows the branches
+//! below the lower one, a whiteout or an opaque mark lands only where one
+//! of them shows something to hide, and a renamed directory keeps its
+//! redirect only where one of them holds what it points at
+//! ([`Merge::settle_moved`]): the lower branch ends as the same changes
+//! made on the mount would leave it.
+//!
 //! The upper branch's **hard-link index** entries (`index::INDEX_DIR`)
 //! move into the lower branch's index first, under the same names: each
 //! names the object it replaces, wherever that is, and the mount asks the
@@ -110,6 +117,9 @@ struct Merge<'r> {
     /// Branches lie below the lower one (whiteouts and opacity still matter
     /// there).
     deeper: bool,
+    /// A commit's: the lower branch and the branches below it, so that
+    /// marks go only where something below shows ([`Merge::hides`]).
+    below: Option<Below>,
     live: &'r mut dyn Live,
     count: MergeCount,
     /// Redirects to change (path from the upper root, new value) as the
@@ -138,12 +148,12 @@ pub fn merge_into(
 /// sandbox's own branch ids); `None`: it has none there.
 pub type Rekey<'a> = &'a dyn Fn(&[u8]) -> Option<Vec<u8>>;
 
-/// [`merge_into`]; a commit (`Some`, with its [`Rekey`]): see
-/// [`Merge::commit`].
+/// [`merge_into`]; a commit (`Some`, with its [`Rekey`] and the roots of
+/// the branches below `lower`, top first): see [`Merge::commit`].
 pub(super) fn merge(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
-    (deeper, commit): (bool, Option<Rekey<'_>>),
+    (deeper, commit): (bool, Option<(Rekey<'_>, &[BorrowedFd<'_>])>),
     ns: XattrNs,
     live: &mut dyn Live,
 ) -> Result<MergeCount> {
@@ -153,12 +163,24 @@ pub(super) fn merge(
         Some(_) => Vec::new(),
         None => absorb::find_renamed(up.as_fd(), ns)?,
     };
+    let below = match commit {
+        Some((_, under)) => Some(Below {
+            target: sys::reopen_dir(lower, libc::O_RDONLY)?,
+            under: under
+                .iter()
+                .map(|r| sys::reopen_dir(*r, libc::O_RDONLY))
+                .collect::<io::Result<_>>()?,
+        }),
+        None => None,
+    };
     let same = |name: &[u8]| Some(name.to_vec());
-    let index = upper_index(up.as_fd(), low.as_fd(), commit.unwrap_or(&same))?;
+    let rekey = commit.map(|(rekey, _)| rekey);
+    let index = upper_index(up.as_fd(), low.as_fd(), rekey.unwrap_or(&same))?;
     let mut m = Merge {
         ns,
         commit: commit.is_some(),
         deeper,
+        below,
         live,
         count: MergeCount::default(),
         switch: Vec::new(),
@@ -351,7 +373,7 @@ impl Merge<'_> {
             });
         let child_path = join(path, name);
         if whiteout {
-            self.whiteout(up, low, &c, below.as_ref())?;
+            self.whiteout(up, low, &c, below.as_ref(), &child_path)?;
         } else if is_dir(&st) {
             self.dir(up, low, &c, &st, below.as_ref(), &child_path)?;
         } else {
@@ -371,13 +393,14 @@ impl Merge<'_> {
         low: BorrowedFd<'_>,
         c: &CStr,
         below: Option<&Stat>,
+        path: &[u8],
     ) -> Result<()> {
         match below {
             Some(b) if format::is_whiteout(b) => {}
             Some(_) => remove_tree(low, c)?,
             None => {}
         }
-        if self.deeper && !below.is_some_and(format::is_whiteout) {
+        if !below.is_some_and(format::is_whiteout) && self.hides(path)? {
             format::make_whiteout(low, c)?;
         }
         sys::unlinkat(up, c, 0)?;
@@ -416,16 +439,22 @@ impl Merge<'_> {
                 self.count.merged_dirs += 1;
             }
             _ => {
+                let hides = self.hides(path)?;
                 // The lower name (a non-directory or whiteout) kept deeper
                 // branches out of this directory: opacity keeps them out.
                 // (A redirect already sends lookups below elsewhere.)
-                if self.deeper && below.is_some() && !opaque && !renamed {
+                if hides && below.is_some() && !opaque && !renamed {
                     format::set_opaque(fd.as_fd(), self.ns)?;
                 }
                 if below.is_some() {
                     remove_tree(low, c)?;
                 }
                 let sub = sys::openat(up, c, DIR_FLAGS, 0)?;
+                if self.deeper && self.below.is_some() {
+                    // After the lower copy's removal: a redirect dropped
+                    // here must not let a second run merge the two.
+                    self.settle_moved(fd.as_fd(), sub.as_fd(), path)?;
+                }
                 self.moved_tree(sub.as_fd(), st)?;
                 self.switch_redirects()?;
                 let strip = !self.deeper && self.commit;
@@ -439,7 +468,7 @@ impl Merge<'_> {
                     }
                 }
                 sys::renameat2(up, c, low, c, 0)?;
-                if !strip && !self.deeper && (opaque || below.is_some()) {
+                if !strip && !hides && (opaque || below.is_some()) {
                     // Nothing below to hide: the mark means nothing now.
                     let _ = sys::removexattr_fd(fd.as_fd(), self.ns.opaque());
                 }
@@ -522,6 +551,50 @@ impl Merge<'_> {
         Ok(())
     }
 
+    /// Whether a whiteout or an opaque mark at `path` (`/a/b`) in the lower
+    /// branch would hide anything: a branch below it shows something there.
+    /// A snapmerge does not know: whenever branches lie below.
+    fn hides(&self, path: &[u8]) -> Result<bool> {
+        let Some(b) = self.below.as_ref().filter(|_| self.deeper) else {
+            return Ok(self.deeper);
+        };
+        let comps = absorb::components(path);
+        let Some((name, parents)) = comps.split_last() else {
+            return Ok(true);
+        };
+        Ok(match b.path_below(parents, self.ns)? {
+            Some(at) => b.shows(&with(&at, name), self.ns),
+            None => false,
+        })
+    }
+
+    /// Before a commit moves the sandbox's directory `dir` (`fd`; at `path`)
+    /// down whole: its renamed directories whose origin no branch below
+    /// the lower one holds (it was only there, and is absorbed) lose the
+    /// redirect, which would point nowhere (or at whatever a branch added
+    /// later holds there); each is made opaque instead only where a branch
+    /// below shows something at its new place. Whiteouts in it go where
+    /// nothing below shows. So the lower branch ends as the same renames
+    /// and removals made on the mount would leave it. Run again after a
+    /// crash, it finishes: a directory is settled after everything in it,
+    /// so what is left to settle still finds its parents' redirects.
+    fn settle_moved(&mut self, fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, path: &[u8]) -> Result<()> {
+        let Some(b) = &self.below else {
+            return Ok(());
+        };
+        let comps = absorb::components(path);
+        let Some((name, parents)) = comps.split_last() else {
+            return Ok(());
+        };
+        let parent_at = b.path_below(parents, self.ns)?;
+        let (at, drop) = b.landing(fd, name, parent_at.as_deref(), self.ns)?;
+        b.settle(dir, at.as_deref(), self.ns)?;
+        if let Some(opaque) = drop {
+            b.drop_redirect(fd, opaque, self.ns)?;
+        }
+        Ok(())
+    }
+
     /// Tells `moved` about a directory moving down whole and everything in
     /// it (their inodes stay; only the branch they are in changes).
     fn moved_tree(&mut self, dir: BorrowedFd<'_>, st: &Stat) -> Result<()> {
@@ -543,6 +616,224 @@ impl Merge<'_> {
 }
 
 const DIR_FLAGS: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+
+/// A commit's lower branch and the branches below it, top first (all
+/// open for reading), for where their objects show.
+struct Below {
+    target: OwnedFd,
+    under: Vec<OwnedFd>,
+}
+
+/// A path from a branch's root, as its components.
+type Comps = Vec<Vec<u8>>;
+
+/// A path's components with `name` after them.
+fn with(at: &[Vec<u8>], name: &[u8]) -> Comps {
+    let mut out = at.to_vec();
+    out.push(name.to_vec());
+    out
+}
+
+impl Below {
+    /// Where the branches below the lower one look for the lower branch's
+    /// directory at `comps` (from its root): a redirect of a directory on
+    /// the way sends them elsewhere, an opaque one ends them (`None`:
+    /// nothing below shows there), as the mount's lookups go.
+    fn path_below(&self, comps: &[Vec<u8>], ns: XattrNs) -> Result<Option<Comps>> {
+        let mut at = Vec::new();
+        let mut dir = Some(sys::reopen_dir(self.target.as_fd(), libc::O_RDONLY)?);
+        for comp in comps {
+            let sub = match &dir {
+                Some(d) => match sys::openat(d.as_fd(), &cname(comp)?, DIR_FLAGS, 0) {
+                    Ok(sub) => Some(sub),
+                    // The lower branch lacks it: those below hold it under
+                    // the same name, if at all.
+                    Err(e) if absent(&e) => None,
+                    Err(e) => return Err(e.into()),
+                },
+                None => None,
+            };
+            match &sub {
+                Some(s) if format::is_opaque(s.as_fd(), ns)? => return Ok(None),
+                Some(s) => match format::redirect(s.as_fd(), ns)? {
+                    Some(r) => at = redirected(&at, &r),
+                    None => at.push(comp.clone()),
+                },
+                None => at.push(comp.clone()),
+            }
+            dir = sub;
+        }
+        Ok(Some(at))
+    }
+
+    /// Whether a branch below the lower one shows something at `at`: the
+    /// first of them holding an object there holds no whiteout. When in
+    /// doubt, yes (a redirect or an opaque mark on the way, in a branch
+    /// with others below it, would change where the mount looks in those;
+    /// a read error): a mark kept needlessly hides nothing, one dropped
+    /// wrongly brings back what was removed.
+    fn shows(&self, at: &[Vec<u8>], ns: XattrNs) -> bool {
+        let Some((name, parents)) = at.split_last() else {
+            return true;
+        };
+        let shows_in = |i: usize, root: &OwnedFd| -> io::Result<Option<bool>> {
+            let mut dir = sys::reopen_dir(root.as_fd(), libc::O_RDONLY)?;
+            for comp in parents {
+                dir = match sys::openat(dir.as_fd(), &cname(comp)?, DIR_FLAGS, 0) {
+                    Ok(sub) => sub,
+                    Err(e) if absent(&e) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let last = i + 1 == self.under.len();
+                if !last
+                    && (format::opacity(dir.as_fd(), ns)? == Opacity::Opaque
+                        || format::redirect(dir.as_fd(), ns)?.is_some())
+                {
+                    return Ok(Some(true));
+                }
+            }
+            match sys::fstatat(dir.as_fd(), &cname(name)?) {
+                Ok(st) => Ok(Some(!format::is_whiteout(&st))),
+                Err(e) if absent(&e) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        for (i, root) in self.under.iter().enumerate() {
+            match shows_in(i, root) {
+                Ok(Some(shows)) => return shows,
+                Ok(None) => continue,
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+
+    /// Whether a branch below the lower one holds a directory at `at`,
+    /// as the mount follows a redirect (and fsck checks one).
+    fn holds_dir(&self, at: &[Vec<u8>]) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let rel: std::path::PathBuf = at.iter().map(|c| std::ffi::OsStr::from_bytes(c)).collect();
+        self.under
+            .iter()
+            .any(|root| super::fsck::resolves(root.as_fd(), &rel))
+    }
+
+    /// Where the branches below look for the sandbox's directory `fd`
+    /// (named `name`, in a directory they look for at `parent_at`) once it
+    /// lies in the lower branch, and whether its redirect is to go: `Some`
+    /// (with whether it is made opaque instead) where no branch below holds
+    /// what it points at.
+    fn landing(
+        &self,
+        fd: BorrowedFd<'_>,
+        name: &[u8],
+        parent_at: Option<&[Vec<u8>]>,
+        ns: XattrNs,
+    ) -> Result<(Option<Comps>, Option<bool>)> {
+        let plain = parent_at.map(|a| with(a, name));
+        // Opacity wins over a redirect, as in the mount's lookups.
+        let opaque = format::is_opaque(fd, ns)?;
+        let Some(r) = format::redirect(fd, ns)? else {
+            return Ok((plain.filter(|_| !opaque), None));
+        };
+        // A name (overlayfs's rename within one directory) is looked for
+        // beside the parent's copies below, so under an opaque parent
+        // nowhere; a path, from each branch's root.
+        let origin = match r.first() {
+            Some(b'/') => Some(redirected(&[], &r)),
+            _ => parent_at.map(|a| redirected(a, &r)),
+        };
+        if origin.as_ref().is_some_and(|o| self.holds_dir(o)) {
+            return Ok((origin.filter(|_| !opaque), None));
+        }
+        // It showed its own entries only: so does an opaque directory, and
+        // a plain one where nothing below shows.
+        let opaque = opaque || plain.as_ref().is_some_and(|p| self.shows(p, ns));
+        Ok((plain.filter(|_| !opaque), Some(opaque)))
+    }
+
+    /// [`Merge::settle_moved`] of what directory `dir` holds (the branches
+    /// below look for it at `at`).
+    fn settle(&self, dir: BorrowedFd<'_>, at: Option<&[Vec<u8>]>, ns: XattrNs) -> Result<()> {
+        let xattr_whiteouts = format::opacity(dir, ns)? == Opacity::XattrWhiteouts;
+        // The union shows this directory's times: a whiteout's removal
+        // must not change them.
+        let shown = sys::fstat(dir)?;
+        let mut removed = false;
+        let readable = sys::reopen_dir(dir, libc::O_RDONLY)?;
+        for e in format::entries(readable.as_fd())? {
+            let name = e.name;
+            let skipped = match e.dtype {
+                libc::DT_DIR | libc::DT_CHR | libc::DT_UNKNOWN => false,
+                libc::DT_REG => !xattr_whiteouts,
+                _ => true,
+            };
+            if skipped || format::is_temporary(&name) || copyup::is_copyup_temp(&name) {
+                continue;
+            }
+            let c = cname(&name)?;
+            let st = sys::fstatat(dir, &c)?;
+            let whiteout = format::is_whiteout(&st)
+                || (xattr_whiteouts && {
+                    let fd = sys::open_path(dir, &c)?;
+                    format::is_xattr_whiteout(fd.as_fd(), &st, ns)?
+                });
+            if whiteout {
+                if !at.is_some_and(|a| self.shows(&with(a, &name), ns)) {
+                    sys::unlinkat(dir, &c, 0)?;
+                    removed = true;
+                }
+                continue;
+            }
+            if !is_dir(&st) {
+                continue;
+            }
+            let fd = sys::open_path(dir, &c)?;
+            let (sub_at, drop) = self.landing(fd.as_fd(), &name, at, ns)?;
+            let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
+            self.settle(sub.as_fd(), sub_at.as_deref(), ns)?;
+            if let Some(opaque) = drop {
+                self.drop_redirect(fd.as_fd(), opaque, ns)?;
+            }
+        }
+        if removed {
+            sys::utimens_fd(dir, atime_of(&shown), mtime_of(&shown))?;
+        }
+        Ok(())
+    }
+
+    /// A redirect pointing nowhere below goes; opacity first where it
+    /// must hide what a plain directory would show (a crash between
+    /// leaves both, which shows the same).
+    fn drop_redirect(&self, fd: BorrowedFd<'_>, opaque: bool, ns: XattrNs) -> Result<()> {
+        if opaque {
+            format::set_opaque(fd, ns)?;
+        }
+        match sys::removexattr_fd(fd, ns.redirect()) {
+            Err(e) if e.raw_os_error() != Some(libc::ENODATA) => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where a redirect `r` found on a directory sends the lookups of the
+/// branches below: a path from their roots as it says, a name beside
+/// `parent_at` (the parent's copies there).
+fn redirected(parent_at: &[Vec<u8>], r: &[u8]) -> Comps {
+    let mut out = match r.first() {
+        Some(b'/') => Vec::new(),
+        _ => parent_at.to_vec(),
+    };
+    out.extend(absorb::components(r));
+    out
+}
+
+fn absent(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+    )
+}
 
 /// Where the fold moves the upper object at `path` down: the parents (upper
 /// and lower, open) of the first component whose directory is not merged

@@ -47,9 +47,20 @@ impl SandboxIds {
 /// The branch a commit writes into.
 struct Target {
     root: OwnedFd,
-    /// Branches lie below it (whiteouts must stay to hide their objects).
-    deeper: bool,
+    /// The roots of the branches below it, top first (whiteouts must stay
+    /// where they show something).
+    under: Vec<OwnedFd>,
     ns: XattrNs,
+}
+
+impl Target {
+    fn deeper(&self) -> bool {
+        !self.under.is_empty()
+    }
+
+    fn under(&self) -> Vec<BorrowedFd<'_>> {
+        self.under.iter().map(|fd| fd.as_fd()).collect()
+    }
 }
 
 impl Vfs {
@@ -60,7 +71,7 @@ impl Vfs {
         let Some(u) = self.union() else {
             return Ok(Target {
                 root: sys::reopen(self.branch.root_fd(), libc::O_PATH | libc::O_DIRECTORY)?,
-                deeper: false,
+                under: Vec::new(),
                 ns: XattrNs::for_daemon(),
             });
         };
@@ -76,9 +87,15 @@ impl Vfs {
                         .into(),
                 )
             })?;
+        let under = set
+            .members
+            .iter()
+            .skip(1)
+            .map(|m| sys::reopen(m.root.as_fd(), libc::O_PATH | libc::O_DIRECTORY))
+            .collect::<std::io::Result<_>>()?;
         Ok(Target {
             root: sys::reopen(top.root.as_fd(), libc::O_PATH | libc::O_DIRECTORY)?,
-            deeper: set.members.len() > 1,
+            under,
             ns: u.ns,
         })
     }
@@ -124,7 +141,7 @@ impl Vfs {
         Ok(commit::changes(
             upper,
             t.root.as_fd(),
-            (since_ns, t.deeper),
+            (since_ns, t.deeper()),
             t.ns,
             into,
         )?)
@@ -179,7 +196,8 @@ impl Vfs {
         // Changes made before the commit keep their own times.
         let instant = self.capture().map(|c| c.history().one_instant());
         let rekey = |entry: &[u8]| ids.rekey(entry);
-        let merged = commit::fold(upper, target.root.as_fd(), target.deeper, target.ns, &rekey);
+        let under = target.under();
+        let merged = commit::fold(upper, target.root.as_fd(), &under, target.ns, &rekey);
         if let Some(u) = self.union() {
             // The fold may have given it a hard-link index.
             if let Some(top) = u.set().members.first() {
