@@ -265,6 +265,36 @@ fn a_mount_without_history_over_clones_is_refused() {
     assert_eq!(tree(&m.p("c")), before);
 }
 
+/// `chronofs cat` of a clone's file reads what the mount shows: its
+/// base's bytes where the file has none of its own (it printed the
+/// backing file's holes, zeros).
+#[test]
+fn cat_of_a_clone_reads_its_shared_bytes() {
+    let m = Mount::new("");
+    fs::create_dir(m.p("a")).unwrap();
+    fs::write(m.p("a/small"), b"hello\n").unwrap();
+    let big = pattern(300_000, 9);
+    fs::write(m.p("a/big"), &big).unwrap();
+    succeeded(clone(&m.p("a"), &m.p("b")));
+    let cat = |rel: &str| {
+        let out = chronofs(&["cat".as_ref(), m.p(rel).as_os_str()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    assert_eq!(cat("b/small"), b"hello\n");
+    assert_eq!(cat("b/big"), big);
+    // Written (a patched file: one block its own, the rest shared).
+    write_at(&m.p("b/big"), 5000, b"X");
+    let mut want = big.clone();
+    want[5000] = b'X';
+    assert_eq!(cat("b/big"), want);
+    assert_eq!(cat("a/big"), big);
+}
+
 /// A mark names its base by path and instant in its store's history, so
 /// a branch holding clones is refused by a mount with another store (the
 /// directory mounted with `-o store=` elsewhere, or put in another

@@ -986,6 +986,18 @@ impl control::service::Host for MountHost {
         }
     }
 
+    fn live_content(
+        &self,
+        obj: Option<crate::history::ObjectId>,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> control::service::Result<Option<Box<dyn crate::capture::Readable>>> {
+        let Some(vfs) = self.vfs.upgrade() else {
+            return Ok(None);
+        };
+        vfs.live_content(obj, fd)
+            .map_err(|e| control::service::Error::Io(std::io::Error::from_raw_os_error(e.errno())))
+    }
+
     fn history_rewritten(&self, objs: &[crate::history::ObjectId]) {
         if let Some(v) = self.vfs.upgrade() {
             v.forget_known(objs);

@@ -40,6 +40,16 @@ pub trait Host: LiveIds {
     }
     /// Waits for versions still being built.
     fn settle(&self) {}
+    /// A live regular file's bytes as the mount shows them, where its
+    /// backing file holds only part of them (a clone's file reads the rest
+    /// from its base); `None`: the backing file holds them all.
+    fn live_content(
+        &self,
+        _obj: Option<ObjectId>,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Option<Box<dyn crate::capture::Readable>>> {
+        Ok(None)
+    }
     /// History rewrote versions of these objects behind the capture.
     fn history_rewritten(&self, _objs: &[ObjectId]) {}
     /// Starts the eager baseline of the whole tree.
@@ -597,15 +607,19 @@ impl Service {
                     )))
                 }
             },
-            Node::Live { fd, st, .. } => {
+            Node::Live { obj, fd, st } => {
                 if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                     return Err(Error::Usage(format!("{} is not a file", show_path(path))));
                 }
-                let file = sys::reopen(fd.as_fd(), libc::O_RDONLY)?;
+                let file: Box<dyn crate::capture::Readable> =
+                    match self.host.live_content(*obj, fd.as_fd())? {
+                        Some(content) => content,
+                        None => Box::new(sys::reopen(fd.as_fd(), libc::O_RDONLY)?),
+                    };
                 let mut buf = vec![0u8; 1 << 20];
                 let mut off = 0u64;
                 loop {
-                    let n = sys::pread(file.as_fd(), &mut buf, off)?;
+                    let n = file.read_at(&mut buf, off)?;
                     if n == 0 {
                         break;
                     }

@@ -793,6 +793,27 @@ impl Vfs {
         })))
     }
 
+    /// What a live file (object `obj`, backing object `fd`) shows, if its
+    /// backing file holds only part of it: a clone's file (`chronofs cat`
+    /// reads the live file through this).
+    pub fn live_content(
+        &self,
+        obj: Option<crate::history::ObjectId>,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Option<Box<dyn Readable>>> {
+        if !self.clones_on() {
+            return Ok(None);
+        }
+        let obj = match obj {
+            Some(o) => o,
+            None => match self.object_of(&sys::fstat(fd)?) {
+                Some(o) => o,
+                None => return Ok(None),
+            },
+        };
+        self.clone_content(InodeNo::from(obj), fd)
+    }
+
     /// The patched file behind inode `ino` (backing object `fd`), if its
     /// mark is a patch mark.
     pub(in crate::vfs) fn patched_of_fd(
