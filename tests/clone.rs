@@ -295,6 +295,38 @@ fn cat_of_a_clone_reads_its_shared_bytes() {
     assert_eq!(cat("a/big"), big);
 }
 
+/// A purge removes its path's whole history, whatever pins it; a clone of
+/// that path reads its shared bytes from there, so the purge is refused
+/// (before the live tree is removed) while one does: after purge and gc
+/// the clone's files failed with EIO.
+#[test]
+fn purge_is_refused_while_a_clone_reads_its_history() {
+    let m = Mount::new("");
+    fs::create_dir(m.p("a")).unwrap();
+    fs::write(m.p("a/f"), b"hello").unwrap();
+    fs::hard_link(m.p("a/f"), m.p("a/g")).unwrap();
+    succeeded(clone(&m.p("a"), &m.p("b")));
+    let purge = || chronofs(&["purge".as_ref(), m.p("a").as_os_str()]);
+    let out = purge();
+    assert!(!out.status.success(), "purged");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("shared bytes of 1 clone object(s) (/b first)"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(
+        fs::read(m.p("a/f")).unwrap(),
+        b"hello",
+        "the live tree stays"
+    );
+    succeeded(chronofs(&["gc".as_ref(), m.mnt.as_os_str()]));
+    assert_eq!(fs::read(m.p("b/g")).unwrap(), b"hello");
+    fs::remove_dir_all(m.p("b")).unwrap();
+    succeeded(purge());
+    assert!(!m.p("a").exists());
+}
+
 /// A mark names its base by path and instant in its store's history, so
 /// a branch holding clones is refused by a mount with another store (the
 /// directory mounted with `-o store=` elsewhere, or put in another

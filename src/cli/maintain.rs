@@ -227,6 +227,9 @@ pub fn purge(t: &Target, dry_run: bool, json: bool) -> Result<()> {
         );
     }
     if !dry_run && live {
+        // Asked first: a purge the daemon refuses (clones read this
+        // history) must not have removed the live tree.
+        t.client().purge(&t.path, true)?;
         let removed = match std::fs::symlink_metadata(&t.abs) {
             Ok(m) if m.is_dir() => std::fs::remove_dir_all(&t.abs),
             _ => std::fs::remove_file(&t.abs),

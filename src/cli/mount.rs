@@ -998,6 +998,17 @@ impl control::service::Host for MountHost {
             .map_err(|e| control::service::Error::Io(std::io::Error::from_raw_os_error(e.errno())))
     }
 
+    fn clones_reading(
+        &self,
+        path: &control::proto::Components,
+    ) -> control::service::Result<Vec<Vec<u8>>> {
+        let Some(vfs) = self.vfs.upgrade() else {
+            return Ok(Vec::new());
+        };
+        vfs.clones_reading(path)
+            .map_err(|e| control::service::Error::Io(std::io::Error::from_raw_os_error(e.errno())))
+    }
+
     fn history_rewritten(&self, objs: &[crate::history::ObjectId]) {
         if let Some(v) = self.vfs.upgrade() {
             v.forget_known(objs);

@@ -243,6 +243,18 @@ impl Service {
         peer: &Peer,
     ) -> Result<PurgeReply> {
         root_only(peer, "purge history")?;
+        // A clone reads its shared bytes from the history of its source,
+        // which a purge overrides every pin to remove.
+        let readers = self.host().clones_reading(path)?;
+        if let Some(first) = readers.first() {
+            return Err(Error::Usage(format!(
+                "{}'s history holds the shared bytes of {} clone object(s) (/{} first): \
+                 remove those clones, or copy them to plain files, before purging it",
+                show_path(path),
+                readers.len(),
+                String::from_utf8_lossy(first)
+            )));
+        }
         let own: HashSet<ObjectId> = self
             .past()
             .incarnations(path)?

@@ -40,6 +40,11 @@ pub trait Host: LiveIds {
     }
     /// Waits for versions still being built.
     fn settle(&self) {}
+    /// Where clones read history at or under `path` (branch-relative
+    /// paths of their marked objects): what a purge of it would break.
+    fn clones_reading(&self, _path: &super::proto::Components) -> Result<Vec<Vec<u8>>> {
+        Ok(Vec::new())
+    }
     /// A live regular file's bytes as the mount shows them, where its
     /// backing file holds only part of them (a clone's file reads the rest
     /// from its base); `None`: the backing file holds them all.

@@ -89,6 +89,39 @@ impl Vfs {
 
     fn marked_instants(&self) -> Result<HashSet<Seq>> {
         let mut used = HashSet::new();
+        self.each_mark(|mark, _| {
+            used.insert(mark.at);
+            // A flattened file's crash fallback reads that instant.
+            if let Some(f) = mark.patch.as_ref().and_then(|p| p.fallback.as_ref()) {
+                used.insert(f.at);
+            }
+        })?;
+        Ok(used)
+    }
+
+    /// Where (branch-relative paths) clones read history at or under mount
+    /// path `path`: removing that history (`chronofs purge`) would leave
+    /// their shared bytes unreadable.
+    pub fn clones_reading(&self, path: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+        if !self.clones_on() {
+            return Ok(Vec::new());
+        }
+        let _set = self.changing();
+        let mut found = Vec::new();
+        self.each_mark(|mark, at| {
+            let fallback = mark.patch.as_ref().and_then(|p| p.fallback.as_ref());
+            let reads =
+                mark.path.starts_with(path) || fallback.is_some_and(|f| f.path.starts_with(path));
+            if reads {
+                found.push(at.to_vec());
+            }
+        })?;
+        Ok(found)
+    }
+
+    /// Calls `visit` with every clone mark in any branch and the path of
+    /// the object that carries it (from its branch's root).
+    fn each_mark(&self, mut visit: impl FnMut(&super::clone::Mark, &[u8])) -> Result<()> {
         let roots: Vec<OwnedFd> = match self.union() {
             Some(u) => u
                 .roots()
@@ -100,14 +133,15 @@ impl Vfs {
                 libc::O_PATH | libc::O_DIRECTORY,
             )?],
         };
-        let mut stack: Vec<(OwnedFd, bool)> = roots.into_iter().map(|fd| (fd, true)).collect();
-        while let Some((dir, in_root)) = stack.pop() {
+        let mut stack: Vec<(OwnedFd, Vec<u8>)> =
+            roots.into_iter().map(|fd| (fd, Vec::new())).collect();
+        while let Some((dir, at)) = stack.pop() {
             let listing = sys::reopen_dir(dir.as_fd(), libc::O_RDONLY)?;
             for e in crate::union::format::entries(listing.as_fd())? {
                 let skip = e.name == b"." || e.name == b"..";
                 // The store holds no marks (the link index does).
-                let store =
-                    in_root && self.branch.reserved_name() == Some(OsStr::from_bytes(&e.name));
+                let store = at.is_empty()
+                    && self.branch.reserved_name() == Some(OsStr::from_bytes(&e.name));
                 if skip || store {
                     continue;
                 }
@@ -115,7 +149,7 @@ impl Vfs {
                 if !is_dir && e.dtype != libc::DT_REG && e.dtype != libc::DT_UNKNOWN {
                     continue;
                 }
-                let name = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
+                let name = CString::new(e.name.clone()).map_err(|_| errno(libc::EINVAL))?;
                 // Removed since the listing: a rename is counted, a removal
                 // takes its mark along.
                 let fd = match sys::openat(dir.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
@@ -127,19 +161,20 @@ impl Vfs {
                 if kind != libc::S_IFDIR && kind != libc::S_IFREG {
                     continue;
                 }
+                let mut here = at.clone();
+                if !here.is_empty() {
+                    here.push(b'/');
+                }
+                here.extend_from_slice(&e.name);
                 if let Some(mark) = self.read_mark(fd.as_fd())? {
-                    used.insert(mark.at);
-                    // A flattened file's crash fallback reads that instant.
-                    if let Some(f) = mark.patch.and_then(|p| p.fallback) {
-                        used.insert(f.at);
-                    }
+                    visit(&mark, &here);
                 }
                 if kind == libc::S_IFDIR {
-                    stack.push((fd, false));
+                    stack.push((fd, here));
                 }
             }
         }
-        Ok(used)
+        Ok(())
     }
 
     fn count_object(
