@@ -139,11 +139,17 @@ fn a_clone_of_a_past_state_and_bad_requests() {
         .concat(),
     ));
     assert_eq!(tree(&dst), before, "the clone is not the tagged state");
-    // DST taken, DST inside SRC, SRC missing: refused, nothing made.
+    // DST taken, DST inside SRC, SRC missing, a file named as a
+    // directory (a trailing slash, as cp(1) reads one), DST's directory
+    // missing: refused in one line that names both, nothing made.
+    let slashed = |p: PathBuf| PathBuf::from(format!("{}/", p.display()));
     for (s, d) in [
         (src.clone(), dst.clone()),
         (src.clone(), src.join("inner")),
         (m.p("missing"), m.p("x")),
+        (slashed(src.join("a")), m.p("x")),
+        (src.join("a"), slashed(m.p("x"))),
+        (src.join("a"), m.p("nodir/x")),
     ] {
         let out = clone(&s, &d);
         assert!(
@@ -154,6 +160,8 @@ fn a_clone_of_a_past_state_and_bad_requests() {
         );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+        let named = |p: &Path| err.contains(p.to_str().unwrap());
+        assert!(named(&s) && named(&d), "the paths are not named: {err}");
     }
     assert!(!src.join("inner").exists() && !m.p("x").exists());
     // --json says what was cloned; outside a mount (--store, or the

@@ -715,6 +715,19 @@ pub fn clone(src: &Path, dst: &Path, at: Option<&str>, common: &super::Common) -
             anyhow::bail!("{}: clones are made inside a chronofs mount", abs.display());
         }
     }
+    // A trailing slash names a directory, as for cp(1) and rename(2).
+    let slashed = |p: &Path| p.as_os_str().as_bytes().ends_with(b"/");
+    let src_is_dir = std::fs::metadata(src).is_ok_and(|m| m.is_dir());
+    if !src_is_dir && (slashed(src) || slashed(dst)) {
+        let named = if slashed(src) { src } else { dst };
+        anyhow::bail!(
+            "cannot clone {} to {}: {}: Not a directory",
+            src.display(),
+            dst.display(),
+            named.display()
+        );
+    }
+    let (src_arg, dst_arg) = (src, dst);
     let src = &target(src, common.store.as_deref())?;
     let dst = &target(dst, common.store.as_deref())?;
     let json = common.json;
@@ -729,7 +742,14 @@ pub fn clone(src: &Path, dst: &Path, at: Option<&str>, common: &super::Common) -
     }
     let v = src
         .client()
-        .clone_path(&src.path, &dst.path, parse_at(at)?)?;
+        .clone_path(&src.path, &dst.path, parse_at(at)?)
+        .with_context(|| {
+            format!(
+                "cannot clone {} to {}",
+                src_arg.display(),
+                dst_arg.display()
+            )
+        })?;
     if json {
         print_json(&v);
     } else {
