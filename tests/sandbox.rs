@@ -1091,18 +1091,23 @@ fn a_directory_renamed_from_the_read_write_branch_alone_commits_without_marks() 
                 fs::symlink_metadata(m.src.join("build")).is_err(),
                 "mode {mode:?} {when}: a whiteout hiding nothing"
             );
-            let out = fsck_branches(m);
-            assert!(
-                out.status.success(),
-                "mode {mode:?} {when}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                stderr(&out)
-            );
+            fsck_clean(m, &format!("mode {mode:?} {when}"));
         };
         check(&m, "committed");
         m.remount();
         check(&m, "remounted");
     }
+}
+
+/// `chronofs fsck` of `m`'s branches finds nothing.
+fn fsck_clean(m: &Mount, what: &str) {
+    let out = fsck_branches(m);
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
 }
 
 /// Where the branch below holds the renamed directory's old path too, the
@@ -1141,13 +1146,7 @@ fn a_directory_renamed_from_both_branches_keeps_its_redirect_and_whiteouts() {
                 fs::symlink_metadata(objs.join("p")).is_err(),
                 "mode {mode:?} {when}: a whiteout hiding nothing"
             );
-            let out = fsck_branches(m);
-            assert!(
-                out.status.success(),
-                "mode {mode:?} {when}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                stderr(&out)
-            );
+            fsck_clean(m, &format!("mode {mode:?} {when}"));
         };
         check(&m, "committed");
         m.remount();
