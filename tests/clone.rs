@@ -259,10 +259,7 @@ fn a_mount_without_history_over_clones_is_refused() {
         m.src.as_os_str(),
         m.mnt.as_os_str(),
     ]);
-    assert!(!out.status.success(), "a plain mount over clones was made");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("holds clones (clone:"), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    refused_saying(out, "holds clones (clone:");
     assert!(
         !fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
@@ -315,14 +312,7 @@ fn purge_is_refused_while_a_clone_reads_its_history() {
     fs::hard_link(m.p("a/f"), m.p("a/g")).unwrap();
     succeeded(clone(&m.p("a"), &m.p("b")));
     let purge = || chronofs(&["purge".as_ref(), m.p("a").as_os_str()]);
-    let out = purge();
-    assert!(!out.status.success(), "purged");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("shared bytes of 1 clone object(s) (/b first)"),
-        "{err}"
-    );
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    refused_saying(purge(), "shared bytes of 1 clone object(s) (/b first)");
     assert_eq!(
         fs::read(m.p("a/f")).unwrap(),
         b"hello",
@@ -353,13 +343,7 @@ fn a_branch_holding_another_stores_clones_is_refused_in_one_line() {
     let upper = m.root().join("upper");
     fs::create_dir(&upper).unwrap();
     let refused = |out: std::process::Output, what: &str| {
-        assert!(!out.status.success(), "{what}: mounted");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("holds clones of another store"),
-            "{what}: {err}"
-        );
-        assert_eq!(err.trim().lines().count(), 1, "{what}: {err}");
+        refused_saying(out, "holds clones of another store");
         assert!(
             !fs::read_to_string("/proc/self/mountinfo")
                 .unwrap()
@@ -391,10 +375,10 @@ fn a_branch_holding_another_stores_clones_is_refused_in_one_line() {
     );
     // Added while mounted, to a union with its own store.
     let u = Mount::union("", 1, |_| {});
-    let out = branch(&u, &["add", m.src.to_str().unwrap()]);
-    assert!(!out.status.success(), "added");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("holds clones of another store"), "{err}");
+    refused_saying(
+        branch(&u, &["add", m.src.to_str().unwrap()]),
+        "holds clones of another store",
+    );
 }
 
 /// `chronofs clone` as an ordinary user: the caller must be able to
@@ -467,11 +451,15 @@ fn a_clone_by_an_ordinary_user_widens_no_access() {
 
 /// One line on stderr and a failure with `errno`'s message.
 fn refused_with(out: std::process::Output, errno: i32) {
+    refused_saying(out, &std::io::Error::from_raw_os_error(errno).to_string());
+}
+
+/// A failure with one line on stderr that says `says`.
+fn refused_saying(out: std::process::Output, says: &str) {
     assert!(!out.status.success(), "succeeded");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
-    let want = std::io::Error::from_raw_os_error(errno).to_string();
-    assert!(err.contains(&want), "{err} (wanted {want})");
+    assert!(err.contains(says), "{err} (wanted {says})");
 }
 
 fn is_opaque(dir: &Path) -> bool {

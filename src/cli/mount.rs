@@ -994,8 +994,7 @@ impl control::service::Host for MountHost {
         let Some(vfs) = self.vfs.upgrade() else {
             return Ok(None);
         };
-        vfs.live_content(obj, fd)
-            .map_err(|e| control::service::Error::Io(std::io::Error::from_raw_os_error(e.errno())))
+        Ok(vfs.live_content(obj, fd)?)
     }
 
     fn clones_reading(
@@ -1005,8 +1004,7 @@ impl control::service::Host for MountHost {
         let Some(vfs) = self.vfs.upgrade() else {
             return Ok(Vec::new());
         };
-        vfs.clones_reading(path)
-            .map_err(|e| control::service::Error::Io(std::io::Error::from_raw_os_error(e.errno())))
+        Ok(vfs.clones_reading(path)?)
     }
 
     fn history_rewritten(&self, objs: &[crate::history::ObjectId]) {
@@ -1116,12 +1114,10 @@ impl control::service::Host for MountHost {
         let root = sys::openat(sys::CWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)
             .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
         let st = sys::fstat(std::os::fd::AsFd::as_fd(&root)).map_err(Error::Io)?;
-        let foreign = crate::vfs::foreign_stamp(
-            std::os::fd::AsFd::as_fd(&root),
-            vfs.store_id().is_some(),
-            vfs.store_id(),
-        )
-        .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
+        let ours = vfs.store_id();
+        let foreign =
+            crate::vfs::foreign_stamp(std::os::fd::AsFd::as_fd(&root), ours.is_some(), ours)
+                .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
         if let Some(why) = foreign {
             return Err(Error::Usage(format!("{} {why}", path.display())));
         }

@@ -203,7 +203,6 @@ fn open_path(p: &Path) -> Result<std::fs::File> {
         .with_context(|| format!("cannot open {}", p.display()))
 }
 
-/// Whether a user of this kind can see (and so set) an xattr namespace.
 /// Whether restore sets xattr `name` recorded in history: a user's only
 /// in the namespaces they can write, and never chronofs's own (a union's
 /// hard-link index, a clone's mark: recorded by builds before they were

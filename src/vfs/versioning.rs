@@ -99,9 +99,7 @@ pub(super) fn recorded_xattrs(
     // The mount's own names (a union's markers, a clone's mark and
     // index) are not the file's: a restore could not set them back.
     let mut all = sys::xattrs_of(fd)?;
-    if vfs.union().is_some() || vfs.clones_on() {
-        all.retain(|(name, _)| !vfs.hidden_xattr(name));
-    }
+    all.retain(|(name, _)| !vfs.hidden_xattr(name));
     Ok(all)
 }
 
