@@ -1197,6 +1197,17 @@ impl control::service::Host for MountHost {
             ))
         })?;
         let made = || -> control::service::Result<crate::vfs::SetChange> {
+            // The set recorded below names the directory: a power cut must
+            // not leave the record without it (the next mount would refuse
+            // to start).
+            for parent in [Some(self.fresh_dir.as_path()), self.fresh_dir.parent()]
+                .into_iter()
+                .flatten()
+            {
+                std::fs::File::open(parent)
+                    .and_then(|d| d.sync_all())
+                    .map_err(Error::Io)?;
+            }
             let cdir = sys::cstr(dir.as_os_str()).map_err(Error::Io)?;
             let root = sys::openat(sys::CWD, &cdir, libc::O_PATH | libc::O_DIRECTORY, 0)
                 .map_err(Error::Io)?;

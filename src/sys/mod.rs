@@ -379,6 +379,13 @@ pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     rfs::syncfs(fd).map_err(os_err)
 }
 
+/// [`syncfs`] of the file system directory `dir` lies on; `dir` may be an
+/// `O_PATH` descriptor (which syncfs itself refuses).
+pub fn syncfs_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
+    let opened = openat(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    syncfs(std::os::fd::AsFd::as_fd(&opened))
+}
+
 /// A private copy of the file `src` sharing its blocks (FICLONE: btrfs,
 /// XFS, bcachefs...), as an unnamed file in directory `dir`, which must be
 /// on the same file system. EOPNOTSUPP/EXDEV/EINVAL where cloning is not

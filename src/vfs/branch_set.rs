@@ -344,6 +344,13 @@ impl Vfs {
         drop(live);
         u.reopen_index(lower.id, false);
         let folded = merged.map_err(VfsError::from).and_then(|count| {
+            // The moves must be on the disk before the set without the
+            // folded branch is: a power cut in between would leave their
+            // entries in a branch the next mount leaves out
+            // (tests/powercut_disk.rs). A registry commit's fdatasync does
+            // not carry them: it need not commit ext4's journal.
+            sys::syncfs_dir(upper.root.as_fd())?;
+            sys::syncfs_dir(lower.root.as_fd())?;
             let _all = u.set_lock.write();
             let old = u.set();
             let mut members = old.members.clone();

@@ -20,6 +20,8 @@
 #[allow(unsafe_code)]
 pub mod sys;
 
+pub mod logdisk;
+
 pub use sys::{Errno, Fd};
 
 use std::collections::{BTreeMap, HashMap};
@@ -263,10 +265,26 @@ pub fn log_tail_of(path: &Path, lines: usize) -> String {
     )
 }
 
+/// Where a [`Mount`]'s directories live: a temporary directory removed
+/// with it, or one the caller keeps.
+pub enum Root {
+    Temp(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl Root {
+    pub fn path(&self) -> &Path {
+        match self {
+            Root::Temp(d) => d.path(),
+            Root::Kept(p) => p,
+        }
+    }
+}
+
 /// A chronofs mount over a temporary source directory.
 pub struct Mount {
     pub mode: String,
-    dir: tempfile::TempDir,
+    dir: Root,
     /// The source (backing) directory.
     pub src: PathBuf,
     /// The mount point.
@@ -308,7 +326,7 @@ impl Mount {
     }
 
     fn unstarted(opts: &str) -> Mount {
-        let dir = tempdir();
+        let dir = Root::Temp(tempdir());
         let src = dir.path().join("src");
         let mnt = dir.path().join("mnt");
         let native = dir.path().join("native");
@@ -341,7 +359,14 @@ impl Mount {
     /// A union mount: `src` read-write on top of `lowers` read-only
     /// branches, which `setup` fills first (given `[src, lower1, ...]`).
     pub fn union(opts: &str, lowers: usize, setup: impl FnOnce(&[PathBuf])) -> Mount {
-        let dir = tempdir();
+        Mount::union_in(Root::Temp(tempdir()), opts, lowers, setup)
+    }
+
+    /// [`Mount::union`] in `dir`, which may already hold `src`, `mnt`,
+    /// `native` and the lowers (`setup` is then not run: a tree a power cut
+    /// left, say).
+    pub fn union_in(dir: Root, opts: &str, lowers: usize, setup: impl FnOnce(&[PathBuf])) -> Mount {
+        let fresh = !dir.path().join("src").exists();
         let mut m = Mount {
             mode: opts.to_string(),
             src: dir.path().join("src"),
@@ -356,15 +381,17 @@ impl Mount {
             child: None,
             generation: 0,
         };
-        let mut all = vec![m.src.clone(), m.mnt.clone(), m.native.clone()];
-        all.extend(m.lowers.iter().cloned());
-        for d in &all {
-            fs::create_dir(d).unwrap();
-            fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+        if fresh {
+            let mut all = vec![m.src.clone(), m.mnt.clone(), m.native.clone()];
+            all.extend(m.lowers.iter().cloned());
+            for d in &all {
+                fs::create_dir(d).unwrap();
+                fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            let mut branches = vec![m.src.clone()];
+            branches.extend(m.lowers.iter().cloned());
+            setup(&branches);
         }
-        let mut branches = vec![m.src.clone()];
-        branches.extend(m.lowers.iter().cloned());
-        setup(&branches);
         m.start();
         m
     }

@@ -1,0 +1,454 @@
+//! Power cuts of the whole stack: chronofs, its branches and its store on
+//! ext4 on a logged disk (`common::logdisk`), an operation run, and then
+//! the disk as a power cut at many points of it would have left it (the
+//! writes before the last flush, any subset of those after) mounted
+//! again: ext4 replays its journal, chronofs mounts, and the tree it shows
+//! must be the one before the operation or the one after it, never a mix,
+//! and the one after once the operation has returned. Kill -9 tests keep
+//! the page cache and cannot see a missing fsync or a rename that reached
+//! the disk before the data it names; these can.
+//!
+//! Each image costs a loop device, an ext4 mount (journal replay) and a
+//! chronofs mount; `CHRONOFS_POWERCUT_IMAGES` sets how many cut points a
+//! test tries (default 12, two images each: every write kept, and a random
+//! subset of the unflushed ones).
+
+mod common;
+
+use common::logdisk::{Event, Ext4Mount, ImageFile, LogDisk, Loop, Rng};
+use common::*;
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const DISK_BYTES: usize = 64 << 20;
+
+fn cuts_per_test() -> usize {
+    std::env::var("CHRONOFS_POWERCUT_IMAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12)
+}
+
+fn must(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The logged disk with a fresh ext4 on it, mounted at `ext`.
+struct Rig {
+    // Drop order: the ext4 mount, the disk under it, then the directory.
+    mounted: Option<Ext4Mount>,
+    disk: LogDisk,
+    image: ImageFile,
+    /// The platters checked so far (by the writes they hold).
+    tried: HashSet<Vec<usize>>,
+    ext: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = tempdir();
+        let fuse = dir.path().join("fuse");
+        let ext = dir.path().join("ext");
+        fs::create_dir(&fuse).unwrap();
+        fs::create_dir(&ext).unwrap();
+        let disk = LogDisk::new(&fuse, DISK_BYTES);
+        // Lazy initialisation would write to the disk in the background
+        // while the log runs.
+        must(
+            Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
+                .arg(disk.dev()),
+        );
+        let mounted = Some(Ext4Mount::mount(disk.dev(), &ext));
+        Rig {
+            image: ImageFile::new(dir.path().join("image")),
+            _dir: dir,
+            ext,
+            disk,
+            mounted,
+            tried: HashSet::new(),
+        }
+    }
+
+    /// A directory on the logged ext4 for a mount's trees.
+    fn tree(&self) -> PathBuf {
+        let t = self.ext.join("t");
+        fs::create_dir(&t).unwrap();
+        t
+    }
+
+    /// Everything so far is on the platter; the log starts here.
+    fn start_logging(&self) {
+        must(&mut Command::new("sync"));
+        self.disk.start_logging();
+    }
+
+    /// Unmounts the logged ext4 (the log is complete by then).
+    fn finish(&mut self) {
+        self.mounted.take();
+    }
+
+    /// The cut points to try: the marks named in `always`, and up to `n`
+    /// flushes spread evenly before the mark `end`.
+    fn cuts(&self, always: &[usize], end: usize, n: usize) -> Vec<usize> {
+        let log = self.disk.log();
+        let flushes: Vec<usize> = log[..end]
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, Event::Flush))
+            .map(|(i, _)| i + 1)
+            .collect();
+        let mut cuts: Vec<usize> = always.to_vec();
+        cuts.push(0);
+        let step = (flushes.len() as f64 / n.max(1) as f64).max(1.0);
+        let mut at = 0.0;
+        while (at as usize) < flushes.len() {
+            cuts.push(flushes[at as usize]);
+            // Just before the next flush: the most writes a cut can hold
+            // unflushed.
+            if let Some(next) = flushes.get(at as usize + 1) {
+                cuts.push(next - 1);
+            }
+            at += step;
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        cuts
+    }
+
+    /// Mounts each image of a power cut at `cut` (all writes kept, then a
+    /// random subset of the unflushed ones) at the path the test ran at,
+    /// and runs `check` on it; an image already checked is skipped.
+    fn each_image(&mut self, cut: usize, seed: u64, check: &mut dyn FnMut(&str)) {
+        for subset in [false, true] {
+            let mut rng = Rng(seed | 1);
+            let kept = self.disk.kept(cut, |_| !subset || rng.next() % 2 == 0);
+            if !self.tried.insert(kept.clone()) {
+                continue;
+            }
+            self.image.put(&self.disk.image(&kept));
+            let dev = Loop::attach(&self.image.path);
+            let _ext = Ext4Mount::mount(&dev.dev, &self.ext);
+            let what = format!(
+                "power cut before log entry {cut} ({}, seed {seed})",
+                if subset {
+                    "a random subset of the unflushed writes"
+                } else {
+                    "every write"
+                }
+            );
+            eprintln!("{what}");
+            let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&what)));
+            if let Err(failure) = checked {
+                drop(_ext);
+                drop(dev);
+                keep_for_inspection(&self.image.path, &self.ext);
+                std::panic::resume_unwind(failure);
+            }
+        }
+    }
+}
+
+/// With `CHRONOFS_POWERCUT_KEEP=DIR`, a failing image is copied to
+/// `DIR/image` (mount it at the path printed to see what the cut left).
+fn keep_for_inspection(image: &Path, ext: &Path) {
+    if let Some(dir) = std::env::var_os("CHRONOFS_POWERCUT_KEEP") {
+        let to = Path::new(&dir).join("image");
+        match fs::copy(image, &to) {
+            Ok(_) => eprintln!(
+                "the failing image is {} (it ran mounted at {})",
+                to.display(),
+                ext.display()
+            ),
+            Err(e) => eprintln!("could not keep the failing image: {e}"),
+        }
+    }
+}
+
+fn in_sandbox(m: &Mount, script: &str) {
+    let mnt = m.mnt.to_str().unwrap();
+    let script = script.replace("MNT", mnt);
+    let out = chronofs_in(m.root(), &["sandbox", mnt, "--", "sh", "-ec", &script]);
+    assert!(
+        out.status.success(),
+        "sandbox: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        m.log_tail()
+    );
+}
+
+fn branch_list(m: &Mount) -> String {
+    let mut spec = format!("{}=rw", m.src.display());
+    for l in &m.lowers {
+        spec.push_str(&format!(":{}=ro", l.display()));
+    }
+    spec
+}
+
+/// The union mounted again on a cut's image: what it shows, after which
+/// fsck of the branches must be clean.
+fn view_after_cut(root: &Path, opts: &str, lowers: usize, what: &str) -> BTreeMap<String, Entry> {
+    let mut m = Mount::union_in(Root::Kept(root.to_path_buf()), opts, lowers, |_| {});
+    let seen = snapshot(&m.mnt, SNAP_NO_TIMES);
+    m.unmount();
+    let out = chronofs_in(root, &["fsck", &branch_list(&m), "--json"]);
+    assert!(
+        out.status.success(),
+        "{what}: fsck: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["problems"].as_array().map(Vec::len),
+        Some(0),
+        "{what}: fsck: {v}"
+    );
+    seen
+}
+
+fn differences(a: &BTreeMap<String, Entry>, b: &BTreeMap<String, Entry>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, va) in a {
+        match b.get(k) {
+            None => out.push(format!("only before/after: {k}")),
+            Some(vb) if va != vb => out.push(format!("{k}: {va:?} / {vb:?}")),
+            _ => {}
+        }
+    }
+    for k in b.keys().filter(|k| !a.contains_key(*k)) {
+        out.push(format!("only in the cut's view: {k}"));
+    }
+    out
+}
+
+/// What an operation promises the union's view.
+#[derive(PartialEq)]
+enum Promise {
+    /// Each step changes the view: after a power cut, the view after the
+    /// last step that returned or the one after the step under way.
+    Changes,
+    /// The steps leave the view as it was (snapshot, snapmerge), at every
+    /// cut.
+    Keeps,
+}
+
+type Step<'a> = Box<dyn FnOnce(&Mount) + 'a>;
+
+/// Runs `steps` on a union (`opts`, one read-only lower filled by
+/// `setup`, then `prepare` run on the mount) on the logged disk, then
+/// checks the union after power cuts all through them against `promise`.
+fn cut_through(
+    opts: &str,
+    setup: impl FnOnce(&[PathBuf]),
+    prepare: impl FnOnce(&Mount),
+    steps: Vec<Step<'_>>,
+    promise: Promise,
+) {
+    let mut rig = Rig::new();
+    let root = rig.tree();
+    let mut m = Mount::union_in(Root::Kept(root.clone()), opts, 1, setup);
+    prepare(&m);
+    let mut states = vec![snapshot(&m.mnt, SNAP_NO_TIMES)];
+    rig.start_logging();
+    let mut returned = Vec::new();
+    for (n, step) in steps.into_iter().enumerate() {
+        step(&m);
+        returned.push(rig.disk.mark(&format!("step {n} returned")));
+        let now = snapshot(&m.mnt, SNAP_NO_TIMES);
+        let last = &states[states.len() - 1];
+        match promise {
+            Promise::Changes => assert_ne!(last, &now, "step {n} changed nothing"),
+            Promise::Keeps => assert_same_tree(last, &now, &format!("step {n}"), &m.log_tail()),
+        }
+        states.push(now);
+    }
+    let end = rig.disk.mark("end");
+    m.unmount();
+    rig.finish();
+    let mut always = returned.clone();
+    always.push(end);
+    let cuts = rig.cuts(&always, end, cuts_per_test());
+    eprintln!("{} log entries, {} cut points", end, cuts.len());
+    let t0 = std::time::Instant::now();
+    for (n, &cut) in cuts.iter().enumerate() {
+        // The steps that had returned before the cut.
+        let k = returned.iter().filter(|&&mark| mark < cut).count();
+        rig.each_image(cut, 0x9e37_79b9 + n as u64, &mut |what| {
+            let seen = view_after_cut(&root, opts, 1, what);
+            if seen == states[k] || states.get(k + 1) == Some(&seen) {
+                return;
+            }
+            panic!(
+                "{what}: the union shows neither the tree after step {k} returned nor the one \
+                 the step under way makes:\n  {}",
+                differences(&states[k], &seen).join("\n  ")
+            );
+        });
+    }
+    eprintln!("{} images checked in {:?}", rig.tried.len(), t0.elapsed());
+}
+
+fn lower_tree(b: &[PathBuf]) {
+    let l = &b[1];
+    write_file(&l.join("old"), &pattern(20_000, 1));
+    fs::create_dir_all(l.join("d/e")).unwrap();
+    write_file(&l.join("d/x"), b"x\n");
+    write_file(&l.join("d/e/y"), &pattern(70_000, 2));
+    write_file(&l.join("gone"), b"gone\n");
+}
+
+fn ok_in(m: &Mount, args: &[&str]) {
+    let out = chronofs_in(m.root(), args);
+    assert_succeeded(m, args, &out);
+}
+
+/// A sandbox's writes (new files and directories, a changed lower file, a
+/// removal, a renamed directory) applied by `sandbox commit`.
+#[test]
+fn a_sandbox_commit_cut_anywhere_leaves_all_of_it_or_none() {
+    for opts in ["plain", ""] {
+        eprintln!("mode {opts:?}");
+        cut_through(
+            opts,
+            lower_tree,
+            |m| {
+                in_sandbox(
+                    m,
+                    "cd MNT; mkdir -p n/m; head -c 300000 /dev/urandom > n/m/big; \
+                     echo new > n/small; printf changed >> old; rm gone; mv d renamed; \
+                     echo more > renamed/e/z",
+                )
+            },
+            vec![Box::new(|m| {
+                let mnt = m.mnt.to_str().unwrap();
+                ok_in(m, &["sandbox", "commit", "1", "--mount", mnt]);
+            })],
+            Promise::Changes,
+        );
+    }
+}
+
+/// `chronofs clone` of a directory tree and of files, from the read-only
+/// branch and from the read-write one (history is on: clones need it).
+#[test]
+fn a_clone_cut_anywhere_is_whole_or_absent() {
+    let clone = |src: &'static str, dst: &'static str| -> Step<'static> {
+        Box::new(move |m: &Mount| {
+            ok_in(
+                m,
+                &[
+                    "clone",
+                    m.p(src).to_str().unwrap(),
+                    m.p(dst).to_str().unwrap(),
+                ],
+            )
+        })
+    };
+    cut_through(
+        "",
+        lower_tree,
+        |m| write_file(&m.p("mine"), &pattern(50_000, 3)),
+        vec![
+            clone("d", "dclone"),
+            clone("old", "oldclone"),
+            clone("mine", "mineclone"),
+        ],
+        Promise::Changes,
+    );
+}
+
+/// Copy-up from the read-only branch (a chmod, an append, a rename of a
+/// populated directory), each made durable as a careful program does:
+/// fsync of the file, of the directory renamed in.
+#[test]
+fn a_copy_up_cut_anywhere_shows_the_old_file_or_the_new_never_a_part() {
+    for opts in ["plain", ""] {
+        eprintln!("mode {opts:?}");
+        cut_through(
+            opts,
+            lower_tree,
+            |_| {},
+            vec![
+                Box::new(|m| {
+                    let p = m.p("d/e/y");
+                    fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+                    fs::File::open(&p).unwrap().sync_all().unwrap();
+                }),
+                Box::new(|m| {
+                    append_all(&m.p("old"), &pattern(9_000, 4));
+                    fs::File::open(m.p("old")).unwrap().sync_all().unwrap();
+                }),
+                Box::new(|m| {
+                    fs::rename(m.p("d"), m.p("moved")).unwrap();
+                    fs::File::open(&m.mnt).unwrap().sync_all().unwrap();
+                }),
+            ],
+            Promise::Changes,
+        );
+    }
+}
+
+/// `branch add` of a populated directory, then `branch remove` of the
+/// lower branch: the set in force after a cut is one the mount had.
+#[test]
+fn a_branch_change_cut_anywhere_remounts_with_the_old_set_or_the_new() {
+    for opts in ["plain", ""] {
+        eprintln!("mode {opts:?}");
+        cut_through(
+            opts,
+            lower_tree,
+            |m| {
+                let extra = m.root().join("extra");
+                fs::create_dir(&extra).unwrap();
+                write_file(&extra.join("added"), b"added\n");
+            },
+            vec![
+                Box::new(|m| {
+                    let extra = m.root().join("extra");
+                    branch_ok(m, &["add", extra.to_str().unwrap()]);
+                }),
+                Box::new(|m| {
+                    branch_ok(m, &["remove", m.lowers[0].to_str().unwrap()]);
+                }),
+            ],
+            Promise::Changes,
+        );
+    }
+}
+
+/// `snapshot` and `snapmerge` leave the view as it was, at every cut.
+#[test]
+fn a_snapshot_and_snapmerge_cut_anywhere_keep_the_view() {
+    for opts in ["plain", ""] {
+        eprintln!("mode {opts:?}");
+        cut_through(
+            opts,
+            lower_tree,
+            |m| {
+                write_file(&m.p("top"), b"top\n");
+                let mnt = m.mnt.to_str().unwrap();
+                ok_in(m, &["snapshot", mnt]);
+                write_file(&m.p("first-file"), b"first");
+                fs::remove_file(m.p("gone")).unwrap();
+                ok_in(m, &["snapshot", mnt]);
+                fs::rename(m.p("d"), m.p("moved")).unwrap();
+                append_all(&m.p("old"), b"more");
+            },
+            vec![
+                Box::new(|m| ok_in(m, &["snapshot", m.mnt.to_str().unwrap()])),
+                Box::new(|m| ok_in(m, &["snapmerge", m.mnt.to_str().unwrap()])),
+            ],
+            Promise::Keeps,
+        );
+    }
+}
