@@ -1366,3 +1366,26 @@ fn a_clone_in_a_union_shares_its_bytes_across_copy_up() {
     assert_eq!(read_file(&m.p("g")), want);
     assert_eq!(read_file(&m.p("f")), data);
 }
+
+/// The hidden name a clone is made under before it takes its own stays
+/// hidden where a crash or a power cut left it (tests/powercut_disk.rs
+/// found it shown in a directory mount): not listed, not found, not a name
+/// a user can make. A union hides it the same way.
+#[test]
+fn a_clone_a_crash_left_under_its_hidden_name_is_not_shown() {
+    let hidden = ".chronofs-copyup.0123456789abcdef";
+    let m = Mount::new_with("", |src| {
+        fs::create_dir(src.join(hidden)).unwrap();
+        write_file(&src.join("kept"), b"k");
+    });
+    assert_eq!(names(&m.mnt), ["kept"]);
+    assert_eq!(
+        fs::symlink_metadata(m.p(hidden))
+            .map_err(|e| e.raw_os_error())
+            .err(),
+        Some(Some(libc::ENOENT))
+    );
+    let made = fs::create_dir(m.p(".chronofs-copyup.fedcba9876543210"));
+    assert!(made.is_err(), "a hidden name was made through the mount");
+    assert!(m.src.join(hidden).exists());
+}

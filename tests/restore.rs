@@ -365,3 +365,27 @@ fn undelete_of_a_tree_first_seen_by_its_removal_brings_back_everything() {
     assert_eq!(read_file(&m.p("tree/top")), b"top");
     assert_eq!(read_file(&m.p("tree/sub/leaf")), b"leaf");
 }
+
+/// What a restore cut short by a crash or a power cut leaves (its staging
+/// tree, under a pid no process has) goes with the next restore there; a
+/// live run's stays.
+#[test]
+fn a_restore_removes_the_staging_an_interrupted_one_left() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("f"), b"one\n");
+        chrono_ok(m, &["tag", "one"]);
+        fs::remove_file(m.p("f")).unwrap();
+        // pid_max is at most 2^22: no process has this pid.
+        let dead = m.p(".chronofs-staging-999999999-0");
+        fs::create_dir(&dead).unwrap();
+        write_file(&dead.join("partial"), b"par");
+        let live = m.p(&format!(".chronofs-staging-{}-0", std::process::id()));
+        fs::create_dir(&live).unwrap();
+        chrono_ok(m, &["restore", "f", "--at", "one"]);
+        assert_eq!(read_file(&m.p("f")), b"one\n");
+        assert!(!dead.exists(), "the dead run's staging stays");
+        assert!(live.exists(), "a live run's staging went");
+        fs::remove_dir(&live).unwrap();
+        no_staging_left(&m.mnt);
+    });
+}

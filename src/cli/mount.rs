@@ -986,6 +986,11 @@ impl control::service::Host for MountHost {
         }
     }
 
+    fn sync(&self) -> control::service::Result<()> {
+        let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
+        Ok(vfs.sync_branches()?)
+    }
+
     fn live_content(
         &self,
         obj: Option<crate::history::ObjectId>,

@@ -139,7 +139,24 @@ pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
     let r = b.run(root, dest);
     b.progress.bar.finish_and_clear();
     r?;
+    make_durable(t, dest)?;
     Ok(b.progress.count)
+}
+
+/// What was written so far survives a power cut: before a staged tree
+/// takes its name (else a cut can leave the name with files whose data
+/// never reached the disk), and before the command returns
+/// (tests/powercut_disk.rs). The daemon syncs its branches (FUSE passes
+/// no syncfs on to it); a DEST outside the mount is synced here.
+fn make_durable(t: &Target, dest: &Path) -> Result<()> {
+    use std::os::fd::AsFd;
+    t.client().sync()?;
+    let dir = match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => dest,
+        _ => dest.parent().unwrap_or(dest),
+    };
+    let f = open_path(dir)?;
+    sys::syncfs_dir(f.as_fd()).with_context(|| format!("cannot sync {}", dir.display()))
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>> {
@@ -320,8 +337,11 @@ fn may_write(dir: &Path) -> bool {
     open_path(dir).is_ok_and(|f| sys::access_fd(f.as_fd(), libc::W_OK | libc::X_OK).is_ok())
 }
 
-/// A hidden name in `dir` that nothing has.
+/// A hidden name in `dir` that nothing has. What an earlier run whose
+/// process is gone left there (a crash or a power cut in the middle) is
+/// removed first: nothing refers to it.
 fn staging_name(dir: &Path) -> std::path::PathBuf {
+    remove_stale_staging(dir);
     let mut n = 0u32;
     loop {
         let prefix = String::from_utf8_lossy(crate::history::past::STAGING_PREFIX);
@@ -330,6 +350,34 @@ fn staging_name(dir: &Path) -> std::path::PathBuf {
             return p;
         }
         n += 1;
+    }
+}
+
+/// Removes the staging trees in `dir` whose process (the pid in their
+/// name) is gone. Best effort: what cannot go stays, and says so.
+fn remove_stale_staging(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = crate::history::past::STAGING_PREFIX;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.as_bytes().strip_prefix(prefix) else {
+            continue;
+        };
+        let pid = rest.split(|&b| b == b'-').next().unwrap_or_default();
+        let alive = std::str::from_utf8(pid)
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_none_or(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            if let Err(e) = remove_tree(&entry.path()) {
+                eprintln!(
+                    "chronofs: {} (left by an interrupted run) stays: {e:#}",
+                    entry.path().display()
+                );
+            }
+        }
     }
 }
 
@@ -414,7 +462,10 @@ impl Builder<'_> {
         let staged = staging_name(parent);
         let path = self.t.path.clone();
         let live_dest = live.is_some().then_some(dest);
-        if let Err(e) = self.node(&path, root, &staged, live_dest) {
+        if let Err(e) = self
+            .node(&path, root, &staged, live_dest)
+            .and_then(|()| make_durable(self.t, parent))
+        {
             return Err(self.abandon(&staged, e));
         }
         commit(&staged, dest)
@@ -456,7 +507,10 @@ impl Builder<'_> {
 
     fn run_in_root(&mut self, root: &NodeInfo, dest: &Path) -> Result<()> {
         let staged = staging_name(dest);
-        let names = match self.entries(&self.t.path.clone(), root, &staged, None) {
+        let names = match self
+            .entries(&self.t.path.clone(), root, &staged, None)
+            .and_then(|n| make_durable(self.t, dest).map(|()| n))
+        {
             Ok(n) => n,
             Err(e) => return Err(self.abandon(&staged, e)),
         };

@@ -202,6 +202,12 @@ impl Client<'_> {
         self.ask(Request::Ingest)
     }
 
+    /// Makes every change made through the mount so far durable.
+    pub fn sync(&self) -> Result<()> {
+        self.ask::<super::proto::SyncReply>(Request::Sync)
+            .map(|_| ())
+    }
+
     pub fn fsck(&self, repair: bool) -> Result<FsckReport> {
         self.ask(Request::Fsck { repair })
     }

@@ -77,6 +77,8 @@ pub enum Request {
     },
     /// Start recording the whole tree (eager baseline) in the background.
     Ingest,
+    /// Make every change made through the mount so far durable.
+    Sync,
     Fsck {
         repair: bool,
     },
@@ -865,11 +867,18 @@ pub struct AuditReply {
 /// is nothing to report).
 pub type IngestReply = Option<IngestStatus>;
 
+/// `Sync`'s reply.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SyncReply {
+    pub synced: bool,
+}
+
 /// A request's result, as the service built it.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum Answer {
     Ingest(IngestReply),
+    Synced(SyncReply),
     Status(Box<StatusReply>),
     Tags(TagsReply),
     Tag(TagInfo),

@@ -40,6 +40,11 @@ pub trait Host: LiveIds {
     }
     /// Waits for versions still being built.
     fn settle(&self) {}
+    /// Makes every change made through the mount durable
+    /// (`Vfs::sync_branches`).
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
     /// Where clones read history at or under `path` (branch-relative
     /// paths of their marked objects): what a purge of it would break.
     fn clones_reading(&self, _path: &super::proto::Components) -> Result<Vec<Vec<u8>>> {
@@ -354,6 +359,10 @@ impl Service {
             Request::Ingest => {
                 self.host.start_ingest().map_err(Error::Usage)?;
                 Answer::Ingest(self.host.ingest_status())
+            }
+            Request::Sync => {
+                self.host.sync()?;
+                Answer::Synced(proto::SyncReply { synced: true })
             }
             Request::Status => Answer::Status(Box::new(self.status()?)),
             Request::Tags => Answer::Tags(self.tags()?),

@@ -79,6 +79,31 @@ impl Vfs {
             .is_some_and(|u| !u.is_one_directory(self.inodes.primary_branch()))
     }
 
+    /// Makes every change made through the mount so far durable: syncfs
+    /// of each file system a branch lies on (once each). For tools that
+    /// write many files through the mount and promise them on return
+    /// (`restore`, `revert`, `undelete`): FUSE passes no syncfs on.
+    pub fn sync_branches(&self) -> Result<()> {
+        let mut roots: Vec<std::os::fd::BorrowedFd<'_>> = vec![self.branch.root_fd()];
+        let set = self.union().map(|u| u.set());
+        if let Some(set) = &set {
+            roots.extend(
+                set.members
+                    .iter()
+                    .map(|m| std::os::fd::AsFd::as_fd(&m.root)),
+            );
+        }
+        let mut synced = Vec::new();
+        for root in roots {
+            let dev = crate::sys::fstat(root)?.st_dev;
+            if !synced.contains(&dev) {
+                crate::sys::syncfs_dir(root)?;
+                synced.push(dev);
+            }
+        }
+        Ok(())
+    }
+
     /// The union's branches, top first.
     pub fn branches(&self) -> Result<Vec<BranchInfo>> {
         let u = self.union().ok_or(VfsError::NotUnion)?;

@@ -326,9 +326,7 @@ impl Vfs {
         stream.seek(offset)?;
         let in_root = *ino == InodeNo::ROOT;
         while let Some(d) = stream.peek(numbers)? {
-            let hidden = self
-                .branch
-                .is_reserved(in_root, OsStr::from_bytes(&d.e.name));
+            let hidden = self.is_own_name(in_root, OsStr::from_bytes(&d.e.name));
             if !hidden && each(self, *ino, d)? {
                 break;
             }

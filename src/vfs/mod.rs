@@ -442,9 +442,22 @@ impl Vfs {
         self.passthrough.store(on, Ordering::Relaxed);
     }
 
+    /// Whether `name` (in the root if `in_root`) is chronofs's own and
+    /// stays invisible through the mount: the store's directory, and with
+    /// history the hidden name a clone or copy-up is made under before it
+    /// takes its own, which a crash can leave behind (unions hide those
+    /// anyway: `Vfs::union_lookup`).
+    pub(super) fn is_own_name(&self, in_root: bool, name: &OsStr) -> bool {
+        self.branch.is_reserved(in_root, name)
+            || (self.capture.is_some()
+                && crate::union::copyup::is_copyup_temp(std::os::unix::ffi::OsStrExt::as_bytes(
+                    name,
+                )))
+    }
+
     fn check_name(&self, parent: InodeNo, name: &OsStr) -> Result<()> {
         self.source_of(parent).check_writable()?;
-        if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
+        if self.is_own_name(parent == InodeNo::ROOT, name) {
             return Err(VfsError::Reserved(name.to_os_string()));
         }
         if parent == InodeNo::ROOT && self.views_on() && name == self.cfg.views.dir_name {

@@ -28,7 +28,7 @@ impl Vfs {
         parent: InodeNo,
         name: &OsStr,
     ) -> Result<Entry> {
-        if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
+        if self.is_own_name(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
         let dir = self.node(parent)?;
@@ -271,7 +271,7 @@ impl Vfs {
     fn remove(&self, caller: &Caller, parent: InodeNo, name: &OsStr, flags: i32) -> Result<()> {
         self.source_of(parent).check_writable()?;
         self.fill_held(parent)?;
-        if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
+        if self.is_own_name(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
         // A removed name needs no keeping: without history, a union that
@@ -389,7 +389,7 @@ impl Vfs {
                 libc::EROFS
             }));
         }
-        if self.branch.is_reserved(parent == InodeNo::ROOT, name) {
+        if self.is_own_name(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
         self.check_name(newparent, newname)?;

@@ -135,7 +135,7 @@ impl Live<'_> {
             }
             for e in batch {
                 let name = OsStr::from_bytes(&e.name);
-                if e.name == b"." || e.name == b".." || self.0.branch.is_reserved(in_root, name) {
+                if e.name == b"." || e.name == b".." || self.0.is_own_name(in_root, name) {
                     continue;
                 }
                 // The entry's own device: a mount point below SRC differs.

@@ -325,14 +325,31 @@ impl Mount {
         m
     }
 
+    /// [`Mount::new_with`] in `dir`, which may already hold `src`, `mnt`
+    /// and `native` (`setup` is then not run).
+    pub fn new_in(dir: Root, opts: &str, setup: impl FnOnce(&Path)) -> Mount {
+        let fresh = !dir.path().join("src").exists();
+        let mut m = Mount::unstarted_in(dir, opts);
+        if fresh {
+            setup(&m.src);
+        }
+        m.start();
+        m
+    }
+
     fn unstarted(opts: &str) -> Mount {
-        let dir = Root::Temp(tempdir());
+        Mount::unstarted_in(Root::Temp(tempdir()), opts)
+    }
+
+    fn unstarted_in(dir: Root, opts: &str) -> Mount {
         let src = dir.path().join("src");
         let mnt = dir.path().join("mnt");
         let native = dir.path().join("native");
         for d in [&src, &mnt, &native] {
-            fs::create_dir(d).unwrap();
-            fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+            if !d.exists() {
+                fs::create_dir(d).unwrap();
+                fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+            }
         }
         let log = dir.path().join("daemon.log");
         // `samedir` in a mode: the README's MNT = SRC form (the mount
