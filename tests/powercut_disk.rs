@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::logdisk::{Event, Ext4Mount, ImageFile, LogDisk, Loop, Rng};
+use common::logdisk::{Event, Ext4Mount, LogDisk, Rng};
 use common::*;
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -59,7 +59,6 @@ struct Rig {
     // Drop order: the ext4 mount, the disk under it, then the directory.
     mounted: Option<Ext4Mount>,
     disk: LogDisk,
-    image: ImageFile,
     /// The platters checked so far (by the writes they hold).
     tried: HashSet<Vec<usize>>,
     ext: PathBuf,
@@ -83,7 +82,6 @@ impl Rig {
         );
         let mounted = Some(Ext4Mount::mount(disk.dev(), &ext));
         Rig {
-            image: ImageFile::new(dir.path().join("image")),
             _dir: dir,
             ext,
             disk,
@@ -148,9 +146,13 @@ impl Rig {
             if !self.tried.insert(kept.clone()) {
                 continue;
             }
-            self.image.put(&self.disk.image(&kept));
-            let dev = Loop::attach(&self.image.path);
-            let _ext = Ext4Mount::mount(&dev.dev, &self.ext);
+            self.disk.load(self.disk.image(&kept));
+            must(
+                Command::new("blockdev")
+                    .arg("--flushbufs")
+                    .arg(self.disk.dev()),
+            );
+            let _ext = Ext4Mount::mount(self.disk.dev(), &self.ext);
             let what = format!(
                 "power cut before log entry {cut} ({}, seed {seed})",
                 if subset {
@@ -163,8 +165,7 @@ impl Rig {
             let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&what)));
             if let Err(failure) = checked {
                 drop(_ext);
-                drop(dev);
-                keep_for_inspection(&self.image.path, &self.ext);
+                keep_for_inspection(&self.disk.image(&kept), &self.ext);
                 std::panic::resume_unwind(failure);
             }
         }
@@ -173,11 +174,11 @@ impl Rig {
 
 /// With `CHRONOFS_POWERCUT_KEEP=DIR`, a failing image is copied to
 /// `DIR/image` (mount it at the path printed to see what the cut left).
-fn keep_for_inspection(image: &Path, ext: &Path) {
+fn keep_for_inspection(image: &[u8], ext: &Path) {
     if let Some(dir) = std::env::var_os("CHRONOFS_POWERCUT_KEEP") {
         let to = Path::new(&dir).join("image");
-        match fs::copy(image, &to) {
-            Ok(_) => eprintln!(
+        match fs::write(&to, image) {
+            Ok(()) => eprintln!(
                 "the failing image is {} (it ran mounted at {})",
                 to.display(),
                 ext.display()
@@ -642,6 +643,78 @@ fn an_fsynced_save_survives_a_cut_whole() {
             ],
             Promise::Changes,
             &[(0, ".old.swp"), (2, "d/x")],
+        );
+    }
+}
+
+/// Writes to a clone's file: a small one (a patch mark), scattered ones,
+/// then half the file (materialised when the writer closes it), each
+/// fsync'd; then a write to the source. A cut shows each file as the last
+/// fsync left it or as the step under way makes it, the clone never the
+/// source's later bytes.
+#[test]
+fn writes_to_a_clone_cut_anywhere_keep_what_fsync_promised() {
+    use std::os::unix::fs::FileExt;
+    let write_at = |m: &Mount, name: &str, at: &[(u64, usize, u64)]| {
+        let f = fs::OpenOptions::new().write(true).open(m.p(name)).unwrap();
+        for &(off, len, seed) in at {
+            f.write_all_at(&pattern(len, seed), off).unwrap();
+        }
+        f.sync_all().unwrap();
+    };
+    cut_through_writing(
+        "",
+        Shape::Dir,
+        |b| write_file(&b[0].join("big"), &pattern(1 << 20, 8)),
+        |m| {
+            let (src, dst) = (m.p("big"), m.p("bclone"));
+            ok_in(m, &["clone", src.to_str().unwrap(), dst.to_str().unwrap()]);
+        },
+        vec![
+            Box::new(move |m| write_at(m, "bclone", &[(4096, 16, 9)])),
+            Box::new(move |m| {
+                let scattered: Vec<_> = (0..20).map(|i| (i * 40_000 + 7, 100, 10 + i)).collect();
+                write_at(m, "bclone", &scattered)
+            }),
+            Box::new(move |m| write_at(m, "bclone", &[(100_000, 600_000, 30)])),
+            Box::new(move |m| write_at(m, "big", &[(0, 300_000, 31)])),
+        ],
+        Promise::Changes,
+        &[(0, "bclone"), (1, "bclone"), (2, "bclone"), (3, "big")],
+    );
+}
+
+/// A hard-linked file of the read-only branch changed through one name
+/// (copy-up through the union's index: every name must land on the one
+/// copy), then another name renamed: a cut shows all names on the old
+/// file or all on the new, one object.
+#[test]
+fn a_linked_file_copied_up_cut_anywhere_keeps_its_names_together() {
+    for opts in ["plain", ""] {
+        eprintln!("mode {opts:?}");
+        cut_through(
+            opts,
+            Shape::Union,
+            |b| {
+                lower_tree(b);
+                let l = &b[1];
+                write_file(&l.join("a"), &pattern(30_000, 11));
+                fs::hard_link(l.join("a"), l.join("b")).unwrap();
+                fs::hard_link(l.join("a"), l.join("d/c")).unwrap();
+            },
+            |_| {},
+            vec![
+                Box::new(|m| {
+                    append_all(&m.p("b"), b"appended through b");
+                    fs::File::open(m.p("b")).unwrap().sync_all().unwrap();
+                }),
+                Box::new(|m| {
+                    fs::rename(m.p("d/c"), m.p("c")).unwrap();
+                    fs::File::open(&m.mnt).unwrap().sync_all().unwrap();
+                    fs::File::open(m.p("d")).unwrap().sync_all().unwrap();
+                }),
+            ],
+            Promise::Changes,
         );
     }
 }

@@ -101,7 +101,9 @@ impl fuser::Filesystem for LogFs {
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), FopenFlags::empty());
+        // No page cache: the loop device's every read and write comes
+        // here, and an image loaded for a check is what it reads.
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
     }
 
     fn read(
@@ -285,6 +287,17 @@ impl LogDisk {
         self.fs.state().log.clone()
     }
 
+    /// Stops logging and makes the disk hold `image` (a power cut's), on
+    /// the same loop device: its number, and so the device number of the
+    /// file system on it, stays what the test ran with, as a machine's
+    /// disk keeps its own across a power cut. (Device numbers that do
+    /// change across a reboot are another matter, not tested here.)
+    pub fn load(&self, image: Vec<u8>) {
+        let mut st = self.fs.state();
+        st.logging = false;
+        st.image = image;
+    }
+
     /// The writes a power cut right before log entry `cut` leaves on the
     /// platter: every write before the last flush ahead of `cut`, and of
     /// the writes after it those `keep` keeps (given their log index).
@@ -312,41 +325,6 @@ impl LogDisk {
             }
         }
         image
-    }
-}
-
-/// An image file that takes one platter after another, rewriting only
-/// the blocks that differ from what it holds (a check mounts it read-write:
-/// ext4 replays its journal, chronofs recovers).
-pub struct ImageFile {
-    pub path: PathBuf,
-}
-
-impl ImageFile {
-    pub fn new(path: PathBuf) -> ImageFile {
-        ImageFile { path }
-    }
-
-    pub fn put(&self, image: &[u8]) {
-        use std::os::unix::fs::FileExt;
-        const BLOCK: usize = 64 << 10;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.path)
-            .unwrap_or_else(|e| panic!("{}: {e}", self.path.display()));
-        let mut held = vec![0; BLOCK];
-        for (n, block) in image.chunks(BLOCK).enumerate() {
-            let at = (n * BLOCK) as u64;
-            let same = f
-                .read_exact_at(&mut held[..block.len()], at)
-                .is_ok_and(|()| &held[..block.len()] == block);
-            if !same {
-                f.write_all_at(block, at).unwrap();
-            }
-        }
     }
 }
 
