@@ -718,3 +718,31 @@ fn a_linked_file_copied_up_cut_anywhere_keeps_its_names_together() {
         );
     }
 }
+
+/// `branch mode` back and forth, and a sandbox discarded: the view stays
+/// as it was at every cut, and the mount comes back.
+#[test]
+fn a_mode_change_or_a_discard_cut_anywhere_keeps_the_view() {
+    for opts in ["plain", ""] {
+        eprintln!("mode {opts:?}");
+        cut_through(
+            opts,
+            Shape::Union,
+            lower_tree,
+            |m| in_sandbox(m, "cd MNT; echo private > p; rm old"),
+            vec![
+                Box::new(|m| {
+                    branch_ok(m, &["mode", m.lowers[0].to_str().unwrap(), "rw"]);
+                }),
+                Box::new(|m| {
+                    branch_ok(m, &["mode", m.lowers[0].to_str().unwrap(), "ro"]);
+                }),
+                Box::new(|m| {
+                    let mnt = m.mnt.to_str().unwrap();
+                    ok_in(m, &["sandbox", "discard", "1", "--mount", mnt]);
+                }),
+            ],
+            Promise::Keeps,
+        );
+    }
+}
