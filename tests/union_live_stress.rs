@@ -374,14 +374,6 @@ fn verify(m: &Mount, models: &[Model], statics: &[(String, Vec<u8>)], when: &str
     );
 }
 
-fn branch_list(m: &Mount) -> String {
-    let mut spec = format!("{}=rw", m.src.display());
-    for l in &m.lowers {
-        spec.push_str(&format!(":{}=ro", l.display()));
-    }
-    spec
-}
-
 fn assert_ok(what: &str, out: &Output) {
     assert!(
         out.status.success(),
@@ -394,7 +386,7 @@ fn assert_ok(what: &str, out: &Output) {
 
 /// fsck of the branches' union invariants and, with history, of the store.
 fn fsck_clean(m: &Mount, history: bool) {
-    let spec = branch_list(m);
+    let spec = m.branch_list();
     let out = chronofs_in(m.root(), &["fsck", &spec, "--json"]);
     assert_ok("fsck of the branch list", &out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -428,6 +428,16 @@ impl Mount {
         arg
     }
 
+    /// A union's branch list as `mount` and `fsck` take it
+    /// (`SRC=rw:LOWER1=ro:...`).
+    pub fn branch_list(&self) -> String {
+        let mut spec = format!("{}=rw", self.src.display());
+        for l in &self.lowers {
+            spec.push_str(&format!(":{}=ro", l.display()));
+        }
+        spec
+    }
+
     pub fn root(&self) -> &Path {
         self.dir.path()
     }
