@@ -386,6 +386,20 @@ pub fn syncfs_dir(dir: BorrowedFd<'_>) -> io::Result<()> {
     syncfs(std::os::fd::AsFd::as_fd(&opened))
 }
 
+/// [`syncfs_dir`] of every file system the directories `dirs` lie on,
+/// once each.
+pub fn syncfs_dirs<'a>(dirs: impl IntoIterator<Item = BorrowedFd<'a>>) -> io::Result<()> {
+    let mut synced = Vec::new();
+    for dir in dirs {
+        let dev = fstat(dir)?.st_dev;
+        if !synced.contains(&dev) {
+            syncfs_dir(dir)?;
+            synced.push(dev);
+        }
+    }
+    Ok(())
+}
+
 /// A private copy of the file `src` sharing its blocks (FICLONE: btrfs,
 /// XFS, bcachefs...), as an unnamed file in directory `dir`, which must be
 /// on the same file system. EOPNOTSUPP/EXDEV/EINVAL where cloning is not

@@ -84,24 +84,12 @@ impl Vfs {
     /// write many files through the mount and promise them on return
     /// (`restore`, `revert`, `undelete`): FUSE passes no syncfs on.
     pub fn sync_branches(&self) -> Result<()> {
-        let mut roots: Vec<std::os::fd::BorrowedFd<'_>> = vec![self.branch.root_fd()];
         let set = self.union().map(|u| u.set());
-        if let Some(set) = &set {
-            roots.extend(
-                set.members
-                    .iter()
-                    .map(|m| std::os::fd::AsFd::as_fd(&m.root)),
-            );
-        }
-        let mut synced = Vec::new();
-        for root in roots {
-            let dev = crate::sys::fstat(root)?.st_dev;
-            if !synced.contains(&dev) {
-                crate::sys::syncfs_dir(root)?;
-                synced.push(dev);
-            }
-        }
-        Ok(())
+        let members = set.iter().flat_map(|s| s.members.iter());
+        let roots = members.map(|m| std::os::fd::AsFd::as_fd(&m.root));
+        Ok(crate::sys::syncfs_dirs(
+            std::iter::once(self.branch.root_fd()).chain(roots),
+        )?)
     }
 
     /// The union's branches, top first.

@@ -349,8 +349,7 @@ impl Vfs {
             // entries in a branch the next mount leaves out
             // (tests/powercut_disk.rs). A registry commit's fdatasync does
             // not carry them: it need not commit ext4's journal.
-            sys::syncfs_dir(upper.root.as_fd())?;
-            sys::syncfs_dir(lower.root.as_fd())?;
+            sys::syncfs_dirs([upper.root.as_fd(), lower.root.as_fd()])?;
             let _all = u.set_lock.write();
             let old = u.set();
             let mut members = old.members.clone();
