@@ -146,12 +146,9 @@ fn unpack_fixture(name: &str) -> (tempfile::TempDir, Vec<FixtureLine>) {
 }
 
 fn root_of(path: &Path) -> BranchRoot {
-    let md = fs::metadata(path).unwrap();
-    BranchRoot {
-        path: fs::canonicalize(path).unwrap(),
-        dev: md.dev(),
-        ino: md.ino(),
-    }
+    use std::os::fd::AsFd;
+    let dir = fs::File::open(path).unwrap();
+    BranchRoot::of(fs::canonicalize(path).unwrap(), dir.as_fd()).unwrap()
 }
 
 /// tests/fixtures/union/union-f5: a union store written by a format-5
@@ -283,4 +280,170 @@ fn a_format_6_union_store_keeps_its_branches_set_and_snapshots() {
         .output()
         .unwrap();
     assert!(out.status.success(), "fsck: {out:?}");
+}
+
+/// Versions `chronofs log --json` lists for `path` in the mount.
+fn version_count(m: &Mount, path: &str) -> usize {
+    let out = chronofs_ok(m, &["log", "--json", m.p(path).to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["versions"].as_array().expect("versions").len()
+}
+
+/// A reboot can give a branch's file system another device number (another
+/// loop device, a disk enumerated in another order, a btrfs anonymous
+/// device). Nothing keyed by the object may change with it: the inode
+/// numbers shown, a copied-up hard link's identity (its other names must
+/// see the copied-up data, not the lower file), and history (no version
+/// of an unchanged file).
+#[test]
+fn a_device_renumbered_by_a_reboot_changes_no_number_link_or_version() {
+    for mode in ["plain", ""] {
+        for union in [true, false] {
+            renumbered(mode, union);
+        }
+    }
+}
+
+/// [`a_device_renumbered_by_a_reboot_changes_no_number_link_or_version`]
+/// for one mode, in a union or a single-directory mount.
+fn renumbered(mode: &str, union: bool) {
+    use common::logdisk::{must, Ext4Mount, Loop};
+    let fill = |b: &[PathBuf]| {
+        let (low, up) = (b.last().unwrap(), &b[0]);
+        write_file(&low.join("a"), b"lower");
+        fs::hard_link(low.join("a"), low.join("b")).unwrap();
+        write_file(&up.join("c"), b"untouched");
+        fs::create_dir(low.join("d")).unwrap();
+    };
+    let mode = &format!("{mode}{}", if union { "" } else { " (one directory)" });
+    {
+        let work = tempdir();
+        let img = work.path().join("disk.img");
+        fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+        must(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+        let ext = work.path().join("ext");
+        fs::create_dir(&ext).unwrap();
+        let first = Loop::attach(&img);
+        let on_first = Ext4Mount::mount(&first.dev, &ext);
+        let tree = ext.join("t");
+        fs::create_dir(&tree).unwrap();
+        let opts = mode.trim_end_matches(" (one directory)");
+        let mut m = if union {
+            Mount::union_in(Root::Kept(tree.clone()), opts, 1, fill)
+        } else {
+            Mount::new_in(Root::Kept(tree.clone()), opts, |src| {
+                fill(&[src.to_path_buf()])
+            })
+        };
+        append_all(&m.p("a"), b"+upper");
+        fs::set_permissions(m.p("d"), fs::Permissions::from_mode(0o700)).unwrap();
+        let names = ["a", "b", "c", "d"];
+        let before: Vec<u64> = names
+            .iter()
+            .map(|n| fs::metadata(m.p(n)).unwrap().ino())
+            .collect();
+        assert_eq!(
+            before[0], before[1],
+            "mode {mode:?}: linked names, one number"
+        );
+        let versions: Vec<usize> = if opts.is_empty() {
+            m.wait_history_ready();
+            names.iter().map(|n| version_count(&m, n)).collect()
+        } else {
+            Vec::new()
+        };
+        let dev_before = fs::metadata(&tree).unwrap().dev();
+        m.unmount();
+        drop(on_first);
+
+        // The same disk under another device number; `first` stays
+        // attached (not mounted) so the new one cannot reuse its number.
+        let second = Loop::attach(&img);
+        assert_ne!(first.dev, second.dev);
+        let on_second = Ext4Mount::mount(&second.dev, &ext);
+        assert_ne!(fs::metadata(&tree).unwrap().dev(), dev_before);
+        m.start();
+        let after: Vec<u64> = names
+            .iter()
+            .map(|n| fs::metadata(m.p(n)).unwrap().ino())
+            .collect();
+        assert_eq!(
+            after, before,
+            "mode {mode:?}: numbers after the device changed"
+        );
+        for n in ["a", "b"] {
+            assert_eq!(read_file(&m.p(n)), b"lower+upper", "mode {mode:?}: {n}");
+        }
+        assert_eq!(fs::metadata(m.p("a")).unwrap().nlink(), 2, "mode {mode:?}");
+        // A change through the other name reaches the same file.
+        append_all(&m.p("b"), b"+again");
+        assert_eq!(read_file(&m.p("a")), b"lower+upper+again", "mode {mode:?}");
+        assert_eq!(read_file(&m.p("c")), b"untouched");
+        assert_eq!(fs::read_dir(m.p("d")).unwrap().count(), 0);
+        if opts.is_empty() {
+            m.wait_history_ready();
+            let now: Vec<usize> = names.iter().map(|n| version_count(&m, n)).collect();
+            assert_eq!(
+                &now[2..],
+                &versions[2..],
+                "mode {mode:?}: versions of unchanged objects"
+            );
+            // The file's history goes on (not a new object's).
+            assert!(
+                now[0] > versions[0],
+                "mode {mode:?}: {now:?} after {versions:?}"
+            );
+        }
+        m.unmount();
+        drop(on_second);
+        drop(second);
+        drop(first);
+    }
+}
+
+/// tests/fixtures/union/union-f8: a union store of format 8 whose branch
+/// registry is of format 1 (rows without a key device), written by the
+/// last build before key devices. Opened by this build, the registry is
+/// upgraded in place, each row keys by the device it recorded, the keys
+/// read back, and a branch found on another device number (the same
+/// directory: its recorded inode, a birth time the row never had) keeps
+/// the device its keys carry.
+#[test]
+fn a_registry_of_format_1_keys_by_its_recorded_devices() {
+    let (tmp, expected) = unpack_fixture("union-f8");
+    let store_dir = tmp.path().join("src/.chronofs");
+    let store = Store::open(&store_dir).unwrap();
+    let rows = store.branches().unwrap();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r.key_dev, r.root.dev, "{r:?}");
+        assert_eq!(r.root.born, None, "{r:?}");
+    }
+    let map = store.inode_map().unwrap();
+    for (pos, dev, ino, st_ino, path) in &expected {
+        let key = BackingKey {
+            branch: *pos,
+            dev: *dev,
+            ino: *ino,
+        };
+        assert_eq!(map.get(&key).unwrap(), Some(*st_ino), "{path}");
+    }
+    let renumbered: Vec<BranchRoot> = rows
+        .iter()
+        .map(|r| BranchRoot {
+            dev: r.root.dev ^ 0x77,
+            born: Some(1),
+            ..r.root.clone()
+        })
+        .collect();
+    let idents = store.branch_idents(&renumbered).unwrap();
+    for (r, i) in rows.iter().zip(&idents) {
+        assert_eq!((i.id, i.key_dev), (r.id, r.root.dev), "{r:?}");
+    }
+    drop((map, store));
+    // Kept across the next open, in the rows now rewritten.
+    let store = Store::open(&store_dir).unwrap();
+    for r in store.branches().unwrap() {
+        assert_eq!(r.key_dev ^ 0x77, r.root.dev, "{r:?}");
+    }
 }

@@ -33,6 +33,9 @@ pub struct DirBranch {
     /// Held while mounted (`claim`); none where the directory cannot be
     /// opened for reading (then a fold elsewhere is not kept out).
     _claim: Option<claim::Claim>,
+    /// The device number keys of its objects carry for its root's file
+    /// system, where the store knows one (`Store::branch_idents`).
+    key_dev: Option<u64>,
 }
 
 impl DirBranch {
@@ -52,7 +55,19 @@ impl DirBranch {
             reserved_root_name,
             also_reserved: Vec::new(),
             _claim: claim,
+            key_dev: None,
         })
+    }
+
+    /// See [`DirBranch::key_dev`].
+    pub fn set_key_dev(&mut self, dev: u64) {
+        self.key_dev = Some(dev);
+    }
+
+    /// The device number keys of this branch's objects carry for its
+    /// root's file system (`None`: the one it has now).
+    pub fn key_dev(&self) -> Option<u64> {
+        self.key_dev
     }
 
     pub fn id(&self) -> BranchId {

@@ -170,12 +170,20 @@ fn open_local(src: &Path, store_dir: &Path) -> Result<LocalStore> {
     )
     .with_context(|| format!("source {}", src.display()))?;
     let root_st = sys::fstat(std::os::fd::AsFd::as_fd(&root))?;
+    let key_dev = store.known_key_dev(&crate::store::BranchRoot::of(
+        src.to_path_buf(),
+        std::os::fd::AsFd::as_fd(&root),
+    )?)?;
     let reserved = store_dir
         .strip_prefix(src)
         .ok()
         .filter(|r| r.components().count() == 1)
         .map(|r| r.as_os_str().to_os_string());
-    let host = Box::new(StoreHost { inomap, root_st });
+    let host = Box::new(StoreHost {
+        inomap,
+        root_st,
+        dev_alias: crate::store::DevAlias::new(root_st.st_dev, key_dev),
+    });
     let source = crate::policy::load::Source {
         admin: None,
         users: true,
@@ -210,6 +218,8 @@ fn open_local(src: &Path, store_dir: &Path) -> Result<LocalStore> {
 struct StoreHost {
     inomap: crate::store::InodeMap,
     root_st: sys::Stat,
+    /// How keys carry the source's device number.
+    dev_alias: crate::store::DevAlias,
 }
 
 impl control::service::Host for StoreHost {}
@@ -221,7 +231,7 @@ impl crate::history::past::LiveIds for StoreHost {
         }
         let key = crate::store::BackingKey {
             branch: 0,
-            dev: st.st_dev,
+            dev: self.dev_alias.swap(st.st_dev),
             ino: st.st_ino,
         };
         self.inomap

@@ -483,17 +483,15 @@ fn assign_branch_ids(
 ) -> Result<()> {
     let mut roots = Vec::with_capacity(list.len());
     for (b, (path, _)) in list.iter().zip(&plan.union) {
-        let st =
-            sys::fstat(b.branch.root_fd()).with_context(|| format!("branch {}", path.display()))?;
-        roots.push(crate::store::BranchRoot {
-            path: path.clone(),
-            dev: st.st_dev,
-            ino: st.st_ino,
-        });
+        roots.push(
+            crate::store::BranchRoot::of(path.clone(), b.branch.root_fd())
+                .with_context(|| format!("branch {}", path.display()))?,
+        );
     }
-    let ids = store.branch_ids(&roots)?;
-    for (b, id) in list.iter_mut().zip(ids) {
-        b.id = id;
+    let idents = store.branch_idents(&roots)?;
+    for (b, ident) in list.iter_mut().zip(idents) {
+        b.id = ident.id;
+        b.branch.set_key_dev(ident.key_dev);
     }
     // Changes made while mounted (`branch mode|add|remove`) outlive the
     // mount as long as the command line stays the one they were made under.
@@ -511,13 +509,19 @@ fn assign_branch_ids(
                 let row = known.iter().find(|r| r.id == *id).ok_or_else(|| {
                     anyhow!("the store's branch set names branch id {id}, which it does not know")
                 })?;
-                DirBranch::open(BranchId(*id), &row.root.path, None).with_context(|| {
-                    format!(
-                        "branch {} (added while mounted; mount with another branch list to \
-                         leave it out)",
-                        row.root.path.display()
-                    )
-                })?
+                let mut branch = DirBranch::open(BranchId(*id), &row.root.path, None)
+                    .with_context(|| {
+                        format!(
+                            "branch {} (added while mounted; mount with another branch list to \
+                             leave it out)",
+                            row.root.path.display()
+                        )
+                    })?;
+                let root = crate::store::BranchRoot::of(row.root.path.clone(), branch.root_fd())?;
+                if let Some(ident) = store.branch_idents(&[root])?.first() {
+                    branch.set_key_dev(ident.key_dev);
+                }
+                branch
             }
         };
         list.push(crate::vfs::UnionBranch {
@@ -594,8 +598,15 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     sys::creds::verify_switching()?;
     let mut branches = open_branches(plan)?;
     let store = Store::open(&plan.store)?;
-    if let Branches::Union(list) = &mut branches {
-        assign_branch_ids(&store, plan, list)?;
+    match &mut branches {
+        Branches::Union(list) => assign_branch_ids(&store, plan, list)?,
+        // Its keys are branch 0's; only the key device is wanted.
+        Branches::One(b) => {
+            let root = crate::store::BranchRoot::of(plan.src.clone(), b.root_fd())?;
+            if let Some(ident) = store.branch_idents(&[root])?.first() {
+                b.set_key_dev(ident.key_dev);
+            }
+        }
     }
     if !opts.plain {
         store.keep_reserve();
@@ -922,19 +933,29 @@ impl MountHost {
     }
 
     /// The directories a sandbox lies over: the mount's branches, top
-    /// first.
-    fn sandbox_base(&self, vfs: &Vfs) -> control::service::Result<Vec<PathBuf>> {
+    /// first, each with the device number the mount's keys carry for it.
+    fn sandbox_base(&self, vfs: &Vfs) -> control::service::Result<Vec<(PathBuf, u64)>> {
         if let Some(src) = &self.src {
-            return Ok(vec![src.clone()]);
+            return Ok(vec![(src.clone(), vfs.root_key_dev(0)?)]);
         }
         let paths = self.paths.lock();
         let mut base = Vec::new();
         for b in vfs.branches()? {
-            base.push(paths.get(&b.id).cloned().ok_or_else(|| {
+            let path = paths.get(&b.id).cloned().ok_or_else(|| {
                 control::service::Error::NotFound(format!("branch id {}: no path", b.id))
-            })?);
+            })?;
+            base.push((path, vfs.root_key_dev(b.id)?));
         }
         Ok(base)
+    }
+
+    /// [`Self::sandbox_base`]'s directories alone.
+    fn sandbox_paths(&self, vfs: &Vfs) -> control::service::Result<Vec<PathBuf>> {
+        Ok(self
+            .sandbox_base(vfs)?
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect())
     }
 
     /// A branch as the user names it: its position (0 = top) or its path.
@@ -1118,7 +1139,6 @@ impl control::service::Host for MountHost {
         let cpath = sys::cstr(path.as_os_str()).map_err(Error::Io)?;
         let root = sys::openat(sys::CWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)
             .map_err(|e| Error::Usage(format!("{}: {e}", path.display())))?;
-        let st = sys::fstat(std::os::fd::AsFd::as_fd(&root)).map_err(Error::Io)?;
         let ours = vfs.store_id();
         let foreign =
             crate::vfs::foreign_stamp(std::os::fd::AsFd::as_fd(&root), ours.is_some(), ours)
@@ -1126,23 +1146,22 @@ impl control::service::Host for MountHost {
         if let Some(why) = foreign {
             return Err(Error::Usage(format!("{} {why}", path.display())));
         }
-        let new_root = crate::store::BranchRoot {
-            path: path.clone(),
-            dev: st.st_dev,
-            ino: st.st_ino,
-        };
-        let id = match &self.record {
+        let new_root = crate::store::BranchRoot::of(path.clone(), std::os::fd::AsFd::as_fd(&root))
+            .map_err(Error::Io)?;
+        let ident = match &self.record {
             Some((log, _)) => log
-                .branch_ids(&[new_root])
+                .branch_idents(&[new_root])
                 .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?
                 .first()
                 .copied()
                 .ok_or_else(|| Error::Usage("no id for the new branch".into()))?,
             None => return Err(Error::Usage("this mount records no branch set".into())),
         };
+        let id = ident.id;
         let new = crate::vfs::NewBranch {
             root,
             id,
+            key_dev: ident.key_dev,
             writable,
             position: position.unwrap_or(0),
         };
@@ -1216,18 +1235,16 @@ impl control::service::Host for MountHost {
             let cdir = sys::cstr(dir.as_os_str()).map_err(Error::Io)?;
             let root = sys::openat(sys::CWD, &cdir, libc::O_PATH | libc::O_DIRECTORY, 0)
                 .map_err(Error::Io)?;
-            let st = sys::fstat(std::os::fd::AsFd::as_fd(&root)).map_err(Error::Io)?;
-            let fresh_root = crate::store::BranchRoot {
-                path: dir.clone(),
-                dev: st.st_dev,
-                ino: st.st_ino,
-            };
-            let id = log
-                .branch_ids(&[fresh_root])
+            let fresh_root =
+                crate::store::BranchRoot::of(dir.clone(), std::os::fd::AsFd::as_fd(&root))
+                    .map_err(Error::Io)?;
+            let ident = log
+                .branch_idents(&[fresh_root])
                 .map_err(store_err)?
                 .first()
                 .copied()
                 .ok_or_else(|| Error::Usage("no id for the fresh branch".into()))?;
+            let id = ident.id;
             let snapshot = crate::store::Snapshot {
                 name: name.clone(),
                 branch: frozen.id,
@@ -1243,6 +1260,7 @@ impl control::service::Host for MountHost {
             let fresh = crate::vfs::NewBranch {
                 root,
                 id,
+                key_dev: ident.key_dev,
                 writable: true,
                 position: 0,
             };
@@ -1395,7 +1413,7 @@ impl control::service::Host for MountHost {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
         self.sandboxes
-            .commit(&vfs, id, force, self.sandbox_base(&vfs)?)
+            .commit(&vfs, id, force, self.sandbox_paths(&vfs)?)
     }
 
     fn sandboxes(&self) -> control::service::Result<Vec<control::proto::SandboxRow>> {

@@ -26,7 +26,7 @@ use crate::branch::{BranchId, DirBranch};
 use crate::control::proto::{SandboxCommitReply, SandboxRow};
 use crate::control::service::{Error, Result};
 use crate::fuse::{AdapterConfig, ChronoFuse, MountSpec, Mounted};
-use crate::store::{BranchRoot, Store};
+use crate::store::{BranchIdent, BranchRoot, Store};
 use crate::sys;
 use crate::vfs::{SandboxIds, UnionBranch, UnionOptions, Vfs, VfsConfig};
 
@@ -204,9 +204,10 @@ impl Sandboxes {
     pub(super) fn start(
         &self,
         id: Option<u32>,
-        base: Vec<PathBuf>,
+        base: Vec<(PathBuf, u64)>,
         holds_clones: bool,
     ) -> Result<SandboxRow> {
+        let (base, key_devs): (Vec<PathBuf>, Vec<u64>) = base.into_iter().unzip();
         if let Some(why) = &self.refused {
             return Err(Error::Usage(why.clone()));
         }
@@ -235,7 +236,7 @@ impl Sandboxes {
             None => self.make(base)?,
         };
         if !self.served.lock().contains_key(&manifest.id) {
-            self.serve(&manifest)?;
+            self.serve(&manifest, &key_devs)?;
         }
         Ok(self.row(&manifest))
     }
@@ -264,19 +265,14 @@ impl Sandboxes {
 
     /// Sandbox `m`'s union's branch ids, its own branch first, from its
     /// store.
-    fn store_ids(&self, m: &Manifest, store: &Store) -> Result<Vec<u32>> {
+    fn store_ids(&self, m: &Manifest, store: &Store) -> Result<Vec<BranchIdent>> {
         let mut roots = Vec::with_capacity(m.base.len() + 1);
         for path in std::iter::once(self.branch_dir(m.id)).chain(m.base.iter().cloned()) {
-            let st = std::fs::metadata(&path).map_err(io(&path))?;
-            use std::os::unix::fs::MetadataExt;
-            roots.push(BranchRoot {
-                path,
-                dev: st.dev(),
-                ino: st.ino(),
-            });
+            let dir = std::fs::File::open(&path).map_err(io(&path))?;
+            roots.push(BranchRoot::of(path.clone(), dir.as_fd()).map_err(io(&path))?);
         }
         store
-            .branch_ids(&roots)
+            .branch_idents(&roots)
             .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))
     }
 
@@ -294,14 +290,17 @@ impl Sandboxes {
                 let dir = self.dir.join(m.id.to_string()).join("store");
                 let store = Store::open(&dir)
                     .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
-                self.store_ids(m, &store)?
+                self.store_ids(m, &store)?.iter().map(|b| b.id).collect()
             }
         };
         let mount: Vec<u32> = mount.iter().map(|b| b.id).collect();
         Ok(SandboxIds::new(own.get(1..).unwrap_or_default(), &mount))
     }
 
-    fn serve(&self, m: &Manifest) -> Result<()> {
+    /// `key_devs`: the device number the mount's keys carry for each base
+    /// branch, which the sandbox's keys must carry too (its index entries
+    /// become the mount's at commit).
+    fn serve(&self, m: &Manifest, key_devs: &[u64]) -> Result<()> {
         let fail = |e: String| Error::Io(std::io::Error::other(e));
         let dir = self.dir.join(m.id.to_string());
         let mut list = vec![UnionBranch {
@@ -322,9 +321,13 @@ impl Sandboxes {
             });
         }
         let store = Store::open(&dir.join("store")).map_err(|e| fail(e.to_string()))?;
-        let ids = self.store_ids(m, &store)?;
-        for (b, id) in list.iter_mut().zip(&ids) {
-            b.id = *id;
+        let idents = self.store_ids(m, &store)?;
+        for (b, ident) in list.iter_mut().zip(&idents) {
+            b.id = ident.id;
+            b.branch.set_key_dev(ident.key_dev);
+        }
+        for (b, dev) in list[1..].iter_mut().zip(key_devs) {
+            b.branch.set_key_dev(*dev);
         }
         let inomap = store.inode_map().map_err(|e| fail(e.to_string()))?;
         let r = &self.recipe;
@@ -365,7 +368,7 @@ impl Sandboxes {
             Served {
                 mountpoint,
                 session: Some(thread),
-                ids,
+                ids: idents.iter().map(|b| b.id).collect(),
             },
         );
         Ok(())

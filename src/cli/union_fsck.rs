@@ -4,9 +4,8 @@
 //! made while mounted included).
 
 use std::ffi::OsStr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -136,13 +135,15 @@ fn live_set(
     }
     let store = Store::open(&dir).map_err(|e| anyhow::anyhow!("store {}: {e}", dir.display()))?;
     let known = store.branches()?;
+    let mut roots = Vec::with_capacity(listed.len());
+    for (path, _) in &listed {
+        let dir =
+            std::fs::File::open(path).with_context(|| format!("branch {}", path.display()))?;
+        roots.push(crate::store::BranchRoot::of(path.clone(), dir.as_fd())?);
+    }
     let mut mounted = Vec::with_capacity(listed.len());
-    for (path, rw) in &listed {
-        let meta = std::fs::metadata(path).with_context(|| format!("branch {}", path.display()))?;
-        let Some(b) = known
-            .iter()
-            .find(|b| b.root.dev == meta.dev() && b.root.ino == meta.ino())
-        else {
+    for ((_, rw), ident) in listed.iter().zip(store.known_idents(&roots)?) {
+        let Some(b) = ident else {
             return Ok(listed); // Never mounted with this list.
         };
         mounted.push((b.id, *rw));

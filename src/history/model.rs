@@ -202,8 +202,9 @@ pub struct Attrs {
     pub atime: Time,
     pub mtime: Time,
     pub ctime: Time,
-    /// The backing object's (st_dev, st_ino): a change of these, or of size,
-    /// mtime or ctime, at the next lookup means a change behind the mount.
+    /// The backing object's (st_dev, st_ino): a change of the inode, or of
+    /// size, mtime or ctime, at the next lookup means a change behind the
+    /// mount.
     pub backing_dev: u64,
     pub backing_ino: u64,
 }
@@ -211,13 +212,15 @@ pub struct Attrs {
 impl Attrs {
     /// Whether the backing object looks unchanged since these attributes
     /// were taken (ctime covers every metadata change, mtime every data
-    /// change).
+    /// change). Not the device number: a reboot may renumber the disk
+    /// under an unchanged file (docs/ARCHITECTURE.md "Device numbers"),
+    /// and another object with the same inode, size, mtime and ctime to
+    /// the nanosecond (which no one can set) is not to be met.
     pub fn same_state(&self, other: &Attrs) -> bool {
         self.size == other.size
             && self.mtime == other.mtime
             && self.ctime == other.ctime
             && self.backing_ino == other.backing_ino
-            && self.backing_dev == other.backing_dev
     }
 }
 

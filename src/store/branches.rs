@@ -1,5 +1,6 @@
 //! Persistent branch ids: the `branches` table (id → canonical path, root
-//! (dev, ino), state) and the matching of a mount's branch list to it.
+//! (dev, ino), key device, state) and the matching of a mount's branch
+//! list to it.
 //!
 //! Inode-map keys and the union's hard-link index name a branch by this
 //! id, not by its position in the mount's list, so a branch inserted above
@@ -19,17 +20,45 @@ use super::{index_error, Store, StoreError};
 const BRANCHES: TableDefinition<u32, &[u8]> = TableDefinition::new("branches");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 const NEXT_BRANCH_ID: &str = "next_branch_id";
-/// First byte of a `branches` value.
-const RECORD_FORMAT: u8 = 1;
+/// First byte of a `branches` value. Format 1 had no key device (its
+/// keys carry the root's device number as recorded).
+const RECORD_FORMAT: u8 = 2;
+const RECORD_FORMAT_1: u8 = 1;
 
 /// Where a branch is: its canonical path and its root directory's
-/// (st_dev, st_ino).
+/// (st_dev, st_ino) and birth time (nanoseconds; `None` where the file
+/// system keeps none, or the record predates it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BranchRoot {
     pub path: PathBuf,
     pub dev: u64,
     pub ino: u64,
+    pub born: Option<i64>,
 }
+
+impl BranchRoot {
+    /// The root `fd` (a directory at `path`) as it is now.
+    pub fn of(path: PathBuf, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<BranchRoot> {
+        let st = crate::sys::fstat(fd)?;
+        Ok(BranchRoot {
+            path,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            born: crate::sys::birth_time(fd)?,
+        })
+    }
+
+    /// Whether `other` is this same directory, perhaps under another
+    /// device number: same inode, and same birth time where both have one
+    /// (every file system's root directory may be inode 2).
+    fn same_directory(&self, other: &BranchRoot) -> bool {
+        self.ino == other.ino
+            && (self.born.is_none() || other.born.is_none() || self.born == other.born)
+    }
+}
+
+/// `born` as a record stores it.
+const NO_BIRTH_TIME: i64 = i64::MIN;
 
 /// Whether a known branch is part of the mount's set. Only `Active`
 /// exists today; `branch remove` (issue 17) will mark ids retired.
@@ -43,36 +72,65 @@ pub enum BranchState {
 pub struct BranchRecord {
     pub id: u32,
     pub root: BranchRoot,
+    /// The device number keys of this branch's objects carry for its
+    /// root's file system: the one it had when first recorded, kept when a
+    /// remount finds the same root under another device number (a reboot
+    /// can renumber a disk), so inode numbers, hard-link index entries and
+    /// history stay the object's (docs/ARCHITECTURE.md "Device numbers").
+    pub key_dev: u64,
     pub state: BranchState,
+}
+
+/// How the vfs names a branch's objects: its persistent id, and the
+/// device number its keys carry for its root's file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BranchIdent {
+    pub id: u32,
+    pub key_dev: u64,
 }
 
 impl BranchRecord {
     fn encode(&self) -> Vec<u8> {
         let path = self.root.path.as_os_str().as_bytes();
-        let mut v = Vec::with_capacity(18 + path.len());
+        let mut v = Vec::with_capacity(34 + path.len());
         v.push(RECORD_FORMAT);
         v.push(match self.state {
             BranchState::Active => 0,
         });
         v.extend_from_slice(&self.root.dev.to_be_bytes());
         v.extend_from_slice(&self.root.ino.to_be_bytes());
+        v.extend_from_slice(&self.key_dev.to_be_bytes());
+        v.extend_from_slice(&self.root.born.unwrap_or(NO_BIRTH_TIME).to_be_bytes());
         v.extend_from_slice(path);
         v
     }
 
     fn decode(id: u32, v: &[u8]) -> Option<BranchRecord> {
-        if v.len() < 18 || v[0] != RECORD_FORMAT || v[1] != 0 {
+        let fixed = match v.first() {
+            Some(&RECORD_FORMAT) => 34,
+            Some(&RECORD_FORMAT_1) => 18,
+            _ => return None,
+        };
+        if v.len() < fixed || v[1] != 0 {
             return None;
         }
-        let dev = u64::from_be_bytes(v[2..10].try_into().ok()?);
-        let ino = u64::from_be_bytes(v[10..18].try_into().ok()?);
+        let u64_at = |at: usize| Some(u64::from_be_bytes(v.get(at..at + 8)?.try_into().ok()?));
+        let dev = u64_at(2)?;
+        let (key_dev, born) = if fixed == 34 {
+            let born = u64_at(26)? as i64;
+            (u64_at(18)?, (born != NO_BIRTH_TIME).then_some(born))
+        } else {
+            (dev, None)
+        };
         Some(BranchRecord {
             id,
             root: BranchRoot {
-                path: PathBuf::from(OsStr::from_bytes(&v[18..])),
+                path: PathBuf::from(OsStr::from_bytes(&v[fixed..])),
                 dev,
-                ino,
+                ino: u64_at(10)?,
+                born,
             },
+            key_dev,
             state: BranchState::Active,
         })
     }
@@ -81,8 +139,8 @@ impl BranchRecord {
 /// What matching a branch list against the table decided.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Matched {
-    /// The id of each wanted branch, in the list's order.
-    pub ids: Vec<u32>,
+    /// The id and key device of each wanted branch, in the list's order.
+    pub idents: Vec<BranchIdent>,
     /// Rows to write: new branches, and known ones whose path or root moved.
     pub changed: Vec<BranchRecord>,
     /// The next free id after these.
@@ -96,8 +154,13 @@ pub struct Matched {
 /// else `next`, counting up. Each id goes to one branch of the list at most.
 /// An empty table therefore gives position *i* id *i*, which is what the
 /// inode-map keys of stores made before ids meant.
+///
+/// A known branch keeps its key device when its root is the same
+/// directory (same inode and birth time) under another device number; a
+/// directory
+/// replaced under its name, or a new branch, is keyed by its own.
 pub fn match_branches(known: &[BranchRecord], wanted: &[BranchRoot], mut next: u32) -> Matched {
-    let mut ids: Vec<Option<u32>> = vec![None; wanted.len()];
+    let mut ids: Vec<Option<&BranchRecord>> = vec![None; wanted.len()];
     let mut taken = std::collections::HashSet::new();
     let by_root = |w: &BranchRoot, r: &BranchRecord| r.root.dev == w.dev && r.root.ino == w.ino;
     let by_path = |w: &BranchRoot, r: &BranchRecord| r.root.path == w.path;
@@ -111,31 +174,40 @@ pub fn match_branches(known: &[BranchRecord], wanted: &[BranchRoot], mut next: u
             }
             if let Some(r) = known.iter().find(|r| !taken.contains(&r.id) && rule(w, r)) {
                 taken.insert(r.id);
-                ids[i] = Some(r.id);
+                ids[i] = Some(r);
             }
         }
     }
     let mut changed = Vec::new();
-    let ids = ids
+    let idents = ids
         .into_iter()
         .zip(wanted)
-        .map(|(id, w)| {
-            let id = id.unwrap_or_else(|| {
-                next += 1;
-                next - 1
-            });
+        .map(|(was, w)| {
+            let (id, key_dev) = match was {
+                Some(r) if r.root.same_directory(w) => (r.id, r.key_dev),
+                Some(r) => (r.id, w.dev),
+                None => {
+                    next += 1;
+                    (next - 1, w.dev)
+                }
+            };
             let row = BranchRecord {
                 id,
                 root: w.clone(),
+                key_dev,
                 state: BranchState::Active,
             };
             if !known.contains(&row) {
                 changed.push(row);
             }
-            id
+            BranchIdent { id, key_dev }
         })
         .collect();
-    Matched { ids, changed, next }
+    Matched {
+        idents,
+        changed,
+        next,
+    }
 }
 
 impl Store {
@@ -147,7 +219,39 @@ impl Store {
     /// The persistent id of each branch of a mount's list (top first),
     /// recording new branches and moved ones in one durable commit.
     pub fn branch_ids(&self, wanted: &[BranchRoot]) -> Result<Vec<u32>, StoreError> {
+        Ok(self.branch_idents(wanted)?.iter().map(|b| b.id).collect())
+    }
+
+    /// [`Store::branch_ids`] with each branch's key device.
+    pub fn branch_idents(&self, wanted: &[BranchRoot]) -> Result<Vec<BranchIdent>, StoreError> {
         assign_ids(&self.registry, wanted)
+    }
+
+    /// What a mount of `wanted` would name each branch, as the table is
+    /// now (`None`: a branch it does not know); records nothing.
+    pub fn known_idents(
+        &self,
+        wanted: &[BranchRoot],
+    ) -> Result<Vec<Option<BranchIdent>>, StoreError> {
+        let known = read_branches(&self.registry)?;
+        let next = known.iter().map(|r| r.id + 1).max().unwrap_or(0);
+        let m = match_branches(&known, wanted, next);
+        Ok(m.idents
+            .into_iter()
+            .map(|b| Some(b).filter(|b| b.id < next))
+            .collect())
+    }
+
+    /// The key device of the branch `root` is, as the table knows it now
+    /// (its own device number if the table does not know it); records
+    /// nothing.
+    pub fn known_key_dev(&self, root: &BranchRoot) -> Result<u64, StoreError> {
+        let known = self.known_idents(std::slice::from_ref(root))?;
+        Ok(known
+            .first()
+            .copied()
+            .flatten()
+            .map_or(root.dev, |b| b.key_dev))
     }
 }
 
@@ -188,7 +292,7 @@ fn decode_branches(
     Ok(out)
 }
 
-fn assign_ids(db: &super::Index, wanted: &[BranchRoot]) -> Result<Vec<u32>, StoreError> {
+fn assign_ids(db: &super::Index, wanted: &[BranchRoot]) -> Result<Vec<BranchIdent>, StoreError> {
     let txn = db.begin_write().map_err(index_error)?;
     let ids = {
         let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
@@ -203,7 +307,7 @@ fn assign_ids(db: &super::Index, wanted: &[BranchRoot]) -> Result<Vec<u32>, Stor
             .map_err(|_| StoreError::IndexCorrupt(format!("next_branch_id {next}")))?;
         let m = match_branches(&known, wanted, next);
         if m.changed.is_empty() {
-            return Ok(m.ids);
+            return Ok(m.idents);
         }
         for row in &m.changed {
             tracing::info!(
@@ -223,7 +327,7 @@ fn assign_ids(db: &super::Index, wanted: &[BranchRoot]) -> Result<Vec<u32>, Stor
         counters
             .insert(NEXT_BRANCH_ID, u64::from(m.next))
             .map_err(index_error)?;
-        m.ids
+        m.idents
     };
     txn.commit().map_err(index_error)?;
     Ok(ids)
@@ -395,9 +499,9 @@ impl BranchSetLog {
         read_branches(&self.db)
     }
 
-    /// See [`Store::branch_ids`]: a branch inserted while mounted gets
+    /// See [`Store::branch_idents`]: a branch inserted while mounted gets
     /// its id (its old one, if it was a branch before) this way.
-    pub fn branch_ids(&self, wanted: &[BranchRoot]) -> Result<Vec<u32>, StoreError> {
+    pub fn branch_idents(&self, wanted: &[BranchRoot]) -> Result<Vec<BranchIdent>, StoreError> {
         assign_ids(&self.db, wanted)
     }
 }
@@ -566,6 +670,7 @@ mod tests {
             path: PathBuf::from(path),
             dev: 1,
             ino,
+            born: Some(1_000 + ino as i64),
         }
     }
 
@@ -575,16 +680,75 @@ mod tests {
             .map(|(&id, w)| BranchRecord {
                 id,
                 root: w.clone(),
+                key_dev: w.dev,
                 state: BranchState::Active,
             })
             .collect()
+    }
+
+    fn ids(m: &Matched) -> Vec<u32> {
+        m.idents.iter().map(|b| b.id).collect()
+    }
+
+    #[test]
+    fn a_renumbered_device_keeps_the_key_device_a_new_directory_does_not() {
+        let known = record(&[0, 1], &[root("/a", 10), root("/b", 11)]);
+        let on = |r: BranchRoot, dev: u64| BranchRoot { dev, ..r };
+        // /a: the same directory (inode, birth time) on device 7 now.
+        // /b: another directory under its name on device 7.
+        let b_new = BranchRoot {
+            born: Some(5),
+            ..on(root("/b", 11), 7)
+        };
+        let m = match_branches(&known, &[on(root("/a", 10), 7), b_new], 2);
+        assert_eq!(
+            m.idents,
+            vec![
+                BranchIdent { id: 0, key_dev: 1 },
+                BranchIdent { id: 1, key_dev: 7 }
+            ]
+        );
+        // Both rows change (the device moved); the key device persists.
+        assert_eq!(m.changed.len(), 2);
+        assert_eq!(m.changed[0].key_dev, 1);
+        let again = match_branches(&m.changed, &[on(root("/a", 10), 9)], 2);
+        assert_eq!(again.idents, vec![BranchIdent { id: 0, key_dev: 1 }]);
+    }
+
+    #[test]
+    fn records_round_trip_and_format_1_keys_by_its_device() {
+        let row = BranchRecord {
+            id: 4,
+            root: root("/x y", 12),
+            key_dev: 99,
+            state: BranchState::Active,
+        };
+        assert_eq!(BranchRecord::decode(4, &row.encode()), Some(row.clone()));
+        let no_birth = BranchRecord {
+            root: BranchRoot {
+                born: None,
+                ..row.root.clone()
+            },
+            ..row.clone()
+        };
+        assert_eq!(BranchRecord::decode(4, &no_birth.encode()), Some(no_birth));
+        // As format 1 wrote it: no key device, no birth time.
+        let mut v1 = vec![RECORD_FORMAT_1, 0];
+        v1.extend_from_slice(&3u64.to_be_bytes());
+        v1.extend_from_slice(&12u64.to_be_bytes());
+        v1.extend_from_slice(b"/old");
+        let old = BranchRecord::decode(2, &v1).unwrap();
+        assert_eq!((old.key_dev, old.root.dev, old.root.born), (3, 3, None));
+        assert_eq!(old.root.path, PathBuf::from("/old"));
+        assert_eq!(BranchRecord::decode(2, &v1[..17]), None);
+        assert_eq!(BranchRecord::decode(2, &[9, 0]), None);
     }
 
     #[test]
     fn an_empty_table_gives_positions_as_ids() {
         let w = [root("/a", 10), root("/b", 11), root("/c", 12)];
         let m = match_branches(&[], &w, 0);
-        assert_eq!(m.ids, vec![0, 1, 2]);
+        assert_eq!(ids(&m), vec![0, 1, 2]);
         assert_eq!(m.next, 3);
         assert_eq!(m.changed.len(), 3);
     }
@@ -602,13 +766,13 @@ mod tests {
             root("/b", 99),
         ];
         let m = match_branches(&known, &again, 3);
-        assert_eq!(m.ids, vec![2, 3, 0, 1]);
+        assert_eq!(ids(&m), vec![2, 3, 0, 1]);
         assert_eq!(m.next, 4);
         let changed: Vec<u32> = m.changed.iter().map(|r| r.id).collect();
         assert_eq!(changed, vec![3, 0, 1]);
         // The same list again changes nothing.
         let m = match_branches(&known, &w, 3);
-        assert_eq!(m.ids, vec![0, 1, 2]);
+        assert_eq!(ids(&m), vec![0, 1, 2]);
         assert!(m.changed.is_empty());
     }
 
@@ -617,7 +781,7 @@ mod tests {
         // /a and /b swapped by renaming: each directory keeps its id.
         let known = record(&[0, 1], &[root("/a", 10), root("/b", 11)]);
         let m = match_branches(&known, &[root("/a", 11), root("/b", 10)], 2);
-        assert_eq!(m.ids, vec![1, 0]);
+        assert_eq!(ids(&m), vec![1, 0]);
     }
 
     #[test]

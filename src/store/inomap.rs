@@ -47,6 +47,34 @@ impl BackingKey {
     }
 }
 
+/// Where a branch's root file system has another device number than the
+/// one its keys carry (a reboot renumbered the disk): the two numbers
+/// (docs/ARCHITECTURE.md "Device numbers"). Translation swaps them, so it
+/// is its own inverse, and should the old number now belong to a file
+/// system mounted inside the branch, that one stays distinct.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevAlias(Option<(u64, u64)>);
+
+impl DevAlias {
+    /// `live`: the root's device number now; `key`: the one keys carry.
+    pub fn new(live: u64, key: u64) -> DevAlias {
+        DevAlias((live != key).then_some((live, key)))
+    }
+
+    pub fn is_some(self) -> bool {
+        self.0.is_some()
+    }
+
+    /// A live device number as keys carry it, or a key's as it is live.
+    pub fn swap(self, dev: u64) -> u64 {
+        match self.0 {
+            Some((live, key)) if dev == live => key,
+            Some((live, key)) if dev == key => live,
+            _ => dev,
+        }
+    }
+}
+
 /// A backing key and the inode number it maps to.
 type Mapping = (BackingKey, u64);
 

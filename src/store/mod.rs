@@ -21,9 +21,11 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
-pub use branches::{BranchRecord, BranchRoot, BranchSet, BranchSetLog, BranchState, Snapshot};
+pub use branches::{
+    BranchIdent, BranchRecord, BranchRoot, BranchSet, BranchSetLog, BranchState, Snapshot,
+};
 pub use chunks::{ChunkStore, Hash, Unsynced};
-pub use inomap::{BackingKey, InodeMap};
+pub use inomap::{BackingKey, DevAlias, InodeMap};
 pub use io::{Guarded, StoreIo};
 pub use journal::Journal;
 pub use redb;

@@ -18,8 +18,11 @@ use super::{branches, index_error, put_format, DbFile, Guarded, Index, Store, St
 
 pub const REGISTRY_FILE: &str = "branches.redb";
 
-/// The registry's own format number (`meta` `format_version`).
-const REGISTRY_FORMAT: u32 = 1;
+/// The registry's own format number (`meta` `format_version`). Format 2:
+/// `branches` rows may be of record format 2 (a key device); a format-1
+/// registry is upgraded by rewriting the number (its rows still read), so
+/// that a build that knows only format-1 rows refuses it.
+const REGISTRY_FORMAT: u32 = 2;
 
 const REGISTRY_DB: DbFile = DbFile {
     name: REGISTRY_FILE,
@@ -39,6 +42,11 @@ pub(super) fn open(
     let registry = Arc::new(Store::open_db(io, names, REGISTRY_DB)?);
     match registry.format()? {
         Some(v) if v == u64::from(REGISTRY_FORMAT) => {}
+        Some(1) => {
+            let txn = registry.begin_write().map_err(index_error)?;
+            put_format(&txn, REGISTRY_FORMAT)?;
+            txn.commit().map_err(index_error)?;
+        }
         Some(v) => {
             return Err(StoreError::UnsupportedFormat {
                 path: io.path(REGISTRY_FILE),
@@ -100,6 +108,7 @@ mod tests {
                 path: format!("/b{i}").into(),
                 dev: 1,
                 ino: 100 + i,
+                born: None,
             })
             .collect()
     }

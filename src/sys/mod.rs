@@ -115,6 +115,19 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     fstatat(fd, c"")
 }
 
+/// When the object `fd` refers to was made, in nanoseconds since the
+/// epoch; `None` where the file system keeps no birth time.
+pub fn birth_time(fd: BorrowedFd<'_>) -> io::Result<Option<i64>> {
+    let stx = rfs::statx(fd, c"", AtFlags::EMPTY_PATH, rfs::StatxFlags::BTIME)?;
+    if !rfs::StatxFlags::from_bits_retain(stx.stx_mask).contains(rfs::StatxFlags::BTIME) {
+        return Ok(None);
+    }
+    let t = stx.stx_btime;
+    Ok(Some(
+        t.tv_sec.saturating_mul(1_000_000_000) + i64::from(t.tv_nsec),
+    ))
+}
+
 /// `openat(dirfd, name, flags | O_CLOEXEC, mode)`; `dirfd` may be [`CWD`].
 pub fn openat(
     dirfd: BorrowedFd<'_>,

@@ -33,6 +33,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use super::format::{self, Opacity, XattrNs};
 use super::snapmerge::Rekey;
 use super::{absorb, copyup, index, snapmerge, Result};
+use crate::store::DevAlias;
 use crate::sys::{self, Stat};
 
 /// The changes of a sandbox's branch and the conflicts among them, by
@@ -63,7 +64,7 @@ pub fn changes(
     let low = sys::reopen_dir(lower, libc::O_RDONLY)?;
     let rekey = match into {
         Into::Union(rekey) => Some(rekey),
-        Into::Directory(_) => None,
+        Into::Directory(..) => None,
     };
     let clash = index_clashes(up.as_fd(), low.as_fd(), rekey)?;
     // The old names of renamed directories: what the target holds there
@@ -93,11 +94,11 @@ pub fn changes(
             .conflicts
             .push(join(index::INDEX_DIR.as_bytes(), &name));
     }
-    if let Into::Directory(skip) = into {
+    if let Into::Directory(skip, alias) = into {
         // The other names of the files it copied up through its index
         // take the copy too.
         let mut out = scan.out;
-        for (path, st) in names_of_linked(up.as_fd(), low.as_fd(), skip)? {
+        for (path, st) in names_of_linked(up.as_fd(), low.as_fd(), (skip, alias))? {
             if changed_since(&st, since_ns) && !out.conflicts.contains(&path) {
                 out.conflicts.push(path.clone());
             }
@@ -112,11 +113,12 @@ pub fn changes(
 
 /// What a commit goes into: a union's top branch (with the names its
 /// hard-link index takes the sandbox's entries under), or a single
-/// directory (with its store's name at the root, not searched).
+/// directory (with its store's name at the root, not searched, and how
+/// the sandbox's index entries carry its device number).
 #[derive(Clone, Copy)]
 pub enum Into<'a> {
     Union(Rekey<'a>),
-    Directory(Option<&'a [u8]>),
+    Directory(Option<&'a [u8]>, DevAlias),
 }
 
 type Clashes = HashMap<(u64, u64), Option<Vec<u8>>>;
@@ -124,7 +126,10 @@ type Clashes = HashMap<(u64, u64), Option<Vec<u8>>>;
 /// The sandbox's hard-link index, if it has one, and its copies of
 /// hard-linked files, by the (dev, ino) of the file each replaces, with
 /// its entry name.
-fn linked_index(upper: BorrowedFd<'_>) -> Result<Option<(OwnedFd, ByFile<std::ffi::CString>)>> {
+fn linked_index(
+    upper: BorrowedFd<'_>,
+    alias: DevAlias,
+) -> Result<Option<(OwnedFd, ByFile<std::ffi::CString>)>> {
     let Some(ix) = index::open_existing(upper)? else {
         return Ok(None);
     };
@@ -134,7 +139,7 @@ fn linked_index(upper: BorrowedFd<'_>) -> Result<Option<(OwnedFd, ByFile<std::ff
             continue;
         };
         if let Some((_, dev, ino)) = index::key_of_entry(&name) {
-            out.insert((dev, ino), name);
+            out.insert((alias.swap(dev), ino), name);
         }
     }
     Ok(Some((ix, out)))
@@ -191,9 +196,9 @@ fn each_name_of<T>(
 pub fn relink_linked(
     upper: BorrowedFd<'_>,
     target: BorrowedFd<'_>,
-    skip: Option<&[u8]>,
+    (skip, alias): (Option<&[u8]>, DevAlias),
 ) -> Result<u64> {
-    let Some((ix, copies)) = linked_index(upper)? else {
+    let Some((ix, copies)) = linked_index(upper, alias)? else {
         return Ok(0);
     };
     let mut relinked = 0;
@@ -227,10 +232,10 @@ pub fn relink_linked(
 fn names_of_linked(
     upper: BorrowedFd<'_>,
     target: BorrowedFd<'_>,
-    skip: Option<&[u8]>,
+    (skip, alias): (Option<&[u8]>, DevAlias),
 ) -> Result<Vec<(Vec<u8>, Stat)>> {
     let mut out = Vec::new();
-    let Some((_, copies)) = linked_index(upper)?.filter(|(_, c)| !c.is_empty()) else {
+    let Some((_, copies)) = linked_index(upper, alias)?.filter(|(_, c)| !c.is_empty()) else {
         return Ok(out);
     };
     let root = sys::reopen_dir(target, libc::O_RDONLY)?;
@@ -548,14 +553,17 @@ mod tests {
         let l = fs::metadata(low.join("a")).unwrap();
         let ix = up.join(index::INDEX_DIR);
         fs::create_dir_all(&ix).unwrap();
-        let entry = ix.join(index::entry_name(1, l.dev(), l.ino()).to_str().unwrap());
+        // Keyed as before a reboot gave the disk another device number.
+        let key_dev = l.dev() ^ 0x5a5a;
+        let alias = DevAlias::new(l.dev(), key_dev);
+        let entry = ix.join(index::entry_name(1, key_dev, l.ino()).to_str().unwrap());
         fs::write(&entry, "new").unwrap();
         fs::hard_link(&entry, up.join("a")).unwrap();
         let copy = fs::metadata(&entry).unwrap().ino();
         let paths = names_of_linked(
             open_dir(&up).as_fd(),
             open_dir(&low).as_fd(),
-            Some(b".store"),
+            (Some(b".store"), alias),
         )
         .unwrap()
         .into_iter()
@@ -568,7 +576,7 @@ mod tests {
         let n = relink_linked(
             open_dir(&up).as_fd(),
             open_dir(&low).as_fd(),
-            Some(b".store"),
+            (Some(b".store"), alias),
         );
         assert_eq!(n.unwrap(), 2);
         for n in ["a", "b", "sub/d"] {
@@ -581,7 +589,7 @@ mod tests {
         );
         assert!(!ix.exists(), "the index goes");
         assert_eq!(fs::read(up.join("a")).unwrap(), b"new");
-        let again = relink_linked(open_dir(&up).as_fd(), open_dir(&low).as_fd(), None);
+        let again = relink_linked(open_dir(&up).as_fd(), open_dir(&low).as_fd(), (None, alias));
         assert_eq!(again.unwrap(), 0);
     }
 
@@ -625,7 +633,7 @@ mod tests {
             open_dir(&low).as_fd(),
             (since, false),
             XattrNs::for_daemon(),
-            Into::Directory(None),
+            Into::Directory(None, DevAlias::default()),
         )
         .unwrap();
         assert_eq!(names(&c.paths), ["new", "src/a.c", "src/deep/b.c"]);

@@ -250,7 +250,7 @@ impl Vfs {
         let node = self.node(ino)?;
         // The kernel asks security.capability at a file's first write and
         // at each chown, while the writer holds it open.
-        if let Some(h) = self.handles.open_file(ino, &node.inode.key) {
+        if let Some(h) = self.handles.open_file(ino, &node.inode.key, &self.inodes) {
             if let Handle::File { fd, .. } = &*h {
                 return Xattr::read_open(caller, fd.as_fd(), name, size);
             }

@@ -92,6 +92,33 @@ impl Vfs {
         )?)
     }
 
+    /// The device number this mount's keys carry for the file system of
+    /// branch `id`'s root (a single directory's is branch 0's): another
+    /// union over the same directories (a sandbox's) must key them alike.
+    pub fn root_key_dev(&self, id: u32) -> Result<u64> {
+        let b = crate::branch::BranchId(id);
+        let dev = match self.union() {
+            Some(u) => {
+                let root = u
+                    .root_of(b)
+                    .ok_or_else(|| VfsError::NoSuchBranch(id.to_string()))?;
+                crate::sys::fstat(std::os::fd::AsFd::as_fd(&*root))?.st_dev
+            }
+            None => crate::sys::fstat(self.branch.root_fd())?.st_dev,
+        };
+        Ok(self.inodes.key_dev(b, dev))
+    }
+
+    /// How the keys of the root's branch carry its device number.
+    pub(super) fn root_dev_alias(&self) -> Result<crate::store::DevAlias> {
+        let b = self.inodes.primary_branch();
+        let live = crate::sys::fstat(self.branch.root_fd())?.st_dev;
+        Ok(crate::store::DevAlias::new(
+            live,
+            self.inodes.key_dev(b, live),
+        ))
+    }
+
     /// The union's branches, top first.
     pub fn branches(&self) -> Result<Vec<BranchInfo>> {
         let u = self.union().ok_or(VfsError::NotUnion)?;

@@ -19,8 +19,10 @@ use crate::union::snapmerge::{self, MergeCount};
 pub struct NewBranch {
     /// Its root (O_PATH), opened by the caller.
     pub root: OwnedFd,
-    /// Its persistent id (`Store::branch_ids`).
+    /// Its persistent id (`Store::branch_idents`).
     pub id: u32,
+    /// The device number its keys carry for its root's file system.
+    pub key_dev: u64,
     pub writable: bool,
     /// Where it goes: 0 = top; past the bottom = the bottom.
     pub position: u32,
@@ -153,7 +155,7 @@ impl Vfs {
         let change = {
             let _all = u.set_lock.write();
             let old = u.set();
-            let id = BranchId(new.id);
+            let (id, key_dev) = (BranchId(new.id), new.key_dev);
             if old.member(id).is_some() {
                 return Err(VfsError::BranchBusy(format!(
                     "that directory is branch {} of this union already",
@@ -170,7 +172,8 @@ impl Vfs {
             };
             record(&set.modes())?;
             self.note_view_change(Some(id));
-            self.inodes.add_mount(id, BranchMount::of(root.as_fd()));
+            self.inodes
+                .add_mount(id, BranchMount::of(root.as_fd(), Some(key_dev)));
             self.put_in_force(u, set)?
         };
         tracing::info!("branch inserted at position {}", new.position);
@@ -246,7 +249,7 @@ impl Vfs {
             })?;
             let writers =
                 self.handles_blocking(frozen, old.rank(frozen), force, Blocking::ReadOnly)?;
-            let id = BranchId(fresh.id);
+            let (id, key_dev) = (BranchId(fresh.id), fresh.key_dev);
             if old.member(id).is_some() {
                 return Err(VfsError::BranchBusy(
                     "the new branch is in the union already".into(),
@@ -268,7 +271,8 @@ impl Vfs {
             for fh in writers {
                 self.close_revoked(fh);
             }
-            self.inodes.add_mount(id, BranchMount::of(root.as_fd()));
+            self.inodes
+                .add_mount(id, BranchMount::of(root.as_fd(), Some(key_dev)));
             u.freeze(frozen);
             let change = self.put_in_force(u, set)?;
             (frozen, SetChange { revoked, ..change })

@@ -136,7 +136,7 @@ impl Vfs {
         let store = self.store_name();
         let into = match self.union() {
             Some(_) => Into::Union(&rekey),
-            None => Into::Directory(store.as_deref()),
+            None => Into::Directory(store.as_deref(), self.root_dev_alias()?),
         };
         Ok(commit::changes(
             upper,
@@ -189,7 +189,8 @@ impl Vfs {
             crate::union::absorb::absorb_renamed_dirs(upper, target.root.as_fd(), target.ns)?;
             if self.union().is_none() {
                 let store = self.store_name();
-                commit::relink_linked(upper, target.root.as_fd(), store.as_deref())?;
+                let alias = self.root_dev_alias()?;
+                commit::relink_linked(upper, target.root.as_fd(), (store.as_deref(), alias))?;
             }
             on_absorbed()?;
         }

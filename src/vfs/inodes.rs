@@ -10,7 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use super::{Result, Stat, VfsError};
 use crate::branch::BranchId;
 use crate::history::ObjectId;
-use crate::store::{BackingKey, InodeMap, StoreError};
+use crate::store::{BackingKey, DevAlias, InodeMap, StoreError};
 use crate::sys;
 
 /// The inode number the kernel and users see. Allocated by the persistent
@@ -312,6 +312,8 @@ pub struct InodeTable {
     /// Per branch (by its persistent id, which keys carry), how handles
     /// are re-opened; a branch inserted while mounted adds its own.
     mounts: RwLock<Vec<(BranchId, Arc<BranchMount>)>>,
+    /// Whether some mount has a device alias: keys are then translated.
+    aliased: AtomicBool,
     /// The union's branch set generation (`Inode::generation`).
     generation: AtomicU32,
     /// Cached descriptors currently open, and how many may be.
@@ -328,10 +330,25 @@ pub struct InodeTable {
 pub struct BranchMount {
     mount_fd: Option<Arc<OwnedFd>>,
     mount_id: Option<i32>,
+    /// Where its root's file system has another device number than its
+    /// keys carry.
+    dev_alias: DevAlias,
 }
 
 impl BranchMount {
-    pub fn of(root_fd: std::os::fd::BorrowedFd<'_>) -> BranchMount {
+    /// The mount of the branch whose root is `root_fd` and whose keys
+    /// carry `key_dev` for its root's file system (`None`: its own).
+    pub fn of(root_fd: std::os::fd::BorrowedFd<'_>, key_dev: Option<u64>) -> BranchMount {
+        let dev_alias = key_dev
+            .and_then(|key| Some(DevAlias::new(sys::fstat(root_fd).ok()?.st_dev, key)))
+            .unwrap_or_default();
+        BranchMount {
+            dev_alias,
+            ..BranchMount::opened(root_fd)
+        }
+    }
+
+    fn opened(root_fd: std::os::fd::BorrowedFd<'_>) -> BranchMount {
         let mount_id = match sys::name_to_handle(root_fd) {
             Ok((_, id)) => Some(id),
             Err(e) => {
@@ -349,6 +366,7 @@ impl BranchMount {
             (Some(id), Ok(fd)) => BranchMount {
                 mount_fd: Some(Arc::new(fd)),
                 mount_id: Some(id),
+                dev_alias: DevAlias::default(),
             },
             _ => BranchMount::default(),
         }
@@ -367,9 +385,15 @@ impl InodeTable {
         mounts: Vec<(BranchId, BranchMount)>,
         root_layers: Vec<Layer>,
     ) -> Self {
+        let mounts: Vec<(BranchId, Arc<BranchMount>)> =
+            mounts.into_iter().map(|(b, m)| (b, Arc::new(m))).collect();
+        let aliased = mounts.iter().any(|(_, m)| m.dev_alias.is_some());
         let root_key = BackingKey {
             branch: branch.0,
-            dev: root_st.st_dev,
+            dev: mounts
+                .iter()
+                .find(|(b, _)| *b == branch)
+                .map_or(root_st.st_dev, |(_, m)| m.dev_alias.swap(root_st.st_dev)),
             ino: root_st.st_ino,
         };
         let root_fd = Arc::new(root_fd);
@@ -404,7 +428,8 @@ impl InodeTable {
             map,
             tables: RwLock::new(tables),
             root_key,
-            mounts: RwLock::new(mounts.into_iter().map(|(b, m)| (b, Arc::new(m))).collect()),
+            mounts: RwLock::new(mounts),
+            aliased: AtomicBool::new(aliased),
             generation: AtomicU32::new(0),
             cache_count: Arc::new(AtomicUsize::new(0)),
             cache_budget,
@@ -431,9 +456,26 @@ impl InodeTable {
     pub fn key_in(&self, branch: BranchId, st: &Stat) -> BackingKey {
         BackingKey {
             branch: branch.0,
-            dev: st.st_dev,
+            dev: self.key_dev(branch, st.st_dev),
             ino: st.st_ino,
         }
+    }
+
+    /// The device number keys of `branch` carry for its objects on `dev`.
+    pub fn key_dev(&self, branch: BranchId, dev: u64) -> u64 {
+        self.dev_alias(branch).swap(dev)
+    }
+
+    /// How `branch`'s keys translate device numbers.
+    pub fn dev_alias(&self, branch: BranchId) -> DevAlias {
+        if !self.aliased.load(Ordering::Acquire) {
+            return DevAlias::default();
+        }
+        self.mounts
+            .read()
+            .iter()
+            .find(|(b, _)| *b == branch)
+            .map_or_else(DevAlias::default, |(_, m)| m.dev_alias)
     }
 
     /// The branch the object with `key` is of.
@@ -456,6 +498,9 @@ impl InodeTable {
     /// inserted while mounted).
     pub fn add_mount(&self, b: BranchId, mount: BranchMount) {
         let mut mounts = self.mounts.write();
+        if mount.dev_alias.is_some() {
+            self.aliased.store(true, Ordering::Release);
+        }
         mounts.retain(|(id, _)| *id != b);
         mounts.push((b, Arc::new(mount)));
     }
@@ -1183,7 +1228,12 @@ impl HandleTable {
     /// An open handle of `ino` whose descriptor is the object with `key`
     /// (not a copy a copy-up left behind): xattrs read through it cost no
     /// `/proc` path walk, as the inode's O_PATH descriptor's do.
-    pub fn open_file(&self, ino: InodeNo, key: &BackingKey) -> Option<Arc<Handle>> {
+    pub fn open_file(
+        &self,
+        ino: InodeNo,
+        key: &BackingKey,
+        inodes: &InodeTable,
+    ) -> Option<Arc<Handle>> {
         let fhs = self.by_ino.lock().get(&ino).cloned()?;
         fhs.into_iter().find_map(|fh| {
             let h = self.handles.read().get(&fh).cloned()?;
@@ -1191,7 +1241,7 @@ impl HandleTable {
                 return None;
             };
             let st = sys::fstat(fd.as_fd()).ok()?;
-            (st.st_dev == key.dev && st.st_ino == key.ino).then_some(h)
+            (inodes.key_in(BranchId(key.branch), &st) == *key).then_some(h)
         })
     }
 
@@ -1337,8 +1387,8 @@ mod tests {
         let store = Store::open(&tmp.path().join("store")).unwrap();
         let (ufd, lfd) = (dir_fd(&upper), dir_fd(&lower));
         let mounts = vec![
-            (BranchId(0), BranchMount::of(ufd.as_fd())),
-            (BranchId(1), BranchMount::of(lfd.as_fd())),
+            (BranchId(0), BranchMount::of(ufd.as_fd(), None)),
+            (BranchId(1), BranchMount::of(lfd.as_fd(), None)),
         ];
         if mounts.iter().any(|(_, m)| m.mount_fd.is_none()) {
             eprintln!("no file handles on this file system: nothing to test");
@@ -1414,7 +1464,7 @@ mod tests {
         std::fs::write(&file, b"").unwrap();
         let store = Store::open(&tmp.path().join("store")).unwrap();
         let root = dir_fd(tmp.path());
-        let mounts = vec![(BranchId(0), BranchMount::of(root.as_fd()))];
+        let mounts = vec![(BranchId(0), BranchMount::of(root.as_fd(), None))];
         let root_st = sys::fstat(root.as_fd()).unwrap();
         let mut table = InodeTable::new(
             BranchId(0),

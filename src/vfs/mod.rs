@@ -292,7 +292,10 @@ impl Vfs {
             branch.reserve(OsStr::new(crate::union::index::INDEX_DIR));
         }
         let id = branch.id();
-        let mounts = vec![(id, inodes::BranchMount::of(branch.root_fd()))];
+        let mounts = vec![(
+            id,
+            inodes::BranchMount::of(branch.root_fd(), branch.key_dev()),
+        )];
         Vfs::assemble(branch, id, inomap, mounts, cfg, capture, None)
     }
 
@@ -344,10 +347,12 @@ impl Vfs {
     ) -> Result<Arc<Vfs>> {
         let u = union::Union::new(&branches, opts)?;
         let primary = u.primary();
-        let mounts = u
-            .roots()
-            .into_iter()
-            .map(|(b, fd)| (b, inodes::BranchMount::of(fd.as_fd())))
+        let mounts = branches
+            .iter()
+            .map(|b| {
+                let mount = inodes::BranchMount::of(b.branch.root_fd(), b.branch.key_dev());
+                (crate::branch::BranchId(b.id), mount)
+            })
             .collect();
         let at = branches
             .iter()

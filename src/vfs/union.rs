@@ -1306,7 +1306,7 @@ impl Vfs {
                 r => r?,
             };
             listings.push(listing);
-            devs.push(sys::fstat(fd)?.st_dev);
+            devs.push(self.inodes.key_dev(layer.branch, sys::fstat(fd)?.st_dev));
             kept.push(layer.clone());
         }
         let layers = &kept[..];

@@ -178,7 +178,7 @@ impl fuser::Filesystem for LogFs {
     }
 }
 
-fn must(cmd: &mut Command) -> String {
+pub fn must(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
         out.status.success(),
