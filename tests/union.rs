@@ -840,3 +840,69 @@ fn a_write_while_the_lower_file_is_open_goes_to_the_copy() {
         assert_eq!(read_file(&low), b"lower data\n");
     });
 }
+
+/// Hidden temporaries a crash left (a copy-up's file or directory, a
+/// clone's tree, a whiteout swap's) are no user's entries: a directory
+/// holding only those is empty to rmdir and to a rename over it, in a
+/// union and in a single-directory mount, and they go with it.
+#[test]
+fn a_crash_s_temporaries_keep_no_directory_from_going() {
+    let orphans = |d: &Path| {
+        fs::create_dir_all(d).unwrap();
+        write_file(&d.join(".chronofs-copyup.0123456789abcdef"), b"half");
+        fs::create_dir_all(d.join(".chronofs-copyup.0123456789abcdee/sub")).unwrap();
+        write_file(&d.join(".chronofs-copyup.0123456789abcdee/sub/f"), b"x");
+        write_file(&d.join(".chronofs-wh.77.1"), b"");
+    };
+    for mode in ["plain", ""] {
+        for union in [true, false] {
+            let fill = |top: &Path, low: Option<&Path>| {
+                for d in ["gone", "target", "shadowed"] {
+                    orphans(&top.join(d));
+                }
+                fs::create_dir(top.join("moved")).unwrap();
+                if let Some(low) = low {
+                    fs::create_dir(low.join("shadowed")).unwrap();
+                }
+            };
+            let m = if union {
+                Mount::union(mode, 1, |b| fill(&b[0], Some(&b[1])))
+            } else {
+                Mount::new_with(mode, |src| fill(src, None))
+            };
+            let what = format!("mode {mode:?}, union {union}");
+            if mode == "plain" && !union {
+                // Nothing there makes such names: they are the user's.
+                assert_eq!(names(&m.p("gone")).len(), 3, "{what}");
+                let e = fs::remove_dir(m.p("gone")).unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{what}");
+                continue;
+            }
+            assert_eq!(names(&m.p("gone")), Vec::<String>::new(), "{what}");
+            fs::remove_dir(m.p("gone")).unwrap_or_else(|e| panic!("{what}: rmdir: {e}"));
+            fs::rename(m.p("moved"), m.p("target"))
+                .unwrap_or_else(|e| panic!("{what}: rename over: {e}"));
+            if union {
+                fs::remove_dir(m.p("shadowed")).unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+            let left = if union {
+                vec!["target"]
+            } else {
+                vec!["shadowed", "target"]
+            };
+            assert_eq!(names(&m.mnt), left, "{what}");
+            assert_eq!(names(&m.p("target")), Vec::<String>::new(), "{what}");
+            // Nothing of them is left in the branch either.
+            let backing: Vec<String> = names(&m.src)
+                .into_iter()
+                .filter(|n| n != ".chronofs")
+                .collect();
+            assert!(
+                backing.iter().all(|n| !n.starts_with(".chronofs-")),
+                "{what}: {backing:?}"
+            );
+            assert!(!m.src.join("gone").exists(), "{what}");
+            assert_eq!(names(&m.src.join("target")), Vec::<String>::new(), "{what}");
+        }
+    }
+}

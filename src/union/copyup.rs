@@ -181,7 +181,7 @@ impl Owner {
 }
 
 /// The prefix of the hidden names copy-up works under.
-const TEMP_PREFIX: &[u8] = b".chronofs-copyup.";
+pub(crate) const TEMP_PREFIX: &[u8] = b".chronofs-copyup.";
 
 /// Whether `name` is one of copy-up's hidden temporary names: the vfs hides
 /// them from listings and `fsck` removes them (a crash between creating
@@ -197,13 +197,16 @@ pub fn temp_name() -> CString {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     // RandomState is seeded from the OS once per thread, then varies per
     // instance: enough to make names unpredictable across processes.
+    // The first 8 digits are the process's mark: a crash's leftovers
+    // are told from work under way by it (`format::is_orphan`).
     let mut h = RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
     h.write_u32(std::process::id());
     let name = format!(
-        "{}{:016x}",
+        "{}{:08x}{:08x}",
         String::from_utf8_lossy(TEMP_PREFIX),
-        h.finish()
+        super::format::process_token(),
+        h.finish() as u32
     );
     CString::new(name).unwrap_or_default()
 }
@@ -1022,6 +1025,28 @@ mod tests {
             Owner::Caller { uid: 5, gid: 6 }
         );
         assert_eq!(OwnerOption::Keep.resolve(5, 6), Owner::Keep);
+    }
+
+    /// This process's temporaries are work under way; any other is a
+    /// crash's (names from before the mark included).
+    #[test]
+    fn only_other_processes_temporaries_are_orphans() {
+        let mine = temp_name();
+        assert!(is_copyup_temp(mine.as_bytes()));
+        assert!(!super::super::format::is_orphan(mine.as_bytes()));
+        let token = format!("{:08x}", super::super::format::process_token());
+        let other = if token == "00000000" {
+            "00000001"
+        } else {
+            "00000000"
+        };
+        let theirs = format!(".chronofs-copyup.{other}89abcdef");
+        assert!(super::super::format::is_orphan(theirs.as_bytes()));
+        assert!(super::super::format::is_orphan(b".chronofs-wh.4242.7"));
+        let own_wh = format!(".chronofs-wh.{token}.7");
+        assert!(!super::super::format::is_orphan(own_wh.as_bytes()));
+        assert!(!super::super::format::is_orphan(b"plain-name"));
+        assert!(!super::super::format::is_orphan(b".chronofs-copyup.short"));
     }
 
     #[test]

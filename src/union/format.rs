@@ -339,11 +339,80 @@ fn make_temp_whiteout(dirfd: BorrowedFd<'_>) -> io::Result<CString> {
     }
 }
 
+/// This process's mark in the hidden temporaries it makes (8 hex digits
+/// after the prefix): a temporary without it is no operation's of this
+/// process (see [`is_orphan`]).
+pub fn process_token() -> u32 {
+    static TOKEN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish() as u32
+    })
+}
+
+/// Whether `name` is a hidden temporary a crash left: one of copy-up's or
+/// a clone's (`.chronofs-copyup.*`) or of a whiteout swap
+/// (`.chronofs-wh.*`) that this process did not make, so no operation of
+/// this process works on it, and the operation of the process that made
+/// it never finishes (a branch is written by one mount: `branch::claim`).
+/// Such an entry is no user's, yet it would make its directory's rmdir
+/// fail with ENOTEMPTY where the user sees an empty directory.
+pub fn is_orphan(name: &[u8]) -> bool {
+    // A whiteout swap's: `<mark>.<n>`; a copy-up's: `<mark><8 digits>`.
+    let mark = match name.strip_prefix(TEMP_PREFIX) {
+        Some(rest) => rest.split(|b| *b == b'.').next(),
+        None if super::copyup::is_copyup_temp(name) => {
+            name.get(super::copyup::TEMP_PREFIX.len()..super::copyup::TEMP_PREFIX.len() + 8)
+        }
+        None => None,
+    };
+    mark.is_some_and(|m| m != format!("{:08x}", process_token()).as_bytes())
+}
+
+/// Whether `name` is a hidden temporary of any kind: no user's entry.
+pub fn is_hidden_temporary(name: &[u8]) -> bool {
+    is_temporary(name) || super::copyup::is_copyup_temp(name)
+}
+
+/// Removes the orphan `name` in `dir` (see [`is_orphan`]), whatever it
+/// holds.
+pub fn remove_orphan(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    super::snapmerge::remove_tree(dir, name)
+}
+
+/// Removes every orphan temporary in directory `name` of `dirfd`; returns
+/// how many. For an rmdir that the backing file system refused with
+/// ENOTEMPTY where the user sees nothing.
+pub fn clear_orphans_in(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<usize> {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+    let dir = sys::openat(dirfd, name, flags, 0)?;
+    let mut removed = 0;
+    for e in entries(dir.as_fd())? {
+        if !is_hidden_temporary(&e.name) {
+            continue;
+        }
+        let child = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
+        if is_orphan(child.as_bytes()) {
+            tracing::info!("removing {child:?}, a temporary a crash left");
+            remove_orphan(dir.as_fd(), &child)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 fn temp_name() -> CString {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut name = TEMP_PREFIX.to_vec();
-    name.extend_from_slice(format!("{}.{n}", std::process::id()).as_bytes());
+    name.extend_from_slice(format!("{:08x}.{n}", process_token()).as_bytes());
     // Built from a NUL-free prefix and digits.
     CString::new(name).unwrap_or_default()
 }
@@ -381,17 +450,37 @@ fn swap_by_exchange(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<CString> {
         .map(|()| tmp)
 }
 
+/// What an entry of a directory being removed is to its removal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Child {
+    Whiteout,
+    /// A crash's temporary ([`is_orphan`]).
+    Orphan,
+    Entry,
+}
+
 /// The names in directory `name` of `dirfd`, `.` and `..` left out, each
-/// with whether it is a whiteout.
-fn list_children(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<(CString, bool)>> {
+/// with what it is.
+fn list_children(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<(CString, Child)>> {
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
     let dir = sys::openat(dirfd, name, flags, 0)?;
     let mut out = Vec::new();
     for e in entries(dir.as_fd())? {
+        let temp = is_hidden_temporary(&e.name);
         let child = CString::new(e.name).map_err(|_| errno(libc::EINVAL))?;
-        let wh = matches!(e.dtype, libc::DT_CHR | libc::DT_UNKNOWN)
-            && is_whiteout(&sys::fstatat(dir.as_fd(), &child)?);
-        out.push((child, wh));
+        let kind = if temp || matches!(e.dtype, libc::DT_CHR | libc::DT_UNKNOWN) {
+            let st = sys::fstatat(dir.as_fd(), &child)?;
+            if is_whiteout(&st) {
+                Child::Whiteout
+            } else if is_orphan(child.as_bytes()) {
+                Child::Orphan
+            } else {
+                Child::Entry
+            }
+        } else {
+            Child::Entry
+        };
+        out.push((child, kind));
     }
     Ok(out)
 }
@@ -411,20 +500,26 @@ pub(crate) fn entries(dir: BorrowedFd<'_>) -> io::Result<Vec<sys::DirEntry>> {
 }
 
 fn ensure_only_whiteouts(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-    if list_children(dirfd, name)?.iter().all(|(_, wh)| *wh) {
+    if list_children(dirfd, name)?
+        .iter()
+        .all(|(_, c)| *c != Child::Entry)
+    {
         Ok(())
     } else {
         Err(errno(libc::ENOTEMPTY))
     }
 }
 
+/// Removes directory `name`, which holds nothing but whiteouts (and
+/// orphan temporaries).
 fn remove_dir_of_whiteouts(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     let dir = sys::open_path(dirfd, name)?;
-    for (child, wh) in list_children(dirfd, name)? {
-        if !wh {
-            return Err(errno(libc::ENOTEMPTY));
+    for (child, kind) in list_children(dirfd, name)? {
+        match kind {
+            Child::Whiteout => sys::unlinkat(dir.as_fd(), &child, 0)?,
+            Child::Orphan => remove_orphan(dir.as_fd(), &child)?,
+            Child::Entry => return Err(errno(libc::ENOTEMPTY)),
         }
-        sys::unlinkat(dir.as_fd(), &child, 0)?;
     }
     sys::unlinkat(dirfd, name, libc::AT_REMOVEDIR)
 }

@@ -962,7 +962,7 @@ fn children(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
 }
 
 /// Removes `name` of `dir` and, for a directory, all it holds.
-pub(super) fn remove_tree(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+pub(crate) fn remove_tree(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     let st = sys::fstatat(dir, name)?;
     if !is_dir(&st) {
         return sys::unlinkat(dir, name, 0);

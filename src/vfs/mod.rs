@@ -448,16 +448,23 @@ impl Vfs {
     }
 
     /// Whether `name` (in the root if `in_root`) is chronofs's own and
-    /// stays invisible through the mount: the store's directory, and with
-    /// history the hidden name a clone or copy-up is made under before it
-    /// takes its own, which a crash can leave behind (unions hide those
-    /// anyway: `Vfs::union_lookup`).
+    /// stays invisible through the mount: the store's directory, and in a
+    /// union or with history the hidden names a clone, copy-up or
+    /// whiteout swap works under, which a crash can leave behind
+    /// (`format::is_hidden_temporary`).
     pub(super) fn is_own_name(&self, in_root: bool, name: &OsStr) -> bool {
         self.branch.is_reserved(in_root, name)
-            || (self.capture.is_some()
-                && crate::union::copyup::is_copyup_temp(std::os::unix::ffi::OsStrExt::as_bytes(
-                    name,
-                )))
+            || (self.hides_temporaries()
+                && crate::union::format::is_hidden_temporary(
+                    std::os::unix::ffi::OsStrExt::as_bytes(name),
+                ))
+    }
+
+    /// Whether this mount makes hidden temporaries (a union's copy-ups
+    /// and whiteouts, history's clones), and so hides them; in a plain
+    /// single-directory mount such names are the user's.
+    pub(super) fn hides_temporaries(&self) -> bool {
+        self.capture.is_some() || self.union.is_some()
     }
 
     fn check_name(&self, parent: InodeNo, name: &OsStr) -> Result<()> {

@@ -10,6 +10,7 @@ use super::{errno, Attr, Caller, Entry, InodeNo, Result, Stat, Vfs};
 use crate::branch::BranchId;
 use crate::history::Cause;
 use crate::sys::{self, creds};
+use crate::union::format;
 
 impl Vfs {
     /// Looks `name` up in `parent` and takes a kernel reference on it.
@@ -319,7 +320,20 @@ impl Vfs {
             victim
         } else {
             let victim = self.pin_victim(&dir, &cname)?;
-            creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?;
+            let removed = creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags));
+            match removed {
+                // A directory the user sees empty may hold a crash's
+                // temporary (a copy-up's, a clone's): it goes first.
+                Err(e)
+                    if rmdir
+                        && e.raw_os_error() == Some(libc::ENOTEMPTY)
+                        && self.hides_temporaries()
+                        && format::clear_orphans_in(dir.fd(), &cname).is_ok_and(|n| n > 0) =>
+                {
+                    creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?
+                }
+                r => r?,
+            }
             // A clone's linked copy: its count is the one shown.
             match (victim, held) {
                 (Some(st), Some(ino)) => {
@@ -563,9 +577,23 @@ impl Vfs {
         if self.union().is_some() && victim.as_ref().is_some_and(needs_union) {
             return Ok(None);
         }
-        creds::as_caller(caller, || {
-            sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
-        })?;
+        let rename = || {
+            creds::as_caller(caller, || {
+                sys::renameat2(olddir.fd(), &old, newdir.fd(), &new, flags)
+            })
+        };
+        match rename() {
+            // A target directory the user sees empty may hold a crash's
+            // temporary: it goes first, as for rmdir.
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOTEMPTY)
+                    && self.hides_temporaries()
+                    && format::clear_orphans_in(newdir.fd(), &new).is_ok_and(|n| n > 0) =>
+            {
+                rename()?
+            }
+            r => r?,
+        }
         Ok(Some(victim))
     }
 }

@@ -758,7 +758,7 @@ impl Vfs {
 
     /// Whether `name` resolves to anything in union directory `dir`.
     pub(super) fn lookup_exists(&self, dir: &Node, name: &OsStr) -> Result<bool> {
-        if copyup::is_copyup_temp(name.as_bytes()) {
+        if format::is_hidden_temporary(name.as_bytes()) {
             return Ok(false);
         }
         Ok(self.walk(dir, &sys::cstr(name)?)?.is_some())
@@ -806,7 +806,7 @@ impl Vfs {
         if !dir.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
-        if copyup::is_copyup_temp(name.as_bytes()) {
+        if format::is_hidden_temporary(name.as_bytes()) {
             return Err(errno(libc::ENOENT));
         }
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
@@ -1141,14 +1141,21 @@ impl Vfs {
         for l in &found.lowers {
             listings.push(merge::read_layer(l.fd.as_fd(), u.ns)?);
         }
-        if merge::merge(&listings).iter().any(|m| m.layer.is_some()) {
+        // A hidden temporary is no user's entry: an orphan goes with the
+        // directory, one at work keeps the rmdir from succeeding.
+        let merged = merge::merge(&listings);
+        if merged
+            .iter()
+            .any(|m| m.layer.is_some() && !format::is_hidden_temporary(&m.name))
+        {
             return Err(errno(libc::ENOTEMPTY));
         }
         Ok(())
     }
 
-    /// Removes the whiteouts inside upper directory `name` of `dir`, so
-    /// that it can be removed (its merged listing is known empty).
+    /// Removes the whiteouts (and a crash's orphan temporaries) inside
+    /// upper directory `name` of `dir`, so that it can be removed (its
+    /// merged listing is known empty).
     pub(super) fn clear_whiteouts_in(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
         let sub = sys::openat(
             dir,
@@ -1170,6 +1177,8 @@ impl Vfs {
                 if let Ok(st) = sys::fstatat(sub.as_fd(), &cn) {
                     if format::is_whiteout(&st) {
                         sys::unlinkat(sub.as_fd(), &cn, 0)?;
+                    } else if format::is_orphan(&e.name) {
+                        format::remove_orphan(sub.as_fd(), &cn)?;
                     }
                 }
             }
@@ -1312,7 +1321,7 @@ impl Vfs {
         let layers = &kept[..];
         let mut merged = merge::merge(&listings);
         // A copy-up interrupted by a crash may leave its temporary behind.
-        merged.retain(|m| !copyup::is_copyup_temp(&m.name));
+        merged.retain(|m| !format::is_hidden_temporary(&m.name));
         let keys: Vec<crate::store::BackingKey> = merged
             .iter()
             .filter_map(|m| {

@@ -495,7 +495,10 @@ impl Vfs {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let fd = sys::open_path(h.dir.fd.as_fd(), name)?;
         let listing = merge::read_layer(fd.as_fd(), u.ns)?;
-        Ok(listing.entries.iter().all(|e| e.whiteout))
+        Ok(listing
+            .entries
+            .iter()
+            .all(|e| e.whiteout || format::is_orphan(&e.name)))
     }
 
     /// Removes one copy the user does not see (as the daemon: the kernel
