@@ -134,6 +134,34 @@ fn changes_copy_up_and_keep_the_inode_number() {
     });
 }
 
+/// chown of a lower file and of a lower symlink copies it up: the new
+/// owner shows, the read-only branch keeps its own, the number stays.
+#[test]
+fn chown_copies_up() {
+    use std::os::unix::fs::{chown, lchown};
+    each_union(
+        |b| {
+            write_file(&bottom(b).join("owned"), b"data");
+            std::os::unix::fs::symlink("owned", bottom(b).join("link")).unwrap();
+        },
+        |m| {
+            let low = m.lowers.last().unwrap();
+            let ino = fs::metadata(m.p("owned")).unwrap().ino();
+            chown(m.p("owned"), Some(4242), Some(4343)).unwrap();
+            lchown(m.p("link"), Some(4444), None).unwrap();
+            let up = fs::metadata(m.p("owned")).unwrap();
+            assert_eq!((up.uid(), up.gid(), up.ino()), (4242, 4343, ino));
+            assert_eq!(read_file(&m.p("owned")), b"data");
+            assert_eq!(fs::symlink_metadata(m.p("link")).unwrap().uid(), 4444);
+            assert_eq!(fs::read_link(m.p("link")).unwrap(), Path::new("owned"));
+            assert_eq!(fs::metadata(m.src.join("owned")).unwrap().uid(), 4242);
+            let below = fs::metadata(low.join("owned")).unwrap();
+            assert_eq!((below.uid(), below.gid()), (0, 0), "lower untouched");
+            assert_eq!(fs::symlink_metadata(low.join("link")).unwrap().uid(), 0);
+        },
+    );
+}
+
 /// An xattr read while the file is open comes from the object its name
 /// shows now: a descriptor opened before a copy-up still holds the lower
 /// file, whose xattrs the copy-up left behind.
@@ -905,4 +933,80 @@ fn a_crash_s_temporaries_keep_no_directory_from_going() {
             assert_eq!(names(&m.src.join("target")), Vec::<String>::new(), "{what}");
         }
     }
+}
+
+/// A branch written through a chronofs mount (whiteouts of removed lower
+/// objects, an opaque directory made over a removed lower one, a lower
+/// directory renamed, copy-ups, new objects) mounts under kernel overlayfs
+/// (`redirect_dir=on`) as the same tree chronofs showed.
+#[test]
+fn overlayfs_mounts_a_branch_chronofs_wrote_as_the_same_tree() {
+    if !std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("overlay")) {
+        eprintln!("skipped: the kernel has no overlayfs");
+        return;
+    }
+    let base = tempdir();
+    let root = base.path().join("u");
+    fs::create_dir(&root).unwrap();
+    let mut m = Mount::union_in(Root::Kept(root.clone()), "plain", 1, |b| {
+        let low = &b[1];
+        for d in ["gone_dir/sub", "remade", "moved_from/deep", "kept"] {
+            fs::create_dir_all(low.join(d)).unwrap();
+        }
+        write_file(&low.join("gone"), b"whited out");
+        write_file(&low.join("gone_dir/sub/f"), b"x");
+        write_file(&low.join("remade/old"), b"hidden by opaque");
+        write_file(&low.join("moved_from/deep/f"), b"followed by redirect");
+        write_file(&low.join("kept/appended"), b"lower");
+        write_file(&low.join("kept/chmodded"), b"mode");
+        std::os::unix::fs::symlink("kept/appended", low.join("link")).unwrap();
+    });
+    fs::remove_file(m.p("gone")).unwrap();
+    fs::remove_dir_all(m.p("gone_dir")).unwrap();
+    fs::remove_dir_all(m.p("remade")).unwrap();
+    fs::create_dir(m.p("remade")).unwrap();
+    write_file(&m.p("remade/new"), b"upper");
+    fs::rename(m.p("moved_from"), m.p("moved_to")).unwrap();
+    append_all(&m.p("kept/appended"), b"+upper");
+    fs::set_permissions(m.p("kept/chmodded"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::create_dir(m.p("kept/newdir")).unwrap();
+    write_file(&m.p("kept/newdir/n"), b"new");
+    let opts = SnapOpts {
+        mtimes: true,
+        dir_mtimes: false,
+        dir_nlink: false,
+    };
+    let shown = snapshot(&m.mnt, opts);
+    assert!(shown.contains_key("moved_to/deep/f") && !shown.contains_key("gone"));
+    m.unmount();
+
+    let (work, merged) = (base.path().join("work"), base.path().join("merged"));
+    fs::create_dir(&work).unwrap();
+    fs::create_dir(&merged).unwrap();
+    let ov = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
+        m.lowers[0].display(),
+        m.src.display(),
+        work.display()
+    );
+    let out = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &ov])
+        .arg(&merged)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount -o {ov}: {}", stderr(&out));
+    struct Detach(PathBuf);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _detach = Detach(merged.clone());
+    let kernel = snapshot(&merged, opts);
+    // chronofs's own store stays out of the comparison (snapshot skips a
+    // top-level `.chronofs`).
+    assert_eq!(
+        kernel, shown,
+        "overlayfs (left) and chronofs (right) differ"
+    );
 }
