@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -370,23 +370,38 @@ fn chronofs(args: &[&std::ffi::OsStr]) -> std::process::Output {
 
 #[test]
 fn bad_branch_lists_are_refused_with_one_line() {
-    let (_dir, a, b, mnt) = two_branches();
+    let (dir, a, b, mnt) = two_branches();
     let s = |p: &Path| p.to_string_lossy().into_owned();
+    write_file(&a.join("f"), b"");
+    fs::create_dir(a.join("sub")).unwrap();
+    fs::create_dir(mnt.join("in")).unwrap();
+    std::os::unix::fs::symlink(&a, dir.path().join("alias")).unwrap();
+    let alias = dir.path().join("alias");
+    let before = [&a, &b, &mnt].map(|d| snapshot(d, SNAP_ALL));
     for (arg, says) in [
         (format!("{}=rw:{}=rx", s(&a), s(&b)), "unknown mode"),
         (format!("{}:{}/missing", s(&a), s(&b)), "missing"),
         (format!("{}::{}", s(&a), s(&b)), "empty"),
-        (format!("{}:{}/f", s(&a), s(&a)), "f"),
+        (format!("{}:{}/f", s(&a), s(&a)), "not a directory"),
+        (format!("{}=rw:{}=ro", s(&a), s(&a)), "again"),
+        (format!("{}=rw:{}=ro", s(&a), s(&alias)), "again"),
+        (format!("{}=rw:{}/sub=ro", s(&a), s(&a)), "inside branch"),
+        (format!("{}/sub=rw:{}=ro", s(&a), s(&a)), "contains"),
+        (
+            format!("{}=rw:{}/in=ro", s(&a), s(&mnt)),
+            "inside the mount point",
+        ),
     ] {
-        if says == "f" {
-            write_file(&a.join("f"), b"");
-        }
         let out = chronofs(&["mount".as_ref(), arg.as_ref(), mnt.as_os_str()]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{arg} was accepted");
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(err.contains(says), "{arg}: {err}");
         assert!(!is_mounted(&mnt));
+        // Nothing made or changed: no store, no index, no claim mark.
+        let after = [&a, &b, &mnt].map(|d| snapshot(d, SNAP_ALL));
+        assert_eq!(after, before, "{arg} changed a branch");
+        assert!(!a.join(".chronofs").exists(), "{arg}");
     }
 }
 
@@ -397,10 +412,11 @@ fn a_union_of_read_only_branches_refuses_changes_with_erofs() {
     let arg = format!("{}=ro:{}=ro", a.display(), b.display());
     let refused = chronofs(&["mount".as_ref(), arg.as_ref(), mnt.as_os_str()]);
     assert!(!refused.status.success());
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("-o store="),
-        "no place for the store"
-    );
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("-o store="), "no place for the store: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!is_mounted(&mnt));
+    assert!(!a.join(".chronofs").exists() && !b.join(".chronofs").exists());
     let out = chronofs(&[
         "mount".as_ref(),
         arg.as_ref(),
@@ -1009,4 +1025,72 @@ fn overlayfs_mounts_a_branch_chronofs_wrote_as_the_same_tree() {
         kernel, shown,
         "overlayfs (left) and chronofs (right) differ"
     );
+}
+
+/// Branches on two file systems whose inode numbers collide (two fresh
+/// tmpfs number their files alike): every object still shows its own
+/// st_ino, the same after a remount.
+#[test]
+fn inode_numbers_stay_unique_across_branches_on_different_file_systems() {
+    let base = tempdir();
+    let root = base.path().join("u");
+    fs::create_dir(&root).unwrap();
+    let (top, low) = (root.join("src"), root.join("lower1"));
+    for d in ["mnt", "native"] {
+        fs::create_dir(root.join(d)).unwrap();
+    }
+    struct Detach(Vec<PathBuf>);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = Command::new("umount").arg("-l").arg(p).status();
+            }
+        }
+    }
+    for d in [&top, &low] {
+        fs::create_dir(d).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+            .arg(d)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount tmpfs on {}", d.display());
+    }
+    let _detach = Detach(vec![top.clone(), low.clone()]);
+    for (d, tag) in [(&top, "t"), (&low, "l")] {
+        for i in 0..20 {
+            write_file(&d.join(format!("{tag}{i}")), tag.as_bytes());
+        }
+        fs::create_dir(d.join(format!("{tag}dir"))).unwrap();
+    }
+    let backing = |p: &Path| fs::metadata(p).unwrap().ino();
+    assert_eq!(
+        backing(&top.join("t0")),
+        backing(&low.join("l0")),
+        "tmpfs numbers collide"
+    );
+    for mode in ["plain", ""] {
+        let mut m = Mount::union_in(Root::Kept(root.clone()), mode, 1, |_| {});
+        let numbers = |m: &Mount| -> BTreeMap<String, u64> {
+            names(&m.mnt)
+                .into_iter()
+                .map(|n| {
+                    let ino = fs::symlink_metadata(m.p(&n)).unwrap().ino();
+                    (n, ino)
+                })
+                .collect()
+        };
+        let seen = numbers(&m);
+        assert_eq!(seen.len(), 42, "mode {mode:?}: {seen:?}");
+        let distinct: BTreeSet<u64> = seen.values().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            seen.len(),
+            "mode {mode:?}: numbers repeat: {seen:?}"
+        );
+        m.remount();
+        assert_eq!(numbers(&m), seen, "mode {mode:?}: after a remount");
+        m.unmount();
+        let _ = fs::remove_dir_all(top.join(".chronofs"));
+    }
 }
