@@ -145,6 +145,20 @@ fn unpack_fixture(name: &str) -> (tempfile::TempDir, Vec<FixtureLine>) {
     (tmp, expected)
 }
 
+/// Every recorded object of a fixture maps, under the branch id its
+/// position was, to the number the mount showed.
+fn assert_fixture_keys(store: &Store, expected: &[FixtureLine]) {
+    let map = store.inode_map().unwrap();
+    for (pos, dev, ino, st_ino, path) in expected {
+        let key = BackingKey {
+            branch: *pos,
+            dev: *dev,
+            ino: *ino,
+        };
+        assert_eq!(map.get(&key).unwrap(), Some(*st_ino), "{path}");
+    }
+}
+
 fn root_of(path: &Path) -> BranchRoot {
     use std::os::fd::AsFd;
     let dir = fs::File::open(path).unwrap();
@@ -262,15 +276,7 @@ fn a_format_6_union_store_keeps_its_branches_set_and_snapshots() {
         let snapshots = store.branch_set_log().snapshots().unwrap();
         assert_eq!(snapshots.len(), 1, "{snapshots:?}");
         assert_eq!((snapshots[0].name.as_str(), snapshots[0].branch), ("s1", 0));
-        let map = store.inode_map().unwrap();
-        for (pos, dev, ino, st_ino, path) in &expected {
-            let key = BackingKey {
-                branch: *pos,
-                dev: *dev,
-                ino: *ino,
-            };
-            assert_eq!(map.get(&key).unwrap(), Some(*st_ino), "{path}");
-        }
+        assert_fixture_keys(&store, &expected);
         assert!(store_dir.join(chronofs::store::REGISTRY_FILE).exists());
     }
     // The upgraded store checks clean.
@@ -419,15 +425,7 @@ fn a_registry_of_format_1_keys_by_its_recorded_devices() {
         assert_eq!(r.key_dev, r.root.dev, "{r:?}");
         assert_eq!(r.root.born, None, "{r:?}");
     }
-    let map = store.inode_map().unwrap();
-    for (pos, dev, ino, st_ino, path) in &expected {
-        let key = BackingKey {
-            branch: *pos,
-            dev: *dev,
-            ino: *ino,
-        };
-        assert_eq!(map.get(&key).unwrap(), Some(*st_ino), "{path}");
-    }
+    assert_fixture_keys(&store, &expected);
     let renumbered: Vec<BranchRoot> = rows
         .iter()
         .map(|r| BranchRoot {
@@ -440,7 +438,7 @@ fn a_registry_of_format_1_keys_by_its_recorded_devices() {
     for (r, i) in rows.iter().zip(&idents) {
         assert_eq!((i.id, i.key_dev), (r.id, r.root.dev), "{r:?}");
     }
-    drop((map, store));
+    drop(store);
     // Kept across the next open, in the rows now rewritten.
     let store = Store::open(&store_dir).unwrap();
     for r in store.branches().unwrap() {
