@@ -673,7 +673,14 @@ impl Sandboxes {
 /// namespaces would keep it alive otherwise.
 fn stop(mut served: Served) {
     use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(&served.mountpoint).map(|m| m.dev());
+    // Only a device number read on the session's own mount names its
+    // connection: were the session gone already, the directory's own file
+    // system's number would name another FUSE connection (another mount's,
+    // aborted: seen in CI as a test mount ending in ECONNABORTED).
+    let dev = match sys::is_fuse_mount_root(&served.mountpoint) {
+        true => std::fs::metadata(&served.mountpoint).map(|m| m.dev()),
+        false => Err(std::io::Error::from_raw_os_error(libc::ENOTCONN)),
+    };
     let unmounted = sys::cstr(served.mountpoint.as_os_str())
         .and_then(|path| sys::umount2(&path, libc::MNT_DETACH));
     if let Err(e) = unmounted {

@@ -487,6 +487,22 @@ pub fn holes_mean_unwritten(fd: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// Whether `path` is the root of a FUSE mount now (its file system is
+/// FUSE's): a device number read there names a FUSE connection.
+pub fn is_fuse_mount_root(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    let dev = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    let root = path
+        .parent()
+        .is_some_and(|parent| dev(parent).is_some_and(|d| Some(d) != dev(path)));
+    match rfs::statfs(path) {
+        #[allow(clippy::unnecessary_cast)]
+        Ok(st) => root && st.f_type as i64 == FUSE_SUPER_MAGIC,
+        Err(_) => false,
+    }
+}
+
 /// One entry of a `getdents64` buffer.
 pub struct DirEntry {
     pub ino: u64,
