@@ -1011,13 +1011,7 @@ fn overlayfs_mounts_a_branch_chronofs_wrote_as_the_same_tree() {
         .output()
         .unwrap();
     assert!(out.status.success(), "mount -o {ov}: {}", stderr(&out));
-    struct Detach(PathBuf);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _detach = Detach(merged.clone());
+    let _detach = Detach(vec![merged.clone()]);
     let kernel = snapshot(&merged, opts);
     // chronofs's own store stays out of the comparison (snapshot skips a
     // top-level `.chronofs`).
@@ -1038,14 +1032,6 @@ fn inode_numbers_stay_unique_across_branches_on_different_file_systems() {
     let (top, low) = (root.join("src"), root.join("lower1"));
     for d in ["mnt", "native"] {
         fs::create_dir(root.join(d)).unwrap();
-    }
-    struct Detach(Vec<PathBuf>);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            for p in &self.0 {
-                let _ = Command::new("umount").arg("-l").arg(p).status();
-            }
-        }
     }
     for d in [&top, &low] {
         fs::create_dir(d).unwrap();
@@ -1092,5 +1078,17 @@ fn inode_numbers_stay_unique_across_branches_on_different_file_systems() {
         assert_eq!(numbers(&m), seen, "mode {mode:?}: after a remount");
         m.unmount();
         let _ = fs::remove_dir_all(top.join(".chronofs"));
+    }
+}
+
+/// Mounts the test made by hand, lazily unmounted when it ends (failed
+/// or not).
+struct Detach(Vec<PathBuf>);
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = Command::new("umount").arg("-l").arg(p).status();
+        }
     }
 }
