@@ -695,6 +695,95 @@ fn hard_link_case(m: &mut Mount) {
     );
 }
 
+/// A hard-linked lower symlink, FIFO and device keep one identity across
+/// copy-up too (overlayfs indexes every non-directory): a change through
+/// one name shows through the others under the same number, a link made
+/// through the mount counts, and all of it survives a remount.
+#[test]
+fn hard_linked_symlinks_fifos_and_devices_keep_their_identity_across_copy_up() {
+    use std::os::unix::fs::FileTypeExt;
+    for mode in MODES {
+        for n in 1..=3 {
+            let mut m = Mount::union(mode, n, |b| {
+                let low = bottom(b);
+                std::os::unix::fs::symlink("target", low.join("s")).unwrap();
+                sys::mkfifo(&cstr(low.join("p")), 0o644).unwrap();
+                sys::mknod(
+                    &cstr(low.join("c")),
+                    libc::S_IFCHR | 0o644,
+                    libc::makedev(1, 3),
+                )
+                .unwrap();
+                fs::create_dir(low.join("d")).unwrap();
+                for name in ["s", "p", "c"] {
+                    fs::hard_link(low.join(name), low.join(format!("d/{name}2"))).unwrap();
+                }
+            });
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                linked_specials_case(&mut m)
+            }));
+            if let Err(p) = r {
+                eprintln!("union of {n} lower branch(es), mode {mode:?}");
+                std::panic::resume_unwind(p);
+            }
+        }
+    }
+    fn linked_specials_case(m: &mut Mount) {
+        let lstat = |m: &Mount, p: &str| fs::symlink_metadata(m.p(p)).unwrap();
+        let ino: BTreeMap<&str, u64> = ["s", "p", "c"].map(|n| (n, lstat(m, n).ino())).into();
+        let same = |m: &Mount, name: &str, names: &[String], nlink: u64, uid: u32, perm: u32| {
+            for p in names {
+                let md = lstat(m, p);
+                assert_eq!((md.ino(), md.nlink()), (ino[name], nlink), "{p}");
+                assert_eq!(md.uid(), uid, "{p}");
+                if name != "s" {
+                    assert_eq!(md.mode() & 0o7777, perm, "{p}");
+                }
+                match name {
+                    "s" => assert_eq!(fs::read_link(m.p(p)).unwrap(), Path::new("target")),
+                    "p" => assert!(md.file_type().is_fifo(), "{p}"),
+                    _ => assert_eq!(md.rdev(), libc::makedev(1, 3), "{p}"),
+                }
+            }
+        };
+        let two = |n: &str| vec![n.to_string(), format!("d/{n}2")];
+        for n in ["s", "p", "c"] {
+            same(m, n, &two(n), 2, 0, 0o644);
+        }
+        // Copy-ups through the name in the subdirectory, then the other.
+        sys::lchown(&cstr(m.p("d/s2")), 1234, 1234).unwrap();
+        fs::set_permissions(m.p("d/p2"), fs::Permissions::from_mode(0o600)).unwrap();
+        sys::lchown(&cstr(m.p("c")), 1234, 1234).unwrap();
+        same(m, "s", &two("s"), 2, 1234, 0);
+        same(m, "p", &two("p"), 2, 0, 0o600);
+        same(m, "c", &two("c"), 2, 1234, 0o644);
+        // A link through the mount names the same copy.
+        for n in ["s", "p", "c"] {
+            fs::hard_link(m.p(n), m.p(&format!("{n}3"))).unwrap();
+        }
+        let three = |n: &str| vec![n.to_string(), format!("d/{n}2"), format!("{n}3")];
+        same(m, "s", &three("s"), 3, 1234, 0);
+        let listed = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let (s_names, p_names) = (listed(&["s", "s3", "s4"]), listed(&["p", "p3"]));
+        fs::rename(m.p("d/s2"), m.p("s4")).unwrap();
+        same(m, "s", &s_names, 3, 1234, 0);
+        fs::remove_file(m.p("d/p2")).unwrap();
+        same(m, "p", &p_names, 2, 0, 0o600);
+        m.remount();
+        same(m, "s", &s_names, 3, 1234, 0);
+        same(m, "p", &p_names, 2, 0, 0o600);
+        same(m, "c", &three("c"), 3, 1234, 0o644);
+        for p in s_names.iter().chain(&p_names).chain(&three("c")) {
+            fs::remove_file(m.p(p)).unwrap();
+        }
+        assert_eq!(
+            names(&m.src.join(".chronofs-index")),
+            Vec::<String>::new(),
+            "index entry left behind"
+        );
+    }
+}
+
 /// The first mount's baseline walk covers the union as the user sees it:
 /// files held only by read-only branches (in directories of their own) get
 /// their baseline, a name shadowed above is recorded with the top copy's

@@ -152,7 +152,7 @@ type ByFile<T> = HashMap<(u64, u64), T>;
 type OnName<'f, T> = dyn FnMut(BorrowedFd<'_>, &std::ffi::CStr, &[u8], &T) -> Result<()> + 'f;
 
 /// Calls `f` with (directory, name, path) for every name under `dir`
-/// (at `path`) of a regular file whose (dev, ino) `wanted` holds; `skip`:
+/// (at `path`) of a non-directory whose (dev, ino) `wanted` holds; `skip`:
 /// a name at the root not to enter (the store).
 fn each_name_of<T>(
     dir: BorrowedFd<'_>,
@@ -171,17 +171,15 @@ fn each_name_of<T>(
         let c = cname(&e.name)?;
         match e.dtype {
             libc::DT_DIR | libc::DT_UNKNOWN => {}
-            libc::DT_REG if inos.contains(&e.ino) => {}
+            _ if inos.contains(&e.ino) => {}
             _ => continue,
         }
         let st = sys::fstatat(dir, &c)?;
         if is_dir(&st) {
             let sub = sys::openat(dir, &c, DIR_FLAGS, 0)?;
             each_name_of(sub.as_fd(), &child, (wanted, None), f)?;
-        } else if st.st_mode & libc::S_IFMT == libc::S_IFREG {
-            if let Some(t) = wanted.get(&(st.st_dev, st.st_ino)) {
-                f(dir, &c, &child, t)?;
-            }
+        } else if let Some(t) = wanted.get(&(st.st_dev, st.st_ino)) {
+            f(dir, &c, &child, t)?;
         }
     }
     Ok(())
@@ -591,6 +589,36 @@ mod tests {
         assert_eq!(fs::read(up.join("a")).unwrap(), b"new");
         let again = relink_linked(open_dir(&up).as_fd(), open_dir(&low).as_fd(), (None, alias));
         assert_eq!(again.unwrap(), 0);
+    }
+
+    /// A hard-linked symlink's copy in the index (a root daemon indexes
+    /// every non-directory) gives its names the copy the same way.
+    #[test]
+    fn a_linked_symlink_is_relinked_too() {
+        use std::os::unix::fs::{symlink, MetadataExt};
+        let t = tempfile::tempdir().unwrap();
+        let (up, low) = (t.path().join("up"), t.path().join("low"));
+        fs::create_dir_all(low.join("sub")).unwrap();
+        symlink("old", low.join("s")).unwrap();
+        fs::hard_link(low.join("s"), low.join("sub/s2")).unwrap();
+        let l = fs::symlink_metadata(low.join("s")).unwrap();
+        let ix = up.join(index::INDEX_DIR);
+        fs::create_dir_all(&ix).unwrap();
+        let entry = ix.join(index::entry_name(1, l.dev(), l.ino()).to_str().unwrap());
+        symlink("new", &entry).unwrap();
+        fs::hard_link(&entry, up.join("s")).unwrap();
+        let copy = fs::symlink_metadata(&entry).unwrap().ino();
+        let alias = DevAlias::new(l.dev(), l.dev());
+        let n = relink_linked(open_dir(&up).as_fd(), open_dir(&low).as_fd(), (None, alias));
+        assert_eq!(n.unwrap(), 2);
+        for n in ["s", "sub/s2"] {
+            assert_eq!(
+                fs::symlink_metadata(low.join(n)).unwrap().ino(),
+                copy,
+                "{n}"
+            );
+            assert_eq!(fs::read_link(low.join(n)).unwrap(), Path::new("new"), "{n}");
+        }
     }
 
     fn open_path_fd(path: &Path) -> OwnedFd {

@@ -1061,7 +1061,7 @@ impl Vfs {
         // before a branch was added) goes on through the index: its other
         // names reach it there, and follow its copy.
         let indexed = node.inode.union_nlink().is_some();
-        if indexed || (lower_st.st_mode & libc::S_IFMT == libc::S_IFREG && lower_st.st_nlink > 1) {
+        if indexed || super::union_links::is_linked(&lower_st, u.ns) {
             let at = (lower_parent.as_fd(), cname.as_c_str());
             let (fd, st) = self.copy_up_linked(u, &node, at, &upper_parent, &owner)?;
             let n = crate::union::index::nlink(fd.as_fd(), u.ns)?;
@@ -1403,17 +1403,17 @@ impl Vfs {
 }
 
 /// The entry timeout of a name that a copy-up through another name may
-/// renumber: a hard-linked lower symlink, device, FIFO or socket splits
-/// at copy-up (only regular files are indexed), and its other names then
-/// resolve to a new number, in directories the daemon cannot list. The
-/// kernel asks again at every use (such objects are rare); every other
-/// name keeps the mount's timeout.
+/// renumber: under `user.` marks a hard-linked lower symlink, device,
+/// FIFO or socket cannot be indexed (Linux refuses user xattrs on them),
+/// so it splits at copy-up, and its other names then resolve to a new
+/// number, in directories the daemon cannot list. The kernel asks again
+/// at every use (such objects are rare); every other name keeps the
+/// mount's timeout.
 fn splits_at_copy_up(u: &Union, branch: BranchId, st: &Stat) -> Option<Duration> {
-    let kind = st.st_mode & libc::S_IFMT;
     let split = u.upper().is_some()
         && !u.writable(branch)
-        && kind != libc::S_IFREG
-        && kind != libc::S_IFDIR
+        && st.st_mode & libc::S_IFMT != libc::S_IFDIR
+        && !super::union_links::indexable(st, u.ns)
         && st.st_nlink > 1;
     split.then_some(Duration::ZERO)
 }

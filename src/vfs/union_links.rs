@@ -1,8 +1,9 @@
 //! Hard links of a union's lower branches keep one identity across
 //! copy-up: the vfs half of `union::index` (docs/ARCHITECTURE.md "Union
-//! mounts"). A regular file with several names below is copied up into the
-//! index and its names resolve there; the inode keeps its number, every
-//! name shows the copied-up data, and st_nlink counts the names a user can
+//! mounts"). A non-directory with several names below (a regular file,
+//! a symlink, a device, a FIFO or a socket) is copied up into the index
+//! and its names resolve there; the inode keeps its number, every name
+//! shows the copied-up object, and st_nlink counts the names a user can
 //! reach.
 
 use std::ffi::CString;
@@ -15,12 +16,31 @@ use super::{errno, InodeNo, Result, Stat, Vfs};
 use crate::branch::BranchId;
 use crate::store::BackingKey;
 use crate::sys;
+use crate::union::format::XattrNs;
 use crate::union::{copyup, index};
 
-/// A lower file whose copy-up must go through the index: a regular file
-/// with more than one name.
+/// A clone's file whose count its index keeps: a regular file with more
+/// than one name (a clone links only regular files through its index).
 fn is_linked_file(st: &Stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink > 1
+}
+
+/// Whether an object of this kind can be an index entry of a union whose
+/// marks are in `ns`: any non-directory when they are `trusted.`
+/// (the entry's xattrs go on symlinks and devices as well), only regular
+/// files under `user.`, which Linux refuses on other kinds.
+pub(super) fn indexable(st: &Stat, ns: XattrNs) -> bool {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => false,
+        libc::S_IFREG => true,
+        _ => ns == XattrNs::Trusted,
+    }
+}
+
+/// A lower object whose copy-up must go through the index: an indexable
+/// one with more than one name.
+pub(super) fn is_linked(st: &Stat, ns: XattrNs) -> bool {
+    indexable(st, ns) && st.st_nlink > 1
 }
 
 /// An index entry a lookup lands on: (its branch, the index, the entry's
@@ -43,8 +63,8 @@ impl Vfs {
         branch: BranchId,
         st: &Stat,
     ) -> Result<Option<Indexed>> {
-        let own = || st.st_mode & libc::S_IFMT == libc::S_IFREG && u.holds_own(branch);
-        if !is_linked_file(st) && !own() {
+        let own = || indexable(st, u.ns) && u.holds_own(branch);
+        if !is_linked(st, u.ns) && !own() {
             return Ok(None);
         }
         // An entry may itself have been copied up into a branch added
@@ -92,7 +112,7 @@ impl Vfs {
         (fd, st): (BorrowedFd<'_>, &Stat),
         via_index: bool,
     ) {
-        if inode.union_nlink().is_some() || (!via_index && !is_linked_file(st)) {
+        if inode.union_nlink().is_some() || (!via_index && !is_linked(st, u.ns)) {
             return;
         }
         if u.index_of(self.inodes.branch_of(&inode.key)).is_none() {
@@ -105,7 +125,7 @@ impl Vfs {
         }
     }
 
-    /// Copy-up of `node`, a linked lower file named `name` in
+    /// Copy-up of `node`, a linked lower object named `name` in
     /// `lower_parent`: its copy becomes the index entry (or is one
     /// already, made through another name), then `name` in
     /// `upper_parent` links to it.
@@ -187,7 +207,7 @@ impl Vfs {
         }
         // An entry a snapshot froze counts there too: its count must not
         // change in the frozen branch.
-        if node.inode.union_nlink().is_none() && !is_linked_file(&sys::fstat(node.fd())?) {
+        if node.inode.union_nlink().is_none() && !is_linked(&sys::fstat(node.fd())?, u.ns) {
             return Ok(());
         }
         self.writable_node(caller, ino).map(drop)
