@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::logdisk::{Event, Ext4Mount, LogDisk, Rng};
+use common::logdisk::{DiskMount, Event, LogDisk, Rng};
 use common::*;
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -57,7 +57,7 @@ fn must(cmd: &mut Command) {
 /// The logged disk with a fresh ext4 on it, mounted at `ext`.
 struct Rig {
     // Drop order: the ext4 mount, the disk under it, then the directory.
-    mounted: Option<Ext4Mount>,
+    mounted: Option<DiskMount>,
     disk: LogDisk,
     /// The platters checked so far (by the writes they hold).
     tried: HashSet<Vec<usize>>,
@@ -80,7 +80,7 @@ impl Rig {
                 .args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
                 .arg(disk.dev()),
         );
-        let mounted = Some(Ext4Mount::mount(disk.dev(), &ext));
+        let mounted = Some(DiskMount::mount(disk.dev(), &ext));
         Rig {
             _dir: dir,
             ext,
@@ -152,7 +152,7 @@ impl Rig {
                     .arg("--flushbufs")
                     .arg(self.disk.dev()),
             );
-            let _ext = Ext4Mount::mount(self.disk.dev(), &self.ext);
+            let _ext = DiskMount::mount(self.disk.dev(), &self.ext);
             let what = format!(
                 "power cut before log entry {cut} ({}, seed {seed})",
                 if subset {

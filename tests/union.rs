@@ -1181,3 +1181,40 @@ impl Drop for Detach {
         }
     }
 }
+
+/// Where the branches' file system reflinks (btrfs on a loop device),
+/// a copy-up through the mount shares the lower file's extents instead
+/// of copying its data: O(1) in the file's size.
+#[test]
+fn copy_up_on_btrfs_shares_the_lower_file_s_extents() {
+    use common::logdisk::{must, DiskMount, Loop};
+    let work = tempdir();
+    let img = work.path().join("disk.img");
+    fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
+    must(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
+    let disk = work.path().join("btrfs");
+    fs::create_dir(&disk).unwrap();
+    let attached = Loop::attach(&img);
+    let _mounted = DiskMount::mount_as("btrfs", &attached.dev, &disk);
+    let data: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8).collect();
+    for mode in MODES {
+        let tree = disk.join(format!("in-{mode}"));
+        fs::create_dir(&tree).unwrap();
+        let m = Mount::union_in(Root::Kept(tree), mode, 1, |b| {
+            write_file(&bottom(b).join("big"), &data);
+        });
+        must(&mut Command::new("sync"));
+        append(&m.p("big"), b"!").unwrap();
+        let copy = m.src.join("big");
+        let frag = must(Command::new("filefrag").arg("-v").arg(&copy));
+        assert!(
+            frag.contains("shared"),
+            "mode {mode:?}: extents not shared:\n{frag}"
+        );
+        let got = fs::read(m.p("big")).unwrap();
+        assert!(
+            got.len() == data.len() + 1 && got[..data.len()] == data[..] && got[data.len()] == b'!'
+        );
+        assert_eq!(fs::read(&copy).unwrap(), got, "mode {mode:?}");
+    }
+}

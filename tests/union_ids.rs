@@ -313,7 +313,7 @@ fn a_device_renumbered_by_a_reboot_changes_no_number_link_or_version() {
 /// [`a_device_renumbered_by_a_reboot_changes_no_number_link_or_version`]
 /// for one mode, in a union or a single-directory mount.
 fn renumbered(mode: &str, union: bool) {
-    use common::logdisk::{must, Ext4Mount, Loop};
+    use common::logdisk::{must, DiskMount, Loop};
     let fill = |b: &[PathBuf]| {
         let (low, up) = (b.last().unwrap(), &b[0]);
         write_file(&low.join("a"), b"lower");
@@ -330,7 +330,7 @@ fn renumbered(mode: &str, union: bool) {
         let ext = work.path().join("ext");
         fs::create_dir(&ext).unwrap();
         let first = Loop::attach(&img);
-        let on_first = Ext4Mount::mount(&first.dev, &ext);
+        let on_first = DiskMount::mount(&first.dev, &ext);
         let tree = ext.join("t");
         fs::create_dir(&tree).unwrap();
         let opts = mode.trim_end_matches(" (one directory)");
@@ -366,7 +366,7 @@ fn renumbered(mode: &str, union: bool) {
         // attached (not mounted) so the new one cannot reuse its number.
         let second = Loop::attach(&img);
         assert_ne!(first.dev, second.dev);
-        let on_second = Ext4Mount::mount(&second.dev, &ext);
+        let on_second = DiskMount::mount(&second.dev, &ext);
         assert_ne!(fs::metadata(&tree).unwrap().dev(), dev_before);
         m.start();
         let after: Vec<u64> = names

@@ -207,21 +207,26 @@ impl Drop for Loop {
     }
 }
 
-/// `dev` mounted (ext4) at `at`, unmounted on drop.
-pub struct Ext4Mount {
+/// `dev` mounted at `at`, unmounted on drop.
+pub struct DiskMount {
     pub at: PathBuf,
 }
 
-impl Ext4Mount {
-    pub fn mount(dev: &str, at: &Path) -> Ext4Mount {
-        must(Command::new("mount").args(["-t", "ext4", dev]).arg(at));
-        Ext4Mount {
+impl DiskMount {
+    /// `dev` holds ext4.
+    pub fn mount(dev: &str, at: &Path) -> DiskMount {
+        DiskMount::mount_as("ext4", dev, at)
+    }
+
+    pub fn mount_as(fstype: &str, dev: &str, at: &Path) -> DiskMount {
+        must(Command::new("mount").args(["-t", fstype, dev]).arg(at));
+        DiskMount {
             at: at.to_path_buf(),
         }
     }
 }
 
-impl Drop for Ext4Mount {
+impl Drop for DiskMount {
     fn drop(&mut self) {
         let ok = Command::new("umount")
             .arg(&self.at)
