@@ -278,8 +278,9 @@ fn symlinks_and_links_to_lower_files() {
 }
 
 /// Reads `dir` with readdir(3), stopping after `first` entries and taking
-/// the telldir cookie there; then reopens and seekdirs to it.
-fn read_resumed(dir: &Path, first: usize) -> (Vec<String>, Vec<String>) {
+/// the telldir cookie there; then, after `between`, reopens and seekdirs
+/// to it.
+fn read_resumed(dir: &Path, first: usize, between: impl Fn()) -> (Vec<String>, Vec<String>) {
     let c = cstr(dir);
     // SAFETY: libc directory streams on a path we own, closed below.
     unsafe {
@@ -297,6 +298,7 @@ fn read_resumed(dir: &Path, first: usize) -> (Vec<String>, Vec<String>) {
         }
         let cookie = libc::telldir(d);
         libc::closedir(d);
+        between();
         let d = libc::opendir(c.as_ptr());
         libc::seekdir(d, cookie);
         let mut tail = Vec::new();
@@ -330,15 +332,24 @@ fn directory_offsets_survive_a_reopen() {
         },
         |m| {
             let n = m.lowers.len() + 1;
-            // Resumed from the kernel's cached listing, not the daemon.
+            let whole = |(head, tail): (Vec<String>, Vec<String>)| {
+                let mut all: Vec<String> = head.into_iter().chain(tail).collect();
+                let total = all.len();
+                all.sort();
+                all.dedup();
+                assert_eq!(all.len(), total, "no entry twice");
+                assert_eq!(total, 2 + 200 * n + 200, "none missing");
+            };
+            // Resumed from the kernel's cached listing.
             wait_listing_cached(&m.p("big"), &m.src.join("big"));
-            let (head, tail) = read_resumed(&m.p("big"), 150);
-            let mut all: Vec<String> = head.into_iter().chain(tail).collect();
-            let total = all.len();
-            all.sort();
-            all.dedup();
-            assert_eq!(all.len(), total, "no entry twice");
-            assert_eq!(total, 2 + 200 * n + 200, "none missing");
+            whole(read_resumed(&m.p("big"), 150, || {}));
+            // Resumed by the daemon: a change between the two opens makes
+            // the kernel drop its listing, so the seek sends the cookie
+            // in a READDIR.
+            whole(read_resumed(&m.p("big"), 150, || {
+                write_file(&m.p("big/passing"), b"");
+                fs::remove_file(m.p("big/passing")).unwrap();
+            }));
         },
     );
 }
