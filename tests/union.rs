@@ -1057,14 +1057,68 @@ fn a_crash_s_temporaries_keep_no_directory_from_going() {
 /// (`redirect_dir=on`) as the same tree chronofs showed.
 #[test]
 fn overlayfs_mounts_a_branch_chronofs_wrote_as_the_same_tree() {
-    if !std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("overlay")) {
+    overlayfs_mounts_what_chronofs_wrote(false);
+}
+
+/// The same with `user.overlay.*` marks (`-o userxattr`, overlayfs's
+/// `userxattr`: rootless containers' layers). overlayfs never follows a
+/// redirect there (it forces `redirect_dir=nofollow`), so no directory is
+/// renamed.
+#[test]
+fn overlayfs_userxattr_mounts_a_branch_chronofs_wrote_with_userxattr() {
+    overlayfs_mounts_what_chronofs_wrote(true);
+}
+
+fn has_overlay() -> bool {
+    std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("overlay"))
+}
+
+/// Mounts kernel overlayfs of `upper` over `lower` at `base/merged`
+/// (`base/work` its work directory), detached when the guard goes.
+fn kernel_overlay(base: &Path, upper: &Path, lower: &Path, userxattr: bool) -> (PathBuf, Detach) {
+    let (work, merged) = (base.join("work"), base.join("merged"));
+    fs::create_dir_all(&work).unwrap();
+    fs::create_dir_all(&merged).unwrap();
+    let ov = format!(
+        "lowerdir={},upperdir={},workdir={},{}",
+        lower.display(),
+        upper.display(),
+        work.display(),
+        if userxattr {
+            "userxattr"
+        } else {
+            "redirect_dir=on"
+        }
+    );
+    let out = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &ov])
+        .arg(&merged)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount -o {ov}: {}", stderr(&out));
+    (merged.clone(), Detach(vec![merged]))
+}
+
+const INTEROP_SNAP: SnapOpts = SnapOpts {
+    mtimes: true,
+    dir_mtimes: false,
+    dir_nlink: false,
+};
+
+fn overlayfs_mounts_what_chronofs_wrote(userxattr: bool) {
+    let base = tempdir();
+    if !has_overlay() {
         eprintln!("skipped: the kernel has no overlayfs");
         return;
     }
-    let base = tempdir();
     let root = base.path().join("u");
     fs::create_dir(&root).unwrap();
-    let mut m = Mount::union_in(Root::Kept(root.clone()), "plain", 1, |b| {
+    let opts = if userxattr {
+        "plain,userxattr"
+    } else {
+        "plain"
+    };
+    let mut m = Mount::union_in(Root::Kept(root.clone()), opts, 1, |b| {
         let low = &b[1];
         for d in ["gone_dir/sub", "remade", "moved_from/deep", "kept"] {
             fs::create_dir_all(low.join(d)).unwrap();
@@ -1082,43 +1136,106 @@ fn overlayfs_mounts_a_branch_chronofs_wrote_as_the_same_tree() {
     fs::remove_dir_all(m.p("remade")).unwrap();
     fs::create_dir(m.p("remade")).unwrap();
     write_file(&m.p("remade/new"), b"upper");
-    fs::rename(m.p("moved_from"), m.p("moved_to")).unwrap();
+    if !userxattr {
+        fs::rename(m.p("moved_from"), m.p("moved_to")).unwrap();
+    }
     append_all(&m.p("kept/appended"), b"+upper");
     fs::set_permissions(m.p("kept/chmodded"), fs::Permissions::from_mode(0o600)).unwrap();
     fs::create_dir(m.p("kept/newdir")).unwrap();
     write_file(&m.p("kept/newdir/n"), b"new");
-    let opts = SnapOpts {
-        mtimes: true,
-        dir_mtimes: false,
-        dir_nlink: false,
-    };
-    let shown = snapshot(&m.mnt, opts);
-    assert!(shown.contains_key("moved_to/deep/f") && !shown.contains_key("gone"));
+    let shown = snapshot(&m.mnt, INTEROP_SNAP);
+    assert!(!shown.contains_key("gone") && !shown.contains_key("remade/old"));
+    assert_eq!(shown.contains_key("moved_to/deep/f"), !userxattr);
     m.unmount();
+    let (used, unused) = match userxattr {
+        true => ("user.overlay.opaque", "trusted.overlay.opaque"),
+        false => ("trusted.overlay.opaque", "user.overlay.opaque"),
+    };
+    assert_eq!(get_xattr(&m.src.join("remade"), used).unwrap(), b"y");
+    assert!(get_xattr(&m.src.join("remade"), unused).is_err());
 
-    let (work, merged) = (base.path().join("work"), base.path().join("merged"));
-    fs::create_dir(&work).unwrap();
-    fs::create_dir(&merged).unwrap();
-    let ov = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=on",
-        m.lowers[0].display(),
-        m.src.display(),
-        work.display()
-    );
-    let out = Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o", &ov])
-        .arg(&merged)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "mount -o {ov}: {}", stderr(&out));
-    let _detach = Detach(vec![merged.clone()]);
-    let kernel = snapshot(&merged, opts);
+    let (merged, _detach) = kernel_overlay(base.path(), &m.src, &m.lowers[0], userxattr);
+    let kernel = snapshot(&merged, INTEROP_SNAP);
     // chronofs's own store stays out of the comparison (snapshot skips a
     // top-level `.chronofs`).
     assert_eq!(
         kernel, shown,
         "overlayfs (left) and chronofs (right) differ"
     );
+}
+
+/// The other way: a layer changed through overlayfs with `userxattr` (as
+/// a rootless container runtime leaves it) mounts under chronofs with
+/// `-o userxattr` as the tree overlayfs showed; without the option its
+/// opaque directory would let the lower entries through.
+#[test]
+fn chronofs_userxattr_mounts_a_layer_overlayfs_userxattr_wrote() {
+    let base = tempdir();
+    if !has_overlay() {
+        eprintln!("skipped: the kernel has no overlayfs");
+        return;
+    }
+    let root = base.path().join("u");
+    fs::create_dir(&root).unwrap();
+    let seen = std::cell::RefCell::new(BTreeMap::new());
+    let mut m = Mount::union_in(Root::Kept(root.clone()), "plain,userxattr", 1, |b| {
+        let (up, low) = (&b[0], &b[1]);
+        for d in ["gone_dir/sub", "remade", "kept"] {
+            fs::create_dir_all(low.join(d)).unwrap();
+        }
+        write_file(&low.join("gone"), b"whited out");
+        write_file(&low.join("gone_dir/sub/f"), b"x");
+        write_file(&low.join("remade/old"), b"hidden by opaque");
+        write_file(&low.join("kept/appended"), b"lower");
+        let (merged, detach) = kernel_overlay(base.path(), up, low, true);
+        fs::remove_file(merged.join("gone")).unwrap();
+        fs::remove_dir_all(merged.join("gone_dir")).unwrap();
+        fs::remove_dir_all(merged.join("remade")).unwrap();
+        fs::create_dir(merged.join("remade")).unwrap();
+        write_file(&merged.join("remade/new"), b"upper");
+        append_all(&merged.join("kept/appended"), b"+upper");
+        *seen.borrow_mut() = snapshot(&merged, INTEROP_SNAP);
+        drop(detach);
+        assert_eq!(
+            get_xattr(&up.join("remade"), "user.overlay.opaque").unwrap(),
+            b"y"
+        );
+    });
+    let seen = seen.into_inner();
+    assert!(!seen.contains_key("remade/old") && seen.contains_key("remade/new"));
+    assert_eq!(
+        snapshot(&m.mnt, INTEROP_SNAP),
+        seen,
+        "chronofs (left) and overlayfs (right) differ"
+    );
+    m.unmount();
+    // fsck reads the marks of the namespace it is told.
+    let list = format!("{}=rw:{}=ro", m.src.display(), m.lowers[0].display());
+    fs::create_dir(m.src.join("redirected")).unwrap();
+    set_xattr(
+        &m.src.join("redirected"),
+        "user.overlay.redirect",
+        b"/nowhere",
+        0,
+    )
+    .unwrap();
+    let fsck =
+        |args: &[&std::ffi::OsStr]| Command::new(bin()).arg("fsck").args(args).output().unwrap();
+    let out = fsck(&[list.as_ref()]);
+    assert!(
+        out.status.success(),
+        "trusted marks are clean: {}",
+        stderr(&out)
+    );
+    let out = fsck(&["--userxattr".as_ref(), list.as_ref()]);
+    let report = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr(&out);
+    assert!(
+        !out.status.success() && report.contains("redirect"),
+        "{report}"
+    );
+    let out = fsck(&["--userxattr".as_ref(), m.src.as_os_str()]);
+    assert!(!out.status.success());
+    assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
 }
 
 /// Branches on two file systems whose inode numbers collide (two fresh

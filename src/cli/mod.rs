@@ -241,6 +241,10 @@ enum Command {
         /// dangling redirects (run it with the union unmounted).
         #[arg(long)]
         repair: bool,
+        /// A branch list mounted with `-o userxattr`: its overlay marks
+        /// are `user.overlay.*`.
+        #[arg(long)]
+        userxattr: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -872,10 +876,19 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
         Command::Fsck {
             path,
             repair,
+            userxattr,
             common,
         } => {
             let clean = if union_fsck::is_branch_list(&path) {
-                union_fsck::run(&path, repair, common.json, common.store.as_deref())?
+                let ns = match userxattr {
+                    true => crate::union::format::XattrNs::User,
+                    false => crate::union::format::XattrNs::Trusted,
+                };
+                union_fsck::run(&path, (repair, ns), common.json, common.store.as_deref())?
+            } else if userxattr {
+                anyhow::bail!(
+                    "--userxattr applies to a branch list (BR1=rw:BR2=ro:...), not a path"
+                );
             } else {
                 h::fsck(&tgt(&path, &common)?, repair, common.json)?
             };

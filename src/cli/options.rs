@@ -48,7 +48,7 @@ pub struct MountOptions {
     /// `clean-interval=S`: how often the cleaner applies retention (0: never).
     pub clean_interval: Duration,
     /// Union mounts: `copyup-owner=keep|fixed:UID:GID:MODE|caller`,
-    /// `create=top|mfs|existing-path`, `delete=all|whiteout`.
+    /// `create=top|mfs|existing-path`, `delete=all|whiteout`, `userxattr`.
     pub union: crate::vfs::UnionOptions,
 }
 
@@ -279,6 +279,7 @@ impl MountOptions {
                     .parse()
                     .map_err(|e: crate::union::spec::SpecError| e.to_string())?;
             }
+            ("userxattr", None) => self.union.xattr_ns = crate::union::format::XattrNs::User,
             ("delete", v) => {
                 let v = need(key, v)?;
                 self.union.delete = v

@@ -44,7 +44,12 @@ struct Report {
 /// Checks (and with `repair` fixes) the branches of the union the list
 /// makes (see [`live_set`]); true when nothing is left to fix. `store`:
 /// where its store is, when not in the first read-write branch.
-pub fn run(arg: &Path, repair: bool, json: bool, store: Option<&Path>) -> Result<bool> {
+pub fn run(
+    arg: &Path,
+    (repair, ns): (bool, XattrNs),
+    json: bool,
+    store: Option<&Path>,
+) -> Result<bool> {
     let spec = UnionSpec::parse(arg.as_os_str())?;
     let mounted = mounted_at(&spec);
     if let (true, Some((branch, mnt))) = (repair, &mounted) {
@@ -65,7 +70,7 @@ pub fn run(arg: &Path, repair: bool, json: bool, store: Option<&Path>) -> Result
     }
     // The store of a mount lives in its top read-write branch's root.
     let store = OsStr::new(super::mount::STORE_DIR_NAME);
-    let found = fsck::check(&branches, XattrNs::for_daemon(), repair, Some(store))?;
+    let found = fsck::check(&branches, ns, repair, Some(store))?;
     let problems: Vec<Problem> = found
         .iter()
         .map(|f| Problem {

@@ -15,10 +15,12 @@
 //!   or a bare name (overlayfs's form for a rename within one directory).
 //!
 //! **Namespace.** overlayfs reads `trusted.overlay.*` by default and
-//! `user.overlay.*` when mounted with `userxattr`. `trusted.*` needs
-//! CAP_SYS_ADMIN, so [`XattrNs::for_daemon`] picks `Trusted` for a daemon
-//! running as root (the default deployment) and `User` otherwise; a branch
-//! is then portable to an overlayfs mount with the same choice.
+//! `user.overlay.*` when mounted with `userxattr` (rootless containers'
+//! layers). A union mount uses `Trusted` (its daemon runs as root) unless
+//! mounted with `-o userxattr`; a branch is then portable to an overlayfs
+//! mount with the same choice. `trusted.*` needs CAP_SYS_ADMIN:
+//! [`XattrNs::for_daemon`] is what a process outside a mount (the tests,
+//! a clone's store stamp) can write.
 //!
 //! **Privilege.** Whiteouts are device nodes: creating one needs CAP_MKNOD,
 //! as in overlayfs. An unprivileged daemon gets `EPERM` from
@@ -35,11 +37,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::sys::{self, Stat};
 
 /// Which xattr namespace holds the overlay markers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum XattrNs {
     /// `trusted.overlay.*`: overlayfs's default; needs CAP_SYS_ADMIN.
+    #[default]
     Trusted,
-    /// `user.overlay.*`: overlayfs's `userxattr`, for unprivileged daemons.
+    /// `user.overlay.*`: overlayfs's `userxattr` (rootless containers'
+    /// layers), chosen by `-o userxattr`; an unprivileged process's only
+    /// choice.
     User,
 }
 

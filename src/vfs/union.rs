@@ -261,7 +261,7 @@ impl Union {
             set: RwLock::new(Arc::new(set)),
             upper: AtomicU32::new(upper.map_or(NO_UPPER, |b| b.0)),
             primary,
-            ns: format::XattrNs::for_daemon(),
+            ns: opts.xattr_ns,
             opts,
             set_lock: RwLock::new(()),
             fold: Mutex::new(None),

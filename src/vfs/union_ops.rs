@@ -23,6 +23,9 @@ pub struct UnionOptions {
     pub owner: copyup::OwnerOption,
     pub create: CreatePolicy,
     pub delete: DeletePolicy,
+    /// The namespace of the overlay marks (opaque, redirect, the
+    /// hard-link index's): `trusted.` unless `-o userxattr`.
+    pub xattr_ns: format::XattrNs,
 }
 
 /// Where a new name goes: the parent's copy in the chosen branch, and
