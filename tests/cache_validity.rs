@@ -172,22 +172,36 @@ fn names_of_history_are_never_cached_as_absent() {
     );
 }
 
-/// A copy-up splits a hard-linked lower symlink (only regular files are
-/// indexed): its other name keeps the lower object, under a new number,
-/// even where the kernel had looked it up before.
+/// A copy-up of a hard-linked lower symlink through one name shows
+/// through its other name at once, even where the kernel had looked that
+/// name up before: one object, indexed. Under `user.` marks
+/// (`-o userxattr`) symlinks take no index xattrs, so the copy-up splits
+/// it: the other name keeps the lower object, under a new number.
 #[test]
-fn a_split_lower_hard_link_shows_its_own_object() {
-    let m = Mount::union("plain", 1, |b| {
-        let low = b.last().unwrap();
-        std::os::unix::fs::symlink("target", low.join("l")).unwrap();
-        fs::hard_link(low.join("l"), low.join("l2")).unwrap();
-    });
-    let before = lstat(&m.p("l2")).unwrap();
-    assert_eq!(before.st_ino, lstat(&m.p("l")).unwrap().st_ino);
-    std::os::unix::fs::lchown(m.p("l"), Some(1000), Some(1000)).unwrap();
-    let (l, l2) = (lstat(&m.p("l")).unwrap(), lstat(&m.p("l2")).unwrap());
-    assert_eq!((l.st_uid, l2.st_uid), (1000, 0));
-    assert_ne!(l.st_ino, l2.st_ino, "l2 still shows the copy of l");
+fn a_linked_lower_symlink_s_copy_up_shows_through_its_other_name() {
+    for (opts, splits) in [("plain", false), ("plain,userxattr", true)] {
+        let m = Mount::union(opts, 1, |b| {
+            let low = b.last().unwrap();
+            std::os::unix::fs::symlink("target", low.join("l")).unwrap();
+            fs::hard_link(low.join("l"), low.join("l2")).unwrap();
+        });
+        let before = lstat(&m.p("l2")).unwrap();
+        assert_eq!(before.st_ino, lstat(&m.p("l")).unwrap().st_ino);
+        std::os::unix::fs::lchown(m.p("l"), Some(1000), Some(1000)).unwrap();
+        let (l, l2) = (lstat(&m.p("l")).unwrap(), lstat(&m.p("l2")).unwrap());
+        if splits {
+            assert_eq!((l.st_uid, l2.st_uid), (1000, 0), "{opts}");
+            assert_ne!(l.st_ino, l2.st_ino, "{opts}: l2 still shows the copy of l");
+        } else {
+            assert_eq!((l.st_uid, l2.st_uid), (1000, 1000), "{opts}");
+            assert_eq!(
+                (l.st_ino, l2.st_ino),
+                (before.st_ino, before.st_ino),
+                "{opts}"
+            );
+            assert_eq!((l.st_nlink, l2.st_nlink), (2, 2), "{opts}");
+        }
+    }
 }
 
 /// Files the daemon serves (a clone's base, views) are read ahead in
