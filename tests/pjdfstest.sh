@@ -11,6 +11,7 @@
 #                             `chronofs clone` of a small tree
 #         union-clone      -> the union; the suite runs inside a clone of a
 #                             lower directory made over a whiteout
+#         union-userxattr  -> the union with -o userxattr
 #         anything else    -> passed verbatim as -o MODE
 #   Without MODE: $PJDFSTEST_MODES (default: "plain passthrough=off default
 #   policy samedir"; `policy` is the default mount under
@@ -46,7 +47,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain union-sandbox clone union-clone"}
+PJDFSTEST_MODES=${PJDFSTEST_MODES:-"plain passthrough=off default policy samedir union union-plain union-moded union-added union1-plain union-sandbox clone union-clone union-userxattr"}
 CHRONOFS_BIN=${CHRONOFS_BIN:-$ROOT/target/release/chronofs}
 PJDFSTEST_CONFIG=${PJDFSTEST_CONFIG:-$ROOT/tests/pjdfstest.toml}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-900}
@@ -233,6 +234,7 @@ mode_opts() {
     case $1 in
     default | samedir | union | union-moded | union-added | union-sandbox | clone | union-clone) printf '' ;;
     union-plain | union1-plain) printf 'plain' ;;
+    union-userxattr) printf 'userxattr' ;;
     plain) printf 'plain' ;;
     passthrough=off) printf 'plain,passthrough=off' ;;
     policy) printf 'policy=%s,clean-interval=5' "$ROOT/tests/pjdfstest-policy.toml" ;;
