@@ -1069,8 +1069,17 @@ fn overlayfs_userxattr_mounts_a_branch_chronofs_wrote_with_userxattr() {
     overlayfs_mounts_what_chronofs_wrote(true);
 }
 
-fn has_overlay() -> bool {
-    std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("overlay"))
+/// A scratch directory and, in it, the root of a union harness `u`; none
+/// where the kernel has no overlayfs to compare with.
+fn overlay_test_dirs() -> Option<(tempfile::TempDir, PathBuf)> {
+    if !std::fs::read_to_string("/proc/filesystems").is_ok_and(|f| f.contains("overlay")) {
+        eprintln!("skipped: the kernel has no overlayfs");
+        return None;
+    }
+    let base = tempdir();
+    let root = base.path().join("u");
+    fs::create_dir(&root).unwrap();
+    Some((base, root))
 }
 
 /// Mounts kernel overlayfs of `upper` over `lower` at `base/merged`
@@ -1106,13 +1115,9 @@ const INTEROP_SNAP: SnapOpts = SnapOpts {
 };
 
 fn overlayfs_mounts_what_chronofs_wrote(userxattr: bool) {
-    let base = tempdir();
-    if !has_overlay() {
-        eprintln!("skipped: the kernel has no overlayfs");
+    let Some((base, root)) = overlay_test_dirs() else {
         return;
-    }
-    let root = base.path().join("u");
-    fs::create_dir(&root).unwrap();
+    };
     let opts = if userxattr {
         "plain,userxattr"
     } else {
@@ -1170,13 +1175,9 @@ fn overlayfs_mounts_what_chronofs_wrote(userxattr: bool) {
 /// opaque directory would let the lower entries through.
 #[test]
 fn chronofs_userxattr_mounts_a_layer_overlayfs_userxattr_wrote() {
-    let base = tempdir();
-    if !has_overlay() {
-        eprintln!("skipped: the kernel has no overlayfs");
+    let Some((base, root)) = overlay_test_dirs() else {
         return;
-    }
-    let root = base.path().join("u");
-    fs::create_dir(&root).unwrap();
+    };
     let seen = std::cell::RefCell::new(BTreeMap::new());
     let mut m = Mount::union_in(Root::Kept(root.clone()), "plain,userxattr", 1, |b| {
         let (up, low) = (&b[0], &b[1]);
