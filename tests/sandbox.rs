@@ -273,15 +273,6 @@ fn sandbox_refuses_bad_input_in_one_line() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     }
-    // Not root: no mount namespace to make, and the daemon says so.
-    let out = Command::new(bin())
-        .args(["sandbox", mnt, "--", "true"])
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("only root"), "{}", stderr(&out));
     // MNT = SRC: the daemon cannot reach its store by path.
     let same = Mount::new("plain,samedir");
     let out = chronofs_in(
@@ -296,6 +287,107 @@ fn sandbox_refuses_bad_input_in_one_line() {
     );
     assert_eq!(sandbox_mounts(m.pid().unwrap()), 0);
     assert_eq!(sandbox_mounts(same.pid().unwrap()), 0);
+}
+
+/// `chronofs` as user `uid` (group the same number), from `/`.
+fn as_user(uid: u32, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .current_dir("/")
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap()
+}
+
+/// An ordinary user's sandbox: `chronofs sandbox` makes a user and mount
+/// namespace of its own, into which the daemon binds the sandbox (its
+/// session lies where only root reaches). Only that user and root may
+/// enter, commit or discard it, and nobody else sees it before the commit.
+#[test]
+fn an_ordinary_user_s_sandbox_is_theirs_alone() {
+    each_kind(|m| {
+        fs::create_dir(m.p("pub")).unwrap();
+        fs::set_permissions(
+            m.p("pub"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let mnt = m.mnt.to_str().unwrap().to_string();
+        let script = format!("echo mine > {mnt}/pub/f && cat {mnt}/pub/f && id -u");
+        let out = as_user(NOBODY, &["sandbox", &mnt, "--", "sh", "-c", &script]);
+        assert_eq!(ok(out, "sandbox as nobody", m), "mine\n65534\n");
+        assert!(!m.p("pub/f").exists(), "seen outside before the commit");
+        let row = listed(m).pop().unwrap();
+        assert_eq!(row["owner"], NOBODY, "{row}");
+        let id = row["id"].to_string();
+        for args in [
+            vec!["sandbox", &mnt, "--id", &id, "--", "true"],
+            vec!["sandbox", "discard", &id, "--mount", &mnt],
+            vec!["sandbox", "commit", &id, "--mount", &mnt],
+        ] {
+            let out = as_user(OTHER_USER, &args);
+            assert!(!out.status.success(), "{args:?}");
+            let err = stderr(&out);
+            assert!(err.contains("only its owner or root"), "{args:?}: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        }
+        // Its session is out of other users' reach.
+        let session = row["mountpoint"].as_str().unwrap();
+        let out = Command::new("ls")
+            .arg(session)
+            .uid(OTHER_USER)
+            .gid(OTHER_USER)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{session} listed by another user");
+        // Entered again by its owner, then committed by them.
+        let out = as_user(
+            NOBODY,
+            &[
+                "sandbox",
+                &mnt,
+                "--id",
+                &id,
+                "--",
+                "cat",
+                &format!("{mnt}/pub/f"),
+            ],
+        );
+        assert_eq!(ok(out, "enter again", m), "mine\n");
+        ok(
+            as_user(NOBODY, &["sandbox", "commit", &id, "--mount", &mnt]),
+            "commit",
+            m,
+        );
+        assert_eq!(fs::read(m.p("pub/f")).unwrap(), b"mine\n");
+        let owner = std::os::unix::fs::MetadataExt::uid(&fs::metadata(m.p("pub/f")).unwrap());
+        assert_eq!(owner, NOBODY);
+        // The daemon binds a sandbox only into a namespace the caller made
+        // for itself, never into its own (where every process would see it).
+        let out = as_user(NOBODY, &["sandbox", &mnt, "--", "true"]);
+        ok(out, "a second sandbox", m);
+        let id = listed(m).pop().unwrap()["id"].as_u64().unwrap() as u32;
+        let socket = chronofs::control::mount_of(&m.mnt.canonicalize().unwrap())
+            .and_then(|e| chronofs::control::socket_of(&e, 0))
+            .unwrap();
+        let err = chronofs::control::Client::Daemon(&socket)
+            .sandbox_enter(id)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("namespace of your own"), "{err}");
+        assert!(!m.p("pub/f").exists() || fs::read(m.p("pub/f")).unwrap() == b"mine\n");
+        ok(
+            as_user(
+                NOBODY,
+                &["sandbox", "discard", &id.to_string(), "--mount", &mnt],
+            ),
+            "discard",
+            m,
+        );
+        fs::remove_file(m.p("pub/f")).unwrap();
+        fs::remove_dir(m.p("pub")).unwrap();
+    });
 }
 
 /// A sandbox's session has no history, so it would show a clone's files
@@ -613,7 +705,11 @@ fn a_commit_refuses_bad_input_in_one_line() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("only root"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("belongs to uid 0: only its owner or root"),
+        "{}",
+        stderr(&out)
+    );
     // A top branch made read-only takes no commit.
     branch_ok(&m, &["mode", "0", "ro"]);
     let out = commit(&m, 1, false);

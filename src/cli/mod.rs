@@ -335,7 +335,8 @@ enum Command {
     /// Run a command in a sandbox of a mount: what it and its children
     /// change goes to a private read-write layer over the mount that no
     /// other process sees, until `sandbox commit` applies it or `sandbox
-    /// discard` throws it away (root only: a mount namespace).
+    /// discard` throws it away. Root or any user (then in a user namespace
+    /// of its own, where others' files show as the overflow ids).
     /// `chronofs sandbox MNT -- CMD ARGS...`
     #[command(args_conflicts_with_subcommands = true)]
     Sandbox {
@@ -362,7 +363,7 @@ enum SandboxVerb {
         json: bool,
     },
     /// Apply sandbox ID's changes to the mount at once and end the sandbox
-    /// (root only). Refused, with nothing applied, when the mount changed
+    /// (its owner or root). Refused, with nothing applied, when the mount changed
     /// since the sandbox was made where the sandbox changed it too: the
     /// paths are listed. Processes still in it lose their view (ENOTCONN).
     Commit {
@@ -376,7 +377,7 @@ enum SandboxVerb {
         #[arg(long)]
         json: bool,
     },
-    /// Throw sandbox ID away with its changes (root only); processes still
+    /// Throw sandbox ID away with its changes (its owner or root); processes still
     /// in it lose their view (ENOTCONN).
     Discard {
         id: u32,

@@ -749,6 +749,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
         &plan.store,
         recipe,
         sandbox_refusal(plan),
+        &plan.mnt,
     ));
     sandboxes.finish_interrupted_commits(&vfs);
     let control = match (&history, &policy) {
@@ -1398,31 +1399,45 @@ impl control::service::Host for MountHost {
     fn start_sandbox(
         &self,
         id: Option<u32>,
+        peer: &sys::Peer,
     ) -> control::service::Result<control::proto::SandboxRow> {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
         self.sandboxes
-            .start(id, self.sandbox_base(&vfs)?, vfs.clones_on())
+            .start(id, self.sandbox_base(&vfs)?, vfs.clones_on(), peer.uid)
+    }
+
+    fn enter_sandbox(
+        &self,
+        id: u32,
+        peer: &sys::Peer,
+    ) -> control::service::Result<control::proto::SandboxRow> {
+        self.sandboxes.enter(id, peer)
     }
 
     fn commit_sandbox(
         &self,
         id: u32,
         force: bool,
+        peer: &sys::Peer,
     ) -> control::service::Result<control::proto::SandboxCommitReply> {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
         self.sandboxes
-            .commit(&vfs, id, force, self.sandbox_paths(&vfs)?)
+            .commit(&vfs, id, force, self.sandbox_paths(&vfs)?, peer.uid)
     }
 
     fn sandboxes(&self) -> control::service::Result<Vec<control::proto::SandboxRow>> {
         self.sandboxes.list()
     }
 
-    fn discard_sandbox(&self, id: u32) -> control::service::Result<control::proto::SandboxRow> {
+    fn discard_sandbox(
+        &self,
+        id: u32,
+        peer: &sys::Peer,
+    ) -> control::service::Result<control::proto::SandboxRow> {
         let _one = self.changes.lock();
-        self.sandboxes.discard(id)
+        self.sandboxes.discard(id, peer.uid)
     }
 
     fn remove_branch(

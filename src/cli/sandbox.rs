@@ -53,14 +53,25 @@ pub fn run(mnt: &Path, id: Option<u32>, cmd: &[OsString]) -> Result<()> {
     // point then leads into the sandbox.
     let cwd = std::env::current_dir().ok();
     let row = Client::Daemon(&socket).sandbox_start(id)?;
-    let from = row
-        .mountpoint
-        .as_deref()
-        .ok_or_else(|| anyhow!("the daemon did not serve sandbox {}", row.id))?;
-    sys::private_mount_namespace()
-        .context("cannot make a mount namespace for the sandbox (it needs root)")?;
-    sys::bind_mount(Path::new(from), &mnt)
-        .with_context(|| format!("cannot put sandbox {} over {}", row.id, mnt.display()))?;
+    if sys::geteuid() == 0 {
+        let from = row
+            .mountpoint
+            .as_deref()
+            .ok_or_else(|| anyhow!("the daemon did not serve sandbox {}", row.id))?;
+        sys::private_mount_namespace().context("cannot make a mount namespace for the sandbox")?;
+        sys::bind_mount(Path::new(from), &mnt)
+            .with_context(|| format!("cannot put sandbox {} over {}", row.id, mnt.display()))?;
+    } else {
+        // The sandbox's session lies where only root reaches it: the
+        // daemon binds it into this process's own namespace.
+        sys::private_user_namespace().context(
+            "cannot make a user namespace for the sandbox (are unprivileged user namespaces \
+             allowed? sysctl user.max_user_namespaces)",
+        )?;
+        Client::Daemon(&socket)
+            .sandbox_enter(row.id)
+            .with_context(|| format!("cannot put sandbox {} over {}", row.id, mnt.display()))?;
+    }
     if let Some(cwd) = cwd {
         if let Err(e) = std::env::set_current_dir(&cwd) {
             bail!("{}: {e}", cwd.display());

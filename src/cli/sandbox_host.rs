@@ -46,6 +46,21 @@ struct Manifest {
     created_ns: u64,
     /// The mount's branches it lies over, top first.
     base: Vec<PathBuf>,
+    /// The uid that made it (root for a sandbox made before owners were
+    /// recorded, when only root could make one).
+    #[serde(default)]
+    owner: u32,
+}
+
+/// Refuses `uid` the use of sandbox `id` owned by `owner`, unless it is
+/// the owner or root.
+fn may_use(id: u32, owner: u32, uid: u32) -> Result<()> {
+    if uid == 0 || uid == owner {
+        return Ok(());
+    }
+    Err(Error::NotPermitted(format!(
+        "sandbox {id} belongs to uid {owner}: only its owner or root may use it"
+    )))
 }
 
 /// Written before a commit changes anything: the next daemon finishes it.
@@ -83,6 +98,8 @@ pub(super) struct Sandboxes {
     dir: PathBuf,
     /// Where served sandboxes are mounted.
     run_dir: PathBuf,
+    /// The mount's mount point, which a sandbox covers for its processes.
+    mount_point: PathBuf,
     recipe: Recipe,
     /// Why this mount cannot have sandboxes, if it cannot.
     refused: Option<String>,
@@ -101,11 +118,17 @@ fn io(what: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 impl Sandboxes {
     /// `store`: the mount's store directory; `refused`: why the mount
     /// cannot have sandboxes (its store lies under its own mount point).
-    pub(super) fn new(store: &Path, recipe: Recipe, refused: Option<String>) -> Sandboxes {
+    pub(super) fn new(
+        store: &Path,
+        recipe: Recipe,
+        refused: Option<String>,
+        mount_point: &Path,
+    ) -> Sandboxes {
         clear_dead_daemons_mounts(Path::new(RUN_DIR));
         Sandboxes {
             dir: store.join("sandboxes"),
             run_dir: Path::new(RUN_DIR).join(std::process::id().to_string()),
+            mount_point: mount_point.to_path_buf(),
             recipe,
             refused,
             served: Mutex::new(BTreeMap::new()),
@@ -156,7 +179,32 @@ impl Sandboxes {
                 .get(&m.id)
                 .map(|s| s.mountpoint.to_string_lossy().into_owned()),
             branch: self.branch_dir(m.id).to_string_lossy().into_owned(),
+            owner: m.owner,
         }
+    }
+
+    /// Binds served sandbox `id` over the mount point in the mount
+    /// namespace of `peer`, which must be one of its own in a user
+    /// namespace of its own (`sys::private_user_namespace`): the daemon's
+    /// namespace would put the sandbox in front of every process.
+    pub(super) fn enter(&self, id: u32, peer: &sys::Peer) -> Result<SandboxRow> {
+        let mnt = &self.mount_point;
+        let m = self.manifest(id)?;
+        may_use(id, m.owner, peer.uid)?;
+        let from = self
+            .served
+            .lock()
+            .get(&id)
+            .map(|s| s.mountpoint.clone())
+            .ok_or_else(|| Error::Usage(format!("sandbox {id} is not served: start it first")))?;
+        let own = peer.pid != 0 && sys::in_own_namespaces(peer.pid).map_err(Error::Io)?;
+        if !own {
+            return Err(Error::Usage(
+                "enter a user and mount namespace of your own first (chronofs sandbox does)".into(),
+            ));
+        }
+        sys::bind_mount_in_namespace_of(peer.pid, &from, mnt).map_err(io(mnt))?;
+        Ok(self.row(&m))
     }
 
     fn branch_dir(&self, id: u32) -> PathBuf {
@@ -206,6 +254,7 @@ impl Sandboxes {
         id: Option<u32>,
         base: Vec<(PathBuf, u64)>,
         holds_clones: bool,
+        uid: u32,
     ) -> Result<SandboxRow> {
         let (base, key_devs): (Vec<PathBuf>, Vec<u64>) = base.into_iter().unzip();
         if let Some(why) = &self.refused {
@@ -221,6 +270,7 @@ impl Sandboxes {
         let manifest = match id {
             Some(id) => {
                 let m = self.manifest(id)?;
+                may_use(id, m.owner, uid)?;
                 if self.committing(id) {
                     return Err(Error::Busy(format!(
                         "sandbox {id} is being committed: it cannot be entered again"
@@ -233,7 +283,7 @@ impl Sandboxes {
                 }
                 m
             }
-            None => self.make(base)?,
+            None => self.make(base, uid)?,
         };
         if !self.served.lock().contains_key(&manifest.id) {
             self.serve(&manifest, &key_devs)?;
@@ -241,7 +291,7 @@ impl Sandboxes {
         Ok(self.row(&manifest))
     }
 
-    fn make(&self, base: Vec<PathBuf>) -> Result<Manifest> {
+    fn make(&self, base: Vec<PathBuf>, owner: u32) -> Result<Manifest> {
         std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         let id = self.ids()?.last().map_or(1, |last| last + 1);
         let dir = self.dir.join(id.to_string());
@@ -255,6 +305,7 @@ impl Sandboxes {
             id,
             created_ns: now_ns(),
             base,
+            owner,
         };
         let text =
             serde_json::to_vec_pretty(&m).map_err(|e| Error::Io(std::io::Error::other(e)))?;
@@ -376,7 +427,7 @@ impl Sandboxes {
 
     /// Throws sandbox `id` away. Processes still inside it lose their view
     /// (ENOTCONN): the session ends.
-    pub(super) fn discard(&self, id: u32) -> Result<SandboxRow> {
+    pub(super) fn discard(&self, id: u32, uid: u32) -> Result<SandboxRow> {
         let row = match self.manifest(id) {
             Ok(m) => self.row(&m),
             Err(e @ Error::NotFound(_)) => return Err(e),
@@ -387,6 +438,7 @@ impl Sandboxes {
                 ..Default::default()
             },
         };
+        may_use(id, row.owner, uid)?;
         if self.committing(id) {
             return Err(Error::Busy(format!(
                 "sandbox {id} is being committed: the daemon finishes it when it mounts again"
@@ -455,9 +507,11 @@ impl Sandboxes {
         id: u32,
         force: bool,
         base: Vec<PathBuf>,
+        uid: u32,
     ) -> Result<SandboxCommitReply> {
         let t0 = std::time::Instant::now();
         let m = self.manifest(id)?;
+        may_use(id, m.owner, uid)?;
         if m.base != base {
             return Err(Error::Busy(format!(
                 "sandbox {id} was made over other branches than the mount's now: it cannot be \

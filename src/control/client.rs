@@ -309,6 +309,10 @@ impl Client<'_> {
         self.ask(Request::SandboxStart { id })
     }
 
+    pub fn sandbox_enter(&self, id: u32) -> Result<super::proto::SandboxRow> {
+        self.ask(Request::SandboxEnter { id })
+    }
+
     pub fn sandboxes(&self) -> Result<super::proto::SandboxList> {
         self.ask(Request::Sandboxes)
     }

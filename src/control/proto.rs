@@ -19,7 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
-pub const PROTOCOL: u32 = 11;
+pub const PROTOCOL: u32 = 12;
 
 /// A path inside the mount, as name components from its root.
 pub type Components = Vec<Vec<u8>>;
@@ -152,21 +152,28 @@ pub enum Request {
     Snapmerge {
         upto: Option<String>,
     },
-    /// Serve sandbox `id` (a new one when none): a private read-write
-    /// branch over the mount's branches, mounted where only the processes
-    /// given it see it (root only).
+    /// Serve sandbox `id` (a new one when none, owned by the caller): a
+    /// private read-write branch over the mount's branches, mounted where
+    /// only root reaches it (its owner or root).
     SandboxStart {
         id: Option<u32>,
     },
+    /// Put served sandbox `id` over the mount point in the caller's own
+    /// mount namespace, which lives in a user namespace of the caller's
+    /// (`sys::private_user_namespace`): how an unprivileged owner enters
+    /// it (its owner or root).
+    SandboxEnter {
+        id: u32,
+    },
     /// The mount's sandboxes.
     Sandboxes,
-    /// Throw sandbox `id` away, its changes with it (root only).
+    /// Throw sandbox `id` away, its changes with it (its owner or root).
     SandboxDiscard {
         id: u32,
     },
     /// Apply sandbox `id`'s changes to the mount and end it, unless they
     /// conflict with changes made on the mount since it was made (then
-    /// nothing is applied, unless `force`) (root only).
+    /// nothing is applied, unless `force`) (its owner or root).
     SandboxCommit {
         id: u32,
         force: bool,
@@ -211,6 +218,7 @@ impl Request {
                 | Request::Snapshot { .. }
                 | Request::Snapmerge { .. }
                 | Request::SandboxStart { .. }
+                | Request::SandboxEnter { .. }
                 | Request::Sandboxes
                 | Request::SandboxDiscard { .. }
                 | Request::SandboxCommit { .. }
@@ -612,6 +620,9 @@ pub struct SandboxRow {
     pub mountpoint: Option<String>,
     /// Its private branch: what its processes changed.
     pub branch: String,
+    /// The uid that made it: it and root may enter, commit or discard it.
+    #[serde(default)]
+    pub owner: u32,
 }
 
 /// `SandboxCommit`'s reply.

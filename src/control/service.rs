@@ -112,21 +112,30 @@ pub trait Host: LiveIds {
     fn snapmerge(&self, _upto: Option<&str>) -> Result<super::proto::SnapmergeReply> {
         Err(Error::Usage("nothing is mounted".into()))
     }
-    /// Serves sandbox `id`, or a new one (the caller checked the
-    /// privilege).
-    fn start_sandbox(&self, _id: Option<u32>) -> Result<super::proto::SandboxRow> {
+    /// Serves sandbox `id`, or a new one owned by `peer` (refused unless
+    /// `peer` owns `id` or is root).
+    fn start_sandbox(&self, _id: Option<u32>, _peer: &Peer) -> Result<super::proto::SandboxRow> {
+        Err(Error::Usage("nothing is mounted".into()))
+    }
+    /// Binds served sandbox `id` over the mount point in `peer`'s own
+    /// mount namespace (its owner or root).
+    fn enter_sandbox(&self, _id: u32, _peer: &Peer) -> Result<super::proto::SandboxRow> {
         Err(Error::Usage("nothing is mounted".into()))
     }
     fn sandboxes(&self) -> Result<Vec<super::proto::SandboxRow>> {
         Err(Error::Usage("nothing is mounted".into()))
     }
-    /// Throws sandbox `id` away (the caller checked the privilege).
-    fn discard_sandbox(&self, _id: u32) -> Result<super::proto::SandboxRow> {
+    /// Throws sandbox `id` away (its owner or root).
+    fn discard_sandbox(&self, _id: u32, _peer: &Peer) -> Result<super::proto::SandboxRow> {
         Err(Error::Usage("nothing is mounted".into()))
     }
-    /// Applies sandbox `id` to the mount (the caller checked the
-    /// privilege).
-    fn commit_sandbox(&self, _id: u32, _force: bool) -> Result<super::proto::SandboxCommitReply> {
+    /// Applies sandbox `id` to the mount (its owner or root).
+    fn commit_sandbox(
+        &self,
+        _id: u32,
+        _force: bool,
+        _peer: &Peer,
+    ) -> Result<super::proto::SandboxCommitReply> {
         Err(Error::Usage("nothing is mounted".into()))
     }
     /// Makes `dst` a clone of `src` as of `seq`, as `peer` (the caller
@@ -194,16 +203,20 @@ impl Answerer for HostOnly {
 }
 
 fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer> {
-    if !matches!(req, Request::Branches | Request::Sandboxes) && peer.uid != 0 {
-        let what = match req {
-            Request::SandboxStart { .. }
+    // A sandbox's owner may use it; the host checks who owns it.
+    let anyone = matches!(
+        req,
+        Request::Branches
+            | Request::Sandboxes
+            | Request::SandboxStart { .. }
+            | Request::SandboxEnter { .. }
             | Request::SandboxDiscard { .. }
-            | Request::SandboxCommit { .. } => {
-                "only root may start, commit or discard a sandbox (it needs a mount namespace)"
-            }
-            _ => "only root may change a union's branches",
-        };
-        return Err(Error::NotPermitted(what.into()));
+            | Request::SandboxCommit { .. }
+    );
+    if !anyone && peer.uid != 0 {
+        return Err(Error::NotPermitted(
+            "only root may change a union's branches".into(),
+        ));
     }
     match req {
         Request::BranchMode {
@@ -227,14 +240,15 @@ fn branch_request(host: &dyn Host, req: &Request, peer: &Peer) -> Result<Answer>
             Ok(Answer::Snapshot(host.snapshot(name.as_deref(), *force)?))
         }
         Request::Snapmerge { upto } => Ok(Answer::Snapmerge(host.snapmerge(upto.as_deref())?)),
-        Request::SandboxStart { id } => Ok(Answer::Sandbox(host.start_sandbox(*id)?)),
+        Request::SandboxStart { id } => Ok(Answer::Sandbox(host.start_sandbox(*id, peer)?)),
+        Request::SandboxEnter { id } => Ok(Answer::Sandbox(host.enter_sandbox(*id, peer)?)),
         Request::Sandboxes => Ok(Answer::Sandboxes(proto::SandboxList {
             sandboxes: host.sandboxes()?,
         })),
-        Request::SandboxDiscard { id } => Ok(Answer::Sandbox(host.discard_sandbox(*id)?)),
-        Request::SandboxCommit { id, force } => {
-            Ok(Answer::SandboxCommit(host.commit_sandbox(*id, *force)?))
-        }
+        Request::SandboxDiscard { id } => Ok(Answer::Sandbox(host.discard_sandbox(*id, peer)?)),
+        Request::SandboxCommit { id, force } => Ok(Answer::SandboxCommit(
+            host.commit_sandbox(*id, *force, peer)?,
+        )),
         _ => Ok(Answer::Branches(proto::BranchList {
             branches: host.branches()?,
         })),
@@ -448,6 +462,7 @@ impl Service {
             | Request::Snapshot { .. }
             | Request::Snapmerge { .. }
             | Request::SandboxStart { .. }
+            | Request::SandboxEnter { .. }
             | Request::Sandboxes
             | Request::SandboxDiscard { .. }
             | Request::SandboxCommit { .. } => branch_request(&*self.host, req, peer)?,

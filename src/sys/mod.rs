@@ -729,6 +729,76 @@ pub fn private_mount_namespace() -> io::Result<()> {
     rustix::mount::mount_change(c"/", P::PRIVATE | P::REC).map_err(os_err)
 }
 
+/// Gives this (single-threaded) process a user namespace in which it keeps
+/// its own uid and gid (the only ones mapped: others' files show as the
+/// overflow ids, set-ID programs gain nothing), and there a private copy of
+/// the mount namespace: an unprivileged user's sandbox. Its mounts are
+/// copies from a more privileged namespace, so none of its changes
+/// propagates back.
+pub fn private_user_namespace() -> io::Result<()> {
+    use rustix::thread::UnshareFlags;
+    let (uid, gid) = (geteuid(), rustix::process::getegid().as_raw());
+    // SAFETY: unshare(CLONE_NEWUSER | CLONE_NEWNS) reads and writes no
+    // memory of this process; the kernel requires (and checks) that the
+    // process is single-threaded, which the CLI is at this point.
+    unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNS) }
+        .map_err(os_err)?;
+    // Without CAP_SETGID in the parent namespace setgroups(2) must be
+    // denied before a gid can be mapped.
+    std::fs::write("/proc/self/setgroups", "deny")?;
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
+    use rustix::mount::MountPropagationFlags as P;
+    rustix::mount::mount_change(c"/", P::PRIVATE | P::REC).map_err(os_err)
+}
+
+/// Whether process `pid` lives in a user namespace and a mount namespace
+/// other than this process's (one it made for itself with
+/// [`private_user_namespace`]).
+pub fn in_own_namespaces(pid: u32) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    for ns in ["user", "mnt"] {
+        let ours = std::fs::metadata(format!("/proc/self/ns/{ns}"))?;
+        let theirs = std::fs::metadata(format!("/proc/{pid}/ns/{ns}"))?;
+        if (ours.dev(), ours.ino()) == (theirs.dev(), theirs.ino()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Binds the tree mounted at `from` over `to`, both resolved in the mount
+/// namespace of process `pid` (root may mount there; the process, in a
+/// user namespace of its own, cannot reach `from`). A thread of its own
+/// enters that namespace for it and ends, so no other thread's view
+/// changes.
+pub fn bind_mount_in_namespace_of(
+    pid: u32,
+    from: &std::path::Path,
+    to: &std::path::Path,
+) -> io::Result<()> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))?;
+    let (from, to) = (from.to_path_buf(), to.to_path_buf());
+    let thread = std::thread::Builder::new()
+        .name("sandbox-bind".into())
+        .spawn(move || -> io::Result<()> {
+            use rustix::thread::{LinkNameSpaceType, UnshareFlags};
+            // SAFETY: unshare(CLONE_FS) reads and writes no memory of this
+            // process; it gives this thread its own root, cwd and umask,
+            // which setns(CLONE_NEWNS) requires and no other thread sees.
+            unsafe { rustix::thread::unshare_unsafe(UnshareFlags::FS) }.map_err(os_err)?;
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&ns),
+                Some(LinkNameSpaceType::Mount),
+            )
+            .map_err(os_err)?;
+            rustix::mount::mount_bind(&from, &to).map_err(os_err)
+        })?;
+    thread
+        .join()
+        .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
 /// Binds the tree mounted at `from` over `to` (in this mount namespace).
 pub fn bind_mount(from: &std::path::Path, to: &std::path::Path) -> io::Result<()> {
     rustix::mount::mount_bind_recursive(from, to).map_err(os_err)
