@@ -390,6 +390,33 @@ fn an_ordinary_user_s_sandbox_is_theirs_alone() {
     });
 }
 
+/// Each sandbox is a FUSE session of the daemon: an ordinary user may
+/// keep 16 on a mount; root is not limited.
+#[test]
+fn an_ordinary_user_keeps_a_bounded_number_of_sandboxes() {
+    let m = Mount::new("plain");
+    let mnt = m.mnt.to_str().unwrap();
+    for _ in 0..16 {
+        ok(
+            as_user(NOBODY, &["sandbox", mnt, "--", "true"]),
+            "sandbox",
+            &m,
+        );
+    }
+    let out = as_user(NOBODY, &["sandbox", mnt, "--", "true"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("has 16 sandboxes"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    ok(in_sandbox(&m, None, "true"), "root's", &m);
+    ok(
+        as_user(OTHER_USER, &["sandbox", mnt, "--", "true"]),
+        "another user's",
+        &m,
+    );
+    assert_eq!(listed(&m).len(), 18);
+}
+
 /// A sandbox's session has no history, so it would show a clone's files
 /// and directories as their bare backing objects (empty), and a commit
 /// would write that back: neither is allowed to meet the other yet.

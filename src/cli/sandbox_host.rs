@@ -36,6 +36,9 @@ const FORMAT: u32 = 1;
 /// `commit.json`'s format: a commit began and must be finished.
 const COMMIT_FORMAT: u32 = 1;
 
+/// How many sandboxes a user other than root may keep on one mount.
+const SANDBOXES_PER_USER: usize = 16;
+
 /// Where daemons serve sandboxes, under their process id.
 const RUN_DIR: &str = "/run/chronofs/sandboxes";
 
@@ -283,12 +286,35 @@ impl Sandboxes {
                 }
                 m
             }
-            None => self.make(base, uid)?,
+            None => {
+                self.refuse_too_many(uid)?;
+                self.make(base, uid)?
+            }
         };
         if !self.served.lock().contains_key(&manifest.id) {
             self.serve(&manifest, &key_devs)?;
         }
         Ok(self.row(&manifest))
+    }
+
+    /// Each sandbox is a FUSE session with threads of its own: an
+    /// ordinary user may keep a bounded number on a mount.
+    fn refuse_too_many(&self, uid: u32) -> Result<()> {
+        if uid == 0 {
+            return Ok(());
+        }
+        let mine = self
+            .ids()?
+            .into_iter()
+            .filter(|id| self.manifest(*id).is_ok_and(|m| m.owner == uid))
+            .count();
+        if mine >= SANDBOXES_PER_USER {
+            return Err(Error::Busy(format!(
+                "uid {uid} has {mine} sandboxes on this mount, the most an ordinary user may \
+                 keep: commit or discard one (chronofs sandbox list)"
+            )));
+        }
+        Ok(())
     }
 
     fn make(&self, base: Vec<PathBuf>, owner: u32) -> Result<Manifest> {
