@@ -1209,6 +1209,9 @@ fn chronofs_userxattr_mounts_a_layer_overlayfs_userxattr_wrote() {
         seen,
         "chronofs (left) and overlayfs (right) differ"
     );
+    let status: serde_json::Value =
+        serde_json::from_slice(&cli_ok(&["status", m.mnt.to_str().unwrap(), "--json"])).unwrap();
+    assert_eq!(status["union"]["xattrs"], "user", "{status}");
     m.unmount();
     // fsck reads the marks of the namespace it is told.
     let list = format!("{}=rw:{}=ro", m.src.display(), m.lowers[0].display());

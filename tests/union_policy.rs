@@ -597,8 +597,12 @@ fn status_lists_the_branches_of_a_union() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let un = &v["union"];
     assert_eq!(
-        (un["create"].as_str(), un["delete"].as_str()),
-        (Some("mfs"), Some("all"))
+        (
+            un["create"].as_str(),
+            un["delete"].as_str(),
+            un["xattrs"].as_str()
+        ),
+        (Some("mfs"), Some("all"), Some("trusted"))
     );
     let b = un["branches"].as_array().unwrap();
     let modes: Vec<_> = b.iter().map(|x| x["mode"].as_str().unwrap()).collect();
@@ -614,7 +618,10 @@ fn status_lists_the_branches_of_a_union() {
     );
     let text = chronofs_out(&["status".as_ref(), mnt]);
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("create=mfs delete=all"), "{text}");
+    assert!(
+        text.contains("create=mfs delete=all marks=trusted.overlay.*"),
+        "{text}"
+    );
     let line = text.lines().find(|l| l.contains("<- creates")).unwrap();
     assert!(
         line.contains(" rw ") && line.contains(u.br("b").to_str().unwrap()),

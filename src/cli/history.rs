@@ -525,7 +525,10 @@ pub fn ls(t: &Target, at: Option<&str>, deleted: bool, long: bool, json: bool) -
 /// a mark on the one creates go to now.
 fn print_branches(u: &crate::control::proto::UnionStatus) {
     let gib = |n: u64| n as f64 / (1u64 << 30) as f64;
-    println!("union:        create={} delete={}", u.create, u.delete);
+    println!(
+        "union:        create={} delete={} marks={}.overlay.*",
+        u.create, u.delete, u.xattrs
+    );
     for (i, b) in u.branches.iter().enumerate() {
         println!(
             "  branch {}:   {} {}  used {:.2} GiB, free {:.2} GiB of {:.2} GiB{}",

@@ -546,6 +546,10 @@ pub struct RequestCount {
 pub struct UnionStatus {
     pub create: String,
     pub delete: String,
+    /// The namespace of the overlay marks: `trusted` or `user`
+    /// (`-o userxattr`).
+    #[serde(default)]
+    pub xattrs: String,
     pub branches: Vec<BranchStatus>,
 }
 
