@@ -390,6 +390,60 @@ fn an_ordinary_user_s_sandbox_is_theirs_alone() {
     });
 }
 
+/// An ordinary user's commit applies only what they may still do on the
+/// mount: a directory whose permissions the mount took from them since
+/// refuses it (nothing applied, one line), and they may not force a
+/// commit over others' changes; root may.
+#[test]
+fn an_ordinary_user_s_commit_is_held_to_the_permissions_of_now() {
+    each_kind(|m| {
+        fs::create_dir(m.p("pub")).unwrap();
+        let mode = |m: &Mount, bits: u32| {
+            fs::set_permissions(
+                m.p("pub"),
+                std::os::unix::fs::PermissionsExt::from_mode(bits),
+            )
+            .unwrap()
+        };
+        mode(m, 0o777);
+        let mnt = m.mnt.to_str().unwrap().to_string();
+        let script = format!("echo mine > {mnt}/pub/f");
+        ok(
+            as_user(NOBODY, &["sandbox", &mnt, "--", "sh", "-c", &script]),
+            "sandbox",
+            m,
+        );
+        let id = listed(m).pop().unwrap()["id"].to_string();
+        mode(m, 0o755);
+        for (args, want) in [
+            (
+                vec!["sandbox", "commit", &id, "--mount", &mnt],
+                "may no longer change /pub/f",
+            ),
+            (
+                vec!["sandbox", "commit", &id, "--mount", &mnt, "--force"],
+                "only root may force",
+            ),
+        ] {
+            let out = as_user(NOBODY, &args);
+            assert!(!out.status.success(), "{args:?}");
+            let err = stderr(&out);
+            assert!(err.contains(want), "{args:?}: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+            assert!(!m.p("pub/f").exists(), "{args:?}: applied");
+        }
+        mode(m, 0o777);
+        ok(
+            as_user(NOBODY, &["sandbox", "commit", &id, "--mount", &mnt]),
+            "commit",
+            m,
+        );
+        assert_eq!(fs::read(m.p("pub/f")).unwrap(), b"mine\n");
+        fs::remove_file(m.p("pub/f")).unwrap();
+        fs::remove_dir(m.p("pub")).unwrap();
+    });
+}
+
 /// Each sandbox is a FUSE session of the daemon: an ordinary user may
 /// keep 16 on a mount; root is not limited.
 #[test]

@@ -1428,7 +1428,7 @@ impl control::service::Host for MountHost {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         let _one = self.changes.lock();
         self.sandboxes
-            .commit(&vfs, id, force, self.sandbox_paths(&vfs)?, peer.uid)
+            .commit(&vfs, id, force, self.sandbox_paths(&vfs)?, peer)
     }
 
     fn sandboxes(&self) -> control::service::Result<Vec<control::proto::SandboxRow>> {

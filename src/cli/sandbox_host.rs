@@ -504,6 +504,79 @@ impl Sandboxes {
     }
 }
 
+/// For a commit by an ordinary user: the paths the sandbox changes that
+/// its owner may no longer change on the mount, because the permissions
+/// of the directory holding them changed since the sandbox was made (the
+/// sandbox's session checked them as they were). The nearest directory
+/// above each path that the mount has (its topmost copy among `base`)
+/// must be writable and searchable by the owner; a sticky one also needs
+/// the owner to own it or the entry the commit replaces or removes.
+fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) -> Vec<String> {
+    let caller = sys::creds::Caller {
+        uid: peer.uid,
+        gid: peer.gid,
+        pid: peer.pid,
+    };
+    let topmost = |rel: &Path| -> Option<(PathBuf, std::fs::Metadata)> {
+        base.iter()
+            .map(|b| b.join(rel))
+            .find_map(|p| std::fs::symlink_metadata(&p).ok().map(|m| (p, m)))
+    };
+    use std::os::unix::ffi::OsStrExt;
+    let mut refused = Vec::new();
+    for raw in paths {
+        let path = Path::new(std::ffi::OsStr::from_bytes(raw));
+        let mut dir = path.parent();
+        let found = loop {
+            let Some(d) = dir else { break None };
+            match topmost(d) {
+                Some((p, m)) if m.is_dir() => break Some((p, m)),
+                _ => dir = d.parent(),
+            }
+        };
+        let Some((dir_path, dir_meta)) = found else {
+            continue;
+        };
+        let writable = std::fs::File::open(&dir_path).is_ok_and(|f| {
+            sys::creds::as_caller(&caller, || {
+                sys::access_fd(f.as_fd(), libc::W_OK | libc::X_OK)
+            })
+            .is_ok()
+        });
+        use std::os::unix::fs::MetadataExt;
+        let sticky_owner = dir_meta.mode() & libc::S_ISVTX == 0
+            || dir_meta.uid() == peer.uid
+            || topmost(path).is_none_or(|(_, m)| m.uid() == peer.uid);
+        if !writable || !sticky_owner {
+            refused.push(format!("/{}", path.display()));
+        }
+    }
+    refused
+}
+
+/// Refuses an ordinary user's commit that changes what they may no
+/// longer change (see [`no_longer_permitted`]).
+fn check_owner_may(
+    id: u32,
+    base: &[PathBuf],
+    changes: &crate::union::commit::Changes,
+    peer: &sys::Peer,
+) -> Result<()> {
+    if peer.uid == 0 {
+        return Ok(());
+    }
+    let refused = no_longer_permitted(base, &changes.paths, peer);
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(Error::NotPermitted(format!(
+        "sandbox {id}: uid {} may no longer change {} on the mount (permissions changed since \
+         the sandbox was made); nothing was applied",
+        peer.uid,
+        refused.join(", ")
+    )))
+}
+
 /// Refuses a forced commit of hard-linked files changed on both sides.
 fn linked_both(
     id: u32,
@@ -533,11 +606,16 @@ impl Sandboxes {
         id: u32,
         force: bool,
         base: Vec<PathBuf>,
-        uid: u32,
+        peer: &sys::Peer,
     ) -> Result<SandboxCommitReply> {
         let t0 = std::time::Instant::now();
         let m = self.manifest(id)?;
-        may_use(id, m.owner, uid)?;
+        may_use(id, m.owner, peer.uid)?;
+        if force && peer.uid != 0 {
+            return Err(Error::NotPermitted(format!(
+                "sandbox {id}: only root may force a commit over changes made on the mount since"
+            )));
+        }
         if m.base != base {
             return Err(Error::Busy(format!(
                 "sandbox {id} was made over other branches than the mount's now: it cannot be \
@@ -578,6 +656,7 @@ impl Sandboxes {
         if !first.conflicts.is_empty() && !force {
             return Ok(reply);
         }
+        check_owner_may(id, &base, &first, peer)?;
         linked_both(id, &first, &reply)?;
         if let Some(served) = self.served.lock().remove(&id) {
             stop(served);
@@ -599,6 +678,7 @@ impl Sandboxes {
         if !changes.conflicts.is_empty() && !force {
             return Ok(reply);
         }
+        check_owner_may(id, &base, &changes, peer)?;
         linked_both(id, &changes, &reply)?;
         // Before the journal: a failure here leaves nothing to finish.
         vfs.secure_commit(&changes.paths)?;
