@@ -320,6 +320,9 @@ fn an_ordinary_user_s_sandbox_is_theirs_alone() {
         assert!(!m.p("pub/f").exists(), "seen outside before the commit");
         let row = listed(m).pop().unwrap();
         assert_eq!(row["owner"], NOBODY, "{row}");
+        let text = as_user(NOBODY, &["sandbox", "list", &mnt]);
+        let text = String::from_utf8_lossy(&text.stdout).into_owned();
+        assert!(text.contains("served  uid 65534  changes in"), "{text}");
         let id = row["id"].to_string();
         for args in [
             vec!["sandbox", &mnt, "--id", &id, "--", "true"],

@@ -154,7 +154,7 @@ pub fn list(mnt: Option<&Path>, json: bool) -> Result<()> {
         let created = jiff::Timestamp::from_nanosecond(i128::from(row.created_ns))
             .map_or_else(|_| "?".to_string(), |t| t.to_string());
         println!(
-            "{:>3}  {}  {}  {}  changes in {}",
+            "{:>3}  {}  {}  {}  uid {}  changes in {}",
             row.id,
             point.display(),
             created,
@@ -163,6 +163,7 @@ pub fn list(mnt: Option<&Path>, json: bool) -> Result<()> {
             } else {
                 "kept"
             },
+            row.owner,
             row.branch
         );
     }
