@@ -1085,10 +1085,7 @@ impl control::service::Host for MountHost {
         Some(control::proto::UnionStatus {
             create: opts.create.to_string(),
             delete: opts.delete.to_string(),
-            xattrs: match opts.xattr_ns {
-                crate::union::format::XattrNs::Trusted => "trusted".into(),
-                crate::union::format::XattrNs::User => "user".into(),
-            },
+            xattrs: opts.xattr_ns.name().into(),
             branches,
         })
     }

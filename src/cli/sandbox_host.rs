@@ -512,6 +512,8 @@ impl Sandboxes {
 /// must be writable and searchable by the owner; a sticky one also needs
 /// the owner to own it or the entry the commit replaces or removes.
 fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) -> Vec<String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
     let caller = sys::creds::Caller {
         uid: peer.uid,
         gid: peer.gid,
@@ -522,7 +524,6 @@ fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) ->
             .map(|b| b.join(rel))
             .find_map(|p| std::fs::symlink_metadata(&p).ok().map(|m| (p, m)))
     };
-    use std::os::unix::ffi::OsStrExt;
     let mut refused = Vec::new();
     for raw in paths {
         let path = Path::new(std::ffi::OsStr::from_bytes(raw));
@@ -543,7 +544,6 @@ fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) ->
             })
             .is_ok()
         });
-        use std::os::unix::fs::MetadataExt;
         let sticky_owner = dir_meta.mode() & libc::S_ISVTX == 0
             || dir_meta.uid() == peer.uid
             || topmost(path).is_none_or(|(_, m)| m.uid() == peer.uid);

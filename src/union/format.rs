@@ -59,6 +59,14 @@ impl XattrNs {
         }
     }
 
+    /// The namespace's name: `trusted` or `user`.
+    pub fn name(self) -> &'static str {
+        match self {
+            XattrNs::Trusted => "trusted",
+            XattrNs::User => "user",
+        }
+    }
+
     /// The prefix every overlay xattr of this namespace starts with.
     pub fn prefix(self) -> &'static [u8] {
         match self {
