@@ -1389,3 +1389,82 @@ fn a_clone_a_crash_left_under_its_hidden_name_is_not_shown() {
     assert!(made.is_err(), "a hidden name was made through the mount");
     assert!(m.src.join(hidden).exists());
 }
+
+/// The bytes the daemon `pid` has read so far.
+fn bytes_read_by(pid: u32) -> u64 {
+    let io = fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|n| n.parse().ok())
+        .expect("rchar")
+}
+
+/// On btrfs (and XFS) a clone's file that is read while its base is a
+/// live file still holding the instant's bytes takes the base's blocks
+/// (FICLONE) at its first open and is read by the kernel itself
+/// (passthrough), at the source's speed; the two stay independent, and
+/// `status --clones` counts the blocks as shared. A base that changed
+/// since the instant (history holds its bytes) is read as before.
+#[test]
+fn on_btrfs_a_read_clone_shares_its_base_s_blocks_and_is_read_by_the_kernel() {
+    use common::logdisk::{must, DiskMount, Loop};
+    let work = tempdir();
+    let img = work.path().join("disk.img");
+    fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
+    must(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
+    let disk = work.path().join("btrfs");
+    fs::create_dir(&disk).unwrap();
+    let attached = Loop::attach(&img);
+    let _mounted = DiskMount::mount_as("btrfs", &attached.dev, &disk);
+    let tree = disk.join("tree");
+    fs::create_dir(&tree).unwrap();
+    let mut m = Mount::new_in(Root::Kept(tree), "", |_| {});
+    let data = pattern(32 << 20, 3);
+    write_file(&m.p("f"), &data);
+    succeeded(clone(&m.p("f"), &m.p("g")));
+    succeeded(clone(&m.p("g"), &m.p("h")));
+    succeeded(clone(&m.p("f"), &m.p("later")));
+    let pid = m.pid().expect("daemon pid");
+    let before = bytes_read_by(pid);
+    assert_eq!(read_file(&m.p("h")), data);
+    let read = bytes_read_by(pid) - before;
+    assert!(read < 1 << 20, "the daemon read {read} bytes of the clone");
+    let (_, marked) = backing(&m.src.join("h"));
+    assert!(!marked, "h is still marked");
+    let frag = must(Command::new("filefrag").arg("-v").arg(m.src.join("h")));
+    assert!(frag.contains("shared"), "extents not shared:\n{frag}");
+    let out = chronofs(&[
+        "status".as_ref(),
+        "--clones".as_ref(),
+        "--json".as_ref(),
+        m.mnt.as_os_str(),
+    ]);
+    succeeded(out.clone());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = v["clones"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"] == "/h")
+        .expect("h listed")
+        .clone();
+    assert_eq!(row["space"]["shared_bytes"], data.len() as u64, "{row}");
+    assert_eq!(row["space"]["own_bytes"], 0, "{row}");
+    // Independent both ways; `later` was cloned before the source changed
+    // and reads the instant's bytes from history, unshared.
+    write_at(&m.p("f"), 0, b"the source moves");
+    write_at(&m.p("h"), 4096, b"so does the clone");
+    let mut h = data.clone();
+    h[4096..4113].copy_from_slice(b"so does the clone");
+    let mut f = data.clone();
+    f[..16].copy_from_slice(b"the source moves");
+    assert_eq!(read_file(&m.p("h")), h);
+    assert_eq!(read_file(&m.p("g")), data);
+    assert_eq!(read_file(&m.p("later")), data);
+    assert_eq!(read_file(&m.p("f")), f);
+    assert!(backing(&m.src.join("later")).1, "later lost its mark");
+    m.remount();
+    for (name, want) in [("f", &f), ("g", &data), ("h", &h), ("later", &data)] {
+        assert_eq!(&read_file(&m.p(name)), want, "{name} after a remount");
+    }
+}

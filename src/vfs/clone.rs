@@ -659,6 +659,12 @@ impl Vfs {
         let Some(mark) = self.base_of_file(node)? else {
             return Ok(None);
         };
+        // Where the branch can share its base's blocks, the file gets them
+        // now and is read by the kernel itself (passthrough), at the
+        // base's speed. A read does not write a frozen branch.
+        if !self.in_read_only_branch(node) && self.materialise_shared(node)? {
+            return Ok(None);
+        }
         Ok(Some((self.open_base(mark.at, &mark.path)?.fh, epoch)))
     }
 
@@ -697,15 +703,56 @@ impl Vfs {
             return Ok(());
         };
         let times = sys::fstat(node.fd())?;
-        let opened = self.open_base(mark.at, &mark.path)?;
-        let copied = self.copy_base(opened.fh, node.fd());
-        let _ = self.view_release(opened.fh);
-        copied?;
+        if !self.shared_base_blocks(node, &mark, &times)? {
+            let opened = self.open_base(mark.at, &mark.path)?;
+            let copied = self.copy_base(opened.fh, node.fd());
+            let _ = self.view_release(opened.fh);
+            copied?;
+        }
+        self.unmark_materialised(node, &times)
+    }
+
+    /// [`Vfs::materialise`], only where the branch's file system can
+    /// share the base's blocks (no copy); false where it cannot.
+    fn materialise_shared(&self, node: &Node) -> Result<bool> {
+        if !sys::shares_blocks_in_order(node.fd()) {
+            return Ok(false);
+        }
+        let _one = self.clones.busy.lock();
+        let Some(mark) = self.base_of_file(node)? else {
+            return Ok(true);
+        };
+        let times = sys::fstat(node.fd())?;
+        if !self.shared_base_blocks(node, &mark, &times)? {
+            return Ok(false);
+        }
+        self.unmark_materialised(node, &times).map(|()| true)
+    }
+
+    /// Whether `node` (marked `mark`, `times` its attributes) now shares
+    /// its base's blocks. The mark may go without a sync in between: on
+    /// these file systems the sharing is journaled before the mark's
+    /// removal (`sys::shares_blocks_in_order`).
+    fn shared_base_blocks(&self, node: &Node, mark: &Mark, times: &Stat) -> Result<bool> {
+        if !sys::shares_blocks_in_order(node.fd()) {
+            return Ok(false);
+        }
+        let out = sys::reopen(node.fd(), libc::O_WRONLY)?;
+        let size = times.st_size as u64;
+        let shared = self.share_base_blocks((mark.at, &mark.path), out.as_fd(), size)?;
+        if !shared {
+            keep_times(node.fd(), times)?;
+        }
+        Ok(shared)
+    }
+
+    /// The last step of a materialisation: the bytes are the file's own.
+    fn unmark_materialised(&self, node: &Node, times: &Stat) -> Result<()> {
         sys::removexattr_fd(node.fd(), self.clone_ns().clone_mark())?;
         node.inode.set_unmarked();
         // Copying the bytes in is not a change the user made (a chmod or a
         // read by history may be what asked for it).
-        keep_times(node.fd(), &times)?;
+        keep_times(node.fd(), times)?;
         self.clones
             .epoch
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);

@@ -200,8 +200,16 @@ impl Vfs {
                     space.shared_files += 1;
                     space.shared_bytes += st.st_size as u64;
                 } else {
-                    space.own_files += 1;
-                    space.own_bytes += st.st_blocks as u64 * 512;
+                    // Its own, but a materialised file may share its
+                    // blocks with its base (btrfs, XFS).
+                    let blocks = st.st_blocks as u64 * 512;
+                    let shared = shared_blocks(fd.as_fd());
+                    match shared {
+                        0 => space.own_files += 1,
+                        _ => space.shared_files += 1,
+                    }
+                    space.shared_bytes += shared;
+                    space.own_bytes += blocks - shared;
                 }
             }
             libc::S_IFDIR => match self.read_mark(fd.as_fd())? {
@@ -321,4 +329,18 @@ mod tests {
         assert!(!moves.still(before));
         assert!(moves.still(moves.done()));
     }
+}
+
+/// The bytes of a file (`fd`, any open) in blocks it shares with others,
+/// where its file system shares blocks; 0 where it cannot say.
+fn shared_blocks(fd: std::os::fd::BorrowedFd<'_>) -> u64 {
+    if !sys::shares_blocks_in_order(fd) {
+        return 0;
+    }
+    sys::reopen(fd, libc::O_RDONLY)
+        .and_then(|f| sys::shared_extent_bytes(f.as_fd()))
+        .unwrap_or_else(|e| {
+            tracing::debug!("clone space: no extent map: {e}");
+            0
+        })
 }

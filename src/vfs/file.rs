@@ -207,7 +207,7 @@ impl Vfs {
     /// passthrough: once the kernel has a backing file for an inode, every
     /// open of it must use that one, and a copy-up while such a handle is
     /// open would send the writer's I/O to the lower file.
-    fn in_read_only_branch(&self, inode: &super::inodes::Node) -> bool {
+    pub(super) fn in_read_only_branch(&self, inode: &super::inodes::Node) -> bool {
         self.union()
             .is_some_and(|u| !u.writable(self.inodes.branch_of(&inode.key)))
     }

@@ -133,6 +133,53 @@ impl Vfs {
         self.reader_of_base(node, at, path)
     }
 
+    /// Makes `out`, a clone's file of `size` bytes that shows the base at
+    /// `path` and `at`, share that base's blocks (FICLONE), where the base
+    /// is a live file still holding the instant's bytes on the same file
+    /// system; checked after the clone as reads are. False where it cannot
+    /// (history holds the bytes, another file system, no FICLONE, the base
+    /// changed meanwhile): `out` is then a file of holes again.
+    pub(in crate::vfs) fn share_base_blocks(
+        &self,
+        (at, path): (Seq, &[Vec<u8>]),
+        out: std::os::fd::BorrowedFd<'_>,
+        size: u64,
+    ) -> Result<bool> {
+        let mut reader = self.base_reader(at, path)?;
+        let obj = reader.obj;
+        let ReadFrom::Head {
+            fd,
+            expect,
+            latest,
+            as_of,
+        } = &mut reader.source
+        else {
+            return Ok(false);
+        };
+        if expect.size != size {
+            return Ok(false);
+        }
+        let cloned = sys::ficlone(out, fd.as_fd());
+        if let Err(e) = &cloned {
+            tracing::debug!("clone: no shared blocks for {}: {e}", past::show_path(path));
+            if [libc::EOPNOTSUPP, libc::EXDEV, libc::EINVAL, libc::ENOTTY]
+                .contains(&e.raw_os_error().unwrap_or(0))
+            {
+                return Ok(false);
+            }
+        } else {
+            let h = self.history()?;
+            let now = attrs_of(&sys::fstat(fd.as_fd())?);
+            if expect.same_state(&now) && unchanged_versions(&h, obj, latest, as_of)? {
+                return Ok(true);
+            }
+        }
+        // Part shared, or the base's bytes moved on: holes, as before.
+        sys::ftruncate(out, 0)?;
+        sys::ftruncate(out, size)?;
+        Ok(false)
+    }
+
     /// [`Vfs::base_reader`] of a base already resolved (`None`: history
     /// does not have it).
     pub(in crate::vfs) fn reader_of_base(
