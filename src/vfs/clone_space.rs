@@ -307,6 +307,20 @@ impl Drop for Moving<'_> {
     }
 }
 
+/// The bytes of a file (`fd`, any open) in blocks it shares with others,
+/// where its file system shares blocks; 0 where it cannot say.
+fn shared_blocks(fd: std::os::fd::BorrowedFd<'_>) -> u64 {
+    if !sys::shares_blocks_in_order(fd) {
+        return 0;
+    }
+    sys::reopen(fd, libc::O_RDONLY)
+        .and_then(|f| sys::shared_extent_bytes(f.as_fd()))
+        .unwrap_or_else(|e| {
+            tracing::debug!("clone space: no extent map: {e}");
+            0
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::Moves;
@@ -329,18 +343,4 @@ mod tests {
         assert!(!moves.still(before));
         assert!(moves.still(moves.done()));
     }
-}
-
-/// The bytes of a file (`fd`, any open) in blocks it shares with others,
-/// where its file system shares blocks; 0 where it cannot say.
-fn shared_blocks(fd: std::os::fd::BorrowedFd<'_>) -> u64 {
-    if !sys::shares_blocks_in_order(fd) {
-        return 0;
-    }
-    sys::reopen(fd, libc::O_RDONLY)
-        .and_then(|f| sys::shared_extent_bytes(f.as_fd()))
-        .unwrap_or_else(|e| {
-            tracing::debug!("clone space: no extent map: {e}");
-            0
-        })
 }

@@ -170,7 +170,7 @@ impl Vfs {
         } else {
             let h = self.history()?;
             let now = attrs_of(&sys::fstat(fd.as_fd())?);
-            if expect.same_state(&now) && unchanged_versions(&h, obj, latest, as_of)? {
+            if expect.same_state(&now) && unchanged_versions(h, obj, latest, as_of)? {
                 return Ok(true);
             }
         }
