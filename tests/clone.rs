@@ -1463,8 +1463,24 @@ fn on_btrfs_a_read_clone_shares_its_base_s_blocks_and_is_read_by_the_kernel() {
     assert_eq!(read_file(&m.p("later")), data);
     assert_eq!(read_file(&m.p("f")), f);
     assert!(backing(&m.src.join("later")).1, "later lost its mark");
+    // A clone's file first changed takes its base's blocks too: history
+    // records its state before from the base (the file is not read for
+    // it) and its write's version from the bytes written.
+    succeeded(clone(&m.p("f"), &m.p("w")));
+    let before = bytes_read_by(pid);
+    write_at(&m.p("w"), 8192, b"written in w");
+    let read = bytes_read_by(pid) - before;
+    assert!(read < 4 << 20, "the daemon read {read} bytes for a 12-byte write");
+    let mut w = f.clone();
+    w[8192..8204].copy_from_slice(b"written in w");
+    assert!(!backing(&m.src.join("w")).1, "w is still marked");
+    let frag = must(Command::new("filefrag").arg("-v").arg(m.src.join("w")));
+    assert!(frag.contains("shared"), "extents not shared:\n{frag}");
+    assert_eq!(read_file(&m.p("w")), w);
+    assert_eq!(read_file(&m.p("w;1")), f, "w's state before its write");
+    assert_eq!(read_file(&m.p("f")), f);
     m.remount();
-    for (name, want) in [("f", &f), ("g", &data), ("h", &h), ("later", &data)] {
+    for (name, want) in [("f", &f), ("g", &data), ("h", &h), ("later", &data), ("w", &w)] {
         assert_eq!(&read_file(&m.p(name)), want, "{name} after a remount");
     }
 }

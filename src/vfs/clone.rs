@@ -661,8 +661,11 @@ impl Vfs {
         };
         // Where the branch can share its base's blocks, the file gets them
         // now and is read by the kernel itself (passthrough), at the
-        // base's speed. A read does not write a frozen branch.
-        if !self.in_read_only_branch(node) && self.materialise_shared(node)? {
+        // base's speed. A read does not write a frozen branch; a small
+        // file is read as fast through the daemon (and btrfs copies its
+        // inline bytes rather than sharing them).
+        let large = sys::fstat(node.fd())?.st_size as u64 >= super::clone_patch::PATCH_MIN;
+        if large && !self.in_read_only_branch(node) && self.materialise_shared(node, false)? {
             return Ok(None);
         }
         Ok(Some((self.open_base(mark.at, &mark.path)?.fh, epoch)))
@@ -713,20 +716,34 @@ impl Vfs {
     }
 
     /// [`Vfs::materialise`], only where the branch's file system can
-    /// share the base's blocks (no copy); false where it cannot.
-    fn materialise_shared(&self, node: &Node) -> Result<bool> {
+    /// share the base's blocks (no copy); false where it cannot. Before a
+    /// change (`for_change`), history records the file's state before
+    /// from its base's version (no read of the file), and its writes are
+    /// tracked from then on (`Inode::shared_at_change`).
+    pub(super) fn materialise_shared(&self, node: &Node, for_change: bool) -> Result<bool> {
         if !sys::shares_blocks_in_order(node.fd()) {
             return Ok(false);
         }
         let _one = self.clones.busy.lock();
         let Some(mark) = self.base_of_file(node)? else {
-            return Ok(true);
+            return Ok(self.mark_of(node)?.is_none());
         };
         let times = sys::fstat(node.fd())?;
         if !self.shared_base_blocks(node, &mark, &times)? {
             return Ok(false);
         }
-        self.unmark_materialised(node, &times).map(|()| true)
+        self.unmark_materialised(node, &times)?;
+        // After the last step that moves its ctime: history's record must
+        // match the file as it now is, or capture would read it whole.
+        if for_change {
+            let base = self.with_past(|p| {
+                p.resolve(&mark.path, mark.at)
+                    .map_err(super::views::past_err)
+            })?;
+            self.baseline_from_base(node, &mark, base.as_ref())?;
+            node.inode.set_shared_at_change();
+        }
+        Ok(true)
     }
 
     /// Whether `node` (marked `mark`, `times` its attributes) now shares

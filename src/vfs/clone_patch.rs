@@ -27,10 +27,10 @@ use parking_lot::Mutex;
 
 use super::clone::Mark;
 use super::views::{read_reader_into, Reader};
-use super::{errno, Caller, InodeNo, Result, Vfs};
+use super::{errno, Caller, InodeNo, Result, Stat, Vfs};
 use crate::capture::Readable;
 use crate::history::past::Node as PastNode;
-use crate::history::{Content, History, Seq};
+use crate::history::{Content, History, ObjectId, Seq};
 use crate::sys::{self, creds};
 use crate::union::format::XattrNs;
 
@@ -1006,6 +1006,11 @@ impl Vfs {
             return Ok(None);
         };
         let size = sys::fstat(node.fd())?.st_size as u64;
+        // Where the branch can share the base's blocks, the file takes
+        // them: no patch, and the kernel reads and writes it.
+        if self.materialise_shared(node, true)? {
+            return Ok(None);
+        }
         if size < PATCH_MIN {
             return self.materialise(node).map(|()| None);
         }
@@ -1048,7 +1053,7 @@ impl Vfs {
     /// base's content at the instant (when history holds it): no need to
     /// read the file for it, which would cost the whole file for the
     /// smallest write. `base`: the mark's base, resolved.
-    fn baseline_from_base(
+    pub(super) fn baseline_from_base(
         &self,
         node: &super::inodes::Node,
         mark: &Mark,
@@ -1088,10 +1093,13 @@ impl Vfs {
                     let file = matches!(v.content, Content::File { .. });
                     return Ok(file.then(|| v.content.clone()));
                 }
-                Some(PastNode::Live { fd, st, .. })
+                Some(PastNode::Live { fd, st, obj })
                     if st.st_mode & libc::S_IFMT == libc::S_IFREG =>
                 {
-                    self.read_mark(fd.as_fd())?
+                    match self.read_mark(fd.as_fd())? {
+                        Some(m) => Some(m),
+                        None => return self.content_of_unchanged(*obj, st),
+                    }
                 }
                 _ => None,
             };
@@ -1103,6 +1111,22 @@ impl Vfs {
             }
         }
         Ok(None)
+    }
+
+    /// The content of a live file (`obj`, `st` its attributes now) that
+    /// has not changed since history's newest version of it: that
+    /// version's, as a view of it reads the live file on the same proof.
+    fn content_of_unchanged(&self, obj: Option<ObjectId>, st: &Stat) -> Result<Option<Content>> {
+        let (Some(obj), Some(c)) = (obj, self.capture()) else {
+            return Ok(None);
+        };
+        let h = c.history();
+        let Some((_, v)) = h.latest(obj)? else {
+            return Ok(None);
+        };
+        let file = matches!(v.content, Content::File { .. });
+        let same = crate::capture::attrs_of(st).same_state(&v.attrs);
+        Ok((file && same).then(|| v.content.clone()))
     }
 
     /// Gives a patched file all its bytes and drops its mark.

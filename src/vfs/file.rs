@@ -145,9 +145,9 @@ impl Vfs {
         // A patched file's writes reach the daemon anyway: tracked at any
         // size (read whole, a 16-byte write into a 4 MiB clone file cost
         // its version 4 MiB of chunking).
-        let track_from = match patched {
-            Some(_) => 0,
-            None => crate::capture::TRACK_MIN,
+        let track_from = match patched.is_some() || inode.inode.shared_at_change() {
+            true => 0,
+            false => crate::capture::TRACK_MIN,
         };
         let trackable = versioned
             && flags & libc::O_TRUNC == 0

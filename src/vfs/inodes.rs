@@ -80,7 +80,12 @@ const UNMARKED: u32 = 1 << 29;
 /// `Inode::nlink_seen`'s bit for a file with several names found not to
 /// be a clone's linked copy (`vfs/clone.rs`): none becomes one later.
 const UNINDEXED: u32 = 1 << 28;
-const FLAGS: u32 = SEEN | RECHECK | UNMARKED | UNINDEXED;
+/// `Inode::nlink_seen`'s bit for a clone's file that took its base's
+/// blocks when it was first changed (btrfs, XFS): history then knows its
+/// state before, and its writes are tracked at any size, as a patched
+/// file's are, so a small write's version costs what it wrote.
+const SHARED_AT_CHANGE: u32 = 1 << 27;
+const FLAGS: u32 = SEEN | RECHECK | UNMARKED | UNINDEXED | SHARED_AT_CHANGE;
 
 /// One branch's copy of a union directory.
 #[derive(Clone)]
@@ -218,6 +223,17 @@ impl Inode {
 
     pub fn set_unmarked(&self) {
         self.nlink_seen.fetch_or(UNMARKED, Ordering::AcqRel);
+    }
+
+    /// Whether it is a clone's file that took its base's blocks at its
+    /// first change (see `SHARED_AT_CHANGE`).
+    pub fn shared_at_change(&self) -> bool {
+        self.nlink_seen.load(Ordering::Acquire) & SHARED_AT_CHANGE != 0
+    }
+
+    pub fn set_shared_at_change(&self) {
+        self.nlink_seen
+            .fetch_or(SHARED_AT_CHANGE, Ordering::AcqRel);
     }
 
     /// Whether it was found not to be a clone's linked copy.
