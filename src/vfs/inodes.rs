@@ -232,8 +232,7 @@ impl Inode {
     }
 
     pub fn set_shared_at_change(&self) {
-        self.nlink_seen
-            .fetch_or(SHARED_AT_CHANGE, Ordering::AcqRel);
+        self.nlink_seen.fetch_or(SHARED_AT_CHANGE, Ordering::AcqRel);
     }
 
     /// Whether it was found not to be a clone's linked copy.

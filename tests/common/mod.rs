@@ -204,6 +204,16 @@ pub fn tmp_base() -> PathBuf {
     base
 }
 
+/// Whether [`tmp_base`] is on a file system whose files share blocks
+/// (btrfs, XFS): there a clone's file takes its base's blocks when first
+/// changed, and no patched file is made.
+pub fn tmp_shares_blocks() -> bool {
+    const XFS: i64 = 0x5846_5342;
+    const BTRFS: i64 = 0x9123_683E;
+    let st = sys::statfs(&cstr(tmp_base())).expect("statfs");
+    [XFS, BTRFS].contains(&{ st.f_type })
+}
+
 /// A fresh 0755 temporary directory under [`tmp_base`].
 pub fn tempdir() -> tempfile::TempDir {
     let d = tempfile::Builder::new()

@@ -459,9 +459,10 @@ impl Vfs {
         let st = self.hold_view(ino, || {
             let mut st = stat_of(&v, ino);
             let state = State::Hist { v };
-            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                // A directory's versions are not recorded when entries
-                // come and go: its link count is that of its listing.
+            // A directory's versions are not recorded when entries come
+            // and go: its link count is that of its listing, where the
+            // file system counts subdirectories at all (btrfs shows 1).
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_nlink != 1 {
                 st.st_nlink = dir_nlink(self.list_at(at, obj, &state)?.iter().map(|l| l.kind));
             }
             Ok((What::At { at, obj, state }, st))
