@@ -1432,15 +1432,10 @@ fn bytes_read_by(pid: u32) -> u64 {
 /// since the instant (history holds its bytes) is read as before.
 #[test]
 fn on_btrfs_a_read_clone_shares_its_base_s_blocks_and_is_read_by_the_kernel() {
-    use common::logdisk::{must, DiskMount, Loop};
+    use common::logdisk::{must, Btrfs};
     let work = tempdir();
-    let img = work.path().join("disk.img");
-    fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
-    must(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
-    let disk = work.path().join("btrfs");
-    fs::create_dir(&disk).unwrap();
-    let attached = Loop::attach(&img);
-    let _mounted = DiskMount::mount_as("btrfs", &attached.dev, &disk);
+    let btrfs = Btrfs::new(work.path(), 512 << 20);
+    let disk = &btrfs.dir;
     let tree = disk.join("tree");
     fs::create_dir(&tree).unwrap();
     let mut m = Mount::new_in(Root::Kept(tree), "", |_| {});

@@ -1319,15 +1319,10 @@ impl Drop for Detach {
 /// of copying its data: O(1) in the file's size.
 #[test]
 fn copy_up_on_btrfs_shares_the_lower_file_s_extents() {
-    use common::logdisk::{must, DiskMount, Loop};
+    use common::logdisk::{must, Btrfs};
     let work = tempdir();
-    let img = work.path().join("disk.img");
-    fs::File::create(&img).unwrap().set_len(512 << 20).unwrap();
-    must(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
-    let disk = work.path().join("btrfs");
-    fs::create_dir(&disk).unwrap();
-    let attached = Loop::attach(&img);
-    let _mounted = DiskMount::mount_as("btrfs", &attached.dev, &disk);
+    let btrfs = Btrfs::new(work.path(), 512 << 20);
+    let disk = &btrfs.dir;
     let data: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8).collect();
     for mode in MODES {
         let tree = disk.join(format!("in-{mode}"));

@@ -238,6 +238,32 @@ impl Drop for DiskMount {
     }
 }
 
+/// A fresh btrfs image of `size` bytes in `work`, mounted at
+/// `work/btrfs` (the path it returns) until dropped.
+pub struct Btrfs {
+    pub dir: PathBuf,
+    // Drop order: unmounted before its loop device goes.
+    _mounted: DiskMount,
+    _attached: Loop,
+}
+
+impl Btrfs {
+    pub fn new(work: &Path, size: u64) -> Btrfs {
+        let img = work.join("disk.img");
+        std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+        must(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&img));
+        let dir = work.join("btrfs");
+        std::fs::create_dir(&dir).unwrap();
+        let attached = Loop::attach(&img);
+        let mounted = DiskMount::mount_as("btrfs", &attached.dev, &dir);
+        Btrfs {
+            dir,
+            _mounted: mounted,
+            _attached: attached,
+        }
+    }
+}
+
 /// The logged disk: an in-memory image behind FUSE (`dir/fuse/disk.img`)
 /// with a loop device over it.
 pub struct LogDisk {
