@@ -1480,9 +1480,19 @@ fn on_btrfs_a_read_clone_shares_its_base_s_blocks_and_is_read_by_the_kernel() {
     f[..16].copy_from_slice(b"the source moves");
     assert_eq!(read_file(&m.p("h")), h);
     assert_eq!(read_file(&m.p("g")), data);
+    let ctime = |p: &Path| {
+        let md = fs::symlink_metadata(p).unwrap();
+        (md.ctime(), md.ctime_nsec())
+    };
+    let before = ctime(&m.src.join("later"));
     assert_eq!(read_file(&m.p("later")), data);
     assert_eq!(read_file(&m.p("f")), f);
     assert!(backing(&m.src.join("later")).1, "later lost its mark");
+    assert_eq!(
+        ctime(&m.src.join("later")),
+        before,
+        "a read moved later's ctime"
+    );
     // A clone's file first changed takes its base's blocks too: history
     // records its state before from the base (the file is not read for
     // it) and its write's version from the bytes written.

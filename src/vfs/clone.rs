@@ -757,7 +757,11 @@ impl Vfs {
         let out = sys::reopen(node.fd(), libc::O_WRONLY)?;
         let size = times.st_size as u64;
         let shared = self.share_base_blocks((mark.at, &mark.path), out.as_fd(), size)?;
-        if !shared {
+        // An attempt undone moved the file's times; one never made did
+        // not, and setting them anyway would move its ctime, which views
+        // and clones of it compare.
+        let now = sys::fstat(node.fd())?;
+        if !shared && (now.st_mtime, now.st_mtime_nsec) != (times.st_mtime, times.st_mtime_nsec) {
             keep_times(node.fd(), times)?;
         }
         Ok(shared)
