@@ -8,6 +8,7 @@ mod common;
 
 use common::*;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -1331,5 +1332,83 @@ fn a_directory_renamed_from_both_branches_keeps_its_redirect_and_whiteouts() {
         check(&m, "committed");
         m.remount();
         check(&m, "remounted");
+    }
+}
+
+/// A reboot can give the mount's disk another device number: a sandbox
+/// made before it is served again after it, and its commit applies,
+/// as if nothing had moved (the sandbox keys its branches' objects by
+/// the store's device-independent keys, as the mount does).
+#[test]
+fn a_sandbox_made_before_its_disk_was_renumbered_commits_after() {
+    use common::logdisk::{must, DiskMount, Loop};
+    for (lowers, mode) in [(1, "plain"), (1, ""), (0, "")] {
+        let what = format!("{lowers} lower branch(es), mode {mode:?}");
+        eprintln!("{what}");
+        let work = tempdir();
+        let img = work.path().join("disk.img");
+        fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
+        must(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+        let ext = work.path().join("ext");
+        fs::create_dir(&ext).unwrap();
+        let first = Loop::attach(&img);
+        let on_first = DiskMount::mount(&first.dev, &ext);
+        let tree = ext.join("t");
+        fs::create_dir(&tree).unwrap();
+        let mut m = match lowers {
+            0 => Mount::new_in(Root::Kept(tree.clone()), mode, |src| {
+                lower(&[src.to_path_buf()])
+            }),
+            n => Mount::union_in(Root::Kept(tree.clone()), mode, n, lower),
+        };
+        let out = in_sandbox(
+            &m,
+            None,
+            "echo new > MNT/new && rm MNT/top && mkdir -p MNT/e/sub && echo z > MNT/e/sub/z",
+        );
+        ok(out, &format!("{what}: sandbox"), &m);
+        let dev_before = fs::metadata(&tree).unwrap().dev();
+        m.unmount();
+        drop(on_first);
+
+        // The same disk under another device number; `first` stays
+        // attached (not mounted) so the new one cannot reuse its number.
+        let second = Loop::attach(&img);
+        let on_second = DiskMount::mount(&second.dev, &ext);
+        assert_ne!(fs::metadata(&tree).unwrap().dev(), dev_before, "{what}");
+        m.start();
+        assert_eq!(listed(&m).len(), 1, "{what}: the sandbox is kept");
+        let out = in_sandbox(&m, Some(1), "cat MNT/new MNT/e/sub/z; ls MNT");
+        let shown = ok(out, &format!("{what}: served again"), &m);
+        assert!(
+            shown.starts_with("new\nz\n") && !shown.contains("top"),
+            "{what}: {shown}"
+        );
+        assert!(!m.p("new").exists() && m.p("top").exists(), "{what}");
+        let reply = json(&ok(commit(&m, 1, false), &format!("{what}: commit"), &m));
+        assert_eq!(reply["applied"], true, "{what}: {reply}");
+        assert_eq!(
+            reply["conflicts"].as_array().unwrap().len(),
+            0,
+            "{what}: {reply}"
+        );
+        assert_eq!(read_file(&m.p("new")), b"new\n", "{what}");
+        assert!(!m.p("top").exists(), "{what}");
+        assert_eq!(read_file(&m.p("e/sub/z")), b"z\n", "{what}");
+        if lowers > 0 {
+            assert_eq!(read_file(&m.p("old")), b"old\n", "{what}: the branch below");
+        }
+        m.unmount();
+        m.start();
+        assert_eq!(
+            read_file(&m.p("e/sub/z")),
+            b"z\n",
+            "{what}: after a remount"
+        );
+        assert!(!m.p("top").exists(), "{what}: after a remount");
+        m.unmount();
+        drop(on_second);
+        drop(second);
+        drop(first);
     }
 }
