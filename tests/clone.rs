@@ -1523,3 +1523,39 @@ fn on_btrfs_a_read_clone_shares_its_base_s_blocks_and_is_read_by_the_kernel() {
         assert_eq!(&read_file(&m.p(name)), want, "{name} after a remount");
     }
 }
+
+/// A clone waits only for the versions of files in its source (a write
+/// load elsewhere does not hold it up), but every write closed before it
+/// shows in it: through the file's name in the source, and through
+/// another name outside it (a hard link), and in the source's past.
+#[test]
+fn a_clone_shows_every_write_closed_before_it_through_any_name() {
+    let m = Mount::new_with("", |src| {
+        fs::create_dir_all(src.join("t")).unwrap();
+        fs::create_dir_all(src.join("elsewhere")).unwrap();
+        fs::write(src.join("t/f"), b"start").unwrap();
+        fs::write(src.join("t/linked"), b"start").unwrap();
+        fs::hard_link(src.join("t/linked"), src.join("elsewhere/linked")).unwrap();
+    });
+    for round in 0..8u64 {
+        let big = pattern(3 << 20, round);
+        // Unrelated writes still being versioned while the clone is made.
+        fs::write(m.p(&format!("elsewhere/busy{round}")), &big).unwrap();
+        let inside = format!("inside {round}");
+        let outside = format!("through the other name {round}");
+        fs::write(m.p("t/f"), &inside).unwrap();
+        fs::write(m.p("elsewhere/linked"), &outside).unwrap();
+        let dst = format!("c{round}");
+        succeeded(clone(&m.p("t"), &m.p(&dst)));
+        assert_eq!(
+            read_file(&m.p(&format!("{dst}/f"))),
+            inside.as_bytes(),
+            "round {round}"
+        );
+        assert_eq!(
+            read_file(&m.p(&format!("{dst}/linked"))),
+            outside.as_bytes(),
+            "round {round}"
+        );
+    }
+}

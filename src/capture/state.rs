@@ -87,6 +87,18 @@ pub struct Session {
     passthrough: bool,
 }
 
+impl Session {
+    /// Flushed (closed) so recently that its release may still come.
+    fn closing(&self, last_writer: Duration, other_writers: Duration) -> bool {
+        let within = if self.writers == 1 {
+            last_writer
+        } else {
+            other_writers
+        };
+        self.flushed.is_some_and(|t| t.elapsed() < within)
+    }
+}
+
 /// A version to build from a file's current content.
 pub struct Job {
     pub obj: ObjectId,
@@ -517,14 +529,25 @@ impl Objects {
     /// open, and it can be slow under load); one with other writers still
     /// open, only `other_writers`.
     pub fn closing(&self, last_writer: Duration, other_writers: Duration) -> bool {
-        self.sessions.values().any(|s| {
-            let within = if s.writers == 1 {
-                last_writer
-            } else {
-                other_writers
-            };
-            s.flushed.is_some_and(|t| t.elapsed() < within)
-        })
+        self.sessions
+            .values()
+            .any(|s| s.closing(last_writer, other_writers))
+    }
+
+    /// The objects a settle waits for: versions queued or being built,
+    /// and sessions whose release may still come (`closing`).
+    pub fn unsettled(&self, last_writer: Duration, other_writers: Duration) -> Vec<ObjectId> {
+        let closing = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.closing(last_writer, other_writers))
+            .map(|(o, _)| *o);
+        self.ingesting
+            .keys()
+            .copied()
+            .chain(self.building.iter().copied())
+            .chain(closing)
+            .collect()
     }
 
     pub fn ingesting(&self, obj: ObjectId) -> bool {

@@ -1008,6 +1008,12 @@ impl control::service::Host for MountHost {
         }
     }
 
+    fn settle_within(&self, path: &control::proto::Components) {
+        if let Some(v) = self.vfs.upgrade() {
+            v.settle_capture_within(path);
+        }
+    }
+
     fn sync(&self) -> control::service::Result<()> {
         let vfs = self.vfs.upgrade().ok_or_else(shutting_down)?;
         Ok(vfs.sync_branches()?)

@@ -19,6 +19,7 @@ pub use crate::history::{ObjectId, Seq};
 
 /// Bumped whenever a message changes shape: a client and a daemon of
 /// different versions refuse each other instead of misreading.
+/// `bench/clones` speaks it too (`CONTROL_PROTOCOL`): bump it there.
 pub const PROTOCOL: u32 = 12;
 
 /// A path inside the mount, as name components from its root.

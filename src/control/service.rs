@@ -40,6 +40,11 @@ pub trait Host: LiveIds {
     }
     /// Waits for versions still being built.
     fn settle(&self) {}
+    /// [`Host::settle`] for a clone of `path`: what lies elsewhere need
+    /// not be waited for.
+    fn settle_within(&self, _path: &super::proto::Components) {
+        self.settle();
+    }
     /// Makes every change made through the mount durable
     /// (`Vfs::sync_branches`).
     fn sync(&self) -> Result<()> {
@@ -348,7 +353,7 @@ impl Service {
                 show_path(src)
             )));
         }
-        self.host.settle();
+        self.host.settle_within(src);
         let (seq, time_ns) = self.resolve_at(at)?;
         let node = self.node(src, seq)?;
         self.past()
@@ -366,7 +371,8 @@ impl Service {
         // Only history queries wait for queued versions: under a steady
         // write load the capture is never idle, and a branch change waited
         // for seconds (tests/union_live_stress.rs).
-        if !req.is_branch_request() {
+        // A clone waits for its source's versions only (`settle_within`).
+        if !req.is_branch_request() && !matches!(req, Request::Clone { .. }) {
             self.host.settle();
         }
         Ok(match req {

@@ -597,6 +597,46 @@ impl Vfs {
         }
     }
 
+    /// [`Vfs::settle_capture`] for a clone of `src` (components from the
+    /// mount's root): waits for the versions of objects in it, above it
+    /// or that cannot be placed, not for those known to lie elsewhere.
+    pub fn settle_capture_within(&self, src: &[Vec<u8>]) {
+        if let Some(c) = self.capture() {
+            c.settle_where(&|obj| !self.known_apart_from(obj, src));
+        }
+    }
+
+    /// Whether `obj` has one name only, known to lie neither in `src` nor
+    /// above it. A file with several names may have one in `src`; an
+    /// object the inode table no longer holds cannot be placed.
+    fn known_apart_from(&self, obj: ObjectId, src: &[Vec<u8>]) -> bool {
+        const DEEPEST: usize = 4096;
+        let Ok(mut inode) = self.inodes.get(obj.into()) else {
+            return false;
+        };
+        let single = self
+            .inodes
+            .fd(&inode)
+            .and_then(|fd| Ok(sys::fstat(fd.as_fd())?))
+            .is_ok_and(|st| st.st_nlink == 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+        if !single {
+            return false;
+        }
+        let mut path = Vec::new();
+        while inode.ino != InodeNo::ROOT {
+            let Some((parent, name)) = inode.name() else {
+                return false;
+            };
+            path.push(name);
+            match self.inodes.get(parent) {
+                Ok(p) if path.len() < DEEPEST => inode = p,
+                _ => return false,
+            }
+        }
+        path.reverse();
+        !path.starts_with(src) && !src.starts_with(&path)
+    }
+
     /// See `Capture::forget_known`.
     pub fn forget_known(&self, objs: &[ObjectId]) {
         if let Some(c) = self.capture() {
