@@ -371,8 +371,13 @@ impl Service {
         // Only history queries wait for queued versions: under a steady
         // write load the capture is never idle, and a branch change waited
         // for seconds (tests/union_live_stress.rs).
-        // A clone waits for its source's versions only (`settle_within`).
-        if !req.is_branch_request() && !matches!(req, Request::Clone { .. }) {
+        // A clone, and a template's instance (a clone), wait for their
+        // source's versions only (`settle_within`).
+        let clones = matches!(
+            req,
+            Request::Clone { .. } | Request::TemplateInstantiate { .. }
+        );
+        if !req.is_branch_request() && !clones {
             self.host.settle();
         }
         Ok(match req {
