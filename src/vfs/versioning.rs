@@ -600,10 +600,21 @@ impl Vfs {
     /// [`Vfs::settle_capture`] for a clone of `src` (components from the
     /// mount's root): waits for the versions of objects in it, above it
     /// or that cannot be placed, not for those known to lie elsewhere.
+    /// While the mount's first walk runs, the objects it has not reached
+    /// yet are in no queue: only a wait for everything covers them (a
+    /// clone right after the first mount missed a lower branch's file).
     pub fn settle_capture_within(&self, src: &[Vec<u8>]) {
-        if let Some(c) = self.capture() {
-            c.settle_where(&|obj| !self.known_apart_from(obj, src));
+        let Some(c) = self.capture() else {
+            return;
+        };
+        let walking = self
+            .ingest_progress()
+            .running
+            .load(std::sync::atomic::Ordering::Acquire);
+        if walking || !self.ingest_complete() {
+            return c.settle();
         }
+        c.settle_where(&|obj| !self.known_apart_from(obj, src));
     }
 
     /// Whether `obj` has one name only, known to lie neither in `src` nor
