@@ -1344,14 +1344,12 @@ fn a_directory_renamed_from_both_branches_keeps_its_redirect_and_whiteouts() {
             sandbox served again listed its names but could not open them); \
             passes here, not yet understood"]
 fn a_sandbox_made_before_its_disk_was_renumbered_commits_after() {
-    use common::logdisk::{must, DiskMount, Loop};
+    use common::logdisk::{ext4_image, DiskMount, Loop};
     for (lowers, mode) in [(1, "plain"), (1, ""), (0, "")] {
         let what = format!("{lowers} lower branch(es), mode {mode:?}");
         eprintln!("{what}");
         let work = tempdir();
-        let img = work.path().join("disk.img");
-        fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
-        must(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+        let img = ext4_image(work.path(), 64 << 20);
         let ext = work.path().join("ext");
         fs::create_dir(&ext).unwrap();
         let first = Loop::attach(&img);

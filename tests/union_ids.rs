@@ -313,7 +313,7 @@ fn a_device_renumbered_by_a_reboot_changes_no_number_link_or_version() {
 /// [`a_device_renumbered_by_a_reboot_changes_no_number_link_or_version`]
 /// for one mode, in a union or a single-directory mount.
 fn renumbered(mode: &str, union: bool) {
-    use common::logdisk::{must, DiskMount, Loop};
+    use common::logdisk::{ext4_image, DiskMount, Loop};
     let fill = |b: &[PathBuf]| {
         let (low, up) = (b.last().unwrap(), &b[0]);
         write_file(&low.join("a"), b"lower");
@@ -324,9 +324,7 @@ fn renumbered(mode: &str, union: bool) {
     let mode = &format!("{mode}{}", if union { "" } else { " (one directory)" });
     {
         let work = tempdir();
-        let img = work.path().join("disk.img");
-        fs::File::create(&img).unwrap().set_len(64 << 20).unwrap();
-        must(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+        let img = ext4_image(work.path(), 64 << 20);
         let ext = work.path().join("ext");
         fs::create_dir(&ext).unwrap();
         let first = Loop::attach(&img);

@@ -474,12 +474,20 @@ pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<StatFs> {
 /// survives a crash that the FICLONE does not, so no sync need come
 /// between them.
 pub fn shares_blocks_in_order(fd: BorrowedFd<'_>) -> bool {
-    const XFS: i64 = 0x5846_5342;
-    const BTRFS: i64 = 0x9123_683E;
+    fs_type_is(fd, &[XFS_MAGIC, BTRFS_MAGIC])
+}
+
+const EXT4_MAGIC: i64 = 0xEF53;
+const XFS_MAGIC: i64 = 0x5846_5342;
+const BTRFS_MAGIC: i64 = 0x9123_683E;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Whether the file system of `fd` is one of `types` (statfs magics).
+fn fs_type_is(fd: BorrowedFd<'_>, types: &[i64]) -> bool {
     match rfs::fstatfs(fd) {
         // `f_type` is an i64 here, narrower on some other architectures.
         #[allow(clippy::unnecessary_cast)]
-        Ok(st) => [XFS, BTRFS].contains(&(st.f_type as i64)),
+        Ok(st) => types.contains(&(st.f_type as i64)),
         Err(_) => false,
     }
 }
@@ -491,16 +499,7 @@ pub fn shares_blocks_in_order(fd: BorrowedFd<'_>) -> bool {
 /// written means its data never reached the disk. Not so where zeros
 /// are stored as holes (ZFS with compression) or ordering is unknown.
 pub fn holes_mean_unwritten(fd: BorrowedFd<'_>) -> bool {
-    const EXT4: i64 = 0xEF53;
-    const XFS: i64 = 0x5846_5342;
-    const BTRFS: i64 = 0x9123_683E;
-    const TMPFS: i64 = 0x0102_1994;
-    match rfs::fstatfs(fd) {
-        // `f_type` is an i64 here, narrower on some other architectures.
-        #[allow(clippy::unnecessary_cast)]
-        Ok(st) => [EXT4, XFS, BTRFS, TMPFS].contains(&(st.f_type as i64)),
-        Err(_) => false,
-    }
+    fs_type_is(fd, &[EXT4_MAGIC, XFS_MAGIC, BTRFS_MAGIC, TMPFS_MAGIC])
 }
 
 /// Whether `path` is the root of a FUSE mount now (its file system is

@@ -238,6 +238,14 @@ impl Drop for DiskMount {
     }
 }
 
+/// A fresh ext4 image of `size` bytes at `work/disk.img` (not attached).
+pub fn ext4_image(work: &Path, size: u64) -> PathBuf {
+    let img = work.join("disk.img");
+    std::fs::File::create(&img).unwrap().set_len(size).unwrap();
+    must(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    img
+}
+
 /// A fresh btrfs image of `size` bytes in `work`, mounted at
 /// `work/btrfs` (the path it returns) until dropped.
 pub struct Btrfs {
