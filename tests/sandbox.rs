@@ -1379,7 +1379,7 @@ fn a_sandbox_made_before_its_disk_was_renumbered_commits_after() {
         assert_ne!(fs::metadata(&tree).unwrap().dev(), dev_before, "{what}");
         m.start();
         assert_eq!(listed(&m).len(), 1, "{what}: the sandbox is kept");
-        let out = in_sandbox(&m, Some(1), "cat MNT/new MNT/e/sub/z; ls MNT");
+        let out = in_sandbox(&m, Some(1), "cat MNT/new MNT/e/sub/z && ls MNT");
         let shown = ok(out, &format!("{what}: served again"), &m);
         assert!(
             shown.starts_with("new\nz\n") && !shown.contains("top"),

@@ -828,9 +828,9 @@ impl Sandboxes {
     }
 }
 
-/// Ends a sandbox's session: its mount under /run goes, and its FUSE
-/// connection is aborted, since the binds in sandboxed processes' mount
-/// namespaces would keep it alive otherwise.
+/// Ends a sandbox's session: its FUSE connection is aborted, since the
+/// binds in sandboxed processes' mount namespaces would keep it alive
+/// otherwise, and its mount under /run goes.
 fn stop(mut served: Served) {
     use std::os::unix::fs::MetadataExt;
     // Only a device number read on the session's own mount names its
@@ -841,36 +841,16 @@ fn stop(mut served: Served) {
         true => std::fs::metadata(&served.mountpoint).map(|m| m.dev()),
         false => Err(std::io::Error::from_raw_os_error(libc::ENOTCONN)),
     };
+    // Aborted before the unmount, while the mount holds the connection:
+    // once it is unmounted and unused, its number is free for the next
+    // FUSE mount, which the abort would then end (seen in CI as a fresh
+    // sandbox answering ENOTCONN).
+    let aborted = dev.is_ok_and(abort_connection);
     let unmounted = sys::cstr(served.mountpoint.as_os_str())
         .and_then(|path| sys::umount2(&path, libc::MNT_DETACH));
     if let Err(e) = unmounted {
         tracing::warn!("{}: {e}", served.mountpoint.display());
     }
-    let aborted = dev.is_ok_and(|dev| {
-        // fusectl names a connection by its device (major 0: the minor).
-        let conn = format!("/sys/fs/fuse/connections/{}", libc::minor(dev));
-        let ctl_mounted = match sys::mount_fusectl() {
-            Ok(()) => true,
-            // Mounted already.
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => true,
-            Err(e) => {
-                tracing::debug!("fusectl: {e}");
-                false
-            }
-        };
-        if ctl_mounted && !Path::new(&conn).exists() {
-            // Unmounted with no user left: the connection is gone.
-            return true;
-        }
-        let abort = format!("{conn}/abort");
-        match std::fs::write(&abort, "1") {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!("{abort}: {e}");
-                false
-            }
-        }
-    });
     match served.session.take() {
         Some(t) if aborted => {
             let _ = t.join();
@@ -883,6 +863,25 @@ fn stop(mut served: Served) {
         None => {}
     }
     let _ = std::fs::remove_dir(&served.mountpoint);
+}
+
+/// Aborts the FUSE connection of the mount whose device is `dev`.
+fn abort_connection(dev: u64) -> bool {
+    match sys::mount_fusectl() {
+        Ok(()) => {}
+        // Mounted already.
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+        Err(e) => tracing::debug!("fusectl: {e}"),
+    }
+    // fusectl names a connection by its device (major 0: the minor).
+    let abort = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(dev));
+    match std::fs::write(&abort, "1") {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!("{abort}: {e}");
+            false
+        }
+    }
 }
 
 /// Sessions of daemons that died without ending them (kill -9) stay
