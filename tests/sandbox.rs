@@ -1413,3 +1413,72 @@ fn a_sandbox_made_before_its_disk_was_renumbered_commits_after() {
         drop(first);
     }
 }
+
+/// A disk unmounted outside while a sandboxed command runs goes in the
+/// sandbox too, where its mount is shared (systemd makes `/` so): the
+/// sandbox's copy of the mount namespace does not keep it alive. As root
+/// and as an ordinary user (whose namespace the daemon binds into).
+#[test]
+fn a_disk_unmounted_outside_goes_in_a_running_sandbox_too() {
+    use common::logdisk::{must, DiskMount};
+    use std::io::{BufRead, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let m = Mount::new_with("plain", |_| {});
+    let work = tempdir();
+    fs::set_permissions(work.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // Mounts under a shared mount, as under systemd's `/` (this VM's are
+    // private): what is mounted or unmounted in its peers propagates.
+    let shared = work.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    must(
+        Command::new("mount")
+            .arg("--bind")
+            .arg(&shared)
+            .arg(&shared),
+    );
+    let _shared = DiskMount { at: shared.clone() };
+    must(Command::new("mount").arg("--make-shared").arg(&shared));
+    let disk = shared.join("disk");
+    fs::create_dir(&disk).unwrap();
+    let (ready, go) = (work.path().join("ready"), work.path().join("go"));
+    for fifo in [&ready, &go] {
+        must(Command::new("mkfifo").arg("-m").arg("666").arg(fifo));
+    }
+    let mnt = m.mnt.to_str().unwrap().to_string();
+    let script = format!(
+        "n() {{ grep -c ' {d} ' /proc/self/mountinfo; }}; echo $(n) > {r}; read x < {g}; n",
+        d = disk.display(),
+        r = ready.display(),
+        g = go.display()
+    );
+    for uid in [0, NOBODY] {
+        must(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "tmpfs"])
+                .arg(&disk),
+        );
+        let child = Command::new(bin())
+            .args(["sandbox", &mnt, "--", "sh", "-c", &script])
+            .current_dir("/")
+            .uid(uid)
+            .gid(uid)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut seen = String::new();
+        std::io::BufReader::new(fs::File::open(&ready).unwrap())
+            .read_line(&mut seen)
+            .unwrap();
+        assert_eq!(seen, "1\n", "uid {uid}: the disk in the sandbox before");
+        must(Command::new("umount").arg(&disk));
+        writeln!(fs::OpenOptions::new().write(true).open(&go).unwrap()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "0\n",
+            "uid {uid}: the disk unmounted outside is still mounted in the sandbox: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -740,8 +740,20 @@ pub fn private_mount_namespace() -> io::Result<()> {
     // process; it gives the calling thread a copy of the mount namespace
     // and its own fs_struct, which the single-threaded CLI does not share.
     unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) }.map_err(os_err)?;
+    follow_outside_mounts()
+}
+
+/// Makes every mount of this process's (new) mount namespace a slave of
+/// the one it was copied from: nothing mounted here is seen outside, and
+/// what is mounted or unmounted outside, where the mount is shared
+/// (systemd makes `/` so), is here too; a disk unmounted outside is not
+/// kept alive for as long as the sandboxed command runs. Where the mounts
+/// are private, as on a machine without systemd, nothing propagates
+/// either way: the copy of a mount lives until the command ends
+/// (docs/ARCHITECTURE.md "Sandboxes").
+fn follow_outside_mounts() -> io::Result<()> {
     use rustix::mount::MountPropagationFlags as P;
-    rustix::mount::mount_change(c"/", P::PRIVATE | P::REC).map_err(os_err)
+    rustix::mount::mount_change(c"/", P::DOWNSTREAM | P::REC).map_err(os_err)
 }
 
 /// Gives this (single-threaded) process a user namespace in which it keeps
@@ -763,8 +775,7 @@ pub fn private_user_namespace() -> io::Result<()> {
     std::fs::write("/proc/self/setgroups", "deny")?;
     std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
-    use rustix::mount::MountPropagationFlags as P;
-    rustix::mount::mount_change(c"/", P::PRIVATE | P::REC).map_err(os_err)
+    follow_outside_mounts()
 }
 
 /// Whether process `pid` lives in a user namespace and a mount namespace
