@@ -1559,3 +1559,51 @@ fn a_clone_shows_every_write_closed_before_it_through_any_name() {
         );
     }
 }
+
+/// Bytes of `p` in the page cache (`fincore`).
+fn cached_bytes(p: &Path) -> u64 {
+    use common::logdisk::must;
+    let out = must(
+        Command::new("fincore")
+            .args(["--bytes", "--noheadings", "--output", "RES"])
+            .arg(p),
+    );
+    out.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("fincore {p:?}: {out:?}: {e}"))
+}
+
+/// A clone's file that the daemon reads for the kernel (on ext4, where
+/// it cannot take its base's blocks) is cached once, in the mount's own
+/// page cache: the pages its reads bring into the base's backing file go
+/// once read (RWF_DONTCACHE), or reading a clone would take twice its
+/// size in memory. Where it shares its base's blocks (btrfs, XFS), the
+/// base is not read at all.
+#[test]
+fn a_clone_read_through_the_daemon_is_cached_once() {
+    let m = Mount::new_with("", |_| {});
+    let data = pattern(16 << 20, 5);
+    write_file(&m.p("f"), &data);
+    let base = m.src.join("f");
+    if !Fd::open(&base, libc::O_RDONLY, 0).unwrap().reads_uncached() {
+        eprintln!("skipped: no RWF_DONTCACHE reads on this kernel or file system");
+        return;
+    }
+    succeeded(clone(&m.p("f"), &m.p("c")));
+    fs::File::open(&base).unwrap().sync_all().unwrap();
+    // The clone waited for f's version: nothing reads f from here on.
+    common::logdisk::must(
+        Command::new("dd")
+            .arg(format!("if={}", base.display()))
+            .args(["iflag=nocache", "count=0", "status=none"]),
+    );
+    assert!(cached_bytes(&base) < 1 << 20, "f not evicted");
+    assert_eq!(read_file(&m.p("c")), data);
+    let left = cached_bytes(&base);
+    assert!(
+        left < (data.len() / 4) as u64,
+        "reading the clone left {left} bytes of its base cached"
+    );
+    // The clone itself reads again from the mount's cache.
+    assert_eq!(read_file(&m.p("c")), data);
+}
