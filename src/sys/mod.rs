@@ -518,37 +518,6 @@ pub fn is_fuse_mount_root(path: &std::path::Path) -> bool {
     }
 }
 
-/// `RWF_DONTCACHE` (Linux 6.14; not in rustix's flags yet).
-const RWF_DONTCACHE: u32 = 0x80;
-
-/// [`pread`] for bytes the kernel caches again above this read (a FUSE
-/// file's own page cache): pages the read brings into the backing file's
-/// cache go once read (`RWF_DONTCACHE`), so a clone read through the
-/// daemon is not cached twice; pages cached before stay. Where the file
-/// system or the kernel lacks it (EOPNOTSUPP), an ordinary read.
-pub fn pread_cached_above(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    use rustix::io::{preadv2, Errno, ReadWriteFlags};
-    let flags = ReadWriteFlags::from_bits_retain(RWF_DONTCACHE);
-    let mut done = 0;
-    while done < buf.len() {
-        let mut one = [io::IoSliceMut::new(&mut buf[done..])];
-        match preadv2(fd, &mut one, offset + done as u64, flags) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(Errno::INTR) => continue,
-            Err(Errno::OPNOTSUPP) => {
-                return Ok(done + pread(fd, &mut buf[done..], offset + done as u64)?)
-            }
-            Err(e) if done > 0 => {
-                tracing::debug!("short read after error: {e}");
-                break;
-            }
-            Err(e) => return Err(os_err(e)),
-        }
-    }
-    Ok(done)
-}
-
 /// One entry of a `getdents64` buffer.
 pub struct DirEntry {
     pub ino: u64,

@@ -335,7 +335,7 @@ impl Patched {
         if st.done {
             // Its writes no longer come through here (so `size` is not
             // kept): the backing file holds all of it.
-            return Ok(sys::pread_cached_above(self.fd.as_fd(), buf, offset)?);
+            return Ok(sys::pread(self.fd.as_fd(), buf, offset)?);
         }
         let end = offset.saturating_add(buf.len() as u64).min(st.size);
         if offset >= end {
@@ -345,7 +345,7 @@ impl Patched {
         for (from, to, own) in st.own.pieces(offset, end, st.base_len) {
             let out = &mut buf[(from - offset) as usize..(to - offset) as usize];
             let got = if own {
-                sys::pread_cached_above(self.fd.as_fd(), out, from)?
+                sys::pread(self.fd.as_fd(), out, from)?
             } else {
                 read_base_into(&self.history, &mut st.base, out, from)?
             };

@@ -94,19 +94,6 @@ impl Fd {
         size(unsafe { libc::write(self.raw(), buf.as_ptr().cast(), buf.len()) })
     }
 
-    /// Whether a read with `RWF_DONTCACHE` (Linux 6.14+) is taken here:
-    /// the kernel and the file system must both support it.
-    pub fn reads_uncached(&self) -> bool {
-        let mut byte = [0u8; 1];
-        let iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        // SAFETY: `iov` describes `byte`, which is writable and outlives
-        // the call.
-        unsafe { libc::preadv2(self.raw(), &iov, 1, 0, 0x80) >= 0 }
-    }
-
     /// One `pread(2)` call into `buf`.
     pub fn pread_into(&self, buf: &mut [u8], off: i64) -> Result<usize, Errno> {
         // SAFETY: the pointer/length pair describes `buf`, which is writable

@@ -476,7 +476,7 @@ pub(in crate::vfs) fn read_reader(
     } = &mut r.source
     {
         let mut buf = vec![0u8; size as usize];
-        let n = sys::pread_cached_above(fd.as_fd(), &mut buf, offset)?;
+        let n = sys::pread(fd.as_fd(), &mut buf, offset)?;
         buf.truncate(n);
         // Checked after the read: a writer through the mount records
         // the old state before its first write, and any write changes
