@@ -665,8 +665,14 @@ impl Vfs {
         // file is read as fast through the daemon (and btrfs copies its
         // inline bytes rather than sharing them).
         let large = sys::fstat(node.fd())?.st_size as u64 >= super::clone_patch::PATCH_MIN;
-        if large && !self.in_read_only_branch(node) && self.materialise_shared(node, false)? {
-            return Ok(None);
+        if large && !self.in_read_only_branch(node) {
+            // Sharing only makes the read faster: whatever stops it, the
+            // daemon reads the base.
+            match self.materialise_shared(node, false) {
+                Ok(true) => return Ok(None),
+                Ok(false) => {}
+                Err(e) => tracing::debug!("clone: a read-only open shares no blocks: {e}"),
+            }
         }
         Ok(Some((self.open_base(mark.at, &mark.path)?.fh, epoch)))
     }
@@ -756,7 +762,14 @@ impl Vfs {
         }
         let out = sys::reopen(node.fd(), libc::O_WRONLY)?;
         let size = times.st_size as u64;
-        let shared = self.share_base_blocks((mark.at, &mark.path), out.as_fd(), size)?;
+        // The unnamed copy is made in the root of the file's branch: the
+        // same file system, unless another is mounted below it (then no
+        // sharing: EXDEV).
+        let root = self
+            .union()
+            .and_then(|u| u.root_of(self.inodes.branch_of(&node.inode.key)));
+        let scratch = root.as_ref().map_or(self.branch.root_fd(), |r| r.as_fd());
+        let shared = self.share_base_blocks((mark.at, &mark.path), (out.as_fd(), scratch), size)?;
         // An attempt undone moved the file's times; one never made did
         // not, and setting them anyway would move its ctime, which views
         // and clones of it compare.

@@ -136,13 +136,17 @@ impl Vfs {
     /// Makes `out`, a clone's file of `size` bytes that shows the base at
     /// `path` and `at`, share that base's blocks (FICLONE), where the base
     /// is a live file still holding the instant's bytes on the same file
-    /// system; checked after the clone as reads are. False where it cannot
-    /// (history holds the bytes, another file system, no FICLONE, the base
-    /// changed meanwhile): `out` is then a file of holes again.
+    /// system; checked after the clone as reads are. The base is cloned
+    /// into an unnamed file in `scratch` (a directory on that file
+    /// system) first, and only a checked copy goes into `out`: while the
+    /// mark stays, the mount shows `out`'s size, which an attempt given up
+    /// must not move. False where it cannot (history holds the bytes,
+    /// another file system, no FICLONE or O_TMPFILE, the base changed
+    /// meanwhile): `out` is untouched.
     pub(in crate::vfs) fn share_base_blocks(
         &self,
         (at, path): (Seq, &[Vec<u8>]),
-        out: std::os::fd::BorrowedFd<'_>,
+        (out, scratch): (std::os::fd::BorrowedFd<'_>, std::os::fd::BorrowedFd<'_>),
         size: u64,
     ) -> Result<bool> {
         let mut reader = self.base_reader(at, path)?;
@@ -159,25 +163,32 @@ impl Vfs {
         if expect.size != size {
             return Ok(false);
         }
-        let cloned = sys::ficlone(out, fd.as_fd());
-        if let Err(e) = &cloned {
-            tracing::debug!("clone: no shared blocks for {}: {e}", past::show_path(path));
-            if [libc::EOPNOTSUPP, libc::EXDEV, libc::EINVAL, libc::ENOTTY]
-                .contains(&e.raw_os_error().unwrap_or(0))
-            {
+        let copy = match sys::clone_to_tmpfile(fd.as_fd(), scratch) {
+            Ok(copy) => copy,
+            Err(e) => {
+                tracing::debug!("clone: no shared blocks for {}: {e}", past::show_path(path));
                 return Ok(false);
             }
-        } else {
-            let h = self.history()?;
-            let now = attrs_of(&sys::fstat(fd.as_fd())?);
-            if expect.same_state(&now) && unchanged_versions(h, obj, latest, as_of)? {
-                return Ok(true);
-            }
+        };
+        let h = self.history()?;
+        let now = attrs_of(&sys::fstat(fd.as_fd())?);
+        if !(expect.same_state(&now) && unchanged_versions(h, obj, latest, as_of)?) {
+            return Ok(false);
         }
-        // Part shared, or the base's bytes moved on: holes, as before.
-        sys::ftruncate(out, 0)?;
-        sys::ftruncate(out, size)?;
-        Ok(false)
+        if let Err(e) = sys::ficlone(out, copy.as_fd()) {
+            // Perhaps part shared: holes again, at the size the mount
+            // shows (the copy has it, so no step moved it).
+            tracing::debug!("clone: {} not shared: {e}", past::show_path(path));
+            sys::ftruncate(out, size)?;
+            sys::fallocate(
+                out,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                size,
+            )?;
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// [`Vfs::base_reader`] of a base already resolved (`None`: history
