@@ -401,50 +401,54 @@ fn an_ordinary_user_s_sandbox_is_theirs_alone() {
 #[test]
 fn an_ordinary_user_s_commit_is_held_to_the_permissions_of_now() {
     each_kind(|m| {
-        fs::create_dir(m.p("pub")).unwrap();
-        let mode = |m: &Mount, bits: u32| {
-            fs::set_permissions(
-                m.p("pub"),
-                std::os::unix::fs::PermissionsExt::from_mode(bits),
-            )
-            .unwrap()
+        fs::create_dir_all(m.p("up/pub")).unwrap();
+        let mode = |m: &Mount, dir: &str, bits: u32| {
+            fs::set_permissions(m.p(dir), std::os::unix::fs::PermissionsExt::from_mode(bits))
+                .unwrap()
         };
-        mode(m, 0o777);
+        mode(m, "up", 0o755);
+        mode(m, "up/pub", 0o777);
         let mnt = m.mnt.to_str().unwrap().to_string();
-        let script = format!("echo mine > {mnt}/pub/f");
+        let script = format!("echo mine > {mnt}/up/pub/f");
         ok(
             as_user(NOBODY, &["sandbox", &mnt, "--", "sh", "-c", &script]),
             "sandbox",
             m,
         );
         let id = listed(m).pop().unwrap()["id"].to_string();
-        mode(m, 0o755);
-        for (args, want) in [
-            (
-                vec!["sandbox", "commit", &id, "--mount", &mnt],
-                "may no longer change /pub/f",
-            ),
-            (
-                vec!["sandbox", "commit", &id, "--mount", &mnt, "--force"],
-                "only root may force",
-            ),
-        ] {
-            let out = as_user(NOBODY, &args);
-            assert!(!out.status.success(), "{args:?}");
-            let err = stderr(&out);
-            assert!(err.contains(want), "{args:?}: {err}");
-            assert_eq!(err.trim().lines().count(), 1, "{err}");
-            assert!(!m.p("pub/f").exists(), "{args:?}: applied");
+        // The directory itself no longer writable, or one above it no
+        // longer searchable: either way the owner could not make the file
+        // on the mount now.
+        for (dir, bits, back) in [("up/pub", 0o755, 0o777), ("up", 0o700, 0o755)] {
+            mode(m, dir, bits);
+            for (args, want) in [
+                (
+                    vec!["sandbox", "commit", &id, "--mount", &mnt],
+                    "may no longer change /up/pub/f",
+                ),
+                (
+                    vec!["sandbox", "commit", &id, "--mount", &mnt, "--force"],
+                    "only root may force",
+                ),
+            ] {
+                let out = as_user(NOBODY, &args);
+                assert!(!out.status.success(), "{dir} {bits:o}: {args:?}");
+                let err = stderr(&out);
+                assert!(err.contains(want), "{dir} {bits:o}: {args:?}: {err}");
+                assert_eq!(err.trim().lines().count(), 1, "{err}");
+                assert!(!m.p("up/pub/f").exists(), "{args:?}: applied");
+            }
+            mode(m, dir, back);
         }
-        mode(m, 0o777);
         ok(
             as_user(NOBODY, &["sandbox", "commit", &id, "--mount", &mnt]),
             "commit",
             m,
         );
-        assert_eq!(fs::read(m.p("pub/f")).unwrap(), b"mine\n");
-        fs::remove_file(m.p("pub/f")).unwrap();
-        fs::remove_dir(m.p("pub")).unwrap();
+        assert_eq!(fs::read(m.p("up/pub/f")).unwrap(), b"mine\n");
+        fs::remove_file(m.p("up/pub/f")).unwrap();
+        fs::remove_dir(m.p("up/pub")).unwrap();
+        fs::remove_dir(m.p("up")).unwrap();
     });
 }
 

@@ -509,8 +509,10 @@ impl Sandboxes {
 /// of the directory holding them changed since the sandbox was made (the
 /// sandbox's session checked them as they were). The nearest directory
 /// above each path that the mount has (its topmost copy among `base`)
-/// must be writable and searchable by the owner; a sticky one also needs
-/// the owner to own it or the entry the commit replaces or removes.
+/// must be writable and searchable by the owner, and every directory
+/// above it searchable (the owner must reach it now); a sticky one also
+/// needs the owner to own it or the entry the commit replaces or
+/// removes.
 fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) -> Vec<String> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
@@ -525,6 +527,7 @@ fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) ->
             .find_map(|p| std::fs::symlink_metadata(&p).ok().map(|m| (p, m)))
     };
     let mut refused = Vec::new();
+    let mut searchable = std::collections::HashMap::new();
     for raw in paths {
         let path = Path::new(std::ffi::OsStr::from_bytes(raw));
         let mut dir = path.parent();
@@ -538,12 +541,18 @@ fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) ->
         let Some((dir_path, dir_meta)) = found else {
             continue;
         };
-        let writable = std::fs::File::open(&dir_path).is_ok_and(|f| {
-            sys::creds::as_caller(&caller, || {
-                sys::access_fd(f.as_fd(), libc::W_OK | libc::X_OK)
+        let may = |p: &Path, how: i32| {
+            std::fs::File::open(p).is_ok_and(|f| {
+                sys::creds::as_caller(&caller, || sys::access_fd(f.as_fd(), how)).is_ok()
             })
-            .is_ok()
+        };
+        let rel = dir.unwrap_or(Path::new(""));
+        let reached = rel.ancestors().skip(1).all(|above| {
+            *searchable
+                .entry(above.to_path_buf())
+                .or_insert_with(|| topmost(above).is_some_and(|(p, _)| may(&p, libc::X_OK)))
         });
+        let writable = reached && may(&dir_path, libc::W_OK | libc::X_OK);
         let sticky_owner = dir_meta.mode() & libc::S_ISVTX == 0
             || dir_meta.uid() == peer.uid
             || topmost(path).is_none_or(|(_, m)| m.uid() == peer.uid);
