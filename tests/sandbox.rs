@@ -1501,3 +1501,78 @@ fn a_disk_unmounted_outside_goes_in_a_running_sandbox_too() {
         );
     }
 }
+
+/// An ordinary user controls the mount namespace the daemon binds their
+/// sandbox in (`SandboxEnter`): with a tmpfs of theirs over the session's
+/// directory and its path a symlink to a directory they cannot reach,
+/// the bind must still be of the session, as the daemon sees it: the
+/// tree is taken in the daemon's namespace, before it enters theirs.
+#[test]
+fn a_user_s_own_mounts_cannot_redirect_a_bind_into_their_namespace() {
+    use std::io::{BufRead, Write};
+    use std::os::unix::fs::PermissionsExt;
+    let work = tempdir();
+    let w = work.path();
+    fs::set_permissions(w, fs::Permissions::from_mode(0o755)).unwrap();
+    let (run, target) = (w.join("run"), w.join("target"));
+    fs::create_dir_all(run.join("session")).unwrap();
+    fs::write(run.join("session/data"), b"the session\n").unwrap();
+    fs::create_dir(&target).unwrap();
+    let secret = w.join("secret");
+    fs::create_dir_all(secret.join("inner")).unwrap();
+    fs::write(secret.join("inner/data"), b"not for nobody\n").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).unwrap();
+    let (ready, go) = (w.join("ready"), w.join("go"));
+    for fifo in [&ready, &go] {
+        common::logdisk::must(Command::new("mkfifo").arg("-m").arg("666").arg(fifo));
+    }
+    // mount(8) refuses a user who is not root; the system call is allowed
+    // in a user namespace of one's own.
+    let mount = format!(
+        "import ctypes, os; c = ctypes.CDLL(None, use_errno=True); \
+         r = c.mount(b'none', b'{}', b'tmpfs', 0, None); \
+         assert r == 0, os.strerror(ctypes.get_errno())",
+        run.display()
+    );
+    let script = format!(
+        "python3 -c \"{mount}\" && ln -s {inner} {run}/session && echo ok > {ready} \
+         && read x < {go} && cat {target}/data",
+        inner = secret.join("inner").display(),
+        run = run.display(),
+        ready = ready.display(),
+        go = go.display(),
+        target = target.display(),
+    );
+    let child = Command::new("unshare")
+        .args([
+            "--map-current-user",
+            "--mount",
+            "--keep-caps",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .current_dir("/")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    std::io::BufReader::new(fs::File::open(&ready).unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said, "ok\n");
+    let bound =
+        chronofs::sys::bind_mount_in_namespace_of(child.id(), &run.join("session"), &target);
+    writeln!(fs::OpenOptions::new().write(true).open(&go).unwrap()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    bound.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "the session\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

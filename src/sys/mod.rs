@@ -793,18 +793,29 @@ pub fn in_own_namespaces(pid: u32) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Binds the tree mounted at `from` over `to`, both resolved in the mount
-/// namespace of process `pid` (root may mount there; the process, in a
-/// user namespace of its own, cannot reach `from`). A thread of its own
-/// enters that namespace for it and ends, so no other thread's view
-/// changes.
+/// Binds the tree mounted at `from` (resolved here) over `to` (resolved
+/// in the mount namespace of process `pid`; root may mount there, the
+/// process, in a user namespace of its own, cannot reach `from`). The
+/// tree is taken here, before entering that namespace: a path resolved
+/// there would be the process's to make, a symlink to any directory
+/// included. A thread of its own enters the namespace and ends, so no
+/// other thread's view changes.
 pub fn bind_mount_in_namespace_of(
     pid: u32,
     from: &std::path::Path,
     to: &std::path::Path,
 ) -> io::Result<()> {
+    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))?;
-    let (from, to) = (from.to_path_buf(), to.to_path_buf());
+    let tree = rustix::mount::open_tree(
+        CWD,
+        from,
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(os_err)?;
+    let to = to.to_path_buf();
     let thread = std::thread::Builder::new()
         .name("sandbox-bind".into())
         .spawn(move || -> io::Result<()> {
@@ -818,7 +829,14 @@ pub fn bind_mount_in_namespace_of(
                 Some(LinkNameSpaceType::Mount),
             )
             .map_err(os_err)?;
-            rustix::mount::mount_bind(&from, &to).map_err(os_err)
+            rustix::mount::move_mount(
+                &tree,
+                c"",
+                CWD,
+                &to,
+                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+            )
+            .map_err(os_err)
         })?;
     thread
         .join()
