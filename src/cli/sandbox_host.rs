@@ -668,7 +668,15 @@ impl Sandboxes {
         check_owner_may(id, &base, &first, peer)?;
         linked_both(id, &first, &reply)?;
         if let Some(served) = self.served.lock().remove(&id) {
-            stop(served);
+            if !stop(served) {
+                // Its processes could still write into directories the
+                // commit moves into the mount, past history.
+                return Err(Error::Busy(format!(
+                    "sandbox {id}: its session could not be ended (no FUSE control file \
+                     system to abort it through): end the sandbox's processes, then commit \
+                     again (nothing was applied)"
+                )));
+            }
         }
         // A descriptor opened with kernel passthrough outlives the session.
         let writer = crate::union::commit::open_for_writing(root.as_fd())
@@ -692,16 +700,30 @@ impl Sandboxes {
         // Before the journal: a failure here leaves nothing to finish.
         vfs.secure_commit(&changes.paths)?;
         self.write_journal(id, false)?;
-        let count = vfs
-            .commit_branch(root.as_fd(), (&changes.paths, &ids), false, &|| {
-                self.absorbed(id, &root)
-            })
+        let recheck = (!force).then_some(since);
+        let applied = vfs
+            .commit_branch(
+                root.as_fd(),
+                (&changes.paths, &ids),
+                (false, recheck),
+                &|| self.absorbed(id, &root),
+            )
             .map_err(|e| {
                 Error::Io(std::io::Error::other(format!(
                     "sandbox {id}: the commit stopped part way ({e}); `chronofs sandbox commit \
                      {id}` again, or the next mount, finishes it"
                 )))
             })?;
+        let count = match applied {
+            Ok(count) => count,
+            Err(late) => {
+                // Changed on the mount since the look above: nothing was
+                // applied, so the commit is not one to finish.
+                self.forget_journal(id)?;
+                report(&mut reply, &late);
+                return Ok(reply);
+            }
+        };
         self.finish_commit(id, &root)?;
         reply.applied = true;
         reply.moved = count.moved;
@@ -735,6 +757,19 @@ impl Sandboxes {
         })
         .map_err(|e| Error::Io(std::io::Error::other(e)))?;
         write_durably(&journal, &text).map_err(io(&journal))
+    }
+
+    /// A commit that applied nothing is not one to finish: its journal
+    /// goes, durably.
+    fn forget_journal(&self, id: u32) -> Result<()> {
+        let dir = self.dir.join(id.to_string());
+        let journal = dir.join("commit.json");
+        std::fs::remove_file(&journal).map_err(io(&journal))?;
+        open_dir(&dir).and_then(|d| {
+            sys::reopen_dir(d.as_fd(), libc::O_RDONLY)
+                .and_then(|d| sys::fsync(d.as_fd(), false))
+                .map_err(io(&dir))
+        })
     }
 
     /// The commit's absorb step is done: durable, then journaled.
@@ -772,11 +807,12 @@ impl Sandboxes {
         let count = vfs.commit_branch(
             root.as_fd(),
             (&changes.paths, &ids),
-            journal.absorbed,
+            (journal.absorbed, None),
             &|| self.absorbed(id, root),
         )?;
         self.finish_commit(id, root)?;
-        Ok(count)
+        // Not weighed again: always applied.
+        count.map_err(|_| Error::Busy(format!("sandbox {id}: conflicts weighed on a resume")))
     }
 
     /// A commit applied: made durable, then the sandbox goes.
@@ -839,8 +875,9 @@ impl Sandboxes {
 
 /// Ends a sandbox's session: its FUSE connection is aborted, since the
 /// binds in sandboxed processes' mount namespaces would keep it alive
-/// otherwise, and its mount under /run goes.
-fn stop(mut served: Served) {
+/// otherwise, and its mount under /run goes. False where it could not be
+/// aborted: the session then lives as long as a process inside does.
+fn stop(mut served: Served) -> bool {
     use std::os::unix::fs::MetadataExt;
     // Only a device number read on the session's own mount names its
     // connection: were the session gone already, the directory's own file
@@ -860,18 +897,23 @@ fn stop(mut served: Served) {
     if let Err(e) = unmounted {
         tracing::warn!("{}: {e}", served.mountpoint.display());
     }
-    match served.session.take() {
+    let ended = match served.session.take() {
         Some(t) if aborted => {
             let _ = t.join();
+            true
         }
         // Its session ends when the last process using it closes it.
-        Some(_) => tracing::warn!(
-            "{}: the session could not be aborted; it ends with its last user",
-            served.mountpoint.display()
-        ),
-        None => {}
-    }
+        Some(_) => {
+            tracing::warn!(
+                "{}: the session could not be aborted; it ends with its last user",
+                served.mountpoint.display()
+            );
+            false
+        }
+        None => true,
+    };
     let _ = std::fs::remove_dir(&served.mountpoint);
+    ended
 }
 
 /// Aborts the FUSE connection of the mount whose device is `dev`.

@@ -176,15 +176,27 @@ impl Vfs {
     /// already (a resumed commit whose journal says so); else they are,
     /// and `on_absorbed` is told (it makes that durable before anything
     /// of the mount changes: a resume must not absorb again).
+    ///
+    /// `recheck`: the instant conflicts are weighed from, for a commit
+    /// that is not forced: they are weighed again once nothing else
+    /// changes the tree (under its lock), since the look that chose to
+    /// apply it came before; if any appeared, nothing is applied and they
+    /// are returned.
     pub fn commit_branch(
         &self,
         upper: BorrowedFd<'_>,
         (paths, ids): (&[Vec<u8>], &SandboxIds),
-        absorbed: bool,
+        (absorbed, recheck): (bool, Option<u64>),
         on_absorbed: &dyn Fn() -> std::io::Result<()>,
-    ) -> Result<MergeCount> {
+    ) -> Result<std::result::Result<MergeCount, Changes>> {
         let target = self.commit_target()?;
         let all = self.tree_lock().write();
+        if let Some(since) = recheck {
+            let now = self.commit_changes(upper, since, ids)?;
+            if !now.conflicts.is_empty() {
+                return Ok(Err(now));
+            }
+        }
         if !absorbed {
             crate::union::absorb::absorb_renamed_dirs(upper, target.root.as_fd(), target.ns)?;
             if self.union().is_none() {
@@ -227,7 +239,7 @@ impl Vfs {
             count.merged_dirs,
             count.whiteouts
         );
-        Ok(count)
+        Ok(Ok(count))
     }
 
     /// History of the places a commit changes: before it (`after` false)
