@@ -407,7 +407,19 @@ impl Patched {
     ) -> Result<T> {
         let mut st = self.state.lock();
         let out = cut()?;
+        let base_len = st.base_len;
         self.truncated_locked(&mut st, size);
+        if st.base_len < base_len {
+            // The mark says so before anything can grow the file again: a
+            // crash after a cut and a regrowth must not show the base past
+            // the cut (metadata is journaled in order, so no sync).
+            match self.persist_locked(&mut st, false) {
+                // Left to the close, which then gives the file all its
+                // bytes.
+                Err(e) if mark_too_big(&e) => {}
+                other => other?,
+            }
+        }
         Ok(out)
     }
 
@@ -555,8 +567,10 @@ impl Patched {
         // a hole, the mark names the old base as the fallback for owned
         // blocks (the first flattening since the data was last synced: an
         // fdatasync per file was most of a round's writes); elsewhere, and
-        // for a second one, the data is synced first.
-        if self.holes_mean_unwritten && st.fallback.is_none() {
+        // for a second one, the data is synced first; so too where the
+        // base gets shorter, since bytes past its end are the file's own
+        // with no run naming them, which no fallback covers.
+        if self.holes_mean_unwritten && st.fallback.is_none() && base_len >= st.base_len {
             st.fallback = Some(Fallback {
                 at: st.mark.at,
                 path: st.mark.path.clone(),
@@ -609,6 +623,11 @@ impl Patched {
         }
         sys::fsync(self.fd.as_fd(), false)?;
         sys::removexattr_fd(self.fd.as_fd(), self.ns.clone_mark())?;
+        // The mark's removal durable too: an fdatasync that follows (as
+        // for a file with too many runs to mark) would not commit a change
+        // to an xattr alone, and a power cut would bring the old mark
+        // back over the whole file, showing its base.
+        sys::fsync(self.fd.as_fd(), false)?;
         st.done = true;
         Ok(())
     }
