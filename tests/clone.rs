@@ -1559,3 +1559,26 @@ fn a_clone_shows_every_write_closed_before_it_through_any_name() {
         );
     }
 }
+
+/// A patched file cut below its base's end and grown again shows none of
+/// its base past the cut, even when the daemon dies before the file is
+/// closed: the cut is in its mark at once (it was written only at close,
+/// so the file came back showing its base between its own blocks).
+#[test]
+fn a_cut_then_regrown_clone_file_shows_no_base_after_kill_9() {
+    use std::io::Write;
+    let mut m = Mount::new_with("", |_| {});
+    write_file(&m.p("f"), &vec![b'A'; 1 << 20]);
+    succeeded(clone(&m.p("f"), &m.p("c")));
+    write_at(&m.p("c"), 0, b"X");
+    let mut c = fs::OpenOptions::new().write(true).open(m.p("c")).unwrap();
+    c.set_len(0).unwrap();
+    c.write_all(&vec![b'B'; 512 << 10]).unwrap();
+    m.kill9();
+    drop(c);
+    m.start();
+    let shown = read_file(&m.p("c"));
+    assert_eq!(shown.len(), 512 << 10);
+    let wrong = shown.iter().position(|&b| b != b'B');
+    assert_eq!(wrong, None, "the clone's file shows its base after the cut");
+}
