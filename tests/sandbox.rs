@@ -1576,3 +1576,60 @@ fn a_user_s_own_mounts_cannot_redirect_a_bind_into_their_namespace() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A directory whose attributes the sandbox set (a `touch`) while the
+/// mount changed its extended attributes (an ACL taken away, a label):
+/// a conflict, or the commit would bring the old ones back.
+#[test]
+fn a_directory_s_xattrs_changed_on_the_mount_conflict_with_the_sandbox_s() {
+    each_kind(|m| {
+        fs::create_dir(m.p("dd")).unwrap();
+        xattr_set(&m.p("dd"), "user.grant", b"eve");
+        let out = in_sandbox(m, None, "touch MNT/dd");
+        ok(out, "sandbox", m);
+        xattr_remove(&m.p("dd"), "user.grant");
+        let out = commit(m, 1, false);
+        assert!(!out.status.success(), "committed over the mount's change");
+        let reply = json(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(reply["conflicts"], serde_json::json!(["/dd"]), "{reply}");
+        assert!(
+            xattr_get(&m.p("dd"), "user.grant").is_none(),
+            "the grant came back"
+        );
+        ok(
+            chronofs_in(
+                m.root(),
+                &[
+                    "sandbox",
+                    "discard",
+                    "1",
+                    "--mount",
+                    m.mnt.to_str().unwrap(),
+                ],
+            ),
+            "discard",
+            m,
+        );
+        fs::remove_dir(m.p("dd")).unwrap();
+    });
+}
+
+fn xattr_set(p: &Path, name: &str, value: &[u8]) {
+    let v = String::from_utf8_lossy(value).into_owned();
+    common::logdisk::must(Command::new("setfattr").args(["-n", name, "-v", &v]).arg(p));
+}
+
+fn xattr_remove(p: &Path, name: &str) {
+    common::logdisk::must(Command::new("setfattr").args(["-x", name]).arg(p));
+}
+
+fn xattr_get(p: &Path, name: &str) -> Option<String> {
+    let out = Command::new("getfattr")
+        .args(["--only-values", "-n", name])
+        .arg(p)
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}

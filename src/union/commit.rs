@@ -345,10 +345,18 @@ impl Scan<'_> {
                 // conflict if they differ and the mount's changed since
                 // (its ctime moves with its entries too: when in doubt,
                 // ask).
+                // Its ACLs and other extended attributes too: a grant
+                // taken away on the mount must not come back with it.
                 let b = below.as_ref().filter(|b| changed_since(b, self.since_ns));
-                if b.is_some_and(|b| {
-                    (b.st_mode, b.st_uid, b.st_gid) != (st.st_mode, st.st_uid, st.st_gid)
-                }) {
+                let differs = match (b, low) {
+                    (Some(b), Some(l)) => {
+                        (b.st_mode, b.st_uid, b.st_gid) != (st.st_mode, st.st_uid, st.st_gid)
+                            || own_xattrs(fd.as_fd(), ns)?
+                                != own_xattrs(sys::open_path(l, &c)?.as_fd(), ns)?
+                    }
+                    _ => false,
+                };
+                if differs {
                     self.out.conflicts.push(child.clone());
                 }
             }
@@ -511,6 +519,16 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     }
     p.extend_from_slice(name);
     p
+}
+
+/// `fd`'s extended attributes other than the union's own, in order.
+fn own_xattrs(fd: BorrowedFd<'_>, ns: XattrNs) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut all: Vec<_> = sys::xattrs_of(fd)?
+        .into_iter()
+        .filter(|(n, _)| !format::is_overlay_xattr(n, ns))
+        .collect();
+    all.sort();
+    Ok(all)
 }
 
 #[cfg(test)]
