@@ -287,20 +287,30 @@ impl Vfs {
         expect: Option<&Attrs>,
         mark: crate::vfs::clone::Mark,
     ) -> Result<Option<Reader>> {
-        let now = attrs_of(&sys::fstat(fd)?);
-        if mark.dir || expect.is_some_and(|e| !e.same_state(&now)) {
+        let unchanged = |fd| -> Result<bool> {
+            let now = attrs_of(&sys::fstat(fd)?);
+            Ok(expect.is_none_or(|e| e.same_state(&now)))
+        };
+        if mark.dir {
             return Ok(None);
         }
         if mark.patch.is_none() {
+            if !unchanged(fd)? {
+                return Ok(None);
+            }
             return self.base_reader(mark.at, &mark.path).map(Some);
         }
         let Some(file) = self.patched_with(InodeNo::from(obj), fd, mark)? else {
             return Ok(None);
         };
-        let source = ReadFrom::Patched {
-            generation: file.generation(),
-            file,
-        };
+        // Its generation before the check: a write landing between them
+        // is then either seen by the check or counted as a later
+        // generation, never as the instant's.
+        let generation = file.generation();
+        if !unchanged(fd)? {
+            return Ok(None);
+        }
+        let source = ReadFrom::Patched { generation, file };
         Ok(Some(Reader { obj, at, source }))
     }
 
