@@ -927,6 +927,9 @@ impl Vfs {
         // first one made serves.
         let mut known = self.clones.patched.lock();
         if let Some(first) = known.get(&ino).and_then(Weak::upgrade) {
+            // This copy goes unused: dropped, it must not write its mark
+            // over the one in use.
+            p.state.lock().dirty = false;
             return Ok(first);
         }
         if known.len() >= 256 {
