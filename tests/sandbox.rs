@@ -1440,7 +1440,6 @@ fn a_sandbox_made_before_its_disk_was_renumbered_commits_after() {
 #[test]
 fn a_disk_unmounted_outside_goes_in_a_running_sandbox_too() {
     use common::logdisk::{must, DiskMount};
-    use std::io::{BufRead, Write};
     use std::os::unix::fs::PermissionsExt;
     let m = Mount::new_with("plain", |_| {});
     let work = tempdir();
@@ -1459,16 +1458,13 @@ fn a_disk_unmounted_outside_goes_in_a_running_sandbox_too() {
     must(Command::new("mount").arg("--make-shared").arg(&shared));
     let disk = shared.join("disk");
     fs::create_dir(&disk).unwrap();
-    let (ready, go) = (work.path().join("ready"), work.path().join("go"));
-    for fifo in [&ready, &go] {
-        must(Command::new("mkfifo").arg("-m").arg("666").arg(fifo));
-    }
+    let turns = Turns::new(work.path());
     let mnt = m.mnt.to_str().unwrap().to_string();
     let script = format!(
         "n() {{ grep -c ' {d} ' /proc/self/mountinfo; }}; echo $(n) > {r}; read x < {g}; n",
         d = disk.display(),
-        r = ready.display(),
-        g = go.display()
+        r = turns.ready.display(),
+        g = turns.go.display()
     );
     for uid in [0, NOBODY] {
         must(
@@ -1476,22 +1472,14 @@ fn a_disk_unmounted_outside_goes_in_a_running_sandbox_too() {
                 .args(["-t", "tmpfs", "tmpfs"])
                 .arg(&disk),
         );
-        let child = Command::new(bin())
-            .args(["sandbox", &mnt, "--", "sh", "-c", &script])
-            .current_dir("/")
-            .uid(uid)
-            .gid(uid)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut seen = String::new();
-        std::io::BufReader::new(fs::File::open(&ready).unwrap())
-            .read_line(&mut seen)
-            .unwrap();
-        assert_eq!(seen, "1\n", "uid {uid}: the disk in the sandbox before");
+        let child = spawn_as(uid, bin(), &["sandbox", &mnt, "--", "sh", "-c", &script]);
+        assert_eq!(
+            turns.said(),
+            "1\n",
+            "uid {uid}: the disk in the sandbox before"
+        );
         must(Command::new("umount").arg(&disk));
-        writeln!(fs::OpenOptions::new().write(true).open(&go).unwrap()).unwrap();
+        turns.go();
         let out = child.wait_with_output().unwrap();
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
@@ -1509,7 +1497,6 @@ fn a_disk_unmounted_outside_goes_in_a_running_sandbox_too() {
 /// tree is taken in the daemon's namespace, before it enters theirs.
 #[test]
 fn a_user_s_own_mounts_cannot_redirect_a_bind_into_their_namespace() {
-    use std::io::{BufRead, Write};
     use std::os::unix::fs::PermissionsExt;
     let work = tempdir();
     let w = work.path();
@@ -1522,10 +1509,7 @@ fn a_user_s_own_mounts_cannot_redirect_a_bind_into_their_namespace() {
     fs::create_dir_all(secret.join("inner")).unwrap();
     fs::write(secret.join("inner/data"), b"not for nobody\n").unwrap();
     fs::set_permissions(&secret, fs::Permissions::from_mode(0o700)).unwrap();
-    let (ready, go) = (w.join("ready"), w.join("go"));
-    for fifo in [&ready, &go] {
-        common::logdisk::must(Command::new("mkfifo").arg("-m").arg("666").arg(fifo));
-    }
+    let turns = Turns::new(w);
     // mount(8) refuses a user who is not root; the system call is allowed
     // in a user namespace of one's own.
     let mount = format!(
@@ -1539,34 +1523,26 @@ fn a_user_s_own_mounts_cannot_redirect_a_bind_into_their_namespace() {
          && read x < {go} && cat {target}/data",
         inner = secret.join("inner").display(),
         run = run.display(),
-        ready = ready.display(),
-        go = go.display(),
+        ready = turns.ready.display(),
+        go = turns.go.display(),
         target = target.display(),
     );
-    let child = Command::new("unshare")
-        .args([
+    let child = spawn_as(
+        NOBODY,
+        "unshare",
+        &[
             "--map-current-user",
             "--mount",
             "--keep-caps",
             "sh",
             "-c",
             &script,
-        ])
-        .current_dir("/")
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut said = String::new();
-    std::io::BufReader::new(fs::File::open(&ready).unwrap())
-        .read_line(&mut said)
-        .unwrap();
-    assert_eq!(said, "ok\n");
+        ],
+    );
+    assert_eq!(turns.said(), "ok\n");
     let bound =
         chronofs::sys::bind_mount_in_namespace_of(child.id(), &run.join("session"), &target);
-    writeln!(fs::OpenOptions::new().write(true).open(&go).unwrap()).unwrap();
+    turns.go();
     let out = child.wait_with_output().unwrap();
     bound.unwrap();
     assert_eq!(
@@ -1632,4 +1608,53 @@ fn xattr_get(p: &Path, name: &str) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Two fifos by which a test and a process it started take turns: the
+/// process says it is ready on one, and waits for the go on the other.
+struct Turns {
+    ready: std::path::PathBuf,
+    go: std::path::PathBuf,
+}
+
+impl Turns {
+    /// The fifos in `dir`, open to every user.
+    fn new(dir: &Path) -> Turns {
+        let turns = Turns {
+            ready: dir.join("ready"),
+            go: dir.join("go"),
+        };
+        for fifo in [&turns.ready, &turns.go] {
+            common::logdisk::must(Command::new("mkfifo").arg("-m").arg("666").arg(fifo));
+        }
+        turns
+    }
+
+    /// The line the process said it was ready with.
+    fn said(&self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(fs::File::open(&self.ready).unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line
+    }
+
+    fn go(&self) {
+        use std::io::Write;
+        writeln!(fs::OpenOptions::new().write(true).open(&self.go).unwrap()).unwrap();
+    }
+}
+
+/// `prog args` started as `uid`, its output kept.
+fn spawn_as(uid: u32, prog: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> std::process::Child {
+    Command::new(prog)
+        .args(args)
+        .current_dir("/")
+        .uid(uid)
+        .gid(uid)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }

@@ -526,6 +526,11 @@ fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) ->
             .map(|b| b.join(rel))
             .find_map(|p| std::fs::symlink_metadata(&p).ok().map(|m| (p, m)))
     };
+    let may = |p: &Path, how: i32| {
+        std::fs::File::open(p).is_ok_and(|f| {
+            sys::creds::as_caller(&caller, || sys::access_fd(f.as_fd(), how)).is_ok()
+        })
+    };
     let mut refused = Vec::new();
     let mut searchable = std::collections::HashMap::new();
     for raw in paths {
@@ -540,11 +545,6 @@ fn no_longer_permitted(base: &[PathBuf], paths: &[Vec<u8>], peer: &sys::Peer) ->
         };
         let Some((dir_path, dir_meta)) = found else {
             continue;
-        };
-        let may = |p: &Path, how: i32| {
-            std::fs::File::open(p).is_ok_and(|f| {
-                sys::creds::as_caller(&caller, || sys::access_fd(f.as_fd(), how)).is_ok()
-            })
         };
         let rel = dir.unwrap_or(Path::new(""));
         let reached = rel.ancestors().skip(1).all(|above| {
@@ -765,11 +765,9 @@ impl Sandboxes {
         let dir = self.dir.join(id.to_string());
         let journal = dir.join("commit.json");
         std::fs::remove_file(&journal).map_err(io(&journal))?;
-        open_dir(&dir).and_then(|d| {
-            sys::reopen_dir(d.as_fd(), libc::O_RDONLY)
-                .and_then(|d| sys::fsync(d.as_fd(), false))
-                .map_err(io(&dir))
-        })
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&dir))
     }
 
     /// The commit's absorb step is done: durable, then journaled.
