@@ -327,3 +327,94 @@ fn acls_groups_and_deleted_files_decide_as_natively() {
         assert_reads("root: .history/@a/gone", &o, "secret gone");
     });
 }
+
+/// The ways that reached past the rule (a review's findings): files
+/// history never recorded by name below a directory closed since; a
+/// version from before a rename out of a directory closed then; a file
+/// root gave to another user since; a user attribute of a file made
+/// private.
+#[test]
+fn closed_ways_renames_new_owners_and_user_attributes_keep_the_past_closed() {
+    // home/alice/docs/x is in the directory before the mount and never
+    // changed: history knows no name for it, only for home/alice once
+    // alice closes it.
+    let before_mount = |src: &Path| {
+        for d in ["home", "home/alice", "home/alice/docs", "open", "open/sub"] {
+            fs::create_dir(src.join(d)).unwrap();
+            chmod(&src.join(d), 0o755);
+        }
+        write_file(&src.join("home/alice/docs/x"), b"secret x\n");
+        chmod(&src.join("home/alice/docs/x"), 0o644);
+        write_file(&src.join("open/sub/y"), b"public y\n");
+        chmod(&src.join("open/sub/y"), 0o644);
+    };
+    each_versioning_mode_with(before_mount, |m| {
+        // A file that lived in a private directory, moved out since.
+        fs::create_dir(m.p("private")).unwrap();
+        chmod(&m.p("private"), 0o700);
+        fs::create_dir(m.p("pub")).unwrap();
+        chmod(&m.p("pub"), 0o755);
+        write_file(&m.p("private/s"), b"secret s\n");
+        chmod(&m.p("private/s"), 0o644);
+        // A private file of another user's, given to nobody later.
+        write_file(&m.p("given"), b"secret given\n");
+        chmod(&m.p("given"), 0o600);
+        sys::chown(&cstr(m.p("given")), OTHER_USER, OTHER_USER).unwrap();
+        // A user attribute, then the file made private.
+        write_file(&m.p("pinned"), b"public pinned\n");
+        chmod(&m.p("pinned"), 0o644);
+        run(
+            &m.mnt,
+            "setfattr",
+            &["-n", "user.pin", "-v", "secret-pin", "pinned"],
+        );
+        tag(m, "a");
+        chmod(&m.p("home/alice"), 0o700);
+        fs::rename(m.p("private/s"), m.p("pub/s")).unwrap();
+        write_file(&m.p("pub/s"), b"public s now\n");
+        chmod(&m.p("pub/s"), 0o644);
+        write_file(&m.p("given"), b"given now\n");
+        sys::chown(&cstr(m.p("given")), NOBODY, NOBODY).unwrap();
+        chmod(&m.p("pinned"), 0o600);
+
+        let x = "home/alice/docs/x";
+        let o = cat_as(m, NOBODY_IDS, &format!(".history/@a/{x}"));
+        assert_denied(".history/@a/home/alice/docs/x", &o);
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", x]);
+        assert_denied("chronofs cat --at a home/alice/docs/x", &o);
+        let o = cat_as(m, ROOT_IDS, &format!(".history/@a/{x}"));
+        assert_reads("root: .history/@a/home/alice/docs/x", &o, "secret x");
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/open/sub/y");
+        assert_reads(".history/@a/open/sub/y", &o, "public y");
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "open/sub/y"]);
+        assert_reads("chronofs cat --at a open/sub/y", &o, "public y");
+
+        assert_denied("cat pub/s;1", &cat_as(m, NOBODY_IDS, "pub/s;1"));
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--version", "1", "pub/s"]);
+        assert_denied("chronofs cat --version 1 pub/s", &o);
+        assert_reads("cat pub/s", &cat_as(m, NOBODY_IDS, "pub/s"), "public s now");
+        assert_reads(
+            "root: cat pub/s;1",
+            &cat_as(m, ROOT_IDS, "pub/s;1"),
+            "secret s",
+        );
+
+        assert_denied("cat given;@a", &cat_as(m, NOBODY_IDS, "given;@a"));
+        let o = cat_as(m, NOBODY_IDS, ".history/@a/given");
+        assert_denied("cat .history/@a/given", &o);
+        let o = chronofs_as(m, NOBODY_IDS, &["cat", "--at", "a", "given"]);
+        assert_denied("chronofs cat --at a given", &o);
+        assert_reads(
+            "new owner: cat given",
+            &cat_as(m, NOBODY_IDS, "given"),
+            "given now",
+        );
+
+        let getfattr = Path::new("/usr/bin/getfattr");
+        let args = ["--only-values", "-n", "user.pin", ".history/@a/pinned"];
+        let o = run_as(&m.mnt, NOBODY_IDS, getfattr, &args);
+        assert_denied("getfattr user.pin of .history/@a/pinned", &o);
+        let o = run_as(&m.mnt, ROOT_IDS, getfattr, &args);
+        assert_reads("root: getfattr user.pin", &o, "secret-pin");
+    });
+}

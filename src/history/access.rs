@@ -210,15 +210,15 @@ pub struct Now {
 }
 
 /// The rule: `want` on a past state `then` of an object whose state now is
-/// `now` (`None`: unknown, taken as then).
+/// `now` (`None`: unknown, taken as then). An owner, then or now, passes
+/// the mode of that state (they could grant themselves any access), but
+/// not the other state's, nor the directories on the way now: a file
+/// root gave to bob shows bob nothing alice wrote into it before.
 pub fn may(who: &Who, then: &Perms, now: Option<&Now>, want: u32) -> bool {
     let perms = now.map_or(then, |n| &n.perms);
     let dirs = now.map_or(&[][..], |n| n.dirs.as_slice());
-    who.uid == 0
-        || who.uid == perms.uid
-        || (then.permits(who, want)
-            && perms.permits(who, want)
-            && dirs.iter().all(|d| d.permits(who, SEARCH)))
+    let passes = |p: &Perms| who.uid == p.uid || p.permits(who, want);
+    who.uid == 0 || (passes(then) && passes(perms) && dirs.iter().all(|d| d.permits(who, SEARCH)))
 }
 
 impl Past<'_> {
@@ -303,9 +303,60 @@ impl Past<'_> {
         }
     }
 
+    /// Whether every directory on `obj`'s way at its version `(at, gone)`
+    /// could be searched by `who` then (a removal's version is recorded
+    /// with the name already gone: its way is the one just before). A way
+    /// history does not know is not held against it.
+    pub fn way_then_permits(
+        &self,
+        who: &Who,
+        obj: ObjectId,
+        (at, gone): (Seq, bool),
+    ) -> Result<bool> {
+        let named = if gone { at.prev() } else { at };
+        let Some(path) = self.history.path_at(obj, named)? else {
+            return Ok(true);
+        };
+        for depth in 0..path.len() {
+            match self.resolve(&path[..depth], named)? {
+                Some(dir) if Self::then_of(&dir)?.permits(who, SEARCH) => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The state now of `node`, which history knows no way to (never
+    /// recorded by name: unchanged where the walk found it), as the
+    /// directory the walk found it in is now (`way`: the nodes of the
+    /// path's prefixes, from the root), that directory's own way if
+    /// history knows it, else its parent's, and so on up. `None` where a
+    /// prefix did not resolve: not to be read.
+    pub fn now_along(&self, way: &[Option<Node>], node: &Node) -> Result<Option<Now>> {
+        let mut below = Vec::new();
+        for dir in way.iter().rev() {
+            let Some(dir) = dir else {
+                return Ok(None);
+            };
+            if let Some(known) = self.now_of_node(dir)? {
+                let mut dirs = known.dirs;
+                dirs.push(known.perms);
+                dirs.extend(below.into_iter().rev());
+                return Ok(Some(Now {
+                    perms: Self::then_of(node)?,
+                    dirs,
+                }));
+            }
+            below.push(Self::then_of(dir)?);
+        }
+        Ok(None)
+    }
+
     /// Whether `who` may `want` (`READ`) `node`, reached by `path` at
     /// `seq`: search permission on each ancestor as it was at `seq` (as
-    /// `.history/@seq/` presents them), and the rule of [`may`].
+    /// `.history/@seq/` presents them) and on the object's own ancestors
+    /// at its version where `path` led elsewhere then (a version from
+    /// before a rename), and the rule of [`may`].
     pub fn check(
         &self,
         who: &Who,
@@ -317,23 +368,44 @@ impl Past<'_> {
         if who.uid == 0 {
             return Ok(());
         }
+        let mut way = Vec::with_capacity(path.len());
         for depth in 0..path.len() {
             // A prefix that did not resolve at `seq` (a version from before
-            // the object got this name) is not presented, so not checked.
-            let Some(dir) = self.resolve(&path[..depth], seq)? else {
-                continue;
+            // the object got this name) is not presented: the object's own
+            // way then is checked below instead.
+            let dir = self.resolve(&path[..depth], seq)?;
+            if let Some(dir) = &dir {
+                if !Self::then_of(dir)?.permits(who, SEARCH) {
+                    return Err(Error::Denied(format!(
+                        "{} at #{seq} could not be searched by uid {}",
+                        show_path(&path[..depth]),
+                        who.uid
+                    )));
+                }
+            }
+            way.push(dir);
+        }
+        if let Node::Hist { obj, seq: at, v } = node {
+            let led_here = match self.resolve(path, seq)? {
+                Some(Node::Hist { obj: o, .. }) | Some(Node::Live { obj: Some(o), .. }) => {
+                    o == *obj
+                }
+                _ => false,
             };
-            if !Self::then_of(&dir)?.permits(who, SEARCH) {
+            if !led_here && !self.way_then_permits(who, *obj, (*at, v.gone))? {
                 return Err(Error::Denied(format!(
-                    "{} at #{seq} could not be searched by uid {}",
-                    show_path(&path[..depth]),
+                    "{} at #{at} lay in a directory uid {} could not search then",
+                    show_path(path),
                     who.uid
                 )));
             }
         }
         let then = Self::then_of(node)?;
-        let now = self.now_of_node(node)?;
-        if may(who, &then, now.as_ref(), want) {
+        let now = match self.now_of_node(node)? {
+            Some(now) => Some(now),
+            None => self.now_along(&way, node)?,
+        };
+        if now.is_some() && may(who, &then, now.as_ref(), want) {
             return Ok(());
         }
         let what = if want == READ {
@@ -447,8 +519,27 @@ mod tests {
             ),
             "a directory on the way closed now"
         );
-        let mine = Some(now(&private, vec![dir(0o700)]));
+        let own_dir = Perms {
+            uid: 10,
+            ..dir(0o700)
+        };
+        let mine = Some(now(&private, vec![own_dir]));
         assert!(may(&who(10, 1), &private, mine.as_ref(), READ), "owner");
         assert!(may(&who(0, 0), &private, mine.as_ref(), READ), "root");
+        let closed = Some(now(&private, vec![dir(0o700)]));
+        assert!(
+            !may(&who(10, 1), &private, closed.as_ref(), READ),
+            "the owner, below another's closed directory"
+        );
+        // Given to uid 11 since: what uid 10 kept private then stays so.
+        let given = Some(now(
+            &Perms {
+                uid: 11,
+                ..private.clone()
+            },
+            vec![],
+        ));
+        assert!(!may(&w, &private, given.as_ref(), READ), "owner now only");
+        assert!(may(&w, &open, given.as_ref(), READ), "open then, owned now");
     }
 }

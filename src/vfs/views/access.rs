@@ -10,8 +10,9 @@
 
 use std::os::fd::AsFd;
 
-use super::{past_err, State, ViewNode, What};
+use super::{past_err, State, ViewNode, What, VIEW_BIT};
 use crate::history::access::{self, Now, Perms, Who};
+use crate::history::past::Past;
 use crate::sys;
 use crate::vfs::{errno, Caller, Result, Vfs};
 
@@ -33,26 +34,34 @@ impl Vfs {
             gid: node.st.st_gid,
             acl,
         };
-        let mut now = self.with_past(|p| p.now_of(*obj).map_err(past_err))?;
         let then = match state {
             State::Hist { v } => Perms::of_version(v),
             State::Live { inode } => {
                 // Unchanged since the instant: as the attributes the kernel
                 // was shown, with the ACL it has now.
                 let fd = self.inodes.fd(inode)?;
-                let live = Perms::of_live(fd.as_fd(), &sys::fstat(fd.as_fd())?)?;
-                let then = shown(live.acl.clone());
-                // Never recorded: history knows no way to it, but the
-                // object itself is at hand.
-                now.get_or_insert(Now {
-                    perms: live,
-                    dirs: Vec::new(),
-                });
-                then
+                shown(Perms::of_live(fd.as_fd(), &sys::fstat(fd.as_fd())?)?.acl)
             }
         };
         let who = Who::new(caller.uid, caller.gid, caller.pid);
-        if access::may(&who, &then, now.as_ref(), want) {
+        let permitted = self.with_past(|p| {
+            // The kernel searched the directories a view name lies in as
+            // they were only inside `.history/@T/`; a version name in a
+            // live directory (`f;N`) or a `;deleted` entry lies in the
+            // object's own directories then.
+            if !self.in_view_dir(node) {
+                let (at, gone) = node.version_at();
+                if !p
+                    .way_then_permits(&who, *obj, (at, gone))
+                    .map_err(past_err)?
+                {
+                    return Ok(false);
+                }
+            }
+            let now = self.now_of_view(p, node, 0)?;
+            Ok(now.is_some() && access::may(&who, &then, now.as_ref(), want))
+        })?;
+        if permitted {
             return Ok(());
         }
         tracing::debug!(
@@ -60,5 +69,56 @@ impl Vfs {
             caller.uid
         );
         Err(errno(libc::EACCES))
+    }
+
+    /// Whether the kernel reached `node` through a view directory at its
+    /// instant (its first name's parent), where it checked the way then.
+    fn in_view_dir(&self, node: &ViewNode) -> bool {
+        let parent = node.names.lock().first().map(|(p, _)| *p);
+        parent.is_some_and(|p| {
+            p.0 & VIEW_BIT != 0
+                && self
+                    .view(p)
+                    .is_ok_and(|d| matches!(d.what, What::At { .. }))
+        })
+    }
+
+    /// `node`'s object as it is now: as history knows it, or for an object
+    /// it knows no way to (never recorded by name: unchanged where it
+    /// was), as the view directory it was found in is now. `None`: not to
+    /// be read (no way known at all).
+    fn now_of_view(&self, p: &Past, node: &ViewNode, hops: usize) -> Result<Option<Now>> {
+        let What::At { obj, state, .. } = &node.what else {
+            return Ok(None);
+        };
+        if let Some(now) = p.now_of(*obj).map_err(past_err)? {
+            return Ok(Some(now));
+        }
+        let perms = match state {
+            State::Hist { v } => Perms::of_version(v),
+            State::Live { inode } => {
+                let fd = self.inodes.fd(inode)?;
+                Perms::of_live(fd.as_fd(), &sys::fstat(fd.as_fd())?)?
+            }
+        };
+        let Some(parent) = node.names.lock().first().map(|(p, _)| *p) else {
+            return Ok(None);
+        };
+        if parent.0 & VIEW_BIT == 0 {
+            // A name in a live directory: the kernel searched its way now.
+            return Ok(Some(Now {
+                perms,
+                dirs: Vec::new(),
+            }));
+        }
+        if hops > 4096 {
+            return Err(errno(libc::ELOOP));
+        }
+        let Some(above) = self.now_of_view(p, &*self.view(parent)?, hops + 1)? else {
+            return Ok(None);
+        };
+        let mut dirs = above.dirs;
+        dirs.push(above.perms);
+        Ok(Some(Now { perms, dirs }))
     }
 }

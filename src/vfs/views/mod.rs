@@ -123,6 +123,17 @@ struct ViewNode {
     names: Mutex<Vec<(InodeNo, Vec<u8>)>>,
 }
 
+impl ViewNode {
+    /// The instant the node shows and whether its state there is a
+    /// removal's (`(0, false)` for the listings, which show no object).
+    fn version_at(&self) -> (Seq, bool) {
+        match &self.what {
+            What::At { at, state, .. } => (*at, matches!(state, State::Hist { v } if v.gone)),
+            _ => (Seq::ZERO, false),
+        }
+    }
+}
+
 enum What {
     Top,
     /// The deleted entries of the live directory `dir`.
@@ -510,6 +521,11 @@ impl Vfs {
         // The mount's own names are no more the file's in the past.
         self.refuse_union_xattr(name)?;
         let node = self.view(ino)?;
+        if name.as_bytes().starts_with(b"user.") {
+            // Reading a user attribute needs read permission (the kernel
+            // checked it as then): now too, as an open of the view does.
+            self.view_permits(caller, &node, crate::history::access::READ)?;
+        }
         match &node.what {
             What::At {
                 state: State::Live { inode },
