@@ -392,10 +392,24 @@ fn a_clone_by_an_ordinary_user_widens_no_access() {
         fs::write(mine.join("open"), b"open").unwrap();
         fs::write(mine.join("secret"), b"secret").unwrap();
         fs::set_permissions(mine.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
-        for (name, mode) in [("suid", 0o4755), ("own-sgid", 0o2755)] {
+        for (name, mode) in [("suid", 0o4755), ("own-sgid", 0o2755), ("capped", 0o755)] {
             fs::write(mine.join(name), b"#!/bin/sh\n").unwrap();
             fs::set_permissions(mine.join(name), fs::Permissions::from_mode(mode)).unwrap();
         }
+        // cap_net_raw+ep, as setcap writes it (revision 2).
+        let cap = "0x0100000200200000000000000000000000000000";
+        let capped = mine.join("capped");
+        run(
+            src,
+            "setfattr",
+            &[
+                "-n",
+                "security.capability",
+                "-v",
+                cap,
+                capped.to_str().unwrap(),
+            ],
+        );
         fs::create_dir(src.join("closed")).unwrap();
         fs::set_permissions(src.join("closed"), fs::Permissions::from_mode(0o700)).unwrap();
         fs::create_dir(src.join("readonly")).unwrap();
@@ -439,6 +453,21 @@ fn a_clone_by_an_ordinary_user_widens_no_access() {
     assert_eq!(mode("work/copy/own-sgid"), 0o2755);
     succeeded(clone(&m.p("mine"), &m.p("work/root-copy")));
     assert_eq!(mode("work/root-copy/suid"), 0o4755);
+    // Nor file capabilities.
+    let has_caps = |p: &str| {
+        Command::new("getfattr")
+            .args(["-n", "security.capability"])
+            .arg(m.p(p))
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(
+        !has_caps("work/copy/capped"),
+        "nobody's clone kept root's capabilities"
+    );
+    assert!(has_caps("work/root-copy/capped"), "root's clone lost them");
     // A directory nobody may not write, a source nobody may not read.
     for (s, d) in [("mine", "readonly/copy"), ("closed", "work/closed")] {
         let out = clone_as(s, d);

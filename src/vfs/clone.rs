@@ -199,6 +199,14 @@ impl Mark {
         }
     }
 
+    /// Whether a copy of an object with `st` in this clone keeps extended
+    /// attribute `name`: not file capabilities of a file its maker (other
+    /// than root) does not own, which, like set-ID bits, would give them a
+    /// privileged program of their own to keep past its fix.
+    fn keeps_xattr(&self, st: &Stat, name: &[u8]) -> bool {
+        self.by == 0 || st.st_uid == self.by || name != b"security.capability"
+    }
+
     /// The mode a copy of an object with `st` gets in this clone.
     fn mode_for(&self, st: &Stat) -> u32 {
         let privileged = libc::S_ISUID | libc::S_ISGID;
@@ -608,7 +616,8 @@ impl Vfs {
         base: &PastNode,
         mark: Mark,
     ) -> Result<Prepared> {
-        let (mut st, xattrs, target) = describe(base)?;
+        let (mut st, mut xattrs, target) = describe(base)?;
+        xattrs.retain(|(name, _)| mark.keeps_xattr(&st, name));
         st.st_mode = mark.mode_for(&st);
         let kind = st.st_mode & libc::S_IFMT;
         let prepared = Prepared {
