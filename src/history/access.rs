@@ -56,6 +56,17 @@ impl Who {
         }
     }
 
+    /// An identity whose groups are known (no process to read them from:
+    /// the maker of a clone, filled later).
+    pub fn with_groups(uid: u32, gid: u32, groups: Vec<u32>) -> Who {
+        Who {
+            uid,
+            gid,
+            pid: 0,
+            groups: OnceCell::from(groups),
+        }
+    }
+
     fn in_group(&self, gid: u32) -> bool {
         gid == self.gid
             || self

@@ -61,16 +61,41 @@ fn outcome<T>(rc: libc::c_int, found: bool, value: impl FnOnce() -> T) -> Attemp
 
 /// The login name of `uid`, from the passwd database.
 pub fn user_name(uid: u32) -> Option<String> {
-    passwd_entry(Ok(uid)).map(|(name, _, _)| name)
+    passwd_entry(Ok(uid)).map(|(name, ..)| name)
+}
+
+/// A user's primary group and every group the group database lists them
+/// in, by uid; `None` for a uid the passwd database does not know.
+pub fn user_groups(uid: u32) -> Option<(u32, Vec<u32>)> {
+    let (name, _, _, gid) = passwd_entry(Ok(uid))?;
+    let name = CString::new(name).ok()?;
+    let mut len: libc::c_int = 32;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; usize::try_from(len).ok()?];
+        let mut n = len;
+        // SAFETY: name is NUL-terminated; groups holds n entries and n is
+        // passed by pointer, as getgrouplist(3) requires.
+        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+        if rc >= 0 {
+            groups.truncate(usize::try_from(n).ok()?);
+            return Some((gid, groups));
+        }
+        // Too small: n says how many there are (some versions leave it).
+        len = n.max(len.checked_mul(2)?);
+        if len > 1 << 20 {
+            return None;
+        }
+    }
 }
 
 /// A user's uid and home directory, by login name or number.
 pub fn user_home(user: &str) -> Option<(u32, PathBuf)> {
-    passwd_entry(user.parse().map_err(|_| user)).map(|(_, uid, home)| (uid, home))
+    passwd_entry(user.parse().map_err(|_| user)).map(|(_, uid, home, _)| (uid, home))
 }
 
-/// A passwd entry (login name, uid, home), by uid or by name.
-fn passwd_entry(user: Result<u32, &str>) -> Option<(String, u32, PathBuf)> {
+/// A passwd entry (login name, uid, home, primary group), by uid or by
+/// name.
+fn passwd_entry(user: Result<u32, &str>) -> Option<(String, u32, PathBuf, u32)> {
     let name = match user {
         Ok(_) => None,
         Err(name) => Some(CString::new(name).ok()?),
@@ -111,6 +136,7 @@ fn passwd_entry(user: Result<u32, &str>) -> Option<(String, u32, PathBuf)> {
                 name.to_string_lossy().into_owned(),
                 pwd.pw_uid,
                 PathBuf::from(OsStr::from_bytes(home.to_bytes())),
+                pwd.pw_gid,
             )
         })
     })

@@ -27,7 +27,8 @@ use std::sync::{Arc, Weak};
 use super::clone_patch::{PatchMeta, Patched};
 use super::inodes::Node;
 use super::{errno, InodeNo, Result, Vfs};
-use crate::history::past::Node as PastNode;
+use crate::history::access::{Who, READ};
+use crate::history::past::{Error as PastError, Node as PastNode};
 use crate::history::{Binding, Content, Seq};
 use crate::sys::{self, Stat, TimeSpec};
 use crate::union::copyup::{is_copyup_temp, temp_name};
@@ -199,6 +200,18 @@ impl Mark {
         }
     }
 
+    /// Who the clone's maker is, for the rule of who may read the past;
+    /// `None` for root. Their groups are the group database's (the process
+    /// that made the clone is gone when it is filled); a uid it does not
+    /// know has none.
+    fn maker(&self) -> Option<Who> {
+        if self.by == 0 {
+            return None;
+        }
+        let (gid, groups) = sys::user_groups(self.by).unwrap_or((u32::MAX, Vec::new()));
+        Some(Who::with_groups(self.by, gid, groups))
+    }
+
     /// Whether a copy of an object with `st` in this clone keeps extended
     /// attribute `name`: not file capabilities of a file its maker (other
     /// than root) does not own, which, like set-ID bits, would give them a
@@ -365,12 +378,26 @@ impl Vfs {
                 .names(&base, mark.at, mark.path.is_empty())
                 .map_err(super::views::past_err)?;
             let mut out = Vec::with_capacity(names.len());
+            let maker = mark.maker();
             for name in names {
                 let mut path = mark.path.clone();
                 path.push(name.clone());
-                if let Some(node) = p.resolve(&path, mark.at).map_err(super::views::past_err)? {
-                    out.push((name, node));
+                let Some(node) = p.resolve(&path, mark.at).map_err(super::views::past_err)? else {
+                    continue;
+                };
+                // Its maker's clone holds what they may read of the past:
+                // an entry closed to them since (or then) stays out.
+                if let Some(who) = &maker {
+                    match p.check(who, &path, mark.at, &node, READ) {
+                        Ok(()) => {}
+                        Err(PastError::Denied(why)) => {
+                            tracing::debug!("clone by uid {}: left out: {why}", mark.by);
+                            continue;
+                        }
+                        Err(e) => return Err(super::views::past_err(e)),
+                    }
                 }
+                out.push((name, node));
             }
             Ok(out)
         })?;
