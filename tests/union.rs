@@ -1345,3 +1345,63 @@ fn copy_up_on_btrfs_shares_the_lower_file_s_extents() {
         assert_eq!(fs::read(&copy).unwrap(), got, "mode {mode:?}");
     }
 }
+
+/// Unmounts a small file system mounted for a test, however it ends.
+struct SmallFs(PathBuf);
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// An O_TRUNC open or a truncate of a file a lower branch holds copies up
+/// only what survives the truncation (as overlayfs does): on an upper
+/// branch with less room than the file, `: > big` and `truncate -s 4K`
+/// work where a whole copy ran out of space. History still keeps the
+/// lower content as the version before.
+#[test]
+fn truncating_a_lower_file_copies_up_only_what_survives() {
+    let small = std::cell::RefCell::new(None);
+    let m = Mount::union("plain", 1, |b| {
+        let big: Vec<u8> = (0..8u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+        write_file(&b[1].join("big"), &big);
+        write_file(&b[1].join("big2"), &big);
+        // The upper branch: 2 MiB of room for files of 8 MiB.
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs"])
+            .arg(&b[0])
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        *small.borrow_mut() = Some(SmallFs(b[0].clone()));
+    });
+    let _small = small.into_inner();
+    fs::write(m.p("big"), b"new").expect(": > big on a small upper branch");
+    assert_eq!(read_file(&m.p("big")), b"new");
+    assert_eq!(
+        fs::metadata(m.lowers[0].join("big")).unwrap().len(),
+        8 << 20
+    );
+    // truncate(2) by path (an open for writing copies the file whole).
+    let path = m.p("big2");
+    let script = "import os, sys; os.truncate(sys.argv[1], 4096)";
+    let st = Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(st.success(), "truncate(2) of a lower file to 4 KiB");
+    let kept = read_file(&m.p("big2"));
+    let want: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(kept, want);
+    drop(m);
+
+    let m = Mount::union("", 1, lower_tree);
+    m.wait_history_ready();
+    fs::write(m.p("data"), b"new data\n").unwrap();
+    let p = m.p("data");
+    let p = p.to_str().unwrap();
+    assert_eq!(cli_ok(&["cat", p, "--version", "1"]), b"lower data\n");
+    assert_eq!(cli_ok(&["cat", p, "--version", "2"]), b"new data\n");
+}

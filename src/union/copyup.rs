@@ -303,15 +303,18 @@ pub fn copy_up_file(
     upper_parent: BorrowedFd<'_>,
     owner: &Owner,
 ) -> Result<OwnedFd> {
-    copy_up_file_identified(lower_parent, name, upper_parent, owner, &|_| {})
+    copy_up_file_identified(lower_parent, name, upper_parent, owner, None, &|_| {})
 }
 
-/// [`copy_up_file`] with a [`BeforeVisible`] step.
+/// [`copy_up_file`] with a [`BeforeVisible`] step; `keep`: for a change
+/// that truncates the file to that many bytes, only those are copied (see
+/// [`copy_up_file_truncated`]).
 pub fn copy_up_file_identified(
     lower_parent: BorrowedFd<'_>,
     name: &CStr,
     upper_parent: BorrowedFd<'_>,
     owner: &Owner,
+    keep: Option<u64>,
     before_visible: BeforeVisible<'_>,
 ) -> Result<OwnedFd> {
     Ok(file_up_as(
@@ -319,7 +322,10 @@ pub fn copy_up_file_identified(
         name,
         (upper_parent, name),
         owner,
-        SYNCED,
+        How {
+            len: keep,
+            ..SYNCED
+        },
         before_visible,
     )?)
 }

@@ -144,7 +144,9 @@ impl Vfs {
     }
 
     fn apply_setattr(&self, caller: &Caller, ino: InodeNo, set: &SetAttr) -> Result<Attr> {
-        let inode = self.writable_node(caller, ino)?;
+        // History secured the state before (above): a copy-up for a
+        // truncate copies only what it keeps.
+        let (inode, _) = self.writable_node_for(caller, ino, (false, set.size))?;
         self.mark_attrs_set(&inode)?;
         let fd = inode.fd();
         let is_symlink = inode.kind == libc::S_IFLNK;

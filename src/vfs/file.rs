@@ -107,8 +107,15 @@ impl Vfs {
     }
 
     pub(super) fn live_open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
-        let (inode, made) = if writes(flags) || flags & libc::O_TRUNC != 0 {
-            self.writable_node_for(caller, ino, true)?
+        let truncates = flags & libc::O_TRUNC != 0;
+        // An O_TRUNC open of a file a read-only branch holds copies none
+        // of its bytes up; history secures them from that copy first.
+        let early = match truncates && writes(flags) && self.capture.is_some() {
+            true if self.copies_up_truncated(ino)? => self.before_write_open(ino)?,
+            _ => None,
+        };
+        let (inode, made) = if writes(flags) || truncates {
+            self.writable_node_for(caller, ino, (true, truncates.then_some(0)))?
         } else {
             (self.node(ino)?, None)
         };
@@ -130,9 +137,10 @@ impl Vfs {
             None => self.patched(&inode)?,
         };
         let versioned = self.capture.is_some() && inode.kind == libc::S_IFREG && writes(flags);
-        let opening = match versioned {
-            true => self.before_write_open(ino)?,
-            false => None,
+        let opening = match (versioned, early) {
+            (true, Some(early)) => Some(early),
+            (true, None) => self.before_write_open(ino)?,
+            (false, _) => None,
         };
         let reopen = || self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags, 0);
         let fd = match patched.as_ref().filter(|_| flags & libc::O_TRUNC != 0) {

@@ -992,22 +992,24 @@ impl Vfs {
     /// in a read-only branch of a union: then a copy in the upper branch,
     /// under the same number.
     pub(super) fn writable_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
-        self.writable_node_for(caller, ino, false)
+        self.writable_node_for(caller, ino, (false, None))
             .map(|(node, _)| node)
     }
 
     /// [`Vfs::writable_node`]; for an `open`, with the patched file a
     /// clone's file became (in no union: those are materialised).
+    /// `keep`: the change truncates the file to that many bytes (an
+    /// O_TRUNC open: 0), so a copy-up copies no more.
     pub(super) fn writable_node_for(
         &self,
         caller: &super::Caller,
         ino: InodeNo,
-        open: bool,
+        (open, keep): (bool, Option<u64>),
     ) -> Result<(Node, Option<std::sync::Arc<super::clone_patch::Patched>>)> {
         let node = self.node(ino)?;
         // A clone's file copies up with its mark (its own blocks only), and
         // changes where the change goes: never in a read-only branch.
-        let node = self.writable_in_union(caller, ino, node)?;
+        let node = self.writable_in_union(caller, ino, node, keep)?;
         let made = match self.clones_on() {
             true => self.before_clone_change_for(&node, open)?,
             false => None,
@@ -1015,20 +1017,51 @@ impl Vfs {
         Ok((node, made))
     }
 
-    fn writable_in_union(&self, caller: &super::Caller, ino: InodeNo, node: Node) -> Result<Node> {
+    fn writable_in_union(
+        &self,
+        caller: &super::Caller,
+        ino: InodeNo,
+        node: Node,
+        keep: Option<u64>,
+    ) -> Result<Node> {
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
         };
         if u.writable(self.inodes.branch_of(&node.key)) {
             return Ok(node);
         }
-        self.upper_node(caller, ino)
+        self.upper_node_keeping(caller, ino, keep)
+    }
+
+    /// Whether a change to `ino` would copy it up from a read-only branch
+    /// and could copy only what a truncation keeps of it (a plain regular
+    /// file: a clone's file copies up with its mark).
+    pub(super) fn copies_up_truncated(&self, ino: InodeNo) -> Result<bool> {
+        let Some(u) = self.union.as_ref() else {
+            return Ok(false);
+        };
+        let node = self.node(ino)?;
+        Ok(!u.writable(self.inodes.branch_of(&node.key))
+            && node.inode.kind == libc::S_IFREG
+            && !self.clones_on())
     }
 
     /// The object `ino`'s copy in the upper branch, made (under the same
     /// number) if it lives in any other branch, read-write ones included:
     /// what a move across branches needs.
     pub(super) fn upper_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
+        self.upper_node_keeping(caller, ino, None)
+    }
+
+    /// [`Vfs::upper_node`] for a change that keeps only `keep` bytes of
+    /// the file: a plain file copies no more (overlayfs's O_TRUNC copy-up);
+    /// a hard-linked one, or a clone's, whole.
+    fn upper_node_keeping(
+        &self,
+        caller: &super::Caller,
+        ino: InodeNo,
+        keep: Option<u64>,
+    ) -> Result<Node> {
         let node = self.node(ino)?;
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
@@ -1071,11 +1104,13 @@ impl Vfs {
             self.forget_patched(ino);
             return self.inodes.node_of(inode);
         }
+        let keep = keep.filter(|_| !self.clones_on());
         let fd = copyup::copy_up_file_identified(
             lower_parent.as_fd(),
             &cname,
             upper_parent.fd(),
             &owner,
+            keep,
             &|st| self.inodes.bind_copy(upper, st, ino),
         )?;
         let st = sys::fstat(fd.as_fd())?;
