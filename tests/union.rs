@@ -1405,3 +1405,45 @@ fn truncating_a_lower_file_copies_up_only_what_survives() {
     assert_eq!(cli_ok(&["cat", p, "--version", "1"]), b"lower data\n");
     assert_eq!(cli_ok(&["cat", p, "--version", "2"]), b"new data\n");
 }
+
+/// A change through a descriptor of a lower file that no name shows any
+/// more (removed, or renamed over) applies to that open file, as on a
+/// native file system: it was EEXIST, the copy-up finding the whiteout or
+/// the new file at its name.
+#[test]
+fn a_lower_file_removed_while_open_still_takes_changes() {
+    each_union(lower_tree, |m| {
+        let low = m.lowers.last().unwrap();
+        let removed = fs::File::open(m.p("data")).unwrap();
+        fs::remove_file(m.p("data")).unwrap();
+        removed
+            .set_permissions(fs::Permissions::from_mode(0o600))
+            .expect("fchmod of a removed lower file");
+        assert_eq!(removed.metadata().unwrap().mode() & 0o7777, 0o600);
+        assert!(
+            fs::symlink_metadata(m.p("data")).is_err(),
+            "its name came back"
+        );
+        assert_eq!(
+            fs::metadata(low.join("data")).unwrap().mode() & 0o7777,
+            0o644
+        );
+        let mut text = String::new();
+        use std::io::Read;
+        (&removed).read_to_string(&mut text).unwrap();
+        assert_eq!(text, "lower data\n");
+
+        let replaced = fs::File::open(m.p("tree/top")).unwrap();
+        write_file(&m.p("tree/new"), b"new top");
+        fs::rename(m.p("tree/new"), m.p("tree/top")).unwrap();
+        replaced
+            .set_permissions(fs::Permissions::from_mode(0o640))
+            .expect("fchmod of a lower file renamed over");
+        assert_eq!(replaced.metadata().unwrap().mode() & 0o7777, 0o640);
+        assert_eq!(read_file(&m.p("tree/top")), b"new top");
+        assert_eq!(
+            fs::metadata(m.p("tree/top")).unwrap().mode() & 0o7777,
+            0o644
+        );
+    });
+}

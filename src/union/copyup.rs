@@ -330,6 +330,32 @@ pub fn copy_up_file_identified(
     )?)
 }
 
+/// A copy of regular file `name` of `lower_parent` (`keep`: only that
+/// many bytes) in `upper_parent` with no name: for a change to a file
+/// open while no name shows it any more (unlinked, renamed over), which
+/// a native file system applies to the nameless file. Nothing to sync: it
+/// ends with its last descriptor, after a crash too.
+pub fn copy_up_file_unnamed(
+    lower_parent: BorrowedFd<'_>,
+    name: &CStr,
+    upper_parent: BorrowedFd<'_>,
+    owner: &Owner,
+    keep: Option<u64>,
+) -> Result<OwnedFd> {
+    let lower = sys::open_path(lower_parent, name)?;
+    let st = sys::fstat(lower.as_fd())?;
+    if !is_kind(&st, libc::S_IFREG) {
+        return Err(err(libc::EEXIST).into());
+    }
+    let src = open_for_read(lower.as_fd())?;
+    let temp = TempFile::create(upper_parent, true)?;
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    let len = keep.unwrap_or(size);
+    fill(src.as_fd(), temp.fd(), len.min(size), len, false)?;
+    apply_meta(temp.fd(), lower.as_fd(), &st, owner)?;
+    Ok(temp.unnamed()?)
+}
+
 /// [`copy_up_file`] under another name in another directory (a hard
 /// link's index entry).
 pub fn copy_up_file_as(
@@ -711,6 +737,12 @@ impl<'a> TempFile<'a> {
         match self {
             TempFile::Unnamed(fd) | TempFile::Named(fd, _) => fd.as_fd(),
         }
+    }
+
+    /// Keeps the file nameless (a hidden name goes): an O_PATH
+    /// descriptor of it, which is all there is of it.
+    fn unnamed(self) -> io::Result<OwnedFd> {
+        sys::reopen(self.fd(), libc::O_PATH)
     }
 
     /// Gives the file `name` (EEXIST if taken); returns an O_PATH

@@ -1105,6 +1105,23 @@ impl Vfs {
             return self.inodes.node_of(inode);
         }
         let keep = keep.filter(|_| !self.clones_on());
+        if self.name_shows_other(upper_parent.fd(), &cname)? {
+            // Open, but no name shows it any more (removed, or renamed
+            // over): the change goes to a copy with no name, as a native
+            // file system changes the nameless file.
+            let fd = copyup::copy_up_file_unnamed(
+                lower_parent.as_fd(),
+                &cname,
+                upper_parent.fd(),
+                &owner,
+                keep,
+            )?;
+            let st = sys::fstat(fd.as_fd())?;
+            let inode = self.inodes.rebind(ino, upper, fd, &st, Vec::new())?;
+            self.attrs_changed(ino);
+            self.forget_patched(ino);
+            return self.inodes.node_of(inode);
+        }
         let fd = copyup::copy_up_file_identified(
             lower_parent.as_fd(),
             &cname,
@@ -1118,6 +1135,18 @@ impl Vfs {
         self.attrs_changed(ino);
         self.forget_patched(ino);
         self.inodes.node_of(inode)
+    }
+
+    /// Whether `name` in the upper directory `dir`, where a lower object
+    /// would be copied up, holds anything: a whiteout (the object was
+    /// removed while open) or another object (a rename over it), which
+    /// the name shows instead.
+    fn name_shows_other(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<bool> {
+        match sys::fstatat(dir, name) {
+            Ok(_) => Ok(true),
+            Err(e) if is_absent(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Before a name is created in `dir` (its upper copy): a whiteout there
