@@ -1447,3 +1447,73 @@ fn a_lower_file_removed_while_open_still_takes_changes() {
         );
     });
 }
+
+/// Clears the append-only and immutable flags of files a test set them
+/// on, however it ends (the temporary directory could not go otherwise).
+struct Unflag(Vec<PathBuf>);
+
+impl Drop for Unflag {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = Command::new("chattr").arg("-a").arg("-i").arg(p).status();
+        }
+    }
+}
+
+/// Lower files made append-only or immutable (chattr +a, +i) refuse
+/// through the union what they refuse natively: a truncation, a chmod, a
+/// write to an immutable file (EPERM), while appends go on; the copy
+/// that takes them carries the flags. A copy-up lost them: `echo x > log`
+/// emptied an append-only log.
+#[test]
+fn append_only_and_immutable_lower_files_refuse_what_they_refuse_natively() {
+    let chattr = |flag: &str, p: &Path| {
+        let st = Command::new("chattr").arg(flag).arg(p).status().unwrap();
+        assert!(st.success(), "chattr {flag} {}", p.display());
+    };
+    let m = Mount::union("plain", 1, |b| {
+        write_file(&b[1].join("log"), b"line 1\n");
+        write_file(&b[1].join("frozen"), b"frozen\n");
+        chattr("+a", &b[1].join("log"));
+        chattr("+i", &b[1].join("frozen"));
+    });
+    let names = ["log", "frozen"];
+    let _unflag = Unflag(
+        names
+            .iter()
+            .flat_map(|n| [m.lowers[0].join(n), m.src.join(n)])
+            .collect(),
+    );
+    let eperm = |r: std::io::Result<()>, what: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{what}: {e}");
+    };
+    eperm(
+        fs::write(m.p("log"), b"gone"),
+        "O_TRUNC of an append-only file",
+    );
+    assert_eq!(read_file(&m.p("log")), b"line 1\n");
+    append(&m.p("log"), b"line 2\n").expect("append to an append-only file");
+    assert_eq!(read_file(&m.p("log")), b"line 1\nline 2\n");
+    eperm(fs::write(m.p("log"), b""), "O_TRUNC of its copy");
+    let mode = fs::Permissions::from_mode(0o600);
+    eperm(
+        fs::set_permissions(m.p("log"), mode.clone()),
+        "chmod of its copy",
+    );
+    assert_eq!(read_file(&m.p("log")), b"line 1\nline 2\n");
+
+    eperm(append(&m.p("frozen"), b"x"), "append to an immutable file");
+    eperm(
+        fs::set_permissions(m.p("frozen"), mode),
+        "chmod of an immutable file",
+    );
+    assert_eq!(read_file(&m.p("frozen")), b"frozen\n");
+    for n in names {
+        let lower = read_file(&m.lowers[0].join(n));
+        assert!(
+            lower == b"line 1\n" || lower == b"frozen\n",
+            "lower {n} changed"
+        );
+    }
+}

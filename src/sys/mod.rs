@@ -156,6 +156,41 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
     openat(CWD, &path, flags & !libc::O_NOFOLLOW, 0)
 }
 
+/// The inode flags (chattr(1)) a copy of the file open as `fd` carries:
+/// append-only, immutable, synchronous, no-atime, no-dump. None where the
+/// file system keeps no flags.
+pub fn carried_inode_flags(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    use rustix::fs::IFlags;
+    let carried =
+        IFlags::APPEND | IFlags::IMMUTABLE | IFlags::SYNC | IFlags::NOATIME | IFlags::NODUMP;
+    match rfs::ioctl_getflags(fd) {
+        Ok(flags) => Ok((flags & carried).bits()),
+        Err(e)
+            if [
+                rustix::io::Errno::NOTTY,
+                rustix::io::Errno::OPNOTSUPP,
+                rustix::io::Errno::INVAL,
+            ]
+            .contains(&e) =>
+        {
+            Ok(0)
+        }
+        Err(e) => Err(os_err(e)),
+    }
+}
+
+/// Adds inode flags `flags` (from [`carried_inode_flags`]) to the file
+/// open as `fd`.
+pub fn add_inode_flags(fd: BorrowedFd<'_>, flags: u32) -> io::Result<()> {
+    use rustix::fs::IFlags;
+    let now = rfs::ioctl_getflags(fd).map_err(os_err)?;
+    rfs::ioctl_setflags(fd, now | IFlags::from_bits_retain(flags)).map_err(os_err)
+}
+
+/// `FS_APPEND_FL | FS_IMMUTABLE_FL`: flags no copy may be made around.
+pub const PROTECTING_INODE_FLAGS: u32 =
+    rustix::fs::IFlags::APPEND.bits() | rustix::fs::IFlags::IMMUTABLE.bits();
+
 /// Whether the file open (read-only) as `fd` is open for writing
 /// anywhere, as the kernel counts it: by a descriptor, or by a shared
 /// mapping, which keeps the file it was made from open (under FUSE

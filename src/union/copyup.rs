@@ -766,6 +766,14 @@ fn copy_regular(
     before_visible: BeforeVisible<'_>,
 ) -> io::Result<OwnedFd> {
     let src = open_for_read(lower)?;
+    // An append-only or immutable file refuses a truncation (the copy
+    // would be the truncated file, visible); otherwise its copy takes its
+    // flags, so the change is refused by the copy as natively (EPERM).
+    // Only root may set them.
+    let flags = sys::carried_inode_flags(src.as_fd())?;
+    if flags & sys::PROTECTING_INODE_FLAGS != 0 && (how.len.is_some() || sys::geteuid() != 0) {
+        return Err(err(libc::EPERM));
+    }
     let temp = TempFile::create(dir, how.tmpfile)?;
     let size = u64::try_from(st.st_size).unwrap_or(0);
     let len = how.len.unwrap_or(size);
@@ -778,7 +786,16 @@ fn copy_regular(
         carry_clone_mark(lower, temp.fd())?;
     }
     before_visible(&sys::fstat(temp.fd())?);
-    temp.publish(dir, name)
+    let copy = temp.publish(dir, name)?;
+    // Only once it has its name: such a file cannot be linked or renamed.
+    if flags != 0 {
+        let set = sys::reopen(copy.as_fd(), libc::O_RDONLY | libc::O_NOFOLLOW)
+            .and_then(|fd| sys::add_inode_flags(fd.as_fd(), flags));
+        if let Err(e) = set {
+            tracing::warn!("copy-up: the copy of {name:?} lacks its inode flags {flags:#x}: {e}");
+        }
+    }
+    Ok(copy)
 }
 
 /// A clone's file keeps its shared bytes in history, and its backing
