@@ -243,14 +243,21 @@ pub fn copy_up_dir(
     name: &CStr,
     owner: &Owner,
 ) -> Result<OwnedFd> {
-    copy_up_dir_identified(lower_parent, upper_parent, name, owner, &|_| {})
+    copy_up_dir_identified(lower_parent, upper_parent, name, owner, &nothing_first)
 }
 
-/// Called with the finished copy's attributes just before it takes its
-/// name: the caller gives the copy its identity (its inode number) first,
-/// so that whoever finds the copy by name in between (a listing by the
-/// history worker) does not give it a number of its own.
-pub type BeforeVisible<'a> = &'a dyn Fn(&Stat);
+/// Called with the finished copy (a descriptor and its attributes) just
+/// before it takes its name: the caller gives the copy its identity (its
+/// inode number, a hard-link index entry's marks) first, so that whoever
+/// finds the copy by name in between (a listing by the history worker, a
+/// lookup of another name, the next mount after a crash) finds it whole.
+/// An error leaves no copy.
+pub type BeforeVisible<'a> = &'a dyn Fn(BorrowedFd<'_>, &Stat) -> io::Result<()>;
+
+/// A [`BeforeVisible`] step that does nothing.
+fn nothing_first(_: BorrowedFd<'_>, _: &Stat) -> io::Result<()> {
+    Ok(())
+}
 
 /// [`copy_up_dir`] with a [`BeforeVisible`] step (not run when the
 /// directory was there already or was made by someone else meanwhile).
@@ -284,7 +291,7 @@ pub fn copy_up_parents(
 ) -> Result<OwnedFd> {
     let mut dir = open_dir(upper_root, c".")?;
     for (lower_parent, name) in chain {
-        dir = dir_up(*lower_parent, dir.as_fd(), name, owner, &|_| {})?;
+        dir = dir_up(*lower_parent, dir.as_fd(), name, owner, &nothing_first)?;
     }
     Ok(dir)
 }
@@ -303,7 +310,14 @@ pub fn copy_up_file(
     upper_parent: BorrowedFd<'_>,
     owner: &Owner,
 ) -> Result<OwnedFd> {
-    copy_up_file_identified(lower_parent, name, upper_parent, owner, None, &|_| {})
+    copy_up_file_identified(
+        lower_parent,
+        name,
+        upper_parent,
+        owner,
+        None,
+        &nothing_first,
+    )
 }
 
 /// [`copy_up_file`] with a [`BeforeVisible`] step; `keep`: for a change
@@ -357,12 +371,13 @@ pub fn copy_up_file_unnamed(
 }
 
 /// [`copy_up_file`] under another name in another directory (a hard
-/// link's index entry).
+/// link's index entry), with a [`BeforeVisible`] step.
 pub fn copy_up_file_as(
     lower_parent: BorrowedFd<'_>,
     name: &CStr,
     (upper_dir, dest): (BorrowedFd<'_>, &CStr),
     owner: &Owner,
+    before_visible: BeforeVisible<'_>,
 ) -> Result<OwnedFd> {
     Ok(file_up_as(
         lower_parent,
@@ -370,7 +385,7 @@ pub fn copy_up_file_as(
         (upper_dir, dest),
         owner,
         SYNCED,
-        &|_| {},
+        before_visible,
     )?)
 }
 
@@ -464,7 +479,7 @@ fn dir_up(
     let made = open_dir(upper_parent, &temp.name)
         .and_then(|fd| apply_meta(fd.as_fd(), lower.as_fd(), &st, owner).map(|()| fd))
         .and_then(|fd| {
-            before_visible(&sys::fstat(fd.as_fd())?);
+            before_visible(fd.as_fd(), &sys::fstat(fd.as_fd())?)?;
             temp.publish(name, true).map(|()| fd)
         });
     let result = match made {
@@ -489,7 +504,7 @@ fn file_up(
         (upper_parent, name),
         owner,
         how,
-        &|_| {},
+        &nothing_first,
     )
 }
 
@@ -706,7 +721,7 @@ fn copy_special(
     })?;
     let fd = sys::open_path(dir, &hidden.name)?;
     apply_meta(fd.as_fd(), lower, st, owner)?;
-    before_visible(&sys::fstat(fd.as_fd())?);
+    before_visible(fd.as_fd(), &sys::fstat(fd.as_fd())?)?;
     hidden.publish(name, false)?;
     Ok(fd)
 }
@@ -785,7 +800,7 @@ fn copy_regular(
     if how.len.is_none() {
         carry_clone_mark(lower, temp.fd())?;
     }
-    before_visible(&sys::fstat(temp.fd())?);
+    before_visible(temp.fd(), &sys::fstat(temp.fd())?)?;
     let copy = temp.publish(dir, name)?;
     // Only once it has its name: such a file cannot be linked or renamed.
     if flags != 0 {
@@ -1043,6 +1058,33 @@ mod tests {
             Ok(_) => 0,
             Err(e) => e.errno(),
         }
+    }
+
+    /// The step before a copy takes its name sees it nameless and can mark
+    /// it; a failing step leaves nothing (an index entry is whole before
+    /// anyone can find it by name).
+    #[test]
+    fn a_copy_is_marked_before_it_takes_its_name() {
+        let p = pair();
+        std::fs::write(p.l.join("f"), b"data").unwrap();
+        let mark = |fd: BorrowedFd<'_>, _: &Stat| -> io::Result<()> {
+            assert!(!p.u.join("entry").exists(), "named before its step");
+            sys::setxattr_fd(fd, c"user.mark", b"whole", 0)
+        };
+        let at = (p.ufd.as_fd(), c"entry");
+        copy_up_file_as(p.lfd.as_fd(), c"f", at, &KEEP, &mark).unwrap();
+        let mut buf = [0u8; 16];
+        let fd = sys::open_path(p.ufd.as_fd(), c"entry").unwrap();
+        let n = sys::getxattr_fd(fd.as_fd(), c"user.mark", &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"whole");
+        let refuse = |_: BorrowedFd<'_>, _: &Stat| -> io::Result<()> { Err(err(libc::EIO)) };
+        let at = (p.ufd.as_fd(), c"other");
+        assert!(copy_up_file_as(p.lfd.as_fd(), c"f", at, &KEEP, &refuse).is_err());
+        let left: Vec<_> = std::fs::read_dir(&p.u)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["entry"], "a refused copy left something");
     }
 
     #[test]

@@ -965,7 +965,10 @@ impl Vfs {
             upper_parent.fd(),
             &cname,
             &u.opts.owner.resolve(caller.uid, caller.gid),
-            &|st| self.inodes.bind_copy(upper, st, ino),
+            &|_, st| {
+                self.inodes.bind_copy(upper, st, ino);
+                Ok(())
+            },
         )?;
         let st = sys::fstat(fd.as_fd())?;
         let mut layers = vec![Layer {
@@ -1128,7 +1131,10 @@ impl Vfs {
             upper_parent.fd(),
             &owner,
             keep,
-            &|st| self.inodes.bind_copy(upper, st, ino),
+            &|_, st| {
+                self.inodes.bind_copy(upper, st, ino);
+                Ok(())
+            },
         )?;
         let st = sys::fstat(fd.as_fd())?;
         let inode = self.inodes.rebind(ino, upper, fd, &st, Vec::new())?;

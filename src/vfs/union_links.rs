@@ -144,13 +144,19 @@ impl Vfs {
             Some((dir, own, links)) => ((dir.as_fd(), own.as_c_str()), *links),
             None => ((lower_parent, name), sys::fstat(node.fd())?.st_nlink as u32),
         };
-        let copied = copyup::copy_up_file_as(from.0, from.1, (index.as_fd(), &entry), owner);
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
+        // The entry is whole (its marks, its number) before it has its
+        // name: a crash or a lookup of another name in between finds it so.
+        let whole_first = |fd: BorrowedFd<'_>, st: &Stat| -> std::io::Result<()> {
+            index::set_entry(fd, u.ns, &entry)?;
+            index::set_nlink(fd, u.ns, lower_links)?;
+            self.inodes.bind_copy(upper, st, node.ino);
+            Ok(())
+        };
+        let copied =
+            copyup::copy_up_file_as(from.0, from.1, (index.as_fd(), &entry), owner, &whole_first);
         let fd = match copied {
-            Ok(fd) => {
-                index::set_entry(fd.as_fd(), u.ns, &entry)?;
-                index::set_nlink(fd.as_fd(), u.ns, lower_links)?;
-                fd
-            }
+            Ok(fd) => fd,
             Err(e) if e.errno() == libc::EEXIST => sys::open_path(index.as_fd(), &entry)?,
             Err(e) => return Err(e.into()),
         };
@@ -159,7 +165,6 @@ impl Vfs {
         // the index alone, as every other lower name is.
         match sys::fstatat(upper_parent.fd(), name) {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let upper = u.upper().ok_or(errno(libc::EROFS))?;
                 self.inodes
                     .bind_copy(upper, &sys::fstat(fd.as_fd())?, node.ino);
                 copyup::link_up(fd.as_fd(), upper_parent.fd(), name)?

@@ -202,10 +202,11 @@ impl Vfs {
             new_parent.fd(),
             &cname,
             &u.opts.owner.resolve(caller.uid, caller.gid),
-            &|st| {
+            &|_, st| {
                 if top {
                     self.inodes.bind_copy(branch, st, ino);
                 }
+                Ok(())
             },
         )?);
         copies.push(Layer {
