@@ -1517,3 +1517,33 @@ fn append_only_and_immutable_lower_files_refuse_what_they_refuse_natively() {
         );
     }
 }
+
+/// A rewind of a directory stream opened on a lower directory that was
+/// copied up since (it took an entry) lists the directory as it is now,
+/// as rewinddir(3) must: the stream kept reading the lower branch, so the
+/// new entry was missing and the removed one still listed.
+#[test]
+fn a_rewind_after_a_copy_up_lists_the_directory_as_it_is_now() {
+    each_union(lower_tree, |m| {
+        // os.listdir(fd) reads the open stream and rewinds it.
+        let script = "import os, sys\n\
+            fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n\
+            print(sorted(os.listdir(fd)))\n\
+            open(os.path.join(sys.argv[1], 'new'), 'w').close()\n\
+            os.unlink(os.path.join(sys.argv[1], 'top'))\n\
+            print(sorted(os.listdir(fd)))\n";
+        let out = Command::new("python3")
+            .args(["-c", script])
+            .arg(m.p("tree"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines, ["['sub', 'top']", "['new', 'sub']"]);
+    });
+}

@@ -30,6 +30,12 @@ pub struct DirStream {
     merged: Option<(Vec<Dirent>, usize)>,
     union: bool,
     served: bool,
+    /// The directory's backing key when `fd` was opened: its entries'
+    /// numbers are of that branch and device (a copy-up since moves the
+    /// inode's key, not this stream).
+    key: crate::store::BackingKey,
+    /// Access flags `fd` was opened with.
+    access: i32,
 }
 
 impl DirStream {
@@ -180,6 +186,8 @@ impl Vfs {
             merged,
             union,
             served: false,
+            key: inode.key,
+            access,
         };
         let fh = self.handles.insert(Handle::Dir {
             ino,
@@ -214,7 +222,10 @@ impl Vfs {
         let _set = self.changing();
         let handle = self.handles.get(fh)?;
         let dir = handle.ino();
-        let key = self.inodes.get(dir)?.key;
+        let key = match &*handle {
+            Handle::Dir { stream, .. } => stream.lock().key,
+            Handle::File { .. } => return Err(errno(libc::ENOTDIR)),
+        };
         let resolve = |batch: &[&sys::DirEntry]| self.dirent_inos(dir, &key, batch);
         self.walk_dir(caller, fh, offset, Some(&resolve), |_, _, d| {
             Ok(add(&DirEntry {
@@ -318,6 +329,9 @@ impl Vfs {
             return Err(errno(libc::ENOTDIR));
         };
         let mut stream = stream.lock();
+        if offset == 0 && stream.served && !stream.union {
+            self.restart_if_moved(caller, *ino, &mut stream)?;
+        }
         if stream.needs_merge(offset) {
             let dir = self.node(*ino)?;
             stream.merged = Some((self.merged_listing(caller, &dir)?, 0));
@@ -332,6 +346,33 @@ impl Vfs {
             }
             stream.advance();
         }
+        Ok(())
+    }
+
+    /// A rewind of a stream whose directory was copied up since it was
+    /// opened (a lower directory that took an entry): it reads the
+    /// directory as it is now, as a rewind must, merged if it is. (Read on
+    /// from where it was, it keeps its branch's listing: entries changed
+    /// after opendir may show or not.)
+    fn restart_if_moved(
+        &self,
+        caller: &Caller,
+        ino: InodeNo,
+        stream: &mut DirStream,
+    ) -> Result<()> {
+        let inode = self.node(ino)?;
+        if inode.key == stream.key {
+            return Ok(());
+        }
+        let access = stream.access;
+        stream.fd = creds::as_caller(caller, || sys::reopen_dir(inode.fd(), access))?;
+        stream.key = inode.key;
+        stream.union = inode.has_layers();
+        stream.merged = None;
+        stream.pending.clear();
+        stream.pos = 0;
+        // Stays at 0 and reads from there: no lseek is needed.
+        sys::lseek(stream.fd.as_fd(), 0, libc::SEEK_SET)?;
         Ok(())
     }
 
