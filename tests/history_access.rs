@@ -418,3 +418,30 @@ fn closed_ways_renames_new_owners_and_user_attributes_keep_the_past_closed() {
         assert_reads("root: getfattr user.pin", &o, "secret-pin");
     });
 }
+
+/// The metadata routes keep the rule too: `log` of a path below a
+/// directory closed to the caller is refused, and `log -r` above it shows
+/// nothing of what lies in it (names included), as `ls -R` would not.
+#[test]
+fn log_shows_nothing_below_a_directory_closed_to_the_caller() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("shut")).unwrap();
+        write_file(&m.p("shut/secret-name"), b"x\n");
+        write_file(&m.p("shut/secret-name"), b"y\n");
+        chmod(&m.p("shut"), 0o700);
+        write_file(&m.p("open-name"), b"z\n");
+        chmod(&m.p("open-name"), 0o644);
+
+        let o = chronofs_as(m, NOBODY_IDS, &["log", "shut/secret-name"]);
+        assert_denied("chronofs log shut/secret-name", &o);
+        let o = chronofs_as(m, NOBODY_IDS, &["log", "-r", "."]);
+        assert_reads("chronofs log -r .", &o, "open-name");
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("secret-name"),
+            "log -r showed a name inside a closed directory: {}",
+            show(&o)
+        );
+        let o = chronofs_as(m, ROOT_IDS, &["log", "-r", "."]);
+        assert_reads("root: chronofs log -r .", &o, "secret-name");
+    });
+}

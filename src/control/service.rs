@@ -23,7 +23,9 @@ use super::spec::{self, At};
 use super::{Components, Reply, Request};
 use crate::history::access::{self, Who};
 use crate::history::content;
-use crate::history::past::{kind_name, name_str, show_path, LiveIds, Node, Past};
+use crate::history::past::{
+    kind_name, name_str, show_path, Error as PastError, LiveIds, Node, Past,
+};
 
 use crate::history::verify::{HeadFiles, Unreadable};
 use crate::history::{Content, Draft, History, HistoryError, ObjectId, Seq, Version, ROOT};
@@ -414,12 +416,20 @@ impl Service {
             Request::Stat { path, at } => {
                 let (seq, _) = self.resolve_at(at)?;
                 let node = self.node(path, seq)?;
+                // As stat(2): the way must be searchable (then and now).
+                self.past().check(&who(peer), path, seq, &node, 0)?;
                 Answer::Node(Box::new(self.describe(&node)))
             }
             Request::Follow { path, at, to } => {
                 let (at, _) = self.resolve_at(at)?;
                 let (to, _) = self.resolve_at(to)?;
+                if let Some(node) = self.past().resolve(path, at)? {
+                    self.past().check(&who(peer), path, at, &node, 0)?;
+                }
                 let then = self.past().follow(path, at, to)?;
+                if let Some(then) = &then {
+                    self.past().check_way(&who(peer), then, 0)?;
+                }
                 Answer::Follow(proto::FollowReply { path: then })
             }
             Request::List { path, at, deleted } => {
@@ -437,8 +447,9 @@ impl Service {
             } => {
                 let since = self.opt_seq(since.as_ref())?;
                 let until = self.opt_seq(until.as_ref())?;
+                self.past().check_way(&who(peer), path, 0)?;
                 if *recursive {
-                    Answer::LogTree(self.log_tree(path, since, until)?)
+                    Answer::LogTree(self.log_tree(path, since, until, peer)?)
                 } else {
                     Answer::Log(self.log(path, since, until)?)
                 }
@@ -783,13 +794,36 @@ impl Service {
         path: &Components,
         since: Option<Seq>,
         until: Option<Seq>,
+        peer: &Peer,
     ) -> Result<LogTreeReply> {
         let (lo, hi) = (since.unwrap_or(Seq::ZERO), until.unwrap_or(Seq::MAX));
         // Rows stay without their paths until sorted: sorting tens of
         // thousands of rows that each own a path cost most of a `log -r`.
         let mut paths: Vec<(String, Option<Vec<u8>>)> = Vec::new();
         let mut rows: Vec<(Seq, usize, ObjectId, Version)> = Vec::new();
+        // Names below a directory the caller may not list (as it was last,
+        // and now) are not theirs to learn: `ls -R` would stop there too.
+        let who = who(peer);
+        let mut listable: HashMap<Components, bool> = HashMap::new();
         for (obj, p) in self.tree_objects(path)? {
+            if who.uid != 0 && p.len() > path.len() {
+                let parent = p[..p.len() - 1].to_vec();
+                let may = match listable.get(&parent) {
+                    Some(may) => *may,
+                    None => {
+                        let may = match self.past().check_way(&who, &parent, access::READ) {
+                            Ok(()) => true,
+                            Err(PastError::Denied(_)) => false,
+                            Err(e) => return Err(e.into()),
+                        };
+                        listable.insert(parent, may);
+                        may
+                    }
+                };
+                if !may {
+                    continue;
+                }
+            }
             let path_idx = paths.len();
             paths.push(path_text(&p));
             for (s, v) in self.history.versions(obj, lo, hi)? {

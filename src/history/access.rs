@@ -314,6 +314,31 @@ impl Past<'_> {
         }
     }
 
+    /// Whether `who` may learn what `path` leads to (its metadata, its
+    /// history's rows; with `want` = `READ`, a directory's names): `check`
+    /// at the last instant the path led somewhere (now, or just before its
+    /// last object left it). A path that never led anywhere shows nothing
+    /// to protect.
+    pub fn check_way(&self, who: &Who, path: &[Vec<u8>], want: u32) -> Result<()> {
+        if who.uid == 0 {
+            return Ok(());
+        }
+        let last = self
+            .incarnations(path)?
+            .into_iter()
+            .map(|(_, _, until)| until)
+            .max_by_key(|u| u.map_or(Seq::MAX, |s| s));
+        let seq = match last {
+            None => return Ok(()),
+            Some(None) => self.history.last_seq(),
+            Some(Some(until)) => until.prev(),
+        };
+        match self.resolve(path, seq)? {
+            Some(node) => self.check(who, path, seq, &node, want),
+            None => Ok(()),
+        }
+    }
+
     /// Whether every directory on `obj`'s way at its version `(at, gone)`
     /// could be searched by `who` then (a removal's version is recorded
     /// with the name already gone: its way is the one just before). A way
