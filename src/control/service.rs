@@ -814,7 +814,7 @@ impl Service {
                         let may = match self.past().check_way(&who, &parent, access::READ) {
                             Ok(()) => true,
                             Err(PastError::Denied(_)) => false,
-                            Err(e) => return Err(e.into()),
+                            Err(e) => return Err(e),
                         };
                         listable.insert(parent, may);
                         may
