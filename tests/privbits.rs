@@ -110,9 +110,10 @@ fn compare_all(m: &Mount, name: &str, cases: impl Fn(&Path) -> Vec<String>) {
 }
 
 /// One case: a file `mode` owned by `owner`, with file capabilities if
-/// `caps`, on which `op` runs as `who`. Returns a line describing the
-/// outcome: the op's errno, the mode as stat and as a mode-only statx see
-/// it, and the capability xattr.
+/// `caps`, on which `op` runs as `who` (while root holds it open for
+/// reading, if `held`). Returns a line describing the outcome: the op's
+/// errno, the mode as stat and as a mode-only statx see it, and the
+/// capability xattr.
 fn case(
     dir: &Path,
     mode: u32,
@@ -120,6 +121,7 @@ fn case(
     caps: bool,
     who: Option<(u32, u32)>,
     op: Op,
+    held: bool,
 ) -> String {
     let name = format!(
         "f{mode:o}-{}.{}-{}-{}-{op:?}",
@@ -140,7 +142,9 @@ fn case(
         String::new()
     };
     let before = octal(stat(&p).map(|st| st.st_mode));
+    let hold = held.then(|| std::fs::File::open(&p).unwrap());
     let r = op_in_child(&c, op, who);
+    drop(hold);
     // Mode-only first: a full stat would refresh what the mount cached.
     let after_statx = octal(sys::statx_mode(&c));
     let after_stat = octal(stat(&p).map(|st| st.st_mode));
@@ -163,10 +167,38 @@ fn write_and_truncate_clear_privileges_as_natively() {
                     for owner in [(0, 0), (0, NOBODY)] {
                         for who in [Some((NOBODY, NOBODY)), None] {
                             for &op in WRITES {
-                                lines.push(case(d, mode, owner, caps, who, op));
+                                lines.push(case(d, mode, owner, caps, who, op, false));
                             }
                         }
                     }
+                }
+            }
+            lines
+        });
+    });
+}
+
+/// The same writes by an unprivileged caller while root holds the file
+/// open for reading: the kernel shares one passthrough backing per inode,
+/// made with its first opener's credentials, and an unprivileged write
+/// through root's kept set-user-ID (a user's bytes in a set-user-ID root
+/// program).
+#[test]
+fn a_root_reader_lends_no_privilege_to_a_writer() {
+    each_mode(|m| {
+        compare_all(m, "held", |d| {
+            let mut lines = Vec::new();
+            for &mode in MODES {
+                for &op in WRITES {
+                    lines.push(case(
+                        d,
+                        mode,
+                        (0, 0),
+                        false,
+                        Some((NOBODY, NOBODY)),
+                        op,
+                        true,
+                    ));
                 }
             }
             lines
@@ -185,7 +217,7 @@ fn chown_clears_privileges_as_natively() {
                 for caps in [false, true] {
                     for who in [Some((NOBODY, NOBODY)), None] {
                         for op in [Op::Chown, Op::Chgrp] {
-                            lines.push(case(d, mode, (NOBODY, NOBODY), caps, who, op));
+                            lines.push(case(d, mode, (NOBODY, NOBODY), caps, who, op, false));
                         }
                     }
                 }

@@ -168,6 +168,7 @@ impl Vfs {
         let passthrough = self.claim_io(
             ino,
             !every_write
+                && !sys::fstat(fd.as_fd()).is_ok_and(|st| is_set_id(&st))
                 && base.is_none()
                 && patched.is_none()
                 && !self.in_read_only_branch(&inode)
@@ -453,7 +454,7 @@ impl Vfs {
         let every_write = writing && self.every_write(caller, inode.ino, fd.as_fd());
         let passthrough = self.claim_io(
             inode.ino,
-            !every_write && self.cfg.write_path != super::WritePath::Daemon,
+            !every_write && self.cfg.write_path != super::WritePath::Daemon && !is_set_id(&st),
         );
         let fh = self.handles.insert(Handle::File {
             ino: inode.ino,
@@ -743,3 +744,15 @@ impl Vfs {
 /// The open flag the kernel sets on the file execve(2) opens
 /// (`__FMODE_EXEC`, include/linux/fs.h); FUSE passes it on in OPEN.
 const FMODE_EXEC: i32 = 0x20;
+
+/// Whether a write to a file of this mode may clear set-ID bits natively
+/// (set-user-ID; set-group-ID, with group execute or for a writer outside
+/// the group). Such a file is never
+/// given a passthrough backing: the kernel shares one backing per inode,
+/// registered with its first opener's credentials, and a write by another
+/// user through root's would keep the bits (a user's code in a set-user-ID
+/// root program). Through the daemon each write clears them as the kernel
+/// asks.
+fn is_set_id(st: &sys::Stat) -> bool {
+    st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+}
