@@ -582,3 +582,43 @@ impl TapMkdir for std::path::PathBuf {
         self
     }
 }
+
+/// `cp` of a file another process is writing (its data still in the
+/// kernel's writeback cache, with passthrough off): the copy holds the
+/// data. The kernel asks the daemon where data lies (SEEK_DATA) without
+/// writing its cache back first, and `cp`, seeing few blocks allocated,
+/// trusted it: the copy was all zeros.
+#[test]
+fn cp_of_a_file_being_written_copies_its_data() {
+    each_mode(|m| {
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
+        let out = tempdir();
+        for i in 0..4 {
+            let src = m.p(&format!("fresh{i}"));
+            let mut writer = fs::File::create(&src).unwrap();
+            writer.write_all(&data).unwrap();
+            let dst = out.path().join(format!("copy{i}"));
+            // Where data lies, as a sparse-aware copier asks.
+            let script = "import os, sys\n\
+                fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+                print(os.lseek(fd, 0, os.SEEK_DATA), os.lseek(fd, 0, os.SEEK_HOLE))\n";
+            let o = Command::new("python3")
+                .args(["-c", script])
+                .arg(&src)
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&o.stdout).trim(),
+                "0 1048576",
+                "{o:?}"
+            );
+            let st = Command::new("cp").arg(&src).arg(&dst).status().unwrap();
+            assert!(st.success());
+            assert!(
+                fs::read(&dst).unwrap() == data,
+                "copy {i} differs from what was written"
+            );
+            drop(writer);
+        }
+    });
+}
