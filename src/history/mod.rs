@@ -294,7 +294,14 @@ impl History {
         let replay = replayable(&chunks, durable, replay);
         if !replay.is_empty() {
             tracing::info!("replaying {} journaled change(s)", replay.len());
-            tables::apply_ops(&db, &replay, Durability::Immediate)?;
+            // Durable up to the last one replayed: the journals are emptied
+            // next, so the next open must not look for these again (it
+            // would find the next journaled change "missing" and drop it
+            // with everything after it).
+            let last = replay.last().map_or(durable, |op| op.seq);
+            tables::apply_ops_with(&db, &replay, Durability::Immediate, |txn| {
+                tables::meta_put(txn, META_DURABLE_SEQ, last.get())
+            })?;
             chunks.applied(
                 replay
                     .iter()

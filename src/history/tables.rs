@@ -130,6 +130,7 @@ pub fn meta_put(txn: &WriteTransaction, key: &str, value: u64) -> Result<()> {
     Ok(())
 }
 
+#[cfg(test)]
 pub fn apply_ops(db: &Index, ops: &[Op], durability: Durability) -> Result<()> {
     apply_ops_with(db, ops, durability, |_| Ok(()))
 }

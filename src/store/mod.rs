@@ -486,12 +486,16 @@ impl Index {
         self.with(|db| db.begin_read())
     }
 
-    /// A write transaction. Every pack written so far is fsync'd first:
-    /// whatever this transaction commits (or makes durable of earlier
-    /// non-durable commits) may name chunks in them.
+    /// A write transaction. Every pack written so far is fsync'd once it
+    /// is held: whatever this transaction commits (or makes durable of
+    /// earlier non-durable commits) may name chunks in them. Not before:
+    /// a non-durable commit could come between the sync and the lock,
+    /// naming a chunk written meanwhile, and this transaction's durable
+    /// commit would make it durable while its chunk is not.
     pub fn begin_write(&self) -> Result<redb::WriteTransaction, redb::Error> {
+        let txn = self.with(|db| db.begin_write())?;
         self.unsynced.sync().map_err(redb::Error::Io)?;
-        self.with(|db| db.begin_write())
+        Ok(txn)
     }
 
     /// A write transaction that commits with `durability`. One that is

@@ -105,6 +105,22 @@ impl Sim {
         st.fail_sync = Some(st.syncs + n);
     }
 
+    /// The directory a kill -9 leaves now: every write kept (the page
+    /// cache survives), synced or not; a fresh simulation.
+    pub fn kill_image(&self) -> Sim {
+        let st = self.state.lock();
+        let image = State {
+            files: st.files.clone(),
+            names: st.names.clone(),
+            dirs: st.dirs.clone(),
+            next_id: st.next_id,
+            ..State::default()
+        };
+        Sim {
+            state: Arc::new(Mutex::new(image)),
+        }
+    }
+
     /// The directory a power cut at log position `k` could leave, chosen
     /// by `rng`; a fresh simulation with an empty log.
     pub fn crash_image(&self, k: usize, rng: &mut Rng) -> Sim {
