@@ -434,16 +434,28 @@ impl Shared {
         if batch.is_empty() && retired.is_empty() {
             return Ok(());
         }
-        let txn = self.db.begin_write().map_err(index_error)?;
-        {
-            let mut table = txn.open_table(INODES).map_err(index_error)?;
-            write_mappings(&mut table, &batch, &retired)?;
-            let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
-            counters
-                .insert(NEXT_INO, self.next.load(Ordering::Relaxed))
-                .map_err(index_error)?;
+        let written = (|| {
+            let txn = self.db.begin_write().map_err(index_error)?;
+            {
+                let mut table = txn.open_table(INODES).map_err(index_error)?;
+                write_mappings(&mut table, &batch, &retired)?;
+                let mut counters = txn.open_table(COUNTERS).map_err(index_error)?;
+                counters
+                    .insert(NEXT_INO, self.next.load(Ordering::Relaxed))
+                    .map_err(index_error)?;
+            }
+            txn.commit().map_err(index_error)
+        })();
+        if let Err(e) = written {
+            // The removals wait for the next flush, as the bindings do (a
+            // full disk is when users delete): dropped, a deleted object's
+            // number would stay bound to its backing inode, and a file
+            // made there later outside the mount would take its history.
+            let mut state = self.state.lock();
+            let newer = std::mem::replace(&mut state.retired, retired);
+            state.retired.extend(newer);
+            return Err(e);
         }
-        txn.commit().map_err(index_error)?;
         let mut state = self.state.lock();
         self.commits.fetch_add(1, Ordering::Release);
         for (key, ino) in batch {
