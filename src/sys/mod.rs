@@ -156,6 +156,16 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
     openat(CWD, &path, flags & !libc::O_NOFOLLOW, 0)
 }
 
+/// Turns off O_DIRECT on `fd` if it is on: the daemon's own reads and
+/// writes use buffers O_DIRECT's alignment rules would refuse (EINVAL).
+pub fn drop_o_direct(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = rfs::fcntl_getfl(fd).map_err(os_err)?;
+    if flags.contains(OFlags::DIRECT) {
+        rfs::fcntl_setfl(fd, flags - OFlags::DIRECT).map_err(os_err)?;
+    }
+    Ok(())
+}
+
 /// The inode flags (chattr(1)) a copy of the file open as `fd` carries:
 /// append-only, immutable, synchronous, no-atime, no-dump. None where the
 /// file system keeps no flags.

@@ -179,6 +179,11 @@ impl Vfs {
                 },
         );
         let daemon_path = !passthrough || self.writeback();
+        if daemon_path && flags & libc::O_DIRECT != 0 {
+            // The kernel still bypasses its cache for this handle; the
+            // daemon's copies cannot meet O_DIRECT's alignment.
+            sys::drop_o_direct(fd.as_fd())?;
+        }
         let session = if versioned {
             match self.after_write_open(caller, ino, opening, daemon_path, trackable, every_write) {
                 Ok(s) => s,
@@ -456,6 +461,9 @@ impl Vfs {
             inode.ino,
             !every_write && self.cfg.write_path != super::WritePath::Daemon && !is_set_id(&st),
         );
+        if !passthrough || self.writeback() {
+            sys::drop_o_direct(fd.as_fd())?;
+        }
         let fh = self.handles.insert(Handle::File {
             ino: inode.ino,
             fd,
