@@ -434,10 +434,17 @@ impl ChunkStore {
     /// delta bases (numbers fall strictly along them, so this ends).
     fn ancestor(&self, from: &Hash, want: u32) -> Result<Option<(Hash, Location)>, StoreError> {
         let mut cur = *from;
+        let mut above = u32::MAX;
         loop {
             let Some((loc, n, base)) = self.lineage(&cur)? else {
                 return Ok(None);
             };
+            // A damaged or edited pack could name bases in a cycle: numbers
+            // that do not fall end the walk.
+            if n >= above {
+                return Ok(None);
+            }
+            above = n;
             match (n.cmp(&want), base) {
                 (std::cmp::Ordering::Equal, _) => return Ok(Some((cur, loc))),
                 (std::cmp::Ordering::Greater, Some(b)) => cur = b,
@@ -782,6 +789,13 @@ impl ChunkStore {
                 let base_loc = self
                     .locate(&base)?
                     .ok_or_else(|| corrupt(&format!("delta base {base} is missing")))?;
+                // Checked before reading it: each step down then clears a
+                // bit of the number, so a cycle of bases in a damaged pack
+                // ends here instead of in a stack overflow.
+                let header_n = self.delta_header(&base_loc)?.map_or(0, |(_, bn)| bn);
+                if header_n != skip_base(n) {
+                    return Err(corrupt("delta base has the wrong lineage number"));
+                }
                 let (base_data, base_n) = self.read_entry(&base, &base_loc)?;
                 if base_n != skip_base(n) {
                     return Err(corrupt("delta base has the wrong lineage number"));
