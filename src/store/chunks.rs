@@ -735,8 +735,38 @@ impl ChunkStore {
             .io
             .open(&name, Create::No)
             .map_err(|source| StoreError::from_io(self.io.path(&name), source))?;
+        self.check_pack_header(pack, &*file)?;
         self.readers.write().insert(pack, file.clone());
         Ok(file)
+    }
+
+    /// A pack is read only as what it says it is: its magic, a format this
+    /// chronofs knows (a newer one would be misread), its own id.
+    fn check_pack_header(&self, pack: u32, file: &dyn StoreFile) -> Result<(), StoreError> {
+        let path = self.io.path(&pack_path(pack));
+        let mut header = [0u8; PACK_HEADER_LEN as usize];
+        file.read_exact_at(&mut header, 0)
+            .map_err(|source| StoreError::from_io(path.clone(), source))?;
+        let format = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
+        let id = u32::from_be_bytes([header[12], header[13], header[14], header[15]]);
+        let corrupt = |detail: String| StoreError::Corrupt {
+            path: path.clone(),
+            detail,
+        };
+        if &header[..8] != PACK_MAGIC {
+            return Err(corrupt("not a chronofs pack (bad magic)".into()));
+        }
+        if format > PACK_FORMAT {
+            return Err(StoreError::UnsupportedFormat {
+                path,
+                found: u64::from(format),
+                supported: PACK_FORMAT,
+            });
+        }
+        if id != pack {
+            return Err(corrupt(format!("its header names pack {id}")));
+        }
+        Ok(())
     }
 
     /// The plain bytes of a chunk, verified against its hash.
@@ -925,6 +955,37 @@ mod tests {
 
     fn new_store(tmp: &std::path::Path) -> crate::store::Store {
         crate::store::Store::open(tmp).unwrap()
+    }
+
+    /// A pack is read only if its header says it is one this chronofs
+    /// knows: a newer format is refused in one line, not misread.
+    #[test]
+    fn a_pack_of_a_newer_format_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = new_store(tmp.path());
+        let store = open(tmp.path(), &db);
+        let data = b"pack format check ".repeat(40);
+        let (h, _) = store.put_against(&data, None).unwrap();
+        store.sync().unwrap();
+        let loc = store.locate(&h).unwrap().unwrap();
+        let path = tmp.path().join(pack_path(loc.pack));
+        let header_of = |store: &ChunkStore| {
+            let file = store.io.open(&pack_path(loc.pack), Create::No).unwrap();
+            store.check_pack_header(loc.pack, &*file)
+        };
+        header_of(&store).expect("the header as written is accepted");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&(PACK_FORMAT + 1).to_be_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let err = header_of(&store).unwrap_err();
+        assert!(
+            matches!(err, StoreError::UnsupportedFormat { found, .. } if found == u64::from(PACK_FORMAT) + 1),
+            "{err}"
+        );
+        bytes[8..12].copy_from_slice(&PACK_FORMAT.to_be_bytes());
+        bytes[12..16].copy_from_slice(&(loc.pack + 7).to_be_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(matches!(header_of(&store), Err(StoreError::Corrupt { .. })));
     }
 
     #[test]
