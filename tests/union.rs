@@ -8,6 +8,7 @@ use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -1546,4 +1547,46 @@ fn a_rewind_after_a_copy_up_lists_the_directory_as_it_is_now() {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines, ["['sub', 'top']", "['new', 'sub']"]);
     });
+}
+
+/// A tree someone with access to the directory itself renamed to a name
+/// like a crash's temporary is not removed as root by another user's
+/// rmdir: the daemon clears temporaries with the caller's identity, so
+/// only what they could remove by hand goes (here nothing: ENOTEMPTY, as
+/// natively, and the tree stays).
+#[test]
+fn an_ordinary_user_s_rmdir_removes_no_tree_they_could_not() {
+    let m = Mount::new_with("", |src| {
+        let shared = src.join("group/shared");
+        fs::create_dir_all(&shared).unwrap();
+        for d in [src.join("group"), shared.clone()] {
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let theirs = shared.join(".chronofs-copyup.0123456789abcdef");
+        fs::create_dir_all(theirs.join("work")).unwrap();
+        write_file(&theirs.join("work/notes"), b"someone's work");
+        for p in [
+            theirs.clone(),
+            theirs.join("work"),
+            theirs.join("work/notes"),
+        ] {
+            std::os::unix::fs::chown(&p, Some(OTHER_USER), Some(OTHER_USER)).unwrap();
+        }
+    });
+    let out = Command::new("rmdir")
+        .arg(m.p("group/shared"))
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "nobody's rmdir removed someone else's tree"
+    );
+    let notes = m
+        .src
+        .join("group/shared/.chronofs-copyup.0123456789abcdef/work/notes");
+    assert_eq!(fs::read(notes).unwrap(), b"someone's work");
+    // Root may, as by hand.
+    fs::remove_dir(m.p("group/shared")).expect("root's rmdir clears the temporaries");
 }

@@ -328,7 +328,7 @@ impl Vfs {
                     if rmdir
                         && e.raw_os_error() == Some(libc::ENOTEMPTY)
                         && self.hides_temporaries()
-                        && format::clear_orphans_in(dir.fd(), &cname).is_ok_and(|n| n > 0) =>
+                        && self.clear_orphans_as(caller, dir.fd(), &cname) =>
                 {
                     creds::as_caller(caller, || sys::unlinkat(dir.fd(), &cname, flags))?
                 }
@@ -588,7 +588,7 @@ impl Vfs {
             Err(e)
                 if e.raw_os_error() == Some(libc::ENOTEMPTY)
                     && self.hides_temporaries()
-                    && format::clear_orphans_in(newdir.fd(), &new).is_ok_and(|n| n > 0) =>
+                    && self.clear_orphans_as(caller, newdir.fd(), &new) =>
             {
                 rename()?
             }
@@ -602,4 +602,20 @@ impl Vfs {
 /// the object (a directory has only one name).
 pub(super) fn is_last_name(st: &Stat) -> bool {
     st.st_nlink <= 1 || st.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+impl Vfs {
+    /// Removes the crash's temporaries in directory `name` of `dir` (what
+    /// the user sees empty) with `caller`'s identity: only what they could
+    /// remove by hand goes (a name made to look like one, over someone
+    /// else's tree, is not the daemon's to delete as root). Whether any
+    /// went.
+    fn clear_orphans_as(
+        &self,
+        caller: &Caller,
+        dir: std::os::fd::BorrowedFd<'_>,
+        name: &std::ffi::CStr,
+    ) -> bool {
+        creds::as_caller(caller, || format::clear_orphans_in(dir, name)).is_ok_and(|n| n > 0)
+    }
 }
