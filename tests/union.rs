@@ -1475,10 +1475,12 @@ fn append_only_and_immutable_lower_files_refuse_what_they_refuse_natively() {
     let m = Mount::union("plain", 1, |b| {
         write_file(&b[1].join("log"), b"line 1\n");
         write_file(&b[1].join("frozen"), b"frozen\n");
+        write_file(&b[1].join("kept"), b"kept\n");
         chattr("+a", &b[1].join("log"));
         chattr("+i", &b[1].join("frozen"));
+        chattr("+a", &b[1].join("kept"));
     });
-    let names = ["log", "frozen"];
+    let names = ["log", "frozen", "kept"];
     let _unflag = Unflag(
         names
             .iter()
@@ -1510,10 +1512,16 @@ fn append_only_and_immutable_lower_files_refuse_what_they_refuse_natively() {
         "chmod of an immutable file",
     );
     assert_eq!(read_file(&m.p("frozen")), b"frozen\n");
+    // None goes, by unlink or rename, from its branch or as a copy.
+    for n in names {
+        eperm(fs::remove_file(m.p(n)), "unlink");
+        eperm(fs::rename(m.p(n), m.p("elsewhere")), "rename");
+        assert!(m.p(n).exists(), "{n} went");
+    }
     for n in names {
         let lower = read_file(&m.lowers[0].join(n));
         assert!(
-            lower == b"line 1\n" || lower == b"frozen\n",
+            [&b"line 1\n"[..], b"frozen\n", b"kept\n"].contains(&lower.as_slice()),
             "lower {n} changed"
         );
     }

@@ -349,6 +349,9 @@ impl Vfs {
         if rmdir {
             self.check_merged_empty(&found, &cname)?;
         }
+        if found.top.0 != u.upper().unwrap_or(found.top.0) {
+            refuse_protected(found.top.1.as_fd(), &cname, &visible)?;
+        }
         match u.opts.delete {
             DeletePolicy::Whiteout => {
                 self.remove_from_top(caller, (parent, &cname), &found, flags)?
@@ -598,4 +601,21 @@ impl Vfs {
         }
         Some((u.opts, out))
     }
+}
+
+/// EPERM for a lower object made append-only or immutable (`chattr +a`,
+/// `+i`), which a native file system refuses to remove: a whiteout would
+/// remove it from the union all the same. (A copy-up carries the flags,
+/// so the upper copy's own removal and renames are refused by the kernel.)
+fn refuse_protected(dir: std::os::fd::BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<()> {
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFREG && kind != libc::S_IFDIR {
+        return Ok(());
+    }
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let fd = sys::openat(dir, name, flags, 0)?;
+    if sys::carried_inode_flags(fd.as_fd())? & sys::PROTECTING_INODE_FLAGS != 0 {
+        return Err(errno(libc::EPERM));
+    }
+    Ok(())
 }
