@@ -1319,8 +1319,12 @@ impl Capture {
 
     /// A write handle was closed. The session's version is built by the
     /// ingest worker once the last writer closes.
-    pub fn session_closed(&self, obj: ObjectId) {
-        let job = self.state.lock().close_session(obj, written_elsewhere);
+    /// `flushed`: close(2) flushed the handle first ([`Capture::flushed`]).
+    pub fn session_closed(&self, obj: ObjectId, flushed: bool) {
+        let job = self
+            .state
+            .lock()
+            .close_session(obj, flushed, written_elsewhere);
         if let Some(job) = job {
             self.queue(job);
         }
@@ -1483,9 +1487,10 @@ impl Capture {
         }
     }
 
-    /// close(2) flushed a handle of `obj` (its release follows).
-    pub fn flushed(&self, obj: ObjectId) {
-        self.state.lock().flushed(obj);
+    /// close(2) flushed a handle of `obj` (its release follows); `first`:
+    /// the first flush of that handle.
+    pub fn flushed(&self, obj: ObjectId, first: bool) {
+        self.state.lock().flushed(obj, first);
     }
 
     /// Builds and commits the version of a session job.

@@ -80,6 +80,10 @@ pub struct Session {
     /// When close(2) last flushed a handle of it: its release (and version)
     /// is imminent.
     flushed: Option<Instant>,
+    /// Writers flushed at least once and not released yet. When all are,
+    /// every release is due (a loop of open-write-close opens the next
+    /// writer before the last one's release arrives).
+    flushed_writers: u32,
     /// The policy makes each write a version (`capture = "every-write"`).
     every_write: bool,
     /// Some writer wrote through FUSE passthrough, so a shared mapping of
@@ -90,7 +94,7 @@ pub struct Session {
 impl Session {
     /// Flushed (closed) so recently that its release may still come.
     fn closing(&self, last_writer: Duration, other_writers: Duration) -> bool {
-        let within = if self.writers == 1 {
+        let within = if self.flushed_writers >= self.writers {
             last_writer
         } else {
             other_writers
@@ -359,6 +363,7 @@ impl Objects {
                         retimed: false,
                         last_version: now,
                         flushed: None,
+                        flushed_writers: 0,
                         every_write,
                         passthrough,
                     },
@@ -378,18 +383,23 @@ impl Objects {
     pub fn close_session(
         &mut self,
         obj: ObjectId,
+        flushed: bool,
         written_elsewhere: impl Fn(BorrowedFd<'_>) -> bool,
     ) -> Option<Job> {
         let s = self.sessions.get_mut(&obj)?;
         s.writers -= 1;
+        if flushed {
+            s.flushed_writers = s.flushed_writers.saturating_sub(1);
+        }
         if s.openers > 0 {
             // An opener is joining: the session goes on with it.
             return None;
         }
         if s.writers > 0 {
-            // The flush most likely belonged to the handle just released:
-            // the writers left are not known to be closing.
-            s.flushed = None;
+            if s.flushed_writers == 0 {
+                // The writers left are not known to be closing.
+                s.flushed = None;
+            }
             return None;
         }
         if s.passthrough && written_elsewhere(s.reader.fd()) {
@@ -517,17 +527,20 @@ impl Objects {
             .collect()
     }
 
-    pub fn flushed(&mut self, obj: ObjectId) {
+    pub fn flushed(&mut self, obj: ObjectId, first: bool) {
         if let Some(s) = self.sessions.get_mut(&obj) {
             s.flushed = Some(Instant::now());
+            if first {
+                s.flushed_writers += 1;
+            }
         }
     }
 
     /// Whether a close(2) returned recently whose release has not arrived.
-    /// A session whose only writer was closed waits up to `last_writer`
-    /// (its release is certain unless a mapping or a dup keeps the file
-    /// open, and it can be slow under load); one with other writers still
-    /// open, only `other_writers`.
+    /// A session whose writers were all flushed waits up to `last_writer`
+    /// (their releases are certain unless a mapping or a dup keeps the
+    /// file open, and they can be slow under load); one with writers not
+    /// flushed, only `other_writers`.
     pub fn closing(&self, last_writer: Duration, other_writers: Duration) -> bool {
         self.sessions
             .values()
@@ -688,16 +701,16 @@ mod tests {
         assert!(o.mark_dirty(id(7), true));
         assert!(!o.mark_dirty(id(8), false), "no session of 8");
         assert!(
-            o.close_session(id(7), |_| false).is_none(),
+            o.close_session(id(7), false, |_| false).is_none(),
             "one writer is still open"
         );
-        let job = o.close_session(id(7), |_| false).unwrap();
+        let job = o.close_session(id(7), false, |_| false).unwrap();
         assert_eq!((job.obj, job.cause), (id(7), Cause::Write));
         assert!(job.dirty && job.retimed && job.queued && job.deferrable);
         assert!(o.ingesting(id(7)) && !o.has_writers(id(7)));
         o.job_done(id(7), true);
         assert!(!o.any_ingesting());
-        assert!(o.close_session(id(7), |_| false).is_none());
+        assert!(o.close_session(id(7), false, |_| false).is_none());
     }
 
     #[test]
@@ -709,11 +722,14 @@ mod tests {
         o.open_session(id(3), fd(), Who::default(), false, false, s(0));
         let joined = o.join_opening(id(3), s(1)).unwrap();
         assert_eq!((joined.obj, joined.queued), (id(3), false));
-        assert!(o.close_session(id(3), |_| false).is_none(), "held open");
+        assert!(
+            o.close_session(id(3), false, |_| false).is_none(),
+            "held open"
+        );
         assert!(o.has_writers(id(3)) && !o.ingesting(id(3)));
         o.opener_arrived(id(3));
         o.open_session(id(3), fd(), Who::default(), false, false, s(2));
-        let job = o.close_session(id(3), |_| false).unwrap();
+        let job = o.close_session(id(3), false, |_| false).unwrap();
         assert_eq!(job.obj, id(3), "the joined session ends with its opener");
         o.job_done(id(3), true);
         // An opener that fails lets the session go: it ends with the
@@ -721,7 +737,7 @@ mod tests {
         o.open_session(id(4), fd(), Who::default(), false, false, s(0));
         o.join_opening(id(4), s(1)).unwrap();
         o.join_opening(id(4), s(1)).unwrap();
-        assert!(o.close_session(id(4), |_| false).is_none());
+        assert!(o.close_session(id(4), false, |_| false).is_none());
         assert!(o.opener_gone(id(4)).is_none(), "another opener holds it");
         let job = o.opener_gone(id(4)).unwrap();
         assert!(job.queued && o.ingesting(id(4)) && !o.has_writers(id(4)));
@@ -736,11 +752,11 @@ mod tests {
         let mut o = Objects::default();
         o.open_session(id(1), fd(), Who::default(), false, true, s(0));
         o.open_session(id(2), fd(), Who::default(), false, false, s(0));
-        let ended = o.close_session(id(1), elsewhere).unwrap();
+        let ended = o.close_session(id(1), false, elsewhere).unwrap();
         assert_eq!(ended.obj, id(1), "the session's version is not held back");
         o.job_done(id(1), true);
         assert!(!o.has_writers(id(1)));
-        o.close_session(id(2), elsewhere).unwrap();
+        o.close_session(id(2), false, elsewhere).unwrap();
         assert!(o.end_watches(false, elsewhere).is_empty(), "still mapped");
         mapped.set(false);
         let later = o.end_watches(false, elsewhere);
@@ -756,17 +772,17 @@ mod tests {
         );
         mapped.set(true);
         o.open_session(id(3), fd(), Who::default(), false, true, s(1));
-        o.close_session(id(3), elsewhere).unwrap();
+        o.close_session(id(3), false, elsewhere).unwrap();
         o.open_session(id(3), fd(), Who::default(), false, true, s(2));
         assert!(
             o.end_watches(true, elsewhere).is_empty(),
             "a new session takes over"
         );
-        o.close_session(id(3), elsewhere).unwrap();
+        o.close_session(id(3), false, elsewhere).unwrap();
         o.unwatch(id(3));
         assert!(o.end_watches(true, elsewhere).is_empty(), "removed");
         o.open_session(id(4), fd(), Who::default(), false, true, s(3));
-        o.close_session(id(4), elsewhere).unwrap();
+        o.close_session(id(4), false, elsewhere).unwrap();
         assert_eq!(o.end_watches(true, elsewhere).len(), 1, "unmount ends it");
     }
 
@@ -777,16 +793,40 @@ mod tests {
         o.open_session(id(1), fd(), Who::default(), false, false, s(0));
         o.open_session(id(1), fd(), Who::default(), false, false, s(0));
         assert!(!o.closing(long, long), "nothing closed yet");
-        o.flushed(id(1));
+        o.flushed(id(1), true);
         assert!(!o.closing(long, short), "another writer is still open");
         assert!(o.closing(long, long));
-        assert!(o.close_session(id(1), |_| false).is_none());
+        assert!(o.close_session(id(1), true, |_| false).is_none());
         assert!(!o.closing(long, long), "the writer left is not closing");
-        o.flushed(id(1));
+        o.flushed(id(1), true);
         assert!(o.closing(long, short), "the last writer's release is next");
         assert!(!o.closing(short, long));
-        o.close_session(id(1), |_| false).unwrap();
+        o.close_session(id(1), true, |_| false).unwrap();
         assert!(!o.closing(long, long), "released");
+    }
+
+    /// `for v in 1 2 3; do echo $v > f; done`: each open comes before the
+    /// release of the close before it. The first release must not make
+    /// the last close look like one of a writer still open (a query then
+    /// missed the last version under load).
+    #[test]
+    fn a_release_leaves_the_wait_for_a_later_close() {
+        let (long, short) = (s(3600), Duration::ZERO);
+        let mut o = Objects::default();
+        o.open_session(id(1), fd(), Who::default(), false, false, s(0));
+        o.flushed(id(1), true);
+        o.open_session(id(1), fd(), Who::default(), false, false, s(0));
+        o.flushed(id(1), true);
+        assert!(o.closing(long, short), "both writers were closed");
+        assert!(o.close_session(id(1), true, |_| false).is_none());
+        assert!(o.closing(long, short), "the second release is still due");
+        o.close_session(id(1), true, |_| false).unwrap();
+        // A dup's close flushes an open handle again: counted once.
+        o.open_session(id(2), fd(), Who::default(), false, false, s(0));
+        o.open_session(id(2), fd(), Who::default(), false, false, s(0));
+        o.flushed(id(2), true);
+        o.flushed(id(2), false);
+        assert!(!o.closing(long, short), "one writer is still open");
     }
 
     #[test]
@@ -851,7 +891,7 @@ mod tests {
             None,
             "a passthrough writer: read it all"
         );
-        o.close_session(id(1), |_| false);
+        o.close_session(id(1), false, |_| false);
         o.wrote_range(id(1), 0, 1);
         assert_eq!(o.take_dirty(id(1)), Some(vec![(0, 4096)]));
         assert_eq!(o.take_dirty(id(1)), None, "tracking ended with the session");

@@ -369,7 +369,7 @@ impl Vfs {
             self.after_write_open(caller, ino, opening, daemon_path, false, every_write)?;
         if session {
             if !self.handles.mark_session(opened.fh) {
-                self.session_closed(ino);
+                self.session_closed(ino, false);
             }
             if !created && flags & libc::O_TRUNC != 0 {
                 self.wrote_range(ino, 0, u64::MAX);
@@ -424,7 +424,7 @@ impl Vfs {
             )?
         {
             if !self.handles.mark_session(opened.fh) {
-                self.session_closed(entry.attr.ino);
+                self.session_closed(entry.attr.ino, false);
             }
             opened.session = true;
         }
@@ -595,7 +595,7 @@ impl Vfs {
                 self.settle_patched(fh, false)?;
             }
             if session.is_open() {
-                c.flushed(ino.object());
+                c.flushed(ino.object(), session.note_flush());
             }
         }
         Ok(true)
@@ -622,7 +622,7 @@ impl Vfs {
                 }
                 session.end()
             }
-            Handle::Dir { .. } => false,
+            Handle::Dir { .. } => None,
         };
         let file = matches!(&*handle, Handle::File { .. });
         let patched = match &*handle {
@@ -639,13 +639,13 @@ impl Vfs {
         // (views and clones of it would read history).
         if let Some(p) = patched {
             // A flattening rebases the mark onto another instant.
-            let _moving = session.then(|| self.clones.moves.start());
-            if let Err(e) = p.flatten_and_persist(session) {
+            let _moving = session.map(|_| self.clones.moves.start());
+            if let Err(e) = p.flatten_and_persist(session.is_some()) {
                 tracing::warn!("a clone file's patch mark could not be written: {e}");
             }
         }
-        if session {
-            self.session_closed(ino);
+        if let Some(flushed) = session {
+            self.session_closed(ino, flushed);
         }
         if file {
             self.release_io(ino);

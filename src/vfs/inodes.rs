@@ -1168,6 +1168,9 @@ pub struct SessionMark(std::sync::atomic::AtomicU8);
 const NO_SESSION: u8 = 0;
 const IN_SESSION: u8 = 1;
 const CLOSED: u8 = 2;
+const STATE: u8 = 3;
+/// close(2) flushed the handle at least once while in its session.
+const FLUSHED: u8 = 4;
 
 impl SessionMark {
     pub fn new(session: bool) -> Self {
@@ -1178,7 +1181,7 @@ impl SessionMark {
     }
 
     pub fn is_open(&self) -> bool {
-        self.0.load(Ordering::Acquire) == IN_SESSION
+        self.0.load(Ordering::Acquire) & STATE == IN_SESSION
     }
 
     /// The handle's session started; false: the handle was closed first,
@@ -1189,9 +1192,21 @@ impl SessionMark {
             .is_ok()
     }
 
-    /// The handle closes; whether that ends a session.
-    pub fn end(&self) -> bool {
-        self.0.swap(CLOSED, Ordering::AcqRel) == IN_SESSION
+    /// A flush of the handle in its session; whether it is the first
+    /// (the capture counts each handle's release as due once).
+    pub fn note_flush(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v & STATE == IN_SESSION && v & FLUSHED == 0).then_some(v | FLUSHED)
+            })
+            .is_ok()
+    }
+
+    /// The handle closes: `None` if that ends no session, else whether
+    /// the handle was flushed in it ([`SessionMark::note_flush`]).
+    pub fn end(&self) -> Option<bool> {
+        let was = self.0.swap(CLOSED, Ordering::AcqRel);
+        (was & STATE == IN_SESSION).then_some(was & FLUSHED != 0)
     }
 }
 
@@ -1557,7 +1572,7 @@ mod tests {
 
     fn ends_session(handle: &Handle) -> bool {
         match handle {
-            Handle::File { session, .. } => session.end(),
+            Handle::File { session, .. } => session.end().is_some(),
             Handle::Dir { .. } => false,
         }
     }

@@ -584,9 +584,10 @@ impl Vfs {
             .is_some_and(|c| c.every_write_for(ino.object(), fd, || self.who(c, caller)))
     }
 
-    pub(super) fn session_closed(&self, ino: InodeNo) {
+    /// A write handle closed; `flushed`: close(2) flushed it first.
+    pub(super) fn session_closed(&self, ino: InodeNo, flushed: bool) {
         if let Some(c) = self.capture() {
-            c.session_closed(ino.object());
+            c.session_closed(ino.object(), flushed);
         }
     }
 
