@@ -983,6 +983,38 @@ fn a_write_while_the_lower_file_is_open_goes_to_the_copy() {
         reader.read_to_end(&mut old).unwrap();
         drop(reader);
         assert_eq!(read_file(&low), b"lower data\n");
+        assert_eq!(old, b"abcdr data\n", "as overlayfs since 4.19");
+    });
+}
+
+/// A descriptor opened for reading before its lower file was copied up
+/// reads the copy from then on, as on overlayfs since Linux 4.19: the
+/// bytes written, the size grown, whatever it read before.
+#[test]
+fn a_reader_opened_before_a_copy_up_reads_the_copy() {
+    each_union(lower_tree, |m| {
+        use std::os::unix::fs::FileExt;
+        let reader = fs::File::open(m.p("data")).unwrap();
+        let mut head = [0u8; 3];
+        reader.read_exact_at(&mut head, 0).unwrap();
+        assert_eq!(&head, b"low");
+        let w = fs::OpenOptions::new()
+            .write(true)
+            .open(m.p("data"))
+            .unwrap();
+        w.write_all_at(b"abcdEFGHIJKLMNOP", 0).unwrap();
+        drop(w);
+        let mut all = vec![0u8; 100];
+        let n = reader.read_at(&mut all, 0).unwrap();
+        assert_eq!(&all[..n], b"abcdEFGHIJKLMNOP");
+        assert_eq!(reader.metadata().unwrap().len(), 16);
+        // A change of attributes only copies up too.
+        let other = fs::File::open(m.p("tree/top")).unwrap();
+        fs::set_permissions(m.p("tree/top"), fs::Permissions::from_mode(0o600)).unwrap();
+        write_file(&m.p("tree/top"), b"rewritten");
+        let n = other.read_at(&mut all, 0).unwrap();
+        assert_eq!(&all[..n], b"rewritten");
+        assert_eq!(read_file(&bottom(&m.lowers).join("tree/top")), b"top");
     });
 }
 

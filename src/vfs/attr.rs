@@ -105,7 +105,10 @@ impl Vfs {
         }
         let st = match fh.map(|fh| self.handles.get(fh)) {
             Some(Ok(handle)) => match &*handle {
-                Handle::File { fd, .. } => sys::fstat(fd.as_fd())?,
+                Handle::File { fd, .. } => match self.followed(&handle) {
+                    Some(copy) => sys::fstat(copy.as_fd())?,
+                    None => sys::fstat(fd.as_fd())?,
+                },
                 Handle::Dir { .. } => sys::fstat(self.node(ino)?.fd())?,
             },
             _ => sys::fstat(self.node(ino)?.fd())?,

@@ -208,6 +208,7 @@ impl Vfs {
             base,
             patched: parking_lot::Mutex::new(patched.clone()),
             executes: flags & FMODE_EXEC != 0,
+            followed: parking_lot::Mutex::new(None),
         });
         Ok(Opened {
             fh,
@@ -474,6 +475,7 @@ impl Vfs {
             base: None,
             patched: parking_lot::Mutex::new(None),
             executes: false,
+            followed: parking_lot::Mutex::new(None),
         });
         let entry = Entry {
             attr: Attr { ino: inode.ino, st },
@@ -507,8 +509,55 @@ impl Vfs {
     ) -> Result<T> {
         let handle = self.handles.get(fh)?;
         match &*handle {
-            Handle::File { fd, opener, .. } => f(fd.as_fd(), opener),
+            Handle::File { fd, opener, .. } => match self.followed(&handle) {
+                Some(copy) => f(copy.as_fd(), opener),
+                None => f(fd.as_fd(), opener),
+            },
             Handle::Dir { .. } => Err(errno(libc::EISDIR)),
+        }
+    }
+
+    /// The copy a union's reader reads instead of the object it opened,
+    /// once that was copied up to another branch: as on overlayfs since
+    /// Linux 4.19, a descriptor opened before a copy-up sees the writes
+    /// after it. Writers need none (a write open copies up first); a
+    /// reader's read-only branch has no passthrough, so its reads reach
+    /// the daemon. The copy is opened with the daemon's identity, as
+    /// overlayfs opens it with the mounter's: the opener was checked
+    /// when it opened. None: the handle's own descriptor serves.
+    pub(super) fn followed(&self, handle: &Handle) -> Option<std::sync::Arc<OwnedFd>> {
+        let Handle::File {
+            ino,
+            writes: false,
+            branch,
+            followed,
+            ..
+        } = handle
+        else {
+            return None;
+        };
+        self.union()?;
+        let node = self.node(*ino).ok()?;
+        let now = self.inodes.branch_of(&node.key).0;
+        if now == *branch {
+            return None;
+        }
+        let mut held = followed.lock();
+        if let Some((b, fd)) = &*held {
+            if *b == now {
+                return Some(fd.clone());
+            }
+        }
+        match sys::reopen(node.fd(), libc::O_RDONLY | libc::O_CLOEXEC) {
+            Ok(fd) => {
+                let fd = std::sync::Arc::new(fd);
+                *held = Some((now, fd.clone()));
+                Some(fd)
+            }
+            Err(e) => {
+                tracing::debug!("a reader keeps the object it opened: its copy up: {e}");
+                None
+            }
         }
     }
 
@@ -738,6 +787,8 @@ impl Vfs {
         if self.patched_handle(fh_out)?.is_some() {
             self.materialise(&self.node(self.handles.get(fh_out)?.ino())?)?;
         }
+        let copy_in = self.followed(&input);
+        let fd_in = copy_in.as_deref().unwrap_or(fd_in);
         let n = self.with_file(fh_out, |fd_out, opener| {
             Ok(creds::as_caller(opener, || {
                 sys::copy_file_range(fd_in.as_fd(), off_in, fd_out, off_out, len)

@@ -1150,6 +1150,10 @@ pub enum Handle {
         patched: Mutex<Option<std::sync::Arc<super::clone_patch::Patched>>>,
         /// Opened by execve(2): the program runs while it is open.
         executes: bool,
+        /// A reader whose object was copied up to another branch since it
+        /// opened reads the copy, opened once (`Vfs::followed`): the id of
+        /// that branch and the descriptor.
+        followed: Mutex<Option<(u32, std::sync::Arc<OwnedFd>)>>,
     },
     Dir {
         ino: InodeNo,
@@ -1567,6 +1571,7 @@ mod tests {
             branch: 0,
             base: None,
             executes: false,
+            followed: Mutex::new(None),
         }
     }
 
