@@ -805,11 +805,7 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
-            let me = sys::Peer {
-                uid: sys::geteuid(),
-                gid: sys::getegid(),
-                pid: std::process::id(),
-            };
+            let me = sys::Peer::this_process();
             let r = local
                 .service
                 .fsck(repair, &me, &mut |done, total| {

@@ -397,11 +397,7 @@ fn answer_local(svc: &Service, request: &Request, data: &mut dyn Write) -> Resul
             self.0.write_all(bytes)
         }
     }
-    let me = crate::sys::Peer {
-        uid: crate::sys::geteuid(),
-        gid: crate::sys::getegid(),
-        pid: std::process::id(),
-    };
+    let me = crate::sys::Peer::this_process();
     let answer = svc
         .answer(request, &me, &mut Direct(data))
         .map_err(|e| ControlError::Refused(error_reply(&e)))?;

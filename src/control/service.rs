@@ -966,7 +966,10 @@ impl Service {
 
 /// The identity a peer's reads are checked for.
 pub(super) fn who(peer: &Peer) -> Who {
-    Who::new(peer.uid, peer.gid, peer.pid)
+    match &peer.groups {
+        Some(groups) => Who::with_groups(peer.uid, peer.gid, groups.to_vec()),
+        None => Who::new(peer.uid, peer.gid, peer.pid),
+    }
 }
 
 fn ratio(a: u64, b: u64) -> f64 {

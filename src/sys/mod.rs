@@ -1158,11 +1158,28 @@ pub fn default_sigpipe() {
 }
 
 /// Credentials of the process at the other end of a Unix socket.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Peer {
     pub uid: u32,
     pub gid: u32,
     pub pid: u32,
+    /// Its supplementary groups when it connected (SO_PEERGROUPS; None
+    /// where the socket cannot tell): exact, where /proc/PID may since
+    /// be another process.
+    pub groups: Option<std::sync::Arc<[u32]>>,
+}
+
+impl Peer {
+    /// This process, as a peer of its own service (its groups are read
+    /// from /proc/self, which cannot be another process).
+    pub fn this_process() -> Peer {
+        Peer {
+            uid: geteuid(),
+            gid: getegid(),
+            pid: std::process::id(),
+            groups: None,
+        }
+    }
 }
 
 /// SO_PEERCRED through libc: rustix's `UCred` holds a non-zero `Pid`, but
@@ -1188,7 +1205,38 @@ pub fn peer_credentials(sock: &impl AsRawFd) -> io::Result<Peer> {
         uid: cred.uid,
         gid: cred.gid,
         pid: cred.pid as u32,
+        groups: peer_groups(sock).ok().map(std::sync::Arc::from),
     })
+}
+
+/// SO_PEERGROUPS: the supplementary groups the peer had at connect(2).
+fn peer_groups(sock: &impl AsRawFd) -> io::Result<Vec<u32>> {
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: groups/len describe a writable buffer of the size passed.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let count = len as usize / std::mem::size_of::<libc::gid_t>();
+        match check(r) {
+            Ok(_) => {
+                groups.truncate(count);
+                return Ok(groups);
+            }
+            // The kernel says how much room the list needs.
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) && count > groups.len() => {
+                groups.resize(count, 0);
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 pub fn mkfifo(path: &std::path::Path, mode_bits: u32) -> io::Result<()> {
@@ -1316,6 +1364,23 @@ pub fn ficlone(dst: BorrowedFd<'_>, src: BorrowedFd<'_>) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// The groups a peer had when it connected, from the socket itself.
+    #[test]
+    fn a_peer_s_groups_come_from_the_socket() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let peer = peer_credentials(&a).unwrap();
+        let mut mine = rustix::process::getgroups()
+            .unwrap()
+            .into_iter()
+            .map(|g| g.as_raw())
+            .collect::<Vec<_>>();
+        let mut got = peer.groups.expect("SO_PEERGROUPS").to_vec();
+        mine.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, mine);
+        assert_eq!(peer.pid, std::process::id());
+    }
+
     use super::*;
     use std::os::fd::AsFd;
 
