@@ -205,6 +205,37 @@ struct WriteState {
     touched: HashMap<ObjectId, Seq>,
 }
 
+impl WriteState {
+    /// A change journaled and not yet in the index: queued, and known to
+    /// the hot-path questions meanwhile.
+    fn queue_op(&mut self, op: Op) {
+        self.next_seq = self.next_seq.max(op.seq.next());
+        self.last_time = self.last_time.max(op.time_ns);
+        for (obj, v) in &op.versions {
+            self.latest.insert(*obj, (op.seq, Arc::new(v.clone())));
+        }
+        for d in &op.dirents {
+            self.dirents
+                .insert((d.parent, d.name.clone()), (d.child, op.seq));
+        }
+        for b in &op.backdated {
+            let d = &b.dirent;
+            self.dirents
+                .insert((d.parent, d.name.clone()), (d.child, b.at));
+        }
+        let touched = op.versions.iter().map(|(obj, _)| *obj).chain(
+            op.dirents
+                .iter()
+                .chain(op.backdated.iter().map(|b| &b.dirent))
+                .map(|d| d.parent),
+        );
+        for obj in touched {
+            self.touched.insert(obj, op.seq);
+        }
+        self.queue.push(op);
+    }
+}
+
 pub struct History {
     db: Arc<Index>,
     space: Arc<store::Space>,
@@ -292,46 +323,41 @@ impl History {
             }
         }
         let replay = replayable(&chunks, durable, replay);
-        if !replay.is_empty() {
-            tracing::info!("replaying {} journaled change(s)", replay.len());
-            // Durable up to the last one replayed: the journals are emptied
-            // next, so the next open must not look for these again (it
-            // would find the next journaled change "missing" and drop it
-            // with everything after it).
-            let last = replay.last().map_or(durable, |op| op.seq);
-            tables::apply_ops_with(&db, &replay, Durability::Immediate, |txn| {
-                tables::meta_put(txn, META_DURABLE_SEQ, last.get())
-            })?;
-            chunks.applied(
-                replay
-                    .iter()
-                    .flat_map(|op| op.chunks.iter().map(|(h, _)| *h)),
-            );
-        }
+        let space = store.space();
+        let held_back = replay_into_index(&db, &chunks, &space, durable, replay)?;
         let next_seq = tables::meta_get(&db, META_NEXT_SEQ)?.map_or(Seq::new(1), Seq::new);
         let last_time = tables::meta_get(&db, META_LAST_TIME)?.unwrap_or(0) as i64;
         let mut journals = [journal_a, journal_b];
-        for j in &mut journals {
-            j.reset()?;
+        if held_back.is_empty() {
+            for j in &mut journals {
+                j.reset()?;
+            }
+        }
+        let mut state = WriteState {
+            next_seq,
+            last_time,
+            pinned: None,
+            journals,
+            active: 0,
+            queue: Vec::new(),
+            undurable: Vec::new(),
+            applied_generation: 0,
+            apply_failed: false,
+            latest: HashMap::new(),
+            dirents: HashMap::new(),
+            touched: HashMap::new(),
+        };
+        // Still only in the journals, which are kept until a durable
+        // apply has them in the index (as a full store's queue is).
+        state.apply_failed = !held_back.is_empty();
+        for op in held_back {
+            state.queue_op(op);
         }
         let history = Arc::new(History {
             db,
-            space: store.space(),
+            space,
             chunks,
-            state: Mutex::new(WriteState {
-                next_seq,
-                last_time,
-                pinned: None,
-                journals,
-                active: 0,
-                queue: Vec::new(),
-                undurable: Vec::new(),
-                applied_generation: 0,
-                apply_failed: false,
-                latest: HashMap::new(),
-                dirents: HashMap::new(),
-                touched: HashMap::new(),
-            }),
+            state: Mutex::new(state),
             apply_lock: Mutex::new(()),
             wake: Condvar::new(),
             closing: AtomicBool::new(false),
@@ -415,30 +441,7 @@ impl History {
             self.space.note(&e);
             return Err(e.into());
         }
-        st.next_seq = seq.next();
-        st.last_time = time_ns;
-        for (obj, v) in &op.versions {
-            st.latest.insert(*obj, (seq, Arc::new(v.clone())));
-        }
-        for d in &op.dirents {
-            st.dirents
-                .insert((d.parent, d.name.clone()), (d.child, seq));
-        }
-        for b in &op.backdated {
-            let d = &b.dirent;
-            st.dirents
-                .insert((d.parent, d.name.clone()), (d.child, b.at));
-        }
-        let touched = op.versions.iter().map(|(obj, _)| *obj).chain(
-            op.dirents
-                .iter()
-                .chain(op.backdated.iter().map(|b| &b.dirent))
-                .map(|d| d.parent),
-        );
-        for obj in touched {
-            st.touched.insert(obj, seq);
-        }
-        st.queue.push(op);
+        st.queue_op(op);
         Ok(seq)
     }
 
@@ -801,6 +804,57 @@ impl History {
     pub(crate) fn db(&self) -> &Arc<Index> {
         &self.db
     }
+}
+
+/// Applies the journaled changes `replay` (from `replayable`) to the
+/// index, durably. A full store cannot take them: the mount must still
+/// come up, or nothing could be deleted to make room. They are returned
+/// then, to stay queued and journaled until the index takes them (the
+/// reserve file is released first and the apply tried again).
+fn replay_into_index(
+    db: &Index,
+    chunks: &ChunkStore,
+    space: &store::Space,
+    durable: Seq,
+    replay: Vec<Op>,
+) -> Result<Vec<Op>> {
+    if replay.is_empty() {
+        return Ok(replay);
+    }
+    tracing::info!("replaying {} journaled change(s)", replay.len());
+    // Durable up to the last one replayed: the journals are emptied next,
+    // so the next open must not look for these again (it would find the
+    // next journaled change "missing" and drop it with everything after
+    // it).
+    let last = replay.last().map_or(durable, |op| op.seq);
+    let apply = || {
+        tables::apply_ops_with(db, &replay, Durability::Immediate, |txn| {
+            tables::meta_put(txn, META_DURABLE_SEQ, last.get())
+        })
+    };
+    let mut tries = 0;
+    loop {
+        match apply() {
+            Ok(()) => break,
+            Err(HistoryError::Store(e)) if space.note(&e) => {
+                tries += 1;
+                if tries == 2 {
+                    tracing::warn!(
+                        "{} journaled change(s) wait for room in the store to reach its index",
+                        replay.len()
+                    );
+                    return Ok(replay);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    chunks.applied(
+        replay
+            .iter()
+            .flat_map(|op| op.chunks.iter().map(|(h, _)| *h)),
+    );
+    Ok(Vec::new())
 }
 
 /// The journaled changes beyond the last durable commit that can be

@@ -302,6 +302,68 @@ fn a_change_journaled_after_a_replay_survives_the_next_kill() {
     }
 }
 
+/// A kill leaves journaled changes for the next open to replay, and the
+/// store's disk is full by then: the open must succeed (a mount that
+/// fails cannot be used to delete files and make room), the changes
+/// stay journaled through another kill, and reach the index once there
+/// is room.
+#[test]
+fn a_replay_on_a_full_store_waits_for_room_instead_of_failing_the_open() {
+    let sim = Sim::new();
+    let history = open(&sim);
+    let first = record(&history, ObjectId::new(2), b"first version\n", None);
+    // Enough changes that the index must grow to take them.
+    let mut last = first;
+    for i in 0..200u64 {
+        let dirents = (0..100u64)
+            .map(|n| Dirent {
+                parent: ObjectId::new(1),
+                name: format!("{i:04}-{n:04}-{}", "x".repeat(200)).into_bytes(),
+                child: None,
+            })
+            .collect();
+        last = history
+            .commit(Draft {
+                dirents,
+                ..Draft::default()
+            })
+            .expect("commit");
+    }
+    let image = sim.kill_image();
+    drop(history);
+    image.set_full(true);
+    let history = open(&image);
+    assert_eq!(history.last_seq(), last, "the changes are still known");
+    let full_again = image.kill_image();
+    drop(history);
+    full_again.set_full(true);
+    let history = open(&full_again);
+    full_again.set_full(false);
+    history.sync().expect("sync once there is room");
+    let second = record(&history, ObjectId::new(3), b"second version\n", None);
+    assert!(second > first);
+    let after = full_again.kill_image();
+    drop(history);
+    let history = open(&after);
+    for (seq, obj, bytes) in [
+        (first, 2, &b"first version\n"[..]),
+        (second, 3, &b"second version\n"[..]),
+    ] {
+        let want = Expected {
+            seq,
+            obj: ObjectId::new(obj),
+            bytes: bytes.to_vec(),
+        };
+        assert_eq!(
+            read_version(&history, &want).as_deref(),
+            Ok(bytes),
+            "#{seq}"
+        );
+    }
+    let report = history.verify(None, &mut |_, _| {}).expect("fsck");
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
 #[test]
 fn a_failed_fsync_poisons_the_store_and_acknowledges_nothing_more() {
     let sim = Sim::new();

@@ -345,12 +345,19 @@ impl Guarded {
         }))
     }
 
-    pub fn open_index(&self, name: &str) -> io::Result<GuardedIndex> {
+    /// The index file `name`; `write_failed` is set when a write or a
+    /// growth of it fails (`GuardedIndex::write_failed`).
+    pub fn open_index(
+        &self,
+        name: &str,
+        write_failed: Arc<std::sync::atomic::AtomicBool>,
+    ) -> io::Result<GuardedIndex> {
         let inner = self.inner.open_index(name)?;
         Ok(GuardedIndex {
             inner,
             health: self.health.clone(),
             name: name.to_string(),
+            write_failed,
         })
     }
 
@@ -453,6 +460,21 @@ pub struct GuardedIndex {
     inner: Box<dyn redb::StorageBackend>,
     health: Arc<Health>,
     name: String,
+    /// Set by a failed write or growth (a full disk, which poisons
+    /// nothing): redb then fails every later use of the database, reads
+    /// in a transaction begun before it noticed included, until it is
+    /// opened again (`Index::current`).
+    write_failed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl GuardedIndex {
+    fn noting_failure<T>(&self, r: io::Result<T>) -> io::Result<T> {
+        if r.is_err() {
+            self.write_failed
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        r
+    }
 }
 
 impl fmt::Debug for GuardedIndex {
@@ -472,12 +494,12 @@ impl redb::StorageBackend for GuardedIndex {
         self.inner.read(offset, out)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        guarded(
+        self.noting_failure(guarded(
             &self.health,
             || format!("resize {}", self.name),
             Kind::Data,
             || self.inner.set_len(len),
-        )
+        ))
     }
     fn sync_data(&self) -> io::Result<()> {
         guarded(
@@ -488,12 +510,12 @@ impl redb::StorageBackend for GuardedIndex {
         )
     }
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        guarded(
+        self.noting_failure(guarded(
             &self.health,
             || format!("write {}", self.name),
             Kind::Data,
             || self.inner.write(offset, data),
-        )
+        ))
     }
     fn close(&self) -> io::Result<()> {
         self.inner.close()

@@ -430,11 +430,20 @@ pub struct Index {
     /// transaction that finds the index closed reports (a full disk stays
     /// ENOSPC).
     reopen_errno: std::sync::atomic::AtomicI32,
+    /// A write of the open database's file failed: it is re-opened before
+    /// its next use (`GuardedIndex::write_failed`).
+    write_failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Index {
-    fn new(io: Arc<Guarded>, file: DbFile, db: Database) -> Index {
+    fn new(
+        io: Arc<Guarded>,
+        file: DbFile,
+        db: Database,
+        write_failed: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Index {
         Index {
+            write_failed,
             io,
             file,
             unsynced: Arc::new(Unsynced::default()),
@@ -452,6 +461,12 @@ impl Index {
     }
 
     fn current(&self) -> Result<Arc<Database>, redb::Error> {
+        if self
+            .write_failed
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            self.reopen();
+        }
         if let Some(db) = self.db.read().clone() {
             return Ok(db);
         }
@@ -530,7 +545,7 @@ impl Index {
             return;
         };
         *self.db.write() = None;
-        match Store::open_index(&self.io, self.file) {
+        match Store::open_index(&self.io, self.file, &self.write_failed) {
             Ok(db) => {
                 // Reported once a minute: on a full disk every retry fails.
                 if reported.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
@@ -698,8 +713,9 @@ impl Store {
         if !names.iter().any(|n| n == file.name) {
             Self::create_index(io, file)?;
         }
-        let db = Self::open_index(io, file)?;
-        Ok(Index::new(io.clone(), file, db))
+        let write_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let db = Self::open_index(io, file, &write_failed)?;
+        Ok(Index::new(io.clone(), file, db, write_failed))
     }
 
     /// Creates an empty index of the current format. It is built under
@@ -713,7 +729,9 @@ impl Store {
             _ => {}
         }
         {
-            let backend = io.open_index(file.building).map_err(io_err)?;
+            let backend = io
+                .open_index(file.building, Arc::default())
+                .map_err(io_err)?;
             let db = Database::builder()
                 .set_cache_size(INDEX_CACHE)
                 .create_with_backend(backend)
@@ -731,10 +749,14 @@ impl Store {
 
     /// Opens the index, waiting a little for a daemon that was just
     /// unmounted to finish its last commit and release the file lock.
-    fn open_index(io: &Guarded, file: DbFile) -> Result<Database, StoreError> {
+    fn open_index(
+        io: &Guarded,
+        file: DbFile,
+        write_failed: &Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Database, StoreError> {
         let deadline = std::time::Instant::now() + INUSE_WAIT;
         loop {
-            match Self::try_open_index(io, file) {
+            match Self::try_open_index(io, file, write_failed) {
                 Err(StoreError::InUse { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -743,10 +765,14 @@ impl Store {
         }
     }
 
-    fn try_open_index(io: &Guarded, file: DbFile) -> Result<Database, StoreError> {
+    fn try_open_index(
+        io: &Guarded,
+        file: DbFile,
+        write_failed: &Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Database, StoreError> {
         let path = io.path(file.name);
         let backend = io
-            .open_index(file.name)
+            .open_index(file.name, write_failed.clone())
             .map_err(|source| StoreError::from_io(path.clone(), source))?;
         Database::builder()
             .set_cache_size(INDEX_CACHE)

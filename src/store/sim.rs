@@ -44,6 +44,8 @@ struct State {
     /// fsyncs (of files and directories) so far, and the one that fails.
     syncs: u64,
     fail_sync: Option<u64>,
+    /// [`Sim::set_full`].
+    full: bool,
 }
 
 /// The simulated directory; clones share it.
@@ -97,6 +99,20 @@ impl Sim {
             .filter(|(_, e)| matches!(e, Event::Sync { .. } | Event::SyncDir { .. }))
             .map(|(i, _)| i + 1)
             .collect()
+    }
+
+    /// While `full`, every growth of a file fails with ENOSPC (a disk
+    /// with no block left, where blocks a file has can still be
+    /// overwritten, as on ext4 and XFS).
+    pub fn set_full(&self, full: bool) {
+        self.state.lock().full = full;
+    }
+
+    fn check_room(&self) -> io::Result<()> {
+        match self.state.lock().full {
+            true => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            false => Ok(()),
+        }
     }
 
     /// Makes the `n`th fsync from now on fail with EIO (1 = the next one).
@@ -280,6 +296,9 @@ impl StoreFile for SimFile {
     }
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        if offset + buf.len() as u64 > self.len()? {
+            self.sim.check_room()?;
+        }
         let mut st = self.sim.state.lock();
         let e = Event::Write {
             id: self.id,
@@ -302,6 +321,9 @@ impl StoreFile for SimFile {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
+        if len > self.len()? {
+            self.sim.check_room()?;
+        }
         let mut st = self.sim.state.lock();
         let e = Event::SetLen { id: self.id, len };
         apply(st.files.entry(self.id).or_default(), &e);
@@ -471,6 +493,9 @@ impl StoreIo for Sim {
     }
 
     fn free_bytes(&self) -> io::Result<(u64, u64)> {
-        Ok((1 << 40, 1 << 40))
+        match self.state.lock().full {
+            true => Ok((0, 1 << 40)),
+            false => Ok((1 << 40, 1 << 40)),
+        }
     }
 }
