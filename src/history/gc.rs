@@ -288,14 +288,14 @@ impl History {
                 let spared = self.needed_by(reused)?;
                 dead.retain(|d| !spared.contains(&d.hash) && !fresh.contains(&d.hash));
                 for (n, batch) in dead.chunks(BATCH).enumerate() {
-                    let txn = self.db().begin_write().map_err(err)?;
+                    let txn = self.maintenance_txn()?;
                     {
                         let mut t = txn.open_table(CHUNKS).map_err(err)?;
                         for d in batch {
                             t.remove(d.hash.as_slice()).map_err(err)?;
                         }
                     }
-                    txn.commit().map_err(err)?;
+                    txn.commit()?;
                     progress("removing", ((n + 1) * BATCH).min(dead.len()) as u64, total);
                 }
                 Ok(())
@@ -358,7 +358,7 @@ impl History {
         progress("compacting", total, total);
         self.chunks().sync()?;
         for batch in moved.chunks(BATCH) {
-            let txn = self.db().begin_write().map_err(err)?;
+            let txn = self.maintenance_txn()?;
             {
                 let mut t = txn.open_table(CHUNKS).map_err(err)?;
                 for (h, from, to) in batch {
@@ -373,7 +373,7 @@ impl History {
                     }
                 }
             }
-            txn.commit().map_err(err)?;
+            txn.commit()?;
         }
         // Anything still pointing into a chosen pack (a racing repair)
         // keeps that pack.

@@ -167,6 +167,26 @@ pub struct Draft {
     pub backdated: Vec<Backdated>,
 }
 
+/// See [`History::maintenance_txn`]; derefs to the transaction.
+pub(crate) struct MaintenanceTxn<'h> {
+    // Dropped (committed or aborted) before the lock is let go.
+    txn: redb::WriteTransaction,
+    _applying: parking_lot::MutexGuard<'h, ()>,
+}
+
+impl MaintenanceTxn<'_> {
+    pub fn commit(self) -> Result<()> {
+        self.txn.commit().map_err(tables::err)
+    }
+}
+
+impl std::ops::Deref for MaintenanceTxn<'_> {
+    type Target = redb::WriteTransaction;
+    fn deref(&self) -> &redb::WriteTransaction {
+        &self.txn
+    }
+}
+
 /// See [`History::one_instant`].
 pub struct OneInstant<'h>(&'h History);
 
@@ -575,10 +595,32 @@ impl History {
         self.apply(true)
     }
 
+    /// A write transaction for maintenance (gc, prune, repair) that edits
+    /// rows changes also write: every change applied before it is made
+    /// durable first, and none is applied until it commits. Otherwise a
+    /// change applied without durability before it would be applied again
+    /// by the next durable apply (or replayed after a crash) over its
+    /// edits: a version pruned would come back, a chunk location moved by
+    /// compaction would point into a deleted pack.
+    pub(crate) fn maintenance_txn(&self) -> Result<MaintenanceTxn<'_>> {
+        let applying = self.apply_lock.lock();
+        self.apply_held(true)?;
+        let txn = self.db.begin_write().map_err(tables::err)?;
+        Ok(MaintenanceTxn {
+            txn,
+            _applying: applying,
+        })
+    }
+
     /// Applies queued changes to the index. Durable: also fsyncs packs and
     /// the index, then empties the journal that held them.
     fn apply(&self, durable: bool) -> Result<()> {
         let _one = self.apply_lock.lock();
+        self.apply_held(durable)
+    }
+
+    /// [`History::apply`] with `apply_lock` held.
+    fn apply_held(&self, durable: bool) -> Result<()> {
         let generation = self.db.generation();
         let (batch, reapply, retired_journal, last_seq) = {
             let mut st = self.state.lock();

@@ -364,6 +364,37 @@ fn a_replay_on_a_full_store_waits_for_room_instead_of_failing_the_open() {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
 
+/// A change a query applied without durability is not applied again
+/// over a maintenance edit made after it: neither by the next durable
+/// apply nor by the replay after a kill (a pruned version came back; a
+/// chunk location compaction moved went back into the deleted pack).
+#[test]
+fn maintenance_edits_are_not_undone_by_changes_applied_before_them() {
+    let sim = Sim::new();
+    let history = open(&sim);
+    let seq = record(&history, ObjectId::new(5), b"to be pruned\n", None);
+    // A query applies it without durability.
+    history.settle().expect("settle");
+    let key = super::tables::version_key(ObjectId::new(5), seq);
+    {
+        let txn = history.maintenance_txn().expect("maintenance");
+        txn.open_table(super::tables::VERSIONS)
+            .expect("versions")
+            .remove(key.as_slice())
+            .expect("remove");
+        txn.commit().expect("commit");
+    }
+    let gone = |h: &History| h.object_at(ObjectId::new(5), seq).expect("query").is_none();
+    assert!(gone(&history), "removed");
+    history.sync().expect("sync");
+    assert!(gone(&history), "the durable apply brought the version back");
+    record(&history, ObjectId::new(6), b"later\n", None);
+    let image = sim.kill_image();
+    drop(history);
+    let history = open(&image);
+    assert!(gone(&history), "the replay brought the version back");
+}
+
 #[test]
 fn a_failed_fsync_poisons_the_store_and_acknowledges_nothing_more() {
     let sim = Sim::new();

@@ -213,7 +213,7 @@ impl History {
         let mut out = PruneOutcome::default();
         let mut audit = audit;
         for batch in plan.chunks(2000) {
-            let txn = self.db().begin_write().map_err(err)?;
+            let txn = self.maintenance_txn()?;
             let tags: Vec<Seq> = {
                 let t = txn.open_table(TAGS).map_err(err)?;
                 let mut v = Vec::new();
@@ -228,7 +228,7 @@ impl History {
             if let Some(record) = audit.take() {
                 tables::audit_put(&txn, &record)?;
             }
-            txn.commit().map_err(err)?;
+            txn.commit()?;
         }
         if let Some(record) = audit {
             // An empty plan is still an act worth recording.

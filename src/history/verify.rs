@@ -456,12 +456,12 @@ impl History {
     fn restore_chunk(&self, h: &Hash, data: &[u8]) -> Result<()> {
         let loc = self.chunks().store_again(h, data)?;
         self.chunks().sync()?;
-        let txn = self.db().begin_write().map_err(err)?;
+        let txn = self.maintenance_txn()?;
         txn.open_table(CHUNKS)
             .map_err(err)?
             .insert(h.as_slice(), loc.encode().as_slice())
             .map_err(err)?;
-        txn.commit().map_err(err)?;
+        txn.commit()?;
         Ok(())
     }
 
@@ -471,7 +471,7 @@ impl History {
         if lost.is_empty() {
             return Ok(());
         }
-        let txn = self.db().begin_write().map_err(err)?;
+        let txn = self.maintenance_txn()?;
         {
             let mut t = txn.open_table(VERSIONS).map_err(err)?;
             for u in lost {
@@ -494,7 +494,7 @@ impl History {
                 chain::amend(&txn, u.seq, &chain::version_record(&key, &new))?;
             }
         }
-        txn.commit().map_err(err)?;
+        txn.commit()?;
         Ok(())
     }
 
@@ -512,7 +512,7 @@ impl History {
         // No version build may be between reusing one of them and its
         // commit (see `build_gate`).
         let _quiet = self.build_gate.write();
-        let txn = self.db().begin_write().map_err(err)?;
+        let txn = self.maintenance_txn()?;
         let mut removed = 0;
         {
             let mut t = txn.open_table(CHUNKS).map_err(err)?;
@@ -522,7 +522,7 @@ impl History {
                 }
             }
         }
-        txn.commit().map_err(err)?;
+        txn.commit()?;
         Ok(removed)
     }
 
@@ -590,7 +590,7 @@ impl History {
             }
         }
         if !fixed.is_empty() {
-            let txn = self.db().begin_write().map_err(err)?;
+            let txn = self.maintenance_txn()?;
             {
                 let mut t = txn.open_table(CHUNKS).map_err(err)?;
                 for (h, loc) in &fixed {
@@ -598,7 +598,7 @@ impl History {
                         .map_err(err)?;
                 }
             }
-            txn.commit().map_err(err)?;
+            txn.commit()?;
         }
         Ok(fixed.len() as u64)
     }
