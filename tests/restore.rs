@@ -249,6 +249,15 @@ fn revert_and_restore_to_bring_back_the_tree_exactly() {
         change(&m.p("t"));
         chrono_ok(m, &["restore", "t", "--at", "orig", "--to", "t2"]);
         check(m, &m.p("t2"), &want, "restore --to t2", true);
+        // An existing DEST is never replaced: a directory given as DEST
+        // went, with all it held.
+        fs::create_dir(m.p("keep")).unwrap();
+        write_file(&m.p("keep/important"), b"mine\n");
+        let out = chrono_as(m, None, &["restore", "t", "--at", "orig", "--to", "keep"]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("exists") && err.lines().count() == 1, "{err}");
+        assert_eq!(fs::read(m.p("keep/important")).unwrap(), b"mine\n");
         chrono_ok(m, &["revert", "t", "--at", "orig"]);
         check(m, &m.p("t"), &want, "revert", false);
         // The replaced tree went under a staging name: not a deletion.

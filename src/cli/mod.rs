@@ -129,6 +129,7 @@ enum Command {
         path: PathBuf,
         #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         at: String,
+        /// A path that does not exist yet (nothing there is replaced).
         #[arg(long, value_name = "DEST")]
         to: Option<PathBuf>,
         #[command(flatten)]
@@ -801,6 +802,15 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                 Some(d) => h::absolutize(&d)?,
                 None => t.abs.clone(),
             };
+            // In place, the past replaces PATH; elsewhere it makes a new
+            // path, and never replaces whatever is at DEST (a directory
+            // given as DEST went, with all it held).
+            if dest != t.abs && to_exists(&dest) {
+                anyhow::bail!(
+                    "{} exists; --to takes a path that does not exist yet",
+                    dest.display()
+                );
+            }
             restore::run(&t, restore::Verb::Restore, &at, &dest, common.json)
         }
         Command::Revert { dir, at, common } => {
