@@ -113,6 +113,15 @@ pub fn target(path: &Path, store: Option<&Path>) -> Result<Target> {
     }
     let (src, store_dir) = match store {
         Some(s) => {
+            // Commands only read or maintain a store: a mistyped path must
+            // not become a new, empty one.
+            if !s.join(crate::store::INDEX_FILE).is_file() {
+                anyhow::bail!(
+                    "{} is not a chronofs store (it has no {})",
+                    s.display(),
+                    crate::store::INDEX_FILE
+                );
+            }
             let src = find_src(&abs, None).ok_or_else(|| {
                 anyhow!("with --store, PATH must lie inside the source directory it belongs to")
             })?;

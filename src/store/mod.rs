@@ -690,6 +690,16 @@ impl Store {
         let names = io
             .list("")
             .map_err(|e| StoreError::from_io(dir.clone(), e))?;
+        if !names.iter().any(|n| n == INDEX_FILE) && Self::holds_packs(&io) {
+            // A new, empty index would make every chunk garbage to gc.
+            return Err(StoreError::Corrupt {
+                path: dir.join(INDEX_FILE),
+                detail: "it is missing, while the store holds packs; nothing was changed \
+                         (bring the index back from a backup, or move the store aside to \
+                         begin a new history)"
+                    .into(),
+            });
+        }
         let main = Arc::new(Self::open_db(&io, &names, MAIN_DB)?);
         Self::check_format(&main)?;
         let registry = registry::open(&io, &names, &main)?;
@@ -705,6 +715,10 @@ impl Store {
             }),
         };
         Ok(store)
+    }
+
+    fn holds_packs(io: &Guarded) -> bool {
+        io.list(PACK_DIR).is_ok_and(|packs| !packs.is_empty())
     }
 
     /// Opens the database `file` of the store whose files are `names`,
@@ -889,6 +903,23 @@ mod tests {
             Err(other) => panic!("unexpected error {other}"),
             Ok(_) => panic!("garbage opened as a store"),
         }
+    }
+
+    /// A store whose index went missing is refused, not given a new,
+    /// empty index (gc would then have deleted every pack).
+    #[test]
+    fn a_store_with_packs_and_no_index_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(Store::open(tmp.path()).unwrap());
+        std::fs::create_dir_all(tmp.path().join(PACK_DIR)).unwrap();
+        std::fs::write(tmp.path().join(PACK_DIR).join("00000001.pack"), b"x").unwrap();
+        std::fs::remove_file(tmp.path().join(INDEX_FILE)).unwrap();
+        match Store::open(tmp.path()) {
+            Err(e @ StoreError::Corrupt { .. }) => assert!(e.to_string().contains("missing")),
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("opened with a new, empty index"),
+        }
+        assert!(!tmp.path().join(INDEX_FILE).exists(), "an index was made");
     }
 
     #[test]
