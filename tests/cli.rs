@@ -730,3 +730,51 @@ fn a_new_mount_survives_the_exit_of_the_daemon_unmounted_before_it() {
         "the new mount was unmounted by the old daemon's exit"
     );
 }
+
+/// clap's usage errors as one line (no usage block, no `-- -3` tip that
+/// would make a mistyped value a path), malformed values with exit 2,
+/// and a failed write of standard output as one line with exit 1, never
+/// a panic.
+#[test]
+fn usage_errors_and_output_failures_are_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["prune", "f", "--max-age", "-30d"],
+        vec!["prune", "f", "--max-age", "5x"],
+        vec!["diff"],
+        vec!["log", "--since"],
+        vec!["prune", "--keep-last", "x", "f"],
+    ] {
+        let (st, err, _) = run_cli(
+            &os(&args.iter().map(|a| a as _).collect::<Vec<_>>()),
+            tmp.path(),
+        );
+        assert_eq!(st.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("Usage") && !err.contains("tip"), "{err}");
+    }
+    // A store to read: a fixture of a mount directory with its store.
+    let status = Command::new("tar")
+        .arg("xzf")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-f8.tar.gz"))
+        .arg("-C")
+        .arg(tmp.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = Command::new(bin())
+        .args(["log", "notes.txt"])
+        .current_dir(tmp.path())
+        .stdout(
+            fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot write to standard output"), "{err}");
+}

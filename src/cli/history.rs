@@ -264,7 +264,7 @@ impl Target {
 pub fn parse_at(s: Option<&str>) -> Result<At> {
     match s {
         None => Ok(At::Now),
-        Some(s) => spec::parse(s).map_err(|e| anyhow!(e)),
+        Some(s) => spec::parse(s).map_err(|e| anyhow!(super::UsageError(e.to_string()))),
     }
 }
 

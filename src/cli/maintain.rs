@@ -148,16 +148,16 @@ pub struct KeepArgs {
     #[arg(long, value_name = "N")]
     keep_yearly: Option<u64>,
     /// Keep every version younger than this (e.g. 2d).
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     keep_within: Option<String>,
     /// Keep at most N versions.
     #[arg(long, value_name = "N")]
     max_count: Option<u64>,
     /// Drop versions older than this (e.g. 90d).
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     max_age: Option<String>,
     /// Keep versions, newest first, while their sizes add up to at most this (e.g. 1G).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     max_space: Option<String>,
 }
 
@@ -165,13 +165,19 @@ pub struct KeepArgs {
 /// `512`, `10M`, `1GiB`).
 fn duration(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
     v.as_deref()
-        .map(|s| policy::parse_duration(s).map_err(|e| anyhow!("--{flag} {s}: {e}")))
+        .map(|s| {
+            policy::parse_duration(s)
+                .map_err(|e| anyhow!(super::UsageError(format!("--{flag} {s}: {e}"))))
+        })
         .transpose()
 }
 
 fn size(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
     v.as_deref()
-        .map(|s| policy::parse_size(s).map_err(|e| anyhow!("--{flag} {s}: {e}")))
+        .map(|s| {
+            policy::parse_size(s)
+                .map_err(|e| anyhow!(super::UsageError(format!("--{flag} {s}: {e}"))))
+        })
         .transpose()
 }
 
@@ -196,7 +202,10 @@ impl KeepArgs {
 
 pub fn prune(t: &Target, keep: Retention, dry_run: bool, json: bool) -> Result<()> {
     if keep.keeps_all() {
-        bail!("nothing to prune: give a limit (--keep-last, --keep-daily, --max-count, --max-age, ...)");
+        return Err(anyhow!(super::UsageError(
+            "nothing to prune: give a limit (--keep-last, --keep-daily, --max-count, --max-age, ...)"
+                .into()
+        )));
     }
     let r = t.client().prune(&t.path, keep, dry_run)?;
     if json {

@@ -33,6 +33,19 @@ pub mod exit {
     pub const USAGE: i32 = 2;
 }
 
+/// A malformed value on the command line (a time, a duration, a size)
+/// found after clap's parse: exits with [`exit::USAGE`] like clap's own.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "chronofs",
@@ -638,6 +651,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 pub fn main() -> i32 {
+    exit_on_output_failure();
     let args = match normalize_args(std::env::args_os().collect()) {
         Ok(a) => a,
         Err(msg) => {
@@ -653,7 +667,11 @@ pub fn main() -> i32 {
             } else {
                 exit::OK
             };
-            let _ = e.print();
+            if e.use_stderr() {
+                eprintln!("chronofs: {}", clap_one_line(&e));
+            } else {
+                let _ = e.print();
+            }
             return code;
         }
     };
@@ -707,12 +725,38 @@ pub fn main() -> i32 {
     }
 }
 
+/// `println!` panics when standard output cannot be written (a full
+/// disk, a closed pipe): such a command reports it in one line and exits
+/// 1 instead (a reader gone, as `chronofs log | head`, ends it quietly,
+/// as SIGPIPE would). Every other panic keeps the default report.
+fn exit_on_output_failure() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if let Some(why) = msg.strip_prefix("failed printing to stdout: ") {
+            if !why.contains("Broken pipe") {
+                eprintln!("chronofs: cannot write to standard output: {why}");
+            }
+            std::process::exit(exit::FAILURE);
+        }
+        default(info);
+    }));
+}
+
 fn report(r: anyhow::Result<()>) -> i32 {
     match r {
         Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("chronofs: {}", one_line(&e));
-            exit::FAILURE
+            match e.is::<UsageError>() {
+                true => exit::USAGE,
+                false => exit::FAILURE,
+            }
         }
     }
 }
@@ -733,6 +777,24 @@ pub(crate) fn one_line(e: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
+}
+
+/// A usage error from clap as one line: its message (clap's may span
+/// lines, a list of missing arguments), without the usage block and the
+/// tips (`use '-- -3'` would turn a mistyped value into a path).
+fn clap_one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut parts = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() || line.starts_with("tip:") {
+            continue;
+        }
+        parts.push(line.strip_prefix("error: ").unwrap_or(line));
+    }
+    format!("{} (see --help)", parts.join(" "))
 }
 
 /// diff's exit status for an error (diff(1)'s "trouble").
