@@ -162,3 +162,18 @@ fn a_mount_without_history_reports_its_requests_and_transport() {
     assert!(json["requests"].as_array().is_some_and(|r| !r.is_empty()));
     m.unmount();
 }
+
+/// With the writeback cache the kernel sends FLUSH to history's read-only
+/// handles too; an ENOSYS there told it to stop sending FLUSH for the
+/// whole mount, and history then lost the mark of a write session's end
+/// (a query right after a close could miss its version).
+#[test]
+fn reading_the_past_leaves_flushes_on_for_live_files() {
+    let m = Mount::new("passthrough=off");
+    m.wait_history_ready();
+    write_file(&m.p("f"), b"one\n");
+    write_file(&m.p("f"), b"two\n");
+    assert_eq!(fs::read(m.p("f;1")).unwrap(), b"one\n");
+    let d = requests_of(&m, 1, || write_file(&m.p("g"), b"x"));
+    assert_eq!(d.get("flush"), Some(&1), "close of a written file: {d:?}");
+}

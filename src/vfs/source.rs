@@ -236,8 +236,12 @@ impl HandleSource {
     pub fn flush(self, vfs: &Vfs) -> Result<bool> {
         match self {
             HandleSource::Live(fh) => vfs.live_flush(fh),
-            // Nothing is written through it: no session ends.
-            HandleSource::Past(_) => Ok(false),
+            // Nothing is written through it: no session ends. But ENOSYS
+            // is the kernel's cue to stop sending flushes for the whole
+            // mount, live files' included (with the writeback cache it
+            // sends them to handles opened FOPEN_NOFLUSH too): the answer
+            // must be the mount's.
+            HandleSource::Past(_) => Ok(vfs.capture().is_some()),
         }
     }
 
