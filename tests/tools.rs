@@ -665,3 +665,54 @@ fn o_direct_reads_and_writes_work() {
         assert_eq!(fs::metadata(&f).unwrap().len(), 2 << 20);
     });
 }
+
+/// Lazily unmounts a file system a test mounted, however it ends.
+struct Unmounts(std::path::PathBuf);
+
+impl Drop for Unmounts {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A source on a file system whose listings give no entry types (ext4
+/// without `filetype`: DT_UNKNOWN, as XFS without ftype and some network
+/// file systems): `find` and `rm -r` see directories as directories.
+#[test]
+fn find_and_rm_r_descend_where_the_source_gives_no_entry_types() {
+    for opts in ["plain", ""] {
+        let img = tempfile::NamedTempFile::new().unwrap();
+        img.as_file().set_len(64 << 20).unwrap();
+        let image = img.path().to_str().unwrap().to_string();
+        run(
+            Path::new("/"),
+            "mkfs.ext4",
+            &["-q", "-F", "-O", "^filetype", &image],
+        );
+        let held = std::cell::RefCell::new(None);
+        let m = Mount::new_with(opts, |src| {
+            run(
+                Path::new("/"),
+                "mount",
+                &["-o", "loop", &image, src.to_str().unwrap()],
+            );
+            *held.borrow_mut() = Some(Unmounts(src.to_path_buf()));
+            // More entries than one reply holds: the kernel asks for
+            // later batches without attributes.
+            for i in 0..400 {
+                fs::create_dir_all(src.join(format!("d/sub{i:03}/deeper"))).unwrap();
+            }
+            fs::write(src.join("d/sub399/deeper/leaf"), b"leaf\n").unwrap();
+        });
+        let _source = held.into_inner();
+        let found = run_out(&m.mnt, "find", &["d", "-type", "d"]);
+        let found = String::from_utf8_lossy(&found.stdout).into_owned();
+        assert_eq!(found.lines().count(), 801, "mode {opts:?}");
+        let leaf = run_out(&m.mnt, "find", &["d", "-name", "leaf"]);
+        let leaf = String::from_utf8_lossy(&leaf.stdout).into_owned();
+        assert_eq!(leaf.trim(), "d/sub399/deeper/leaf", "mode {opts:?}");
+        run(&m.mnt, "rm", &["-r", "d"]);
+        assert!(!m.p("d").exists(), "mode {opts:?}");
+        drop(m);
+    }
+}

@@ -231,10 +231,29 @@ impl Vfs {
             Ok(add(&DirEntry {
                 ino: d.ino.ok_or(VfsError::WrongKind)?,
                 offset: d.e.next_offset,
-                kind: dtype_to_kind(d.e.dtype),
+                kind: self.entry_kind(dir, &d.e),
                 name: OsStr::from_bytes(&d.e.name),
             }))
         })
+    }
+
+    /// An entry's type; where the backing file system does not say
+    /// (DT_UNKNOWN: XFS without ftype, some network file systems), from
+    /// the entry itself, as `find` and `rm -r` would ask natively (the
+    /// kernel has no "unknown" to pass on: it would read as a file, and a
+    /// directory would not be descended into). Union listings resolved
+    /// it when merging.
+    fn entry_kind(&self, dir: InodeNo, e: &sys::DirEntry) -> u32 {
+        if e.dtype != libc::DT_UNKNOWN {
+            return dtype_to_kind(e.dtype);
+        }
+        let Ok(name) = std::ffi::CString::new(e.name.clone()) else {
+            return 0;
+        };
+        self.node(dir)
+            .ok()
+            .and_then(|n| sys::fstatat(n.fd(), &name).ok())
+            .map_or(0, |st| st.st_mode & libc::S_IFMT)
     }
 
     /// Like [`Vfs::readdir`], but each entry (except `.` and `..`) is looked
