@@ -266,15 +266,19 @@ fn unknown_mount_option() {
             &format!("--ready-fd {fd}"),
         );
     }
-    // Argument-parser errors may come with a usage block.
-    expect_mount_failure_lines(
-        &src,
-        &mnt,
-        &["--no-such-flag"],
-        t.path(),
-        "unknown flag",
-        false,
-    );
+    // Argument-parser errors are one line too.
+    expect_mount_failure(&src, &mnt, &["--no-such-flag"], t.path(), "unknown flag");
+    // An empty value (store= meant the current directory).
+    expect_mount_failure(&src, &mnt, &["-o", "store="], t.path(), "empty store");
+    // History's options where -o plain keeps none.
+    for opts in [
+        "plain,ingest=on",
+        "plain,baseline=eager",
+        "plain,every-write",
+        "plain,policy=/x",
+    ] {
+        expect_mount_failure(&src, &mnt, &["-o", opts], t.path(), opts);
+    }
 }
 
 #[test]
@@ -561,7 +565,14 @@ fn mount_over_its_own_source() {
     let _g = Guard(vec![d.clone()]);
     let parent_dev = fs::metadata(t.path()).unwrap().dev();
     for stop in ["umount", "sigterm"] {
-        let (st, err, _) = run_cli(&os(&[&"mount", &d, &d]), t.path());
+        let mut args = os(&[&"mount", &d, &d]);
+        if stop == "umount" {
+            // The default store, spelled out, is inside MNT = SRC but
+            // hidden there: accepted.
+            args.push("-o".into());
+            args.push(format!("store={}/.chronofs", d.display()).into());
+        }
+        let (st, err, _) = run_cli(&args, t.path());
         assert!(st.success(), "mount d d failed: {st}: {err}");
         assert_ne!(fs::metadata(&d).unwrap().dev(), parent_dev, "not mounted");
         write_file(&d.join("x"), b"a\n");
@@ -777,4 +788,18 @@ fn usage_errors_and_output_failures_are_one_line() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("cannot write to standard output"), "{err}");
+}
+
+/// `chronofs umount` unmounts chronofs mounts only: SRC typed for MNT,
+/// or any other mount point, is refused and left mounted.
+#[test]
+fn umount_refuses_what_is_not_a_chronofs_mount() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (st, err, _) = run_cli(&os(&[&"umount", &"--lazy", &"/proc"]), tmp.path());
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("not a chronofs one"), "{err}");
+    assert!(Path::new("/proc/self/mountinfo").exists(), "/proc went");
+    let (st, err, _) = run_cli(&os(&[&"umount", &tmp.path()]), tmp.path());
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("not a mount point"), "{err}");
 }

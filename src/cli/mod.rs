@@ -691,6 +691,10 @@ pub fn main() -> i32 {
                     return exit::USAGE;
                 }
             }
+            if let Err(e) = opts.check() {
+                eprintln!("chronofs: {e}");
+                return exit::USAGE;
+            }
             opts.debug |= debug;
             if let Some(fd) = ready_fd.filter(|fd| *fd < 3) {
                 eprintln!("chronofs: --ready-fd {fd}: must be 3 or above (0-2 are stdio)");

@@ -258,15 +258,17 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
                     src.display()
                 );
             }
-            if dir.starts_with(&mnt) {
+            let reserved =
+                (dir == src.join(STORE_DIR_NAME)).then(|| OsString::from(STORE_DIR_NAME));
+            // SRC/.chronofs is hidden in the mount even where MNT = SRC:
+            // the default store, spelled out.
+            if dir.starts_with(&mnt) && reserved.is_none() {
                 bail!(
                     "store {} is inside mount point {}",
                     dir.display(),
                     mnt.display()
                 );
             }
-            let reserved =
-                (dir == src.join(STORE_DIR_NAME)).then(|| OsString::from(STORE_DIR_NAME));
             (dir, reserved)
         }
     };
@@ -1678,6 +1680,19 @@ fn nix_free_setgroups_empty() -> Result<()> {
 }
 
 pub fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
+    // A stale mount cannot be resolved (ENOTCONN): its path as given.
+    let abs = std::fs::canonicalize(mnt)
+        .or_else(|_| std::path::absolute(mnt))
+        .with_context(|| format!("cannot resolve {}", mnt.display()))?;
+    match mount_type_at(&abs) {
+        None => anyhow::bail!("{} is not a mount point", mnt.display()),
+        // SRC typed for MNT, as root, would detach whatever is there.
+        Some(t) if t != "fuse.chronofs" => anyhow::bail!(
+            "{} is a {t} mount, not a chronofs one; nothing was unmounted",
+            mnt.display()
+        ),
+        Some(_) => {}
+    }
     let c = sys::cstr(mnt.as_os_str())?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     explain_unmount(mnt, sys::umount2(&c, flags))

@@ -194,6 +194,26 @@ impl MountOptions {
         }
     }
 
+    /// Options that contradict each other once every `-o` is applied:
+    /// history's options on a mount that keeps none did nothing (or
+    /// failed only after the mount was made).
+    pub fn check(&self) -> Result<(), String> {
+        if !self.plain {
+            return Ok(());
+        }
+        let needing_history = [
+            (self.ingest == Ingest::Always, "ingest=on (baseline=eager)"),
+            (self.every_write, "every-write"),
+            (self.policy.is_some(), "policy"),
+        ];
+        match needing_history.iter().find(|(given, _)| *given) {
+            Some((_, name)) => Err(format!(
+                "option {name} needs history, which -o plain does not keep"
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Applies a comma-separated option list (one `-o` argument).
     pub fn apply(&mut self, list: &str) -> Result<(), String> {
         for opt in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
@@ -208,7 +228,9 @@ impl MountOptions {
             None => (opt, None),
         };
         fn need<'a>(key: &str, v: Option<&'a str>) -> Result<&'a str, String> {
-            v.ok_or_else(|| format!("option {key} needs a value"))
+            // `store=` would have meant the current directory.
+            v.filter(|v| !v.is_empty())
+                .ok_or_else(|| format!("option {key} needs a value"))
         }
         match (key, value) {
             ("plain", None) => self.plain = true,
