@@ -42,6 +42,9 @@ use crate::store::{index_error, Hash};
 const COMPACT_LIVE_SHARE: f64 = 0.8;
 /// Index entries removed or moved per write transaction.
 const BATCH: usize = 50_000;
+/// Bytes of live chunks a compaction round copies before it deletes its
+/// packs (see `History::compact`).
+const COMPACT_ROUND: u64 = 64 << 20;
 
 /// What a collection found and did.
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
@@ -322,7 +325,12 @@ impl History {
         Ok(out)
     }
 
-    /// Deletes packs with nothing live and rewrites mostly dead ones.
+    /// Deletes packs with nothing live and rewrites mostly dead ones, in
+    /// rounds that each free their packs before the next copies: first the
+    /// packs with nothing live (no copy at all), then the others, least
+    /// live first, about `COMPACT_ROUND` bytes of copies a round. On a
+    /// full store every round frees more than it writes; copying every
+    /// pack before deleting any needed room the store did not have.
     fn compact(
         &self,
         packs: &HashMap<u32, PackUse>,
@@ -330,7 +338,7 @@ impl History {
         progress: Progress,
     ) -> Result<()> {
         let in_use = self.chunks().packs_in_use();
-        let mut chosen = HashSet::new();
+        let mut chosen = Vec::new();
         for (&id, usage) in packs {
             if in_use.contains(&id) {
                 continue;
@@ -338,25 +346,53 @@ impl History {
             let size = self.chunks().pack_size(id)?;
             let payload = size.saturating_sub(PACK_HEADER_LEN);
             if (usage.live_bytes as f64) < payload as f64 * COMPACT_LIVE_SHARE || payload == 0 {
-                chosen.insert(id);
+                chosen.push((usage.live_bytes, id));
             }
         }
-        if chosen.is_empty() {
-            return Ok(());
+        chosen.sort_unstable();
+        let total = chosen.len() as u64;
+        let (dead, live): (Vec<_>, Vec<_>) = chosen.into_iter().partition(|(b, _)| *b == 0);
+        let mut rounds: Vec<Vec<u32>> = vec![dead.into_iter().map(|(_, id)| id).collect()];
+        let mut bytes = 0;
+        for (b, id) in live {
+            if bytes >= COMPACT_ROUND || rounds.len() == 1 {
+                rounds.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += b;
+            if let Some(round) = rounds.last_mut() {
+                round.push(id);
+            }
         }
+        let mut done = 0;
+        for round in rounds.iter().filter(|r| !r.is_empty()) {
+            self.compact_round(round, packs, report)?;
+            done += round.len() as u64;
+            progress("compacting", done, total);
+        }
+        Ok(())
+    }
+
+    /// Copies the chunks the index still locates in `round`'s packs to
+    /// the pack being written, points the index at the copies (durably)
+    /// and deletes the packs.
+    fn compact_round(
+        &self,
+        round: &[u32],
+        packs: &HashMap<u32, PackUse>,
+        report: &mut GcReport,
+    ) -> Result<()> {
+        let chosen: HashSet<u32> = round.iter().copied().collect();
         let moving = self.entries_in(&chosen)?;
-        let total = moving.len() as u64;
         let mut moved = Vec::with_capacity(moving.len());
-        for (i, (h, loc)) in moving.iter().enumerate() {
+        for (h, loc) in &moving {
             let to = self.chunks().copy_entry(h, loc)?;
             report.moved_bytes += entry_bytes(loc);
             moved.push((*h, *loc, to));
-            if i % 1024 == 0 {
-                progress("compacting", i as u64, total);
-            }
         }
-        progress("compacting", total, total);
-        self.chunks().sync()?;
+        if !moved.is_empty() {
+            self.chunks().sync()?;
+        }
         for batch in moved.chunks(BATCH) {
             let txn = self.maintenance_txn()?;
             {
@@ -379,7 +415,11 @@ impl History {
         // keeps that pack.
         let still = self.entries_in(&chosen)?;
         let kept: HashSet<u32> = still.iter().map(|(_, l)| l.pack).collect();
-        let removable: Vec<u32> = chosen.into_iter().filter(|id| !kept.contains(id)).collect();
+        let removable: Vec<u32> = round
+            .iter()
+            .copied()
+            .filter(|id| !kept.contains(id))
+            .collect();
         // The commits above were durable: nothing durable points into these.
         self.chunks().remove_packs(&removable)?;
         for id in removable {
@@ -542,5 +582,71 @@ mod tests {
             0,
             "a second pass frees nothing"
         );
+    }
+
+    /// On a full store, a pack with nothing live is deleted before any
+    /// copy of another pack's live chunks is tried: copying first (every
+    /// chosen pack) failed for lack of room, and nothing was freed.
+    #[test]
+    fn a_full_store_frees_dead_packs_before_it_copies() {
+        use crate::store::sim::Sim;
+        let sim = Sim::new();
+        let store = crate::store::Store::open_with(Box::new(sim.clone()), "/sim".into()).unwrap();
+        let h = History::open(&store, false).unwrap();
+        let h = &*h;
+        h.chunks().set_pack_limit(64 << 10);
+        // A: a pack of its own, all dead once pruned. B: its first version
+        // dead, its second live, in the next packs.
+        write(h, o(10), Some((ROOT, b"a")), &noise(100_000, 1));
+        h.chunks().rotate();
+        let b1 = write(h, o(11), Some((ROOT, b"b")), &noise(40_000, 2));
+        write(h, o(11), None, &noise(40_000, 3));
+        h.chunks().rotate();
+        h.sync().unwrap();
+        let a_packs: HashSet<u32> = chunks_of(h, &latest(h, o(10)))
+            .iter()
+            .map(|c| h.chunks().locate(c).unwrap().unwrap().pack)
+            .collect();
+        unlink(h, ROOT, b"a", o(10));
+        h.prune(
+            &[
+                (o(10), Removal::Whole),
+                (o(11), Removal::Versions(vec![b1])),
+            ],
+            Pins::Respect,
+            None,
+        )
+        .unwrap();
+        sim.set_full(true);
+        // The copies cannot be written; the dead packs go all the same.
+        let _ = h.gc(false, &mut |_, _, _| {});
+        let left: HashSet<u32> = h.chunks().pack_ids().unwrap().into_iter().collect();
+        assert!(
+            left.is_disjoint(&a_packs),
+            "{left:?} still holds {a_packs:?}"
+        );
+        sim.set_full(false);
+        let r = collect(h, false);
+        assert_eq!(r.removed_chunks, 0, "{r:?}");
+        assert_eq!(read(h, &latest(h, o(11))), noise(40_000, 3));
+    }
+
+    /// A pack whose creation a crash cut short (an empty file, or part of
+    /// a header) holds nothing: gc and fsck go on, and gc removes it.
+    #[test]
+    fn a_pack_cut_short_at_its_creation_is_no_obstacle() {
+        let k = kit();
+        let h = &k.history;
+        write(h, o(10), Some((ROOT, b"f")), &noise(50_000, 1));
+        h.sync().unwrap();
+        let short = k.dir.path().join("store/packs/00000099.pack");
+        std::fs::write(&short, b"CHRONO").unwrap();
+        let r = collect(h, false);
+        assert_eq!(r.removed_chunks, 0);
+        assert!(!short.exists(), "the empty pack stayed");
+        std::fs::write(&short, b"").unwrap();
+        h.verify(None, &mut |_, _| {})
+            .expect("fsck reads the store");
+        assert_eq!(read(h, &latest(h, o(10))), noise(50_000, 1));
     }
 }

@@ -285,9 +285,9 @@ impl ChunkStore {
         Ok(ids)
     }
 
-    /// A whole pack's bytes (for fsck's scan).
+    /// A whole pack's bytes (for fsck's scan, which checks the header).
     pub fn pack_bytes(&self, pack: u32) -> Result<Vec<u8>, StoreError> {
-        let file = self.reader(pack)?;
+        let file = self.unchecked_pack(pack)?;
         let len = file.len().map_err(|e| self.io_err(e))?;
         let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
         file.read_exact_at(&mut bytes, 0)
@@ -513,7 +513,9 @@ impl ChunkStore {
                 detail: "pack entry header does not match the index".into(),
             });
         }
-        self.append(
+        // Not refused while the store is full: gc copies to free more
+        // than it writes (a real lack of space still fails the write).
+        self.append_unchecked(
             h,
             loc.encoding,
             loc.raw_len as usize,
@@ -538,9 +540,23 @@ impl ChunkStore {
         self.io.sync_dir(PACK_DIR).map_err(|e| self.io_err(e))
     }
 
-    /// The size of one pack file.
+    /// The size of one pack file. Its header is not checked: a pack whose
+    /// creation a crash or a full disk cut short (shorter than a header,
+    /// nothing in it) still has a size.
     pub fn pack_size(&self, pack: u32) -> Result<u64, StoreError> {
-        self.reader(pack)?.len().map_err(|e| self.io_err(e))
+        self.unchecked_pack(pack)?.len().map_err(|e| self.io_err(e))
+    }
+
+    /// A pack file without the check of its header (`reader` checks it),
+    /// for what looks at a pack as bytes.
+    fn unchecked_pack(&self, pack: u32) -> Result<Arc<dyn StoreFile>, StoreError> {
+        if let Some(f) = self.readers.read().get(&pack) {
+            return Ok(f.clone());
+        }
+        let name = pack_path(pack);
+        self.io
+            .open(&name, Create::No)
+            .map_err(|source| StoreError::from_io(self.io.path(&name), source))
     }
 
     /// Remembers the order of a file's chunks (see `Successors`).
@@ -607,6 +623,18 @@ impl ChunkStore {
         raw_len: usize,
         body: &[u8],
     ) -> Result<Location, StoreError> {
+        self.space.check()?;
+        self.append_unchecked(h, encoding, raw_len, body)
+    }
+
+    /// [`ChunkStore::append`] even while the store is marked full.
+    fn append_unchecked(
+        &self,
+        h: &Hash,
+        encoding: Encoding,
+        raw_len: usize,
+        body: &[u8],
+    ) -> Result<Location, StoreError> {
         // A pack entry records lengths in 32 bits.
         let too_big = |size: usize| StoreError::TooLarge {
             what: "a chunk",
@@ -621,7 +649,6 @@ impl ChunkStore {
         entry.extend_from_slice(&stored_len.to_be_bytes());
         entry.extend_from_slice(h.as_slice());
         entry.extend_from_slice(body);
-        self.space.check()?;
         let mut guard = self.writer.lock();
         let limit = self.pack_limit.load(std::sync::atomic::Ordering::Relaxed);
         if guard.as_ref().is_some_and(|w| w.len >= limit) {
@@ -667,10 +694,17 @@ impl ChunkStore {
         header.extend_from_slice(PACK_MAGIC);
         header.extend_from_slice(&PACK_FORMAT.to_be_bytes());
         header.extend_from_slice(&id.to_be_bytes());
-        file.write_all_at(&header, 0).map_err(|e| self.io_err(e))?;
         // The pack's name must be durable before an index commit names a
         // chunk in it.
-        self.io.sync_dir(PACK_DIR).map_err(|e| self.io_err(e))?;
+        let made = file
+            .write_all_at(&header, 0)
+            .and_then(|()| self.io.sync_dir(PACK_DIR));
+        if let Err(e) = made {
+            // No chunk is in it: it goes (a full disk left an empty pack
+            // each time, which every later read of the pack list met).
+            let _ = self.io.remove(&pack_path(id));
+            return Err(self.io_err(e));
+        }
         self.readers.write().insert(id, file.clone());
         self.unsynced.note(id, &file);
         Ok(Writer {
