@@ -1937,3 +1937,38 @@ fn restore_revert_and_undelete_honour_json() {
         assert_eq!(read_file(&m.p("t/a")), b"a1\n");
     });
 }
+
+/// What a process writes to a file after its removal belongs to no state
+/// of the tree: no version follows the removal's, the deleted entry reads
+/// as the file was when removed, and purge takes it (it refused the
+/// object as still alive, and a version after a purge stored the purged
+/// bytes again).
+#[test]
+fn writes_after_a_removal_make_no_version() {
+    use std::io::Write;
+    each_versioning_mode(|m| {
+        for purge_first in [false, true] {
+            write_file(&m.p("log"), b"before\n");
+            let mut f = fs::OpenOptions::new()
+                .append(true)
+                .open(m.p("log"))
+                .unwrap();
+            fs::remove_file(m.p("log")).unwrap();
+            if purge_first {
+                chrono_ok(m, &["purge", "log"]);
+            }
+            f.write_all(b"after the removal\n").unwrap();
+            f.sync_all().unwrap();
+            drop(f);
+            chrono_ok(m, &["status"]);
+            if !purge_first {
+                assert_eq!(read_file(&m.p(";deleted/log")), b"before\n");
+                chrono_ok(m, &["purge", "log"]);
+            }
+            let (rc, out, err) = chrono_rc(m, &["log", "log"]);
+            assert_ne!(rc, Some(0), "purged, yet: {out}{err}");
+            let tree = chrono_str(m, &["log", "-r", "."]);
+            assert!(!tree.contains("after the removal"), "{tree}");
+        }
+    });
+}

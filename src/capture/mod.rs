@@ -412,6 +412,12 @@ impl Capture {
     }
 
     /// What history holds as the newest state of `obj`, cached.
+    /// Whether history's newest version of `obj` records its removal, or
+    /// history has none (purged).
+    fn removed_from_history(&self, obj: ObjectId) -> Result<bool> {
+        Ok(self.history.latest(obj)?.is_none_or(|(_, v)| v.gone))
+    }
+
     fn known(&self, obj: ObjectId) -> Result<Option<Arc<Known>>> {
         if let Some(k) = self.state.lock().known(obj) {
             return Ok(Some(k));
@@ -1525,6 +1531,17 @@ impl Capture {
             // and a version now would bring it back to life. (A removal
             // itself builds the versions it secures after the backing
             // unlink, so only this late job can tell by the link count.)
+            return Ok(());
+        }
+        if st.st_nlink == 0 && created.is_none() && self.removed_from_history(job.obj)? {
+            // Written after its removal was recorded (or after a purge):
+            // that belongs to no state of the tree, as a mapping's late
+            // writes do above; a version would revive it (purged bytes
+            // stored again, an object alive with no name, that neither
+            // purge nor retention could then take). A removal's own
+            // securing job comes before its record, and a relink records
+            // the file (`linked`).
+            self.state.lock().take_dirty(job.obj);
             return Ok(());
         }
         if let (Some(k), None) = (&known, &created) {
