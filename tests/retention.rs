@@ -365,6 +365,30 @@ fn purge_removes_a_file_and_all_its_history() {
     assert_consistent(&m);
 }
 
+/// A file with other hard links is refused before its name goes: its
+/// removal would leave it alive under the others, and the purge would
+/// then refuse it with the name already gone.
+#[test]
+fn purge_of_a_file_with_other_links_is_refused_and_removes_nothing() {
+    let policy = PolicyFile::new("");
+    let m = mount_with(&policy);
+    write_file(&m.p("a"), b"shared\n");
+    fs::hard_link(m.p("a"), m.p("b")).unwrap();
+    let out = cli_as(None, &["purge", s(&m.p("a"))]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("hard links") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert_eq!(read_file(&m.p("a")), b"shared\n");
+    assert_eq!(read_file(&m.p("b")), b"shared\n");
+    fs::remove_file(m.p("b")).unwrap();
+    let r = cli_json(&["purge", s(&m.p("a"))]);
+    assert_eq!(r["objects"], 1, "{r}");
+    assert!(!m.p("a").exists());
+}
+
 /// Issue 14.7: the kernel caches view entries and attributes for a day;
 /// purge must make it forget them, or `.history/@T/f` keeps its size and
 /// reads fail with EIO until a remount.

@@ -274,6 +274,17 @@ impl Service {
                 // first, which records one more version (the removal) of
                 // each object still in it: a dry run counts those too, so
                 // its figures are the real run's.
+                let linked_elsewhere =
+                    newest.attrs.mode & libc::S_IFMT != libc::S_IFDIR && newest.attrs.nlink > 1;
+                if dry_run && own.contains(&obj) && linked_elsewhere {
+                    // Its removal through the mount would leave it alive
+                    // under its other names, and the purge would then
+                    // refuse it: the name would be gone for nothing.
+                    return Err(Error::Usage(format!(
+                        "{} has other hard links: remove them first (history is shared by all its names)",
+                        show_path(path)
+                    )));
+                }
                 if dry_run && (own.contains(&obj) || self.lives_under(obj, path)?) {
                     versions += self.history().versions(obj, Seq::ZERO, Seq::MAX)?.len() as u64 + 1;
                     plan.push((obj, Removal::Whole));
