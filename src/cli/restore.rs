@@ -416,6 +416,17 @@ fn commit(staged: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A file with no name in `dir` (O_TMPFILE), gone when closed.
+fn unnamed_file(dir: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+}
+
 struct Builder<'a> {
     t: &'a Target,
     at: &'a At,
@@ -472,24 +483,44 @@ impl Builder<'_> {
     }
 
     fn file_in_place(&mut self, node: &NodeInfo, dest: &Path) -> Result<()> {
-        // Opened (and truncated) only once the daemon sends data or
-        // succeeds: a refused read (EACCES) leaves DEST as it was.
-        let mut out = LazyFile { dest, file: None };
-        self.t
-            .client()
-            .read(&self.t.path, self.at, None, &mut out)?;
-        out.file()?.flush()?;
+        // The content is received whole first: a read refused (EACCES) or
+        // failing part way (a damaged chunk) leaves DEST as it was. Beside
+        // DEST where its directory allows, else in the temporary directory
+        // (a user who may write the file needs no right on its directory).
+        let parent = dest.parent().unwrap_or(Path::new("."));
+        let mut received = unnamed_file(parent)
+            .or_else(|_| unnamed_file(&std::env::temp_dir()))
+            .context("cannot make a temporary file for the content")?;
+        self.content(&self.t.path, node, &mut received)?;
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(dest)
+            .with_context(|| format!("cannot write {}", dest.display()))?;
+        use std::io::Seek;
+        received.rewind()?;
+        std::io::copy(&mut received, &mut out)
+            .with_context(|| format!("cannot write {}", dest.display()))?;
         drop(out);
         set_meta(dest, &Meta::of_node(node)?, false, self.is_root)?;
         self.progress.add(1, dest);
         Ok(())
     }
 
-    /// Writes the content of the file at `path` then to `f`.
-    fn content(&self, path: &Components, f: &mut std::fs::File) -> Result<()> {
+    /// Writes the content of `node`, the file at `path` then, to `f`.
+    /// The daemon reads the version the path shows at the instant when it
+    /// answers: one a prune removed since the tree was read would be
+    /// another one, and its bytes would go with `node`'s attributes.
+    fn content(&self, path: &Components, node: &NodeInfo, f: &mut std::fs::File) -> Result<()> {
         let mut buf = std::io::BufWriter::with_capacity(1 << 20, f);
-        self.t.client().read(path, self.at, None, &mut buf)?;
+        let read = self.t.client().read(path, self.at, None, &mut buf)?;
         buf.flush()?;
+        if (read.obj, read.seq) != (node.obj, node.seq) {
+            bail!(
+                "{} changed in history while it was restored (a prune?); run the command again",
+                crate::history::past::show_path(path)
+            );
+        }
         Ok(())
     }
 
@@ -583,7 +614,7 @@ impl Builder<'_> {
                 if !linked {
                     let mut f = std::fs::File::create_new(staged)
                         .with_context(|| format!("cannot write {}", staged.display()))?;
-                    self.content(path, &mut f)?;
+                    self.content(path, node, &mut f)?;
                     drop(f);
                     set_meta(staged, &meta, false, self.is_root)?;
                     self.progress.add(1, staged);
@@ -725,45 +756,4 @@ pub fn before_deletion(t: &Target) -> Result<At> {
         })?;
     // The instant before the removal (of a tree: before `rm -rf` began).
     Ok(At::Seq(hit.restore_seq))
-}
-
-/// A restored file's destination, opened (without creating it) and
-/// truncated at its first write.
-struct LazyFile<'a> {
-    dest: &'a Path,
-    file: Option<std::io::BufWriter<std::fs::File>>,
-}
-
-impl LazyFile<'_> {
-    fn file(&mut self) -> std::io::Result<&mut std::io::BufWriter<std::fs::File>> {
-        if self.file.is_none() {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .truncate(true)
-                .open(self.dest)
-                .map_err(|e| {
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("cannot write {}: {e}", self.dest.display()),
-                    )
-                })?;
-            self.file = Some(std::io::BufWriter::with_capacity(1 << 20, f));
-        }
-        match self.file.as_mut() {
-            Some(f) => Ok(f),
-            None => Err(std::io::Error::other("restore destination not open")),
-        }
-    }
-}
-
-impl Write for LazyFile<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.file()?.write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self.file.as_mut() {
-            Some(f) => f.flush(),
-            None => Ok(()),
-        }
-    }
 }
