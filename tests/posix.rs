@@ -2383,3 +2383,35 @@ fn a_running_program_is_neither_written_nor_truncated() {
         assert!(kept && after.is_ok() && len == 0, "{kept} {after:?} {len}");
     });
 }
+
+/// With the writeback cache the kernel reads a partial page before it
+/// writes into it, through the writer's handle: a file its owner may
+/// write but not read (0200) takes an append as natively (it failed with
+/// EBADF: the handle could not read).
+#[test]
+fn a_write_only_file_takes_an_append_with_the_writeback_cache() {
+    use std::os::unix::process::CommandExt;
+    let m = Mount::new("passthrough=off");
+    let native = tempfile::tempdir_in("/var/tmp").unwrap();
+    // Made in the source: no page of it is cached in the mount yet.
+    for (made, dir) in [
+        (native.path(), native.path()),
+        (m.src.as_path(), m.mnt.as_path()),
+    ] {
+        let f = dir.join("wo");
+        let backing = made.join("wo");
+        fs::write(&backing, b"abc").unwrap();
+        std::os::unix::fs::chown(&backing, Some(NOBODY), Some(NOBODY)).unwrap();
+        fs::set_permissions(&backing, fs::Permissions::from_mode(0o200)).unwrap();
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("printf more >> wo")
+            .current_dir(dir)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .status()
+            .unwrap();
+        assert!(status.success(), "append in {}", dir.display());
+        assert_eq!(fs::read(&f).unwrap(), b"abcmore", "{}", dir.display());
+    }
+}

@@ -76,7 +76,16 @@ impl Vfs {
                     && flags != requested & !DROPPED_OPEN_FLAGS =>
             {
                 let plain = requested & !DROPPED_OPEN_FLAGS & !libc::O_APPEND;
-                Ok(attempt(plain)?)
+                let proved = attempt(plain)?;
+                // The caller may write it: the daemon opens it readable as
+                // well, as libfuse's passthrough_ll does, or the kernel's
+                // read of a partial page would meet a write-only
+                // descriptor (EBADF for `echo more >> f` of a 0200 file).
+                // A daemon that may not read it keeps the caller's.
+                match sys::reopen(proved.as_fd(), flags & !libc::O_TRUNC) {
+                    Ok(readable) => Ok(readable),
+                    Err(_) => Ok(proved),
+                }
             }
             other => Ok(other?),
         }
