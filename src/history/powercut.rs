@@ -268,6 +268,22 @@ fn power_cut_images_keep_every_acknowledged_version() {
     assert!(images >= 1000 || std::env::var("CHRONOFS_POWERCUT_SEED").is_ok());
 }
 
+/// The two versions the kill tests record read back: "first version"
+/// of object 2 as `first`, "second version" of object 3 as `second`.
+fn assert_first_and_second(history: &History, first: Seq, second: Seq) {
+    for (seq, obj, bytes) in [
+        (first, 2, &b"first version\n"[..]),
+        (second, 3, &b"second version\n"[..]),
+    ] {
+        let want = Expected {
+            seq,
+            obj: ObjectId::new(obj),
+            bytes: bytes.to_vec(),
+        };
+        assert_eq!(read_version(history, &want).as_deref(), Ok(bytes), "#{seq}");
+    }
+}
+
 /// Two kills in a row: the first mount after a kill replays the journal
 /// and empties it; a change journaled after that and lost to a second
 /// kill before any durable commit must come back at the next open (it was
@@ -285,21 +301,7 @@ fn a_change_journaled_after_a_replay_survives_the_next_kill() {
     let after_second = after_first.kill_image();
     drop(history);
     let history = open(&after_second);
-    for (seq, obj, bytes) in [
-        (first, 2, &b"first version\n"[..]),
-        (second, 3, &b"second version\n"[..]),
-    ] {
-        let want = Expected {
-            seq,
-            obj: ObjectId::new(obj),
-            bytes: bytes.to_vec(),
-        };
-        assert_eq!(
-            read_version(&history, &want).as_deref(),
-            Ok(bytes),
-            "#{seq}"
-        );
-    }
+    assert_first_and_second(&history, first, second);
 }
 
 /// A kill leaves journaled changes for the next open to replay, and the
@@ -345,21 +347,7 @@ fn a_replay_on_a_full_store_waits_for_room_instead_of_failing_the_open() {
     let after = full_again.kill_image();
     drop(history);
     let history = open(&after);
-    for (seq, obj, bytes) in [
-        (first, 2, &b"first version\n"[..]),
-        (second, 3, &b"second version\n"[..]),
-    ] {
-        let want = Expected {
-            seq,
-            obj: ObjectId::new(obj),
-            bytes: bytes.to_vec(),
-        };
-        assert_eq!(
-            read_version(&history, &want).as_deref(),
-            Ok(bytes),
-            "#{seq}"
-        );
-    }
+    assert_first_and_second(&history, first, second);
     let report = history.verify(None, &mut |_, _| {}).expect("fsck");
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
