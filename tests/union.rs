@@ -1630,3 +1630,37 @@ fn an_ordinary_user_s_rmdir_removes_no_tree_they_could_not() {
     // Root may, as by hand.
     fs::remove_dir(m.p("group/shared")).expect("root's rmdir clears the temporaries");
 }
+
+/// A name that appeared in a lower branch behind the mount's back, where
+/// the kernel still keeps it as absent: open(O_CREAT) opens that file, as
+/// natively, instead of hiding it under a new empty one in the top
+/// branch; O_EXCL fails with EEXIST.
+#[test]
+fn a_create_of_a_name_a_lower_branch_gained_opens_it() {
+    each_union(lower_tree, |m| {
+        use std::io::Write;
+        let low = bottom(&m.lowers);
+        assert!(fs::symlink_metadata(m.p("late")).is_err());
+        write_file(&low.join("late"), b"lower bytes\n");
+        // O_EXCL, on a second name also kept as absent.
+        assert!(fs::symlink_metadata(m.p("late2")).is_err());
+        write_file(&low.join("late2"), b"x");
+        let excl = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(m.p("late2"));
+        assert_eq!(
+            excl.map(drop).map_err(|e| e.raw_os_error()),
+            Err(Some(libc::EEXIST))
+        );
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(m.p("late"))
+            .unwrap();
+        f.write_all(b"more\n").unwrap();
+        drop(f);
+        assert_eq!(read_file(&m.p("late")), b"lower bytes\nmore\n");
+        assert_eq!(read_file(&low.join("late")), b"lower bytes\n");
+    });
+}

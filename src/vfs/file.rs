@@ -227,6 +227,40 @@ impl Vfs {
         })
     }
 
+    /// A create of a name the union holds: the kernel sends one where it
+    /// kept the name as absent (changed behind the mount's back, or a
+    /// race). As open(2) with O_CREAT: the object there is opened (EEXIST
+    /// with O_EXCL); a new file in the top branch would hide a lower one.
+    fn create_of_a_lower_name(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        flags: i32,
+    ) -> Result<Option<(Entry, Opened)>> {
+        if self.union().is_none() {
+            return Ok(None);
+        }
+        if !self.lookup_exists(&self.node(parent)?, name)? {
+            return Ok(None);
+        }
+        if flags & libc::O_EXCL != 0 {
+            return Err(errno(libc::EEXIST));
+        }
+        let entry = self.lookup(caller, parent, name)?;
+        match self.open(
+            caller,
+            entry.attr.ino,
+            flags & !(libc::O_CREAT | libc::O_EXCL),
+        ) {
+            Ok(opened) => Ok(Some((entry, opened))),
+            Err(e) => {
+                self.forget(entry.attr.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
     /// A union's object in a read-only branch is read without kernel
     /// passthrough: once the kernel has a backing file for an inode, every
     /// open of it must use that one, and a copy-up while such a handle is
@@ -281,6 +315,9 @@ impl Vfs {
     ) -> Result<(Entry, Opened)> {
         let _set = self.changing();
         self.check_name(parent, name)?;
+        if let Some(existing) = self.create_of_a_lower_name(caller, parent, name, flags)? {
+            return Ok(existing);
+        }
         let cname = sys::cstr(name)?;
         let at = self.create_target(caller, parent, &cname)?;
         let dir = &at.dir;
