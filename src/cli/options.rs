@@ -138,6 +138,21 @@ const KERNEL_FLAGS: &[&str] = &[
     "async", "dirsync",
 ];
 
+/// chronofs's options that take no value.
+const VALUELESS: &[&str] = &[
+    "plain",
+    "every-write",
+    "audit",
+    "userxattr",
+    "nopassthrough",
+    "nowriteback",
+    "external-changes",
+    "allow_other",
+    "noallow_other",
+    "default_permissions",
+    "debug",
+];
+
 /// Options meaningful only to mount(8) and fstab, accepted and ignored.
 fn is_fstab_only(opt: &str) -> bool {
     matches!(
@@ -271,7 +286,18 @@ impl MountOptions {
             ("audit", None) => self.views.audit = true,
             ("policy", v) => self.policy = Some(PathBuf::from(need(key, v)?)),
             ("user-policies", v) => self.user_policies = parse_bool(key, need(key, v)?)?,
-            ("clean-interval", v) => self.clean_interval = parse_secs(key, need(key, v)?)?,
+            ("clean-interval", v) => {
+                let every = parse_secs(key, need(key, v)?)?;
+                // A cleaner pass reads all history: 0 turns it off, and
+                // anything under a second is a typo, not a schedule.
+                if !every.is_zero() && every < Duration::from_secs(1) {
+                    return Err(format!(
+                        "option clean-interval={}: at least 1 second (0 turns the cleaner off)",
+                        v.unwrap_or_default()
+                    ));
+                }
+                self.clean_interval = every;
+            }
             ("ingest", v) => {
                 self.ingest = match need(key, v)? {
                     "first" => Ingest::First,
@@ -365,6 +391,9 @@ impl MountOptions {
             ("fsname", v) => self.fsname = Some(need(key, v)?.to_string()),
             (k, None) if KERNEL_FLAGS.contains(&k) => self.kernel.push(k.to_string()),
             (k, _) if is_fstab_only(k) || is_fstab_only(opt) => {}
+            (k, Some(_)) if VALUELESS.contains(&k) || KERNEL_FLAGS.contains(&k) => {
+                return Err(format!("option {k} takes no value (given as '{opt}')"))
+            }
             _ => return Err(format!("unknown mount option '{opt}'")),
         }
         Ok(())
@@ -374,6 +403,18 @@ impl MountOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_given_a_value_and_a_cleaner_in_a_hurry_are_refused() {
+        for bad in ["plain=on", "debug=1", "noatime=yes", "clean-interval=0.001"] {
+            let e = MountOptions::default().apply(bad).unwrap_err();
+            assert!(!e.contains("unknown"), "{bad}: {e}");
+        }
+        let mut o = MountOptions::default();
+        o.apply("clean-interval=0,user=alice,x-systemd.requires=foo")
+            .unwrap();
+        assert!(o.clean_interval.is_zero());
+    }
 
     #[test]
     fn parses_known_options() {
