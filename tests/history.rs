@@ -1097,6 +1097,10 @@ fn bad_input_fails_with_one_line_and_no_panic() {
                 &["cat", "f", "--at", "2024-13-45T99:00"],
             ),
             ("unknown option", &["log", "f", "--no-such-option"]),
+            (
+                "inverted range",
+                &["log", "f", "--since", "#2", "--until", "#1"],
+            ),
             ("cat without --at or --version", &["cat"]),
             ("revert without --at", &["revert", "."]),
             ("non-numeric --version", &["cat", "f", "--version", "abc"]),

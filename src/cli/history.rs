@@ -341,6 +341,15 @@ pub fn log(
     let since = since.map(|s| range_bound(t, "--since", s)).transpose()?;
     let until = until.map(|s| range_bound(t, "--until", s)).transpose()?;
     let client = t.client();
+    if let (Some(from), Some(to)) = (&since, &until) {
+        let (from, to) = (client.resolve(from)?, client.resolve(to)?);
+        if from.seq > to.seq {
+            return Err(anyhow!(super::UsageError(format!(
+                "--since ({}) is after --until ({}): nothing lies between",
+                from.time, to.time
+            ))));
+        }
+    }
     let rows = if recursive {
         let tree = client.log_tree(&t.path, since, until)?;
         if json {
