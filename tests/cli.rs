@@ -755,6 +755,7 @@ fn usage_errors_and_output_failures_are_one_line() {
         vec!["diff"],
         vec!["log", "--since"],
         vec!["prune", "--keep-last", "x", "f"],
+        vec!["tag", "x", "--delete", "--at", "5x"],
     ] {
         let (st, err, _) = run_cli(
             &os(&args.iter().map(|a| a as _).collect::<Vec<_>>()),

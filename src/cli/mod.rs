@@ -200,7 +200,7 @@ enum Command {
         #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         at: Option<String>,
         /// Remove the tag instead (root only).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "at")]
         delete: bool,
         /// A path in the mount (default: the current directory).
         #[arg(long, default_value = ".")]
