@@ -906,8 +906,13 @@ impl Service {
     }
 
     fn tag(&self, name: &str, at: &At, peer: &Peer) -> Result<TagInfo> {
-        if name.is_empty()
-            || name.bytes().all(|b| b.is_ascii_digit())
+        let allowed = |c: char| c.is_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ':');
+        if name.is_empty() || !name.chars().all(allowed) {
+            return Err(Error::Usage(format!(
+                "'{name}' cannot be a tag name: use letters, digits and . _ - + :"
+            )));
+        }
+        if name.bytes().all(|b| b.is_ascii_digit())
             || spec::parse(name) != Ok(At::Tag(name.to_string()))
         {
             return Err(Error::Usage(format!(
