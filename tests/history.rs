@@ -1700,15 +1700,6 @@ fn a_full_store_refuses_changes_with_enospc_and_resumes_when_freed() {
     m.unmount();
 }
 
-/// Unmounts a file system mounted for a test when dropped.
-struct Unmounts(std::path::PathBuf);
-
-impl Drop for Unmounts {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_disk_filled_through_the_mount_can_be_emptied_with_rm() {
     // SRC and its store on one small file system, filled through the

@@ -666,15 +666,6 @@ fn o_direct_reads_and_writes_work() {
     });
 }
 
-/// Lazily unmounts a file system a test mounted, however it ends.
-struct Unmounts(std::path::PathBuf);
-
-impl Drop for Unmounts {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// A source on a file system whose listings give no entry types (ext4
 /// without `filetype`: DT_UNKNOWN, as XFS without ftype and some network
 /// file systems): `find` and `rm -r` see directories as directories.

@@ -1386,3 +1386,16 @@ pub fn shape(m: &Mount, names: &[&str]) -> Vec<(u64, u64, u64)> {
 pub fn xattr_names(p: &Path) -> Vec<String> {
     list_xattr(p).unwrap_or_else(|e| panic!("listxattr {}: {e:?}", p.display()))
 }
+
+/// Lazily unmounts a file system a test mounted (`umount -l`), however
+/// the test ends.
+pub struct Unmounts(pub std::path::PathBuf);
+
+impl Drop for Unmounts {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
