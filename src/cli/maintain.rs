@@ -260,8 +260,18 @@ pub fn purge(t: &Target, dry_run: bool, json: bool) -> Result<()> {
                 n => format!("; {n} object(s) moved out of it still live and keep their history"),
             }
         );
-        if !dry_run {
-            println!("space is freed by `chronofs gc`");
+        if let Some(gc) = &r.collected {
+            println!(
+                "collected: {} chunk(s) removed ({} bytes), {} pack(s) deleted, {} rewritten",
+                gc.removed_chunks, gc.removed_bytes, gc.packs_deleted, gc.packs_rewritten
+            );
+            if gc.scrub_pending > 0 {
+                println!(
+                    "{} purged chunk(s) are still in the store (in the pack being written, \
+                     or reused by a write meanwhile): `chronofs gc` takes them",
+                    gc.scrub_pending
+                );
+            }
         }
     }
     Ok(())

@@ -310,18 +310,28 @@ impl Service {
                 objects: plan.len() as u64,
                 versions,
                 kept_alive_elsewhere: kept,
+                collected: None,
             });
         }
+        let objects: Vec<ObjectId> = plan.iter().map(|(o, _)| *o).collect();
+        self.history().scrub_later(&objects)?;
         let outcome = self.history().prune(
             &plan,
             Pins::Override,
             Some(self.audit_record(peer, "purge", detail)),
         )?;
+        // The bytes go now, not at some later collection: that is what a
+        // purge is for (a secret written by mistake).
+        let collected = self.history().gc(false, &mut |_, _, _| {})?;
+        let detail = serde_json::to_value(&collected).unwrap_or(Value::Null);
+        self.history()
+            .audit(&self.audit_record(peer, "gc", detail))?;
         Ok(PurgeReply {
             dry_run: false,
             objects: outcome.objects_removed,
             versions: outcome.versions_removed,
             kept_alive_elsewhere: kept,
+            collected: Some(collected),
         })
     }
 

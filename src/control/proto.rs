@@ -833,6 +833,10 @@ pub struct PurgeReply {
     pub objects: u64,
     pub versions: u64,
     pub kept_alive_elsewhere: u64,
+    /// The collection a real purge runs at its end, which takes the
+    /// purged bytes out of the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collected: Option<GcReport>,
 }
 
 /// `PolicyExplain`'s reply: the resolved policy (a document of the

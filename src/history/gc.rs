@@ -32,6 +32,7 @@ use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::model::*;
 use super::tables::{self, MANIFESTS, VERSIONS};
+use super::scrub::{Scrub, ScrubPlan};
 use super::{read_txn, History, HistoryError, Result};
 use crate::store::chunks::{Encoding, Location, CHUNKS, ENTRY_HEADER_LEN, PACK_HEADER_LEN};
 use crate::store::{index_error, Hash};
@@ -70,6 +71,19 @@ pub struct GcReport {
     /// kept, for a later collection to free.
     #[serde(default)]
     pub released_clone_tags: Vec<String>,
+    /// Chunks a purge took whose bytes this collection removed from the
+    /// store (their packs rewritten or deleted).
+    #[serde(default)]
+    pub scrubbed_chunks: u64,
+    /// Chunks a purge took whose bytes are still in a pack: in the pack
+    /// being written, or the base of a chunk a write used meanwhile. The
+    /// next collection takes them.
+    #[serde(default)]
+    pub scrub_pending: u64,
+    /// Live chunks written again whole because they were stored as deltas
+    /// of a purged chunk.
+    #[serde(default)]
+    pub rewritten_whole: u64,
 }
 
 /// Progress: phase name, done, total.
@@ -89,11 +103,11 @@ impl Drop for Tracking<'_> {
 }
 
 #[derive(Default, Clone, Copy)]
-struct PackUse {
+pub(super) struct PackUse {
     live_bytes: u64,
 }
 
-fn entry_bytes(loc: &Location) -> u64 {
+pub(super) fn entry_bytes(loc: &Location) -> u64 {
     ENTRY_HEADER_LEN as u64 + u64::from(loc.stored_len)
 }
 
@@ -124,21 +138,34 @@ impl History {
         // One snapshot for both: a chunk indexed after it is not a
         // candidate, whether or not a version marked it.
         let snapshot = read_txn(self.db())?;
-        let live = self.mark(&snapshot, &mut report, progress)?;
-        let (dead, packs) = self.sweep(&snapshot, &live, &mut report, progress)?;
+        let scrub = Scrub::read(&snapshot)?;
+        let marked = self.mark(&snapshot, &scrub, &mut report, progress)?;
+        let (dead, packs) = self.sweep(&snapshot, &marked.live, &mut report, progress)?;
         drop(snapshot);
+        let plan = self.scrub_plan(&scrub, &marked, &dead)?;
         report.packs = packs.len() as u64;
         report.pack_bytes_before = self.chunks().packs_size()?;
         if dry_run {
-            report.removed_chunks = dead.len() as u64;
-            report.removed_bytes = dead.iter().map(|d| d.bytes).sum();
+            let removed: Vec<&Dead> = dead.iter().chain(&plan.held).collect();
+            report.removed_chunks = removed.len() as u64;
+            report.removed_bytes = removed.iter().map(|d| d.bytes).sum();
+            report.rewritten_whole = plan.rewrite.len() as u64;
+            // A real run ends the pack being written first.
+            let in_use = self.chunks().packs_unindexed();
+            let freed: HashSet<u32> = plan.forced.difference(&in_use).copied().collect();
+            let removed: HashSet<Hash> = removed.iter().map(|d| d.hash).collect();
+            let outcome = scrub.outcome(&plan, &removed, &freed, &packs);
+            (report.scrubbed_chunks, report.scrub_pending) = outcome.counts();
             report.pack_bytes_after = report.pack_bytes_before;
             report.elapsed_ms = started.elapsed().as_millis() as u64;
             return Ok(report);
         }
-        drop(live);
-        self.remove_dead(dead, &mut report, progress)?;
-        self.compact(&packs, &mut report, progress)?;
+        drop(marked);
+        let removed = self.remove_dead(dead, &plan, &mut report, progress)?;
+        let freed = self.compact(&packs, &plan.forced, &mut report, progress)?;
+        let outcome = scrub.outcome(&plan, &removed, &freed, &packs);
+        (report.scrubbed_chunks, report.scrub_pending) = outcome.counts();
+        self.record_scrub(&outcome)?;
         report.pack_bytes_after = self.chunks().packs_size()?;
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         tracing::info!(
@@ -157,13 +184,14 @@ impl History {
     fn mark(
         &self,
         txn: &redb::ReadTransaction,
+        scrub: &Scrub,
         report: &mut GcReport,
         progress: Progress,
-    ) -> Result<Live> {
+    ) -> Result<Marked> {
         let mut live = Vec::new();
         let versions = match txn.open_table(VERSIONS) {
             Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Live(live)),
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Marked::default()),
             Err(e) => return Err(err(e)),
         };
         let manifests = match txn.open_table(MANIFESTS) {
@@ -207,7 +235,10 @@ impl History {
             live.extend(super::content::chunk_refs(&m));
         }
         progress("marking", total, total);
-        let mut live = Live::from(live);
+        let mut marked = Marked {
+            live: Live::from(live),
+            ..Default::default()
+        };
         let chunks = txn.open_table(CHUNKS).map_err(err)?;
         // Delta bases, a pass over the index per level of new bases found.
         loop {
@@ -216,20 +247,26 @@ impl History {
                 let (k, v) = e.map_err(err)?;
                 let h = to_hash(k.value())?;
                 let loc = decode_loc(&h, v.value())?;
-                if loc.encoding != Encoding::Delta || !live.contains(&h) {
+                if loc.encoding != Encoding::Delta || !marked.live.contains(&h) {
                     continue;
                 }
                 if let Some(base) = self.chunks().delta_base(&h, &loc)? {
-                    if !live.contains(&base) {
+                    if !scrub.is_empty() {
+                        marked.base_of.insert(h, base);
+                    }
+                    if !marked.live.contains(&base) {
+                        if scrub.holds(&base) {
+                            marked.held.insert(base);
+                        }
                         bases.push(base);
                     }
                 }
             }
             if bases.is_empty() {
-                return Ok(live);
+                return Ok(marked);
             }
-            live.0.extend(bases);
-            live = Live::from(std::mem::take(&mut live.0));
+            marked.live.0.extend(bases);
+            marked.live = Live::from(std::mem::take(&mut marked.live.0));
         }
     }
 
@@ -264,6 +301,7 @@ impl History {
                 dead.push(Dead {
                     hash: h,
                     bytes: entry_bytes(&loc),
+                    pack: loc.pack,
                 });
             }
             if i % 4096 == 0 {
@@ -276,19 +314,33 @@ impl History {
 
     /// Removes the dead chunks' index entries, sparing those puts reused
     /// meanwhile (and what they need), with puts held off.
+    /// Purged chunks that live chunks are deltas of go too, once those
+    /// are written again whole (unless a put used any of them meanwhile).
+    /// Returns the chunks removed.
     fn remove_dead(
         &self,
         mut dead: Vec<Dead>,
+        plan: &ScrubPlan,
         report: &mut GcReport,
         progress: Progress,
-    ) -> Result<()> {
-        if dead.is_empty() {
-            return Ok(());
+    ) -> Result<HashSet<Hash>> {
+        if dead.is_empty() && plan.held.is_empty() {
+            return Ok(HashSet::new());
         }
-        let total = dead.len() as u64;
+        let total = (dead.len() + plan.held.len()) as u64;
         self.chunks()
             .with_puts_held(|reused, fresh| -> Result<()> {
                 let spared = self.needed_by(reused)?;
+                let touched = plan
+                    .held
+                    .iter()
+                    .map(|d| &d.hash)
+                    .chain(&plan.rewrite)
+                    .any(|h| spared.contains(h));
+                if !plan.held.is_empty() && !touched {
+                    self.rewrite_whole(&plan.rewrite, report)?;
+                    dead.extend(plan.held.iter().copied());
+                }
                 dead.retain(|d| !spared.contains(&d.hash) && !fresh.contains(&d.hash));
                 for (n, batch) in dead.chunks(BATCH).enumerate() {
                     let txn = self.maintenance_txn()?;
@@ -305,6 +357,48 @@ impl History {
             })?;
         report.removed_chunks = dead.len() as u64;
         report.removed_bytes = dead.iter().map(|d| d.bytes).sum();
+        Ok(dead.iter().map(|d| d.hash).collect())
+    }
+
+    /// Writes `chunks` again stored whole and points the index at the
+    /// copies (durably); their old entries become garbage.
+    fn rewrite_whole(&self, chunks: &[Hash], report: &mut GcReport) -> Result<()> {
+        let mut moved = Vec::with_capacity(chunks.len());
+        for h in chunks {
+            let Some(loc) = self.chunks().locate(h)? else {
+                continue;
+            };
+            let to = self.chunks().rewrite_whole(h, &loc)?;
+            report.moved_bytes += entry_bytes(&to);
+            report.rewritten_whole += 1;
+            moved.push((*h, loc, to));
+        }
+        if !moved.is_empty() {
+            self.chunks().sync()?;
+        }
+        self.repoint(&moved)
+    }
+
+    /// Points the index at chunks' new copies, where it still points at
+    /// the old ones, in durable commits.
+    fn repoint(&self, moved: &[(Hash, Location, Location)]) -> Result<()> {
+        for batch in moved.chunks(BATCH) {
+            let txn = self.maintenance_txn()?;
+            {
+                let mut t = txn.open_table(CHUNKS).map_err(err)?;
+                for (h, from, to) in batch {
+                    let current = t
+                        .get(h.as_slice())
+                        .map_err(err)?
+                        .map(|v| v.value().to_vec());
+                    if current.as_deref() == Some(from.encode().as_slice()) {
+                        t.insert(h.as_slice(), to.encode().as_slice())
+                            .map_err(err)?;
+                    }
+                }
+            }
+            txn.commit()?;
+        }
         Ok(())
     }
 
@@ -331,12 +425,15 @@ impl History {
     /// live first, about `COMPACT_ROUND` bytes of copies a round. On a
     /// full store every round frees more than it writes; copying every
     /// pack before deleting any needed room the store did not have.
+    /// `forced` packs (holding purged chunks) are rewritten however live.
+    /// Returns the packs deleted.
     fn compact(
         &self,
         packs: &HashMap<u32, PackUse>,
+        forced: &HashSet<u32>,
         report: &mut GcReport,
         progress: Progress,
-    ) -> Result<()> {
+    ) -> Result<HashSet<u32>> {
         let in_use = self.chunks().packs_in_use();
         let mut chosen = Vec::new();
         for (&id, usage) in packs {
@@ -345,7 +442,10 @@ impl History {
             }
             let size = self.chunks().pack_size(id)?;
             let payload = size.saturating_sub(PACK_HEADER_LEN);
-            if (usage.live_bytes as f64) < payload as f64 * COMPACT_LIVE_SHARE || payload == 0 {
+            if (usage.live_bytes as f64) < payload as f64 * COMPACT_LIVE_SHARE
+                || payload == 0
+                || forced.contains(&id)
+            {
                 chosen.push((usage.live_bytes, id));
             }
         }
@@ -365,12 +465,13 @@ impl History {
             }
         }
         let mut done = 0;
+        let mut freed = HashSet::new();
         for round in rounds.iter().filter(|r| !r.is_empty()) {
-            self.compact_round(round, packs, report)?;
+            freed.extend(self.compact_round(round, packs, report)?);
             done += round.len() as u64;
             progress("compacting", done, total);
         }
-        Ok(())
+        Ok(freed)
     }
 
     /// Copies the chunks the index still locates in `round`'s packs to
@@ -381,7 +482,7 @@ impl History {
         round: &[u32],
         packs: &HashMap<u32, PackUse>,
         report: &mut GcReport,
-    ) -> Result<()> {
+    ) -> Result<Vec<u32>> {
         let chosen: HashSet<u32> = round.iter().copied().collect();
         let moving = self.entries_in(&chosen)?;
         let mut moved = Vec::with_capacity(moving.len());
@@ -393,24 +494,7 @@ impl History {
         if !moved.is_empty() {
             self.chunks().sync()?;
         }
-        for batch in moved.chunks(BATCH) {
-            let txn = self.maintenance_txn()?;
-            {
-                let mut t = txn.open_table(CHUNKS).map_err(err)?;
-                for (h, from, to) in batch {
-                    // Only where the index still points at the old copy.
-                    let current = t
-                        .get(h.as_slice())
-                        .map_err(err)?
-                        .map(|v| v.value().to_vec());
-                    if current.as_deref() == Some(from.encode().as_slice()) {
-                        t.insert(h.as_slice(), to.encode().as_slice())
-                            .map_err(err)?;
-                    }
-                }
-            }
-            txn.commit()?;
-        }
+        self.repoint(&moved)?;
         // Anything still pointing into a chosen pack (a racing repair)
         // keeps that pack.
         let still = self.entries_in(&chosen)?;
@@ -422,14 +506,14 @@ impl History {
             .collect();
         // The commits above were durable: nothing durable points into these.
         self.chunks().remove_packs(&removable)?;
-        for id in removable {
-            if packs.get(&id).is_some_and(|u| u.live_bytes > 0) {
+        for id in &removable {
+            if packs.get(id).is_some_and(|u| u.live_bytes > 0) {
                 report.packs_rewritten += 1;
             } else {
                 report.packs_deleted += 1;
             }
         }
-        Ok(())
+        Ok(removable)
     }
 
     /// Index entries located in one of `packs`.
@@ -456,7 +540,8 @@ impl History {
 }
 
 /// The referenced chunks, sorted and without duplicates.
-struct Live(Vec<Hash>);
+#[derive(Default)]
+pub(super) struct Live(Vec<Hash>);
 
 impl From<Vec<Hash>> for Live {
     fn from(mut v: Vec<Hash>) -> Live {
@@ -468,15 +553,27 @@ impl From<Vec<Hash>> for Live {
 }
 
 impl Live {
-    fn contains(&self, h: &Hash) -> bool {
+    pub(super) fn contains(&self, h: &Hash) -> bool {
         self.0.binary_search(h).is_ok()
     }
 }
 
-/// An unreferenced chunk: its name and the pack bytes it takes.
-struct Dead {
-    hash: Hash,
-    bytes: u64,
+/// An unreferenced chunk: its name, the pack bytes it takes and the pack.
+#[derive(Clone, Copy)]
+pub(super) struct Dead {
+    pub hash: Hash,
+    pub bytes: u64,
+    pub pack: u32,
+}
+
+/// What marking found: the live chunks, and for a store with chunks
+/// listed to scrub, the listed ones kept only as delta bases and the
+/// delta base of each live delta chunk.
+#[derive(Default)]
+pub(super) struct Marked {
+    pub live: Live,
+    pub held: HashSet<Hash>,
+    pub base_of: HashMap<Hash, Hash>,
 }
 
 fn to_hash(bytes: &[u8]) -> Result<Hash> {

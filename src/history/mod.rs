@@ -26,6 +26,7 @@ pub mod past;
 mod powercut;
 pub mod prune;
 pub mod query;
+mod scrub;
 pub mod spec;
 mod tables;
 pub mod templates;

@@ -38,6 +38,12 @@ pub const TEMPLATES: TableDefinition<&str, &[u8]> = TableDefinition::new("templa
 /// object → the sequence number of its oldest version ever pruned: its
 /// oldest kept version stands for the states before it (see `prune`).
 pub const PRUNED: TableDefinition<u64, u64> = TableDefinition::new("pruned");
+/// chunk hash → 0, or pack + 1: a chunk a purge took, whose bytes the
+/// next collection removes from the packs however live the packs are, and
+/// from under the live chunks stored as deltas of it; pack + 1 once it is
+/// out of the index but still in that pack (added without a format bump:
+/// a build without it ignores the table and frees the bytes as garbage).
+pub const SCRUB: TableDefinition<&[u8], u64> = TableDefinition::new("scrub");
 /// time (ns, made unique) → JSON record of a prune, purge, collection or
 /// policy change: who did it and what it removed.
 pub const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");

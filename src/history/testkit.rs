@@ -103,6 +103,18 @@ pub fn store_bytes(h: &History, bytes: &[u8]) -> Hash {
 pub fn write(h: &History, obj: ObjectId, named: Option<(ObjectId, &[u8])>, bytes: &[u8]) -> Seq {
     let _building = h.building();
     let manifest = store_bytes(h, bytes);
+    record_file(h, obj, named, manifest, bytes.len() as u64)
+}
+
+/// Records a version of file `obj` whose content is `manifest` (its hash,
+/// stored), `size` bytes long.
+pub fn record_file(
+    h: &History,
+    obj: ObjectId,
+    named: Option<(ObjectId, &[u8])>,
+    manifest: Hash,
+    size: u64,
+) -> Seq {
     let mut d = Draft::default();
     let cause = if named.is_some() {
         Cause::Create
@@ -113,7 +125,7 @@ pub fn write(h: &History, obj: ObjectId, named: Option<(ObjectId, &[u8])>, bytes
         obj,
         version(
             libc::S_IFREG | 0o644,
-            bytes.len() as u64,
+            size,
             Content::File { manifest },
             cause,
         ),

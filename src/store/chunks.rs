@@ -492,11 +492,16 @@ impl ChunkStore {
     /// Packs that chunks not yet in the index live in, and the pack being
     /// written: neither may be compacted.
     pub fn packs_in_use(&self) -> HashSet<u32> {
-        let mut used: HashSet<u32> = self.fresh.lock().values().map(|(l, _)| l.pack).collect();
+        let mut used = self.packs_unindexed();
         if let Some(w) = self.writer.lock().as_ref() {
             used.insert(w.pack);
         }
         used
+    }
+
+    /// Packs that chunks not yet in the index live in.
+    pub fn packs_unindexed(&self) -> HashSet<u32> {
+        self.fresh.lock().values().map(|(l, _)| l.pack).collect()
     }
 
     /// Copies a stored entry verbatim (header and body: a delta keeps
@@ -917,11 +922,30 @@ impl ChunkStore {
                 }
             }
         }
+        self.append_whole(h, data, false)
+    }
+
+    /// Writes the chunk at `loc` again stored whole (no delta base), to the
+    /// pack being written; returns the new location, to which the caller
+    /// points the index after `sync`. A collection uses it so that a chunk
+    /// nothing references may go although a live chunk was a delta of it.
+    /// Not refused while the store is full, as `copy_entry` is not.
+    pub fn rewrite_whole(&self, h: &Hash, loc: &Location) -> Result<Location, StoreError> {
+        let data = self.read_at(h, loc)?;
+        self.append_whole(h, &data, true)
+    }
+
+    fn append_whole(&self, h: &Hash, data: &[u8], unchecked: bool) -> Result<Location, StoreError> {
         let full = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(|e| self.io_err(e))?;
-        if full.len() < data.len() {
-            self.append(h, Encoding::Zstd, data.len(), &full)
+        let (encoding, body) = if full.len() < data.len() {
+            (Encoding::Zstd, full.as_slice())
         } else {
-            self.append(h, Encoding::Raw, data.len(), data)
+            (Encoding::Raw, data)
+        };
+        if unchecked {
+            self.append_unchecked(h, encoding, data.len(), body)
+        } else {
+            self.append(h, encoding, data.len(), body)
         }
     }
 }
