@@ -31,8 +31,8 @@ use std::time::Instant;
 use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::model::*;
-use super::tables::{self, MANIFESTS, VERSIONS};
 use super::scrub::{Scrub, ScrubPlan};
+use super::tables::{self, MANIFESTS, VERSIONS};
 use super::{read_txn, History, HistoryError, Result};
 use crate::store::chunks::{Encoding, Location, CHUNKS, ENTRY_HEADER_LEN, PACK_HEADER_LEN};
 use crate::store::{index_error, Hash};

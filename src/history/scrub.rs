@@ -357,14 +357,22 @@ mod tests {
         record_file(h, o(10), None, m2, v2.len() as u64);
 
         h.scrub_later(&[o(10)]).unwrap();
-        h.prune(&[(o(10), Removal::Versions(vec![s1]))], Pins::Override, None)
-            .unwrap();
+        h.prune(
+            &[(o(10), Removal::Versions(vec![s1]))],
+            Pins::Override,
+            None,
+        )
+        .unwrap();
         let r = collect(h, false);
         assert_eq!(r.rewritten_whole, 1, "{r:?}");
         assert!(!in_packs(h, base), "the purged base is still in a pack");
         assert_eq!(read(h, &latest(h, o(10))), v2);
         assert_eq!(r.scrub_pending, 0, "{r:?}");
-        assert_eq!(h.scrub_listed().unwrap(), 0, "the live chunks left the list");
+        assert_eq!(
+            h.scrub_listed().unwrap(),
+            0,
+            "the live chunks left the list"
+        );
         assert!(in_packs(h, &c2));
     }
 
