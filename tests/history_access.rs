@@ -419,6 +419,42 @@ fn closed_ways_renames_new_owners_and_user_attributes_keep_the_past_closed() {
     });
 }
 
+/// A directory that lived in a private one and moved out: the files in
+/// its past stay closed by its own version name (`proj;@a/notes`, where
+/// the kernel searched only the live way to `proj`), also once someone
+/// reached the same past node through `.history/@a/` (the inode is
+/// shared, whoever came first).
+#[test]
+fn a_directory_moved_out_of_a_private_one_keeps_its_past_closed_by_every_name() {
+    each_versioning_mode(|m| {
+        for (d, mode) in [("priv", 0o700), ("pub", 0o755), ("priv/proj", 0o755)] {
+            fs::create_dir(m.p(d)).unwrap();
+            chmod(&m.p(d), mode);
+        }
+        write_file(&m.p("priv/proj/notes"), b"secret notes\n");
+        chmod(&m.p("priv/proj/notes"), 0o644);
+        tag(m, "a");
+        write_file(&m.p("priv/proj/notes"), b"public notes\n");
+        fs::rename(m.p("priv/proj"), m.p("pub/proj")).unwrap();
+
+        let past = "pub/proj;@a/notes";
+        assert_denied(past, &cat_as(m, NOBODY_IDS, past));
+        assert_reads(
+            "cat pub/proj/notes",
+            &cat_as(m, NOBODY_IDS, "pub/proj/notes"),
+            "public",
+        );
+        let o = cat_as(m, ROOT_IDS, ".history/@a/priv/proj/notes");
+        assert_reads("root: .history/@a/priv/proj/notes", &o, "secret notes");
+        assert_denied(past, &cat_as(m, NOBODY_IDS, past));
+        assert_reads(
+            "root: pub/proj;@a/notes",
+            &cat_as(m, ROOT_IDS, past),
+            "secret notes",
+        );
+    });
+}
+
 /// The metadata routes keep the rule too: `log` of a path below a
 /// directory closed to the caller is refused, and `log -r` above it shows
 /// nothing of what lies in it (names included), as `ls -R` would not.

@@ -45,18 +45,18 @@ impl Vfs {
         };
         let who = Who::new(caller.uid, caller.gid, caller.pid);
         let permitted = self.with_past(|p| {
-            // The kernel searched the directories a view name lies in as
-            // they were only inside `.history/@T/`; a version name in a
-            // live directory (`f;N`) or a `;deleted` entry lies in the
-            // object's own directories then.
-            if !self.in_view_dir(node) {
-                let (at, gone) = node.version_at();
-                if !p
-                    .way_then_permits(&who, *obj, (at, gone))
-                    .map_err(past_err)?
-                {
-                    return Ok(false);
-                }
+            // The way then is checked here whatever the kernel searched:
+            // it searched the directories of `.history/@T/` as they were,
+            // but of `d;@T/f` or `;deleted/d/f` only those from `d` down
+            // (above them, the live ones), and a node's inode is shared by
+            // every name that reaches it, so how the first caller came
+            // says nothing of how this one did.
+            let (at, gone) = node.version_at();
+            if !p
+                .way_then_permits(&who, *obj, (at, gone))
+                .map_err(past_err)?
+            {
+                return Ok(false);
             }
             let now = self.now_of_view(p, node, 0)?;
             Ok(now.is_some() && access::may(&who, &then, now.as_ref(), want))
@@ -69,18 +69,6 @@ impl Vfs {
             caller.uid
         );
         Err(errno(libc::EACCES))
-    }
-
-    /// Whether the kernel reached `node` through a view directory at its
-    /// instant (its first name's parent), where it checked the way then.
-    fn in_view_dir(&self, node: &ViewNode) -> bool {
-        let parent = node.names.lock().first().map(|(p, _)| *p);
-        parent.is_some_and(|p| {
-            p.0 & VIEW_BIT != 0
-                && self
-                    .view(p)
-                    .is_ok_and(|d| matches!(d.what, What::At { .. }))
-        })
     }
 
     /// `node`'s object as it is now: as history knows it, or for an object
