@@ -455,6 +455,49 @@ fn a_directory_moved_out_of_a_private_one_keeps_its_past_closed_by_every_name() 
     });
 }
 
+/// The control socket's tree and listing routes need what `stat` and
+/// `ls -l` need: `restore --to` of a symlink in a directory closed to the
+/// caller does not hand over its target, and `ls --at` of a directory
+/// the caller may read but not search shows no entry's attributes.
+#[test]
+fn tree_and_listing_requests_need_the_search_stat_needs() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("priv")).unwrap();
+        chmod(&m.p("priv"), 0o700);
+        std::os::unix::fs::symlink("secret-target", m.p("priv/key")).unwrap();
+        fs::create_dir(m.p("noexec")).unwrap();
+        write_file(&m.p("noexec/f"), b"secret size\n");
+        chmod(&m.p("noexec"), 0o744);
+        tag(m, "a");
+
+        let dest = drop_box();
+        let to = dest.path().join("k");
+        let o = chronofs_as(
+            m,
+            NOBODY_IDS,
+            &[
+                "restore",
+                "priv/key",
+                "--at",
+                "a",
+                "--to",
+                to.to_str().unwrap(),
+            ],
+        );
+        assert_denied("restore priv/key --to", &o);
+        assert!(fs::symlink_metadata(&to).is_err(), "the link was made");
+        let o = chronofs_as(m, NOBODY_IDS, &["ls", "--at", "a", "noexec"]);
+        assert_denied("ls --at a noexec", &o);
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains('f'),
+            "{}",
+            show(&o)
+        );
+        let o = chronofs_as(m, ROOT_IDS, &["ls", "--at", "a", "noexec"]);
+        assert_reads("root: ls --at a noexec", &o, "f");
+    });
+}
+
 /// The metadata routes keep the rule too: `log` of a path below a
 /// directory closed to the caller is refused, and `log -r` above it shows
 /// nothing of what lies in it (names included), as `ls -R` would not.

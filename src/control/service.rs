@@ -549,8 +549,10 @@ impl Service {
         let (seq, time) = self.resolve_at(at)?;
         let dir = self.node(path, seq)?;
         if dir.mode() & libc::S_IFMT == libc::S_IFDIR {
+            // Entries come with their attributes: `ls -l`, which needs
+            // search on the directory besides read.
             self.past()
-                .check(&who(peer), path, seq, &dir, access::READ)?;
+                .check(&who(peer), path, seq, &dir, access::READ | access::SEARCH)?;
         }
         let mut entries = Vec::new();
         let mut present: HashSet<Vec<u8>> = HashSet::new();

@@ -41,17 +41,26 @@ impl Service {
         seq: crate::history::Seq,
         peer: &Peer,
     ) -> Result<NodeInfo> {
-        let mut d = self.describe(&node);
         // The rule of every past read (docs/ARCHITECTURE.md "Who may read
-        // the past"): a directory's listing needs it, an xattr's value too.
-        let readable = match self
-            .past()
-            .check(&who(peer), path, seq, &node, access::READ)
-        {
-            Ok(()) => true,
-            Err(e) if node.mode() & libc::S_IFMT == libc::S_IFDIR => return Err(e),
-            Err(_) => false,
+        // the past"): a directory's listing with its entries' attributes
+        // needs read and search on it, an xattr's value read; a file's
+        // attributes (and a symlink's target) search on its way, as
+        // stat(2) and readlink(2) do.
+        let is_dir = node.mode() & libc::S_IFMT == libc::S_IFDIR;
+        let want = if is_dir {
+            access::READ | access::SEARCH
+        } else {
+            access::READ
         };
+        let readable = match self.past().check(&who(peer), path, seq, &node, want) {
+            Ok(()) => true,
+            Err(e) if is_dir => return Err(e),
+            Err(_) => {
+                self.past().check(&who(peer), path, seq, &node, 0)?;
+                false
+            }
+        };
+        let mut d = self.describe(&node);
         let xattrs = match &node {
             Node::Hist { v, .. } => self.visible_xattrs(&v.xattrs, readable, peer),
             Node::Live { fd, .. } => {

@@ -444,10 +444,10 @@ impl Past<'_> {
         if now.is_some() && may(who, &then, now.as_ref(), want) {
             return Ok(());
         }
-        let what = if want == READ {
-            "readable"
-        } else {
-            "searchable"
+        let what = match want {
+            READ => "readable",
+            0 | SEARCH => "searchable",
+            _ => "readable and searchable",
         };
         let when = if then.permits(who, want) {
             "as it is now"
