@@ -325,6 +325,31 @@ fn purge_is_refused_while_a_clone_reads_its_history() {
     assert!(!m.p("a").exists());
 }
 
+/// A clone reads objects, not names: a file moved away from where the
+/// clone found it, then removed, is still read by the clone, so a purge
+/// of its new name is refused too (it was let through, and the clone's
+/// file failed with EIO); so is a purge of a directory a clone not yet
+/// listed reads below its own path.
+#[test]
+fn purge_of_a_moved_or_inner_path_a_clone_reads_is_refused() {
+    let m = Mount::new("");
+    fs::create_dir_all(m.p("a/sub")).unwrap();
+    fs::write(m.p("a/f"), b"hello").unwrap();
+    fs::write(m.p("a/sub/s"), b"inner").unwrap();
+    succeeded(clone(&m.p("a"), &m.p("c")));
+    assert_eq!(fs::read(m.p("c/f")).unwrap(), b"hello");
+    fs::rename(m.p("a/f"), m.p("a/g")).unwrap();
+    fs::remove_file(m.p("a/g")).unwrap();
+    let purge = |p: &str| chronofs(&["purge".as_ref(), m.p(p).as_os_str()]);
+    refused_saying(purge("a/g"), "shared bytes of");
+    assert_eq!(fs::read(m.p("c/f")).unwrap(), b"hello");
+
+    succeeded(clone(&m.p("a"), &m.p("d")));
+    fs::remove_dir_all(m.p("a/sub")).unwrap();
+    refused_saying(purge("a/sub"), "shared bytes of");
+    assert_eq!(fs::read(m.p("d/sub/s")).unwrap(), b"inner");
+}
+
 /// A mark names its base by path and instant in its store's history, so
 /// a branch holding clones is refused by a mount with another store (the
 /// directory mounted with `-o store=` elsewhere, or put in another

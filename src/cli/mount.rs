@@ -1035,11 +1035,12 @@ impl control::service::Host for MountHost {
     fn clones_reading(
         &self,
         path: &control::proto::Components,
+        objects: &std::collections::HashSet<crate::history::ObjectId>,
     ) -> control::service::Result<Vec<Vec<u8>>> {
         let Some(vfs) = self.vfs.upgrade() else {
             return Ok(Vec::new());
         };
-        Ok(vfs.clones_reading(path)?)
+        Ok(vfs.clones_reading(path, objects)?)
     }
 
     fn history_rewritten(&self, objs: &[crate::history::ObjectId]) {

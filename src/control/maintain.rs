@@ -243,9 +243,16 @@ impl Service {
         peer: &Peer,
     ) -> Result<PurgeReply> {
         root_only(peer, "purge history")?;
+        let own: HashSet<ObjectId> = self
+            .past()
+            .incarnations(path)?
+            .into_iter()
+            .map(|(o, _, _)| o)
+            .collect();
+        let scope = self.objects_under(path)?;
         // A clone reads its shared bytes from the history of its source,
         // which a purge overrides every pin to remove.
-        let readers = self.host().clones_reading(path)?;
+        let readers = self.host().clones_reading(path, &scope)?;
         if let Some(first) = readers.first() {
             return Err(Error::Usage(format!(
                 "{}'s history holds the shared bytes of {} clone object(s) (/{} first): \
@@ -255,13 +262,6 @@ impl Service {
                 String::from_utf8_lossy(first)
             )));
         }
-        let own: HashSet<ObjectId> = self
-            .past()
-            .incarnations(path)?
-            .into_iter()
-            .map(|(o, _, _)| o)
-            .collect();
-        let scope = self.objects_under(path)?;
         let mut plan = Vec::new();
         let mut kept = 0u64;
         let mut versions = 0u64;

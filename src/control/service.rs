@@ -54,7 +54,11 @@ pub trait Host: LiveIds {
     }
     /// Where clones read history at or under `path` (branch-relative
     /// paths of their marked objects): what a purge of it would break.
-    fn clones_reading(&self, _path: &super::proto::Components) -> Result<Vec<Vec<u8>>> {
+    fn clones_reading(
+        &self,
+        _path: &super::proto::Components,
+        _objects: &HashSet<ObjectId>,
+    ) -> Result<Vec<Vec<u8>>> {
         Ok(Vec::new())
     }
     /// A live regular file's bytes as the mount shows them, where its

@@ -3,7 +3,8 @@
 //! holds of its own (`chronofs status --clones`), and which instants some
 //! mark still reads (a removed clone's tag may go only when none does).
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::clone::Mark;
 use super::{errno, Result, Vfs, VfsError};
 use crate::history::past::Node as PastNode;
-use crate::history::Seq;
+use crate::history::{ObjectId, Seq};
 use crate::sys;
 use crate::union::copyup::is_copyup_temp;
 
@@ -99,23 +100,46 @@ impl Vfs {
         Ok(used)
     }
 
-    /// Where (branch-relative paths) clones read history at or under mount
-    /// path `path`: removing that history (`chronofs purge`) would leave
-    /// their shared bytes unreadable.
-    pub fn clones_reading(&self, path: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+    /// Where (branch-relative paths) clones read the history of `objects`
+    /// (those of mount path `path`): removing it (`chronofs purge`) would
+    /// leave their shared bytes unreadable. A mark reads the tree at its
+    /// path at its instant, so it reads an object that lay there then,
+    /// under whatever name the object has had since.
+    pub fn clones_reading(
+        &self,
+        path: &[Vec<u8>],
+        objects: &HashSet<ObjectId>,
+    ) -> Result<Vec<Vec<u8>>> {
         if !self.clones_on() {
             return Ok(Vec::new());
         }
         let _set = self.changing();
-        let mut found = Vec::new();
+        let mut reads: Vec<(Seq, Vec<Vec<u8>>, Vec<u8>)> = Vec::new();
         self.each_mark(|mark, at| {
-            let fallback = mark.patch.as_ref().and_then(|p| p.fallback.as_ref());
-            let reads =
-                mark.path.starts_with(path) || fallback.is_some_and(|f| f.path.starts_with(path));
-            if reads {
-                found.push(at.to_vec());
+            reads.push((mark.at, mark.path.clone(), at.to_vec()));
+            if let Some(f) = mark.patch.as_ref().and_then(|p| p.fallback.as_ref()) {
+                reads.push((f.at, f.path.clone(), at.to_vec()));
             }
         })?;
+        let mut paths_at: HashMap<Seq, Vec<Vec<Vec<u8>>>> = HashMap::new();
+        let mut found = Vec::new();
+        for (seq, read, at) in reads {
+            let then = match paths_at.entry(seq) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(self.with_past(|p| {
+                    let mut out = Vec::new();
+                    for &obj in objects {
+                        if let Some(q) = p.history.path_at(obj, seq)? {
+                            out.push(q);
+                        }
+                    }
+                    Ok(out)
+                })?),
+            };
+            if read.starts_with(path) || then.iter().any(|q| q.starts_with(&read)) {
+                found.push(at);
+            }
+        }
         Ok(found)
     }
 
