@@ -325,6 +325,38 @@ fn purge_is_refused_while_a_clone_reads_its_history() {
     assert!(!m.p("a").exists());
 }
 
+/// A clone's file that reads its base has a backing file of holes; it
+/// shows a whole file's blocks, or `tar -S` archives it as all holes
+/// (zeros) and `du` shows nothing. A patched file too (one block its own).
+#[test]
+fn a_clone_file_shows_its_bytes_blocks_and_tar_sparse_keeps_them() {
+    let m = Mount::new("");
+    fs::create_dir(m.p("a")).unwrap();
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    fs::write(m.p("a/f"), &body).unwrap();
+    succeeded(clone(&m.p("a"), &m.p("c")));
+    succeeded(clone(&m.p("a"), &m.p("p")));
+    write_at(&m.p("p/f"), 4096, b"X");
+    for dir in ["c", "p"] {
+        let md = fs::metadata(m.p(&format!("{dir}/f"))).unwrap();
+        assert!(
+            md.blocks() * 512 >= md.len(),
+            "{dir}/f: {} blocks for {} bytes",
+            md.blocks(),
+            md.len()
+        );
+    }
+    let out = m.root().join("x");
+    fs::create_dir(&out).unwrap();
+    let archive = m.root().join("a.tar");
+    run(&m.mnt, "tar", &["--sparse", "-cf", archive.to_str().unwrap(), "c", "p"]);
+    run(&out, "tar", &["-xf", archive.to_str().unwrap()]);
+    assert_eq!(fs::read(out.join("c/f")).unwrap(), body);
+    let mut patched = body.clone();
+    patched[4096] = b'X';
+    assert_eq!(fs::read(out.join("p/f")).unwrap(), patched);
+}
+
 /// A clone reads objects, not names: a file moved away from where the
 /// clone found it, then removed, is still read by the clone, so a purge
 /// of its new name is refused too (it was let through, and the clone's

@@ -286,7 +286,7 @@ impl Vfs {
 
     /// The mark of `node`, if it has one (read once per inode while it
     /// has none: see `Inode::known_unmarked`).
-    fn mark_of(&self, node: &Node) -> Result<Option<Mark>> {
+    pub(super) fn mark_of(&self, node: &Node) -> Result<Option<Mark>> {
         if !self.clones_on() || node.inode.known_unmarked() {
             return Ok(None);
         }

@@ -245,7 +245,29 @@ impl Vfs {
                 None => inode.set_unindexed(),
             }
         }
+        self.show_base_blocks(&inode, &mut st);
         st
+    }
+
+    /// A clone's file that reads its base's bytes has a backing file of
+    /// holes (all of it, or all but its own blocks): its blocks are shown
+    /// as a whole file's, as the base's view shows them and a reflink copy
+    /// would. With the backing file's count, `tar -S` took a file with
+    /// no blocks for all holes and archived zeros, and `du` showed none.
+    fn show_base_blocks(&self, inode: &Arc<Inode>, st: &mut Stat) {
+        let whole = (st.st_size.max(0) as u64).div_ceil(512) as i64;
+        if !self.clones_on() || st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_blocks >= whole
+        {
+            return;
+        }
+        let Ok(node) = self.inodes.node_of(inode.clone()) else {
+            return;
+        };
+        match self.mark_of(&node) {
+            Ok(Some(mark)) if !mark.dir => st.st_blocks = whole,
+            Ok(_) => {}
+            Err(e) => tracing::debug!("clone: mark of inode {} unread: {e}", inode.ino.0),
+        }
     }
 
     /// The link count a clone's linked copy shows, read from its index
