@@ -349,12 +349,64 @@ fn a_clone_file_shows_its_bytes_blocks_and_tar_sparse_keeps_them() {
     let out = m.root().join("x");
     fs::create_dir(&out).unwrap();
     let archive = m.root().join("a.tar");
-    run(&m.mnt, "tar", &["--sparse", "-cf", archive.to_str().unwrap(), "c", "p"]);
+    run(
+        &m.mnt,
+        "tar",
+        &["--sparse", "-cf", archive.to_str().unwrap(), "c", "p"],
+    );
     run(&out, "tar", &["-xf", archive.to_str().unwrap()]);
     assert_eq!(fs::read(out.join("c/f")).unwrap(), body);
     let mut patched = body.clone();
     patched[4096] = b'X';
     assert_eq!(fs::read(out.join("p/f")).unwrap(), patched);
+}
+
+/// A copy made in a clone's directory inherited that directory's default
+/// ACL (its base's): a named entry then let a third user read a file its
+/// base kept from them. A copy keeps its base's own ACLs only. User
+/// attributes that look like overlay markers are the user's outside a
+/// union, and are kept.
+#[test]
+fn a_clone_keeps_its_bases_acls_and_user_overlay_attributes_only() {
+    let m = Mount::new("");
+    fs::create_dir(m.p("proj")).unwrap();
+    fs::write(m.p("proj/secret"), b"secret\n").unwrap();
+    fs::set_permissions(m.p("proj/secret"), fs::Permissions::from_mode(0o640)).unwrap();
+    fs::set_permissions(m.p("proj"), fs::Permissions::from_mode(0o755)).unwrap();
+    run(
+        &m.mnt,
+        "setfacl",
+        &["-d", "-m", &format!("u:{NOBODY}:r"), "proj"],
+    );
+    run(
+        &m.mnt,
+        "setfattr",
+        &["-n", "user.overlay.opaque", "-v", "y", "proj"],
+    );
+    succeeded(clone(&m.p("proj"), &m.p("p2")));
+    let acl = run(&m.mnt, "getfacl", &["-c", "p2/secret"]);
+    assert!(
+        !acl.contains(&format!("user:{NOBODY}")) && !acl.contains("user:nobody"),
+        "{acl}"
+    );
+    let dflt = run(&m.mnt, "getfacl", &["-c", "-d", "p2"]);
+    assert!(
+        dflt.contains("user:nobody:r") || dflt.contains(&format!("user:{NOBODY}:r")),
+        "{dflt}"
+    );
+    let read = Command::new("cat")
+        .arg(m.p("p2/secret"))
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    assert!(!read.status.success(), "nobody read the clone's copy");
+    let attr = run(
+        &m.mnt,
+        "getfattr",
+        &["--only-values", "-n", "user.overlay.opaque", "p2"],
+    );
+    assert_eq!(attr, "y");
 }
 
 /// A clone reads objects, not names: a file moved away from where the

@@ -32,7 +32,7 @@ use crate::history::past::{Error as PastError, Node as PastNode};
 use crate::history::{Binding, Content, Seq};
 use crate::sys::{self, Stat, TimeSpec};
 use crate::union::copyup::{is_copyup_temp, temp_name};
-use crate::union::format::{self, XattrNs};
+use crate::union::format::{self, is_chronofs_xattr, is_overlay_xattr, XattrNs};
 
 /// The mark's format: its value's first byte. Format 1 (the first
 /// slice) had no clone id and no root depth; it still reads, and its
@@ -676,6 +676,19 @@ impl Vfs {
             if let Some(m) = made_mark {
                 sys::setxattr_fd(fd.as_fd(), self.clone_ns().clone_mark(), &m.encode(), 0)?;
             }
+            let ns = self.clone_ns();
+            let union = self.union().is_some();
+            // In a union the namespace's overlay markers are the union's
+            // (a copied one would hide or redirect); elsewhere they are
+            // the user's (a layer tree kept in the mount), but for the
+            // mount's own.
+            xattrs.retain(|(name, _)| {
+                if union {
+                    !is_overlay_xattr(name, ns)
+                } else {
+                    !is_chronofs_xattr(name, ns)
+                }
+            });
             set_meta(fd.as_fd(), &st, &xattrs)
         })();
         match done {
@@ -948,11 +961,26 @@ fn set_meta(fd: BorrowedFd<'_>, st: &Stat, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Res
     let symlink = st.st_mode & libc::S_IFMT == libc::S_IFLNK;
     if !symlink {
         for (name, value) in xattrs {
-            if name.starts_with(b"trusted.overlay.") || name.starts_with(b"user.overlay.") {
-                continue;
-            }
             let name = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
             sys::setxattr_fd(fd, &name, value, 0)?;
+        }
+        // The copy was made in a directory of the clone that already has
+        // its base's default ACL, which the copy inherited: its base's
+        // own ACLs are the only ones it may keep (an inherited named
+        // entry let a third user read a file its base kept from them).
+        for acl in [c"system.posix_acl_access", c"system.posix_acl_default"] {
+            if xattrs
+                .iter()
+                .any(|(name, _)| name.as_slice() == acl.to_bytes())
+            {
+                continue;
+            }
+            match sys::removexattr_fd(fd, acl) {
+                Err(e) if !matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => {
+                    return Err(e.into())
+                }
+                _ => {}
+            }
         }
         sys::chmod_fd(fd, st.st_mode & 0o7777)?;
     }
