@@ -1664,3 +1664,41 @@ fn a_create_of_a_name_a_lower_branch_gained_opens_it() {
         assert_eq!(read_file(&low.join("late")), b"lower bytes\n");
     });
 }
+
+/// The layers of a merged directory are read as the daemon, as overlayfs
+/// reads them with the mounter's credentials: who may list the directory
+/// as the union shows it (its top copy) lists all of it, although a lower
+/// copy's own mode (root's 0700) would refuse them. `ls` failed with
+/// EACCES while `cat` of a file in it worked.
+#[test]
+fn a_merged_directory_lists_for_whoever_may_list_it_as_the_union_shows_it() {
+    let m = Mount::union("", 1, |b| {
+        fs::create_dir(b[1].join("d")).unwrap();
+        write_file(&b[1].join("d/low"), b"low");
+        fs::set_permissions(b[1].join("d"), fs::Permissions::from_mode(0o700)).unwrap();
+    });
+    std::os::unix::fs::chown(m.p("d"), Some(NOBODY), Some(NOBODY)).unwrap();
+    write_file(&m.p("d/up"), b"up");
+    let out = Command::new("ls")
+        .arg(m.p("d"))
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "low\nup\n");
+    let other = Command::new("ls")
+        .arg(m.p("d"))
+        .uid(OTHER_USER)
+        .gid(OTHER_USER)
+        .output()
+        .unwrap();
+    assert!(
+        !other.status.success(),
+        "a third user listed a 0700 directory"
+    );
+}

@@ -174,7 +174,7 @@ impl Vfs {
         // A listing the kernel keeps is not read unless the kernel loses
         // it; one it re-reads is merged now, so errors come from opendir.
         let merged = if union && cache == DirCache::Fresh {
-            Some((self.merged_listing(caller, &inode)?, 0))
+            Some((self.merged_listing(&inode)?, 0))
         } else {
             None
         };
@@ -353,7 +353,7 @@ impl Vfs {
         }
         if stream.needs_merge(offset) {
             let dir = self.node(*ino)?;
-            stream.merged = Some((self.merged_listing(caller, &dir)?, 0));
+            stream.merged = Some((self.merged_listing(&dir)?, 0));
         }
         stream.served = true;
         stream.seek(offset)?;

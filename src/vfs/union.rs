@@ -627,11 +627,25 @@ impl Vfs {
                         break;
                     }
                     let fd = sys::open_path(layer.fd.as_fd(), name)?;
-                    let opaque = !u.is_bottom(layer.branch) && opaque_below(fd.as_fd());
+                    let marked = !u.is_bottom(layer.branch);
+                    let opaque = marked && opaque_below(fd.as_fd());
+                    // A lower copy renamed in its time (`mv a b`, then a
+                    // snapshot; the top copy made later carries no
+                    // redirect): the copies below it are where it came
+                    // from, as overlayfs follows a redirect in any layer.
+                    let origin = match marked && !opaque {
+                        true => format::redirect(fd.as_fd(), u.ns)?,
+                        false => None,
+                    };
                     f.lowers.push(Layer {
                         branch: layer.branch,
                         fd: Arc::new(fd),
                     });
+                    if let Some(origin) = origin {
+                        f.lowers
+                            .extend(self.redirected_lowers(layer.branch, dir, &origin)?);
+                        break;
+                    }
                     if opaque {
                         break;
                     }
@@ -1257,16 +1271,16 @@ impl Vfs {
 }
 
 impl Vfs {
-    /// A union directory's entries from all its layers (read with the
-    /// caller's identity), merged by `union::merge`: each name once,
-    /// whiteouts hiding names below them and never shown, in cookie order
-    /// so offsets survive a reopen.
-    pub(super) fn merged_listing(
-        &self,
-        caller: &super::Caller,
-        dir: &Node,
-    ) -> Result<Vec<super::dir::Dirent>> {
-        let (merged, keys) = self.merged_entries(Some(caller), &self.layers_of(dir)?)?;
+    /// A union directory's entries from all its layers, merged by
+    /// `union::merge`: each name once, whiteouts hiding names below them
+    /// and never shown, in cookie order so offsets survive a reopen. The
+    /// layers are read as the daemon, as overlayfs reads them with the
+    /// mounter's credentials: the caller's right to list the directory
+    /// was checked at opendir, on the copy whose attributes the union
+    /// shows (a lower copy's own mode, say root's 0700 under a top copy
+    /// chowned to the caller since, is not the directory's).
+    pub(super) fn merged_listing(&self, dir: &Node) -> Result<Vec<super::dir::Dirent>> {
+        let (merged, keys) = self.merged_entries(&self.layers_of(dir)?)?;
         let mut numbers = self.inodes.numbers_for(&keys)?.into_iter();
         let parent = if dir.ino == InodeNo::ROOT {
             InodeNo::ROOT
@@ -1361,11 +1375,10 @@ impl Vfs {
 }
 
 impl Vfs {
-    /// A union directory's merged entries (read as `caller`, or as the
-    /// daemon) and the backing keys of those from a layer, in order.
+    /// A union directory's merged entries (read as the daemon) and the
+    /// backing keys of those from a layer, in order.
     fn merged_entries(
         &self,
-        caller: Option<&super::Caller>,
         layers: &[Layer],
     ) -> Result<(Vec<merge::MergedEntry>, Vec<crate::store::BackingKey>)> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
@@ -1374,11 +1387,7 @@ impl Vfs {
         let mut kept = Vec::with_capacity(layers.len());
         for layer in layers {
             let fd = layer.fd.as_fd();
-            let read = match caller {
-                Some(c) => crate::sys::creds::as_caller(c, || merge::read_layer(fd, u.ns)),
-                None => merge::read_layer(fd, u.ns),
-            };
-            let listing = match read {
+            let listing = match merge::read_layer(fd, u.ns) {
                 // Emptied into the copy below it and removed by a running
                 // snapmerge: that copy lists all it held.
                 Err(e) if self.gone_mid_merge(&e) => continue,
@@ -1453,7 +1462,7 @@ impl Vfs {
         dir: &[Layer],
         in_root: bool,
     ) -> Result<Vec<(Vec<u8>, crate::history::Binding)>> {
-        let (merged, keys) = self.merged_entries(None, dir)?;
+        let (merged, keys) = self.merged_entries(dir)?;
         let numbers = self.inodes.numbers_for(&keys)?;
         let named = merged.into_iter().filter(|m| m.layer.is_some());
         Ok(named
