@@ -168,6 +168,13 @@ fn an_instant_shows_the_tree_of_then_and_nothing_changes_it() {
             .unwrap();
         assert!(!xattr.status.success());
         assert_eq!(read(&f), "one\n", "history changed");
+        // Names of the past in live directories are as read-only.
+        assert_eq!(errno_of(fs::remove_file(m.p("d/f;1"))), libc::EROFS);
+        assert_eq!(errno_of(fs::rename(m.p("d/f;1"), m.p("g"))), libc::EROFS);
+        assert_eq!(errno_of(fs::remove_dir(m.p(";deleted"))), libc::EROFS);
+        assert_eq!(errno_of(fs::remove_dir(m.p(".history"))), libc::EROFS);
+        assert_eq!(read(&m.p("d/f;1")), "one\n");
+        assert_eq!(errno_of(fs::remove_file(m.p("d/absent;1"))), libc::ENOENT);
         // cp from the past into the present works.
         fs::copy(&f, m.p("restored")).unwrap();
         assert_eq!(read(&m.p("restored")), "one\n");

@@ -575,13 +575,18 @@ impl Past<'_> {
     pub fn nth_version(&self, path: &[Vec<u8>], n: i64) -> Result<Node> {
         let rows = self.path_versions(&self.incarnations(path)?, None, None)?;
         let len = rows.len() as i64;
-        let idx = if n >= 1 { n - 1 } else { len - 1 + n };
-        if idx < 0 || idx >= len {
+        // Checked: `f;-9223372036854775808` is a name anyone may look up.
+        let idx = if n >= 1 {
+            Some(n - 1)
+        } else {
+            (len - 1).checked_add(n)
+        };
+        let Some(idx) = idx.filter(|i| (0..len).contains(i)) else {
             return Err(Error::NotFound(format!(
                 "{} has {len} version(s); there is no version {n}",
                 show_path(path)
             )));
-        }
+        };
         let (obj, seq, v, _) = rows[idx as usize].clone();
         Ok(Node::Hist { obj, seq, v })
     }

@@ -262,11 +262,30 @@ impl Vfs {
         self.settle_named(parent, name);
         let _set = self.changing();
         self.remove(caller, parent, name, 0)
+            .map_err(|e| self.past_names_are_read_only(parent, name, e))
     }
 
     pub fn rmdir(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<()> {
         let _set = self.changing();
         self.remove(caller, parent, name, libc::AT_REMOVEDIR)
+            .map_err(|e| self.past_names_are_read_only(parent, name, e))
+    }
+
+    /// A name of the past in a live directory (`f;1`, `;deleted`, the
+    /// history directory) that the live directory does not hold: removing
+    /// or moving it is a change to something read-only (EROFS), not to a
+    /// name that is absent (`ls -l 'f;1'` shows it).
+    fn past_names_are_read_only(
+        &self,
+        parent: InodeNo,
+        name: &OsStr,
+        e: super::VfsError,
+    ) -> super::VfsError {
+        if e.errno() == libc::ENOENT && self.is_past_name(parent, name) {
+            errno(libc::EROFS)
+        } else {
+            e
+        }
     }
 
     fn remove(&self, caller: &Caller, parent: InodeNo, name: &OsStr, flags: i32) -> Result<()> {
@@ -382,6 +401,25 @@ impl Vfs {
     }
 
     pub fn rename(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        newparent: InodeNo,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        self.rename_names(caller, parent, name, newparent, newname, flags)
+            .map_err(|e| {
+                let e = self.past_names_are_read_only(parent, name, e);
+                match flags & libc::RENAME_EXCHANGE {
+                    0 => e,
+                    _ => self.past_names_are_read_only(newparent, newname, e),
+                }
+            })
+    }
+
+    fn rename_names(
         &self,
         caller: &Caller,
         parent: InodeNo,

@@ -31,6 +31,34 @@ impl Vfs {
         }
     }
 
+    /// Whether `name` in live directory `parent` has the form of a name of
+    /// the past (the history directory in the root, `;deleted`, a version
+    /// name `f;3`, `f;-1`, `f;@T`), whether or not such a version exists.
+    pub(in crate::vfs) fn is_past_name(&self, parent: InodeNo, name: &OsStr) -> bool {
+        if !self.views_on()
+            || !matches!(self.source_of(parent), crate::vfs::source::Source::Live(_))
+        {
+            return false;
+        }
+        if parent == InodeNo::ROOT && name == self.cfg.views.dir_name {
+            return true;
+        }
+        let sep = self.cfg.views.sep.as_slice();
+        let bytes = name.as_bytes();
+        let Some(cut) = (!sep.is_empty())
+            .then(|| bytes.windows(sep.len()).rposition(|w| w == sep))
+            .flatten()
+        else {
+            return false;
+        };
+        let (base, suffix) = (&bytes[..cut], &bytes[cut + sep.len()..]);
+        let number = suffix.strip_prefix(b"-").unwrap_or(suffix);
+        (base.is_empty() && suffix == b"deleted")
+            || (!base.is_empty()
+                && (suffix.starts_with(b"@")
+                    || (!number.is_empty() && number.iter().all(u8::is_ascii_digit))))
+    }
+
     /// `name` in the mount root, if it is the history directory.
     pub(in crate::vfs) fn lookup_top(
         &self,
