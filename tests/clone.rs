@@ -783,6 +783,7 @@ fn a_template_makes_working_trees_of_a_tree_as_it_was() {
         (&["create", ".bad"][..], m.p("one")),
         (&["create", "a/b"][..], m.p("one")),
         (&["create", "gone"][..], m.p("t")),
+        (&["create", "whole"][..], m.mnt.clone()),
         (&["instantiate", "nope"][..], m.p("three")),
         (&["instantiate", "rootfs"][..], m.p("one/sub/deeper")),
     ] {
@@ -792,6 +793,11 @@ fn a_template_makes_working_trees_of_a_tree_as_it_was() {
         assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
     }
     assert!(!m.p("three").exists());
+    let list = template(&["list"], &[&m.mnt]);
+    assert!(
+        !String::from_utf8_lossy(&list.stdout).contains("whole"),
+        "a template of the mount root was made"
+    );
     let out = chronofs(&[
         "tag".as_ref(),
         "template:x".as_ref(),

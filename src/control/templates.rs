@@ -57,6 +57,14 @@ impl Service {
         peer: &Peer,
     ) -> Result<TemplateInfo> {
         check_name(name)?;
+        if path.is_empty() {
+            // Every instantiation would lie inside what it copies.
+            return Err(Error::Usage(
+                "a template of the whole mount could never be instantiated inside it: \
+                 name a directory in the mount"
+                    .into(),
+            ));
+        }
         let (seq, _) = self.resolve_at(at)?;
         let node = self.past().node(path, seq)?;
         self.past()
