@@ -605,15 +605,24 @@ fn copy_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
         if is_overlay_xattr(&name) {
             continue;
         }
+        let must_copy = name.starts_with(b"system.posix_acl_") || name.starts_with(b"security.");
         let name = CString::new(name).map_err(|_| err(libc::EINVAL))?;
-        sys::setxattr_fd(to, &name, &value, 0)?;
+        match sys::setxattr_fd(to, &name, &value, 0) {
+            // An upper file system without that namespace (user xattrs on
+            // an old tmpfs): as overlayfs, the copy goes without it, unless
+            // it carries access control.
+            Err(e) if errno(&e) == libc::EOPNOTSUPP && !must_copy => {
+                tracing::debug!("copy-up: {name:?} not supported by the upper branch, left out");
+            }
+            r => r?,
+        }
     }
     Ok(())
 }
 
 /// A default ACL on the upper parent gives the new object ACLs the lower
 /// one does not have; the copy must have exactly the lower's.
-fn drop_inherited_acls(to: BorrowedFd<'_>, lower: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+pub fn drop_inherited_acls(to: BorrowedFd<'_>, lower: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
     for acl in [c"system.posix_acl_access", c"system.posix_acl_default"] {
         if lower.iter().any(|(n, _)| n.as_slice() == acl.to_bytes()) {
             continue;

@@ -31,7 +31,7 @@ use crate::history::access::{Who, READ};
 use crate::history::past::{Error as PastError, Node as PastNode};
 use crate::history::{Binding, Content, Seq};
 use crate::sys::{self, Stat, TimeSpec};
-use crate::union::copyup::{is_copyup_temp, temp_name};
+use crate::union::copyup::{drop_inherited_acls, is_copyup_temp, temp_name};
 use crate::union::format::{self, is_chronofs_xattr, is_overlay_xattr, XattrNs};
 
 /// The mark's format: its value's first byte. Format 1 (the first
@@ -968,20 +968,7 @@ fn set_meta(fd: BorrowedFd<'_>, st: &Stat, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Res
         // its base's default ACL, which the copy inherited: its base's
         // own ACLs are the only ones it may keep (an inherited named
         // entry let a third user read a file its base kept from them).
-        for acl in [c"system.posix_acl_access", c"system.posix_acl_default"] {
-            if xattrs
-                .iter()
-                .any(|(name, _)| name.as_slice() == acl.to_bytes())
-            {
-                continue;
-            }
-            match sys::removexattr_fd(fd, acl) {
-                Err(e) if !matches!(e.raw_os_error(), Some(libc::ENODATA | libc::EOPNOTSUPP)) => {
-                    return Err(e.into())
-                }
-                _ => {}
-            }
-        }
+        drop_inherited_acls(fd, xattrs)?;
         sys::chmod_fd(fd, st.st_mode & 0o7777)?;
     }
     keep_times(fd, st)
