@@ -390,6 +390,22 @@ fn closed_ways_renames_new_owners_and_user_attributes_keep_the_past_closed() {
         assert_reads("chronofs cat --at a open/sub/y", &o, "public y");
 
         assert_denied("cat pub/s;1", &cat_as(m, NOBODY_IDS, "pub/s;1"));
+        // Nor does its log tell of its versions there: names, sizes, times.
+        for args in [&["log", "pub/s"][..], &["log", "-r", "pub"][..]] {
+            let o = chronofs_as(m, NOBODY_IDS, args);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "{args:?}: {}", show(&o));
+            assert!(!out.contains("private"), "{args:?} told of private/: {out}");
+            assert!(
+                out.contains("13 B") || out.contains("13"),
+                "{args:?}: {out}"
+            );
+            let root = chronofs_as(m, ROOT_IDS, args);
+            assert!(
+                String::from_utf8_lossy(&root.stdout).lines().count() > out.lines().count(),
+                "{args:?}: root sees the versions in private/"
+            );
+        }
         let o = chronofs_as(m, NOBODY_IDS, &["cat", "--version", "1", "pub/s"]);
         assert_denied("chronofs cat --version 1 pub/s", &o);
         assert_reads("cat pub/s", &cat_as(m, NOBODY_IDS, "pub/s"), "public s now");

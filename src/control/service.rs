@@ -455,7 +455,7 @@ impl Service {
                 if *recursive {
                     Answer::LogTree(self.log_tree(path, since, until, peer)?)
                 } else {
-                    Answer::Log(self.log(path, since, until)?)
+                    Answer::Log(self.log(path, since, until, peer)?)
                 }
             }
             Request::Fsck { repair } => {
@@ -692,7 +692,21 @@ impl Service {
         at.map(|a| self.resolve_at(a).map(|(s, _)| s)).transpose()
     }
 
-    fn log(&self, path: &Components, since: Option<Seq>, until: Option<Seq>) -> Result<LogReply> {
+    /// Whether `who` could search the way to `obj`'s version `(s, gone)`
+    /// then: a `log` row tells its size and times, which stat(2) gave only
+    /// to who could (the way now is checked once, for the whole log).
+    fn way_then_open(&self, who: &Who, obj: ObjectId, s: Seq, gone: bool) -> Result<bool> {
+        Ok(who.uid == 0 || self.past().way_then_permits(who, obj, (s, gone))?)
+    }
+
+    fn log(
+        &self,
+        path: &Components,
+        since: Option<Seq>,
+        until: Option<Seq>,
+        peer: &Peer,
+    ) -> Result<LogReply> {
+        let who = who(peer);
         let past = self.past();
         let incarnations = past.incarnations(path)?;
         if incarnations.is_empty() {
@@ -708,10 +722,15 @@ impl Service {
             .enumerate()
             .map(|(i, r)| ((r.0, r.1), i + 1))
             .collect();
-        let rows: Vec<_> = all
-            .into_iter()
-            .filter(|r| since.is_none_or(|a| r.1 >= a) && until.is_none_or(|b| r.1 <= b))
-            .collect();
+        let mut rows = Vec::with_capacity(all.len());
+        for r in all {
+            if since.is_none_or(|a| r.1 >= a)
+                && until.is_none_or(|b| r.1 <= b)
+                && self.way_then_open(&who, r.0, r.1, r.2.gone)?
+            {
+                rows.push(r);
+            }
+        }
         let (shown, shown_raw) = path_text(path);
         let mut out = Vec::with_capacity(rows.len());
         for (obj, s, v, inc) in &rows {
@@ -833,7 +852,9 @@ impl Service {
             let path_idx = paths.len();
             paths.push(path_text(&p));
             for (s, v) in self.history.versions(obj, lo, hi)? {
-                rows.push((s, path_idx, obj, v));
+                if self.way_then_open(&who, obj, s, v.gone)? {
+                    rows.push((s, path_idx, obj, v));
+                }
             }
         }
         rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| paths[a.1].0.cmp(&paths[b.1].0)));
