@@ -1702,3 +1702,32 @@ fn a_merged_directory_lists_for_whoever_may_list_it_as_the_union_shows_it() {
         "a third user listed a 0700 directory"
     );
 }
+
+/// RENAME_EXCHANGE of a lower directory with one the upper branch alone
+/// holds: each lands where the other was, and neither merges what lay
+/// below its new name (the upper-only one is made opaque, as overlayfs
+/// does). `a` listed the lower `x` beside `y`.
+#[test]
+fn an_exchange_with_an_upper_only_directory_merges_nothing_below_it() {
+    let mut m = Mount::union("", 1, |b| {
+        fs::create_dir(b[1].join("a")).unwrap();
+        write_file(&b[1].join("a/x"), b"lower x");
+    });
+    fs::create_dir(m.p("b")).unwrap();
+    write_file(&m.p("b/y"), b"upper y");
+    sys::renameat2(&cstr(m.p("a")), &cstr(m.p("b")), libc::RENAME_EXCHANGE).unwrap();
+    let names = |m: &Mount, d: &str| {
+        let mut v: Vec<String> = fs::read_dir(m.p(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&m, "a"), ["y"]);
+    assert_eq!(names(&m, "b"), ["x"]);
+    assert_eq!(read_file(&m.p("b/x")), b"lower x");
+    m.remount();
+    assert_eq!(names(&m, "a"), ["y"], "after a remount");
+    assert_eq!(names(&m, "b"), ["x"], "after a remount");
+}

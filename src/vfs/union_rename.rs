@@ -83,10 +83,18 @@ impl Vfs {
             // What lies below the new name stays hidden from the moment
             // the directory lands; at its old place opacity hides nothing
             // (a directory with lower copies is redirected instead).
-            let fd = sys::open_path(olddir.fd(), &old)?;
-            if format::redirect(fd.as_fd(), u.ns)?.is_none() {
-                format::set_opaque(fd.as_fd(), u.ns)?;
-            }
+            hide_below(u.ns, (&olddir, &old))?;
+        }
+        let target_is_dir = match target {
+            Some(t) if exchange => self.node(t)?.is_dir(),
+            _ => false,
+        };
+        if target_is_dir && below_old {
+            // The same for the other side of an exchange: a directory of
+            // the upper branch alone landing where lower copies lie (as
+            // overlayfs marks it opaque); one with lower copies of its own
+            // was redirected by `prepare_target`.
+            hide_below(u.ns, (&newdir, &new))?;
         }
         self.rename_over(
             caller,
@@ -484,4 +492,14 @@ impl Vfs {
         }
         Ok((node, self.writable_dir(caller, newparent)?))
     }
+}
+
+/// Makes directory `name` in `dir` opaque unless it is redirected: what
+/// lies below the name it is about to take stays hidden.
+fn hide_below(ns: format::XattrNs, (dir, name): (&Node, &CStr)) -> Result<()> {
+    let fd = sys::open_path(dir.fd(), name)?;
+    if format::redirect(fd.as_fd(), ns)?.is_none() {
+        format::set_opaque(fd.as_fd(), ns)?;
+    }
+    Ok(())
 }
