@@ -364,22 +364,26 @@ fn purge_removes_a_file_and_all_its_history() {
     write_file(&m.p("d/big.bin"), &big);
     write_file(&m.p("d/secret.bin"), &secret);
     cli(&["log", s(&m.p("d/secret.bin"))]);
-    let packs = m.src.join(".chronofs/packs");
+    // With MNT = SRC the store lies under the mount point, out of reach:
+    // the packs are read in the other modes.
+    let packs = (!m.mode.contains("samedir")).then(|| m.src.join(".chronofs/packs"));
     let held = |needle: &[u8]| {
-        fs::read_dir(&packs).unwrap().any(|e| {
-            // A file may go between the listing and the read.
-            let bytes = fs::read(e.unwrap().path()).unwrap_or_default();
+        let Some(packs) = &packs else { return None };
+        Some(fs::read_dir(packs).unwrap().any(|e| {
+            let bytes = fs::read(e.unwrap().path()).unwrap();
             bytes.windows(needle.len()).any(|w| w == needle)
-        })
+        }))
     };
-    assert!(
+    assert_ne!(
         held(&secret[1000..1064]),
+        Some(false),
         "the test needs the bytes stored raw"
     );
     let r = cli_json(&["purge", s(&m.p("d/secret.bin"))]);
     assert_eq!(r["collected"]["scrub_pending"], 0, "{r}");
-    assert!(
-        !held(&secret[1000..1064]),
+    assert_ne!(
+        held(&secret[1000..1064]),
+        Some(true),
         "purged bytes still in a pack: {r}"
     );
     assert_eq!(read_file(&m.p("d/big.bin")), big);
