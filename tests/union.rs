@@ -1731,3 +1731,39 @@ fn an_exchange_with_an_upper_only_directory_merges_nothing_below_it() {
     assert_eq!(names(&m, "a"), ["y"], "after a remount");
     assert_eq!(names(&m, "b"), ["x"], "after a remount");
 }
+
+/// The xattr form of a whiteout (an empty file carrying `overlay.whiteout`
+/// in a directory marked `overlay.opaque=x`, as tools that cannot make
+/// device nodes write it): lookups hide the name as listings do, as
+/// overlayfs does. `stat d/f` found an empty file the listing hid.
+#[test]
+fn an_xattr_whiteout_hides_its_name_from_lookups_too() {
+    let m = Mount::union("", 2, |b| {
+        fs::create_dir(b[1].join("d")).unwrap();
+        write_file(&b[1].join("d/f"), b"");
+        run(
+            &b[1],
+            "setfattr",
+            &["-n", "trusted.overlay.whiteout", "-v", "y", "d/f"],
+        );
+        run(
+            &b[1],
+            "setfattr",
+            &["-n", "trusted.overlay.opaque", "-v", "x", "d"],
+        );
+        fs::create_dir(b[2].join("d")).unwrap();
+        write_file(&b[2].join("d/f"), b"hidden");
+        write_file(&b[2].join("d/k"), b"kept");
+    });
+    let names: Vec<String> = fs::read_dir(m.p("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["k"]);
+    let st = fs::symlink_metadata(m.p("d/f"));
+    assert_eq!(
+        st.map_err(|e| e.raw_os_error()).err(),
+        Some(Some(libc::ENOENT))
+    );
+    assert_eq!(read_file(&m.p("d/k")), b"kept");
+}

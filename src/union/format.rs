@@ -214,6 +214,29 @@ pub fn is_xattr_whiteout(fd: BorrowedFd<'_>, st: &Stat, ns: XattrNs) -> io::Resu
     Ok(read_xattr(fd, ns.whiteout())?.is_some())
 }
 
+/// Whether `name` in layer directory `dir`, whose stat is `st`, is a
+/// whiteout in either form: a character device 0/0, or (in a directory
+/// marked [`Opacity::XattrWhiteouts`]) an empty file carrying
+/// `overlay.whiteout`. Only an empty regular file costs system calls.
+pub fn is_whiteout_in(
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    st: &Stat,
+    ns: XattrNs,
+) -> io::Result<bool> {
+    if is_whiteout(st) {
+        return Ok(true);
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG
+        || st.st_size != 0
+        || opacity(dir, ns)? != Opacity::XattrWhiteouts
+    {
+        return Ok(false);
+    }
+    let fd = sys::open_path(dir, name)?;
+    is_xattr_whiteout(fd.as_fd(), st, ns)
+}
+
 /// What a directory's `overlay.opaque` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Opacity {

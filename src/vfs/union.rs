@@ -592,7 +592,7 @@ impl Vfs {
                 Err(e) if is_absent(&e) => continue,
                 Err(e) => return Err(e.into()),
             };
-            if format::is_whiteout(&st) {
+            if format::is_whiteout_in(layer.fd.as_fd(), name, &st, u.ns)? {
                 break;
             }
             let opaque_below = |fd: BorrowedFd<'_>| format::is_opaque(fd, u.ns).unwrap_or(false);
@@ -1199,14 +1199,14 @@ impl Vfs {
         for layer in layers {
             if at_or_above(layer.branch) {
                 if let Ok(st) = sys::fstatat(layer.fd.as_fd(), name) {
-                    if format::is_whiteout(&st) {
+                    if format::is_whiteout_in(layer.fd.as_fd(), name, &st, u.ns)? {
                         return Ok(false);
                     }
                 }
                 continue;
             }
             match sys::fstatat(layer.fd.as_fd(), name) {
-                Ok(st) => return Ok(!format::is_whiteout(&st)),
+                Ok(st) => return Ok(!format::is_whiteout_in(layer.fd.as_fd(), name, &st, u.ns)?),
                 Err(e) if is_absent(&e) => continue,
                 Err(e) => return Err(e.into()),
             }

@@ -482,6 +482,7 @@ impl Vfs {
                 st: found.top.2,
             }]);
         }
+        let ns = self.union().ok_or(VfsError::WrongKind)?.ns;
         let mut out: Vec<Holder> = Vec::new();
         for l in layers {
             let st = match sys::fstatat(l.fd.as_fd(), name) {
@@ -489,7 +490,7 @@ impl Vfs {
                 Err(e) if is_absent(&e) => continue,
                 Err(e) => return Err(e.into()),
             };
-            if format::is_whiteout(&st) {
+            if format::is_whiteout_in(l.fd.as_fd(), name, &st, ns)? {
                 break;
             }
             out.push(Holder { dir: l, st });
