@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -414,6 +414,38 @@ fn a_clone_keeps_its_bases_acls_and_user_overlay_attributes_only() {
         &["--only-values", "-n", "user.overlay.opaque", "p2"],
     );
     assert_eq!(attr, "y");
+}
+
+/// A clone of a clone whose file is written takes in its base's own
+/// bytes when the writer lets go (flattening the chain of bases); that is
+/// no change the user made, so the times the writer set stay.
+#[test]
+fn flattening_a_clone_of_a_clone_keeps_the_times_the_writer_set() {
+    let m = Mount::new("");
+    fs::create_dir(m.p("a")).unwrap();
+    fs::write(m.p("a/f"), pattern(300_000, 3)).unwrap();
+    succeeded(clone(&m.p("a"), &m.p("c1")));
+    write_at(&m.p("c1/f"), 8192, b"one");
+    succeeded(clone(&m.p("c1"), &m.p("c2")));
+    {
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(m.p("c2/f"))
+            .unwrap();
+        f.write_all_at(b"two", 100_000).unwrap();
+        let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(978_307_200);
+        f.set_times(fs::FileTimes::new().set_modified(when).set_accessed(when))
+            .unwrap();
+    }
+    // A read waits for the release's flattening (the file's one lock).
+    let body = fs::read(m.p("c2/f")).unwrap();
+    assert_eq!(&body[8192..8195], b"one");
+    assert_eq!(&body[100_000..100_003], b"two");
+    // No readiness signal tells the release is done: a few reads more.
+    for _ in 0..20 {
+        fs::read(m.p("c2/f")).unwrap();
+    }
+    assert_eq!(fs::metadata(m.p("c2/f")).unwrap().mtime(), 978_307_200);
 }
 
 /// A clone reads objects, not names: a file moved away from where the

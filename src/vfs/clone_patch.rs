@@ -552,6 +552,9 @@ impl Patched {
         if bytes > COPY_STEP || own.count() > MAX_RUNS {
             return Ok(false);
         }
+        // Taking in bytes it already showed is no change the user made:
+        // the file keeps its times (a futimens before the close stays).
+        let times = sys::fstat(self.fd.as_fd())?;
         let mut buf = Vec::new();
         for (from, to) in take {
             buf.resize((to - from) as usize, 0);
@@ -559,6 +562,7 @@ impl Patched {
             buf[got..].fill(0);
             write_all(self.fd.as_fd(), &buf, from)?;
         }
+        super::clone::keep_times(self.fd.as_fd(), &times)?;
         let new_base = theirs.base.try_clone()?;
         let parent_mark = theirs.mark.clone();
         drop(theirs);
