@@ -1767,3 +1767,45 @@ fn an_xattr_whiteout_hides_its_name_from_lookups_too() {
     );
     assert_eq!(read_file(&m.p("d/k")), b"kept");
 }
+
+/// The same for a merged directory (one with a lower copy): its rmdir
+/// cleared the upper copy's orphan temporaries as root, so a tree renamed
+/// to such a name by someone with access to the branch went although the
+/// caller could not have removed it.
+#[test]
+fn an_ordinary_user_s_rmdir_of_a_merged_directory_removes_no_tree_they_could_not() {
+    let m = Mount::union("", 1, |b| {
+        for root in [&b[0], &b[1]] {
+            fs::create_dir_all(root.join("group/shared")).unwrap();
+            for d in [root.join("group"), root.join("group/shared")] {
+                fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).unwrap();
+            }
+        }
+        let theirs = b[0].join("group/shared/.chronofs-copyup.0123456789abcdef");
+        fs::create_dir_all(theirs.join("work")).unwrap();
+        write_file(&theirs.join("work/notes"), b"someone's work");
+        fs::set_permissions(theirs.join("work"), fs::Permissions::from_mode(0o700)).unwrap();
+        for p in [
+            theirs.clone(),
+            theirs.join("work"),
+            theirs.join("work/notes"),
+        ] {
+            std::os::unix::fs::chown(&p, Some(OTHER_USER), Some(OTHER_USER)).unwrap();
+        }
+    });
+    let out = Command::new("rmdir")
+        .arg(m.p("group/shared"))
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "nobody's rmdir removed someone else's tree"
+    );
+    let notes = m
+        .src
+        .join("group/shared/.chronofs-copyup.0123456789abcdef/work/notes");
+    assert_eq!(fs::read(notes).unwrap(), b"someone's work");
+    fs::remove_dir(m.p("group/shared")).expect("root's rmdir clears the temporaries");
+}

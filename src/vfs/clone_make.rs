@@ -281,7 +281,7 @@ impl Vfs {
                 self.inodes.pin_if_known(&self.key_in_target(target, &st))?;
                 if self.union().is_some() && is_dir_mode(st.st_mode) {
                     // Empty to the user: whiteouts are all it may hold.
-                    self.clear_whiteouts_in(dir, name)?;
+                    self.clear_whiteouts_in(dir, name, None)?;
                 }
                 prepared.publish(dir, name, true)?;
                 return Ok(Some(st));

@@ -1239,8 +1239,16 @@ impl Vfs {
 
     /// Removes the whiteouts (and a crash's orphan temporaries) inside
     /// upper directory `name` of `dir`, so that it can be removed (its
-    /// merged listing is known empty).
-    pub(super) fn clear_whiteouts_in(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    /// merged listing is known empty). Orphans go with `caller`'s identity
+    /// when the removal is theirs: a name made to look like one, over
+    /// someone else's tree, is not the daemon's to delete as root (then
+    /// the directory is not empty: ENOTEMPTY).
+    pub(super) fn clear_whiteouts_in(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        caller: Option<&super::Caller>,
+    ) -> Result<()> {
         let sub = sys::openat(
             dir,
             name,
@@ -1262,7 +1270,20 @@ impl Vfs {
                     if format::is_whiteout(&st) {
                         sys::unlinkat(sub.as_fd(), &cn, 0)?;
                     } else if format::is_orphan(&e.name) {
-                        format::remove_orphan(sub.as_fd(), &cn)?;
+                        let removed = match caller {
+                            Some(c) => crate::sys::creds::as_caller(c, || {
+                                format::remove_orphan(sub.as_fd(), &cn)
+                            }),
+                            None => format::remove_orphan(sub.as_fd(), &cn),
+                        };
+                        match removed {
+                            Err(e)
+                                if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) =>
+                            {
+                                return Err(errno(libc::ENOTEMPTY));
+                            }
+                            r => r?,
+                        }
                     }
                 }
             }

@@ -390,6 +390,11 @@ impl Vfs {
         match (&in_upper, below) {
             (Some(st), true) => {
                 self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
+                if flags & libc::AT_REMOVEDIR != 0 {
+                    // Orphans first, as the caller: the swap below would
+                    // clear them as the daemon.
+                    self.clear_whiteouts_in(dir.fd(), cname, Some(caller))?;
+                }
                 // One step: the name never shows the lower copy meanwhile.
                 // (The kernel has checked the caller may delete it.)
                 format::replace_with_whiteout(dir.fd(), cname)?;
@@ -397,7 +402,7 @@ impl Vfs {
             (Some(st), false) => {
                 self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
                 if flags & libc::AT_REMOVEDIR != 0 {
-                    self.clear_whiteouts_in(dir.fd(), cname)?;
+                    self.clear_whiteouts_in(dir.fd(), cname, Some(caller))?;
                 }
                 creds::as_caller(caller, || sys::unlinkat(dir.fd(), cname, flags))?;
             }
@@ -443,10 +448,10 @@ impl Vfs {
         }
         if removable.iter().all(|r| *r) {
             for h in holders.iter().skip(1).rev() {
-                self.remove_copy(h, cname, rmdir)?;
+                self.remove_copy(caller, h, cname, rmdir)?;
             }
             if rmdir {
-                self.clear_whiteouts_in(visible.dir.fd.as_fd(), cname)?;
+                self.clear_whiteouts_in(visible.dir.fd.as_fd(), cname, Some(caller))?;
             }
             let at = visible.dir.fd.as_fd();
             creds::as_caller(caller, || sys::unlinkat(at, cname, flags))?;
@@ -454,13 +459,17 @@ impl Vfs {
         }
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
         let top = self.writable_dir(caller, parent)?;
+        if rmdir && sys::fstatat(top.fd(), cname).is_ok_and(|st| is_dir(&st)) {
+            // Orphans as the caller, before the swap clears them as root.
+            self.clear_whiteouts_in(top.fd(), cname, Some(caller))?;
+        }
         format::replace_with_whiteout(top.fd(), cname)?;
         let hidden = holders
             .iter()
             .zip(removable)
             .filter(|(h, r)| *r && h.dir.branch != upper);
         for (h, _) in hidden {
-            if let Err(e) = self.remove_copy(h, cname, rmdir) {
+            if let Err(e) = self.remove_copy(caller, h, cname, rmdir) {
                 // Hidden by the whiteout: harmless, and the removal the
                 // user asked for has happened.
                 tracing::warn!("a hidden copy of a removed name stays: {e}");
@@ -510,10 +519,11 @@ impl Vfs {
     }
 
     /// Removes one copy the user does not see (as the daemon: the kernel
-    /// checked the caller against the visible one).
-    fn remove_copy(&self, h: &Holder, name: &CStr, rmdir: bool) -> Result<()> {
+    /// checked the caller against the visible one; a crash's orphans in
+    /// it go as the caller).
+    fn remove_copy(&self, caller: &Caller, h: &Holder, name: &CStr, rmdir: bool) -> Result<()> {
         let flags = if rmdir {
-            self.clear_whiteouts_in(h.dir.fd.as_fd(), name)?;
+            self.clear_whiteouts_in(h.dir.fd.as_fd(), name, Some(caller))?;
             libc::AT_REMOVEDIR
         } else {
             0

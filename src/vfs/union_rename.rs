@@ -75,7 +75,9 @@ impl Vfs {
             .as_ref()
             .is_some_and(|st| st.as_ref().is_ok_and(format::is_whiteout));
         let victim = match at_new {
-            Some(st) if !over_whiteout => self.replaced(&newdir, (&new, st), target_from)?,
+            Some(st) if !over_whiteout => {
+                self.replaced(caller, &newdir, (&new, st), target_from)?
+            }
             _ => None,
         };
         let whiteout_old = below_old && !exchange;
@@ -185,6 +187,7 @@ impl Vfs {
     /// whiteout check).
     fn replaced(
         &self,
+        caller: &Caller,
         newdir: &Node,
         (new, at_new): (&CStr, std::io::Result<Stat>),
         target_from: LeftBehind,
@@ -195,7 +198,7 @@ impl Vfs {
             Ok(st) => {
                 self.inodes.pin_if_known(&self.inodes.key_in(upper, &st))?;
                 if is_dir(&st) {
-                    self.clear_whiteouts_in(newdir.fd(), new)?;
+                    self.clear_whiteouts_in(newdir.fd(), new, Some(caller))?;
                 }
                 Ok(Some(st))
             }
@@ -342,7 +345,7 @@ impl Vfs {
                 if !listing.entries.iter().all(|e| e.whiteout) {
                     return Ok(());
                 }
-                self.clear_whiteouts_in(at.as_fd(), name)?;
+                self.clear_whiteouts_in(at.as_fd(), name, None)?;
                 libc::AT_REMOVEDIR
             } else {
                 0
@@ -432,7 +435,7 @@ impl Vfs {
             Ok(st) => {
                 self.inodes.pin_if_known(&self.inodes.key_in(branch, &st))?;
                 if is_dir(&st) {
-                    self.clear_whiteouts_in(newdir.fd(), &new)?;
+                    self.clear_whiteouts_in(newdir.fd(), &new, Some(caller))?;
                 }
                 Some(st)
             }
