@@ -349,18 +349,8 @@ fn purge_removes_a_file_and_all_its_history() {
     // Bytes zstd cannot shrink are stored as they are: a pack that still
     // held them would show them. Beside a much larger live file, their
     // pack is far too live for gc to rewrite by share alone.
-    let noise = |len: usize, mut x: u64| -> Vec<u8> {
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
-    };
-    let secret = noise(64 * 1024, 0x9e37_79b9_7f4a_7c15);
-    let big = noise(4 << 20, 0x2545_f491_4f6c_dd1d);
+    let secret = pattern(64 * 1024, 1);
+    let big = pattern(4 << 20, 2);
     write_file(&m.p("d/big.bin"), &big);
     write_file(&m.p("d/secret.bin"), &secret);
     cli(&["log", s(&m.p("d/secret.bin"))]);

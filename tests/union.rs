@@ -1596,23 +1596,34 @@ fn a_rewind_after_a_copy_up_lists_the_directory_as_it_is_now() {
 /// natively, and the tree stays).
 #[test]
 fn an_ordinary_user_s_rmdir_removes_no_tree_they_could_not() {
-    let m = Mount::new_with("", |src| {
-        let shared = src.join("group/shared");
-        fs::create_dir_all(&shared).unwrap();
-        for d in [src.join("group"), shared.clone()] {
-            fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).unwrap();
-        }
-        let theirs = shared.join(".chronofs-copyup.0123456789abcdef");
-        fs::create_dir_all(theirs.join("work")).unwrap();
-        write_file(&theirs.join("work/notes"), b"someone's work");
-        for p in [
-            theirs.clone(),
-            theirs.join("work"),
-            theirs.join("work/notes"),
-        ] {
-            std::os::unix::fs::chown(&p, Some(OTHER_USER), Some(OTHER_USER)).unwrap();
-        }
-    });
+    let m = Mount::new_with("", plant_someones_tree);
+    assert_nobody_s_rmdir_keeps_someones_tree(&m);
+}
+
+/// `group/shared` (world-writable) under `root`, holding another user's
+/// private tree under a name like a crash's temporary.
+fn plant_someones_tree(root: &Path) {
+    let shared = root.join("group/shared");
+    fs::create_dir_all(&shared).unwrap();
+    for d in [root.join("group"), shared.clone()] {
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let theirs = shared.join(".chronofs-copyup.0123456789abcdef");
+    fs::create_dir_all(theirs.join("work")).unwrap();
+    write_file(&theirs.join("work/notes"), b"someone's work");
+    fs::set_permissions(theirs.join("work"), fs::Permissions::from_mode(0o700)).unwrap();
+    for p in [
+        theirs.clone(),
+        theirs.join("work"),
+        theirs.join("work/notes"),
+    ] {
+        std::os::unix::fs::chown(&p, Some(OTHER_USER), Some(OTHER_USER)).unwrap();
+    }
+}
+
+/// Nobody's rmdir of `group/shared` fails and leaves the tree; root's
+/// clears it, as by hand.
+fn assert_nobody_s_rmdir_keeps_someones_tree(m: &Mount) {
     let out = Command::new("rmdir")
         .arg(m.p("group/shared"))
         .uid(NOBODY)
@@ -1627,7 +1638,6 @@ fn an_ordinary_user_s_rmdir_removes_no_tree_they_could_not() {
         .src
         .join("group/shared/.chronofs-copyup.0123456789abcdef/work/notes");
     assert_eq!(fs::read(notes).unwrap(), b"someone's work");
-    // Root may, as by hand.
     fs::remove_dir(m.p("group/shared")).expect("root's rmdir clears the temporaries");
 }
 
@@ -1775,37 +1785,8 @@ fn an_xattr_whiteout_hides_its_name_from_lookups_too() {
 #[test]
 fn an_ordinary_user_s_rmdir_of_a_merged_directory_removes_no_tree_they_could_not() {
     let m = Mount::union("", 1, |b| {
-        for root in [&b[0], &b[1]] {
-            fs::create_dir_all(root.join("group/shared")).unwrap();
-            for d in [root.join("group"), root.join("group/shared")] {
-                fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).unwrap();
-            }
-        }
-        let theirs = b[0].join("group/shared/.chronofs-copyup.0123456789abcdef");
-        fs::create_dir_all(theirs.join("work")).unwrap();
-        write_file(&theirs.join("work/notes"), b"someone's work");
-        fs::set_permissions(theirs.join("work"), fs::Permissions::from_mode(0o700)).unwrap();
-        for p in [
-            theirs.clone(),
-            theirs.join("work"),
-            theirs.join("work/notes"),
-        ] {
-            std::os::unix::fs::chown(&p, Some(OTHER_USER), Some(OTHER_USER)).unwrap();
-        }
+        plant_someones_tree(&b[0]);
+        fs::create_dir_all(b[1].join("group/shared")).unwrap();
     });
-    let out = Command::new("rmdir")
-        .arg(m.p("group/shared"))
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .output()
-        .unwrap();
-    assert!(
-        !out.status.success(),
-        "nobody's rmdir removed someone else's tree"
-    );
-    let notes = m
-        .src
-        .join("group/shared/.chronofs-copyup.0123456789abcdef/work/notes");
-    assert_eq!(fs::read(notes).unwrap(), b"someone's work");
-    fs::remove_dir(m.p("group/shared")).expect("root's rmdir clears the temporaries");
+    assert_nobody_s_rmdir_keeps_someones_tree(&m);
 }
