@@ -1624,12 +1624,7 @@ fn plant_someones_tree(root: &Path) {
 /// Nobody's rmdir of `group/shared` fails and leaves the tree; root's
 /// clears it, as by hand.
 fn assert_nobody_s_rmdir_keeps_someones_tree(m: &Mount) {
-    let out = Command::new("rmdir")
-        .arg(m.p("group/shared"))
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .output()
-        .unwrap();
+    let out = as_user(NOBODY, "rmdir", &m.p("group/shared"));
     assert!(
         !out.status.success(),
         "nobody's rmdir removed someone else's tree"
@@ -1689,24 +1684,14 @@ fn a_merged_directory_lists_for_whoever_may_list_it_as_the_union_shows_it() {
     });
     std::os::unix::fs::chown(m.p("d"), Some(NOBODY), Some(NOBODY)).unwrap();
     write_file(&m.p("d/up"), b"up");
-    let out = Command::new("ls")
-        .arg(m.p("d"))
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .output()
-        .unwrap();
+    let out = as_user(NOBODY, "ls", &m.p("d"));
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "low\nup\n");
-    let other = Command::new("ls")
-        .arg(m.p("d"))
-        .uid(OTHER_USER)
-        .gid(OTHER_USER)
-        .output()
-        .unwrap();
+    let other = as_user(OTHER_USER, "ls", &m.p("d"));
     assert!(
         !other.status.success(),
         "a third user listed a 0700 directory"
@@ -1789,4 +1774,14 @@ fn an_ordinary_user_s_rmdir_of_a_merged_directory_removes_no_tree_they_could_not
         fs::create_dir_all(b[1].join("group/shared")).unwrap();
     });
     assert_nobody_s_rmdir_keeps_someones_tree(&m);
+}
+
+/// `prog path` run as user (and group) `id`.
+fn as_user(id: u32, prog: &str, path: &Path) -> std::process::Output {
+    Command::new(prog)
+        .arg(path)
+        .uid(id)
+        .gid(id)
+        .output()
+        .unwrap()
 }
