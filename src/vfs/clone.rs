@@ -261,7 +261,16 @@ pub(super) struct Clones {
     pub(super) moves: super::clone_space::Moves,
     /// The store these clones belong to, and the branches that say so.
     pub(super) stamps: super::clone_stamp::Stamps,
+    /// Files a read gave their base's blocks (FICLONE moves the backing
+    /// file's ctime, which no call can set back): the ctime they showed
+    /// before, kept while the backing file's is the one the sharing left.
+    /// Otherwise `tar` (ctime compared around its read) and others saw a
+    /// change where the user made none.
+    pub(super) kept_ctime: parking_lot::Mutex<HashMap<InodeNo, (Ctime, Ctime)>>,
 }
+
+/// A ctime: seconds and nanoseconds.
+pub(super) type Ctime = (i64, i64);
 
 impl Vfs {
     /// The namespace of the mount's own xattrs.
@@ -788,6 +797,16 @@ impl Vfs {
             return Ok(false);
         }
         self.unmark_materialised(node, &times)?;
+        if !for_change {
+            let after = sys::fstat(node.fd())?;
+            self.clones.kept_ctime.lock().insert(
+                node.ino,
+                (
+                    (after.st_ctime, after.st_ctime_nsec),
+                    (times.st_ctime, times.st_ctime_nsec),
+                ),
+            );
+        }
         // After the last step that moves its ctime: history's record must
         // match the file as it now is, or capture would read it whole.
         if for_change {

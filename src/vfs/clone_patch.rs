@@ -562,7 +562,10 @@ impl Patched {
             buf[got..].fill(0);
             write_all(self.fd.as_fd(), &buf, from)?;
         }
-        super::clone::keep_times(self.fd.as_fd(), &times)?;
+        if let Err(e) = super::clone::keep_times(self.fd.as_fd(), &times) {
+            // Only the times: the flattening itself goes on.
+            tracing::debug!("a flattened clone file's times moved: {e}");
+        }
         let new_base = theirs.base.try_clone()?;
         let parent_mark = theirs.mark.clone();
         drop(theirs);

@@ -246,7 +246,25 @@ impl Vfs {
             }
         }
         self.show_base_blocks(&inode, &mut st);
+        self.show_kept_ctime(ino, &mut st);
         st
+    }
+
+    /// A clone's file a read gave its base's blocks shows the ctime it
+    /// had before, until something changes it (`Clones::kept_ctime`).
+    fn show_kept_ctime(&self, ino: InodeNo, st: &mut Stat) {
+        if !self.clones_on() || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return;
+        }
+        let mut kept = self.clones.kept_ctime.lock();
+        let Some(&(after, before)) = kept.get(&ino) else {
+            return;
+        };
+        if (st.st_ctime, st.st_ctime_nsec) == after {
+            (st.st_ctime, st.st_ctime_nsec) = before;
+        } else {
+            kept.remove(&ino);
+        }
     }
 
     /// A clone's file that reads its base's bytes has a backing file of
