@@ -1785,3 +1785,35 @@ fn as_user(id: u32, prog: &str, path: &Path) -> std::process::Output {
         .output()
         .unwrap()
 }
+
+/// A directory renamed out of an opaque one: its redirect names its old
+/// path from the branch roots, and the search below walks that path part
+/// by part, as overlayfs does, so the opaque directory on the way still
+/// hides the branches below it (`etc/c` listed the hidden `old.conf`).
+#[test]
+fn a_redirect_through_an_opaque_directory_stops_below_it() {
+    let mut m = Mount::union("", 2, |b| {
+        fs::create_dir_all(b[1].join("etc/foo/conf.d")).unwrap();
+        write_file(&b[1].join("etc/foo/conf.d/new.conf"), b"new");
+        run(
+            &b[1],
+            "setfattr",
+            &["-n", "trusted.overlay.opaque", "-v", "y", "etc/foo"],
+        );
+        fs::create_dir_all(b[2].join("etc/foo/conf.d")).unwrap();
+        write_file(&b[2].join("etc/foo/conf.d/old.conf"), b"old");
+    });
+    let names = |m: &Mount, d: &str| {
+        let mut v: Vec<String> = fs::read_dir(m.p(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&m, "etc/foo/conf.d"), ["new.conf"]);
+    fs::rename(m.p("etc/foo/conf.d"), m.p("etc/c")).unwrap();
+    assert_eq!(names(&m, "etc/c"), ["new.conf"]);
+    m.remount();
+    assert_eq!(names(&m, "etc/c"), ["new.conf"], "after a remount");
+}

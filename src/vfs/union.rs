@@ -530,6 +530,18 @@ impl Redirect {
     }
 }
 
+/// Where a redirect's walk to its last component's directory got
+/// (`Vfs::redirect_parent`).
+enum Walked {
+    /// The directory, the last component, and whether an opaque directory
+    /// on the way ends the search after this branch.
+    Dir(Arc<OwnedFd>, Vec<u8>, bool),
+    /// Not in this branch: the search goes on below.
+    Absent,
+    /// A whiteout or a non-directory on the way: nothing below shows.
+    Ends,
+}
+
 pub(super) fn is_absent(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
@@ -676,10 +688,14 @@ impl Vfs {
             if set.rank(member.id) <= set.rank(above) {
                 continue;
             }
-            let (base, rel) = match &at {
-                Redirect::FromRoot(path) => (member.root.clone(), path.clone()),
+            let (base, rel, opaque_above) = match &at {
+                Redirect::FromRoot(path) => match self.redirect_parent(above, member, path)? {
+                    Walked::Dir(fd, last, opaque) => (fd, last, opaque),
+                    Walked::Absent => continue,
+                    Walked::Ends => break,
+                },
                 Redirect::InParent(name) => match parent.iter().find(|l| l.branch == member.id) {
-                    Some(l) => (l.fd.clone(), name.clone()),
+                    Some(l) => (l.fd.clone(), name.clone(), false),
                     None => continue,
                 },
             };
@@ -705,7 +721,7 @@ impl Vfs {
                 branch: member.id,
                 fd: Arc::new(fd),
             });
-            if opaque {
+            if opaque || opaque_above {
                 break;
             }
             if let Some(further) = further {
@@ -713,6 +729,47 @@ impl Vfs {
             }
         }
         Ok(out)
+    }
+
+    /// The directory of `member` that holds the last component of the
+    /// absolute redirect `path`, walked component by component as
+    /// overlayfs walks it: a whiteout or a non-directory on the way ends
+    /// the search (the path shows nothing below there), an opaque
+    /// directory on the way lets this branch's copy count and ends it
+    /// after (returned as `true`). A whiteout a snapmerge folded is as
+    /// absent.
+    fn redirect_parent(&self, above: BranchId, member: &Member, path: &[u8]) -> Result<Walked> {
+        let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
+        let parts: Vec<&[u8]> = path
+            .split(|b| *b == b'/')
+            .filter(|c| !c.is_empty())
+            .collect();
+        let Some((last, dirs)) = parts.split_last() else {
+            return Ok(Walked::Absent);
+        };
+        let mut fd = member.root.clone();
+        let mut opaque = false;
+        for part in dirs {
+            let name = sys::cstr(OsStr::from_bytes(part))?;
+            let st = match sys::fstatat(fd.as_fd(), &name) {
+                Ok(st) => st,
+                Err(e) if is_absent(&e) => return Ok(Walked::Absent),
+                Err(e) => return Err(e.into()),
+            };
+            if format::is_whiteout_in(fd.as_fd(), &name, &st, u.ns)? {
+                return Ok(match u.folded_whiteout(above, member.id) {
+                    true => Walked::Absent,
+                    false => Walked::Ends,
+                });
+            }
+            if !is_dir(&st) {
+                return Ok(Walked::Ends);
+            }
+            let next = sys::openat(fd.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+            opaque |= format::is_opaque(next.as_fd(), u.ns).unwrap_or(false);
+            fd = Arc::new(next);
+        }
+        Ok(Walked::Dir(fd, last.to_vec(), opaque))
     }
 
     /// Before a directory with lower copies moves: its upper copy made,
