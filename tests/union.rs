@@ -1772,7 +1772,22 @@ fn an_ordinary_user_s_rmdir_of_a_merged_directory_removes_no_tree_they_could_not
     let m = Mount::union("", 1, |b| {
         plant_someones_tree(&b[0]);
         fs::create_dir_all(b[1].join("group/shared")).unwrap();
+        for i in 0..20 {
+            write_file(&b[1].join(format!("group/shared/low{i}")), b"lower");
+        }
     });
+    // Removed through the mount: whiteouts in the upper copy hide them
+    // (many, so that some come before the temporary in a listing).
+    for i in 0..20 {
+        fs::remove_file(m.p(&format!("group/shared/low{i}"))).unwrap();
+    }
+    let out = as_user(NOBODY, "rmdir", &m.p("group/shared"));
+    assert!(
+        !out.status.success(),
+        "nobody's rmdir removed someone else's tree"
+    );
+    // The refused rmdir took no whiteout away: the lower files stay hidden.
+    assert_eq!(fs::read_dir(m.p("group/shared")).unwrap().count(), 0);
     assert_nobody_s_rmdir_keeps_someones_tree(&m);
 }
 

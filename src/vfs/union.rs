@@ -1312,39 +1312,43 @@ impl Vfs {
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
             0,
         )?;
-        let mut buf = sys::DirBuf::new(64 * 1024);
-        loop {
-            let batch = sys::getdents(sub.as_fd(), &mut buf)?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for e in batch {
-                if e.name == b"." || e.name == b".." {
-                    continue;
-                }
-                let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
-                if let Ok(st) = sys::fstatat(sub.as_fd(), &cn) {
-                    if format::is_whiteout(&st) {
-                        sys::unlinkat(sub.as_fd(), &cn, 0)?;
-                    } else if format::is_orphan(&e.name) {
-                        let removed = match caller {
-                            Some(c) => crate::sys::creds::as_caller(c, || {
-                                format::remove_orphan(sub.as_fd(), &cn)
-                            }),
-                            None => format::remove_orphan(sub.as_fd(), &cn),
-                        };
-                        match removed {
-                            Err(e)
-                                if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) =>
-                            {
-                                return Err(errno(libc::ENOTEMPTY));
-                            }
-                            r => r?,
-                        }
-                    }
-                }
+        // Orphans first: one that may not go (ENOTEMPTY) leaves every
+        // whiteout in place, so nothing below shows through.
+        self.clear_orphans_of(sub.as_fd(), caller)?;
+        for e in format::entries(sub.as_fd())? {
+            let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
+            if sys::fstatat(sub.as_fd(), &cn).is_ok_and(|st| format::is_whiteout(&st)) {
+                sys::unlinkat(sub.as_fd(), &cn, 0)?;
             }
         }
+        Ok(())
+    }
+
+    /// Removes a crash's orphan temporaries in directory `sub` (as
+    /// `caller` when given); one the caller may not remove: ENOTEMPTY.
+    pub(super) fn clear_orphans_of(
+        &self,
+        sub: BorrowedFd<'_>,
+        caller: Option<&super::Caller>,
+    ) -> Result<()> {
+        for e in format::entries(sub)? {
+            if !format::is_orphan(&e.name) {
+                continue;
+            }
+            let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
+            let removed = match caller {
+                Some(c) => crate::sys::creds::as_caller(c, || format::remove_orphan(sub, &cn)),
+                None => format::remove_orphan(sub, &cn),
+            };
+            match removed {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+                    return Err(errno(libc::ENOTEMPTY));
+                }
+                Err(e) if is_absent(&e) => {}
+                r => r?,
+            }
+        }
+        Ok(())
     }
 }
 

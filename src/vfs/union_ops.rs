@@ -392,8 +392,10 @@ impl Vfs {
                 self.inodes.pin_if_known(&self.inodes.key_in(upper, st))?;
                 if flags & libc::AT_REMOVEDIR != 0 {
                     // Orphans first, as the caller: the swap below would
-                    // clear them as the daemon.
-                    self.clear_whiteouts_in(dir.fd(), cname, Some(caller))?;
+                    // clear them as the daemon. The whiteouts stay until
+                    // the swap: lower entries must not show meanwhile.
+                    let sub = sys::openat(dir.fd(), cname, OPEN_DIR, 0)?;
+                    self.clear_orphans_of(sub.as_fd(), Some(caller))?;
                 }
                 // One step: the name never shows the lower copy meanwhile.
                 // (The kernel has checked the caller may delete it.)
@@ -460,8 +462,10 @@ impl Vfs {
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
         let top = self.writable_dir(caller, parent)?;
         if rmdir && sys::fstatat(top.fd(), cname).is_ok_and(|st| is_dir(&st)) {
-            // Orphans as the caller, before the swap clears them as root.
-            self.clear_whiteouts_in(top.fd(), cname, Some(caller))?;
+            // Orphans as the caller, before the swap clears them as root
+            // (the whiteouts stay until the swap).
+            let sub = sys::openat(top.fd(), cname, OPEN_DIR, 0)?;
+            self.clear_orphans_of(sub.as_fd(), Some(caller))?;
         }
         format::replace_with_whiteout(top.fd(), cname)?;
         let hidden = holders
@@ -630,3 +634,6 @@ fn refuse_protected(dir: std::os::fd::BorrowedFd<'_>, name: &CStr, st: &Stat) ->
     }
     Ok(())
 }
+
+/// Flags to list a directory of a branch (never through a symlink).
+const OPEN_DIR: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
