@@ -350,16 +350,26 @@ impl Past<'_> {
         (at, gone): (Seq, bool),
     ) -> Result<bool> {
         let named = if gone { at.prev() } else { at };
-        let Some(path) = self.history.path_at(obj, named)? else {
+        let names = self.history.names_at(obj, named)?;
+        if names.is_empty() {
             return Ok(true);
-        };
-        for depth in 0..path.len() {
-            match self.resolve(&path[..depth], named)? {
-                Some(dir) if Self::then_of(&dir)?.permits(who, SEARCH) => {}
-                _ => return Ok(false),
-            }
         }
-        Ok(true)
+        // A file with several names then: any way the caller could search
+        // reached it (a link in a closed directory hides no other name).
+        'names: for (parent, name) in names {
+            let Some(mut path) = self.history.path_at(parent, named)? else {
+                return Ok(true);
+            };
+            path.push(name);
+            for depth in 0..path.len() {
+                match self.resolve(&path[..depth], named)? {
+                    Some(dir) if Self::then_of(&dir)?.permits(who, SEARCH) => {}
+                    _ => continue 'names,
+                }
+            }
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// The state now of `node`, which history knows no way to (never

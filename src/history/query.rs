@@ -261,6 +261,11 @@ impl History {
 
     /// A name `obj` had at `seq` (parent, name), if any was recorded.
     pub fn name_at(&self, obj: ObjectId, seq: Seq) -> Result<Option<(ObjectId, Vec<u8>)>> {
+        Ok(self.names_at(obj, seq)?.pop())
+    }
+
+    /// Every name `obj` had at `seq` (parent, name), the latest bound last.
+    pub fn names_at(&self, obj: ObjectId, seq: Seq) -> Result<Vec<(ObjectId, Vec<u8>)>> {
         let mut alive: Vec<(ObjectId, Vec<u8>)> = Vec::new();
         for l in self.links(obj)? {
             if l.seq > seq {
@@ -273,7 +278,7 @@ impl History {
                 alive.retain(|k| *k != key);
             }
         }
-        Ok(alive.pop())
+        Ok(alive)
     }
 
     /// How many names `obj` had at `seq` inside the tree at path `root`,
