@@ -14,8 +14,9 @@
 //!   next collection.
 //!
 //! A listed chunk some version still references (the same bytes in
-//! another file, a tag, a clone) is live data, not purged data: it leaves
-//! the list untouched in the packs.
+//! another file, a tag, a clone) stays untouched in the packs, and listed
+//! until nothing does: a collection that runs between a purge's listing
+//! and its removal of the versions must not forget it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -48,7 +49,7 @@ pub(super) struct ScrubPlan {
     /// Packs rewritten however live they are.
     pub forced: HashSet<u32>,
     /// The pack of each listed chunk found unreferenced.
-    located: HashMap<Hash, u32>,
+    pub located: HashMap<Hash, u32>,
     /// Listed chunks a version references.
     referenced: HashSet<Hash>,
 }
@@ -117,7 +118,9 @@ impl Scrub {
                     out.pending.push((h, value));
                 }
             } else if plan.referenced.contains(&h) {
-                out.done.push(h);
+                // Live data now (the same bytes elsewhere, a tag, a clone,
+                // or a purge whose removal is still to come): listed until
+                // nothing references it.
             } else if removed.contains(&h) {
                 match plan.located.get(&h) {
                     Some(pack) if !freed.contains(pack) => {
@@ -160,6 +163,22 @@ impl History {
                 }
             }
         }
+        // The delta bases they read through hold earlier bytes of the same
+        // content (a version retention pruned): they go too, once nothing
+        // references them.
+        let mut seen: HashSet<Hash> = chunks.iter().copied().collect();
+        let mut work = chunks.clone();
+        while let Some(h) = work.pop() {
+            let Some(loc) = self.chunks().locate(&h)? else {
+                continue;
+            };
+            if let Ok(Some(base)) = self.chunks().delta_base(&h, &loc) {
+                if seen.insert(base) {
+                    chunks.push(base);
+                    work.push(base);
+                }
+            }
+        }
         if chunks.is_empty() {
             return Ok(());
         }
@@ -167,7 +186,11 @@ impl History {
         {
             let mut t = txn.open_table(SCRUB).map_err(err)?;
             for h in chunks {
-                t.insert(h.as_slice(), 0).map_err(err)?;
+                // One listed already keeps what it says (the pack it is
+                // still in).
+                if t.get(h.as_slice()).map_err(err)?.is_none() {
+                    t.insert(h.as_slice(), 0).map_err(err)?;
+                }
             }
         }
         txn.commit()
@@ -324,6 +347,46 @@ mod tests {
     }
 
     #[test]
+    fn a_purge_takes_the_bases_its_chunks_were_deltas_of() {
+        let k = kit();
+        let h = &k.history;
+        write(h, o(11), Some((ROOT, b"g")), &noise(2_000_000, 7));
+        let v1 = noise(10_000, 8);
+        let s1 = write(h, o(10), Some((ROOT, b"f")), &v1);
+        let base = chunks_of(h, &latest(h, o(10)))[0];
+        // The delta in another pack than its base, whose pack is mostly
+        // the live file's.
+        h.chunks().rotate();
+        let mut v2 = v1.clone();
+        v2[0..8].copy_from_slice(b"changed!");
+        let (c2, _) = h.chunks().put_against(&v2, Some(&base)).unwrap();
+        let manifest = Manifest {
+            extents: vec![Extent {
+                len: v2.len() as u32,
+                chunk: Some(c2),
+            }],
+        };
+        let (m2, _) = h.chunks().put_against(&manifest.encode(), None).unwrap();
+        record_file(h, o(10), None, m2, v2.len() as u64);
+        // Retention takes the first version; its chunk stays as the base.
+        h.prune(&[(o(10), Removal::Versions(vec![s1]))], Pins::Respect, None)
+            .unwrap();
+        collect(h, false);
+        assert!(
+            in_packs(h, &base),
+            "the base is kept while a delta needs it"
+        );
+        unlink(h, ROOT, b"f", o(10));
+        h.scrub_later(&[o(10)]).unwrap();
+        h.prune(&[(o(10), Removal::Whole)], Pins::Override, None)
+            .unwrap();
+        let r = collect(h, false);
+        assert!(!in_packs(h, &base), "the older bytes stayed: {r:?}");
+        assert!(!in_packs(h, &c2));
+        assert_eq!(h.scrub_listed().unwrap(), 0);
+    }
+
+    #[test]
     fn a_purged_chunk_goes_from_under_the_live_deltas_of_it() {
         let k = kit();
         let h = &k.history;
@@ -368,10 +431,11 @@ mod tests {
         assert!(!in_packs(h, base), "the purged base is still in a pack");
         assert_eq!(read(h, &latest(h, o(10))), v2);
         assert_eq!(r.scrub_pending, 0, "{r:?}");
+        // The live version's chunks stay listed, untouched, until nothing
+        // references them.
         assert_eq!(
             h.scrub_listed().unwrap(),
-            0,
-            "the live chunks left the list"
+            chunks_of(h, &latest(h, o(10))).len() as u64
         );
         assert!(in_packs(h, &c2));
     }
