@@ -294,7 +294,7 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Remove PATH and its entire history, permanently (root only; recorded in the audit log).
+    /// Remove PATH, its entire history and its stored bytes, permanently (root only; recorded in the audit log).
     Purge {
         path: PathBuf,
         #[arg(long)]
