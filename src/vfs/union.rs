@@ -1313,9 +1313,11 @@ impl Vfs {
             0,
         )?;
         // Orphans first: one that may not go (ENOTEMPTY) leaves every
-        // whiteout in place, so nothing below shows through.
-        self.clear_orphans_of(sub.as_fd(), caller)?;
-        for e in format::entries(sub.as_fd())? {
+        // whiteout in place, so nothing below shows through. (One listing:
+        // a second read of the descriptor would start at its end.)
+        let listing = format::entries(sub.as_fd())?;
+        self.clear_orphans_among(sub.as_fd(), &listing, caller)?;
+        for e in &listing {
             let cn = sys::cstr(OsStr::from_bytes(&e.name))?;
             if sys::fstatat(sub.as_fd(), &cn).is_ok_and(|st| format::is_whiteout(&st)) {
                 sys::unlinkat(sub.as_fd(), &cn, 0)?;
@@ -1331,7 +1333,18 @@ impl Vfs {
         sub: BorrowedFd<'_>,
         caller: Option<&super::Caller>,
     ) -> Result<()> {
-        for e in format::entries(sub)? {
+        let listing = format::entries(sub)?;
+        self.clear_orphans_among(sub, &listing, caller)
+    }
+
+    /// [`Vfs::clear_orphans_of`] with `sub`'s entries already read.
+    fn clear_orphans_among(
+        &self,
+        sub: BorrowedFd<'_>,
+        listing: &[sys::DirEntry],
+        caller: Option<&super::Caller>,
+    ) -> Result<()> {
+        for e in listing {
             if !format::is_orphan(&e.name) {
                 continue;
             }
