@@ -1711,20 +1711,12 @@ fn an_exchange_with_an_upper_only_directory_merges_nothing_below_it() {
     fs::create_dir(m.p("b")).unwrap();
     write_file(&m.p("b/y"), b"upper y");
     sys::renameat2(&cstr(m.p("a")), &cstr(m.p("b")), libc::RENAME_EXCHANGE).unwrap();
-    let names = |m: &Mount, d: &str| {
-        let mut v: Vec<String> = fs::read_dir(m.p(d))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(names(&m, "a"), ["y"]);
-    assert_eq!(names(&m, "b"), ["x"]);
+    assert_eq!(sorted_names(&m.p("a")), ["y"]);
+    assert_eq!(sorted_names(&m.p("b")), ["x"]);
     assert_eq!(read_file(&m.p("b/x")), b"lower x");
     m.remount();
-    assert_eq!(names(&m, "a"), ["y"], "after a remount");
-    assert_eq!(names(&m, "b"), ["x"], "after a remount");
+    assert_eq!(sorted_names(&m.p("a")), ["y"], "after a remount");
+    assert_eq!(sorted_names(&m.p("b")), ["x"], "after a remount");
 }
 
 /// The xattr form of a whiteout (an empty file carrying `overlay.whiteout`
@@ -1818,17 +1810,19 @@ fn a_redirect_through_an_opaque_directory_stops_below_it() {
         fs::create_dir_all(b[2].join("etc/foo/conf.d")).unwrap();
         write_file(&b[2].join("etc/foo/conf.d/old.conf"), b"old");
     });
-    let names = |m: &Mount, d: &str| {
-        let mut v: Vec<String> = fs::read_dir(m.p(d))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(names(&m, "etc/foo/conf.d"), ["new.conf"]);
+    assert_eq!(sorted_names(&m.p("etc/foo/conf.d")), ["new.conf"]);
     fs::rename(m.p("etc/foo/conf.d"), m.p("etc/c")).unwrap();
-    assert_eq!(names(&m, "etc/c"), ["new.conf"]);
+    assert_eq!(sorted_names(&m.p("etc/c")), ["new.conf"]);
     m.remount();
-    assert_eq!(names(&m, "etc/c"), ["new.conf"], "after a remount");
+    assert_eq!(sorted_names(&m.p("etc/c")), ["new.conf"], "after a remount");
+}
+
+/// The names in directory `dir`, sorted.
+fn sorted_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
 }

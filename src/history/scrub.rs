@@ -300,6 +300,21 @@ mod tests {
         h.object_at(obj, Seq::MAX).unwrap().unwrap().1
     }
 
+    /// Records `data` as the next version of file `obj`, its one chunk
+    /// stored as a delta of chunk `base`; returns that chunk.
+    fn write_delta(h: &History, obj: ObjectId, data: &[u8], base: &Hash) -> Hash {
+        let (chunk, _) = h.chunks().put_against(data, Some(base)).unwrap();
+        let manifest = Manifest {
+            extents: vec![Extent {
+                len: data.len() as u32,
+                chunk: Some(chunk),
+            }],
+        };
+        let (m, _) = h.chunks().put_against(&manifest.encode(), None).unwrap();
+        record_file(h, obj, None, m, data.len() as u64);
+        chunk
+    }
+
     /// Whether any pack file still holds an entry of chunk `c` (its
     /// header carries the hash).
     fn in_packs(h: &History, c: &Hash) -> bool {
@@ -359,15 +374,7 @@ mod tests {
         h.chunks().rotate();
         let mut v2 = v1.clone();
         v2[0..8].copy_from_slice(b"changed!");
-        let (c2, _) = h.chunks().put_against(&v2, Some(&base)).unwrap();
-        let manifest = Manifest {
-            extents: vec![Extent {
-                len: v2.len() as u32,
-                chunk: Some(c2),
-            }],
-        };
-        let (m2, _) = h.chunks().put_against(&manifest.encode(), None).unwrap();
-        record_file(h, o(10), None, m2, v2.len() as u64);
+        let c2 = write_delta(h, o(10), &v2, &base);
         // Retention takes the first version; its chunk stays as the base.
         h.prune(&[(o(10), Removal::Versions(vec![s1]))], Pins::Respect, None)
             .unwrap();

@@ -274,7 +274,10 @@ impl Vfs {
     /// no blocks for all holes and archived zeros, and `du` showed none.
     fn show_base_blocks(&self, inode: &Arc<Inode>, st: &mut Stat) {
         let whole = (st.st_size.max(0) as u64).div_ceil(512) as i64;
-        if !self.clones_on() || st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_blocks >= whole
+        if !self.clones_on()
+            || st.st_mode & libc::S_IFMT != libc::S_IFREG
+            || st.st_blocks >= whole
+            || inode.known_unmarked()
         {
             return;
         }
