@@ -1439,6 +1439,65 @@ fn truncating_a_lower_file_copies_up_only_what_survives() {
     assert_eq!(cli_ok(&["cat", p, "--version", "2"]), b"new data\n");
 }
 
+/// A rename over a file a read-only branch holds hides that file as a
+/// removal does, copying none of it (it copied the whole target up first:
+/// on an upper branch with less room than the file, ENOSPC where
+/// overlayfs renames). History keeps the replaced content; an immutable
+/// target is refused as natively.
+#[test]
+fn renaming_over_a_lower_file_copies_none_of_it() {
+    let big: Vec<u8> = (0..8u32 << 20).map(|i| (i * 5 % 251) as u8).collect();
+    for mode in ["plain", ""] {
+        let small = std::cell::RefCell::new(None);
+        let m = Mount::union(mode, 1, |b| {
+            write_file(&b[1].join("big"), &big);
+            write_file(&b[1].join("frozen"), b"frozen\n");
+            let st = Command::new("chattr")
+                .arg("+i")
+                .arg(b[1].join("frozen"))
+                .status()
+                .unwrap();
+            assert!(st.success(), "chattr +i");
+            // The upper branch: 2 MiB of room for a file of 8 MiB.
+            let st = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs"])
+                .arg(&b[0])
+                .status()
+                .unwrap();
+            assert!(st.success(), "mount tmpfs");
+            *small.borrow_mut() = Some(SmallFs(b[0].clone()));
+        });
+        let _unflag = Unflag(vec![m.lowers[0].join("frozen")]);
+        let _small = small.into_inner();
+        if mode.is_empty() {
+            m.wait_history_ready();
+        }
+        write_file(&m.p("new"), b"replacement\n");
+        fs::rename(m.p("new"), m.p("big")).expect("rename over a large lower file");
+        assert_eq!(read_file(&m.p("big")), b"replacement\n", "mode {mode:?}");
+        assert!(!m.p("new").exists());
+        assert_eq!(names(&m.mnt), ["big", "frozen"], "mode {mode:?}");
+        write_file(&m.p("other"), b"x");
+        let e = fs::rename(m.p("other"), m.p("frozen")).expect_err("over an immutable file");
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "mode {mode:?}: {e}");
+        assert_eq!(read_file(&m.p("frozen")), b"frozen\n");
+        assert_eq!(
+            read_file(&m.lowers[0].join("big")),
+            big,
+            "the lower file changed"
+        );
+        if mode.is_empty() {
+            let p = m.p("big");
+            let p = p.to_str().unwrap();
+            assert!(
+                cli_ok(&["cat", p, "--version", "1"]) == big,
+                "the replaced version"
+            );
+            assert_eq!(cli_ok(&["cat", p]), b"replacement\n");
+        }
+    }
+}
+
 /// A change through a descriptor of a lower file that no name shows any
 /// more (removed, or renamed over) applies to that open file, as on a
 /// native file system: it was EEXIST, the copy-up finding the whiteout or

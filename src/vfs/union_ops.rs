@@ -622,7 +622,11 @@ impl Vfs {
 /// `+i`), which a native file system refuses to remove: a whiteout would
 /// remove it from the union all the same. (A copy-up carries the flags,
 /// so the upper copy's own removal and renames are refused by the kernel.)
-fn refuse_protected(dir: std::os::fd::BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<()> {
+pub(super) fn refuse_protected(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &CStr,
+    st: &Stat,
+) -> Result<()> {
     let kind = st.st_mode & libc::S_IFMT;
     if kind != libc::S_IFREG && kind != libc::S_IFDIR {
         return Ok(());

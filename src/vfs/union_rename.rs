@@ -76,7 +76,11 @@ impl Vfs {
             .is_some_and(|st| st.as_ref().is_ok_and(format::is_whiteout));
         let victim = match at_new {
             Some(st) if !over_whiteout => {
-                self.replaced(caller, &newdir, (&new, st), target_from)?
+                let hidden = match (target_from, target) {
+                    (None, Some(t)) => self.hidden_read_only(t)?,
+                    (from, _) => from,
+                };
+                self.replaced(caller, &newdir, (&new, st), hidden)?
             }
             _ => None,
         };
@@ -181,8 +185,8 @@ impl Vfs {
 
     /// The object a (non-exchange) rename to `new` in upper directory
     /// `newdir` replaces, kept reachable for the kernel's open handles: the
-    /// upper one, else the one a lower read-write branch holds (hidden by
-    /// the rename; its copy goes after it).
+    /// upper one, else `hidden`, the one a lower branch holds (hidden by
+    /// the rename; a read-write branch's copy goes after it).
     /// `at_new`: the upper name's stat (taken once for this and the
     /// whiteout check).
     fn replaced(
@@ -190,7 +194,7 @@ impl Vfs {
         caller: &Caller,
         newdir: &Node,
         (new, at_new): (&CStr, std::io::Result<Stat>),
-        target_from: LeftBehind,
+        hidden: LeftBehind,
     ) -> Result<Option<Stat>> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
@@ -203,7 +207,7 @@ impl Vfs {
                 Ok(Some(st))
             }
             Err(e) if !is_absent(&e) => Err(e.into()),
-            Err(_) => match target_from {
+            Err(_) => match hidden {
                 Some((b, st)) => {
                     self.inodes.pin_if_known(&self.inodes.key_in(b, &st))?;
                     Ok(Some(st))
@@ -294,10 +298,32 @@ impl Vfs {
                 self.check_merged_empty(&found, new)?;
             }
         }
-        if !u.writable(self.inodes.branch_of(&tnode.key)) {
-            self.writable_node(caller, t)?;
+        if u.writable(self.inodes.branch_of(&tnode.key)) {
+            return Ok(());
         }
-        Ok(())
+        if tnode.is_dir() {
+            self.writable_node(caller, t)?;
+            return Ok(());
+        }
+        // A read-only branch's file is hidden by the new name, as a
+        // removal hides it: never copied (a large one would fail with
+        // ENOSPC), unless its other names count on the index.
+        if let Some(found) = self.walk(&self.node(newparent)?, new)? {
+            super::union_ops::refuse_protected(found.top.1.as_fd(), new, &found.top.2)?;
+        }
+        self.index_before_unlink(caller, t)
+    }
+
+    /// A rename's target still in a read-only branch (hidden by the
+    /// rename, not copied up): that branch and its attributes.
+    fn hidden_read_only(&self, t: InodeNo) -> Result<LeftBehind> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let node = self.node(t)?;
+        let b = self.inodes.branch_of(&node.key);
+        if u.writable(b) || node.is_dir() {
+            return Ok(None);
+        }
+        Ok(Some((b, sys::fstat(node.fd())?)))
     }
 
     /// Where `ino` lives if that is a read-write branch other than the
