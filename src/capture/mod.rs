@@ -1281,6 +1281,12 @@ impl Capture {
         if !(k.attrs.same_state(&attrs) || k.verified.same_state(&attrs)) {
             return false;
         }
+        // A version interval mode holds back marked the file verified
+        // while history still holds the one before: ranges written now
+        // would be laid over that older content.
+        if self.state.lock().is_deferred(obj) {
+            return false;
+        }
         // Any size will do: the manifest is read by the version's build,
         // off the opener's path (a cold store makes it a disk read), which
         // falls back to reading the file whole if it cannot.
@@ -1559,19 +1565,42 @@ impl Capture {
         {
             return Ok(());
         }
-        let mut draft = Draft::default();
         let dirty = self.state.lock().take_dirty(job.obj);
+        let tracked = dirty.is_some();
+        let pending = created.clone();
         let level = content_level(resolved.as_ref());
-        let content = match (level, dirty, known.as_ref().map(|k| &k.content)) {
+        let built = self.build_job(job, (known.as_deref(), created), attrs, level, dirty);
+        if built.is_err() {
+            // The ranges taken are gone with this version: the next one
+            // reads the whole file (else it would build on the version
+            // before this one's changes). A creation stays pending.
+            let mut state = self.state.lock();
+            if tracked {
+                state.dirty_lost(job.obj);
+            }
+            if let Some(c) = pending {
+                state.creates.entry(job.obj).or_insert(c);
+            }
+        }
+        built
+    }
+
+    /// The version of a session job, built from `dirty` (the ranges
+    /// written since `known`, if all are known) or by reading the file,
+    /// and committed.
+    fn build_job(
+        &self,
+        job: &Job,
+        (known, created): (Option<&Known>, Option<state::PendingCreate>),
+        attrs: Attrs,
+        level: Option<i32>,
+        dirty: Option<Vec<(u64, u64)>>,
+    ) -> Result<()> {
+        let mut draft = Draft::default();
+        let content = match (level, dirty, known.map(|k| &k.content)) {
             (None, _, _) => Content::Unrecorded,
             (Some(level), Some(ranges), Some(Content::File { manifest })) => {
-                match self.ingest_changes(&*job.reader, manifest, &ranges, level) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        self.state.lock().dirty_lost(job.obj);
-                        return Err(e);
-                    }
-                }
+                self.ingest_changes(&*job.reader, manifest, &ranges, level)?
             }
             (Some(level), _, previous) => self.ingest_fd(&*job.reader, previous, level)?,
         };
@@ -1599,13 +1628,11 @@ impl Capture {
         // A session that set times (touch, cp -p, rsync -t) made a change
         // even if its bytes are the same.
         let retimed = job.retimed
-            && known
-                .as_ref()
-                .is_some_and(|k| k.attrs.mtime != v.attrs.mtime && k.same_content_and_meta(&v));
+            && known.is_some_and(|k| k.attrs.mtime != v.attrs.mtime && k.same_content_and_meta(&v));
         if retimed {
             v.cause = Cause::Utimes;
         }
-        self.commit_unless_same(job.obj, known.as_deref(), v, draft, retimed)
+        self.commit_unless_same(job.obj, known, v, draft, retimed)
     }
 
     /// Interval mode: a session that ended within `capture-interval` of

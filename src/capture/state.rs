@@ -245,6 +245,11 @@ impl Objects {
         Ok(())
     }
 
+    /// Whether a version of `obj` is held back.
+    pub fn is_deferred(&self, obj: ObjectId) -> bool {
+        self.deferred.contains_key(&obj)
+    }
+
     /// The deferred version of `obj`, to build now.
     pub fn take_deferred(&mut self, obj: ObjectId) -> Option<Job> {
         self.deferred.remove(&obj).map(|(_, j)| j)

@@ -170,8 +170,6 @@ impl Vfs {
         if let Some(size) = set.size {
             let handle = set.fh.and_then(|fh| self.handles.get(fh).ok());
             let old_size = sys::fstat(fd).map_or(0, |st| st.st_size as u64);
-            // What lay past the new end is gone even if the file grows back.
-            self.wrote_range(ino, old_size.min(size), u64::MAX);
             let cut = || -> Result<()> {
                 match handle.as_deref() {
                     Some(Handle::File { fd: hfd, .. }) => {
@@ -190,6 +188,10 @@ impl Vfs {
                 Some(p) => p.truncate_with(size, cut)?,
                 None => cut()?,
             }
+            // What lay past the new end is gone even if the file grows
+            // back. Marked once it is gone: a version built in between
+            // would take the range and read the bytes still there.
+            self.wrote_range(ino, old_size.min(size), u64::MAX);
         }
         if set.atime.is_some() || set.mtime.is_some() {
             let atime = set.atime.unwrap_or(TimeSpec::Omit);

@@ -759,12 +759,16 @@ impl Vfs {
                 fd, session, ino, ..
             } => {
                 self.settle_patched(fh, true)?;
+                // History first: the prior state secured at the open (an
+                // O_TRUNC's old bytes) must be durable before the new
+                // bytes are, or a power cut in between loses it. The
+                // file's own fsync runs even if history's failed.
+                let recorded = match (session.is_open(), self.capture()) {
+                    (true, Some(c)) => c.fsync(ino.object()),
+                    _ => Ok(()),
+                };
                 sys::fsync(fd.as_fd(), datasync)?;
-                if session.is_open() {
-                    if let Some(c) = self.capture() {
-                        c.fsync(ino.object())?;
-                    }
-                }
+                recorded?;
             }
             Handle::Dir { stream, .. } => {
                 sys::fsync(stream.lock().fd(), datasync)?;
