@@ -350,6 +350,43 @@ fn a_directory_renamed_before_a_snapshot_and_changed_after_keeps_its_files() {
     }
 }
 
+/// A snapshot's fresh branch root takes the mount root's owner, mode
+/// and ACLs, and the root shows the copy changes go to: the user owning
+/// the root could not create in it after a snapshot (EACCES: the fresh
+/// root was root's 0755), and a chmod of the root did not show.
+#[test]
+fn the_mount_root_keeps_its_owner_and_mode_across_a_snapshot() {
+    use std::os::unix::fs::PermissionsExt;
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |b| {
+            std::os::unix::fs::chown(&b[0], Some(NOBODY), Some(NOBODY)).unwrap();
+            fs::set_permissions(&b[0], fs::Permissions::from_mode(0o775)).unwrap();
+        });
+        let create = |name: &str| {
+            let p = m.p(name);
+            as_nobody(|| rc(e(fs::write(&p, b"mine"))))
+        };
+        assert_eq!(create("before"), 0, "mode {mode:?}");
+        branch_snapshot(&m, &["--name", "s1"]);
+        let st = fs::metadata(&m.mnt).unwrap();
+        assert_eq!((st.uid(), st.gid()), (NOBODY, NOBODY), "mode {mode:?}");
+        assert_eq!(st.mode() & 0o7777, 0o775, "mode {mode:?}");
+        assert_eq!(
+            create("after"),
+            0,
+            "mode {mode:?}: a create by the root's owner"
+        );
+        assert_eq!(
+            fs::metadata(m.p("after")).unwrap().uid(),
+            NOBODY,
+            "mode {mode:?}"
+        );
+        fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o750)).unwrap();
+        let st = fs::metadata(&m.mnt).unwrap();
+        assert_eq!(st.mode() & 0o7777, 0o750, "mode {mode:?}: a chmod shows");
+    }
+}
+
 fn branch_snapshot(m: &Mount, args: &[&str]) -> String {
     let mut all = vec!["snapshot", m.mnt.to_str().unwrap()];
     all.extend_from_slice(args);
@@ -785,6 +822,59 @@ fn snapmerge_while_walked(
         assert!(reader.join().unwrap() > 0);
         out
     })
+}
+
+/// A snapshot's fresh branch is made in the store: with the store on
+/// another file system, a merge of it into the branch below is refused in
+/// one line before anything moves (it failed with a bare EXDEV after the
+/// whiteouts had been applied below).
+#[test]
+fn snapmerge_across_file_systems_is_refused_before_anything_moves() {
+    let store = tempdir();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+        .arg(store.path())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount tmpfs");
+    let _unmount = Unmount(store.path().to_path_buf());
+    let opts = format!("plain,store={}", store.path().display());
+    let m = Mount::union(&opts, 1, |b| {
+        write_file(&b[0].join("gone"), b"to be removed");
+        write_file(&b[1].join("low"), b"low");
+    });
+    branch_snapshot(&m, &["--name", "s1"]);
+    fs::remove_file(m.p("gone")).unwrap();
+    write_file(&m.p("new"), b"new");
+    branch_snapshot(&m, &["--name", "s2"]);
+    let before = tree(&m.mnt);
+    let src_before = names(&m.src);
+    let out = snapmerge(&m, &[]);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = stderr(&out);
+    assert!(err.contains("different file systems"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(tree(&m.mnt), before);
+    assert_eq!(names(&m.src), src_before, "the branch below changed");
+}
+
+/// A fresh branch directory a crash left behind (made, the set not
+/// recorded) does not take its snapshot name for good: the next snapshot
+/// of that name, or an unnamed one, succeeds.
+#[test]
+fn a_snapshot_s_leftover_directory_does_not_block_the_next_snapshot() {
+    let m = Mount::union("plain", 1, |_| {});
+    let fresh = m.src.join(".chronofs/branches");
+    fs::create_dir_all(fresh.join("over-snapshot-1")).unwrap();
+    fs::create_dir_all(fresh.join("over-named")).unwrap();
+    assert!(branch_snapshot(&m, &[]).contains("snapshot-"));
+    assert!(branch_snapshot(&m, &["--name", "named"]).contains("snapshot named"));
+    write_file(&m.p("after"), b"after");
+    assert_eq!(read_file(&m.p("after")), b"after");
 }
 
 #[test]

@@ -831,6 +831,9 @@ struct MountHost {
     record: Option<(crate::store::BranchSetLog, Vec<(u32, bool)>)>,
     /// Where `snapshot` makes fresh branches (the store's `branches/`).
     fresh_dir: PathBuf,
+    /// Why `snapshot` cannot make one: the store lies under the mount
+    /// point (reached by path, that leads into the mount itself).
+    fresh_refusal: Option<String>,
     /// Snapshot names, by the frozen branch's id.
     snapshots: parking_lot::Mutex<std::collections::HashMap<u32, String>>,
     /// Held by each branch change, sandbox start and commit, and clone:
@@ -1198,6 +1201,9 @@ impl control::service::Host for MountHost {
         let Some((log, mounted)) = &self.record else {
             return Err(Error::Usage("this mount records no branch set".into()));
         };
+        if let Some(why) = &self.fresh_refusal {
+            return Err(Error::Usage(why.clone()));
+        }
         let t0 = std::time::Instant::now();
         let frozen = vfs
             .branches()?
@@ -1219,12 +1225,17 @@ impl control::service::Host for MountHost {
             Some(n) => snapshot_name(n)?.to_string(),
             None => (taken.len() + 1..)
                 .map(|i| format!("snapshot-{i}"))
-                .find(|n| !taken.contains(n))
+                .find(|n| !taken.contains(n) && !self.fresh_dir.join(format!("over-{n}")).exists())
                 .unwrap_or_default(),
         };
         // The fresh branch holds what changes after the snapshot: "over" it.
         let dir = self.fresh_dir.join(format!("over-{name}"));
         std::fs::create_dir_all(&self.fresh_dir).map_err(Error::Io)?;
+        // An empty one that no snapshot names and no branch is, is a
+        // crash's leftover (made, the set not recorded): the name is free.
+        if !self.paths.lock().values().any(|p| p == &dir) {
+            let _ = std::fs::remove_dir(&dir);
+        }
         std::fs::create_dir(&dir).map_err(|e| {
             Error::Usage(format!(
                 "cannot make the fresh branch {}: {e}",
@@ -1617,6 +1628,13 @@ fn mount_host(
         transport,
         record: modes,
         fresh_dir: plan.store.join("branches"),
+        fresh_refusal: plan.store.starts_with(&plan.mnt).then(|| {
+            format!(
+                "snapshots need the store outside the mount point {} (mounted with \
+                 MNT = SRC: give -o store=DIR elsewhere)",
+                plan.mnt.display()
+            )
+        }),
         snapshots: parking_lot::Mutex::new(snapshots),
         changes: parking_lot::Mutex::new(()),
         src: plan.union.is_empty().then(|| plan.src.clone()),

@@ -598,6 +598,21 @@ fn apply_meta(
     set_times(fd, st)
 }
 
+/// Gives directory `to` the owner, xattrs (ACLs included, the union's
+/// own marks not), mode and times of directory `from`: a snapshot's
+/// fresh branch root takes the root the mount showed. Either may be an
+/// `O_PATH` descriptor.
+pub fn copy_dir_meta(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+    let from = sys::reopen(from, flags)?;
+    let to = sys::reopen(to, flags)?;
+    let st = sys::fstat(from.as_fd())?;
+    sys::chown_fd(to.as_fd(), st.st_uid, st.st_gid)?;
+    copy_xattrs(from.as_fd(), to.as_fd())?;
+    sys::chmod_fd(to.as_fd(), st.st_mode & 0o7777)?;
+    set_times(to.as_fd(), &st)
+}
+
 fn copy_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
     let xattrs = sys::xattrs_of(from)?;
     drop_inherited_acls(to, &xattrs)?;

@@ -109,14 +109,21 @@ impl Vfs {
                     Some(copy) => sys::fstat(copy.as_fd())?,
                     None => sys::fstat(fd.as_fd())?,
                 },
-                Handle::Dir { .. } => sys::fstat(self.node(ino)?.fd())?,
+                Handle::Dir { .. } => self.fstat_shown(ino)?,
             },
-            _ => sys::fstat(self.node(ino)?.fd())?,
+            _ => self.fstat_shown(ino)?,
         };
         Ok(Attr {
             ino,
             st: self.shown(ino, st),
         })
+    }
+
+    fn fstat_shown(&self, ino: InodeNo) -> Result<super::Stat> {
+        match self.root_copy_shown(ino) {
+            Some(copy) => Ok(sys::fstat(copy.as_fd())?),
+            None => Ok(sys::fstat(self.node(ino)?.fd())?),
+        }
     }
 
     pub fn setattr(&self, caller: &Caller, ino: InodeNo, set: SetAttr) -> Result<Attr> {

@@ -256,6 +256,12 @@ impl Vfs {
                 ));
             }
             let root = Arc::new(fresh.root);
+            // The mount's root keeps its owner, mode and ACLs: creates in
+            // it go to the fresh root now, as the caller.
+            let shown = old.member(frozen).map(|m| m.root.clone());
+            if let Some(shown) = shown {
+                crate::union::copyup::copy_dir_meta(shown.as_fd(), root.as_fd())?;
+            }
             let mut members = old.members.clone();
             members.insert(0, Member::new(id, root.clone(), true));
             let set = BranchSet {
@@ -323,6 +329,11 @@ impl Vfs {
             }
             (upper.clone(), lower.clone(), at + 2 < set.members.len())
         };
+        if sys::fstat(upper.root.as_fd())?.st_dev != sys::fstat(lower.root.as_fd())?.st_dev {
+            return Err(VfsError::BranchBusy(format!(
+                "branch {position} and the branch below it are on different file systems:                  a merge moves objects by rename (a snapshot's branch is made in the store;                  keep the store on the branches' file system to merge it)"
+            )));
+        }
         let position = position as usize;
         let _upper_held = upper.exclusive(position)?;
         let _lower_held = lower.exclusive(position + 1)?;

@@ -1052,6 +1052,22 @@ impl Vfs {
         self.inodes.node_of(inode)
     }
 
+    /// The mount root's copy that changes to it go to, when that is not
+    /// the root's own: a snapshot or a mode change moved the upper branch
+    /// off the primary one. The root shows that copy (a chmod of it shows).
+    pub(super) fn root_copy_shown(&self, ino: InodeNo) -> Option<Arc<OwnedFd>> {
+        if ino != InodeNo::ROOT {
+            return None;
+        }
+        let u = self.union()?;
+        let upper = u.upper()?;
+        let node = self.node(ino).ok()?;
+        if self.inodes.branch_of(&node.key) == upper {
+            return None;
+        }
+        u.set().member(upper).map(|m| m.root.clone())
+    }
+
     /// The copy of directory `dir` in `branch`.
     pub(super) fn copy_in(&self, dir: InodeNo, branch: BranchId) -> Result<Arc<OwnedFd>> {
         let node = self.node(dir)?;
