@@ -387,6 +387,24 @@ fn the_mount_root_keeps_its_owner_and_mode_across_a_snapshot() {
     }
 }
 
+/// A snapshot's fresh branch lies in the store, inside SRC by default:
+/// `branch add` checked the whole list as a command line and refused
+/// every addition after a snapshot for that nesting.
+#[test]
+fn a_branch_is_added_after_a_snapshot() {
+    let m = Mount::union("plain", 1, |_| {});
+    branch_snapshot(&m, &["--name", "s1"]);
+    let extra = extra_dir(&m, "extra", &[("x", b"x")]);
+    branch_ok(&m, &["add", extra.to_str().unwrap(), "--at", "3"]);
+    assert_eq!(read_file(&m.p("x")), b"x");
+    // A branch inside SRC is still refused.
+    let inside = m.src.join("sub");
+    fs::create_dir(&inside).unwrap();
+    let out = branch(&m, &["add", inside.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+}
+
 fn branch_snapshot(m: &Mount, args: &[&str]) -> String {
     let mut all = vec!["snapshot", m.mnt.to_str().unwrap()];
     all.extend_from_slice(args);

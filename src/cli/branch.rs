@@ -80,6 +80,9 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
         .collect();
     let at = position.map_or(0, |p| (p as usize).min(paths.len()));
     paths.insert(at, (&dir, mode_of(writable)));
+    // A snapshot's fresh branch lies in the store, by default inside SRC:
+    // nested by design, it is no reason to refuse another branch.
+    paths.retain(|(p, _)| *p == dir.as_path() || !is_snapshot_branch(p));
     UnionSpec::of_paths(&paths)?.validate(mnt)?;
     let dir_text = dir
         .to_str()
@@ -91,6 +94,14 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
         &format!("{} added at position {at}", dir.display()),
     );
     Ok(())
+}
+
+/// A branch `snapshot` made: `over-NAME` in a store's `branches/`.
+fn is_snapshot_branch(p: &Path) -> bool {
+    let over = p
+        .file_name()
+        .is_some_and(|n| n.as_encoded_bytes().starts_with(b"over-"));
+    over && p.parent().and_then(Path::file_name) == Some(std::ffi::OsStr::new("branches"))
 }
 
 /// Freezes the union's upper branch under a name, a fresh one on top.
