@@ -405,6 +405,44 @@ fn a_branch_is_added_after_a_snapshot() {
     assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
 }
 
+/// A directory moved out of one renamed before a snapshot: its redirect
+/// is the path the branches below see (`/x/sub`, followed through the
+/// frozen `x`'s own redirect), as overlayfs writes it. It was the path of
+/// its lower copy (`/a/sub`), which met the frozen branch's whiteout of
+/// `a`: its files were gone at the next remount, and a merge then lost
+/// them.
+#[test]
+fn a_directory_moved_out_of_one_renamed_before_a_snapshot_keeps_its_files() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| {
+            fs::create_dir_all(b[1].join("a/sub/inner")).unwrap();
+            write_file(&b[1].join("a/sub/deep"), b"deep");
+            write_file(&b[1].join("a/sub/inner/more"), b"more");
+            write_file(&b[1].join("a/stays"), b"stays");
+        });
+        fs::rename(m.p("a"), m.p("x")).unwrap();
+        branch_snapshot(&m, &["--name", "s1"]);
+        fs::rename(m.p("x/sub"), m.p("y")).unwrap();
+        let want = tree(&m.mnt);
+        let names: Vec<&str> = want.iter().map(|(p, _)| p.as_str()).collect();
+        for n in ["y/deep", "y/inner/more", "x/stays"] {
+            assert!(names.contains(&n), "mode {mode:?}: {n} in {names:?}");
+        }
+        m.remount();
+        assert_eq!(tree(&m.mnt), want, "mode {mode:?}: after a remount");
+        // Once more, then everything frozen folded down.
+        fs::rename(m.p("y/inner"), m.p("z")).unwrap();
+        let want = tree(&m.mnt);
+        branch_snapshot(&m, &["--name", "s2"]);
+        let out = snapmerge(&m, &[]);
+        assert!(out.status.success(), "mode {mode:?}: {}", stderr(&out));
+        assert_eq!(tree(&m.mnt), want, "mode {mode:?}: merged");
+        m.remount();
+        assert_eq!(tree(&m.mnt), want, "mode {mode:?}: merged, after a remount");
+        assert_eq!(read_file(&m.p("z/more")), b"more");
+    }
+}
+
 fn branch_snapshot(m: &Mount, args: &[&str]) -> String {
     let mut all = vec!["snapshot", m.mnt.to_str().unwrap()];
     all.extend_from_slice(args);

@@ -134,11 +134,24 @@ pub fn absorb(
     linked: &mut Linked<'_>,
 ) -> Result<Vec<Renamed>> {
     let mut out = Vec::new();
+    let absolute = |path: Vec<Vec<u8>>| {
+        let mut abs = Vec::new();
+        for c in path {
+            abs.push(b'/');
+            abs.extend_from_slice(&c);
+        }
+        abs
+    };
     for (path, _) in renamed {
         let at = lower_path(renamed, path);
         let dir = open_path_beneath(upper, path)?;
-        let mut then = None;
-        if let Ok(from) = open_path_beneath(lower, &at) {
+        let (from, past) = walk_lower(lower, &at, ns)?;
+        // Where the branches below the lower one hold it: through a
+        // directory on the way renamed in the lower branch, where that one
+        // came from (`mv a x`, a snapshot, `mv x/sub y`: `y` says `/x/sub`,
+        // which below the lower branch is `/a/sub`).
+        let mut then = past.clone().map(absolute);
+        if let Some(from) = from {
             link_missing(from.as_fd(), (dir.as_fd(), upper), ns, linked)?;
             let fd = sys::open_path(dir.as_fd(), c".")?;
             if format::is_opaque(from.as_fd(), ns)? {
@@ -146,13 +159,12 @@ pub fn absorb(
                 // now that it holds all the lower copy held.
                 format::set_opaque(fd.as_fd(), ns)?;
                 sys::removexattr_fd(fd.as_fd(), ns.redirect())?;
+                then = None;
             } else if let Some(further) = format::redirect(from.as_fd(), ns)? {
-                let mut abs = Vec::new();
-                for c in origin_path(&at, &further) {
-                    abs.push(b'/');
-                    abs.extend_from_slice(&c);
-                }
-                then = Some(abs);
+                then = Some(absolute(origin_path(
+                    past.as_deref().unwrap_or(&at),
+                    &further,
+                )));
             }
         }
         // Else the lower branch holds nothing there: all came from below.
@@ -281,6 +293,44 @@ fn copy_attrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
         time(st.st_atime, st.st_atime_nsec),
         time(st.st_mtime, st.st_mtime_nsec),
     )
+}
+
+/// `at` walked in branch `lower`: its directory there, if it has one,
+/// and, when a directory on the way was renamed in `lower` (a redirect),
+/// the path the branches below `lower` hold it at instead.
+fn walk_lower(
+    lower: BorrowedFd<'_>,
+    at: &[Vec<u8>],
+    ns: XattrNs,
+) -> io::Result<(Option<OwnedFd>, Option<Vec<Vec<u8>>>)> {
+    let mut dir = sys::reopen_dir(lower, libc::O_RDONLY)?;
+    let mut below: Vec<Vec<u8>> = Vec::new();
+    let mut renamed = false;
+    let past = |below: &[Vec<u8>], renamed: bool, rest: &[Vec<u8>]| {
+        renamed.then(|| below.iter().chain(rest).cloned().collect::<Vec<_>>())
+    };
+    for (i, comp) in at.iter().enumerate() {
+        dir = match sys::openat(dir.as_fd(), &cname(comp)?, DIR_FLAGS, 0) {
+            Ok(fd) => fd,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                return Ok((None, past(&below, renamed, &at[i..])));
+            }
+            Err(e) => return Err(e),
+        };
+        if i + 1 == at.len() {
+            break;
+        }
+        match format::redirect(dir.as_fd(), ns)? {
+            Some(origin) => {
+                below.push(comp.clone());
+                below = origin_path(&below, &origin);
+                renamed = true;
+            }
+            None => below.push(comp.clone()),
+        }
+    }
+    let last = at.last().map(std::slice::from_ref).unwrap_or_default();
+    Ok((Some(dir), past(&below, renamed, last)))
 }
 
 /// The directory `path` names under `root`, no symlink followed.

@@ -689,11 +689,19 @@ impl Vfs {
                 continue;
             }
             let (base, rel, opaque_above) = match &at {
-                Redirect::FromRoot(path) => match self.redirect_parent(above, member, path)? {
-                    Walked::Dir(fd, last, opaque) => (fd, last, opaque),
-                    Walked::Absent => continue,
-                    Walked::Ends => break,
-                },
+                Redirect::FromRoot(path) => {
+                    let (walked, rest) = self.redirect_parent(above, member, path)?;
+                    // What this branch's renamed directories say holds for
+                    // every branch below, found here or not.
+                    if let Some(rest) = rest {
+                        at = Redirect::FromRoot(rest);
+                    }
+                    match walked {
+                        Walked::Dir(fd, last, opaque) => (fd, last, opaque),
+                        Walked::Absent => continue,
+                        Walked::Ends => break,
+                    }
+                }
                 Redirect::InParent(name) => match parent.iter().find(|l| l.branch == member.id) {
                     Some(l) => (l.fd.clone(), name.clone(), false),
                     None => continue,
@@ -737,39 +745,83 @@ impl Vfs {
     /// the search (the path shows nothing below there), an opaque
     /// directory on the way lets this branch's copy count and ends it
     /// after (returned as `true`). A whiteout a snapmerge folded is as
-    /// absent.
-    fn redirect_parent(&self, above: BranchId, member: &Member, path: &[u8]) -> Result<Walked> {
+    /// absent. A directory on the way that was renamed in its time (its
+    /// own redirect) sends the branches below on to where it came from:
+    /// the second value is then the path they walk instead (`mv a x`, a
+    /// snapshot, `mv x/sub y`: `y` says `/x/sub`, and `x` says `/a`).
+    fn redirect_parent(
+        &self,
+        above: BranchId,
+        member: &Member,
+        path: &[u8],
+    ) -> Result<(Walked, Option<Vec<u8>>)> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
         let parts: Vec<&[u8]> = path
             .split(|b| *b == b'/')
             .filter(|c| !c.is_empty())
             .collect();
         let Some((last, dirs)) = parts.split_last() else {
-            return Ok(Walked::Absent);
+            return Ok((Walked::Absent, None));
         };
         let mut fd = member.root.clone();
         let mut opaque = false;
-        for part in dirs {
+        // The path the branches below walk, as far as this walk got.
+        let mut below: Vec<Vec<u8>> = Vec::new();
+        let mut renamed = false;
+        let then = |below: &[Vec<u8>], renamed: bool, rest: &[&[u8]]| -> Option<Vec<u8>> {
+            renamed.then(|| {
+                let all: Vec<&[u8]> = below
+                    .iter()
+                    .map(Vec::as_slice)
+                    .chain(rest.iter().copied())
+                    .collect();
+                all.join(&b'/')
+            })
+        };
+        for (i, part) in dirs.iter().enumerate() {
             let name = sys::cstr(OsStr::from_bytes(part))?;
+            let rest = &parts[i..];
             let st = match sys::fstatat(fd.as_fd(), &name) {
                 Ok(st) => st,
-                Err(e) if is_absent(&e) => return Ok(Walked::Absent),
+                Err(e) if is_absent(&e) => {
+                    return Ok((Walked::Absent, then(&below, renamed, rest)))
+                }
                 Err(e) => return Err(e.into()),
             };
             if format::is_whiteout_in(fd.as_fd(), &name, &st, u.ns)? {
                 return Ok(match u.folded_whiteout(above, member.id) {
-                    true => Walked::Absent,
-                    false => Walked::Ends,
+                    true => (Walked::Absent, then(&below, renamed, rest)),
+                    false => (Walked::Ends, None),
                 });
             }
             if !is_dir(&st) {
-                return Ok(Walked::Ends);
+                return Ok((Walked::Ends, None));
             }
             let next = sys::openat(fd.as_fd(), &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
             opaque |= format::is_opaque(next.as_fd(), u.ns).unwrap_or(false);
+            let origin = match opaque || u.is_bottom(member.id) {
+                true => None,
+                false => format::redirect(next.as_fd(), u.ns)?,
+            };
+            match origin.as_deref().map(Redirect::parse) {
+                Some(Redirect::FromRoot(p)) => {
+                    below = p
+                        .split(|b| *b == b'/')
+                        .filter(|c| !c.is_empty())
+                        .map(<[u8]>::to_vec)
+                        .collect();
+                    renamed = true;
+                }
+                Some(Redirect::InParent(n)) => {
+                    below.push(n);
+                    renamed = true;
+                }
+                None => below.push(part.to_vec()),
+            }
             fd = Arc::new(next);
         }
-        Ok(Walked::Dir(fd, last.to_vec(), opaque))
+        let rest = then(&below, renamed, &[last]);
+        Ok((Walked::Dir(fd, last.to_vec(), opaque), rest))
     }
 
     /// Before a directory with lower copies moves: its upper copy made,
@@ -789,24 +841,54 @@ impl Vfs {
         Ok(())
     }
 
-    /// Where a directory's topmost lower copy is, as a path from its
-    /// branch's root (it may itself have moved before: the path the
-    /// kernel reached it by is not enough).
+    /// Where a directory's lower copies are, as overlayfs writes it: its
+    /// path in the union below the upper branch. That is the names the
+    /// kernel reached it by, from the nearest ancestor whose upper copy
+    /// was itself renamed on (that one's redirect). The path of its
+    /// topmost lower copy in that copy's branch was not it: after `mv a
+    /// x`, a snapshot, and `mv x/sub y`, `/a/sub` met the frozen
+    /// branch's whiteout of `a`, and `y` showed nothing from then on.
     fn origin_of(&self, node: &Node) -> Result<Vec<u8>> {
         let u = self.union.as_ref().ok_or(VfsError::WrongKind)?;
-        let lower = self
-            .layers_of(node)?
-            .into_iter()
-            .find(|l| Some(l.branch) != u.upper())
-            .ok_or(errno(libc::EXDEV))?;
-        let root = u.root_of(lower.branch).ok_or(errno(libc::ESTALE))?;
-        let at = |fd: BorrowedFd<'_>| {
-            std::fs::read_link(sys::proc_fd_path(fd).to_str().unwrap_or_default())
-        };
-        let (dir, root) = (at(lower.fd.as_fd())?, at(root.as_fd())?);
-        let rel = dir.strip_prefix(&root).map_err(|_| errno(libc::EXDEV))?;
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
+        let (mut parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
+        let mut names = vec![name];
+        let mut prefix: Vec<u8> = Vec::new();
+        while parent != InodeNo::ROOT {
+            let dir = self.node(parent)?;
+            let copy = match self.inodes.branch_of(&dir.key) == upper {
+                true => Some(dir.fd_arc()),
+                false => self
+                    .layers_of(&dir)?
+                    .into_iter()
+                    .find(|l| l.branch == upper)
+                    .map(|l| l.fd),
+            };
+            let origin = match copy {
+                Some(fd) => format::redirect(fd.as_fd(), u.ns)?,
+                None => None,
+            };
+            let (grand, dir_name) = dir.name().ok_or(errno(libc::ESTALE))?;
+            match origin.as_deref().map(Redirect::parse) {
+                Some(Redirect::FromRoot(path)) => {
+                    prefix = path;
+                    break;
+                }
+                Some(Redirect::InParent(renamed)) => names.push(renamed),
+                None => names.push(dir_name),
+            }
+            parent = grand;
+        }
         let mut path = b"/".to_vec();
-        path.extend_from_slice(rel.as_os_str().as_bytes());
+        for part in std::iter::once(prefix).chain(names.into_iter().rev()) {
+            if part.is_empty() {
+                continue;
+            }
+            if path.len() > 1 {
+                path.push(b'/');
+            }
+            path.extend_from_slice(&part);
+        }
         Ok(path)
     }
 
