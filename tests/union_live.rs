@@ -75,6 +75,25 @@ fn a_lower_branch_made_read_write_takes_writes_and_read_only_again_copies_them_u
     }
 }
 
+/// A rename over a file of a read-only branch that a mode change left
+/// above the upper one fails with EROFS, as its removal does: the new name
+/// would land below it, hidden, and the moved file would vanish.
+#[test]
+fn a_rename_over_a_file_above_the_upper_branch_fails_erofs() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |b| {
+            write_file(&b[0].join("f"), b"above\n");
+            write_file(&b[1].join("g"), b"below\n");
+        });
+        branch_ok(&m, &["mode", "1", "rw"]);
+        branch_ok(&m, &["mode", "0", "ro"]);
+        let e = fs::rename(m.p("g"), m.p("f")).expect_err("rename over a file above");
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "mode {mode:?}: {e}");
+        assert_eq!(read_file(&m.p("g")), b"below\n");
+        assert_eq!(read_file(&m.p("f")), b"above\n");
+    }
+}
+
 #[test]
 fn the_upper_branch_follows_modes_and_with_none_writable_changes_fail_erofs() {
     for mode in union_modes() {

@@ -443,6 +443,35 @@ fn a_directory_moved_out_of_one_renamed_before_a_snapshot_keeps_its_files() {
     }
 }
 
+/// A fold of a directory whose redirect passes an opaque directory of
+/// the branch below keeps hidden what that one hid: the merge gave it a
+/// redirect past the opaque directory, and a removed file came back.
+#[test]
+fn a_merge_keeps_hidden_what_an_opaque_directory_on_a_redirect_hid() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |b| {
+            fs::create_dir_all(b[1].join("a/sub/deeper")).unwrap();
+            write_file(&b[1].join("a/sub/deeper/old"), b"removed");
+        });
+        fs::rename(m.p("a"), m.p("x")).unwrap();
+        fs::remove_dir_all(m.p("x/sub")).unwrap();
+        fs::create_dir_all(m.p("x/sub/deeper")).unwrap();
+        write_file(&m.p("x/sub/deeper/new"), b"new");
+        branch_snapshot(&m, &["--name", "s1"]);
+        fs::rename(m.p("x/sub/deeper"), m.p("y")).unwrap();
+        let want = tree(&m.mnt);
+        let names: Vec<&str> = want.iter().map(|(p, _)| p.as_str()).collect();
+        assert!(
+            names.contains(&"y/new") && !names.contains(&"y/old"),
+            "{names:?}"
+        );
+        branch_snapshot(&m, &["--name", "s2"]);
+        let out = snapmerge(&m, &[]);
+        assert!(out.status.success(), "mode {mode:?}: {}", stderr(&out));
+        assert_eq!(tree(&m.mnt), want, "mode {mode:?}: merged");
+    }
+}
+
 fn branch_snapshot(m: &Mount, args: &[&str]) -> String {
     let mut all = vec!["snapshot", m.mnt.to_str().unwrap()];
     all.extend_from_slice(args);
@@ -931,6 +960,64 @@ fn a_snapshot_s_leftover_directory_does_not_block_the_next_snapshot() {
     assert!(branch_snapshot(&m, &["--name", "named"]).contains("snapshot named"));
     write_file(&m.p("after"), b"after");
     assert_eq!(read_file(&m.p("after")), b"after");
+}
+
+/// Changes that copy up a file or a directory of the branch being folded
+/// go on during the fold: the copy-up finds its object again where the
+/// fold moved it (they failed with ENOENT once the fold had moved the
+/// file down, or emptied and removed its directory's copy).
+#[test]
+fn changes_that_copy_up_go_on_while_a_snapmerge_folds() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |_| {});
+        branch_snapshot(&m, &["--name", "s1"]);
+        let dirs = 40;
+        let per_dir = 60;
+        for d in 0..dirs {
+            fs::create_dir(m.p(&format!("d{d}"))).unwrap();
+            for f in 0..per_dir {
+                write_file(&m.p(&format!("d{d}/f{f}")), b"a");
+            }
+        }
+        branch_snapshot(&m, &["--name", "s2"]);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (out, rounds) = std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                let mut rounds = 0;
+                // Until the fold ends, and one whole round at least.
+                while rounds == 0 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for d in 0..dirs {
+                        for f in 0..per_dir {
+                            let p = m.p(&format!("d{d}/f{f}"));
+                            let appended = fs::OpenOptions::new()
+                                .append(true)
+                                .open(&p)
+                                .and_then(|mut f| std::io::Write::write_all(&mut f, b"b"));
+                            if let Err(e) = appended {
+                                panic!("mode {mode:?}: append to {}: {e}", p.display());
+                            }
+                        }
+                        let made = m.p(&format!("d{d}/new{rounds}"));
+                        if let Err(e) = fs::write(&made, b"n") {
+                            panic!("mode {mode:?}: create {}: {e}", made.display());
+                        }
+                    }
+                    rounds += 1;
+                }
+                rounds
+            });
+            let out = snapmerge(&m, &[]);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            (out, writer.join().unwrap())
+        });
+        assert!(out.status.success(), "mode {mode:?}: {}", stderr(&out));
+        for d in 0..dirs {
+            for f in 0..per_dir {
+                let data = read_file(&m.p(&format!("d{d}/f{f}")));
+                assert_eq!(data.len(), 1 + rounds, "mode {mode:?}: d{d}/f{f}");
+            }
+        }
+    }
 }
 
 #[test]

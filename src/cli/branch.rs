@@ -81,9 +81,15 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
     let at = position.map_or(0, |p| (p as usize).min(paths.len()));
     paths.insert(at, (&dir, mode_of(writable)));
     // A snapshot's fresh branch lies in the store, by default inside SRC:
-    // nested by design, it is no reason to refuse another branch.
-    paths.retain(|(p, _)| *p == dir.as_path() || !is_snapshot_branch(p));
-    UnionSpec::of_paths(&paths)?.validate(mnt)?;
+    // nested by design, it is no reason to refuse another branch. The new
+    // one is still checked against it.
+    let (fresh, others): (Vec<_>, Vec<_>) = paths
+        .into_iter()
+        .partition(|(p, _)| *p != dir.as_path() && is_snapshot_branch(p));
+    UnionSpec::of_paths(&others)?.validate(mnt)?;
+    for pair in fresh {
+        UnionSpec::of_paths(&[(dir.as_path(), mode_of(writable)), pair])?.validate(mnt)?;
+    }
     let dir_text = dir
         .to_str()
         .with_context(|| format!("{}: not a UTF-8 path", dir.display()))?;

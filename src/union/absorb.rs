@@ -150,22 +150,32 @@ pub fn absorb(
         // directory on the way renamed in the lower branch, where that one
         // came from (`mv a x`, a snapshot, `mv x/sub y`: `y` says `/x/sub`,
         // which below the lower branch is `/a/sub`).
-        let mut then = past.clone().map(absolute);
+        let (mut then, mut hides) = match past {
+            Below::Same => (None, false),
+            Below::At(ref path) => (Some(absolute(path.clone())), false),
+            Below::Hidden => (None, true),
+        };
         if let Some(from) = from {
             link_missing(from.as_fd(), (dir.as_fd(), upper), ns, linked)?;
-            let fd = sys::open_path(dir.as_fd(), c".")?;
             if format::is_opaque(from.as_fd(), ns)? {
-                // The lower copy hid what lies below: so does this one,
-                // now that it holds all the lower copy held.
-                format::set_opaque(fd.as_fd(), ns)?;
-                sys::removexattr_fd(fd.as_fd(), ns.redirect())?;
-                then = None;
+                hides = true;
             } else if let Some(further) = format::redirect(from.as_fd(), ns)? {
-                then = Some(absolute(origin_path(
-                    past.as_deref().unwrap_or(&at),
-                    &further,
-                )));
+                let base = match &past {
+                    Below::At(path) => path.as_slice(),
+                    _ => &at,
+                };
+                then = Some(absolute(origin_path(base, &further)));
+                hides = false;
             }
+        }
+        if hides {
+            // What lies below was hidden (the lower copy, or a directory
+            // on its way, opaque): so it stays, now that this one holds
+            // all the lower copy held.
+            let fd = sys::open_path(dir.as_fd(), c".")?;
+            format::set_opaque(fd.as_fd(), ns)?;
+            sys::removexattr_fd(fd.as_fd(), ns.redirect())?;
+            then = None;
         }
         // Else the lower branch holds nothing there: all came from below.
         out.push(Renamed {
@@ -295,42 +305,60 @@ fn copy_attrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
     )
 }
 
-/// `at` walked in branch `lower`: its directory there, if it has one,
-/// and, when a directory on the way was renamed in `lower` (a redirect),
-/// the path the branches below `lower` hold it at instead.
+/// What the branches below a lower branch hold for a path walked in it.
+enum Below {
+    /// The same path.
+    Same,
+    /// Another path: a directory on the way was renamed in the lower
+    /// branch (its redirect leads on).
+    At(Vec<Vec<u8>>),
+    /// Nothing that shows: a directory on the way is opaque.
+    Hidden,
+}
+
+/// `at` walked in branch `lower`, as overlayfs walks a redirect: its
+/// directory there, if it has one, and what the branches below hold
+/// instead (an opaque directory on the way hides them, unless one further
+/// on was renamed from an absolute path).
 fn walk_lower(
     lower: BorrowedFd<'_>,
     at: &[Vec<u8>],
     ns: XattrNs,
-) -> io::Result<(Option<OwnedFd>, Option<Vec<Vec<u8>>>)> {
+) -> io::Result<(Option<OwnedFd>, Below)> {
     let mut dir = sys::reopen_dir(lower, libc::O_RDONLY)?;
     let mut below: Vec<Vec<u8>> = Vec::new();
-    let mut renamed = false;
-    let past = |below: &[Vec<u8>], renamed: bool, rest: &[Vec<u8>]| {
-        renamed.then(|| below.iter().chain(rest).cloned().collect::<Vec<_>>())
+    let (mut renamed, mut opaque) = (false, false);
+    let past = |below: &[Vec<u8>], renamed: bool, opaque: bool, rest: &[Vec<u8>]| match (
+        opaque, renamed,
+    ) {
+        (true, _) => Below::Hidden,
+        (false, true) => Below::At(below.iter().chain(rest).cloned().collect()),
+        (false, false) => Below::Same,
     };
     for (i, comp) in at.iter().enumerate() {
         dir = match sys::openat(dir.as_fd(), &cname(comp)?, DIR_FLAGS, 0) {
             Ok(fd) => fd,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
-                return Ok((None, past(&below, renamed, &at[i..])));
+                return Ok((None, past(&below, renamed, opaque, &at[i..])));
             }
             Err(e) => return Err(e),
         };
         if i + 1 == at.len() {
             break;
         }
-        match format::redirect(dir.as_fd(), ns)? {
-            Some(origin) => {
-                below.push(comp.clone());
-                below = origin_path(&below, &origin);
-                renamed = true;
-            }
-            None => below.push(comp.clone()),
+        below.push(comp.clone());
+        if format::is_opaque(dir.as_fd(), ns)? {
+            opaque = true;
+            continue;
+        }
+        if let Some(origin) = format::redirect(dir.as_fd(), ns)? {
+            opaque &= origin.first() != Some(&b'/');
+            below = origin_path(&below, &origin);
+            renamed = true;
         }
     }
     let last = at.last().map(std::slice::from_ref).unwrap_or_default();
-    Ok((Some(dir), past(&below, renamed, last)))
+    Ok((Some(dir), past(&below, renamed, opaque, last)))
 }
 
 /// The directory `path` names under `root`, no symlink followed.

@@ -57,6 +57,29 @@ impl Vfs {
         self.inodes.node_of(inode)
     }
 
+    /// A copy-up found its object's copy gone while a snapmerge runs (the
+    /// fold moved it down, or emptied and removed a directory copy): `ino`
+    /// and its ancestors are found again by their names, where they are
+    /// now, keeping their numbers, for the copy-up to try again.
+    pub(super) fn found_again_mid_merge(&self, ino: InodeNo) -> Result<()> {
+        let u = self.union().ok_or(VfsError::WrongKind)?;
+        let mut chain = Vec::new();
+        let mut cur = Some(ino);
+        while let Some(at) = cur.filter(|i| *i != InodeNo::ROOT && chain.len() < 4096) {
+            let inode = self.inodes.get(at)?;
+            cur = inode.name().map(|(parent, _)| parent);
+            chain.push(inode);
+        }
+        // Parents first: a child is found again through its parent's copies.
+        for inode in chain.into_iter().rev() {
+            match inode.is_dir() {
+                true => self.refresh_for_set(inode)?,
+                false => self.copy_gone(u, &inode)?,
+            };
+        }
+        Ok(())
+    }
+
     /// Brings an inode found under an older branch set up to the one in
     /// force: a non-directory of a removed branch is gone (ESTALE); a
     /// directory's copies are found again by its name, and where its top

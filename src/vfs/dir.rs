@@ -358,14 +358,31 @@ impl Vfs {
         stream.served = true;
         stream.seek(offset)?;
         let in_root = *ino == InodeNo::ROOT;
+        // A union directory read as it is (no copies below) may still hold
+        // whiteouts: an opaque one a snapmerge folded them into.
+        let raw_in_union = !stream.union && self.union().is_some();
         while let Some(d) = stream.peek(numbers)? {
-            let hidden = self.is_own_name(in_root, OsStr::from_bytes(&d.e.name));
+            let hidden = self.is_own_name(in_root, OsStr::from_bytes(&d.e.name))
+                || (raw_in_union
+                    && d.e.dtype == libc::DT_CHR
+                    && self.is_whiteout_at(*ino, &d.e.name));
             if !hidden && each(self, *ino, d)? {
                 break;
             }
             stream.advance();
         }
         Ok(())
+    }
+
+    /// Whether entry `name` of directory `dir` is a whiteout.
+    fn is_whiteout_at(&self, dir: InodeNo, name: &[u8]) -> bool {
+        let Ok(cname) = std::ffi::CString::new(name) else {
+            return false;
+        };
+        self.node(dir)
+            .ok()
+            .and_then(|n| sys::fstatat(n.fd(), &cname).ok())
+            .is_some_and(|st| crate::union::format::is_whiteout(&st))
     }
 
     /// A rewind of a stream whose directory was copied up since it was

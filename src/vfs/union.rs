@@ -864,11 +864,13 @@ impl Vfs {
                     .find(|l| l.branch == upper)
                     .map(|l| l.fd),
             };
+            // The name first: a rename of this directory writes its
+            // redirect before it renames it.
+            let (grand, dir_name) = dir.name().ok_or(errno(libc::ESTALE))?;
             let origin = match copy {
                 Some(fd) => format::redirect(fd.as_fd(), u.ns)?,
                 None => None,
             };
-            let (grand, dir_name) = dir.name().ok_or(errno(libc::ESTALE))?;
             match origin.as_deref().map(Redirect::parse) {
                 Some(Redirect::FromRoot(path)) => {
                     prefix = path;
@@ -915,6 +917,11 @@ impl Vfs {
             return Ok(false);
         }
         Ok(self.walk(dir, &sys::cstr(name)?)?.is_some())
+    }
+
+    /// Whether a snapmerge is folding two branches now.
+    fn gone_mid_fold(&self) -> bool {
+        self.union().is_some_and(|u| u.merging())
     }
 
     /// Whether `e` says a directory copy is gone because a snapmerge
@@ -1091,6 +1098,20 @@ impl Vfs {
     /// single-branch mount; in a union its copy in the upper branch, made
     /// (with its missing parents) if it has none yet.
     pub(super) fn writable_dir(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
+        let mut tries = 0;
+        loop {
+            match self.writable_dir_once(caller, ino) {
+                // A fold moved or removed a copy it was to copy from.
+                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold() => {
+                    tries += 1;
+                    self.found_again_mid_merge(ino)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn writable_dir_once(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
         let node = self.node(ino)?;
         let Some(u) = self.union.as_ref() else {
             return Ok(node);
@@ -1178,10 +1199,18 @@ impl Vfs {
         ino: InodeNo,
         (open, keep): (bool, Option<u64>),
     ) -> Result<(Node, Option<std::sync::Arc<super::clone_patch::Patched>>)> {
-        let node = self.node(ino)?;
         // A clone's file copies up with its mark (its own blocks only), and
         // changes where the change goes: never in a read-only branch.
-        let node = self.writable_in_union(caller, ino, node, keep)?;
+        let mut tries = 0;
+        let node = loop {
+            match self.writable_in_union(caller, ino, self.node(ino)?, keep) {
+                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold() => {
+                    tries += 1;
+                    self.found_again_mid_merge(ino)?;
+                }
+                r => break r?,
+            }
+        };
         let made = match self.clones_on() {
             true => self.before_clone_change_for(&node, open)?,
             false => None,

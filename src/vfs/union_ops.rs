@@ -310,7 +310,7 @@ pub(super) struct MakeAt<'a> {
 /// The upper branch, where a whiteout hiding a copy in `branch` goes;
 /// EROFS when there is none, or it is below `branch` (a mode change put it
 /// there): a whiteout hides only what is below it.
-fn hidable(u: &Union, branch: BranchId) -> Result<BranchId> {
+pub(super) fn hidable(u: &Union, branch: BranchId) -> Result<BranchId> {
     match u.upper() {
         Some(upper) if u.rank(upper) <= u.rank(branch) => Ok(upper),
         _ => Err(errno(libc::EROFS)),

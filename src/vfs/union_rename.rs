@@ -66,6 +66,13 @@ impl Vfs {
             self.prepare_target(caller, (newparent, &new), t, exchange, &source)?;
             self.name_in_upper(t, (&newdir, &new))?;
         }
+        // A replaced file left in its read-only branch must stay there
+        // until the rename is done: a copy-up meanwhile (a write open)
+        // would be the object replaced, unpinned and unrecorded.
+        let _target_stays = match target {
+            Some(t) if !exchange && !self.node(t)?.is_dir() => Some(u.copying_up(t)),
+            _ => None,
+        };
         let at_new = if exchange {
             None
         } else {
@@ -307,7 +314,9 @@ impl Vfs {
         }
         // A read-only branch's file is hidden by the new name, as a
         // removal hides it: never copied (a large one would fail with
-        // ENOSPC), unless its other names count on the index.
+        // ENOSPC), unless its other names count on the index. Not by an
+        // upper branch a mode change put below it (EROFS).
+        super::union_ops::hidable(u, self.inodes.branch_of(&tnode.key))?;
         if let Some(found) = self.walk(&self.node(newparent)?, new)? {
             super::union_ops::refuse_protected(found.top.1.as_fd(), new, &found.top.2)?;
         }
