@@ -603,3 +603,51 @@ fn a_staging_directory_swapped_for_a_symlink_leads_nothing_out() {
         no_staging_left(&m.mnt);
     });
 }
+
+/// Every object of a staging tree is the caller's alone until it is
+/// complete (a directory until its entries are): a 0600 key in a 0700
+/// directory restored into a 0755 home was readable by anyone (0666 with
+/// umask 0) while its content downloaded.
+#[test]
+fn a_staging_tree_is_private_while_it_is_built() {
+    each_versioning_mode(|m| {
+        fs::create_dir_all(m.p("home/.ssh")).unwrap();
+        fs::set_permissions(m.p("home/.ssh"), fs::Permissions::from_mode(0o700)).unwrap();
+        write_file(&m.p("home/.ssh/id"), &pattern(BIG, 3));
+        fs::set_permissions(m.p("home/.ssh/id"), fs::Permissions::from_mode(0o600)).unwrap();
+        chrono_ok(m, &["tag", "orig"]);
+        let mut seen = Vec::new();
+        let out = during_download(
+            &m.mnt,
+            &["restore", "home", "--at", "orig", "--to", "home2"],
+            &[".chronofs-staging-", "/id"],
+            BIG,
+            || {
+                let mut stack: Vec<_> = raw_names(&m.mnt)
+                    .into_iter()
+                    .filter(|n| n.starts_with(b".chronofs-staging-"))
+                    .map(|n| m.mnt.join(OsStr::from_bytes(&n)))
+                    .collect();
+                while let Some(p) = stack.pop() {
+                    let md = fs::symlink_metadata(&p).unwrap();
+                    seen.push((p.clone(), md.mode() & 0o7777));
+                    if md.is_dir() {
+                        stack.extend(fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+                    }
+                }
+            },
+        );
+        assert_succeeded(m, &["restore"], &out);
+        assert!(seen.len() >= 4, "{seen:?}");
+        for (p, mode) in &seen {
+            assert_eq!(mode & 0o077, 0, "{} was {mode:o}", p.display());
+        }
+        let md = fs::metadata(m.p("home2/.ssh/id")).unwrap();
+        assert_eq!(md.mode() & 0o7777, 0o600);
+        assert_eq!(
+            fnv(&read_file(&m.p("home2/.ssh/id"))),
+            fnv(&pattern(BIG, 3))
+        );
+        no_staging_left(&m.mnt);
+    });
+}

@@ -166,9 +166,11 @@ fn unhex(s: &str) -> Result<Vec<u8>> {
 }
 
 /// Modes objects are made with in the staging tree, before their recorded
-/// one is applied.
-const NEW_DIR_MODE: u32 = 0o777;
-const NEW_FILE_MODE: u32 = 0o666;
+/// one is applied (a directory's after its entries): the owner's alone,
+/// whatever the umask, so that a 0600 key restored into a 0755 home is
+/// never readable by others while the tree is built.
+const NEW_DIR_MODE: u32 = 0o700;
+const NEW_FILE_MODE: u32 = 0o600;
 
 /// Attributes to give an object.
 struct Meta {
