@@ -651,3 +651,58 @@ fn a_staging_tree_is_private_while_it_is_built() {
         no_staging_left(&m.mnt);
     });
 }
+
+/// `cd t; chronofs restore . --at T` where `t` was a symlink (or a file)
+/// at T: the past cannot be staged inside the directory `t` is now, and
+/// replacing it would leave the shell in a removed directory, so it is
+/// refused with one line, and nothing changes (the symlink's attributes
+/// went to the directory, 0777, its ACL dropped; revert also removed every
+/// entry).
+#[test]
+fn a_non_directory_over_the_directory_the_caller_is_in_is_refused() {
+    each_versioning_mode(|m| {
+        let t = m.p("t");
+        std::os::unix::fs::symlink("elsewhere", &t).unwrap();
+        chrono_ok(m, &["tag", "link"]);
+        fs::remove_file(&t).unwrap();
+        write_file(&t, b"a file\n");
+        chrono_ok(m, &["tag", "file"]);
+        fs::remove_file(&t).unwrap();
+        fs::create_dir(&t).unwrap();
+        write_file(&t.join("keep"), b"keep\n");
+        fs::set_permissions(&t, fs::Permissions::from_mode(0o750)).unwrap();
+        run(&m.mnt, "setfacl", &["-m", "u:65534:rx", "t"]);
+        let before = snapshot(&t, SNAP);
+        for (verb, tag) in [("restore", "link"), ("revert", "link"), ("restore", "file")] {
+            let out = chrono_in(&t, None, &[verb, ".", "--at", tag]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{verb} --at {tag}: {err}");
+            assert!(
+                err.contains("is a directory now; use --to DEST") && err.lines().count() == 1,
+                "{verb} --at {tag}: {err}"
+            );
+            assert_same_tree(&before, &snapshot(&t, SNAP), verb, &m.log_tail());
+            assert_eq!(
+                fs::symlink_metadata(&t).unwrap().mode() & 0o7777,
+                0o750,
+                "{verb} --at {tag}"
+            );
+            assert!(
+                get_xattr(&t, "system.posix_acl_access").is_ok(),
+                "{verb}: ACL"
+            );
+            no_staging_left(&t);
+        }
+        // Elsewhere it can be brought back.
+        let out = chrono_in(
+            &t,
+            None,
+            &["restore", ".", "--at", "link", "--to", "../t-then"],
+        );
+        assert_succeeded(m, &["restore"], &out);
+        assert_eq!(
+            fs::read_link(m.p("t-then")).unwrap(),
+            Path::new("elsewhere")
+        );
+    });
+}

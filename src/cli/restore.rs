@@ -736,6 +736,12 @@ impl Builder<'_> {
                     || !may_write(pdir)
                     || std::env::current_dir().is_ok_and(|c| c.starts_with(dest)))
         }) {
+            // Staging inside writes only entries: a symlink's or a file's
+            // would have been nothing, then its attributes given to the
+            // directory (and revert removed every entry).
+            if root.kind != "dir" {
+                bail!("{} is a directory now; use --to DEST", dest.display());
+            }
             return self.run_in_root(root, l);
         }
         let parent = dest.parent().unwrap_or(dest);
