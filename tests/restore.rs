@@ -706,3 +706,70 @@ fn a_non_directory_over_the_directory_the_caller_is_in_is_refused() {
         );
     });
 }
+
+/// With nothing mounted the CLI reads the store directly, and a write to
+/// the source directory is recorded nowhere: restore, revert and undelete
+/// in it are refused with one line (they wrote it, and could not be
+/// undone); a restore to a path outside it is allowed.
+#[test]
+fn without_a_mount_only_a_restore_outside_the_source_is_allowed() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("d")).unwrap();
+        write_file(&m.p("d/f"), b"one\n");
+        write_file(&m.p("d/gone"), b"gone\n");
+        chrono_ok(m, &["tag", "one"]);
+        write_file(&m.p("d/f"), b"two\n");
+        fs::remove_file(m.p("d/gone")).unwrap();
+        m.unmount();
+        let src = m.src.clone();
+        let before = snapshot(&src.join("d"), SNAP);
+        let out_dir = tempdir();
+        let elsewhere = out_dir.path().join("f");
+        let f = src.join("d/f");
+        let (d, gone, g) = (src.join("d"), src.join("d/gone"), src.join("d/g"));
+        let refused: [&[&str]; 4] = [
+            &["restore", f.to_str().unwrap(), "--at", "one"],
+            &["revert", d.to_str().unwrap(), "--at", "one"],
+            &["undelete", gone.to_str().unwrap()],
+            &[
+                "restore",
+                f.to_str().unwrap(),
+                "--at",
+                "one",
+                "--to",
+                g.to_str().unwrap(),
+            ],
+        ];
+        for args in refused {
+            let out = chrono_in(&src, None, args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.contains("is not mounted: mount it first, or restore --to a path outside it")
+                    && err.lines().count() == 1,
+                "{args:?}: {err}"
+            );
+            assert_same_tree(&before, &snapshot(&src.join("d"), SNAP), "unmounted", "");
+        }
+        let args = [
+            "restore",
+            f.to_str().unwrap(),
+            "--at",
+            "one",
+            "--to",
+            elsewhere.to_str().unwrap(),
+        ];
+        let out = chrono_in(&src, None, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(read_file(&elsewhere), b"one\n");
+        {
+            let _serial = history_mount_lock();
+            m.start();
+        }
+        m.wait_history_ready();
+    });
+}

@@ -40,6 +40,14 @@ impl Verb {
 /// Runs one verb and reports it (one line, or the JSON documented in the
 /// README).
 pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Result<()> {
+    // Written without a mount, the source would change with nothing in
+    // history: the operation could not be undone.
+    if let Some(src) = t.unmounted_source().filter(|src| dest.starts_with(src)) {
+        bail!(
+            "{} is not mounted: mount it first, or restore --to a path outside it",
+            src.display()
+        );
+    }
     // The instant as a sequence number, so the report says what was meant.
     let resolved = t.client().resolve(at)?;
     let n = restore(t, at, dest, verb == Verb::Revert)?;
