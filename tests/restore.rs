@@ -354,6 +354,18 @@ fn revert_from_inside_the_tree_is_exact_and_all_or_nothing() {
         );
         check(m, &t, &want, "revert . from inside", false);
         no_staging_left(&t);
+        // restore keeps what only the live tree has.
+        write_file(&t.join("new-file"), b"new\n");
+        let out = chrono_in(&t, None, &["restore", ".", "--at", "orig"]);
+        assert!(
+            out.status.success(),
+            "restore .: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(read_file(&t.join("new-file")), b"new\n");
+        fs::remove_file(t.join("new-file")).unwrap();
+        check(m, &t, &want, "restore . from inside", false);
+        no_staging_left(&t);
     });
 }
 
@@ -396,5 +408,368 @@ fn a_restore_removes_the_staging_an_interrupted_one_left() {
         assert!(live.exists(), "a live run's staging went");
         fs::remove_dir(&live).unwrap();
         no_staging_left(&m.mnt);
+    });
+}
+
+/// The size of the file whose download is the window the tests below act
+/// in: large enough that the download lasts many polls.
+const BIG: usize = 64 << 20;
+
+fn signal(pid: u32, sig: &str) {
+    run(Path::new("/"), "kill", &[sig, &pid.to_string()]);
+}
+
+/// Whether process `pid` is writing a regular file whose path contains
+/// every string of `marker` and that is still shorter than `size` (a
+/// download under way).
+fn downloading(pid: u32, marker: &[&str], size: usize) -> bool {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        fs::read_link(fd.path()).is_ok_and(|l| {
+            let l = l.to_string_lossy();
+            marker.iter().all(|m| l.contains(m))
+        }) && fs::metadata(fd.path()).is_ok_and(|md| md.is_file() && md.len() < size as u64)
+    })
+}
+
+/// Runs chronofs as root in `cwd` with umask 0 and, while it downloads a
+/// file (see [`downloading`]), stops it, runs `act` (what another user
+/// could do meanwhile), and lets it go on. Fails if the download could not
+/// be caught.
+fn during_download(
+    cwd: &Path,
+    args: &[&str],
+    marker: &[&str],
+    size: usize,
+    act: impl FnOnce(),
+) -> Output {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("umask 0; exec \"$0\" \"$@\"")
+        .arg(bin())
+        .args(args)
+        .current_dir(cwd)
+        .env("LC_ALL", "C")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut act = Some(act);
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        if downloading(pid, marker, size) {
+            signal(pid, "-STOP");
+            if downloading(pid, marker, size) {
+                if let Some(a) = act.take() {
+                    a();
+                }
+            }
+            signal(pid, "-CONT");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        act.is_none(),
+        "`chronofs {}` was not caught downloading: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Bob, who may write the directory, swaps alice's file for a symlink to
+/// her `.bashrc` while alice's restore of it downloads the content: the
+/// restore must not write through the symlink (it wrote the whole old
+/// content into `.bashrc`). Nor does a symlink already there lead the
+/// write anywhere: it is replaced.
+#[test]
+fn a_file_swapped_for_a_symlink_during_its_restore_is_not_written_through() {
+    each_versioning_mode(|m| {
+        let home = tempdir();
+        let bashrc = home.path().join(".bashrc");
+        write_file(&bashrc, b"alias ls='ls -F'\n");
+        write_file(&m.p("plan.txt"), &pattern(BIG, 1));
+        chrono_ok(m, &["tag", "orig"]);
+        write_file(&m.p("plan.txt"), b"changed\n");
+
+        let out = during_download(
+            &m.mnt,
+            &["restore", "plan.txt", "--at", "orig"],
+            &["(deleted)"],
+            BIG,
+            || {
+                fs::remove_file(m.p("plan.txt")).unwrap();
+                std::os::unix::fs::symlink(&bashrc, m.p("plan.txt")).unwrap();
+            },
+        );
+        assert_eq!(
+            read_file(&bashrc),
+            b"alias ls='ls -F'\n",
+            "the restore wrote through the symlink: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "the swap went unnoticed");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("replaced"), "{err}");
+
+        // A symlink at the name before the restore starts is replaced.
+        chrono_ok(m, &["restore", "plan.txt", "--at", "orig"]);
+        assert_eq!(read_file(&bashrc), b"alias ls='ls -F'\n");
+        let md = fs::symlink_metadata(m.p("plan.txt")).unwrap();
+        assert!(md.is_file(), "{md:?}");
+        assert_eq!(fnv(&read_file(&m.p("plan.txt"))), fnv(&pattern(BIG, 1)));
+        no_staging_left(&m.mnt);
+    });
+}
+
+/// Alice, who owns the directory root reverts a tree in, renames root's
+/// staging directory away and puts at its name a symlink to a directory
+/// of root's while the tree is built: nothing may be created, chown-ed or
+/// chmod-ed there (the tree went on being built through the name, so the
+/// restored `passwd`'s owner and mode went to root's `passwd`).
+#[test]
+fn a_staging_directory_swapped_for_a_symlink_leads_nothing_out() {
+    each_versioning_mode(|m| {
+        let outside = tempdir();
+        let etc = outside.path().join("etc");
+        fs::create_dir(&etc).unwrap();
+        fs::set_permissions(&etc, fs::Permissions::from_mode(0o700)).unwrap();
+        write_file(&etc.join("passwd"), b"root:x:0:0::/root:/bin/sh\n");
+        fs::set_permissions(etc.join("passwd"), fs::Permissions::from_mode(0o644)).unwrap();
+        fs::create_dir(m.p("t")).unwrap();
+        write_file(&m.p("t/passwd"), &pattern(BIG, 2));
+        fs::set_permissions(m.p("t/passwd"), fs::Permissions::from_mode(0o666)).unwrap();
+        std::os::unix::fs::chown(m.p("t/passwd"), Some(NOBODY), Some(NOBODY)).unwrap();
+        write_file(&m.p("t/b"), b"b\n");
+        write_file(&m.p("t/c"), b"c\n");
+        fs::set_permissions(m.p("t"), fs::Permissions::from_mode(0o751)).unwrap();
+        chrono_ok(m, &["tag", "orig"]);
+        fs::remove_file(m.p("t/b")).unwrap();
+        write_file(&m.p("t/c"), b"changed\n");
+        write_file(&m.p("t/passwd"), b"changed\n");
+
+        let moved = m.p("moved");
+        let mut swapped = None;
+        let out = during_download(
+            &m.mnt,
+            &["revert", "t", "--at", "orig"],
+            &[".chronofs-staging-", "/passwd"],
+            BIG,
+            || {
+                let staging = raw_names(&m.mnt)
+                    .into_iter()
+                    .find(|n| n.starts_with(b".chronofs-staging-"))
+                    .expect("a staging directory");
+                let staging = m.mnt.join(OsStr::from_bytes(&staging));
+                fs::rename(&staging, &moved).unwrap();
+                std::os::unix::fs::symlink(&etc, &staging).unwrap();
+                swapped = Some(staging);
+            },
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(raw_names(&etc), vec![b"passwd".to_vec()], "{err}");
+        let pw = fs::metadata(etc.join("passwd")).unwrap();
+        assert_eq!(
+            (pw.uid(), pw.gid(), pw.mode() & 0o7777),
+            (0, 0, 0o644),
+            "root's passwd was chown-ed or chmod-ed: {err}"
+        );
+        assert_eq!(
+            read_file(&etc.join("passwd")),
+            b"root:x:0:0::/root:/bin/sh\n"
+        );
+        let md = fs::metadata(&etc).unwrap();
+        assert_eq!(
+            md.mode() & 0o7777,
+            0o700,
+            "the symlink's target was chmod-ed"
+        );
+        // The tree itself came back whole, from where it was built.
+        assert_succeeded(m, &["revert"], &out);
+        let t = fs::symlink_metadata(m.p("t")).unwrap();
+        assert!(t.is_dir() && t.mode() & 0o7777 == 0o751, "{t:?}");
+        assert_eq!(read_file(&m.p("t/b")), b"b\n");
+        assert_eq!(read_file(&m.p("t/c")), b"c\n");
+        assert_eq!(fnv(&read_file(&m.p("t/passwd"))), fnv(&pattern(BIG, 2)));
+        fs::remove_file(swapped.unwrap()).unwrap();
+        fs::remove_dir_all(&moved).ok();
+        no_staging_left(&m.mnt);
+    });
+}
+
+/// Every object of a staging tree is the caller's alone until it is
+/// complete (a directory until its entries are): a 0600 key in a 0700
+/// directory restored into a 0755 home was readable by anyone (0666 with
+/// umask 0) while its content downloaded.
+#[test]
+fn a_staging_tree_is_private_while_it_is_built() {
+    each_versioning_mode(|m| {
+        fs::create_dir_all(m.p("home/.ssh")).unwrap();
+        fs::set_permissions(m.p("home/.ssh"), fs::Permissions::from_mode(0o700)).unwrap();
+        write_file(&m.p("home/.ssh/id"), &pattern(BIG, 3));
+        fs::set_permissions(m.p("home/.ssh/id"), fs::Permissions::from_mode(0o600)).unwrap();
+        chrono_ok(m, &["tag", "orig"]);
+        let mut seen = Vec::new();
+        let out = during_download(
+            &m.mnt,
+            &["restore", "home", "--at", "orig", "--to", "home2"],
+            &[".chronofs-staging-", "/id"],
+            BIG,
+            || {
+                let mut stack: Vec<_> = raw_names(&m.mnt)
+                    .into_iter()
+                    .filter(|n| n.starts_with(b".chronofs-staging-"))
+                    .map(|n| m.mnt.join(OsStr::from_bytes(&n)))
+                    .collect();
+                while let Some(p) = stack.pop() {
+                    let md = fs::symlink_metadata(&p).unwrap();
+                    seen.push((p.clone(), md.mode() & 0o7777));
+                    if md.is_dir() {
+                        stack.extend(fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+                    }
+                }
+            },
+        );
+        assert_succeeded(m, &["restore"], &out);
+        assert!(seen.len() >= 4, "{seen:?}");
+        for (p, mode) in &seen {
+            assert_eq!(mode & 0o077, 0, "{} was {mode:o}", p.display());
+        }
+        let md = fs::metadata(m.p("home2/.ssh/id")).unwrap();
+        assert_eq!(md.mode() & 0o7777, 0o600);
+        assert_eq!(
+            fnv(&read_file(&m.p("home2/.ssh/id"))),
+            fnv(&pattern(BIG, 3))
+        );
+        no_staging_left(&m.mnt);
+    });
+}
+
+/// `cd t; chronofs restore . --at T` where `t` was a symlink (or a file)
+/// at T: the past cannot be staged inside the directory `t` is now, and
+/// replacing it would leave the shell in a removed directory, so it is
+/// refused with one line, and nothing changes (the symlink's attributes
+/// went to the directory, 0777, its ACL dropped; revert also removed every
+/// entry).
+#[test]
+fn a_non_directory_over_the_directory_the_caller_is_in_is_refused() {
+    each_versioning_mode(|m| {
+        let t = m.p("t");
+        std::os::unix::fs::symlink("elsewhere", &t).unwrap();
+        chrono_ok(m, &["tag", "link"]);
+        fs::remove_file(&t).unwrap();
+        write_file(&t, b"a file\n");
+        chrono_ok(m, &["tag", "file"]);
+        fs::remove_file(&t).unwrap();
+        fs::create_dir(&t).unwrap();
+        write_file(&t.join("keep"), b"keep\n");
+        fs::set_permissions(&t, fs::Permissions::from_mode(0o750)).unwrap();
+        run(&m.mnt, "setfacl", &["-m", "u:65534:rx", "t"]);
+        let before = snapshot(&t, SNAP);
+        for (verb, tag) in [("restore", "link"), ("revert", "link"), ("restore", "file")] {
+            let out = chrono_in(&t, None, &[verb, ".", "--at", tag]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{verb} --at {tag}: {err}");
+            assert!(
+                err.contains("is a directory now; use --to DEST") && err.lines().count() == 1,
+                "{verb} --at {tag}: {err}"
+            );
+            assert_same_tree(&before, &snapshot(&t, SNAP), verb, &m.log_tail());
+            assert_eq!(
+                fs::symlink_metadata(&t).unwrap().mode() & 0o7777,
+                0o750,
+                "{verb} --at {tag}"
+            );
+            assert!(
+                get_xattr(&t, "system.posix_acl_access").is_ok(),
+                "{verb}: ACL"
+            );
+            no_staging_left(&t);
+        }
+        // Elsewhere it can be brought back.
+        let out = chrono_in(
+            &t,
+            None,
+            &["restore", ".", "--at", "link", "--to", "../t-then"],
+        );
+        assert_succeeded(m, &["restore"], &out);
+        assert_eq!(
+            fs::read_link(m.p("t-then")).unwrap(),
+            Path::new("elsewhere")
+        );
+    });
+}
+
+/// With nothing mounted the CLI reads the store directly, and a write to
+/// the source directory is recorded nowhere: restore, revert and undelete
+/// in it are refused with one line (they wrote it, and could not be
+/// undone); a restore to a path outside it is allowed.
+#[test]
+fn without_a_mount_only_a_restore_outside_the_source_is_allowed() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("d")).unwrap();
+        write_file(&m.p("d/f"), b"one\n");
+        write_file(&m.p("d/gone"), b"gone\n");
+        chrono_ok(m, &["tag", "one"]);
+        write_file(&m.p("d/f"), b"two\n");
+        fs::remove_file(m.p("d/gone")).unwrap();
+        m.unmount();
+        let src = m.src.clone();
+        let before = snapshot(&src.join("d"), SNAP);
+        let out_dir = tempdir();
+        let elsewhere = out_dir.path().join("f");
+        let f = src.join("d/f");
+        let (d, gone, g) = (src.join("d"), src.join("d/gone"), src.join("d/g"));
+        let refused: [&[&str]; 4] = [
+            &["restore", f.to_str().unwrap(), "--at", "one"],
+            &["revert", d.to_str().unwrap(), "--at", "one"],
+            &["undelete", gone.to_str().unwrap()],
+            &[
+                "restore",
+                f.to_str().unwrap(),
+                "--at",
+                "one",
+                "--to",
+                g.to_str().unwrap(),
+            ],
+        ];
+        for args in refused {
+            let out = chrono_in(&src, None, args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.contains("is not mounted: mount it first, or restore --to a path outside it")
+                    && err.lines().count() == 1,
+                "{args:?}: {err}"
+            );
+            assert_same_tree(&before, &snapshot(&src.join("d"), SNAP), "unmounted", "");
+        }
+        let args = [
+            "restore",
+            f.to_str().unwrap(),
+            "--at",
+            "one",
+            "--to",
+            elsewhere.to_str().unwrap(),
+        ];
+        let out = chrono_in(&src, None, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(read_file(&elsewhere), b"one\n");
+        {
+            let _serial = history_mount_lock();
+            m.start();
+        }
+        m.wait_history_ready();
     });
 }

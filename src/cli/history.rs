@@ -27,6 +27,8 @@ pub enum Backend {
 }
 
 pub struct LocalStore {
+    /// The source directory the store belongs to.
+    src: PathBuf,
     service: control::Service,
     // Kept open for the service's lifetime.
     _history: crate::history::HistoryHandle,
@@ -218,6 +220,7 @@ fn open_local(src: &Path, store_dir: &Path) -> Result<LocalStore> {
         },
     );
     Ok(LocalStore {
+        src: src.to_path_buf(),
         service,
         _history: history,
     })
@@ -252,6 +255,15 @@ impl crate::history::past::LiveIds for StoreHost {
 }
 
 impl Target {
+    /// The source directory, when nothing is mounted over it (its store
+    /// is read directly, and nothing records a change made in it).
+    pub fn unmounted_source(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Daemon(_) => None,
+            Backend::Local(local) => Some(&local.src),
+        }
+    }
+
     /// The typed client of whoever answers for this path.
     pub fn client(&self) -> Client<'_> {
         match &self.backend {

@@ -4,9 +4,11 @@
 //! change is itself a version that can be undone).
 
 use std::collections::HashMap;
+use std::ffi::{CStr, CString, OsStr};
 use std::io::{IsTerminal, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
@@ -38,6 +40,14 @@ impl Verb {
 /// Runs one verb and reports it (one line, or the JSON documented in the
 /// README).
 pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Result<()> {
+    // Written without a mount, the source would change with nothing in
+    // history: the operation could not be undone.
+    if let Some(src) = t.unmounted_source().filter(|src| dest.starts_with(src)) {
+        bail!(
+            "{} is not mounted: mount it first, or restore --to a path outside it",
+            src.display()
+        );
+    }
     // The instant as a sequence number, so the report says what was meant.
     let resolved = t.client().resolve(at)?;
     let n = restore(t, at, dest, verb == Verb::Revert)?;
@@ -139,7 +149,6 @@ pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
     let r = b.run(root, dest);
     b.progress.bar.finish_and_clear();
     r?;
-    make_durable(t, dest)?;
     Ok(b.progress.count)
 }
 
@@ -147,16 +156,11 @@ pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
 /// takes its name (else a cut can leave the name with files whose data
 /// never reached the disk), and before the command returns
 /// (tests/powercut_disk.rs). The daemon syncs its branches (FUSE passes
-/// no syncfs on to it); a DEST outside the mount is synced here.
-fn make_durable(t: &Target, dest: &Path) -> Result<()> {
-    use std::os::fd::AsFd;
+/// no syncfs on to it); the file system of `dir` (DEST's directory, which
+/// may lie outside the mount) is synced here.
+fn make_durable(t: &Target, dir: BorrowedFd<'_>) -> Result<()> {
     t.client().sync()?;
-    let dir = match std::fs::symlink_metadata(dest) {
-        Ok(m) if m.is_dir() => dest,
-        _ => dest.parent().unwrap_or(dest),
-    };
-    let f = open_path(dir)?;
-    sys::syncfs_dir(f.as_fd()).with_context(|| format!("cannot sync {}", dir.display()))
+    sys::syncfs_dir(dir).context("cannot sync the restored copy")
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>> {
@@ -168,6 +172,13 @@ fn unhex(s: &str) -> Result<Vec<u8>> {
         })
         .collect()
 }
+
+/// Modes objects are made with in the staging tree, before their recorded
+/// one is applied (a directory's after its entries): the owner's alone,
+/// whatever the umask, so that a 0600 key restored into a 0755 home is
+/// never readable by others while the tree is built.
+const NEW_DIR_MODE: u32 = 0o700;
+const NEW_FILE_MODE: u32 = 0o600;
 
 /// Attributes to give an object.
 struct Meta {
@@ -197,27 +208,17 @@ impl Meta {
         })
     }
 
-    fn of_live(p: &Path, is_root: bool) -> Result<Meta> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::symlink_metadata(p)?;
+    fn of_live(live: &Live<'_>, is_root: bool) -> Result<Meta> {
+        let st = &live.st;
         Ok(Meta {
-            mode: m.mode() & 0o7777,
-            uid: m.uid(),
-            gid: m.gid(),
-            atime_ns: m.atime() * 1_000_000_000 + m.atime_nsec(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            xattrs: live_xattrs(p, is_root)?,
+            mode: st.st_mode & 0o7777,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            atime_ns: st.st_atime * 1_000_000_000 + st.st_atime_nsec,
+            mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec,
+            xattrs: live_xattrs(live.fd.as_fd(), &live.shown, is_root)?,
         })
     }
-}
-
-fn open_path(p: &Path) -> Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
-        .open(p)
-        .with_context(|| format!("cannot open {}", p.display()))
 }
 
 /// Whether restore sets xattr `name` recorded in history: a user's only
@@ -232,30 +233,40 @@ fn settable(name: &[u8], is_root: bool) -> bool {
     !own && (is_root || !(name.starts_with(b"trusted.") || name.starts_with(b"security.")))
 }
 
-fn live_xattrs(p: &Path, is_root: bool) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    use std::os::fd::AsFd;
-    let f = open_path(p)?;
-    let mut x = sys::xattrs_of(f.as_fd())
-        .with_context(|| format!("cannot read the xattrs of {}", p.display()))?;
+fn live_xattrs(fd: BorrowedFd<'_>, shown: &Path, is_root: bool) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut x = sys::xattrs_of(fd)
+        .with_context(|| format!("cannot read the xattrs of {}", shown.display()))?;
     x.retain(|(k, _)| settable(k, is_root));
     Ok(x)
 }
 
-/// Gives `p` the recorded owner, xattrs (ACLs included), mode and times,
-/// in that order: chown clears set-ID bits, an access ACL sets the group
-/// bits, and every change but the times moves ctime only.
-fn set_meta(p: &Path, m: &Meta, symlink: bool, is_root: bool) -> Result<()> {
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::PermissionsExt;
+fn timespec(ns: i64) -> sys::TimeSpec {
+    sys::TimeSpec::At {
+        secs: ns.div_euclid(1_000_000_000),
+        nsecs: ns.rem_euclid(1_000_000_000),
+    }
+}
+
+/// Gives the object `fd` holds (`shown` in messages) the recorded owner,
+/// xattrs (ACLs included), mode and times, in that order: chown clears
+/// set-ID bits, an access ACL sets the group bits, and every change but
+/// the times moves ctime only. Through the descriptor, so the object
+/// changed is the one made or checked, whatever became of its name.
+fn set_meta(
+    fd: BorrowedFd<'_>,
+    shown: &Path,
+    m: &Meta,
+    symlink: bool,
+    is_root: bool,
+) -> Result<()> {
     if is_root {
-        std::os::unix::fs::lchown(p, Some(m.uid), Some(m.gid))
-            .with_context(|| format!("cannot set the owner of {}", p.display()))?;
+        sys::chown_fd(fd, m.uid, m.gid)
+            .with_context(|| format!("cannot set the owner of {}", shown.display()))?;
     } else {
         // An owner may still give a file a group they belong to.
-        std::os::unix::fs::lchown(p, None, Some(m.gid)).ok();
+        sys::chown_fd(fd, u32::MAX, m.gid).ok();
     }
     if !symlink {
-        let f = open_path(p)?;
         let want: Vec<_> = m
             .xattrs
             .iter()
@@ -263,30 +274,35 @@ fn set_meta(p: &Path, m: &Meta, symlink: bool, is_root: bool) -> Result<()> {
             .collect();
         // What the new object got by itself (a default ACL of its parent,
         // a security label) goes unless it was recorded.
-        for (k, _) in live_xattrs(p, is_root)? {
+        for (k, _) in live_xattrs(fd, shown, is_root)? {
             if !want.iter().any(|(w, _)| *w == k) {
-                let c = sys::cstr(std::ffi::OsStr::from_bytes(&k))?;
-                match sys::removexattr_fd(f.as_fd(), &c) {
+                let c = sys::cstr(OsStr::from_bytes(&k))?;
+                match sys::removexattr_fd(fd, &c) {
                     Ok(()) => {}
                     Err(_) if k.starts_with(b"security.") => {}
                     Err(e) => {
                         return Err(e).with_context(|| {
-                            format!("cannot remove xattr {} of {}", name_str(&k), p.display())
+                            format!(
+                                "cannot remove xattr {} of {}",
+                                name_str(&k),
+                                shown.display()
+                            )
                         })
                     }
                 }
             }
         }
         for (k, v) in want {
-            let c = sys::cstr(std::ffi::OsStr::from_bytes(k))?;
-            sys::setxattr_fd(f.as_fd(), &c, v, 0)
-                .with_context(|| format!("cannot set xattr {} of {}", name_str(k), p.display()))?;
+            let c = sys::cstr(OsStr::from_bytes(k))?;
+            sys::setxattr_fd(fd, &c, v, 0).with_context(|| {
+                format!("cannot set xattr {} of {}", name_str(k), shown.display())
+            })?;
         }
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m.mode))
-            .with_context(|| format!("cannot set the mode of {}", p.display()))?;
+        sys::chmod_fd(fd, m.mode)
+            .with_context(|| format!("cannot set the mode of {}", shown.display()))?;
     }
-    sys::set_times(p, m.atime_ns, m.mtime_ns)
-        .with_context(|| format!("cannot set the times of {}", p.display()))?;
+    sys::utimens_fd(fd, timespec(m.atime_ns), timespec(m.mtime_ns))
+        .with_context(|| format!("cannot set the times of {}", shown.display()))?;
     Ok(())
 }
 
@@ -294,37 +310,151 @@ fn name_str(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn file_kind(m: &std::fs::Metadata) -> &'static str {
-    let ft = m.file_type();
-    if ft.is_dir() {
-        "dir"
-    } else if ft.is_file() {
-        "file"
-    } else if ft.is_symlink() {
-        "symlink"
-    } else {
-        "other"
+fn cname(name: &[u8]) -> Result<CString> {
+    Ok(sys::cstr(OsStr::from_bytes(name))?)
+}
+
+fn kind_of(st: &sys::Stat) -> &'static str {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => "dir",
+        libc::S_IFREG => "file",
+        libc::S_IFLNK => "symlink",
+        _ => "other",
     }
 }
 
-/// Whether the live object at `p` already is what `node` describes
-/// (content judged by size and mtime, as everywhere in chronofs).
-fn same_as_live(node: &NodeInfo, p: &Path, is_root: bool) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(live) = std::fs::symlink_metadata(p) else {
-        return false;
-    };
+fn same_object(a: &sys::Stat, b: &sys::Stat) -> bool {
+    (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+}
+
+/// Opens directory `name` in `dir` (O_PATH), never through a symlink.
+fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> std::io::Result<OwnedFd> {
+    sys::openat(
+        dir,
+        name,
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )
+}
+
+/// The names in directory `dir`, without "." and "..".
+fn names_in(dir: BorrowedFd<'_>) -> std::io::Result<Vec<Vec<u8>>> {
+    let d = sys::reopen_dir(dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    let mut buf = sys::DirBuf::new(32 << 10);
+    let mut out = Vec::new();
+    loop {
+        let batch = sys::getdents(d.as_fd(), &mut buf)?;
+        if batch.is_empty() {
+            return Ok(out);
+        }
+        out.extend(
+            batch
+                .into_iter()
+                .map(|e| e.name)
+                .filter(|n| n != b"." && n != b".."),
+        );
+    }
+}
+
+/// Removes `name` in `dir` and, for a directory, all it holds: one name
+/// at a time from descriptors, so a symlink put anywhere in the tree
+/// meanwhile is removed itself, never followed.
+fn remove_tree_at(dir: BorrowedFd<'_>, name: &CStr) -> std::io::Result<()> {
+    let st = sys::fstatat(dir, name)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return sys::unlinkat(dir, name, 0);
+    }
+    let d = open_dir_at(dir, name)?;
+    for n in names_in(d.as_fd())? {
+        let c = CString::new(n).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        remove_tree_at(d.as_fd(), &c)?;
+    }
+    sys::unlinkat(dir, name, libc::AT_REMOVEDIR)
+}
+
+/// An object of the live tree, held open (O_PATH, a symlink itself) from
+/// the moment it is looked at: what was checked is what is used, whatever
+/// others do to its name meanwhile.
+struct Live<'a> {
+    /// Its directory, and its name there.
+    dir: BorrowedFd<'a>,
+    name: CString,
+    fd: OwnedFd,
+    st: sys::Stat,
+    /// For messages.
+    shown: PathBuf,
+}
+
+impl<'a> Live<'a> {
+    /// What is at `name` in `dir` now, if anything (and if it can be
+    /// looked at).
+    fn at(dir: BorrowedFd<'a>, name: &CStr, shown: PathBuf) -> Option<Live<'a>> {
+        let fd = sys::open_path(dir, name).ok()?;
+        let st = sys::fstat(fd.as_fd()).ok()?;
+        Some(Live {
+            dir,
+            name: name.to_owned(),
+            fd,
+            st,
+            shown,
+        })
+    }
+
+    fn is_dir(&self) -> bool {
+        self.st.st_mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    fn child(&self, name: &[u8]) -> Result<Option<Live<'_>>> {
+        let shown = self.shown.join(OsStr::from_bytes(name));
+        Ok(Live::at(self.fd.as_fd(), &cname(name)?, shown))
+    }
+}
+
+/// Where one object of the result is made: `name` in `dir`, a directory
+/// of the staging tree.
+struct Spot<'a> {
+    /// The staging directory the tree is built in.
+    root: BorrowedFd<'a>,
+    dir: BorrowedFd<'a>,
+    name: CString,
+    /// Its path below `root` (for a second name of the object).
+    rel: PathBuf,
+    /// For messages.
+    shown: PathBuf,
+}
+
+impl<'a> Spot<'a> {
+    /// Entry `name` of the directory `dir`, made at `self`.
+    fn child<'b>(&self, dir: BorrowedFd<'b>, name: &[u8]) -> Result<Spot<'b>>
+    where
+        'a: 'b,
+    {
+        let os = OsStr::from_bytes(name);
+        Ok(Spot {
+            root: self.root,
+            dir,
+            name: cname(name)?,
+            rel: self.rel.join(os),
+            shown: self.shown.join(os),
+        })
+    }
+}
+
+/// Whether the live object already is what `node` describes (content
+/// judged by size and mtime, as everywhere in chronofs).
+fn same_as_live(node: &NodeInfo, live: &Live<'_>, is_root: bool) -> bool {
     let Ok(want) = Meta::of_node(node) else {
         return false;
     };
-    node.kind == file_kind(&live)
-        && node.size == live.size()
-        && want.mode == live.mode() & 0o7777
-        && want.uid == live.uid()
-        && want.gid == live.gid()
+    let st = &live.st;
+    node.kind == kind_of(st)
+        && node.size == st.st_size as u64
+        && want.mode == st.st_mode & 0o7777
+        && want.uid == st.st_uid
+        && want.gid == st.st_gid
         && i128::from(want.mtime_ns)
-            == i128::from(live.mtime()) * 1_000_000_000 + i128::from(live.mtime_nsec())
-        && live_xattrs(p, is_root).is_ok_and(|x| {
+            == i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec)
+        && live_xattrs(live.fd.as_fd(), &live.shown, is_root).is_ok_and(|x| {
             let mut w = want.xattrs;
             w.retain(|(k, _)| settable(k, is_root));
             x == w
@@ -332,37 +462,180 @@ fn same_as_live(node: &NodeInfo, p: &Path, is_root: bool) -> bool {
 }
 
 /// Whether this user may create and rename entries in `dir`.
-fn may_write(dir: &Path) -> bool {
-    use std::os::fd::AsFd;
-    open_path(dir).is_ok_and(|f| sys::access_fd(f.as_fd(), libc::W_OK | libc::X_OK).is_ok())
+fn may_write(dir: BorrowedFd<'_>) -> bool {
+    sys::access_fd(dir, libc::W_OK | libc::X_OK).is_ok()
 }
 
-/// A hidden name in `dir` that nothing has. What an earlier run whose
-/// process is gone left there (a crash or a power cut in the middle) is
-/// removed first: nothing refers to it.
-fn staging_name(dir: &Path) -> std::path::PathBuf {
-    remove_stale_staging(dir);
-    let mut n = 0u32;
-    loop {
-        let prefix = String::from_utf8_lossy(crate::history::past::STAGING_PREFIX);
-        let p = dir.join(format!("{prefix}{}-{n}", std::process::id()));
-        if std::fs::symlink_metadata(&p).is_err() {
-            return p;
+/// Puts the live object itself at `spot` (a hard link), never what a
+/// symlink leads to; refused if its name meanwhile leads to another
+/// object than the one checked.
+fn link_live(live: &Live<'_>, spot: &Spot<'_>) -> Result<()> {
+    sys::linkat(live.dir, &live.name, spot.dir, &spot.name).with_context(|| {
+        format!(
+            "cannot keep {} (link to {})",
+            live.shown.display(),
+            spot.shown.display()
+        )
+    })?;
+    if sys::fstatat(spot.dir, &spot.name).is_ok_and(|st| same_object(&st, &live.st)) {
+        return Ok(());
+    }
+    sys::unlinkat(spot.dir, &spot.name, 0).ok();
+    bail!(
+        "{} was replaced while it was restored; run the command again",
+        live.shown.display()
+    )
+}
+
+/// A second name, at `spot`, of the object made at `first` (below the
+/// staging directory): resolved beneath it, through no symlink.
+fn link_again(first: &Path, spot: &Spot<'_>) -> Result<()> {
+    let fail = || format!("cannot link {}", spot.shown.display());
+    let name = first.file_name().ok_or_else(|| anyhow!(fail()))?;
+    let dir = match first.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(p) => Some(
+            sys::open_beneath(
+                spot.root,
+                &sys::cstr(p.as_os_str())?,
+                libc::O_PATH | libc::O_DIRECTORY,
+            )
+            .with_context(fail)?,
+        ),
+        None => None,
+    };
+    let dir = dir.as_ref().map_or(spot.root, |d| d.as_fd());
+    sys::linkat(dir, &sys::cstr(name)?, spot.dir, &spot.name).with_context(fail)
+}
+
+/// A directory the result is built in (`.chronofs-staging-PID-N`), held
+/// open: everything below it is reached from this descriptor, so what
+/// happens to its name (or its parent's entries) while it is built cannot
+/// redirect a write.
+struct Staging<'a> {
+    parent: BorrowedFd<'a>,
+    name: CString,
+    fd: OwnedFd,
+    st: sys::Stat,
+    shown: PathBuf,
+}
+
+impl<'a> Staging<'a> {
+    /// A new staging directory in `parent` (`shown` in messages). What an
+    /// earlier run whose process is gone left there (a crash or a power
+    /// cut in the middle) is removed first: nothing refers to it.
+    fn make(parent: BorrowedFd<'a>, shown: &Path) -> Result<Staging<'a>> {
+        remove_stale_staging(parent, shown);
+        let mut n = 0u32;
+        loop {
+            let mut raw = crate::history::past::STAGING_PREFIX.to_vec();
+            raw.extend_from_slice(format!("{}-{n}", std::process::id()).as_bytes());
+            n += 1;
+            let name = cname(&raw)?;
+            let shown = shown.join(OsStr::from_bytes(&raw));
+            match sys::mkdirat(parent, &name, NEW_DIR_MODE) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot create {}", shown.display()))
+                }
+            }
+            let fd = open_dir_at(parent, &name)
+                .with_context(|| format!("cannot open {}", shown.display()))?;
+            let st = sys::fstat(fd.as_fd())?;
+            // Whoever may write `parent` could have put their own
+            // directory at the name between mkdir and open.
+            if st.st_uid != sys::geteuid() {
+                bail!(
+                    "{} was replaced by another user's directory while it was made",
+                    shown.display()
+                );
+            }
+            return Ok(Staging {
+                parent,
+                name,
+                fd,
+                st,
+                shown,
+            });
         }
-        n += 1;
+    }
+
+    /// The spot for an object named `name` right in the staging directory.
+    fn spot(&self, name: &[u8]) -> Result<Spot<'_>> {
+        let os = OsStr::from_bytes(name);
+        Ok(Spot {
+            root: self.fd.as_fd(),
+            dir: self.fd.as_fd(),
+            name: cname(name)?,
+            rel: PathBuf::from(os),
+            shown: self.shown.join(os),
+        })
+    }
+
+    /// Puts the finished entry `name` at `to` in `to_dir` (`shown` in
+    /// messages): a rename when nothing is there, else an exchange (one
+    /// step: no instant without it) and the removal of what was there.
+    fn commit(&self, name: &CStr, to_dir: BorrowedFd<'_>, to: &CStr, shown: &Path) -> Result<()> {
+        let exchange = sys::fstatat(to_dir, to).is_ok();
+        let flags = if exchange {
+            libc::RENAME_EXCHANGE
+        } else {
+            libc::RENAME_NOREPLACE
+        };
+        sys::renameat2(self.fd.as_fd(), name, to_dir, to, flags)
+            .with_context(|| format!("cannot move the restored copy to {}", shown.display()))?;
+        if exchange {
+            if let Err(e) = remove_tree_at(self.fd.as_fd(), name) {
+                eprintln!(
+                    "chronofs: {} is in place; the old tree could not all be removed from {}: {e}",
+                    shown.display(),
+                    self.shown.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the (emptied) staging directory; its name only if it is
+    /// still this one.
+    fn remove(&self) -> std::io::Result<()> {
+        match sys::fstatat(self.parent, &self.name) {
+            Ok(st) if same_object(&st, &self.st) => {
+                sys::unlinkat(self.parent, &self.name, libc::AT_REMOVEDIR)
+            }
+            _ => Err(std::io::Error::from_raw_os_error(libc::ENOENT)),
+        }
+    }
+
+    /// After a failure: removes what was built, and says that nothing was
+    /// changed.
+    fn abandon(&self, e: anyhow::Error) -> anyhow::Error {
+        let emptied = names_in(self.fd.as_fd()).and_then(|names| {
+            names.into_iter().try_for_each(|n| {
+                let c =
+                    CString::new(n).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+                remove_tree_at(self.fd.as_fd(), &c)
+            })
+        });
+        if let Err(r) = emptied.and_then(|()| self.remove()) {
+            return e.context(format!(
+                "nothing was changed, but the unfinished copy {} could not be removed: {r}",
+                self.shown.display()
+            ));
+        }
+        e.context("nothing was changed")
     }
 }
 
 /// Removes the staging trees in `dir` whose process (the pid in their
 /// name) is gone. Best effort: what cannot go stays, and says so.
-fn remove_stale_staging(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+fn remove_stale_staging(dir: BorrowedFd<'_>, shown: &Path) {
+    let Ok(names) = names_in(dir) else {
         return;
     };
     let prefix = crate::history::past::STAGING_PREFIX;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(rest) = name.as_bytes().strip_prefix(prefix) else {
+    for name in names {
+        let Some(rest) = name.strip_prefix(prefix) else {
             continue;
         };
         let pid = rest.split(|&b| b == b'-').next().unwrap_or_default();
@@ -370,50 +643,24 @@ fn remove_stale_staging(dir: &Path) {
             .ok()
             .and_then(|p| p.parse::<u32>().ok())
             .is_none_or(|p| Path::new(&format!("/proc/{p}")).exists());
-        if !alive {
-            if let Err(e) = remove_tree(&entry.path()) {
-                eprintln!(
-                    "chronofs: {} (left by an interrupted run) stays: {e:#}",
-                    entry.path().display()
-                );
-            }
+        if alive {
+            continue;
+        }
+        let removed = CString::new(name.clone())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+            .and_then(|c| remove_tree_at(dir, &c));
+        if let Err(e) = removed {
+            eprintln!(
+                "chronofs: {} (left by an interrupted run) stays: {e}",
+                shown.join(OsStr::from_bytes(&name)).display()
+            );
         }
     }
 }
 
-fn rename2(from: &Path, to: &Path, flags: u32) -> Result<()> {
-    use std::os::fd::AsFd;
-    let dir = |p: &Path| -> Result<(std::fs::File, std::ffi::CString)> {
-        let parent = p
-            .parent()
-            .ok_or_else(|| anyhow!("{} has no parent", p.display()))?;
-        let name = p
-            .file_name()
-            .ok_or_else(|| anyhow!("{} has no name", p.display()))?;
-        Ok((open_path(parent)?, sys::cstr(name)?))
-    };
-    let (fd, fname) = dir(from)?;
-    let (td, tname) = dir(to)?;
-    sys::renameat2(fd.as_fd(), &fname, td.as_fd(), &tname, flags)
-        .with_context(|| format!("cannot move {} to {}", from.display(), to.display()))
-}
-
-/// Puts the finished `staged` at `dest`: a rename when nothing is there,
-/// else an exchange (one step: no instant without `dest`) and the removal
-/// of what was there.
-fn commit(staged: &Path, dest: &Path) -> Result<()> {
-    if std::fs::symlink_metadata(dest).is_err() {
-        return rename2(staged, dest, libc::RENAME_NOREPLACE);
-    }
-    rename2(staged, dest, libc::RENAME_EXCHANGE)?;
-    if let Err(e) = remove_tree(staged) {
-        eprintln!(
-            "chronofs: {} is in place; the old tree could not all be removed from {}: {e:#}",
-            dest.display(),
-            staged.display()
-        );
-    }
-    Ok(())
+/// A file with no name in `dir` (O_TMPFILE), gone when closed.
+fn unnamed_file_at(dir: BorrowedFd<'_>) -> std::io::Result<std::fs::File> {
+    sys::openat(dir, c".", libc::O_TMPFILE | libc::O_RDWR, 0o600).map(std::fs::File::from)
 }
 
 /// A file with no name in `dir` (O_TMPFILE), gone when closed.
@@ -431,79 +678,144 @@ struct Builder<'a> {
     t: &'a Target,
     at: &'a At,
     prune: bool,
-    /// Objects already written, by object id: a second name of one is a
-    /// hard link to the first.
-    seen: HashMap<crate::history::ObjectId, std::path::PathBuf>,
+    /// Objects already written, by object id, and where (below the
+    /// staging directory): a second name of one is a hard link to the
+    /// first.
+    seen: HashMap<crate::history::ObjectId, PathBuf>,
     progress: Progress,
     is_root: bool,
 }
 
 impl Builder<'_> {
     fn run(&mut self, root: &NodeInfo, dest: &Path) -> Result<()> {
-        use std::os::unix::fs::MetadataExt;
+        let (Some(parent), Some(name)) = (dest.parent(), dest.file_name()) else {
+            bail!("cannot restore {}", dest.display());
+        };
+        // The only lookup by path: from here on everything is reached
+        // from this descriptor one name at a time, never through a
+        // symlink, so no directory someone else may write can redirect a
+        // write.
+        let pdir = sys::openat(
+            sys::CWD,
+            &sys::cstr(parent.as_os_str())?,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+        )
+        .with_context(|| format!("cannot open {}", parent.display()))?;
+        let pdir = pdir.as_fd();
+        self.build(root, dest, pdir, &sys::cstr(name)?)?;
+        make_durable(self.t, pdir)
+    }
+
+    fn build(
+        &mut self,
+        root: &NodeInfo,
+        dest: &Path,
+        pdir: BorrowedFd<'_>,
+        name: &CStr,
+    ) -> Result<()> {
         if self.left_alone(root, dest) {
             return Ok(());
         }
-        let live = std::fs::symlink_metadata(dest).ok();
-        if root.kind != "dir" && same_as_live(root, dest, self.is_root) {
+        let live = Live::at(pdir, name, dest.to_path_buf());
+        if root.kind != "dir"
+            && live
+                .as_ref()
+                .is_some_and(|l| same_as_live(root, l, self.is_root))
+        {
             return Ok(());
         }
-        if root.kind == "file" && live.as_ref().is_some_and(|m| m.is_file()) {
+        if let Some(l) = live
+            .as_ref()
+            .filter(|l| root.kind == "file" && kind_of(&l.st) == "file")
+        {
             // One file over a live one: written in place, so it stays the
             // same object (its hard links, its history's numbering) and a
             // user who may write the file needs no right on its directory.
-            return self.file_in_place(root, dest);
+            return self.file_in_place(root, pdir, l);
         }
-        let parent = dest
-            .parent()
-            .ok_or_else(|| anyhow!("cannot restore {}", dest.display()))?;
         // A mount's root cannot be renamed, a user may own a directory in
         // one they cannot write, and `revert .` must not leave the caller's
         // shell in a removed directory: then the entries are staged inside
         // the target and swapped in one by one.
-        let stage_inside = live.as_ref().is_some_and(|m| {
-            m.is_dir()
-                && (std::fs::symlink_metadata(parent).is_ok_and(|pm| pm.dev() != m.dev())
-                    || !may_write(parent)
+        if let Some(l) = live.as_ref().filter(|l| {
+            l.is_dir()
+                && (sys::fstat(pdir).is_ok_and(|pm| pm.st_dev != l.st.st_dev)
+                    || !may_write(pdir)
                     || std::env::current_dir().is_ok_and(|c| c.starts_with(dest)))
-        });
-        if stage_inside {
-            return self.run_in_root(root, dest);
+        }) {
+            // Staging inside writes only entries: a symlink's or a file's
+            // would have been nothing, then its attributes given to the
+            // directory (and revert removed every entry).
+            if root.kind != "dir" {
+                bail!("{} is a directory now; use --to DEST", dest.display());
+            }
+            return self.run_in_root(root, l);
         }
-        let staged = staging_name(parent);
+        let parent = dest.parent().unwrap_or(dest);
+        let stage = Staging::make(pdir, parent)?;
+        let spot = stage.spot(name.to_bytes())?;
         let path = self.t.path.clone();
-        let live_dest = live.is_some().then_some(dest);
         if let Err(e) = self
-            .node(&path, root, &staged, live_dest)
-            .and_then(|()| make_durable(self.t, parent))
+            .node(&path, root, &spot, live.as_ref())
+            .and_then(|()| make_durable(self.t, pdir))
         {
-            return Err(self.abandon(&staged, e));
+            return Err(stage.abandon(e));
         }
-        commit(&staged, dest)
+        stage.commit(name, pdir, name, dest)?;
+        if let Err(e) = stage.remove() {
+            eprintln!(
+                "chronofs: {} is in place; {} stays: {e}",
+                dest.display(),
+                stage.shown.display()
+            );
+        }
+        Ok(())
     }
 
-    fn file_in_place(&mut self, node: &NodeInfo, dest: &Path) -> Result<()> {
+    fn file_in_place(
+        &mut self,
+        node: &NodeInfo,
+        pdir: BorrowedFd<'_>,
+        live: &Live<'_>,
+    ) -> Result<()> {
         // The content is received whole first: a read refused (EACCES) or
         // failing part way (a damaged chunk) leaves DEST as it was. Beside
         // DEST where its directory allows, else in the temporary directory
         // (a user who may write the file needs no right on its directory).
-        let parent = dest.parent().unwrap_or(Path::new("."));
-        let mut received = unnamed_file(parent)
+        let mut received = unnamed_file_at(pdir)
             .or_else(|_| unnamed_file(&std::env::temp_dir()))
             .context("cannot make a temporary file for the content")?;
         self.content(&self.t.path, node, &mut received)?;
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .open(dest)
-            .with_context(|| format!("cannot write {}", dest.display()))?;
+        // The download takes time, and whoever may write DEST's directory
+        // may have put something else (a symlink to a file of the caller's)
+        // at its name: only the file checked is written, through the
+        // descriptor held since, and only while the name is still its.
+        let shown = &live.shown;
+        if !sys::fstatat(pdir, &live.name).is_ok_and(|st| same_object(&st, &live.st)) {
+            bail!(
+                "{} was replaced while it was restored; nothing was written",
+                shown.display()
+            );
+        }
+        let out = sys::reopen(live.fd.as_fd(), libc::O_WRONLY | libc::O_NOCTTY)
+            .with_context(|| format!("cannot write {}", shown.display()))?;
+        sys::ftruncate(out.as_fd(), 0)
+            .with_context(|| format!("cannot write {}", shown.display()))?;
+        let mut out = std::fs::File::from(out);
         use std::io::Seek;
         received.rewind()?;
         std::io::copy(&mut received, &mut out)
-            .with_context(|| format!("cannot write {}", dest.display()))?;
+            .with_context(|| format!("cannot write {}", shown.display()))?;
         drop(out);
-        set_meta(dest, &Meta::of_node(node)?, false, self.is_root)?;
-        self.progress.add(1, dest);
+        set_meta(
+            live.fd.as_fd(),
+            shown,
+            &Meta::of_node(node)?,
+            false,
+            self.is_root,
+        )?;
+        self.progress.add(1, shown);
         Ok(())
     }
 
@@ -524,50 +836,59 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn abandon(&self, staged: &Path, e: anyhow::Error) -> anyhow::Error {
-        if std::fs::symlink_metadata(staged).is_ok() {
-            if let Err(r) = remove_tree(staged) {
-                return e.context(format!(
-                    "nothing was changed, but the unfinished copy {} could not be removed: {r:#}",
-                    staged.display()
-                ));
-            }
-        }
-        e.context("nothing was changed")
-    }
-
-    fn run_in_root(&mut self, root: &NodeInfo, dest: &Path) -> Result<()> {
-        let staged = staging_name(dest);
+    fn run_in_root(&mut self, root: &NodeInfo, dest: &Live<'_>) -> Result<()> {
+        let stage = Staging::make(dest.fd.as_fd(), &dest.shown)?;
+        let top = Spot {
+            root: stage.fd.as_fd(),
+            dir: stage.fd.as_fd(),
+            name: c".".to_owned(),
+            rel: PathBuf::new(),
+            shown: stage.shown.clone(),
+        };
+        // Without the live directory: what only it has stays where it is
+        // (restore) or goes below (revert), and the staging directory in
+        // it is not an entry.
         let names = match self
-            .entries(&self.t.path.clone(), root, &staged, None)
-            .and_then(|n| make_durable(self.t, dest).map(|()| n))
+            .fill(&self.t.path.clone(), root, &top, None)
+            .and_then(|n| make_durable(self.t, dest.fd.as_fd()).map(|()| n))
         {
             Ok(n) => n,
-            Err(e) => return Err(self.abandon(&staged, e)),
+            Err(e) => return Err(stage.abandon(e)),
         };
         for name in &names {
-            let from = staged.join(std::ffi::OsStr::from_bytes(name));
-            if std::fs::symlink_metadata(&from).is_ok() {
-                commit(&from, &dest.join(std::ffi::OsStr::from_bytes(name)))?;
+            let c = cname(name)?;
+            if sys::fstatat(stage.fd.as_fd(), &c).is_ok() {
+                let shown = dest.shown.join(OsStr::from_bytes(name));
+                stage.commit(&c, dest.fd.as_fd(), &c, &shown)?;
             }
         }
-        std::fs::remove_dir(&staged).ok();
+        stage.remove().ok();
         if self.prune {
-            for entry in std::fs::read_dir(dest)? {
-                let entry = entry?;
-                if entry.path() != staged && !names.contains(&entry.file_name().as_bytes().to_vec())
-                {
-                    remove_tree(&entry.path())?;
-                    self.progress.add(1, dest);
+            for n in names_in(dest.fd.as_fd())? {
+                if n != stage.name.to_bytes() && !names.contains(&n) {
+                    let c = cname(&n)?;
+                    remove_tree_at(dest.fd.as_fd(), &c).with_context(|| {
+                        format!(
+                            "cannot remove {}",
+                            dest.shown.join(OsStr::from_bytes(&n)).display()
+                        )
+                    })?;
+                    self.progress.add(1, &dest.shown);
                 }
             }
         }
-        set_meta(dest, &Meta::of_node(root)?, false, self.is_root)
+        set_meta(
+            dest.fd.as_fd(),
+            &dest.shown,
+            &Meta::of_node(root)?,
+            false,
+            self.is_root,
+        )
     }
 
     /// Lost and unrecorded content cannot be brought back: say so, and
     /// keep what is live.
-    fn left_alone(&self, node: &NodeInfo, dest: &Path) -> bool {
+    fn left_alone(&self, node: &NodeInfo, shown: &Path) -> bool {
         let why = if node.is_lost() {
             "content lost (damaged in the store)"
         } else if node.is_unrecorded() {
@@ -575,166 +896,188 @@ impl Builder<'_> {
         } else {
             return false;
         };
-        eprintln!("chronofs: {}: {why}; left as it is", dest.display());
+        eprintln!("chronofs: {}: {why}; left as it is", shown.display());
         true
     }
 
-    /// Writes `node` (at `path` in history) to `staged`; `live` is what
+    /// Writes `node` (at `path` in history) at `spot`; `live` is what
     /// stands at its place now, if anything.
     fn node(
         &mut self,
         path: &Components,
         node: &NodeInfo,
-        staged: &Path,
-        live: Option<&Path>,
+        spot: &Spot<'_>,
+        live: Option<&Live<'_>>,
     ) -> Result<()> {
         let kind = node.kind.as_str();
-        if self.left_alone(node, staged) {
+        if self.left_alone(node, &spot.shown) {
             if let Some(l) = live {
-                self.carry(l, staged)?;
+                self.carry(l, spot)?;
             }
             return Ok(());
         }
         let obj = node.obj;
         if kind != "dir" {
             if let Some(first) = obj.and_then(|o| self.seen.get(&o)) {
-                std::fs::hard_link(first, staged)
-                    .with_context(|| format!("cannot link {}", staged.display()))?;
-                return Ok(());
+                return link_again(first, spot);
             }
         }
         let meta = Meta::of_node(node)?;
+        let created = |r: std::io::Result<()>| {
+            r.and_then(|()| sys::open_path(spot.dir, &spot.name))
+                .with_context(|| format!("cannot create {}", spot.shown.display()))
+        };
         match kind {
             "file" => {
                 // Unchanged: the live object itself, so it keeps its
                 // identity (and its history) instead of becoming a copy.
                 let linked = live.is_some_and(|l| {
-                    same_as_live(node, l, self.is_root) && std::fs::hard_link(l, staged).is_ok()
+                    same_as_live(node, l, self.is_root) && link_live(l, spot).is_ok()
                 });
                 if !linked {
-                    let mut f = std::fs::File::create_new(staged)
-                        .with_context(|| format!("cannot write {}", staged.display()))?;
+                    let f = sys::openat(
+                        spot.dir,
+                        &spot.name,
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                        NEW_FILE_MODE,
+                    )
+                    .with_context(|| format!("cannot write {}", spot.shown.display()))?;
+                    let mut f = std::fs::File::from(f);
                     self.content(path, node, &mut f)?;
                     drop(f);
-                    set_meta(staged, &meta, false, self.is_root)?;
-                    self.progress.add(1, staged);
+                    let fd = created(Ok(()))?;
+                    set_meta(fd.as_fd(), &spot.shown, &meta, false, self.is_root)?;
+                    self.progress.add(1, &spot.shown);
                 }
             }
             "dir" => {
-                self.entries(path, node, staged, live)?;
-                set_meta(staged, &meta, false, self.is_root)?;
-                self.progress.add(1, staged);
+                let (fd, _) = self.entries(path, node, spot, live)?;
+                set_meta(fd.as_fd(), &spot.shown, &meta, false, self.is_root)?;
+                self.progress.add(1, &spot.shown);
             }
             "symlink" => {
                 let target = node.target_bytes().unwrap_or_default();
-                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&target), staged)
-                    .with_context(|| format!("cannot create {}", staged.display()))?;
-                set_meta(staged, &meta, true, self.is_root)?;
-                self.progress.add(1, staged);
+                let target = cname(&target)?;
+                let fd = created(sys::symlinkat(&target, spot.dir, &spot.name))?;
+                set_meta(fd.as_fd(), &spot.shown, &meta, true, self.is_root)?;
+                self.progress.add(1, &spot.shown);
             }
             "fifo" => {
-                sys::mkfifo(staged, meta.mode)
-                    .with_context(|| format!("cannot create {}", staged.display()))?;
-                set_meta(staged, &meta, false, self.is_root)?;
-                self.progress.add(1, staged);
+                let fd = created(sys::mknodat(
+                    spot.dir,
+                    &spot.name,
+                    libc::S_IFIFO | NEW_FILE_MODE,
+                    0,
+                ))?;
+                set_meta(fd.as_fd(), &spot.shown, &meta, false, self.is_root)?;
+                self.progress.add(1, &spot.shown);
             }
             other => {
                 eprintln!(
                     "chronofs: skipping {} ({other} files are not restored)",
-                    staged.display()
+                    spot.shown.display()
                 );
                 if let Some(l) = live {
-                    self.carry(l, staged)?;
+                    self.carry(l, spot)?;
                 }
                 return Ok(());
             }
         }
         if let Some(o) = obj {
-            self.seen.insert(o, staged.to_path_buf());
+            self.seen.insert(o, spot.rel.clone());
         }
         Ok(())
     }
 
-    /// Makes directory `staged` with the entries of `node`, then (restore)
-    /// whatever only the live directory has, or (revert) counts it as
-    /// removed. Returns the names written.
+    /// Makes directory `spot` with the entries of `node` (see `fill`).
+    /// Returns it, held open, and the names written.
     fn entries(
         &mut self,
         path: &Components,
         node: &NodeInfo,
-        staged: &Path,
-        live: Option<&Path>,
+        spot: &Spot<'_>,
+        live: Option<&Live<'_>>,
+    ) -> Result<(OwnedFd, Vec<Vec<u8>>)> {
+        let fd = sys::mkdirat(spot.dir, &spot.name, NEW_DIR_MODE)
+            .and_then(|()| open_dir_at(spot.dir, &spot.name))
+            .with_context(|| format!("cannot create {}", spot.shown.display()))?;
+        let here = Spot {
+            root: spot.root,
+            dir: fd.as_fd(),
+            name: spot.name.clone(),
+            rel: spot.rel.clone(),
+            shown: spot.shown.clone(),
+        };
+        let names = self.fill(path, node, &here, live)?;
+        Ok((fd, names))
+    }
+
+    /// Writes the entries of `node` into the directory `dir.dir`, then
+    /// (restore) whatever only the live directory has, or (revert) counts
+    /// it as removed. Returns the names written.
+    fn fill(
+        &mut self,
+        path: &Components,
+        node: &NodeInfo,
+        dir: &Spot<'_>,
+        live: Option<&Live<'_>>,
     ) -> Result<Vec<Vec<u8>>> {
-        std::fs::create_dir(staged)
-            .with_context(|| format!("cannot create {}", staged.display()))?;
-        let live = live.filter(|l| std::fs::symlink_metadata(l).is_ok_and(|m| m.is_dir()));
+        let live = live.filter(|l| l.is_dir());
         let mut names = Vec::new();
         for e in node.entries.iter().flatten() {
             let name = e.name_bytes();
-            let os = std::ffi::OsStr::from_bytes(&name);
-            let live_child = live.map(|l| l.join(os));
-            let live_child = live_child
-                .as_deref()
-                .filter(|c| std::fs::symlink_metadata(c).is_ok());
+            let spot = dir.child(dir.dir, &name)?;
+            let live_child = match live {
+                Some(l) => l.child(&name)?,
+                None => None,
+            };
             let mut child = path.clone();
             child.push(name.clone());
-            self.node(&child, e, &staged.join(os), live_child)?;
+            self.node(&child, e, &spot, live_child.as_ref())?;
             names.push(name);
         }
         if let Some(l) = live {
-            for entry in std::fs::read_dir(l)? {
-                let entry = entry?;
-                let n = entry.file_name();
-                if names.contains(&n.as_bytes().to_vec()) {
+            for n in names_in(l.fd.as_fd())
+                .with_context(|| format!("cannot list {}", l.shown.display()))?
+            {
+                if names.contains(&n) {
                     continue;
                 }
                 if self.prune {
-                    self.progress.add(1, l);
-                } else {
-                    self.carry(&entry.path(), &staged.join(&n))?;
+                    self.progress.add(1, &l.shown);
+                } else if let Some(lc) = l.child(&n)? {
+                    self.carry(&lc, &dir.child(dir.dir, &n)?)?;
                 }
             }
         }
         Ok(names)
     }
 
-    /// Puts the live object `live` at `staged` as it is: the object itself
+    /// Puts the live object `live` at `spot` as it is: the object itself
     /// (a hard link), or for a directory a new one with its attributes and
     /// its entries carried the same way.
-    fn carry(&mut self, live: &Path, staged: &Path) -> Result<()> {
-        let m = std::fs::symlink_metadata(live)?;
-        if !m.is_dir() {
-            return std::fs::hard_link(live, staged).with_context(|| {
-                format!(
-                    "cannot keep {} (link to {})",
-                    live.display(),
-                    staged.display()
-                )
-            });
+    fn carry(&mut self, live: &Live<'_>, spot: &Spot<'_>) -> Result<()> {
+        if !live.is_dir() {
+            return link_live(live, spot);
         }
-        std::fs::create_dir(staged)
-            .with_context(|| format!("cannot create {}", staged.display()))?;
-        for entry in std::fs::read_dir(live)? {
-            let entry = entry?;
-            self.carry(&entry.path(), &staged.join(entry.file_name()))?;
+        let fd = sys::mkdirat(spot.dir, &spot.name, NEW_DIR_MODE)
+            .and_then(|()| open_dir_at(spot.dir, &spot.name))
+            .with_context(|| format!("cannot create {}", spot.shown.display()))?;
+        for n in names_in(live.fd.as_fd())
+            .with_context(|| format!("cannot list {}", live.shown.display()))?
+        {
+            if let Some(c) = live.child(&n)? {
+                self.carry(&c, &spot.child(fd.as_fd(), &n)?)?;
+            }
         }
         set_meta(
-            staged,
+            fd.as_fd(),
+            &spot.shown,
             &Meta::of_live(live, self.is_root)?,
             false,
             self.is_root,
         )
     }
-}
-
-fn remove_tree(p: &Path) -> Result<()> {
-    let m = std::fs::symlink_metadata(p)?;
-    if m.is_dir() {
-        std::fs::remove_dir_all(p)
-    } else {
-        std::fs::remove_file(p)
-    }
-    .with_context(|| format!("cannot remove {}", p.display()))
 }
 
 /// The instant just before `path`'s last deletion, from its parent's

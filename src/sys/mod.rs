@@ -276,6 +276,31 @@ pub fn link_fd(fd: BorrowedFd<'_>, newdir: BorrowedFd<'_>, newname: &CStr) -> io
     rfs::linkat(CWD, &path, newdir, newname, AtFlags::SYMLINK_FOLLOW).map_err(os_err)
 }
 
+/// `linkat(olddir, oldname, newdir, newname, 0)`: a symlink at `oldname`
+/// is linked itself, never followed.
+pub fn linkat(
+    olddir: BorrowedFd<'_>,
+    oldname: &CStr,
+    newdir: BorrowedFd<'_>,
+    newname: &CStr,
+) -> io::Result<()> {
+    rfs::linkat(olddir, oldname, newdir, newname, AtFlags::empty()).map_err(os_err)
+}
+
+/// Opens `path` below `dirfd` (openat2 with RESOLVE_BENEATH and
+/// RESOLVE_NO_SYMLINKS): no component may be a symlink or lead out of
+/// `dirfd`, whatever others did to the directories on the way.
+pub fn open_beneath(dirfd: BorrowedFd<'_>, path: &CStr, flags: i32) -> io::Result<OwnedFd> {
+    rfs::openat2(
+        dirfd,
+        path,
+        oflags(flags) | OFlags::CLOEXEC,
+        Mode::empty(),
+        rfs::ResolveFlags::BENEATH | rfs::ResolveFlags::NO_SYMLINKS,
+    )
+    .map_err(os_err)
+}
+
 pub fn unlinkat(dirfd: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<()> {
     rfs::unlinkat(dirfd, name, AtFlags::from_bits_retain(flags as u32)).map_err(os_err)
 }
