@@ -1382,6 +1382,19 @@ fn copy_up_on_btrfs_shares_the_lower_file_s_extents() {
 /// Unmounts a small file system mounted for a test, however it ends.
 struct SmallFs(PathBuf);
 
+impl SmallFs {
+    /// A 2 MiB tmpfs mounted over `dir`.
+    fn over(dir: &Path) -> SmallFs {
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        SmallFs(dir.to_path_buf())
+    }
+}
+
 impl Drop for SmallFs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
@@ -1401,13 +1414,7 @@ fn truncating_a_lower_file_copies_up_only_what_survives() {
         write_file(&b[1].join("big"), &big);
         write_file(&b[1].join("big2"), &big);
         // The upper branch: 2 MiB of room for files of 8 MiB.
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs"])
-            .arg(&b[0])
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs");
-        *small.borrow_mut() = Some(SmallFs(b[0].clone()));
+        *small.borrow_mut() = Some(SmallFs::over(&b[0]));
     });
     let _small = small.into_inner();
     fs::write(m.p("big"), b"new").expect(": > big on a small upper branch");
@@ -1459,13 +1466,7 @@ fn renaming_over_a_lower_file_copies_none_of_it() {
                 .unwrap();
             assert!(st.success(), "chattr +i");
             // The upper branch: 2 MiB of room for a file of 8 MiB.
-            let st = Command::new("mount")
-                .args(["-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs"])
-                .arg(&b[0])
-                .status()
-                .unwrap();
-            assert!(st.success(), "mount tmpfs");
-            *small.borrow_mut() = Some(SmallFs(b[0].clone()));
+            *small.borrow_mut() = Some(SmallFs::over(&b[0]));
         });
         let _unflag = Unflag(vec![m.lowers[0].join("frozen")]);
         let _small = small.into_inner();
