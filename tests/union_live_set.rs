@@ -384,6 +384,16 @@ fn the_mount_root_keeps_its_owner_and_mode_across_a_snapshot() {
         fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o750)).unwrap();
         let st = fs::metadata(&m.mnt).unwrap();
         assert_eq!(st.mode() & 0o7777, 0o750, "mode {mode:?}: a chmod shows");
+        // So do its xattrs (ACLs are xattrs too).
+        set_xattr(&m.mnt, "user.after", b"1", 0).unwrap();
+        assert_eq!(
+            get_xattr(&m.mnt, "user.after"),
+            Ok(b"1".to_vec()),
+            "mode {mode:?}"
+        );
+        assert!(list_xattr(&m.mnt)
+            .unwrap()
+            .contains(&"user.after".to_string()));
     }
 }
 

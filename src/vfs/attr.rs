@@ -120,9 +120,20 @@ impl Vfs {
     }
 
     fn fstat_shown(&self, ino: InodeNo) -> Result<super::Stat> {
+        self.with_shown_fd(ino, |fd| Ok(sys::fstat(fd)?))
+    }
+
+    /// `f` given the descriptor whose attributes `ino` shows: the root's
+    /// copy that changes to it go to ([`Vfs::root_copy_shown`]), else its
+    /// own.
+    pub(super) fn with_shown_fd<T>(
+        &self,
+        ino: InodeNo,
+        f: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> Result<T>,
+    ) -> Result<T> {
         match self.root_copy_shown(ino) {
-            Some(copy) => Ok(sys::fstat(copy.as_fd())?),
-            None => Ok(sys::fstat(self.node(ino)?.fd())?),
+            Some(copy) => f(copy.as_fd()),
+            None => f(self.node(ino)?.fd()),
         }
     }
 
@@ -269,7 +280,8 @@ impl Vfs {
                 return Xattr::read_open(caller, fd.as_fd(), name, size);
             }
         }
-        Xattr::read(caller, node.fd(), name, size)
+        drop(node);
+        self.with_shown_fd(ino, |fd| Xattr::read(caller, fd, name, size))
     }
 
     pub fn setxattr(
@@ -336,8 +348,10 @@ impl Vfs {
         if inode.kind == libc::S_IFLNK {
             return Ok(());
         }
-        creds::as_caller(caller, || sys::access_fd(inode.fd(), mask))?;
-        Ok(())
+        drop(inode);
+        self.with_shown_fd(ino, |fd| {
+            Ok(creds::as_caller(caller, || sys::access_fd(fd, mask))?)
+        })
     }
 
     pub fn statfs(&self) -> Result<StatFs> {

@@ -1558,7 +1558,7 @@ impl Vfs {
         ino: InodeNo,
         size: u32,
     ) -> Result<super::Xattr> {
-        self.listxattr_shown(caller, self.node(ino)?.fd(), size)
+        self.with_shown_fd(ino, |fd| self.listxattr_shown(caller, fd, size))
     }
 
     /// listxattr of backing object `fd` without the mount's own names.
