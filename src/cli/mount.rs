@@ -1233,7 +1233,12 @@ impl control::service::Host for MountHost {
         std::fs::create_dir_all(&self.fresh_dir).map_err(Error::Io)?;
         // An empty one that no snapshot names and no branch is, is a
         // crash's leftover (made, the set not recorded): the name is free.
-        if !self.paths.lock().values().any(|p| p == &dir) {
+        let ident = |p: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::symlink_metadata(p).ok().map(|m| (m.dev(), m.ino()))
+        };
+        let leftover = ident(&dir);
+        if leftover.is_some() && !self.paths.lock().values().any(|p| ident(p) == leftover) {
             let _ = std::fs::remove_dir(&dir);
         }
         std::fs::create_dir(&dir).map_err(|e| {
