@@ -1017,6 +1017,11 @@ impl Capture {
         obj: ObjectId,
         who: &Who,
     ) -> Result<()> {
+        // A creation not recorded yet (its release not arrived, its job
+        // queued) first, as for a removal: else this link recorded the
+        // file first, under this name only, and its first version's way
+        // then was this one (a link in a closed directory closed it).
+        self.record_pending(obj)?;
         // A collection must not remove a chunk this build reuses.
         let _building = self.history.building();
         let st = tree.stat(obj)?;
