@@ -1235,7 +1235,9 @@ impl control::service::Host for MountHost {
         // crash's leftover (made, the set not recorded): the name is free.
         let ident = |p: &Path| {
             use std::os::unix::fs::MetadataExt;
-            std::fs::symlink_metadata(p).ok().map(|m| (m.dev(), m.ino()))
+            std::fs::symlink_metadata(p)
+                .ok()
+                .map(|m| (m.dev(), m.ino()))
         };
         let leftover = ident(&dir);
         if leftover.is_some() && !self.paths.lock().values().any(|p| ident(p) == leftover) {
