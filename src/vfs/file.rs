@@ -174,10 +174,14 @@ impl Vfs {
         // The policy may want each write to be a version: the daemon must
         // then see the writes.
         let every_write = versioned && self.every_write(caller, ino, fd.as_fd());
+        let set_id = sys::fstat(fd.as_fd()).is_ok_and(|st| is_set_id(&st));
+        if set_id {
+            self.await_passthrough_release(ino);
+        }
         let passthrough = self.claim_io(
             ino,
             !every_write
-                && !sys::fstat(fd.as_fd()).is_ok_and(|st| is_set_id(&st))
+                && !set_id
                 && base.is_none()
                 && patched.is_none()
                 && !self.in_read_only_branch(&inode)
@@ -293,6 +297,28 @@ impl Vfs {
             mode.1 -= 1;
             if mode.1 == 0 {
                 modes.remove(&ino);
+                self.io_released.notify_all();
+            }
+        }
+    }
+
+    /// Before a set-ID file's handle claims its io mode: a handle with
+    /// kernel passthrough still counted is usually a file closed just
+    /// before, whose release the kernel sends after close returns (a
+    /// create as root, then chmod to set-ID). Sharing its backing file,
+    /// which carries its opener's credentials, a write by another user
+    /// kept the set-ID bits. Waited for briefly; one really held open
+    /// still decides, as before.
+    fn await_passthrough_release(&self, ino: InodeNo) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+        let mut modes = self.io_modes.lock();
+        while modes.get(&ino).is_some_and(|m| m.0) {
+            if self
+                .io_released
+                .wait_until(&mut modes, deadline)
+                .timed_out()
+            {
+                return;
             }
         }
     }

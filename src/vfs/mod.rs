@@ -254,6 +254,8 @@ pub struct Vfs {
     /// how many there are. The kernel refuses to mix passthrough and cached
     /// opens of one inode, so the first open chooses for all.
     io_modes: parking_lot::Mutex<std::collections::HashMap<InodeNo, (bool, u32)>>,
+    /// Told at each release of a handle counted in `io_modes`.
+    io_released: parking_lot::Condvar,
     /// Nodes and handles of the time-travel views.
     views: views::Views,
     /// The branches of a union mount (`None`: one branch).
@@ -324,6 +326,7 @@ impl Vfs {
             writeback: AtomicBool::new(false),
             passthrough: AtomicBool::new(false),
             io_modes: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            io_released: parking_lot::Condvar::new(),
             capture,
             ingest: ingest::IngestProgress::default(),
             views: views::Views::default(),
