@@ -280,8 +280,10 @@ impl Vfs {
                 return Xattr::read_open(caller, fd.as_fd(), name, size);
             }
         }
-        drop(node);
-        self.with_shown_fd(ino, |fd| Xattr::read(caller, fd, name, size))
+        match self.root_copy_shown(ino) {
+            Some(copy) => Xattr::read(caller, copy.as_fd(), name, size),
+            None => Xattr::read(caller, node.fd(), name, size),
+        }
     }
 
     pub fn setxattr(
@@ -348,10 +350,9 @@ impl Vfs {
         if inode.kind == libc::S_IFLNK {
             return Ok(());
         }
-        drop(inode);
-        self.with_shown_fd(ino, |fd| {
-            Ok(creds::as_caller(caller, || sys::access_fd(fd, mask))?)
-        })
+        let copy = self.root_copy_shown(ino);
+        let fd = copy.as_ref().map_or(inode.fd(), |c| c.as_fd());
+        Ok(creds::as_caller(caller, || sys::access_fd(fd, mask))?)
     }
 
     pub fn statfs(&self) -> Result<StatFs> {
