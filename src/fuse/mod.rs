@@ -322,13 +322,13 @@ impl ChronoFuse {
             self.passthrough_handles.lock().insert(opened.fh, ino);
             return Some(id.clone());
         }
-        // Registered under the opener's credentials: the kernel does the
-        // passthrough I/O with them, so set-id bits are cleared on write as
-        // they would be natively.
+        // Registered under the opener's credentials, less CAP_FSETID: the
+        // kernel does every handle's passthrough I/O with them, so a write
+        // clears set-ID bits as an unprivileged one does natively.
         let id = self
             .vfs
             .with_file_fd(opened.fh, |fd| {
-                Ok(creds::as_caller_with_admin(caller, || open_backing(fd))?)
+                Ok(creds::as_backing_registrar(caller, || open_backing(fd))?)
             })
             .map_err(|e| tracing::warn!("passthrough unavailable for inode {}: {e}", ino.0))
             .ok()?;

@@ -164,12 +164,44 @@ pub fn as_caller<T>(caller: &Caller, op: impl FnMut() -> io::Result<T>) -> io::R
 /// [`as_caller`] for registering a passthrough backing file: the kernel
 /// requires CAP_SYS_ADMIN for that, and records the credentials it runs
 /// with for the backing file's I/O.
-pub fn as_caller_with_admin<T>(
+///
+/// The kernel keeps one backing per inode: every later passthrough handle
+/// of the inode, whoever opens it, writes with these credentials, and a
+/// write clears set-ID bits by them. So they are the least a writer can
+/// have: never CAP_FSETID (a root caller's included: an ordinary user's
+/// write to a set-user-ID file kept its bit while root held the file
+/// open) and no group (a non-member's write to a set-group-ID file
+/// without group execute kept its bit while a member held it). The cost
+/// falls only on writes through a handle opened before its file became
+/// set-ID, the one way a set-ID file gets a passthrough handle of its own:
+/// they clear bits a privileged or member writer keeps natively.
+pub fn as_backing_registrar<T>(
     caller: &Caller,
-    op: impl FnMut() -> io::Result<T>,
+    mut op: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
-    as_caller_keeping(caller, CapabilitySet::SYS_ADMIN, op)
+    let registrant = Caller {
+        uid: caller.uid,
+        gid: NO_GROUP,
+        pid: 0,
+    };
+    // A non-zero fsuid drops CAP_FSETID with the other file-system
+    // capabilities (capabilities(7), "Effect of user ID changes").
+    as_caller_keeping(&registrant, CapabilitySet::SYS_ADMIN, || {
+        if caller.uid != 0 {
+            return op();
+        }
+        set_effective_caps(CapabilitySet::FSETID, false)?;
+        let result = op();
+        if let Err(e) = set_effective_caps(CapabilitySet::FSETID, true) {
+            tracing::error!("cannot restore CAP_FSETID: {e}");
+        }
+        result
+    })
 }
+
+/// A group id no file is given: `(gid_t)-2` (`-1` means "unchanged" to
+/// setfsgid).
+const NO_GROUP: u32 = u32::MAX - 1;
 
 fn as_caller_keeping<T>(
     caller: &Caller,
