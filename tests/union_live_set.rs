@@ -292,6 +292,38 @@ fn a_snapshot_freezes_the_upper_branch_and_changes_go_to_a_fresh_one_on_top() {
     }
 }
 
+/// Another branch list after a snapshot would drop the fresh branch,
+/// and with it every change made since: refused in one line naming the
+/// list to mount with; that list still mounts, the changes in view.
+#[test]
+fn another_branch_list_after_a_snapshot_is_refused() {
+    for mode in union_modes() {
+        let mut m = Mount::union(mode, 1, |b| write_file(&b[1].join("low"), b"low"));
+        branch_snapshot(&m, &["--name", "s1"]);
+        write_file(&m.p("since"), b"made after the snapshot");
+        let want = tree(&m.mnt);
+        m.unmount();
+        let fewer = format!("{}=rw", m.src.display());
+        let remoded = format!("{}=rw:{}=rw", m.src.display(), m.lowers[0].display());
+        for list in [fewer, remoded] {
+            let mut args = vec!["mount", list.as_str(), m.mnt.to_str().unwrap()];
+            if !mode.is_empty() {
+                args.extend(["-o", mode]);
+            }
+            let out = chronofs_in(m.root(), &args);
+            let _mounted = out.status.success().then(|| Unmounts(m.mnt.clone()));
+            let err = stderr(&out);
+            assert!(!out.status.success(), "mode {mode:?}: {list} mounted");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+            assert!(err.contains("since a snapshot"), "{err}");
+            assert!(err.contains(&format!("{}=rw", m.src.display())), "{err}");
+        }
+        m.start();
+        assert_eq!(tree(&m.mnt), want, "mode {mode:?}: the list as before");
+        assert_eq!(listed(&m).len(), 3);
+    }
+}
+
 #[test]
 fn a_directory_renamed_again_after_a_snapshot_keeps_what_every_branch_held() {
     for mode in union_modes() {

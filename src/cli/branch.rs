@@ -85,7 +85,7 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
     // one is still checked against it.
     let (fresh, others): (Vec<_>, Vec<_>) = paths
         .into_iter()
-        .partition(|(p, _)| *p != dir.as_path() && is_snapshot_branch(p));
+        .partition(|(p, _)| *p != dir.as_path() && crate::store::is_snapshot_branch(p));
     UnionSpec::of_paths(&others)?.validate(mnt)?;
     for pair in fresh {
         UnionSpec::of_paths(&[(dir.as_path(), mode_of(writable)), pair])?.validate(mnt)?;
@@ -100,14 +100,6 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
         &format!("{} added at position {at}", dir.display()),
     );
     Ok(())
-}
-
-/// A branch `snapshot` made: `over-NAME` in a store's `branches/`.
-fn is_snapshot_branch(p: &Path) -> bool {
-    let over = p
-        .file_name()
-        .is_some_and(|n| n.as_encoded_bytes().starts_with(b"over-"));
-    over && p.parent().and_then(Path::file_name) == Some(std::ffi::OsStr::new("branches"))
 }
 
 /// Freezes the union's upper branch under a name, a fresh one on top.

@@ -498,6 +498,7 @@ fn assign_branch_ids(
     // Changes made while mounted (`branch mode|add|remove`) outlive the
     // mount as long as the command line stays the one they were made under.
     let mounted: Vec<(u32, bool)> = list.iter().map(|b| (b.id, b.writable)).collect();
+    refuse_dropping_snapshots(store, &mounted)?;
     let set = store.start_branch_set(&mounted)?;
     if set.live == mounted {
         return Ok(());
@@ -534,6 +535,49 @@ fn assign_branch_ids(
     }
     tracing::info!("branches as last set while mounted: {:?}", set.live);
     Ok(())
+}
+
+/// Another branch list starts from the command line's branches alone
+/// (the user asked for them), but a snapshot's fresh branch holds every
+/// change made since the snapshot, and its frozen branch would turn
+/// writable again under them: refused, naming the list to mount with.
+fn refuse_dropping_snapshots(store: &Store, mounted: &[(u32, bool)]) -> Result<()> {
+    let Some(known) = store.branch_set()? else {
+        return Ok(());
+    };
+    if known.mounted == mounted {
+        return Ok(());
+    }
+    let rows = store.branches()?;
+    let path_of = |id: u32| {
+        rows.iter()
+            .find(|r| r.id == id)
+            .map(|r| r.root.path.clone())
+    };
+    let Some(fresh) = known
+        .live
+        .iter()
+        .filter(|(id, _)| !mounted.iter().any(|(m, _)| m == id))
+        .filter_map(|(id, _)| path_of(*id))
+        .find(|p| crate::store::is_snapshot_branch(p))
+    else {
+        return Ok(());
+    };
+    let before: Vec<String> = known
+        .mounted
+        .iter()
+        .map(|(id, rw)| {
+            let path = path_of(*id).unwrap_or_else(|| PathBuf::from(format!("<branch {id}>")));
+            format!("{}={}", path.display(), if *rw { "rw" } else { "ro" })
+        })
+        .collect();
+    bail!(
+        "this union was mounted as {} and holds changes made since a snapshot in {}, which \
+         another branch list would drop: mount it as before, and change its branches while \
+         mounted (`chronofs branch add|remove|mode`)",
+        before.join(":"),
+        fresh.display()
+    )
 }
 
 /// The mount, what records its history, and the control socket of a

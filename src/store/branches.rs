@@ -563,6 +563,15 @@ impl Store {
     }
 }
 
+/// Whether `path` is a branch `snapshot` made: `over-NAME` in a store's
+/// `branches/` directory.
+pub fn is_snapshot_branch(path: &std::path::Path) -> bool {
+    let over = path
+        .file_name()
+        .is_some_and(|n| n.as_encoded_bytes().starts_with(b"over-"));
+    over && path.parent().and_then(std::path::Path::file_name) == Some(OsStr::new("branches"))
+}
+
 /// The tables of this module, which a format-6 store kept in its index.
 const MOVED: [&str; 3] = ["branches", "branch_set", "snapshots"];
 

@@ -22,7 +22,8 @@ use std::sync::Arc;
 use redb::{Database, ReadableDatabase, TableDefinition};
 
 pub use branches::{
-    BranchIdent, BranchRecord, BranchRoot, BranchSet, BranchSetLog, BranchState, Snapshot,
+    is_snapshot_branch, BranchIdent, BranchRecord, BranchRoot, BranchSet, BranchSetLog,
+    BranchState, Snapshot,
 };
 pub use chunks::{ChunkStore, Hash, Unsynced};
 pub use inomap::{BackingKey, DevAlias, InodeMap};
