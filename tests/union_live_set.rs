@@ -426,7 +426,49 @@ fn the_mount_root_keeps_its_owner_and_mode_across_a_snapshot() {
         assert!(list_xattr(&m.mnt)
             .unwrap()
             .contains(&"user.after".to_string()));
+        if mode.is_empty() {
+            // History records the root as shown.
+            chronofs_ok(&m, &["ingest"]);
+            chronofs_ok(&m, &["tag", "chmodded"]);
+            let then = m.p(".history/@chmodded");
+            let st = fs::metadata(&then).unwrap();
+            assert_eq!(st.mode() & 0o7777, 0o750, "history's root");
+            assert_eq!(get_xattr(&then, "user.after"), Ok(b"1".to_vec()));
+        }
     }
+}
+
+/// statfs tells the file system changes go to, as overlayfs does: the
+/// upper branch's, also when a mode change made another branch upper
+/// (it told the first branch's).
+#[test]
+fn statfs_tells_the_upper_branchs_file_system() {
+    for mode in union_modes() {
+        let mut tmpfs = None;
+        let m = Mount::union(mode, 1, |b| {
+            let st = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=3m,mode=0755", "tmpfs"])
+                .arg(&b[1])
+                .status()
+                .unwrap();
+            assert!(st.success(), "mount tmpfs");
+            tmpfs = Some(Unmounts(b[1].clone()));
+        });
+        assert_eq!(statfs_id(&m.mnt), statfs_id(&m.src), "mode {mode:?}");
+        let lower = m.lowers[0].to_str().unwrap();
+        branch_ok(&m, &["mode", lower, "rw"]);
+        branch_ok(&m, &["mode", m.src.to_str().unwrap(), "ro"]);
+        assert_eq!(statfs_id(&m.mnt), statfs_id(&m.lowers[0]), "mode {mode:?}");
+        drop(m);
+        drop(tmpfs);
+    }
+}
+
+/// What statfs tells of the file system holding `p` that a FUSE mount
+/// passes on and two calls agree on (not its type, not free space).
+fn statfs_id(p: &Path) -> (u64, u64, u64) {
+    let st = rustix::fs::statvfs(p).unwrap();
+    (st.f_frsize, st.f_blocks, st.f_files)
 }
 
 /// A snapshot's fresh branch lies in the store, inside SRC by default:

@@ -355,7 +355,12 @@ impl Vfs {
         Ok(creds::as_caller(caller, || sys::access_fd(fd, mask))?)
     }
 
+    /// The file system changes go to, as overlayfs tells: a union's
+    /// upper branch's.
     pub fn statfs(&self) -> Result<StatFs> {
-        Ok(sys::fstatvfs(self.branch.root_fd())?)
+        match self.root_copy_shown(InodeNo::ROOT) {
+            Some(upper) => Ok(sys::fstatvfs(upper.as_fd())?),
+            None => Ok(sys::fstatvfs(self.branch.root_fd())?),
+        }
     }
 }

@@ -27,8 +27,11 @@ fn io_err(e: VfsError) -> io::Error {
 
 impl Tree for Live<'_> {
     fn stat(&self, obj: ObjectId) -> io::Result<Stat> {
-        let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
-        sys::fstat(node.fd())
+        // The root as shown: a union's upper copy when the mount's own
+        // root is in a branch frozen by a snapshot.
+        self.0
+            .with_shown_fd(InodeNo::from(obj), |fd| Ok(sys::fstat(fd)?))
+            .map_err(io_err)
     }
 
     fn open_read(&self, obj: ObjectId) -> io::Result<Box<dyn Readable>> {
@@ -43,8 +46,9 @@ impl Tree for Live<'_> {
     }
 
     fn xattrs(&self, obj: ObjectId) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let node = self.0.inodes.node(InodeNo::from(obj)).map_err(io_err)?;
-        recorded_xattrs(self.0, node.fd())
+        self.0
+            .with_shown_fd(InodeNo::from(obj), |fd| Ok(recorded_xattrs(self.0, fd)?))
+            .map_err(io_err)
     }
 
     fn parent_of(&self, obj: ObjectId) -> Option<(ObjectId, Vec<u8>)> {
