@@ -1031,6 +1031,49 @@ fn snapmerge_across_file_systems_is_refused_before_anything_moves() {
     assert_eq!(names(&m.src), src_before, "the branch below changed");
 }
 
+/// The same with the store on a bind mount of the branches' own file
+/// system: one device number, but renames between the two mounts fail
+/// (EXDEV), and the merge met that part-way.
+#[test]
+fn snapmerge_across_a_bind_mount_is_refused_before_anything_moves() {
+    let m_root = tempdir();
+    let real = m_root.path().join("real-store");
+    fs::create_dir(&real).unwrap();
+    let store = tempdir();
+    let ok = Command::new("mount")
+        .arg("--bind")
+        .arg(&real)
+        .arg(store.path())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount --bind");
+    let _unmount = Unmount(store.path().to_path_buf());
+    let opts = format!("plain,store={}", store.path().display());
+    let m = Mount::union(&opts, 1, |b| {
+        write_file(&b[0].join("gone"), b"to be removed");
+        write_file(&b[1].join("low"), b"low");
+    });
+    branch_snapshot(&m, &["--name", "s1"]);
+    fs::remove_file(m.p("gone")).unwrap();
+    write_file(&m.p("new"), b"new");
+    branch_snapshot(&m, &["--name", "s2"]);
+    let before = tree(&m.mnt);
+    let fresh_before = names(&store.path().join("branches/over-s1"));
+    // The frozen s1 branch (over-s1, in the store) merges into SRC.
+    let out = snapmerge(&m, &["--upto", "s1"]);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = stderr(&out);
+    assert!(err.contains("different mounts"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(tree(&m.mnt), before);
+    assert_eq!(names(&store.path().join("branches/over-s1")), fresh_before);
+    assert!(m.src.join("gone").exists(), "the branch below changed");
+}
+
 /// A fresh branch directory a crash left behind (made, the set not
 /// recorded) does not take its snapshot name for good: the next snapshot
 /// of that name, or an unnamed one, succeeds.

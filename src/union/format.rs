@@ -444,7 +444,7 @@ pub fn clear_orphans_in(dirfd: BorrowedFd<'_>, name: &CStr) -> io::Result<usize>
     Ok(removed)
 }
 
-fn temp_name() -> CString {
+pub(super) fn temp_name() -> CString {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut name = TEMP_PREFIX.to_vec();

@@ -128,6 +128,30 @@ struct Merge<'r> {
     switch_root: Option<OwnedFd>,
 }
 
+/// Whether objects move from the branch rooted at `upper` to the one
+/// rooted at `lower` by rename, tried with an empty hidden temporary: one
+/// file system seen through two mounts (a bind mount) has one device
+/// number but refuses renames between them (EXDEV), which a merge would
+/// meet part-way.
+pub fn renames_between(upper: BorrowedFd<'_>, lower: BorrowedFd<'_>) -> io::Result<bool> {
+    let name = format::temp_name();
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    drop(sys::openat(upper, &name, flags, 0o600)?);
+    match sys::renameat2(upper, &name, lower, &name, libc::RENAME_NOREPLACE) {
+        Ok(()) => {
+            sys::unlinkat(lower, &name, 0)?;
+            Ok(true)
+        }
+        Err(e) => {
+            sys::unlinkat(upper, &name, 0)?;
+            match e.raw_os_error() {
+                Some(libc::EXDEV) => Ok(false),
+                _ => Err(e),
+            }
+        }
+    }
+}
+
 /// Merges the branch rooted at `upper` into the one rooted at `lower`,
 /// leaving `upper` empty (its root stays, for the caller to remove once
 /// no union uses it). `deeper`: more branches lie below `lower`.

@@ -352,9 +352,20 @@ impl Vfs {
             }
             (upper.clone(), lower.clone(), at + 2 < set.members.len())
         };
-        if sys::fstat(upper.root.as_fd())?.st_dev != sys::fstat(lower.root.as_fd())?.st_dev {
+        let apart = match sys::fstat(upper.root.as_fd())?.st_dev
+            == sys::fstat(lower.root.as_fd())?.st_dev
+        {
+            false => Some("on different file systems"),
+            true if !snapmerge::renames_between(upper.root.as_fd(), lower.root.as_fd())? => {
+                Some("on different mounts of one file system (a bind mount?)")
+            }
+            true => None,
+        };
+        if let Some(apart) = apart {
             return Err(VfsError::BranchBusy(format!(
-                "branch {position} and the branch below it are on different file systems:                  a merge moves objects by rename (a snapshot's branch is made in the store;                  keep the store on the branches' file system to merge it)"
+                "branch {position} and the branch below it are {apart}: a merge moves objects \
+                 by rename (a snapshot's branch is made in the store; keep the store on the \
+                 branches' file system and mount to merge it)"
             )));
         }
         let position = position as usize;
