@@ -773,3 +773,37 @@ fn without_a_mount_only_a_restore_outside_the_source_is_allowed() {
         m.wait_history_ready();
     });
 }
+
+/// A user who may write a file but does not own it restores its content
+/// in place; its mode and xattrs only its owner may set: equal to the
+/// recorded ones they are left, and if they differ the restore is refused
+/// before anything is written (it wrote the content, then failed with
+/// EPERM on the mode).
+#[test]
+fn a_writer_who_does_not_own_the_file_restores_its_content_or_nothing() {
+    each_versioning_mode(|m| {
+        let dir = m.p("shared");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let f = dir.join("f");
+        write_file(&f, b"then\n");
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o666)).unwrap();
+        chrono_ok(m, &["tag", "orig"]);
+        fs::write(&f, b"now\n").unwrap();
+        let out = chrono_as(m, Some(NOBODY), &["restore", "shared/f", "--at", "orig"]);
+        assert_succeeded(m, &["restore as nobody"], &out);
+        assert_eq!(read_file(&f), b"then\n");
+        let st = fs::metadata(&f).unwrap();
+        assert_eq!((st.uid(), st.mode() & 0o7777), (0, 0o666));
+
+        fs::write(&f, b"now again\n").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o646)).unwrap();
+        let out = chrono_as(m, Some(NOBODY), &["restore", "shared/f", "--at", "orig"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("only its owner"), "{err}");
+        assert_eq!(read_file(&f), b"now again\n", "nothing written");
+        assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o646);
+    });
+}

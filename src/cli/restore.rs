@@ -779,6 +779,23 @@ impl Builder<'_> {
         pdir: BorrowedFd<'_>,
         live: &Live<'_>,
     ) -> Result<()> {
+        // Only the owner may set a mode, xattrs or chosen times: another
+        // writer restores the content alone, and only where the rest
+        // already is as recorded (it failed after the content with EPERM).
+        let owner = self.is_root || sys::geteuid() == live.st.st_uid;
+        if !owner {
+            let want = Meta::of_node(node)?;
+            let now = Meta::of_live(live, false)?;
+            let mut want_xattrs = want.xattrs;
+            want_xattrs.retain(|(k, _)| settable(k, false));
+            if want.mode != now.mode || want_xattrs != now.xattrs {
+                bail!(
+                    "{} has another mode or xattrs than at that time, and only its owner may \
+                     set them; nothing was written",
+                    live.shown.display()
+                );
+            }
+        }
         // The content is received whole first: a read refused (EACCES) or
         // failing part way (a damaged chunk) leaves DEST as it was. Beside
         // DEST where its directory allows, else in the temporary directory
@@ -808,13 +825,15 @@ impl Builder<'_> {
         std::io::copy(&mut received, &mut out)
             .with_context(|| format!("cannot write {}", shown.display()))?;
         drop(out);
-        set_meta(
-            live.fd.as_fd(),
-            shown,
-            &Meta::of_node(node)?,
-            false,
-            self.is_root,
-        )?;
+        if owner {
+            set_meta(
+                live.fd.as_fd(),
+                shown,
+                &Meta::of_node(node)?,
+                false,
+                self.is_root,
+            )?;
+        }
         self.progress.add(1, shown);
         Ok(())
     }
