@@ -807,3 +807,44 @@ fn a_writer_who_does_not_own_the_file_restores_its_content_or_nothing() {
         assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o646);
     });
 }
+
+/// A file history never recorded (it predates the mount, `ingest=off`)
+/// is its own past: the live file is read. Written to while the restore
+/// downloads it, its bytes are a mix of two states: the restore fails and
+/// writes nothing (it wrote the mix as the file at that instant).
+#[test]
+fn a_live_file_written_during_its_download_is_not_restored_as_the_past() {
+    let m = Mount::new_with("ingest=off", |src| {
+        write_file(&src.join("plan.txt"), &pattern(BIG, 1))
+    });
+    m.wait_history_ready();
+    // A tag names a recorded instant: something else changes first.
+    write_file(&m.p("other"), b"other");
+    chrono_ok(&m, &["tag", "orig"]);
+    let out = during_download(
+        &m.mnt,
+        &["restore", "plan.txt", "--at", "orig", "--to", "copy.txt"],
+        &[".chronofs-staging-", "copy.txt"],
+        BIG,
+        || {
+            use std::os::unix::fs::FileExt;
+            let f = fs::OpenOptions::new()
+                .write(true)
+                .open(m.p("plan.txt"))
+                .unwrap();
+            f.write_all_at(b"written meanwhile", (BIG - 4096) as u64)
+                .unwrap();
+        },
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the mix was restored");
+    assert!(err.contains("changed while it was read"), "{err}");
+    assert!(!m.p("copy.txt").exists());
+    no_staging_left(&m.mnt);
+    // The write recorded the state before it: that is restored now.
+    chrono_ok(
+        &m,
+        &["restore", "plan.txt", "--at", "orig", "--to", "copy.txt"],
+    );
+    assert_eq!(fnv(&read_file(&m.p("copy.txt"))), fnv(&pattern(BIG, 1)));
+}

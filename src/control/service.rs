@@ -683,6 +683,14 @@ impl Service {
                     reply.data(&buf[..n])?;
                     off += n as u64;
                 }
+                // The live file stands for its state then only while it is
+                // unchanged: a write during the read made a mix of both.
+                if !unchanged(st, &sys::fstat(fd.as_fd())?) {
+                    return Err(Error::Busy(format!(
+                        "{} changed while it was read; run the command again",
+                        show_path(path)
+                    )));
+                }
             }
         }
         Ok(self.describe(&node))
@@ -1221,4 +1229,22 @@ fn cost_line(c: &Cost) -> String {
 
 fn cost_brief(c: &Cost) -> serde_json::Value {
     json!({"path": c.path, "version": c.version, "seq": c.seq, "time_ns": c.time_ns})
+}
+
+/// Whether a file stat'ed as `before` is still as it was (a write moves
+/// its ctime; size and mtime where ctime is coarse).
+fn unchanged(before: &sys::Stat, after: &sys::Stat) -> bool {
+    (
+        before.st_size,
+        before.st_mtime,
+        before.st_mtime_nsec,
+        before.st_ctime,
+        before.st_ctime_nsec,
+    ) == (
+        after.st_size,
+        after.st_mtime,
+        after.st_mtime_nsec,
+        after.st_ctime,
+        after.st_ctime_nsec,
+    )
 }
