@@ -127,3 +127,60 @@ fn a_release_racing_an_unlink_keeps_the_last_content() {
         );
     }
 }
+
+/// A file that predates history is recorded before its first change; a
+/// large one takes a while to read. Meanwhile another file's first change
+/// does not wait for it (both baselines were serialised whole: the ingest
+/// walk's largest file stalled every first change behind it).
+#[test]
+fn a_large_files_baseline_does_not_hold_up_another_files() {
+    let big = pattern(256 << 20, 3);
+    let rig = Rig::union(0, |src| {
+        std::fs::write(src.join("big"), &big).unwrap();
+        std::fs::write(src.join("small"), b"small").unwrap();
+    });
+    let store = rig.dir.path().join("store");
+    let stored = || dir_bytes(&store);
+    let before = stored();
+    std::thread::scope(|s| {
+        let recording = s.spawn(|| rig.write_at("big", 0, b"first change").unwrap());
+        // Once the big file's baseline is storing its chunks.
+        while stored() < before + (8 << 20) {
+            assert!(
+                !recording.is_finished(),
+                "the baseline was too fast to watch"
+            );
+            std::thread::yield_now();
+        }
+        rig.write_at("small", 0, b"SMALL").unwrap();
+        // The big file's chunks are not all stored yet: its baseline is
+        // still reading it.
+        let done = stored() - before;
+        assert!(
+            done < big.len() as u64,
+            "the small file's change waited for the big file's baseline ({done} bytes stored)"
+        );
+        recording.join().unwrap();
+    });
+    assert_eq!(
+        causes(&rig.versions("small")),
+        [Cause::Baseline, Cause::Write]
+    );
+    assert_eq!(
+        causes(&rig.versions("big")),
+        [Cause::Baseline, Cause::Write]
+    );
+}
+
+/// Bytes of the files under `dir`, recursively.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let md = e.metadata().unwrap();
+        n += match md.is_dir() {
+            true => dir_bytes(&e.path()),
+            false => md.len(),
+        };
+    }
+    n
+}

@@ -667,6 +667,15 @@ impl Capture {
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return self.before_dir_change(tree, obj);
         }
+        if self.known(obj)?.is_some() {
+            return Ok(());
+        }
+        // The content is read before the lock: read under it, the ingest
+        // walk's largest file held every other first change (and every
+        // directory's baseline) until it was hashed whole. The object's
+        // own change waits for this baseline, and any other change of it
+        // commits its own first, which the check under the lock finds.
+        let v = self.baseline_version(tree, obj, st, content)?;
         let _one = self.baseline_lock.lock();
         if self.known(obj)?.is_some() {
             return Ok(());
@@ -677,8 +686,22 @@ impl Capture {
             self.baseline_dir(tree, parent, 0)?;
             self.push_parent_entry(&mut draft, (parent, name), obj, binding)?;
         }
+        draft.versions.push((obj, v));
+        draft.bind.extend(binding);
+        self.commit(draft)
+    }
+
+    /// The version a baseline records of file `obj`: `content` when the
+    /// caller has it (a clone's), else read from the tree.
+    fn baseline_version(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        st: &Stat,
+        content: Option<Content>,
+    ) -> Result<Version> {
         let who = Who::default();
-        let v = match content {
+        Ok(match content {
             Some(content) => Version {
                 time_ns: 0,
                 who: who.clone(),
@@ -692,10 +715,7 @@ impl Capture {
                 gone: false,
             },
             None => self.snapshot(tree, obj, st, Cause::Baseline, &who)?,
-        };
-        draft.versions.push((obj, v));
-        draft.bind.extend(binding);
-        self.commit(draft)
+        })
     }
 
     /// The entry that names a baselined object, unless history has it: a
