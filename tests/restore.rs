@@ -848,3 +848,61 @@ fn a_live_file_written_during_its_download_is_not_restored_as_the_past() {
     );
     assert_eq!(fnv(&read_file(&m.p("copy.txt"))), fnv(&pattern(BIG, 1)));
 }
+
+/// `revert .` in the mount's root keeps what did not change since T as
+/// the objects they are (it rebuilt every entry: device files were
+/// dropped, sparse files filled in, hard links split), and brings back
+/// device files and sparse files that did change, as they were.
+#[test]
+fn a_revert_of_the_root_keeps_devices_sparse_files_and_links() {
+    use std::os::unix::fs::FileTypeExt;
+    each_versioning_mode(|m| {
+        let d = m.p("d");
+        fs::create_dir(&d).unwrap();
+        run(&d, "mknod", &["c", "c", "1", "3"]);
+        run(&d, "mknod", &["gone", "c", "1", "5"]);
+        write_file(&d.join("f"), b"keep\n");
+        fs::hard_link(d.join("f"), m.p("hl")).unwrap();
+        let sp = fs::File::create(d.join("sp")).unwrap();
+        sp.set_len(1 << 20).unwrap();
+        drop(sp);
+        let holey = fs::File::create(m.p("holey")).unwrap();
+        holey.set_len(1 << 20).unwrap();
+        drop(holey);
+        let ino = |p: &Path| fs::metadata(p).unwrap().ino();
+        let (c_ino, f_ino) = (ino(&d.join("c")), ino(&d.join("f")));
+        chrono_ok(m, &["tag", "orig"]);
+        fs::remove_file(d.join("gone")).unwrap();
+        fs::write(m.p("holey"), b"filled").unwrap();
+        write_file(&m.p("new"), b"new");
+
+        let out = chrono_as(m, None, &["revert", ".", "--at", "orig"]);
+        assert_succeeded(m, &["revert"], &out);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("skipping"), "{err}");
+        assert_eq!(ino(&d.join("c")), c_ino, "the device file is kept");
+        assert_eq!(ino(&d.join("f")), f_ino, "the file is kept");
+        assert_eq!(ino(&m.p("hl")), f_ino, "and its other link");
+        let gone = fs::symlink_metadata(d.join("gone")).unwrap();
+        assert!(gone.file_type().is_char_device(), "{gone:?}");
+        assert_eq!(gone.rdev(), fs::metadata("/dev/zero").unwrap().rdev());
+        for sparse in [d.join("sp"), m.p("holey")] {
+            let md = fs::metadata(&sparse).unwrap();
+            assert_eq!(
+                (md.len(), md.blocks()),
+                (1 << 20, 0),
+                "{}",
+                sparse.display()
+            );
+        }
+        assert!(!m.p("new").exists());
+        no_staging_left(&m.mnt);
+
+        // undelete brings a device file back.
+        fs::remove_file(d.join("c")).unwrap();
+        chrono_ok(m, &["undelete", "d/c"]);
+        let c = fs::symlink_metadata(d.join("c")).unwrap();
+        assert!(c.file_type().is_char_device(), "{c:?}");
+        no_staging_left(&d);
+    });
+}

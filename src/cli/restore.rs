@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsStr};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -315,12 +315,7 @@ fn cname(name: &[u8]) -> Result<CString> {
 }
 
 fn kind_of(st: &sys::Stat) -> &'static str {
-    match st.st_mode & libc::S_IFMT {
-        libc::S_IFDIR => "dir",
-        libc::S_IFREG => "file",
-        libc::S_IFLNK => "symlink",
-        _ => "other",
-    }
+    crate::history::past::kind_name(st.st_mode)
 }
 
 fn same_object(a: &sys::Stat, b: &sys::Stat) -> bool {
@@ -447,7 +442,9 @@ fn same_as_live(node: &NodeInfo, live: &Live<'_>, is_root: bool) -> bool {
         return false;
     };
     let st = &live.st;
+    let device = matches!(node.kind.as_str(), "char" | "block");
     node.kind == kind_of(st)
+        && (!device || node.rdev == st.st_rdev)
         && node.size == st.st_size as u64
         && want.mode == st.st_mode & 0o7777
         && want.uid == st.st_uid
@@ -627,6 +624,44 @@ impl<'a> Staging<'a> {
     }
 }
 
+/// Writes a file's bytes leaving its zero blocks unwritten (holes, as
+/// `cp --sparse=auto` does): a restored sparse file took its full size on
+/// the disk.
+struct Sparse<'f> {
+    file: &'f mut std::fs::File,
+    at: u64,
+}
+
+impl<'f> Sparse<'f> {
+    const BLOCK: usize = 4096;
+
+    fn new(file: &'f mut std::fs::File) -> Sparse<'f> {
+        Sparse { file, at: 0 }
+    }
+
+    /// Gives the file its length (a trailing hole has no write to set it).
+    fn finish(self) -> std::io::Result<()> {
+        self.file.set_len(self.at)
+    }
+}
+
+impl std::io::Write for Sparse<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        for piece in buf.chunks(Self::BLOCK) {
+            if piece.iter().any(|&b| b != 0) {
+                self.file.write_all_at(piece, self.at)?;
+            }
+            self.at += piece.len() as u64;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Removes the staging trees in `dir` whose process (the pid in their
 /// name) is gone. Best effort: what cannot go stays, and says so.
 fn remove_stale_staging(dir: BorrowedFd<'_>, shown: &Path) {
@@ -762,7 +797,9 @@ impl Builder<'_> {
         {
             return Err(stage.abandon(e));
         }
-        stage.commit(name, pdir, name, dest)?;
+        if let Err(e) = stage.commit(name, pdir, name, dest) {
+            return Err(stage.abandon(e));
+        }
         if let Err(e) = stage.remove() {
             eprintln!(
                 "chronofs: {} is in place; {} stays: {e}",
@@ -822,7 +859,9 @@ impl Builder<'_> {
         let mut out = std::fs::File::from(out);
         use std::io::Seek;
         received.rewind()?;
-        std::io::copy(&mut received, &mut out)
+        let mut holey = Sparse::new(&mut out);
+        std::io::copy(&mut received, &mut holey)
+            .and_then(|_| holey.finish())
             .with_context(|| format!("cannot write {}", shown.display()))?;
         drop(out);
         if owner {
@@ -843,9 +882,9 @@ impl Builder<'_> {
     /// answers: one a prune removed since the tree was read would be
     /// another one, and its bytes would go with `node`'s attributes.
     fn content(&self, path: &Components, node: &NodeInfo, f: &mut std::fs::File) -> Result<()> {
-        let mut buf = std::io::BufWriter::with_capacity(1 << 20, f);
+        let mut buf = std::io::BufWriter::with_capacity(1 << 20, Sparse::new(f));
         let read = self.t.client().read(path, self.at, None, &mut buf)?;
-        buf.flush()?;
+        buf.into_inner().map_err(|e| e.into_error())?.finish()?;
         if (read.obj, read.seq) != (node.obj, node.seq) {
             bail!(
                 "{} changed in history while it was restored (a prune?); run the command again",
@@ -864,11 +903,13 @@ impl Builder<'_> {
             rel: PathBuf::new(),
             shown: stage.shown.clone(),
         };
-        // Without the live directory: what only it has stays where it is
-        // (restore) or goes below (revert), and the staging directory in
-        // it is not an entry.
+        // Over the live directory, so an unchanged entry stays the object
+        // it is (given no live directory, every entry was made anew: device
+        // files dropped, sparse files filled, hard links split), but not
+        // what only it has: that stays where it is (restore) or goes below
+        // (revert), and the staging directory in it is not an entry.
         let names = match self
-            .fill(&self.t.path.clone(), root, &top, None)
+            .fill(&self.t.path.clone(), root, &top, Some(dest), false)
             .and_then(|n| make_durable(self.t, dest.fd.as_fd()).map(|()| n))
         {
             Ok(n) => n,
@@ -876,10 +917,16 @@ impl Builder<'_> {
         };
         for name in &names {
             let c = cname(name)?;
-            if sys::fstatat(stage.fd.as_fd(), &c).is_ok() {
-                let shown = dest.shown.join(OsStr::from_bytes(name));
-                stage.commit(&c, dest.fd.as_fd(), &c, &shown)?;
+            let Ok(staged) = sys::fstatat(stage.fd.as_fd(), &c) else {
+                continue;
+            };
+            if sys::fstatat(dest.fd.as_fd(), &c).is_ok_and(|l| same_object(&l, &staged)) {
+                // The live object itself, linked: it is in place already.
+                sys::unlinkat(stage.fd.as_fd(), &c, 0)?;
+                continue;
             }
+            let shown = dest.shown.join(OsStr::from_bytes(name));
+            stage.commit(&c, dest.fd.as_fd(), &c, &shown)?;
         }
         stage.remove().ok();
         if self.prune {
@@ -981,15 +1028,26 @@ impl Builder<'_> {
                 set_meta(fd.as_fd(), &spot.shown, &meta, true, self.is_root)?;
                 self.progress.add(1, &spot.shown);
             }
-            "fifo" => {
-                let fd = created(sys::mknodat(
-                    spot.dir,
-                    &spot.name,
-                    libc::S_IFIFO | NEW_FILE_MODE,
-                    0,
-                ))?;
-                set_meta(fd.as_fd(), &spot.shown, &meta, false, self.is_root)?;
-                self.progress.add(1, &spot.shown);
+            "fifo" | "char" | "block" | "socket" => {
+                let linked = live.is_some_and(|l| {
+                    same_as_live(node, l, self.is_root) && link_live(l, spot).is_ok()
+                });
+                if !linked {
+                    let kind_bits = match kind {
+                        "fifo" => libc::S_IFIFO,
+                        "char" => libc::S_IFCHR,
+                        "block" => libc::S_IFBLK,
+                        _ => libc::S_IFSOCK,
+                    };
+                    let fd = created(sys::mknodat(
+                        spot.dir,
+                        &spot.name,
+                        kind_bits | NEW_FILE_MODE,
+                        node.rdev,
+                    ))?;
+                    set_meta(fd.as_fd(), &spot.shown, &meta, false, self.is_root)?;
+                    self.progress.add(1, &spot.shown);
+                }
             }
             other => {
                 eprintln!(
@@ -1027,11 +1085,12 @@ impl Builder<'_> {
             rel: spot.rel.clone(),
             shown: spot.shown.clone(),
         };
-        let names = self.fill(path, node, &here, live)?;
+        let names = self.fill(path, node, &here, live, true)?;
         Ok((fd, names))
     }
 
-    /// Writes the entries of `node` into the directory `dir.dir`, then
+    /// Writes the entries of `node` into the directory `dir.dir`, each
+    /// over what `live` holds at its name; then, with `live_only`,
     /// (restore) whatever only the live directory has, or (revert) counts
     /// it as removed. Returns the names written.
     fn fill(
@@ -1040,6 +1099,7 @@ impl Builder<'_> {
         node: &NodeInfo,
         dir: &Spot<'_>,
         live: Option<&Live<'_>>,
+        live_only: bool,
     ) -> Result<Vec<Vec<u8>>> {
         let live = live.filter(|l| l.is_dir());
         let mut names = Vec::new();
@@ -1055,7 +1115,7 @@ impl Builder<'_> {
             self.node(&child, e, &spot, live_child.as_ref())?;
             names.push(name);
         }
-        if let Some(l) = live {
+        if let Some(l) = live.filter(|_| live_only) {
             for n in names_in(l.fd.as_fd())
                 .with_context(|| format!("cannot list {}", l.shown.display()))?
             {
