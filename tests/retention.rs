@@ -1060,3 +1060,31 @@ fn dry_run_counts_equal_the_real_run() {
     assert!(versions >= 1);
     assert_consistent(&m);
 }
+
+/// A tag from before a file was created pins none of its versions: once
+/// a prune had removed the file's creation, such a tag pinned its oldest
+/// kept version for good, and `prune --keep-last 1` removed nothing.
+#[test]
+fn a_tag_from_before_a_file_existed_pins_none_of_its_versions() {
+    let _serial = history_mount_lock();
+    let m = Mount::new(&first_versioning_mode());
+    m.wait_history_ready();
+    let f = m.p("p3.txt");
+    write_file(&m.p("other"), b"x");
+    cli(&["tag", "early", "--path", s(&m.mnt)]);
+    for i in 1..=3 {
+        fs::write(&f, format!("c{i}\n")).unwrap();
+    }
+    cli(&["tag", "mid", "--path", s(&m.mnt)]);
+    write_file(&m.p("other"), b"y");
+    cli(&["prune", s(&f), "--keep-last", "2"]);
+    assert_eq!(version_count(&f), 2);
+    cli(&["prune", s(&f), "--keep-last", "1"]);
+    assert_eq!(versions(&f), [Some(b"c3\n".to_vec())]);
+    assert!(
+        !m.p(".history/@early/p3.txt").exists(),
+        "it did not exist then"
+    );
+    assert_eq!(read_file(&m.p(".history/@mid/p3.txt")), b"c3\n");
+    assert_consistent(&m);
+}

@@ -62,22 +62,47 @@ pub type Versions = Vec<(Seq, Version)>;
 
 /// Which of `versions` (oldest first) the tags pin: for each tag, the
 /// newest version at or before it; if none is, the oldest version when
-/// it stands for earlier states (a baseline, or one that pruning made the
-/// oldest).
-pub fn pinned(versions: &[(Seq, Version)], tags: &[Seq], prefix_pruned: bool) -> Vec<bool> {
+/// it stands for the state then: a baseline stands for every earlier
+/// state, and one that pruning made the oldest for those since
+/// `pruned_from` ([`History::prefix_pruned`]: the object's creation, or
+/// [`Seq::ZERO`]). A tag from before the object was created pins nothing
+/// (it pinned the oldest kept version for good, and a later prune spared
+/// it).
+pub fn pinned(versions: &[(Seq, Version)], tags: &[Seq], pruned_from: Option<Seq>) -> Vec<bool> {
     let mut pins = vec![false; versions.len()];
-    let first_stands_earlier = prefix_pruned
-        || versions
-            .first()
-            .is_some_and(|(_, v)| v.cause == Cause::Baseline);
+    let stands_from = match versions.first() {
+        Some((_, v)) if v.cause == Cause::Baseline => Some(Seq::ZERO),
+        _ => pruned_from,
+    };
     for &t in tags {
         match versions.iter().rposition(|(s, _)| *s <= t) {
             Some(i) => pins[i] = true,
-            None if first_stands_earlier && !pins.is_empty() => pins[0] = true,
+            None if stands_from.is_some_and(|from| t >= from) && !pins.is_empty() => pins[0] = true,
             None => {}
         }
     }
     pins
+}
+
+/// Marks a `pruned` value as the sequence number of the object's
+/// creation (a `Create` version was its oldest); without it (older stores
+/// too) the oldest kept version stands for every earlier state.
+const CREATED_AT: u64 = 1 << 63;
+
+/// The `pruned` value for an object whose oldest version `first` goes.
+fn pruned_value(first: &(Seq, Version)) -> u64 {
+    match first.1.cause {
+        Cause::Create => first.0.get() | CREATED_AT,
+        _ => 0,
+    }
+}
+
+/// What a `pruned` value says: since when the oldest kept version stands.
+fn pruned_from(value: u64) -> Seq {
+    match value & CREATED_AT {
+        0 => Seq::ZERO,
+        _ => Seq::new(value & !CREATED_AT),
+    }
 }
 
 impl History {
@@ -119,14 +144,16 @@ impl History {
     }
 
     /// Whether `obj` has had its oldest versions pruned.
-    pub fn prefix_pruned(&self, obj: ObjectId) -> Result<bool> {
+    pub fn prefix_pruned(&self, obj: ObjectId) -> Result<Option<Seq>> {
         let txn = read_txn(self.db())?;
         let t = match txn.open_table(PRUNED) {
             Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
             Err(e) => return Err(err(e)),
         };
-        Ok(t.get(obj.get()).map_err(err)?.is_some())
+        Ok(t.get(obj.get())
+            .map_err(err)?
+            .map(|v| pruned_from(v.value())))
     }
 
     /// Records an administrative act in the audit log (durably).
@@ -255,7 +282,7 @@ impl History {
             .map_err(err)?
             .get(obj.get())
             .map_err(err)?
-            .is_some();
+            .map(|v| pruned_from(v.value()));
         let pin = match pins {
             Pins::Respect => pinned(&versions, tags, marked),
             Pins::Override => vec![false; versions.len()],
@@ -286,12 +313,13 @@ impl History {
                     lowest_removed = Some(lowest_removed.map_or(*s, |l: Seq| l.min(*s)));
                 }
                 if lowest_removed == Some(oldest) {
+                    // The first prune of the oldest version says it all:
+                    // later ones only remove younger versions.
                     let mut p = txn.open_table(PRUNED).map_err(err)?;
-                    let keep = p
-                        .get(obj.get())
-                        .map_err(err)?
-                        .map_or(oldest, |v| Seq::new(v.value()));
-                    p.insert(obj.get(), keep.min(oldest).get()).map_err(err)?;
+                    if p.get(obj.get()).map_err(err)?.is_none() {
+                        p.insert(obj.get(), pruned_value(&versions[0]))
+                            .map_err(err)?;
+                    }
                 }
             }
         }
@@ -451,20 +479,32 @@ mod tests {
                 .into_iter()
                 .map(|(s, c)| (sq(s), v(c).1))
                 .collect();
-        assert_eq!(pinned(&versions, &[], false), [false, false, false]);
-        assert_eq!(pinned(&versions, &[sq(5)], false), [false, true, false]);
-        assert_eq!(pinned(&versions, &[sq(8)], false), [false, true, false]);
+        assert_eq!(pinned(&versions, &[], None), [false, false, false]);
+        assert_eq!(pinned(&versions, &[sq(5)], None), [false, true, false]);
+        assert_eq!(pinned(&versions, &[sq(8)], None), [false, true, false]);
         assert_eq!(
-            pinned(&versions, &[sq(4), sq(100)], false),
+            pinned(&versions, &[sq(4), sq(100)], None),
             [true, false, true]
         );
         // Before the first version: nothing, unless it stands for earlier
-        // states (a baseline, or pruning made it the oldest).
-        assert_eq!(pinned(&versions, &[sq(1)], false), [false, false, false]);
-        assert_eq!(pinned(&versions, &[sq(1)], true), [true, false, false]);
+        // states (a baseline, or pruning made it the oldest), and never
+        // before the object was created.
+        assert_eq!(pinned(&versions, &[sq(1)], None), [false, false, false]);
+        assert_eq!(
+            pinned(&versions, &[sq(1)], Some(Seq::ZERO)),
+            [true, false, false]
+        );
+        assert_eq!(
+            pinned(&versions, &[sq(1)], Some(sq(2))),
+            [false, false, false]
+        );
+        assert_eq!(
+            pinned(&versions, &[sq(2)], Some(sq(2))),
+            [true, false, false]
+        );
         let mut baseline = versions.clone();
         baseline[0].1.cause = Cause::Baseline;
-        assert_eq!(pinned(&baseline, &[sq(1)], false), [true, false, false]);
+        assert_eq!(pinned(&baseline, &[sq(1)], None), [true, false, false]);
     }
 
     #[test]
@@ -490,7 +530,7 @@ mod tests {
         assert_eq!(seqs(h, o(10)), [s[1], s[3]]);
         // A query before the oldest kept version reads it (the nearest
         // state history holds), not "did not exist".
-        assert!(h.prefix_pruned(o(10)).unwrap());
+        assert!(h.prefix_pruned(o(10)).unwrap().is_some());
         let (at, old) = h.object_at(o(10), s[0]).unwrap().unwrap();
         assert_eq!((at, read(h, &old)), (s[1], b"v1".to_vec()));
         // Purge overrides tags, never the newest of a live object.

@@ -138,7 +138,9 @@ impl History {
             Some((s, Cause::Baseline)) if s > seq => s,
             // Its older versions were pruned: the oldest kept one is the
             // nearest state history holds (never the live file).
-            Some((s, _)) if s > seq && self.prefix_pruned(obj)? => s,
+            Some((s, _)) if s > seq && self.prefix_pruned(obj)?.is_some_and(|from| seq >= from) => {
+                s
+            }
             _ => seq,
         })
     }
