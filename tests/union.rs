@@ -390,10 +390,13 @@ fn bad_branch_lists_are_refused_with_one_line() {
     std::os::unix::fs::symlink(&a, dir.path().join("alias")).unwrap();
     let alias = dir.path().join("alias");
     let before = [&a, &b, &mnt].map(|d| snapshot(d, SNAP_ALL));
+    // Exit 2 for a list malformed as written, 1 for branches that
+    // cannot be used.
     for (arg, says) in [
         (format!("{}=rw:{}=rx", s(&a), s(&b)), "unknown mode"),
         (format!("{}:{}/missing", s(&a), s(&b)), "missing"),
         (format!("{}::{}", s(&a), s(&b)), "empty"),
+        (format!(":{}", s(&a)), "empty"),
         (format!("{}:{}/f", s(&a), s(&a)), "not a directory"),
         (format!("{}=rw:{}=ro", s(&a), s(&a)), "again"),
         (format!("{}=rw:{}=ro", s(&a), s(&alias)), "again"),
@@ -409,6 +412,8 @@ fn bad_branch_lists_are_refused_with_one_line() {
         assert!(!out.status.success(), "{arg} was accepted");
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(err.contains(says), "{arg}: {err}");
+        let usage = matches!(says, "unknown mode" | "empty");
+        assert_eq!(out.status.code(), Some(if usage { 2 } else { 1 }), "{arg}");
         assert!(!is_mounted(&mnt));
         // Nothing made or changed: no store, no index, no claim mark.
         let after = [&a, &b, &mnt].map(|d| snapshot(d, SNAP_ALL));

@@ -51,7 +51,10 @@ pub fn run(
                 let _ = writeln!(w, "{}", super::one_line(&e));
             }
             eprintln!("chronofs: {}", super::one_line(&e));
-            return exit::FAILURE;
+            return match e.is::<super::UsageError>() {
+                true => exit::USAGE,
+                false => exit::FAILURE,
+            };
         }
     };
     let notify = Notify {
@@ -290,7 +293,11 @@ fn union_branches(arg: &Path, mnt: &Path) -> Result<Vec<(PathBuf, bool)>> {
     if !bytes.iter().any(|b| matches!(b, b':' | b'=')) {
         return Ok(Vec::new());
     }
-    let spec = UnionSpec::parse(arg.as_os_str())?;
+    // Malformed (not a branch that is missing): a usage error, exit 2.
+    let spec = UnionSpec::parse(arg.as_os_str()).map_err(|e| match e.is_syntax() {
+        true => anyhow::anyhow!(super::UsageError(e.to_string())),
+        false => e.into(),
+    })?;
     spec.validate(mnt)?;
     Ok(spec
         .branches()

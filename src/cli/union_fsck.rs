@@ -50,7 +50,11 @@ pub fn run(
     json: bool,
     store: Option<&Path>,
 ) -> Result<bool> {
-    let spec = UnionSpec::parse(arg.as_os_str())?;
+    // Malformed (not a branch that is missing): a usage error, exit 2.
+    let spec = UnionSpec::parse(arg.as_os_str()).map_err(|e| match e.is_syntax() {
+        true => anyhow::anyhow!(super::UsageError(e.to_string())),
+        false => e.into(),
+    })?;
     let mounted = mounted_at(&spec);
     if let (true, Some((branch, mnt))) = (repair, &mounted) {
         anyhow::bail!(

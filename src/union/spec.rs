@@ -180,6 +180,21 @@ pub enum SpecError {
     },
 }
 
+impl SpecError {
+    /// Whether the list is malformed as written (a usage error), rather
+    /// than naming branches that cannot be used.
+    pub fn is_syntax(&self) -> bool {
+        matches!(
+            self,
+            SpecError::NoBranch
+                | SpecError::Empty { .. }
+                | SpecError::BadEscape { .. }
+                | SpecError::UnknownMode { .. }
+                | SpecError::Policy { .. }
+        )
+    }
+}
+
 fn show(p: &[u8]) -> String {
     String::from_utf8_lossy(p).into_owned()
 }
