@@ -270,6 +270,19 @@ fn unknown_mount_option() {
     expect_mount_failure(&src, &mnt, &["--no-such-flag"], t.path(), "unknown flag");
     // An empty value (store= meant the current directory).
     expect_mount_failure(&src, &mnt, &["-o", "store="], t.path(), "empty store");
+    // A store whose parent is missing (a typo made the whole path), and
+    // views named as the store (unreachable behind it).
+    let typo = t.path().join("no-such-dir/store");
+    let typo_opt = format!("store={}", typo.display());
+    expect_mount_failure(&src, &mnt, &["-o", &typo_opt], t.path(), "store parent");
+    assert!(!t.path().join("no-such-dir").exists(), "the typo was made");
+    expect_mount_failure(
+        &src,
+        &mnt,
+        &["-o", "history-dir=.chronofs"],
+        t.path(),
+        "history-dir as the store",
+    );
     // History's options where -o plain keeps none.
     for opts in [
         "plain,ingest=on",

@@ -238,6 +238,15 @@ fn validate(src: &Path, mnt: &Path, opts: &MountOptions) -> Result<Plan> {
     }
     if let Some(dir) = &opts.store {
         let dir = absolute(dir)?;
+        // The store directory itself is made if need be, but a missing
+        // parent is more likely a typo than a wish for a new tree.
+        if let Some(parent) = dir.parent().filter(|p| !p.is_dir()) {
+            bail!(
+                "store {}: {} is not a directory (chronofs makes the store's own directory only)",
+                dir.display(),
+                parent.display()
+            );
+        }
         if let Some((b, _)) = union.iter().find(|(b, _)| dir.starts_with(b) && *b != src) {
             bail!(
                 "store {} is inside branch {}: chronofs writes only to the read-write branch it keeps the store in",

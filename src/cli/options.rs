@@ -281,6 +281,11 @@ impl MountOptions {
                         "option history-dir={name}: must be a single file name"
                     ));
                 }
+                if name == super::mount::STORE_DIR_NAME {
+                    return Err(format!(
+                        "option history-dir={name}: that is the store's name in SRC, which the mount hides"
+                    ));
+                }
                 self.views.dir_name = name.into();
             }
             ("audit", None) => self.views.audit = true,
