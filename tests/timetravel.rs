@@ -516,13 +516,18 @@ fn a_bare_number_is_a_sequence_number_never_a_year() {
             m.p(".history/@2026-01-01").symlink_metadata().is_err(),
             "before history began"
         );
-        // A tag cannot be named like a time or a number.
-        let out = Command::new(bin())
-            .args(["tag", "2026"])
-            .current_dir(&m.mnt)
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
+        // A tag cannot be named like a time, a number or an offset
+        // (`+1d` is one where `clean --now` asks for a time).
+        for name in ["2026", "today", "+1d", "+x"] {
+            let out = Command::new(bin())
+                .args(["tag", name])
+                .current_dir(&m.mnt)
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{name}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("cannot be a tag name"), "{name}: {err}");
+        }
     });
 }
 

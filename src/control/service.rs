@@ -947,7 +947,10 @@ impl Service {
                 "'{name}' cannot be a tag name: use letters, digits and . _ - + :"
             )));
         }
+        // A leading sign reads as an offset where a time is asked for
+        // (`clean --now +30d`), and a leading '-' as an option.
         if name.bytes().all(|b| b.is_ascii_digit())
+            || name.starts_with(['+', '-'])
             || spec::parse(name) != Ok(At::Tag(name.to_string()))
         {
             return Err(Error::Usage(format!(
