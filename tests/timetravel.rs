@@ -518,7 +518,7 @@ fn a_bare_number_is_a_sequence_number_never_a_year() {
         );
         // A tag cannot be named like a time, a number or an offset
         // (`+1d` is one where `clean --now` asks for a time).
-        for name in ["2026", "today", "+1d", "+x"] {
+        for name in ["2026", "today", "+1d", "+x", "nl\nx"] {
             let out = Command::new(bin())
                 .args(["tag", name])
                 .current_dir(&m.mnt)
@@ -527,6 +527,7 @@ fn a_bare_number_is_a_sequence_number_never_a_year() {
             assert!(!out.status.success(), "{name}");
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(err.contains("cannot be a tag name"), "{name}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         }
     });
 }

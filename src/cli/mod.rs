@@ -765,7 +765,7 @@ fn report(r: anyhow::Result<()>) -> i32 {
     }
 }
 
-/// An error as one line: its causes joined by ": ", each once (an error
+/// An error as one line (control characters escaped): its causes joined by ": ", each once (an error
 /// that quotes its source in its own message, as `thiserror`'s
 /// `{source}` does, would otherwise repeat it).
 pub(crate) fn one_line(e: &anyhow::Error) -> String {
@@ -780,7 +780,8 @@ pub(crate) fn one_line(e: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line
+    // A name in the message (a tag's, a path's) may hold a newline.
+    history::shown(&line)
 }
 
 /// A usage error from clap as one line: its message (clap's may span

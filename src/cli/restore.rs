@@ -75,7 +75,10 @@ pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Resu
         Verb::Revert => "reverted",
         Verb::Undelete => "undeleted",
     };
-    println!("{done} {} ({n} {what})", dest.display());
+    println!(
+        "{done} {} ({n} {what})",
+        super::history::shown(&dest.display().to_string())
+    );
     Ok(())
 }
 
