@@ -352,6 +352,7 @@ pub fn log(
 ) -> Result<()> {
     let since = since.map(|s| range_bound(t, "--since", s)).transpose()?;
     let until = until.map(|s| range_bound(t, "--until", s)).transpose()?;
+    let ranged = since.is_some() || until.is_some();
     let client = t.client();
     if let (Some(from), Some(to)) = (&since, &until) {
         let (from, to) = (client.resolve(from)?, client.resolve(to)?);
@@ -383,7 +384,19 @@ pub fn log(
         log.versions
     };
     if rows.is_empty() {
-        println!("no versions recorded in that range (unchanged since history began)");
+        match (ranged, recursive) {
+            (true, _) => println!("no versions recorded in that range"),
+            // Unchanged since history began, or changed where the mount
+            // could not see it (behind it, or just before a crash).
+            (false, false) => println!(
+                "no versions recorded: history holds none of this file's states yet (it records \
+                 the state before the next change; `chronofs ingest` records it now)"
+            ),
+            (false, true) => println!(
+                "no versions recorded: history holds none of these files' states yet (it records \
+                 each before its next change; `chronofs ingest` records them now)"
+            ),
+        }
         return Ok(());
     }
     let mut last_inc = 0;
