@@ -305,7 +305,8 @@ fn another_branch_list_after_a_snapshot_is_refused() {
         m.unmount();
         let fewer = format!("{}=rw", m.src.display());
         let remoded = format!("{}=rw:{}=rw", m.src.display(), m.lowers[0].display());
-        for list in [fewer, remoded] {
+        let plain = m.src.display().to_string();
+        for list in [fewer, remoded, plain] {
             let mut args = vec!["mount", list.as_str(), m.mnt.to_str().unwrap()];
             if !mode.is_empty() {
                 args.extend(["-o", mode]);

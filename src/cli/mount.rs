@@ -532,7 +532,7 @@ fn assign_branch_ids(
                     .with_context(|| {
                         format!(
                             "branch {} (added while mounted; mount with another branch list to \
-                             leave it out)",
+                             leave it out, unless a snapshot made it)",
                             row.root.path.display()
                         )
                     })?;
@@ -579,11 +579,34 @@ fn refuse_dropping_snapshots(store: &Store, mounted: &[(u32, bool)]) -> Result<(
     else {
         return Ok(());
     };
+    // A list that can no longer be mounted (a branch gone for good) is
+    // no list to go back to: the command line wins, and says what it
+    // leaves out (the branch stays in the store).
+    let before_paths: Vec<Option<PathBuf>> =
+        known.mounted.iter().map(|(id, _)| path_of(*id)).collect();
+    if let Some(gone) = before_paths.iter().flatten().find(|p| !p.is_dir()) {
+        tracing::warn!(
+            "{} holds changes made since a snapshot; the branch list it was mounted with \
+             cannot be mounted ({} is gone), so it is left out",
+            fresh.display(),
+            gone.display()
+        );
+        eprintln!(
+            "chronofs: warning: {} (changes since a snapshot) is left out: the branch list it \
+             was mounted with cannot be mounted ({} is gone)",
+            fresh.display(),
+            gone.display()
+        );
+        return Ok(());
+    }
     let before: Vec<String> = known
         .mounted
         .iter()
-        .map(|(id, rw)| {
-            let path = path_of(*id).unwrap_or_else(|| PathBuf::from(format!("<branch {id}>")));
+        .zip(&before_paths)
+        .map(|((id, rw), path)| {
+            let path = path
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("<branch {id}>")));
             format!("{}={}", path.display(), if *rw { "rw" } else { "ro" })
         })
         .collect();
@@ -664,6 +687,9 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
         Branches::Union(list) => assign_branch_ids(&store, plan, list)?,
         // Its keys are branch 0's; only the key device is wanted.
         Branches::One(b) => {
+            // A single directory is a list too: one that leaves a
+            // snapshot's branches out.
+            refuse_dropping_snapshots(&store, &[])?;
             let root = crate::store::BranchRoot::of(plan.src.clone(), b.root_fd())?;
             if let Some(ident) = store.branch_idents(&[root])?.first() {
                 b.set_key_dev(ident.key_dev);

@@ -281,9 +281,10 @@ impl MountOptions {
                         "option history-dir={name}: must be a single file name"
                     ));
                 }
-                if name == super::mount::STORE_DIR_NAME {
+                if name.starts_with(super::mount::STORE_DIR_NAME) {
                     return Err(format!(
-                        "option history-dir={name}: that is the store's name in SRC, which the mount hides"
+                        "option history-dir={name}: names starting with {} are chronofs's own, which the mount hides",
+                        super::mount::STORE_DIR_NAME
                     ));
                 }
                 self.views.dir_name = name.into();

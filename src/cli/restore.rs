@@ -828,7 +828,10 @@ impl Builder<'_> {
             let now = Meta::of_live(live, false)?;
             let mut want_xattrs = want.xattrs;
             want_xattrs.retain(|(k, _)| settable(k, false));
-            if want.mode != now.mode || want_xattrs != now.xattrs {
+            // A write by a non-owner clears set-ID bits: the result would
+            // not be the recorded mode either.
+            let set_id = want.mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+            if want.mode != now.mode || want_xattrs != now.xattrs || set_id {
                 bail!(
                     "{} has another mode or xattrs than at that time, and only its owner may \
                      set them; nothing was written",

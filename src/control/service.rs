@@ -684,8 +684,14 @@ impl Service {
                     off += n as u64;
                 }
                 // The live file stands for its state then only while it is
-                // unchanged: a write during the read made a mix of both.
-                if !unchanged(st, &sys::fstat(fd.as_fd())?) {
+                // unchanged: a write during the read made a mix of both,
+                // and one between the lookup and its stat recorded the
+                // state then (a baseline) before the bytes streamed.
+                let recorded_since = match obj {
+                    Some(o) => self.history.object_at(*o, seq)?.is_some(),
+                    None => false,
+                };
+                if recorded_since || !unchanged(st, &sys::fstat(fd.as_fd())?) {
                     return Err(Error::Busy(format!(
                         "{} changed while it was read; run the command again",
                         show_path(path)

@@ -84,16 +84,19 @@ pub fn pinned(versions: &[(Seq, Version)], tags: &[Seq], pruned_from: Option<Seq
     pins
 }
 
-/// Marks a `pruned` value as the sequence number of the object's
-/// creation (a `Create` version was its oldest); without it (older stores
-/// too) the oldest kept version stands for every earlier state.
+/// Marks a `pruned` value as the sequence number where the object came
+/// into history (its oldest version was not a baseline); without it
+/// (older stores too) the oldest kept version stands for every earlier
+/// state.
 const CREATED_AT: u64 = 1 << 63;
 
-/// The `pruned` value for an object whose oldest version `first` goes.
+/// The `pruned` value for an object whose oldest version `first` goes:
+/// only a baseline stands for states before it (the object predates
+/// history); any other first version is where the object came in.
 fn pruned_value(first: &(Seq, Version)) -> u64 {
     match first.1.cause {
-        Cause::Create => first.0.get() | CREATED_AT,
-        _ => 0,
+        Cause::Baseline => 0,
+        _ => first.0.get() | CREATED_AT,
     }
 }
 
