@@ -167,41 +167,48 @@ pub fn as_caller<T>(caller: &Caller, op: impl FnMut() -> io::Result<T>) -> io::R
 ///
 /// The kernel keeps one backing per inode: every later passthrough handle
 /// of the inode, whoever opens it, writes with these credentials, and a
-/// write clears set-ID bits by them. So they are the least a writer can
-/// have: never CAP_FSETID (a root caller's included: an ordinary user's
-/// write to a set-user-ID file kept its bit while root held the file
-/// open) and no group (a non-member's write to a set-group-ID file
-/// without group execute kept its bit while a member held it). The cost
-/// falls only on writes through a handle opened before its file became
-/// set-ID, the one way a set-ID file gets a passthrough handle of its own:
-/// they clear bits a privileged or member writer keeps natively.
+/// write clears set-ID bits by them. So they never hold CAP_FSETID, a
+/// root caller's included: an ordinary user's write to a set-user-ID file
+/// kept its bit while root held the file open. The cost falls only on
+/// writes through a handle opened before its file became set-ID, the one
+/// way a set-ID file gets a passthrough handle: they clear bits root keeps
+/// natively. The group stays the caller's (a network file system checks
+/// each read and write with these credentials), so a set-group-ID bit
+/// without group execute, which grants nothing, is kept by a non-member's
+/// write through a member's backing.
 pub fn as_backing_registrar<T>(
     caller: &Caller,
     mut op: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
-    let registrant = Caller {
-        uid: caller.uid,
-        gid: NO_GROUP,
-        pid: 0,
-    };
     // A non-zero fsuid drops CAP_FSETID with the other file-system
     // capabilities (capabilities(7), "Effect of user ID changes").
-    as_caller_keeping(&registrant, CapabilitySet::SYS_ADMIN, || {
+    as_caller_keeping(caller, CapabilitySet::SYS_ADMIN, || {
         if caller.uid != 0 {
             return op();
         }
-        set_effective_caps(CapabilitySet::FSETID, false)?;
-        let result = op();
-        if let Err(e) = set_effective_caps(CapabilitySet::FSETID, true) {
-            tracing::error!("cannot restore CAP_FSETID: {e}");
-        }
-        result
+        let _without = WithoutCaps::drop(CapabilitySet::FSETID)?;
+        op()
     })
 }
 
-/// A group id no file is given: `(gid_t)-2` (`-1` means "unchanged" to
-/// setfsgid).
-const NO_GROUP: u32 = u32::MAX - 1;
+/// Effective capabilities dropped from this thread, back when dropped
+/// (a panic included).
+struct WithoutCaps(CapabilitySet);
+
+impl WithoutCaps {
+    fn drop(caps: CapabilitySet) -> io::Result<WithoutCaps> {
+        set_effective_caps(caps, false)?;
+        Ok(WithoutCaps(caps))
+    }
+}
+
+impl Drop for WithoutCaps {
+    fn drop(&mut self) {
+        if let Err(e) = set_effective_caps(self.0, true) {
+            tracing::error!("cannot restore capabilities: {e}");
+        }
+    }
+}
 
 fn as_caller_keeping<T>(
     caller: &Caller,
