@@ -363,11 +363,18 @@ fn cut_through(
             let mut seen = view_after_cut(&root, opts, shape, what);
             // A restore cut short leaves its staging tree (a tool's
             // temporary, as rsync leaves its own), which the next restore
-            // in that directory removes.
+            // in that directory removes. Unchanged files are linked into
+            // it, so meanwhile they count one link more.
+            let staged = seen.keys().any(|path| path.contains(".chronofs-staging-"));
             seen.retain(|path, _| !path.contains(".chronofs-staging-"));
             let loose = |view: &BTreeMap<String, Entry>| {
                 let mut view = view.clone();
                 view.retain(|path, _| !writing.iter().any(|&(i, p)| i == k && p == path));
+                if staged {
+                    for e in view.values_mut() {
+                        (e.nlink, e.link_group) = (0, None);
+                    }
+                }
                 view
             };
             let seen = loose(&seen);
