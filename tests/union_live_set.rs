@@ -1192,9 +1192,15 @@ fn snapmerge_folds_frozen_branches_and_the_union_stays_the_same_while_in_use() {
         let before = tree_and_numbers(&m.mnt);
         // Held open across the merge: a file that moves down.
         let mut held = fs::File::open(m.p("new/inner/f")).unwrap();
+        let src_mtime = fs::metadata(&m.src).unwrap().modified().unwrap();
 
         let said = merged_unchanged(&m, &before, mode);
         assert!(said.contains("s2 folded into snapshot s1"), "{said}");
+        assert_eq!(
+            fs::metadata(&m.src).unwrap().modified().unwrap(),
+            src_mtime,
+            "mode {mode:?}: the merge kept the root's times"
+        );
         let now = listed(&m);
         assert_eq!(now.len(), 3, "{now:?}");
         assert_eq!(now[1], (canon(&m.src), "ro".to_string()));

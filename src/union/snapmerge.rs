@@ -133,23 +133,31 @@ struct Merge<'r> {
 /// file system seen through two mounts (a bind mount) has one device
 /// number but refuses renames between them (EXDEV), which a merge would
 /// meet part-way.
+/// The roots' times are put back: a merge keeps the lower root's.
 pub fn renames_between(upper: BorrowedFd<'_>, lower: BorrowedFd<'_>) -> io::Result<bool> {
+    let times = [upper, lower].map(|root| sys::fstat(root).map(|st| (root, st)));
     let name = format::temp_name();
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
     drop(sys::openat(upper, &name, flags, 0o600)?);
-    match sys::renameat2(upper, &name, lower, &name, libc::RENAME_NOREPLACE) {
-        Ok(()) => {
-            sys::unlinkat(lower, &name, 0)?;
-            Ok(true)
+    // The name is unique: a plain rename where the file system has no
+    // rename flags (NFS gives EINVAL).
+    let moved = match sys::renameat2(upper, &name, lower, &name, libc::RENAME_NOREPLACE) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            sys::renameat2(upper, &name, lower, &name, 0)
         }
-        Err(e) => {
-            sys::unlinkat(upper, &name, 0)?;
-            match e.raw_os_error() {
-                Some(libc::EXDEV) => Ok(false),
-                _ => Err(e),
-            }
-        }
+        r => r,
+    };
+    let result = match moved {
+        Ok(()) => sys::unlinkat(lower, &name, 0).map(|()| true),
+        Err(e) => sys::unlinkat(upper, &name, 0).and_then(|()| match e.raw_os_error() {
+            Some(libc::EXDEV) => Ok(false),
+            _ => Err(e),
+        }),
+    };
+    for (root, st) in times.into_iter().flatten() {
+        sys::utimens_fd(root, atime_of(&st), mtime_of(&st))?;
     }
+    result
 }
 
 /// Merges the branch rooted at `upper` into the one rooted at `lower`,
