@@ -610,20 +610,22 @@ impl<'a> Staging<'a> {
     /// After a failure: removes what was built, and says that nothing was
     /// changed.
     fn abandon(&self, e: anyhow::Error) -> anyhow::Error {
-        let emptied = names_in(self.fd.as_fd()).and_then(|names| {
-            names.into_iter().try_for_each(|n| {
-                let c =
-                    CString::new(n).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-                remove_tree_at(self.fd.as_fd(), &c)
-            })
-        });
-        if let Err(r) = emptied.and_then(|()| self.remove()) {
+        if let Err(r) = self.clear() {
             return e.context(format!(
                 "nothing was changed, but the unfinished copy {} could not be removed: {r}",
                 self.shown.display()
             ));
         }
         e.context("nothing was changed")
+    }
+
+    /// Removes what was built and the staging directory.
+    fn clear(&self) -> std::io::Result<()> {
+        names_in(self.fd.as_fd())?.into_iter().try_for_each(|n| {
+            let c = CString::new(n).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+            remove_tree_at(self.fd.as_fd(), &c)
+        })?;
+        self.remove()
     }
 }
 
@@ -921,18 +923,29 @@ impl Builder<'_> {
             Ok(n) => n,
             Err(e) => return Err(stage.abandon(e)),
         };
-        for name in &names {
+        let swap = |name: &Vec<u8>| -> Result<()> {
             let c = cname(name)?;
             let Ok(staged) = sys::fstatat(stage.fd.as_fd(), &c) else {
-                continue;
+                return Ok(());
             };
             if sys::fstatat(dest.fd.as_fd(), &c).is_ok_and(|l| same_object(&l, &staged)) {
                 // The live object itself, linked: it is in place already.
-                sys::unlinkat(stage.fd.as_fd(), &c, 0)?;
-                continue;
+                return Ok(sys::unlinkat(stage.fd.as_fd(), &c, 0)?);
             }
             let shown = dest.shown.join(OsStr::from_bytes(name));
-            stage.commit(&c, dest.fd.as_fd(), &c, &shown)?;
+            stage.commit(&c, dest.fd.as_fd(), &c, &shown)
+        };
+        if let Err(e) = names.iter().try_for_each(swap) {
+            // Entries swapped in stay; the rest is not left visible in
+            // the root as the staging directory.
+            let left = match stage.clear() {
+                Ok(()) => String::new(),
+                Err(r) => format!("; {} could not be removed: {r}", stage.shown.display()),
+            };
+            return Err(e.context(format!(
+                "{} is partly restored (run the command again to finish){left}",
+                dest.shown.display()
+            )));
         }
         stage.remove().ok();
         if self.prune {
