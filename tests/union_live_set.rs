@@ -1008,26 +1008,12 @@ fn snapmerge_across_file_systems_is_refused_before_anything_moves() {
         .unwrap();
     assert!(ok.success(), "mount tmpfs");
     let _unmount = Unmount(store.path().to_path_buf());
-    let opts = format!("plain,store={}", store.path().display());
-    let m = Mount::union(&opts, 1, |b| {
-        write_file(&b[0].join("gone"), b"to be removed");
-        write_file(&b[1].join("low"), b"low");
-    });
-    branch_snapshot(&m, &["--name", "s1"]);
-    fs::remove_file(m.p("gone")).unwrap();
-    write_file(&m.p("new"), b"new");
-    branch_snapshot(&m, &["--name", "s2"]);
+    let m = two_snapshots_with_the_store_in(store.path());
     let before = tree(&m.mnt);
     let src_before = names(&m.src);
     let out = snapmerge(&m, &[]);
-    assert!(
-        !out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let err = stderr(&out);
+    let err = refused_in_one_line(&out);
     assert!(err.contains("different file systems"), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert_eq!(tree(&m.mnt), before);
     assert_eq!(names(&m.src), src_before, "the branch below changed");
 }
@@ -1049,7 +1035,22 @@ fn snapmerge_across_a_bind_mount_is_refused_before_anything_moves() {
         .unwrap();
     assert!(ok.success(), "mount --bind");
     let _unmount = Unmount(store.path().to_path_buf());
-    let opts = format!("plain,store={}", store.path().display());
+    let m = two_snapshots_with_the_store_in(store.path());
+    let before = tree(&m.mnt);
+    let fresh_before = names(&store.path().join("branches/over-s1"));
+    // The frozen s1 branch (over-s1, in the store) merges into SRC.
+    let out = snapmerge(&m, &["--upto", "s1"]);
+    let err = refused_in_one_line(&out);
+    assert!(err.contains("different mounts"), "{err}");
+    assert_eq!(tree(&m.mnt), before);
+    assert_eq!(names(&store.path().join("branches/over-s1")), fresh_before);
+    assert!(m.src.join("gone").exists(), "the branch below changed");
+}
+
+/// A union whose store is `store` (no history), after two snapshots with
+/// a removal and a creation between them.
+fn two_snapshots_with_the_store_in(store: &Path) -> Mount {
+    let opts = format!("plain,store={}", store.display());
     let m = Mount::union(&opts, 1, |b| {
         write_file(&b[0].join("gone"), b"to be removed");
         write_file(&b[1].join("low"), b"low");
@@ -1058,21 +1059,19 @@ fn snapmerge_across_a_bind_mount_is_refused_before_anything_moves() {
     fs::remove_file(m.p("gone")).unwrap();
     write_file(&m.p("new"), b"new");
     branch_snapshot(&m, &["--name", "s2"]);
-    let before = tree(&m.mnt);
-    let fresh_before = names(&store.path().join("branches/over-s1"));
-    // The frozen s1 branch (over-s1, in the store) merges into SRC.
-    let out = snapmerge(&m, &["--upto", "s1"]);
+    m
+}
+
+/// The one-line error of a command that must fail.
+fn refused_in_one_line(out: &std::process::Output) -> String {
     assert!(
         !out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let err = stderr(&out);
-    assert!(err.contains("different mounts"), "{err}");
+    let err = stderr(out);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert_eq!(tree(&m.mnt), before);
-    assert_eq!(names(&store.path().join("branches/over-s1")), fresh_before);
-    assert!(m.src.join("gone").exists(), "the branch below changed");
+    err
 }
 
 /// A fresh branch directory a crash left behind (made, the set not

@@ -1014,12 +1014,7 @@ impl Builder<'_> {
         };
         match kind {
             "file" => {
-                // Unchanged: the live object itself, so it keeps its
-                // identity (and its history) instead of becoming a copy.
-                let linked = live.is_some_and(|l| {
-                    same_as_live(node, l, self.is_root) && link_live(l, spot).is_ok()
-                });
-                if !linked {
+                if !self.kept_live(node, live, spot) {
                     let f = sys::openat(
                         spot.dir,
                         &spot.name,
@@ -1048,10 +1043,7 @@ impl Builder<'_> {
                 self.progress.add(1, &spot.shown);
             }
             "fifo" | "char" | "block" | "socket" => {
-                let linked = live.is_some_and(|l| {
-                    same_as_live(node, l, self.is_root) && link_live(l, spot).is_ok()
-                });
-                if !linked {
+                if !self.kept_live(node, live, spot) {
                     let kind_bits = match kind {
                         "fifo" => libc::S_IFIFO,
                         "char" => libc::S_IFCHR,
@@ -1083,6 +1075,12 @@ impl Builder<'_> {
             self.seen.insert(o, spot.rel.clone());
         }
         Ok(())
+    }
+
+    /// Whether the live object, unchanged since, is linked at `spot`: it
+    /// keeps its identity (and its history) instead of becoming a copy.
+    fn kept_live(&self, node: &NodeInfo, live: Option<&Live<'_>>, spot: &Spot<'_>) -> bool {
+        live.is_some_and(|l| same_as_live(node, l, self.is_root) && link_live(l, spot).is_ok())
     }
 
     /// Makes directory `spot` with the entries of `node` (see `fill`).

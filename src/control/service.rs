@@ -691,7 +691,8 @@ impl Service {
                     Some(o) => self.history.object_at(*o, seq)?.is_some(),
                     None => false,
                 };
-                if recorded_since || !unchanged(st, &sys::fstat(fd.as_fd())?) {
+                let after = crate::capture::attrs_of(&sys::fstat(fd.as_fd())?);
+                if recorded_since || !crate::capture::attrs_of(st).same_state(&after) {
                     return Err(Error::Busy(format!(
                         "{} changed while it was read; run the command again",
                         show_path(path)
@@ -1238,22 +1239,4 @@ fn cost_line(c: &Cost) -> String {
 
 fn cost_brief(c: &Cost) -> serde_json::Value {
     json!({"path": c.path, "version": c.version, "seq": c.seq, "time_ns": c.time_ns})
-}
-
-/// Whether a file stat'ed as `before` is still as it was (a write moves
-/// its ctime; size and mtime where ctime is coarse).
-fn unchanged(before: &sys::Stat, after: &sys::Stat) -> bool {
-    (
-        before.st_size,
-        before.st_mtime,
-        before.st_mtime_nsec,
-        before.st_ctime,
-        before.st_ctime_nsec,
-    ) == (
-        after.st_size,
-        after.st_mtime,
-        after.st_mtime_nsec,
-        after.st_ctime,
-        after.st_ctime_nsec,
-    )
 }

@@ -106,18 +106,14 @@ const PRIVILEGE_CAPS: CapabilitySet = CapabilitySet::SYS_RESOURCE.union(Capabili
 /// Restores root credentials when dropped.
 struct Switched {
     groups_set: bool,
-    dropped_caps: CapabilitySet,
+    /// Restored after the ids, as this guard's field.
+    dropped_caps: Option<WithoutCaps>,
 }
 
 impl Drop for Switched {
     fn drop(&mut self) {
         raw_setfsuid(0);
         raw_setfsgid(0);
-        if !self.dropped_caps.is_empty() {
-            if let Err(e) = set_effective_caps(self.dropped_caps, true) {
-                tracing::error!("cannot restore capabilities: {e}");
-            }
-        }
         if self.groups_set {
             if let Err(e) = raw_setgroups(&[]) {
                 tracing::error!("cannot restore supplementary groups: {e}");
@@ -129,7 +125,7 @@ impl Drop for Switched {
 fn switch_to(caller: &Caller, groups: Option<&[u32]>, keep: CapabilitySet) -> io::Result<Switched> {
     let mut guard = Switched {
         groups_set: false,
-        dropped_caps: CapabilitySet::empty(),
+        dropped_caps: None,
     };
     if let Some(groups) = groups {
         raw_setgroups(groups)?;
@@ -143,8 +139,7 @@ fn switch_to(caller: &Caller, groups: Option<&[u32]>, keep: CapabilitySet) -> io
         CapabilitySet::empty()
     };
     if !drop_caps.is_empty() {
-        set_effective_caps(drop_caps, false)?;
-        guard.dropped_caps = drop_caps;
+        guard.dropped_caps = Some(WithoutCaps::drop(drop_caps)?);
     }
     Ok(guard)
 }
