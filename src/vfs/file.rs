@@ -176,7 +176,7 @@ impl Vfs {
         let every_write = versioned && self.every_write(caller, ino, fd.as_fd());
         let set_id = sys::fstat(fd.as_fd()).is_ok_and(|st| is_set_id(&st));
         if set_id {
-            self.await_passthrough_release(ino);
+            self.await_passthrough_release(ino, caller.uid == 0 && writes(flags));
         }
         let passthrough = self.claim_io(
             ino,
@@ -308,9 +308,16 @@ impl Vfs {
     /// create as root, then chmod to set-ID). Sharing its backing file,
     /// which carries its opener's credentials, a write by another user
     /// kept the set-ID bits. Waited for briefly; one really held open
-    /// still decides, as before.
-    fn await_passthrough_release(&self, ino: InodeNo) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    /// still decides, as before. Root keeps the bits natively but loses
+    /// them through the shared backing (registered without CAP_FSETID):
+    /// its open for writing waits up to a second, since 100 ms ran out on a loaded
+    /// CI machine. Only a set-ID file held open elsewhere pays the wait.
+    fn await_passthrough_release(&self, ino: InodeNo, privileged: bool) {
+        let wait = match privileged {
+            true => std::time::Duration::from_secs(1),
+            false => std::time::Duration::from_millis(100),
+        };
+        let deadline = std::time::Instant::now() + wait;
         let mut modes = self.io_modes.lock();
         while modes.get(&ino).is_some_and(|m| m.0) {
             if self
@@ -765,11 +772,15 @@ impl Vfs {
                 tracing::warn!("a clone file's patch mark could not be written: {e}");
             }
         }
-        if let Some(flushed) = session {
-            self.session_closed(ino, flushed);
-        }
+        // The kernel gave up the handle's passthrough before it sent the
+        // release: a set-ID file's open may be waiting for exactly this
+        // (`await_passthrough_release`), and the session's end can build
+        // a version here when the ingest worker is behind.
         if file {
             self.release_io(ino);
+        }
+        if let Some(flushed) = session {
+            self.session_closed(ino, flushed);
         }
         ino
     }
