@@ -1162,7 +1162,7 @@ fn a_template_of_a_past_state_and_the_plain_listings() {
     assert!(listing.starts_with("/o: clone:"), "{listing}");
     // a, big and c: the clone holds none of their bytes itself.
     assert!(
-        listing.contains("shared 3.0 MiB in 3 files, own 0.0 MiB"),
+        listing.contains("shared 3.00 MiB in 3 files, own 0 B in 0 files"),
         "{listing}"
     );
 }

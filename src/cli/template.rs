@@ -92,17 +92,16 @@ pub fn clones(path: &Path, common: &Common) -> Result<()> {
         print_json(&v);
         return Ok(());
     }
-    let mib = |n: u64| n as f64 / (1 << 20) as f64;
     for c in &v.clones {
         let at = format!("#{} ({})", c.seq, spec::show(c.time_ns.unwrap_or(0)));
         match (&c.path, &c.space) {
             (Some(p), Some(s)) => println!(
-                "{p}: {} as of {at}; shared {:.1} MiB in {} files, own {:.1} MiB in {} files{}",
+                "{p}: {} as of {at}; shared {} in {}, own {} in {}{}",
                 c.tag,
-                mib(s.shared_bytes),
-                s.shared_files,
-                mib(s.own_bytes),
-                s.own_files,
+                indicatif::HumanBytes(s.shared_bytes),
+                files(s.shared_files),
+                indicatif::HumanBytes(s.own_bytes),
+                files(s.own_files),
                 match s.unfilled_dirs {
                     0 => String::new(),
                     n => format!(", {n} directories not yet filled"),
@@ -112,4 +111,11 @@ pub fn clones(path: &Path, common: &Common) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn files(n: u64) -> String {
+    match n {
+        1 => "1 file".to_string(),
+        n => format!("{n} files"),
+    }
 }
