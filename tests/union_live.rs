@@ -245,6 +245,19 @@ fn branch_commands_refuse_bad_input_in_one_line() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("only root"), "{}", stderr(&out));
     assert!(as_nobody(&["list", mnt]).status.success());
+    // After a snapshot too, whose fresh branch lies in the store, where
+    // only root reaches (the refusal was a bare EACCES on its path).
+    let snap = chronofs_in(m.root(), &["snapshot", mnt]);
+    assert!(snap.status.success(), "{}", stderr(&snap));
+    let extra = m.root().join("extra");
+    fs::create_dir(&extra).unwrap();
+    let out = as_nobody(&["add", mnt, extra.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("only root may change a union's branches"),
+        "{}",
+        stderr(&out)
+    );
     // Not a union; nothing mounted.
     let single = Mount::new("");
     let out = chronofs_in(

@@ -200,7 +200,11 @@ fn branch_add_and_remove_refuse_bad_input_in_one_line() {
     let inside_branch = m.lowers[0].join("nested");
     fs::create_dir(&inside_branch).unwrap();
     for (args, says) in [
-        (vec!["add", m.lowers[0].to_str().unwrap()], "again"),
+        // Told by the positions `branch list` shows.
+        (
+            vec!["add", m.lowers[0].to_str().unwrap()],
+            "is already branch 1 of the union",
+        ),
         (vec!["add", file.to_str().unwrap()], "not a directory"),
         (vec!["add", "/nonexistent/dir"], "nonexistent"),
         (
@@ -214,7 +218,11 @@ fn branch_add_and_remove_refuse_bad_input_in_one_line() {
         ),
         (
             vec!["add", inside_branch.to_str().unwrap()],
-            "contains branch",
+            "lies inside branch 1 (",
+        ),
+        (
+            vec!["add", m.root().to_str().unwrap()],
+            "contains branch 0 (",
         ),
         (vec!["remove", "5"], "not a branch"),
     ] {

@@ -623,8 +623,11 @@ fn status_lists_the_branches_of_a_union() {
         "{text}"
     );
     let line = text.lines().find(|l| l.contains("<- creates")).unwrap();
+    // Counted from 0, as `branch list` and `branch add --position` do.
     assert!(
-        line.contains(" rw ") && line.contains(u.br("b").to_str().unwrap()),
+        line.starts_with("  branch 1: ")
+            && line.contains(" rw ")
+            && line.contains(u.br("b").to_str().unwrap()),
         "{text}"
     );
     u.unmount();

@@ -51,7 +51,7 @@ pub fn list(mnt: &Path, json: bool) -> Result<()> {
 
 /// Inserts DIR into the union at `position` (0 = top, the default).
 pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool) -> Result<()> {
-    use crate::union::spec::{Mode, UnionSpec};
+    use crate::union::spec::{overlap, Mode, Overlap, SpecError, UnionSpec};
     let writable = parse_mode(mode)?;
     let target = daemon_target(mnt)?;
     let client = target.client();
@@ -71,25 +71,31 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
             );
         }
     }
-    // Checked as the command line with it would be: no repeat, no nesting,
-    // not inside the mount.
-    let mode_of = |w: bool| if w { Mode::Rw } else { Mode::Ro };
-    let mut paths: Vec<(&Path, Mode)> = now
-        .iter()
-        .map(|b| (Path::new(&b.path), mode_of(b.mode == "rw")))
-        .collect();
-    let at = position.map_or(0, |p| (p as usize).min(paths.len()));
-    paths.insert(at, (&dir, mode_of(writable)));
+    // No repeat, no nesting, told by the positions `branch list` shows.
     // A snapshot's fresh branch lies in the store, by default inside SRC:
-    // nested by design, it is no reason to refuse another branch. The new
-    // one is still checked against it.
-    let (fresh, others): (Vec<_>, Vec<_>) = paths
-        .into_iter()
-        .partition(|(p, _)| *p != dir.as_path() && crate::store::is_snapshot_branch(p));
-    UnionSpec::of_paths(&others)?.validate(mnt)?;
-    for pair in fresh {
-        UnionSpec::of_paths(&[(dir.as_path(), mode_of(writable)), pair])?.validate(mnt)?;
+    // nested by design, it is no reason to refuse another branch, but the
+    // new one is still checked against it.
+    for (pos, b) in now.iter().enumerate() {
+        let shown = dir.display();
+        match overlap(&dir, Path::new(&b.path)) {
+            Some(Overlap::Same) => bail!("{shown} is already branch {pos} of the union"),
+            Some(Overlap::Inside) => bail!("{shown} lies inside branch {pos} ({})", b.path),
+            Some(Overlap::Contains) => bail!("{shown} contains branch {pos} ({})", b.path),
+            None => {}
+        }
     }
+    let mode = if writable { Mode::Rw } else { Mode::Ro };
+    match UnionSpec::of_paths(&[(dir.as_path(), mode)])?.validate(mnt) {
+        Err(SpecError::InsideMount { mnt, .. }) => {
+            bail!("{} lies inside the mount point {mnt}", dir.display())
+        }
+        Err(SpecError::MountInside { mnt, .. }) => bail!(
+            "the mount point {mnt} lies inside {}: the mount would contain itself",
+            dir.display()
+        ),
+        other => other?,
+    }
+    let at = position.map_or(0, |p| (p as usize).min(now.len()));
     let dir_text = dir
         .to_str()
         .with_context(|| format!("{}: not a UTF-8 path", dir.display()))?;

@@ -575,7 +575,7 @@ fn print_branches(u: &crate::control::proto::UnionStatus) {
     for (i, b) in u.branches.iter().enumerate() {
         println!(
             "  branch {}:   {} {}  used {:.2} GiB, free {:.2} GiB of {:.2} GiB{}",
-            i + 1,
+            i,
             b.mode,
             b.path,
             gib(b.used_bytes),

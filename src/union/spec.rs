@@ -324,6 +324,32 @@ fn ancestry(p: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// How a directory stands to another: by `(dev, ino)`, so that bind
+/// mounts and symlinked spellings of one directory are caught.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overlap {
+    Same,
+    Inside,
+    Contains,
+}
+
+/// Whether `a` is `b`, lies inside it or contains it (`None`: apart).
+pub fn overlap(a: &Path, b: &Path) -> Option<Overlap> {
+    let (a_up, b_up) = (ancestry(a), ancestry(b));
+    let (Some(a_id), Some(b_id)) = (a_up.first(), b_up.first()) else {
+        return None;
+    };
+    if a_id == b_id {
+        Some(Overlap::Same)
+    } else if a_up[1..].contains(b_id) {
+        Some(Overlap::Inside)
+    } else if b_up[1..].contains(a_id) {
+        Some(Overlap::Contains)
+    } else {
+        None
+    }
+}
+
 impl UnionSpec {
     /// Parses `BR1[=rw|=ro]:BR2[=rw|=ro]:...`; each branch must exist and be
     /// a directory. Relative paths are taken from the current directory.
