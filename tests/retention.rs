@@ -620,6 +620,24 @@ fn policy_check_reports_errors_by_line() {
     );
 }
 
+/// `prune --keep-last 0` removes every version but a file's newest,
+/// which vouches for the file as it is, and says so without counting
+/// it as one kept against the limits.
+#[test]
+fn keep_last_zero_leaves_only_the_newest_version() {
+    let policy = PolicyFile::new("");
+    let m = mount_with(&policy);
+    for i in 0..3 {
+        write_file(&m.p("f"), format!("v{i}").as_bytes());
+    }
+    assert!(version_count(&m.p("f")) >= 3);
+    let said = cli(&["prune", s(&m.p("f")), "--keep-last", "0"]);
+    assert!(said.starts_with("removed "), "{said}");
+    assert!(!said.contains("kept"), "{said}");
+    assert_eq!(versions(&m.p("f")), [Some(b"v2".to_vec())]);
+    assert_eq!(read_file(&m.p("f")), b"v2");
+}
+
 /// Many small files with two versions each, the older ones pruned: a
 /// store with garbage to collect.
 fn fill(m: &Mount, files: usize) -> Vec<(PathBuf, Vec<u8>)> {

@@ -112,8 +112,15 @@ fn print_clean(r: &CleanReport) {
         );
     } else {
         println!(
-            "removed {} version(s), {} expired deleted object(s); kept {} asked for (newest, tagged or changed meanwhile)",
-            r.outcome.versions_removed, r.outcome.objects_removed, r.outcome.versions_spared
+            "removed {} version(s), {} expired deleted object(s){}",
+            r.outcome.versions_removed,
+            r.outcome.objects_removed,
+            match r.outcome.versions_spared {
+                0 => String::new(),
+                n => format!(
+                    "; kept {n} the limits gave up (a file's newest, tagged, or changed meanwhile)"
+                ),
+            }
         );
         println!("space is freed by `chronofs gc`");
     }
@@ -133,18 +140,24 @@ pub fn clean(t: &Target, now: Option<&str>, dry_run: bool, json: bool) -> Result
 /// The limits `prune` was given.
 #[derive(clap::Args, Debug, Default)]
 pub struct KeepArgs {
-    /// Keep the N newest versions.
+    /// Keep the N newest versions. A file's newest version always stays,
+    /// whatever the limits say: it vouches for the file as it is (`chronofs
+    /// purge` removes a file with all its history).
     #[arg(long, value_name = "N")]
     keep_last: Option<u64>,
     /// Keep the newest version of each of the last N hours that have versions.
     #[arg(long, value_name = "N")]
     keep_hourly: Option<u64>,
+    /// Keep the newest version of each of the last N days that have versions.
     #[arg(long, value_name = "N")]
     keep_daily: Option<u64>,
+    /// Keep the newest version of each of the last N weeks that have versions.
     #[arg(long, value_name = "N")]
     keep_weekly: Option<u64>,
+    /// Keep the newest version of each of the last N months that have versions.
     #[arg(long, value_name = "N")]
     keep_monthly: Option<u64>,
+    /// Keep the newest version of each of the last N years that have versions.
     #[arg(long, value_name = "N")]
     keep_yearly: Option<u64>,
     /// Keep every version younger than this (e.g. 2d).
