@@ -677,11 +677,6 @@ fn a_clone_by_an_ordinary_user_widens_no_access() {
     }
 }
 
-/// One line on stderr and a failure with `errno`'s message.
-fn refused_with(out: std::process::Output, errno: i32) {
-    refused_saying(out, &std::io::Error::from_raw_os_error(errno).to_string());
-}
-
 /// A failure with one line on stderr that says `says`.
 fn refused_saying(out: std::process::Output, says: &str) {
     assert!(!out.status.success(), "succeeded");
@@ -748,9 +743,18 @@ fn a_clone_in_a_union_replaces_what_any_branch_shows() {
     succeeded(clone(&m.p("t"), &m.p("lowdir")));
     assert_eq!(tree(&m.p("lowdir")), t);
     // rename(2)'s refusals, nothing changed.
-    refused_with(clone(&m.p("t"), &m.p("full")), libc::ENOTEMPTY);
-    refused_with(clone(&m.p("t"), &m.p("low")), libc::ENOTDIR);
-    refused_with(clone(&m.p("t/a"), &m.p("t/sub")), libc::EISDIR);
+    refused_saying(
+        clone(&m.p("t"), &m.p("full")),
+        "full is a directory that is not empty: a clone replaces only a file or an empty directory",
+    );
+    refused_saying(
+        clone(&m.p("t"), &m.p("low")),
+        "low is not a directory: a directory's clone cannot replace it",
+    );
+    refused_saying(
+        clone(&m.p("t/a"), &m.p("t/sub")),
+        "sub is a directory: a file's clone cannot replace it",
+    );
     assert_eq!(read("full/keep"), b"k");
     assert_eq!(tree(&m.p("t")), t);
     // A lower file with another name: that name counts one fewer.
@@ -871,6 +875,12 @@ fn a_template_makes_working_trees_of_a_tree_as_it_was() {
         assert!(!out.status.success(), "nobody: template {args:?} succeeded");
     }
     assert!(!m.p("work/closed").exists());
+    // Over a tree that is there already: refused as rename(2) refuses,
+    // in words.
+    refused_saying(
+        template(&["instantiate", "rootfs"], &[&m.p("two")]),
+        "two is a directory that is not empty",
+    );
     // Deleting a template keeps what was made from it.
     succeeded(template(&["delete", "rootfs", "--path"], &[&m.mnt]));
     assert_eq!(fs::read(m.p("two/sub/deeper/c")).unwrap(), b"deep");

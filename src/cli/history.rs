@@ -799,6 +799,7 @@ pub fn clone(src: &Path, dst: &Path, at: Option<&str>, common: &super::Common) -
     let v = src
         .client()
         .clone_path(&src.path, &dst.path, parse_at(at)?)
+        .map_err(|e| clone_refusal(e, dst_arg))
         .with_context(|| {
             format!(
                 "cannot clone {} to {}",
@@ -818,6 +819,26 @@ pub fn clone(src: &Path, dst: &Path, at: Option<&str>, common: &super::Common) -
         );
     }
     Ok(())
+}
+
+/// A clone replaces DST as rename(2) would: the kinds that refuse it
+/// said plainly, not as a bare errno.
+pub(super) fn clone_refusal(e: control::ControlError, dst: &Path) -> anyhow::Error {
+    let is_dir = std::fs::symlink_metadata(dst).map(|m| m.is_dir());
+    let shown = dst.display();
+    match (e.errno(), is_dir) {
+        (libc::ENOTEMPTY | libc::EEXIST, Ok(true)) => anyhow::anyhow!(
+            "{shown} is a directory that is not empty: a clone replaces only a file or an \
+             empty directory, as rename does"
+        ),
+        (libc::EISDIR, Ok(true)) => {
+            anyhow::anyhow!("{shown} is a directory: a file's clone cannot replace it")
+        }
+        (libc::ENOTDIR, Ok(false)) => {
+            anyhow::anyhow!("{shown} is not a directory: a directory's clone cannot replace it")
+        }
+        _ => e.into(),
+    }
 }
 
 pub fn tags(t: &Target, json: bool) -> Result<()> {

@@ -40,7 +40,10 @@ pub fn create(name: &str, dir: &Path, at: Option<&str>, common: &Common) -> Resu
 
 pub fn instantiate(name: &str, dst: &Path, common: &Common) -> Result<()> {
     let t = in_mount(dst, common.store.as_deref())?;
-    let v = t.client().template_instantiate(name, &t.path)?;
+    let v = t
+        .client()
+        .template_instantiate(name, &t.path)
+        .map_err(|e| super::history::clone_refusal(e, dst))?;
     if common.json {
         print_json(&v);
     } else {
