@@ -808,6 +808,43 @@ fn a_writer_who_does_not_own_the_file_restores_its_content_or_nothing() {
     });
 }
 
+/// A file rewritten with the same size and its mtime set back (as
+/// `touch -r`, `cp -p` or `tar x` leave it) is not the version it looks
+/// like: restore and revert bring the version's bytes back (they took
+/// the file for restored already and kept the new bytes).
+#[test]
+fn a_file_rewritten_with_its_old_mtime_is_restored() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("d")).unwrap();
+        let (f, g) = (m.p("d/f"), m.p("d/g"));
+        write_file(&f, b"then\n");
+        write_file(&g, b"kept\n");
+        let old = fs::metadata(&f).unwrap().modified().unwrap();
+        chrono_ok(m, &["tag", "orig"]);
+        let rewrite = |p: &Path| {
+            fs::write(p, b"now!\n").unwrap();
+            fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        };
+        rewrite(&f);
+        chrono_ok(m, &["restore", "d/f", "--at", "orig"]);
+        assert_eq!(read_file(&f), b"then\n", "restore of the file");
+        rewrite(&f);
+        let g_ino = fs::metadata(&g).unwrap().ino();
+        chrono_ok(m, &["revert", "d", "--at", "orig"]);
+        assert_eq!(read_file(&f), b"then\n", "revert of its directory");
+        assert_eq!(
+            fs::metadata(&g).unwrap().ino(),
+            g_ino,
+            "an unchanged file stays the object it is"
+        );
+    });
+}
+
 /// A file history never recorded (it predates the mount, `ingest=off`)
 /// is its own past: the live file is read. Written to while the restore
 /// downloads it, its bytes are a mix of two states: the restore fails and

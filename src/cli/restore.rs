@@ -438,8 +438,8 @@ impl<'a> Spot<'a> {
     }
 }
 
-/// Whether the live object already is what `node` describes (content
-/// judged by size and mtime, as everywhere in chronofs).
+/// Whether the live object has the attributes `node` describes (a
+/// file's content judged by size and mtime: see `Builder::unchanged`).
 fn same_as_live(node: &NodeInfo, live: &Live<'_>, is_root: bool) -> bool {
     let Ok(want) = Meta::of_node(node) else {
         return false;
@@ -459,6 +459,47 @@ fn same_as_live(node: &NodeInfo, live: &Live<'_>, is_root: bool) -> bool {
             w.retain(|(k, _)| settable(k, is_root));
             x == w
         })
+}
+
+/// A sink that compares what is written to it with a file's bytes.
+struct SameBytes {
+    file: std::fs::File,
+    buf: Vec<u8>,
+    same: bool,
+}
+
+impl SameBytes {
+    fn new(file: std::fs::File) -> SameBytes {
+        SameBytes {
+            file,
+            buf: Vec::new(),
+            same: true,
+        }
+    }
+
+    /// Whether every byte matched and the file has no more.
+    fn finish(mut self) -> bool {
+        use std::io::Read;
+        let mut one = [0u8; 1];
+        self.same && matches!(self.file.read(&mut one), Ok(0))
+    }
+}
+
+impl std::io::Write for SameBytes {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        use std::io::Read;
+        self.buf.resize(data.len(), 0);
+        self.same = self.file.read_exact(&mut self.buf).is_ok() && self.buf == data;
+        match self.same {
+            true => Ok(data.len()),
+            // Stops the download: the answer is known.
+            false => Err(std::io::Error::other("the live file differs")),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Whether this user may create and rename entries in `dir`.
@@ -761,7 +802,7 @@ impl Builder<'_> {
         if root.kind != "dir"
             && live
                 .as_ref()
-                .is_some_and(|l| same_as_live(root, l, self.is_root))
+                .is_some_and(|l| self.unchanged(&self.t.path, root, l))
         {
             return Ok(());
         }
@@ -1014,7 +1055,7 @@ impl Builder<'_> {
         };
         match kind {
             "file" => {
-                if !self.kept_live(node, live, spot) {
+                if !self.kept_live(path, node, live, spot) {
                     let f = sys::openat(
                         spot.dir,
                         &spot.name,
@@ -1043,7 +1084,7 @@ impl Builder<'_> {
                 self.progress.add(1, &spot.shown);
             }
             "fifo" | "char" | "block" | "socket" => {
-                if !self.kept_live(node, live, spot) {
+                if !self.kept_live(path, node, live, spot) {
                     let kind_bits = match kind {
                         "fifo" => libc::S_IFIFO,
                         "char" => libc::S_IFCHR,
@@ -1079,8 +1120,37 @@ impl Builder<'_> {
 
     /// Whether the live object, unchanged since, is linked at `spot`: it
     /// keeps its identity (and its history) instead of becoming a copy.
-    fn kept_live(&self, node: &NodeInfo, live: Option<&Live<'_>>, spot: &Spot<'_>) -> bool {
-        live.is_some_and(|l| same_as_live(node, l, self.is_root) && link_live(l, spot).is_ok())
+    fn kept_live(
+        &self,
+        path: &Components,
+        node: &NodeInfo,
+        live: Option<&Live<'_>>,
+        spot: &Spot<'_>,
+    ) -> bool {
+        live.is_some_and(|l| self.unchanged(path, node, l) && link_live(l, spot).is_ok())
+    }
+
+    /// Whether the live object already is `node`, the object at `path`
+    /// then. A file's content counts as unchanged by its size and mtime
+    /// only where history says the live file is that version untouched
+    /// since: an mtime can be set back (`touch -d`, `cp -p`, `tar x`), and
+    /// a restore skipped such a file, rewritten, as already restored.
+    /// Otherwise its bytes are compared with the version's.
+    fn unchanged(&self, path: &Components, node: &NodeInfo, live: &Live<'_>) -> bool {
+        if !same_as_live(node, live, self.is_root) {
+            return false;
+        }
+        if node.kind != "file" || node.source == "live" || node.size == 0 {
+            return true;
+        }
+        let same = sys::reopen(live.fd.as_fd(), libc::O_RDONLY | libc::O_NOCTTY)
+            .map_err(anyhow::Error::from)
+            .and_then(|fd| {
+                let mut cmp = SameBytes::new(std::fs::File::from(fd));
+                let read = self.t.client().read(path, self.at, None, &mut cmp)?;
+                Ok((read.obj, read.seq) == (node.obj, node.seq) && cmp.finish())
+            });
+        same.unwrap_or(false)
     }
 
     /// Makes directory `spot` with the entries of `node` (see `fill`).
