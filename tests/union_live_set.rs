@@ -233,6 +233,23 @@ fn branch_add_and_remove_refuse_bad_input_in_one_line() {
         assert_eq!(why.trim().lines().count(), 1, "{args:?}: {why}");
     }
     assert_eq!(listed(&m).len(), 2, "nothing changed");
+    // The daemon checks again: a client other than the command asks it.
+    let socket = chronofs::control::mount_of(&m.mnt.canonicalize().unwrap())
+        .and_then(|e| chronofs::control::socket_of(&e, 0))
+        .unwrap();
+    let client = chronofs::control::Client::Daemon(&socket);
+    for (dir, says) in [
+        (canon(&m.lowers[0]), "is already branch 1 of the union"),
+        (canon(&inside_branch), "lies inside branch 1 ("),
+        (canon(m.root()), "contains branch 0 ("),
+    ] {
+        let err = client
+            .branch_add(dir.to_str().unwrap(), None, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{}: {err}", dir.display());
+    }
+    assert_eq!(listed(&m).len(), 2, "nothing changed");
 }
 
 /// Every path under `root` with its kind and content, sorted: what the

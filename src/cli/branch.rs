@@ -51,7 +51,7 @@ pub fn list(mnt: &Path, json: bool) -> Result<()> {
 
 /// Inserts DIR into the union at `position` (0 = top, the default).
 pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool) -> Result<()> {
-    use crate::union::spec::{overlap, Mode, Overlap, SpecError, UnionSpec};
+    use crate::union::spec::{Mode, SpecError, UnionSpec};
     let writable = parse_mode(mode)?;
     let target = daemon_target(mnt)?;
     let client = target.client();
@@ -71,18 +71,8 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
             );
         }
     }
-    // No repeat, no nesting, told by the positions `branch list` shows.
-    // A snapshot's fresh branch lies in the store, by default inside SRC:
-    // nested by design, it is no reason to refuse another branch, but the
-    // new one is still checked against it.
-    for (pos, b) in now.iter().enumerate() {
-        let shown = dir.display();
-        match overlap(&dir, Path::new(&b.path)) {
-            Some(Overlap::Same) => bail!("{shown} is already branch {pos} of the union"),
-            Some(Overlap::Inside) => bail!("{shown} lies inside branch {pos} ({})", b.path),
-            Some(Overlap::Contains) => bail!("{shown} contains branch {pos} ({})", b.path),
-            None => {}
-        }
+    if let Some(why) = nesting_refusal(&dir, &now) {
+        bail!(why);
     }
     let mode = if writable { Mode::Rw } else { Mode::Ro };
     match UnionSpec::of_paths(&[(dir.as_path(), mode)])?.validate(mnt) {
@@ -106,6 +96,24 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
         &format!("{} added at position {at}", dir.display()),
     );
     Ok(())
+}
+
+/// Why `dir` cannot join the union of `branches` (top first): it is one
+/// of them, or lies inside or contains one, told by the positions `branch
+/// list` shows. A snapshot's fresh branch lies in the store, by default
+/// inside SRC: nested by design, it is no reason to refuse another
+/// branch, but a new one is still checked against it. Checked by the
+/// command and again by the daemon, which other clients reach too.
+pub(super) fn nesting_refusal(dir: &Path, branches: &[BranchRow]) -> Option<String> {
+    use crate::union::spec::{overlap, Overlap};
+    let shown = dir.display();
+    branches.iter().enumerate().find_map(|(pos, b)| {
+        Some(match overlap(dir, Path::new(&b.path))? {
+            Overlap::Same => format!("{shown} is already branch {pos} of the union"),
+            Overlap::Inside => format!("{shown} lies inside branch {pos} ({})", b.path),
+            Overlap::Contains => format!("{shown} contains branch {pos} ({})", b.path),
+        })
+    })
 }
 
 /// Freezes the union's upper branch under a name, a fresh one on top.

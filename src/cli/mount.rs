@@ -1235,6 +1235,9 @@ impl control::service::Host for MountHost {
                 path.display()
             )));
         }
+        if let Some(why) = super::branch::nesting_refusal(&path, &self.branches()?) {
+            return Err(Error::Usage(why));
+        }
         let t0 = std::time::Instant::now();
         let cpath = sys::cstr(path.as_os_str()).map_err(Error::Io)?;
         let root = sys::openat(sys::CWD, &cpath, libc::O_PATH | libc::O_DIRECTORY, 0)
