@@ -1172,7 +1172,7 @@ fn a_template_of_a_past_state_and_the_plain_listings() {
     assert!(listing.starts_with("/o: clone:"), "{listing}");
     // a, big and c: the clone holds none of their bytes itself.
     assert!(
-        listing.contains("shared 3.00 MiB in 3 files, own 0 B in 0 files"),
+        listing.contains("shared 3.00 MiB in 3 files, own 0 B (0 files wholly its own)"),
         "{listing}"
     );
 }
@@ -1825,4 +1825,24 @@ fn a_cut_then_regrown_clone_file_shows_no_base_after_kill_9() {
     assert_eq!(shown.len(), 512 << 10);
     let wrong = shown.iter().position(|&b| b != b'B');
     assert_eq!(wrong, None, "the clone's file shows its base after the cut");
+}
+
+/// A clone made in a union after a snapshot lies in the fresh branch on
+/// top, not in the root's: `status --clones` finds it there (it failed
+/// with a bare ENOENT).
+#[test]
+fn status_finds_a_clone_made_after_a_snapshot() {
+    let m = Mount::union("", 1, |_| {});
+    fs::create_dir(m.p("dir")).unwrap();
+    fs::write(m.p("dir/f"), vec![7u8; 100 << 10]).unwrap();
+    succeeded(chronofs(&["snapshot".as_ref(), m.mnt.as_os_str()]));
+    succeeded(clone(&m.p("dir"), &m.p("dirc")));
+    let out = chronofs(&["status".as_ref(), "--clones".as_ref(), m.mnt.as_os_str()]);
+    succeeded(out.clone());
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(listing.starts_with("/dirc: clone:"), "{listing}");
+    assert!(
+        listing.contains("shared 100.00 KiB in 1 file, own 0 B"),
+        "{listing}"
+    );
 }

@@ -99,7 +99,7 @@ pub fn clones(path: &Path, common: &Common) -> Result<()> {
         let at = format!("#{} ({})", c.seq, spec::show(c.time_ns.unwrap_or(0)));
         match (&c.path, &c.space) {
             (Some(p), Some(s)) => println!(
-                "{p}: {} as of {at}; shared {} in {}, own {} in {}{}",
+                "{p}: {} as of {at}; shared {} in {}, own {} ({} wholly its own){}",
                 c.tag,
                 indicatif::HumanBytes(s.shared_bytes),
                 files(s.shared_files),
