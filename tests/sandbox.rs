@@ -249,27 +249,33 @@ fn sandbox_refuses_bad_input_in_one_line() {
     let m = Mount::new("plain");
     let mnt = m.mnt.to_str().unwrap();
     let not_mounted = m.root().join("native");
-    for (args, want) in [
+    // The exit status: 2 for a command line missing a part, 1 otherwise.
+    for (args, want, code) in [
         (
             vec!["sandbox", not_mounted.to_str().unwrap(), "--", "true"],
             "not the mount point of a chronofs mount",
+            1,
         ),
         (
             vec!["sandbox", mnt, "--id", "9", "--", "true"],
             "no sandbox 9",
+            1,
         ),
-        (vec!["sandbox", mnt], "give the command"),
+        (vec!["sandbox", mnt], "give the command", 2),
+        (vec!["sandbox"], "give the mount point", 2),
         (
             vec!["sandbox", "discard", "42", "--mount", mnt],
             "no sandbox 42 on this mount",
+            1,
         ),
         (
             vec!["sandbox", mnt, "--", "/no/such/program"],
             "cannot run /no/such/program",
+            1,
         ),
     ] {
         let out = chronofs_in(m.root(), &args);
-        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
         let err = stderr(&out);
         assert!(err.contains(want), "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");

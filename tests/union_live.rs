@@ -251,13 +251,16 @@ fn branch_commands_refuse_bad_input_in_one_line() {
     assert!(snap.status.success(), "{}", stderr(&snap));
     let extra = m.root().join("extra");
     fs::create_dir(&extra).unwrap();
-    let out = as_nobody(&["add", mnt, extra.to_str().unwrap()]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("only root may change a union's branches"),
-        "{}",
-        stderr(&out)
-    );
+    // A path that a root's add would refuse too: the privilege comes first.
+    for dir in [extra.to_str().unwrap(), "/", "/nonexistent"] {
+        let out = as_nobody(&["add", mnt, dir]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("only root may change a union's branches"),
+            "{dir}: {}",
+            stderr(&out)
+        );
+    }
     // Not a union; nothing mounted.
     let single = Mount::new("");
     let out = chronofs_in(

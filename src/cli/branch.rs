@@ -51,39 +51,20 @@ pub fn list(mnt: &Path, json: bool) -> Result<()> {
 
 /// Inserts DIR into the union at `position` (0 = top, the default).
 pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool) -> Result<()> {
-    use crate::union::spec::{Mode, SpecError, UnionSpec};
     let writable = parse_mode(mode)?;
     let target = daemon_target(mnt)?;
     let client = target.client();
     let now = client.branches()?.branches;
-    let dir = dir
-        .canonicalize()
-        .with_context(|| format!("new branch {}", dir.display()))?;
-    // The mount itself (the path as the mount shows it): the daemon would
-    // serve its own branch, and its first look at it waited for itself.
-    {
-        use std::os::unix::fs::MetadataExt;
-        let (d, m) = (std::fs::metadata(&dir)?, std::fs::metadata(mnt)?);
-        if (d.dev(), d.ino()) == (m.dev(), m.ino()) {
-            bail!(
-                "{} is the mount point itself: a mount cannot be its own branch",
-                dir.display()
-            );
-        }
-    }
-    if let Some(why) = nesting_refusal(&dir, &now) {
-        bail!(why);
-    }
-    let mode = if writable { Mode::Rw } else { Mode::Ro };
-    match UnionSpec::of_paths(&[(dir.as_path(), mode)])?.validate(mnt) {
-        Err(SpecError::InsideMount { mnt, .. }) => {
-            bail!("{} lies inside the mount point {mnt}", dir.display())
-        }
-        Err(SpecError::MountInside { mnt, .. }) => bail!(
-            "the mount point {mnt} lies inside {}: the mount would contain itself",
-            dir.display()
-        ),
-        other => other?,
+    // Another user's request goes as it is: the daemon says only root may
+    // (the checks below told them about paths first).
+    let privileged = crate::sys::geteuid() == 0;
+    let dir = match dir.canonicalize() {
+        Ok(d) => d,
+        Err(_) if !privileged => std::path::absolute(dir)?,
+        Err(e) => return Err(e).with_context(|| format!("new branch {}", dir.display())),
+    };
+    if privileged {
+        check_new_branch(mnt, &dir, &now, writable)?;
     }
     let at = position.map_or(0, |p| (p as usize).min(now.len()));
     let dir_text = dir
@@ -96,6 +77,36 @@ pub fn add(mnt: &Path, dir: &Path, position: Option<u32>, mode: &str, json: bool
         &format!("{} added at position {at}", dir.display()),
     );
     Ok(())
+}
+
+/// The command's own checks of a new branch, before the daemon's: not
+/// the mount point, not nested with a branch, not inside the mount.
+fn check_new_branch(mnt: &Path, dir: &Path, now: &[BranchRow], writable: bool) -> Result<()> {
+    use crate::union::spec::{Mode, SpecError, UnionSpec};
+    use std::os::unix::fs::MetadataExt;
+    // The mount itself (the path as the mount shows it): the daemon would
+    // serve its own branch, and its first look at it waited for itself.
+    let (d, m) = (std::fs::metadata(dir)?, std::fs::metadata(mnt)?);
+    if (d.dev(), d.ino()) == (m.dev(), m.ino()) {
+        bail!(
+            "{} is the mount point itself: a mount cannot be its own branch",
+            dir.display()
+        );
+    }
+    if let Some(why) = nesting_refusal(dir, now) {
+        bail!(why);
+    }
+    let mode = if writable { Mode::Rw } else { Mode::Ro };
+    match UnionSpec::of_paths(&[(dir, mode)])?.validate(mnt) {
+        Err(SpecError::InsideMount { mnt, .. }) => {
+            bail!("{} lies inside the mount point {mnt}", dir.display())
+        }
+        Err(SpecError::MountInside { mnt, .. }) => bail!(
+            "the mount point {mnt} lies inside {}: the mount would contain itself",
+            dir.display()
+        ),
+        other => Ok(other?),
+    }
 }
 
 /// Why `dir` cannot join the union of `branches` (top first): it is one

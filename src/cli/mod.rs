@@ -1060,9 +1060,9 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                 _,
             ) => sandbox::commit(id, mount.as_deref(), force, json),
             (None, Some(mnt)) => sandbox::run(&mnt, id, &cmd),
-            (None, None) => Err(anyhow::anyhow!(
-                "give the mount point: chronofs sandbox MNT -- CMD ARGS..."
-            )),
+            (None, None) => Err(anyhow::anyhow!(UsageError(
+                "give the mount point: chronofs sandbox MNT -- CMD ARGS...".into()
+            ))),
         },
         Command::Mount { .. } | Command::Umount { .. } | Command::Diff { .. } => Ok(()),
     }

@@ -1803,8 +1803,13 @@ pub fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
         None => anyhow::bail!("{} is not a mount point", mnt.display()),
         // SRC typed for MNT, as root, would detach whatever is there.
         Some(t) if t != "fuse.chronofs" => anyhow::bail!(
-            "{} is a {t} mount, not a chronofs one; nothing was unmounted",
-            mnt.display()
+            "{} is {} {t} mount, not a chronofs one; nothing was unmounted",
+            mnt.display(),
+            if t.starts_with(['a', 'e', 'i', 'o', 'u']) {
+                "an"
+            } else {
+                "a"
+            }
         ),
         Some(_) => {}
     }

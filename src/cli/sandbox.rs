@@ -41,10 +41,12 @@ fn mount_at(path: &Path) -> Result<(PathBuf, PathBuf)> {
 /// Runs `cmd` in sandbox `id` of the mount at `mnt`, or in a new one.
 /// Returns only on failure: the command replaces this process.
 pub fn run(mnt: &Path, id: Option<u32>, cmd: &[OsString]) -> Result<()> {
-    let (mnt, socket) = mount_at(mnt)?;
     let Some((prog, args)) = cmd.split_first() else {
-        bail!("give the command to run after --");
+        return Err(anyhow::anyhow!(super::UsageError(
+            "give the command to run after --: chronofs sandbox MNT -- CMD ARGS...".into()
+        )));
     };
+    let (mnt, socket) = mount_at(mnt)?;
     // Before a sandbox is made for it.
     if !runnable(prog) {
         bail!("cannot run {}: no such program", prog.to_string_lossy());
