@@ -376,6 +376,36 @@ fn a_name_whited_out_above_the_upper_branch_cannot_be_made() {
     }
 }
 
+/// A read-only branch added above the upper one with an opaque copy of
+/// a directory hides the upper branch's copy of it: a name made there
+/// would not show, so it fails with EROFS (a create succeeded and its
+/// file was nowhere to be seen, then or after a remount).
+#[test]
+fn nothing_is_made_below_an_opaque_directory_of_a_branch_above() {
+    let m = Mount::union("", 1, |b| {
+        fs::create_dir(b[1].join("d")).unwrap();
+        write_file(&b[1].join("d/b"), b"b\n");
+    });
+    let top = m.root().join("top");
+    fs::create_dir_all(top.join("d")).unwrap();
+    write_file(&top.join("d/t"), b"t\n");
+    set_xattr(&top.join("d"), "trusted.overlay.opaque", b"y", 0).unwrap();
+    branch_ok(
+        &m,
+        &["add", top.to_str().unwrap(), "--at", "0", "--mode", "ro"],
+    );
+    let refused = |r: std::io::Result<()>, what: &str| {
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS), "{what}");
+    };
+    refused(fs::write(m.p("d/new"), b"new\n"), "create");
+    refused(fs::create_dir(m.p("d/nd")), "mkdir");
+    assert!(!m.src.join("d/new").exists() && !m.src.join("d/nd").exists());
+    assert_eq!(read_file(&m.p("d/t")), b"t\n");
+    // Where nothing above hides it, the upper branch takes new names.
+    write_file(&m.p("elsewhere"), b"e\n");
+    assert_eq!(read_file(&m.src.join("elsewhere")), b"e\n");
+}
+
 /// A branch request is no history query: it does not wait for versions
 /// being recorded, which a steady write load never lets settle. (Found by
 /// tests/union_live_stress.rs: a flip took 12 s.) Here a close(2) of a

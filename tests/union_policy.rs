@@ -623,7 +623,7 @@ fn status_lists_the_branches_of_a_union() {
         "{text}"
     );
     let line = text.lines().find(|l| l.contains("<- creates")).unwrap();
-    // Counted from 0, as `branch list` and `branch add --position` do.
+    // Counted from 0, as `branch list` and `branch add --at` do.
     assert!(
         line.starts_with("  branch 1: ")
             && line.contains(" rw ")

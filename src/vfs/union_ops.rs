@@ -76,14 +76,20 @@ impl Vfs {
     }
 
     /// EROFS unless a name made in the upper branch would show: a mode
-    /// change may leave a read-only branch above it, whose whiteout of the
-    /// name would hide the new object.
+    /// change or `branch add` may leave a read-only branch above it, whose
+    /// whiteout of the name would hide the new object, or whose opaque
+    /// copy of the directory would hide all the upper branch's entries of
+    /// it (a create there succeeded and its file was nowhere to be seen).
     fn visible_in_upper(&self, parent: InodeNo, name: &CStr) -> Result<()> {
         let Some(u) = self.union() else {
             return Ok(());
         };
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
-        if u.rank(upper) > 0 && !self.free_above(&self.node(parent)?, name, upper)? {
+        if u.rank(upper) == 0 {
+            return Ok(());
+        }
+        let dir = self.node(parent)?;
+        if !self.free_above(&dir, name, upper)? || !self.reachable(&dir, upper)? {
             return Err(errno(libc::EROFS));
         }
         Ok(())
