@@ -378,8 +378,9 @@ fn a_name_whited_out_above_the_upper_branch_cannot_be_made() {
 
 /// A read-only branch added above the upper one with an opaque copy of
 /// a directory hides the upper branch's copy of it: a name made there
-/// would not show, so it fails with EROFS (a create succeeded and its
-/// file was nowhere to be seen, then or after a remount).
+/// would not show, nor one moved or linked there, so each fails with
+/// EROFS (a create or a rename succeeded and the file was nowhere to be
+/// seen, then or after a remount).
 #[test]
 fn nothing_is_made_below_an_opaque_directory_of_a_branch_above() {
     let m = Mount::union("", 1, |b| {
@@ -397,9 +398,14 @@ fn nothing_is_made_below_an_opaque_directory_of_a_branch_above() {
     let refused = |r: std::io::Result<()>, what: &str| {
         assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS), "{what}");
     };
+    write_file(&m.p("top"), b"top\n");
+    refused(fs::rename(m.p("top"), m.p("d/moved")), "rename");
+    refused(fs::hard_link(m.p("top"), m.p("d/link")), "link");
+    refused(std::os::unix::fs::symlink("x", m.p("d/sl")), "symlink");
     refused(fs::write(m.p("d/new"), b"new\n"), "create");
     refused(fs::create_dir(m.p("d/nd")), "mkdir");
-    assert!(!m.src.join("d/new").exists() && !m.src.join("d/nd").exists());
+    assert!(!m.src.join("d").exists(), "no hidden copy of d was made");
+    assert_eq!(read_file(&m.p("top")), b"top\n");
     assert_eq!(read_file(&m.p("d/t")), b"t\n");
     // Where nothing above hides it, the upper branch takes new names.
     write_file(&m.p("elsewhere"), b"e\n");

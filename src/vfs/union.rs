@@ -1130,6 +1130,13 @@ impl Vfs {
         if let Some(l) = lowers.iter().find(|l| l.branch == upper) {
             return Ok(Node::with_fd(node.inode.clone(), l.fd.clone()));
         }
+        // Below a read-only branch's opaque or redirected copy (or a file)
+        // of it, the upper branch's copy would not show, nor anything
+        // made or moved into it (a rename into it succeeded and the file
+        // was nowhere to be seen).
+        if u.rank(upper) > 0 && !self.reachable(&node, upper)? {
+            return Err(errno(libc::EROFS));
+        }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
         let upper_parent = self.writable_dir(caller, parent)?;
         let lower_parent = self.copy_in(parent, self.inodes.branch_of(&node.key))?;

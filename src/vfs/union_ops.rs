@@ -150,7 +150,7 @@ impl Vfs {
     /// its layers: every copy of its parent above `branch` lets a lookup
     /// of its name pass on down (absent there, or a directory neither
     /// opaque nor redirected), and so on up to the root.
-    fn reachable(&self, dir: &Node, branch: BranchId) -> Result<bool> {
+    pub(super) fn reachable(&self, dir: &Node, branch: BranchId) -> Result<bool> {
         let u = self.union().ok_or(VfsError::WrongKind)?;
         if self.layers_of(dir)?.iter().any(|l| l.branch == branch) {
             return Ok(true);
