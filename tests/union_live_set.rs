@@ -1720,3 +1720,31 @@ fn a_directory_another_mount_folds_is_neither_mounted_nor_added() {
     branch_ok(&m, &["add", busy_path, "--mode", "ro"]);
     assert_eq!(names(&m.mnt), ["f", "low"]);
 }
+
+/// A snapshot's fresh branch holds every change made since the snapshot:
+/// `branch remove` of it is refused without `--force` (they all vanished
+/// with no word), and one removed with `--force` can be added back (it
+/// was refused as lying inside the branch that holds the store).
+#[test]
+fn removing_a_snapshots_fresh_branch_needs_force_and_it_comes_back() {
+    let m = Mount::union("", 1, |_| {});
+    branch_snapshot(&m, &[]);
+    write_file(&m.p("since"), b"made since the snapshot\n");
+    let fresh = listed(&m)[0].0.clone();
+    let out = branch(&m, &["remove", "0"]);
+    assert!(!out.status.success());
+    let why = stderr(&out);
+    assert!(
+        why.contains("holds every change made since the snapshot"),
+        "{why}"
+    );
+    assert_eq!(why.trim().lines().count(), 1, "{why}");
+    assert!(m.p("since").exists(), "nothing changed");
+    branch_ok(&m, &["remove", "0", "--force"]);
+    assert!(!m.p("since").exists());
+    branch_ok(
+        &m,
+        &["add", fresh.to_str().unwrap(), "--at", "0", "--mode", "rw"],
+    );
+    assert_eq!(read_file(&m.p("since")), b"made since the snapshot\n");
+}

@@ -118,9 +118,12 @@ fn check_new_branch(mnt: &Path, dir: &Path, now: &[BranchRow], writable: bool) -
 pub(super) fn nesting_refusal(dir: &Path, branches: &[BranchRow]) -> Option<String> {
     use crate::union::spec::{overlap, Overlap};
     let shown = dir.display();
+    // One taken out again (`branch remove --force`) comes back.
+    let fresh = crate::store::is_snapshot_branch(dir);
     branches.iter().enumerate().find_map(|(pos, b)| {
         Some(match overlap(dir, Path::new(&b.path))? {
             Overlap::Same => format!("{shown} is already branch {pos} of the union"),
+            Overlap::Inside if fresh => return None,
             Overlap::Inside => format!("{shown} lies inside branch {pos} ({})", b.path),
             Overlap::Contains => format!("{shown} contains branch {pos} ({})", b.path),
         })

@@ -487,13 +487,15 @@ enum BranchVerb {
     },
     /// Take a branch out of the union now (root only). Refused for the
     /// root's branch (it holds the store), and while its files are open
-    /// unless --force, which makes their descriptors fail with ESTALE.
+    /// unless --force, which makes their descriptors fail with ESTALE; a
+    /// snapshot's fresh branch holding changes only with --force.
     Remove {
         /// The union's mount point.
         mnt: PathBuf,
         /// The branch: its path, or its position (0 = top).
         branch: String,
-        /// Revoke handles into the branch.
+        /// Revoke handles into the branch; remove a snapshot's fresh
+        /// branch and with it the changes made since.
         #[arg(long)]
         force: bool,
         #[arg(long)]

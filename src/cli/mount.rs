@@ -1566,6 +1566,19 @@ impl control::service::Host for MountHost {
         let _one = self.changes.lock();
         self.sandboxes.refuse_set_change()?;
         let position = self.branch_position(&vfs, branch)?;
+        // A snapshot's fresh branch holds every change made since: taken
+        // out, they all vanish from view with no word (undelete finds them).
+        let rows = self.branches()?;
+        if let Some(row) = rows.get(position as usize).filter(|_| !force) {
+            let path = Path::new(&row.path);
+            if crate::store::is_snapshot_branch(path) && holds_changes(path) {
+                return Err(control::service::Error::Usage(format!(
+                    "branch {position} ({}) holds every change made since the snapshot below it: \
+                     `chronofs snapmerge` folds them in; --force removes it, hiding them",
+                    row.path
+                )));
+            }
+        }
         let t0 = std::time::Instant::now();
         let change = vfs.remove_branch(position, force, &self.recorder())?;
         record_new_view(&vfs);
@@ -1589,6 +1602,17 @@ impl control::service::Host for MountHost {
             errors: p.errors.load(Relaxed),
         })
     }
+}
+
+/// Whether branch directory `dir` holds any entry of the union (not only
+/// chronofs's own: the link index).
+fn holds_changes(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map_or(true, |entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            name.as_encoded_bytes() != crate::union::index::INDEX_DIR.as_bytes()
+        })
+    })
 }
 
 /// After a branch set change the union shows objects history has no
