@@ -1846,3 +1846,43 @@ fn status_finds_a_clone_made_after_a_snapshot() {
         "{listing}"
     );
 }
+
+/// A clone of a sparse file, written half over, gets the rest of its
+/// bytes in the background with the base's holes kept as holes (they were
+/// written out as zeros: 8 MiB on disk for 4 KiB of data).
+#[test]
+fn a_materialised_clone_keeps_its_bases_holes() {
+    if no_patched_files() {
+        return;
+    }
+    const LEN: u64 = 8 << 20;
+    let m = Mount::new_with("", |src| {
+        let f = fs::File::create(src.join("sparse")).unwrap();
+        f.set_len(LEN).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"data far in", 6 << 20).unwrap();
+    });
+    succeeded(clone(&m.p("sparse"), &m.p("c")));
+    // Over half of it written: the close starts copying in the rest.
+    let half = pattern((LEN / 2 + 8192) as usize, 3);
+    write_at(&m.p("c"), 0, &half);
+    let t0 = std::time::Instant::now();
+    while get_xattr(&m.src.join("c"), "trusted.overlay.chronofs.clone").is_ok() {
+        assert!(t0.elapsed().as_secs() < 60, "c still shares its base");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut want = vec![0u8; LEN as usize];
+    want[..half.len()].copy_from_slice(&half);
+    want[6 << 20..(6 << 20) + 11].copy_from_slice(b"data far in");
+    assert!(
+        fs::read(m.p("c")).unwrap() == want,
+        "not the bytes it showed"
+    );
+    let on_disk = backing_blocks(&m, "c") * 512;
+    assert!(
+        on_disk <= half.len() as u64 + (256 << 10),
+        "{} KiB on disk for {} KiB of data",
+        on_disk >> 10,
+        half.len() >> 10
+    );
+}
