@@ -196,6 +196,14 @@ fn a_branch_with_files_open_for_writing_turns_read_only_only_with_force() {
             // Not revocable: still refused, and says why.
             assert!(!forced.status.success(), "mode {mode:?}");
             assert!(stderr(&forced).contains(kernel), "{}", stderr(&forced));
+            if kernel == "passthrough" {
+                assert!(
+                    stderr(&forced).contains("(for reading too)")
+                        && stderr(&forced).contains("not even with --force"),
+                    "{}",
+                    stderr(&forced)
+                );
+            }
             drop(open);
             branch_ok(&m, &["mode", "0", "ro"]);
         } else {

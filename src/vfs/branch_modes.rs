@@ -214,8 +214,10 @@ impl Vfs {
         } = self.open_in(b, change);
         if pinned > 0 {
             return Err(VfsError::BranchBusy(format!(
-                "{pinned} open file(s) of branch {position} use kernel passthrough, which the \
-                 daemon cannot revoke: close them first (or mount with -o passthrough=off)"
+                "{pinned} file(s) of branch {position} are open (for reading too) with kernel \
+                 passthrough, which the daemon cannot revoke, not even with --force: a write \
+                 through the file would reach this branch; close them first (or mount with -o \
+                 passthrough=off)"
             )));
         }
         if cached_writers > 0 {
