@@ -400,29 +400,27 @@ impl UnionSpec {
             self.branches.iter().map(|b| ancestry(&b.path)).collect();
         for (j, b) in self.branches.iter().enumerate() {
             for (i, a) in self.branches[..j].iter().enumerate() {
-                if a.dev_ino() == b.dev_ino() {
-                    return Err(SpecError::Repeated {
-                        index: j + 1,
-                        path: show_path(&b.path),
+                let (index, path) = (j + 1, show_path(&b.path));
+                return Err(match overlap(&b.path, &a.path) {
+                    None => continue,
+                    Some(Overlap::Same) => SpecError::Repeated {
+                        index,
+                        path,
                         first: i + 1,
-                    });
-                }
-                if ancestries[j][1..].contains(&a.dev_ino()) {
-                    return Err(SpecError::Inside {
-                        index: j + 1,
-                        path: show_path(&b.path),
+                    },
+                    Some(Overlap::Inside) => SpecError::Inside {
+                        index,
+                        path,
                         outer: i + 1,
                         outer_path: show_path(&a.path),
-                    });
-                }
-                if ancestries[i][1..].contains(&b.dev_ino()) {
-                    return Err(SpecError::Contains {
-                        index: j + 1,
-                        path: show_path(&b.path),
+                    },
+                    Some(Overlap::Contains) => SpecError::Contains {
+                        index,
+                        path,
                         inner: i + 1,
                         inner_path: show_path(&a.path),
-                    });
-                }
+                    },
+                });
             }
         }
         let shown = show_path(mnt);

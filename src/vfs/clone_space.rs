@@ -35,8 +35,8 @@ pub struct CloneSpace {
 type Seen = HashSet<(u64, u64)>;
 
 impl Vfs {
-    /// The space of the clone at `path` (from the mount root, in the
-    /// root's branch).
+    /// The space of the clone at mount path `path` (components from the
+    /// mount's root).
     pub fn clone_space(&self, path: &[Vec<u8>]) -> Result<CloneSpace> {
         // Looked up as the mount shows it: in a union the clone lies in
         // whichever branch took it (after a snapshot, the fresh one; the
