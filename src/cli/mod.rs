@@ -86,7 +86,8 @@ enum Command {
         #[arg(long, value_name = "FD")]
         ready_fd: Option<i32>,
     },
-    /// Unmount a chronofs mount.
+    /// Unmount a chronofs mount; returns once its daemon has recorded the
+    /// last changes and exited.
     Umount {
         mnt: PathBuf,
         /// Detach now even if busy; clean up when no longer in use.

@@ -1837,9 +1837,54 @@ pub fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
         ),
         Some(_) => {}
     }
+    // Held across the unmount: the daemon closes it only as it exits.
+    let daemon = (!lazy).then(|| daemon_connection(&abs)).flatten();
     let c = sys::cstr(mnt.as_os_str())?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
-    explain_unmount(mnt, sys::umount2(&c, flags))
+    explain_unmount(mnt, sys::umount2(&c, flags))?;
+    if let Some(conn) = daemon {
+        await_daemon_exit(conn, mnt);
+    }
+    Ok(())
+}
+
+/// A connection to the control socket of the daemon serving `mnt`, if
+/// it can be reached.
+fn daemon_connection(mnt: &Path) -> Option<std::os::unix::net::UnixStream> {
+    let entry = control::mount_of(mnt).filter(|m| m.mount_point == mnt)?;
+    let socket = control::socket_of(&entry, sys::geteuid())?;
+    std::os::unix::net::UnixStream::connect(socket).ok()
+}
+
+/// Returns once the daemon has exited (its end of `conn` closed): after
+/// an unmount it still writes down the history of the last changes and
+/// releases the branches and the store, and a script that remounts,
+/// checks or copies them next must find that done, as after `umount` of
+/// a disk. Says so when that takes a while.
+fn await_daemon_exit(mut conn: std::os::unix::net::UnixStream, mnt: &Path) {
+    const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
+    let mut byte = [0u8; 1];
+    let _ = conn.set_read_timeout(Some(QUIET));
+    loop {
+        match conn.read(&mut byte) {
+            Ok(0) => return,
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                eprintln!(
+                    "chronofs: unmounted {}; waiting for its daemon to finish recording history",
+                    mnt.display()
+                );
+                let _ = conn.set_read_timeout(None);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        }
+    }
 }
 
 /// An unmount's outcome, with a message a user can act on.
