@@ -901,6 +901,70 @@ fn hard_links_inside_a_clone_in_a_union_stay_one_file() {
     hard_links_stay_one_file(Mount::union("", 1, |b| linked_tree(&b[1])));
 }
 
+/// Symlinks, FIFOs, devices and sockets with several names stay one
+/// object in a clone too (each name became an object of its own), in a
+/// plain mount and in a union.
+#[test]
+fn hard_links_of_every_kind_stay_one_object_in_a_clone() {
+    every_kind_stays_linked(Mount::new_with("", linked_specials));
+    every_kind_stays_linked(Mount::union("", 1, |b| linked_specials(&b[1])));
+}
+
+const SPECIALS: [(&str, u32); 4] = [
+    ("fifo", libc::S_IFIFO),
+    ("dev", libc::S_IFCHR),
+    ("sock", libc::S_IFSOCK),
+    ("link", libc::S_IFLNK),
+];
+
+fn linked_specials(src: &Path) {
+    let t = src.join("t");
+    fs::create_dir_all(t.join("sub")).unwrap();
+    for (name, kind) in SPECIALS {
+        let p = t.join(name);
+        if kind == libc::S_IFLNK {
+            std::os::unix::fs::symlink("target", &p).unwrap();
+        } else {
+            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+            let dev = if kind == libc::S_IFCHR {
+                libc::makedev(1, 3)
+            } else {
+                0
+            };
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(
+                unsafe { libc::mknod(c.as_ptr(), kind | 0o644, dev) },
+                0,
+                "{name}"
+            );
+        }
+        fs::hard_link(&p, t.join("sub").join(name)).unwrap();
+    }
+}
+
+fn every_kind_stays_linked(m: Mount) {
+    let lstat = |p: &str| fs::symlink_metadata(m.p(p)).unwrap();
+    succeeded(chronofs(&["ingest".as_ref(), m.mnt.as_os_str()]));
+    succeeded(clone(&m.p("t"), &m.p("c")));
+    for (name, kind) in SPECIALS {
+        let (a, b) = (lstat(&format!("c/{name}")), lstat(&format!("c/sub/{name}")));
+        assert_eq!(a.mode() & libc::S_IFMT, kind, "{name}");
+        assert_eq!((a.ino(), a.nlink()), (b.ino(), 2), "{name}: two objects");
+        assert_ne!(a.ino(), lstat(&format!("t/{name}")).ino(), "{name}");
+        fs::remove_file(m.p(&format!("c/{name}"))).unwrap();
+        assert_eq!(lstat(&format!("c/sub/{name}")).nlink(), 1, "{name}");
+        assert_eq!(
+            lstat(&format!("t/{name}")).nlink(),
+            2,
+            "{name}: the source changed"
+        );
+    }
+    assert_eq!(
+        fs::read_link(m.p("c/sub/link")).unwrap(),
+        Path::new("target")
+    );
+}
+
 fn linked_tree(src: &Path) {
     let t = src.join("t");
     fs::create_dir_all(t.join("sub/deeper")).unwrap();

@@ -534,7 +534,7 @@ impl Vfs {
         published
     }
 
-    /// Where `base` is a regular file with several names, the index entry
+    /// Where `base` is a non-directory with several names, the index entry
     /// every name of it in this clone links to (so that they stay one
     /// file), and the link count the clone shows for it: its names inside
     /// the clone's source then (all of them, where history does not know
@@ -560,7 +560,9 @@ impl Vfs {
                 (obj, st.st_mode, shown.unwrap_or(st.st_nlink as u32))
             }
         };
-        if mode & libc::S_IFMT != libc::S_IFREG || nlink < 2 {
+        // Symlinks, devices and FIFOs too, where their index xattrs can
+        // be set (`trusted.`): else each name becomes an object of its own.
+        if !super::union_links::indexable_kind(mode, self.clone_ns()) || nlink < 2 {
             return Ok(None);
         }
         let source = &mark.path[..usize::from(mark.depth)];

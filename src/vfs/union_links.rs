@@ -19,18 +19,17 @@ use crate::sys;
 use crate::union::format::XattrNs;
 use crate::union::{copyup, index};
 
-/// A clone's file whose count its index keeps: a regular file with more
-/// than one name (a clone links only regular files through its index).
-fn is_linked_file(st: &Stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_nlink > 1
-}
-
 /// Whether an object of this kind can be an index entry of a union whose
 /// marks are in `ns`: any non-directory when they are `trusted.`
 /// (the entry's xattrs go on symlinks and devices as well), only regular
 /// files under `user.`, which Linux refuses on other kinds.
 pub(super) fn indexable(st: &Stat, ns: XattrNs) -> bool {
-    match st.st_mode & libc::S_IFMT {
+    indexable_kind(st.st_mode, ns)
+}
+
+/// [`indexable`] for an object of mode `mode`.
+pub(super) fn indexable_kind(mode: u32, ns: XattrNs) -> bool {
+    match mode & libc::S_IFMT {
         libc::S_IFDIR => false,
         libc::S_IFREG => true,
         _ => ns == XattrNs::Trusted,
@@ -239,7 +238,7 @@ impl Vfs {
             }
         } else if let Some(n) = inode.union_nlink() {
             st.st_nlink = n.into();
-        } else if !union && is_linked_file(&st) && !inode.known_unindexed() {
+        } else if !union && is_linked(&st, self.clone_ns()) && !inode.known_unindexed() {
             match self.clone_links(&inode) {
                 Some(n) => st.st_nlink = n.into(),
                 None => inode.set_unindexed(),
