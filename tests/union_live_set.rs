@@ -873,6 +873,39 @@ fn history_now_drops_what_a_removed_branch_showed() {
     assert_eq!(names_now(&m), ["a", "x"], "g and nd are gone");
 }
 
+/// A file hidden by an added branch and shown again when it goes: its
+/// newest version (`f;0`, the last row of `log`) is what it shows, not
+/// the removed branch's copy.
+#[test]
+fn a_file_shown_again_by_a_branch_removal_is_its_newest_version() {
+    let m = Mount::union("", 1, |b| write_file(&b[1].join("f"), b"base\n"));
+    write_file(&m.p("f"), b"changed\n");
+    let extra = extra_dir(&m, "extra", &[("f", b"extra\n")]);
+    branch_ok(&m, &["add", extra.to_str().unwrap(), "--mode", "ro"]);
+    assert_eq!(read_file(&m.p("f")), b"extra\n");
+    assert_eq!(read_file(&m.p("f;0")), b"extra\n");
+    branch_ok(&m, &["remove", extra.to_str().unwrap()]);
+    assert_eq!(read_file(&m.p("f")), b"changed\n");
+    assert_eq!(read_file(&m.p("f;0")), b"changed\n");
+    assert_eq!(read_file(&m.p("f;-1")), b"extra\n");
+    let out = chronofs_in(m.root(), &["log", m.p("f").to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = log["versions"].as_array().unwrap();
+    let numbers: Vec<_> = rows.iter().map(|r| r["n"].as_u64().unwrap()).collect();
+    assert_eq!(
+        numbers,
+        (1..=rows.len() as u64).collect::<Vec<_>>(),
+        "{log}"
+    );
+    let last = rows.last().unwrap();
+    assert_eq!(last["size"], 8, "{log}");
+    assert_eq!(
+        read_file(&m.p(&format!("f;{}", numbers.len()))),
+        b"changed\n"
+    );
+}
+
 #[test]
 fn files_copied_up_into_a_removed_branch_show_their_lower_copy_again() {
     for mode in union_modes() {

@@ -732,10 +732,11 @@ impl Service {
         }
         // Numbers count every version, whatever the range shown.
         let all = past.path_versions(&incarnations, None, None)?;
-        let number: HashMap<(ObjectId, Seq), usize> = all
+        // An object back at the path unchanged lists a version again.
+        let number: HashMap<(ObjectId, Seq, usize), usize> = all
             .iter()
             .enumerate()
-            .map(|(i, r)| ((r.0, r.1), i + 1))
+            .map(|(i, r)| ((r.0, r.1, r.3), i + 1))
             .collect();
         let mut rows = Vec::with_capacity(all.len());
         for r in all {
@@ -750,7 +751,7 @@ impl Service {
         let mut out = Vec::with_capacity(rows.len());
         for (obj, s, v, inc) in &rows {
             let mut row = version_row(*obj, *s, v);
-            row.n = number.get(&(*obj, *s)).copied();
+            row.n = number.get(&(*obj, *s, *inc)).copied();
             row.incarnation = Some(inc + 1);
             row.path = Some(shown.clone());
             row.path_raw = shown_raw.clone();

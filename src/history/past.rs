@@ -540,7 +540,9 @@ impl Past<'_> {
     /// `git log --follow` does. An object that comes back to the path
     /// brings only what it did since its previous incarnation here ended,
     /// so each version is listed once and numbers already shown never
-    /// change.
+    /// change; one that comes back unchanged (a union branch that hid it
+    /// was removed) lists again the version it shows, which is then the
+    /// path's newest.
     pub fn path_versions(
         &self,
         incarnations: &[Incarnation],
@@ -549,18 +551,25 @@ impl Past<'_> {
     ) -> Result<Vec<PathVersion>> {
         let mut rows = Vec::new();
         let mut shown: HashMap<ObjectId, Seq> = HashMap::new();
-        for (i, &(obj, _, to)) in incarnations.iter().enumerate() {
+        let outside = |s: Seq| since.is_some_and(|a| s < a) || until.is_some_and(|b| s > b);
+        for (i, &(obj, from, to)) in incarnations.iter().enumerate() {
             let hi = to.unwrap_or(Seq::MAX);
             let lo = shown.get(&obj).map_or(Seq::ZERO, |s| s.next());
             if lo > hi {
                 continue;
             }
-            for (s, v) in self.history.versions(obj, lo, hi)? {
-                if since.is_some_and(|a| s < a) || until.is_some_and(|b| s > b) {
-                    continue;
+            let mut versions = self.history.versions(obj, lo, hi)?;
+            let unchanged_since = versions.first().is_none_or(|(s, _)| *s > from);
+            if shown.contains_key(&obj) && unchanged_since && !outside(from) {
+                // Back with no change of its own (a union branch that hid
+                // it went): the version it comes back with is what the path
+                // shows again, and must be the newest if nothing follows.
+                if let Some((s, v)) = self.history.object_at(obj, from)? {
+                    rows.push((obj, s, v, i));
                 }
-                rows.push((obj, s, v, i));
             }
+            versions.retain(|(s, _)| !outside(*s));
+            rows.extend(versions.into_iter().map(|(s, v)| (obj, s, v, i)));
             shown.insert(obj, hi);
         }
         // Incarnation by incarnation, so the numbers of versions already
