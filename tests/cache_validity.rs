@@ -215,3 +215,34 @@ fn the_mount_reads_ahead_a_mebibyte() {
     let kb = fs::read_to_string(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb")).unwrap();
     assert_eq!(kb.trim(), "1024");
 }
+
+/// With the writeback cache (`passthrough=off`) the kernel keeps a
+/// written file's mtime; the backing file, which history records and a
+/// remount shows, must hold the same one. (The daemon's write moved it
+/// to the daemon's clock whenever the kernel's coarse clock had not
+/// ticked since the create, so the kernel sent no time of its own:
+/// `restore` then took unchanged files for changed.)
+#[test]
+fn with_the_writeback_cache_the_backing_file_keeps_the_mtime_the_mount_shows() {
+    for mode in ["passthrough=off", "passthrough=off,plain"] {
+        let m = Mount::new(mode);
+        let mut differ = Vec::new();
+        for i in 0..300 {
+            let p = m.p(&format!("f{i}"));
+            fs::write(&p, b"kept\n").unwrap();
+            let shown = fs::metadata(&p).unwrap().mtime_nsec();
+            // Read back at once: ext4 hands out a finer time after that.
+            let backing = fs::metadata(m.src.join(format!("f{i}"))).unwrap();
+            let shown_s = fs::metadata(&p).unwrap().mtime();
+            if (shown_s, shown) != (backing.mtime(), backing.mtime_nsec()) {
+                differ.push((i, shown, backing.mtime_nsec()));
+            }
+        }
+        assert!(
+            differ.is_empty(),
+            "mode {mode}: {} differ: {:?}",
+            differ.len(),
+            &differ[..differ.len().min(5)]
+        );
+    }
+}

@@ -214,6 +214,8 @@ impl Vfs {
         if set.atime.is_some() || set.mtime.is_some() {
             let atime = set.atime.unwrap_or(TimeSpec::Omit);
             let mtime = set.mtime.unwrap_or(TimeSpec::Omit);
+            // Not between a write's reading and putting back the mtime.
+            let _times = self.writeback().then(|| self.mtime_lock(ino).lock());
             match creds::as_caller(caller, || sys::utimens_fd(fd, atime, mtime)) {
                 // With the writeback cache the kernel keeps mtime itself and
                 // turns touch(1)'s "now" into an explicit time, which only the

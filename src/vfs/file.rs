@@ -221,6 +221,7 @@ impl Vfs {
             base,
             patched: parking_lot::Mutex::new(patched.clone()),
             executes: flags & FMODE_EXEC != 0,
+            per_write: every_write,
             followed: parking_lot::Mutex::new(None),
         });
         Ok(Opened {
@@ -554,6 +555,7 @@ impl Vfs {
             base: None,
             patched: parking_lot::Mutex::new(None),
             executes: false,
+            per_write: every_write,
             followed: parking_lot::Mutex::new(None),
         });
         let entry = Entry {
@@ -674,7 +676,11 @@ impl Vfs {
         self.handle_source(fh).check_writable()?;
         let handle = self.handles.get(fh)?;
         let Handle::File {
-            ino, fd, opener, ..
+            ino,
+            fd,
+            opener,
+            per_write,
+            ..
         } = &*handle
         else {
             return Err(errno(libc::EISDIR));
@@ -684,10 +690,14 @@ impl Vfs {
         } else {
             opener
         };
-        let n = match self.patched_handle(fh)? {
-            Some(p) => p.write(who, offset, data)?,
-            None => creds::as_caller(who, || sys::pwrite(fd.as_fd(), data, offset))?,
-        };
+        let patched = self.patched_handle(fh)?;
+        let keep = self.writeback() && !per_write;
+        let n = self.keeping_kernel_mtime(keep, *ino, fd.as_fd(), || match &patched {
+            Some(p) => p.write(who, offset, data),
+            None => Ok(creds::as_caller(who, || {
+                sys::pwrite(fd.as_fd(), data, offset)
+            })?),
+        })?;
         // After the write: a version built meanwhile either saw these bytes
         // or finds the range in the next set.
         if self.wrote_range(*ino, offset, n as u64) {
@@ -695,6 +705,36 @@ impl Vfs {
                 c.wrote(ino.object())?;
             }
         }
+        Ok(n)
+    }
+
+    /// With the writeback cache the kernel keeps a written file's mtime
+    /// itself, and sends it (a setattr) only when its own clock moved it:
+    /// the write reaching the backing file must not move the backing
+    /// file's, or it would differ from what the kernel shows by the time
+    /// between the two clocks' ticks, for history and after a remount.
+    /// Runs `write` keeping the backing file's mtime, under the lock a
+    /// setattr of times takes.
+    /// (Not for a handle whose writes the kernel sends uncached: it does
+    /// not move its own mtime for those.)
+    fn keeping_kernel_mtime(
+        &self,
+        keep: bool,
+        ino: InodeNo,
+        fd: std::os::fd::BorrowedFd<'_>,
+        write: impl FnOnce() -> Result<usize>,
+    ) -> Result<usize> {
+        if !keep {
+            return write();
+        }
+        let _times = self.mtime_lock(ino).lock();
+        let before = sys::fstat(fd)?;
+        let n = write()?;
+        let mtime = sys::TimeSpec::At {
+            secs: before.st_mtime,
+            nsecs: before.st_mtime_nsec,
+        };
+        sys::utimens_fd(fd, sys::TimeSpec::Omit, mtime)?;
         Ok(n)
     }
 

@@ -1150,6 +1150,9 @@ pub enum Handle {
         patched: Mutex<Option<std::sync::Arc<super::clone_patch::Patched>>>,
         /// Opened by execve(2): the program runs while it is open.
         executes: bool,
+        /// Each write is a version: without passthrough the kernel sends
+        /// them uncached (DIRECT_IO) and, then, keeps no mtime of its own.
+        per_write: bool,
         /// A reader whose object was copied up to another branch since it
         /// opened reads the copy, opened once (`Vfs::followed`): the id of
         /// that branch and the descriptor.
@@ -1571,6 +1574,7 @@ mod tests {
             branch: 0,
             base: None,
             executes: false,
+            per_write: false,
             followed: Mutex::new(None),
         }
     }

@@ -244,6 +244,10 @@ pub struct Vfs {
     /// connection is negotiated): then O_WRONLY opens must be readable (the
     /// kernel reads partial pages) and O_APPEND is handled by the kernel.
     writeback: AtomicBool,
+    /// With the writeback cache: held across a write that keeps its
+    /// file's mtime and across a setattr of times (`file.rs`,
+    /// `Vfs::keeping_kernel_mtime`), by inode number modulo their count.
+    mtime_locks: [parking_lot::Mutex<()>; 16],
     /// The kernel connection uses passthrough: handles the vfs allows it
     /// (`Opened::passthrough_ok`) then do their I/O in the kernel.
     passthrough: AtomicBool,
@@ -324,6 +328,7 @@ impl Vfs {
             handles: HandleTable::default(),
             cfg,
             writeback: AtomicBool::new(false),
+            mtime_locks: Default::default(),
             passthrough: AtomicBool::new(false),
             io_modes: parking_lot::Mutex::new(std::collections::HashMap::new()),
             io_released: parking_lot::Condvar::new(),
@@ -434,6 +439,11 @@ impl Vfs {
         } else {
             entry_ttl
         }
+    }
+
+    /// The lock [`Vfs::mtime_locks`] holds for `ino`.
+    fn mtime_lock(&self, ino: InodeNo) -> &parking_lot::Mutex<()> {
+        &self.mtime_locks[(ino.0 % self.mtime_locks.len() as u64) as usize]
     }
 
     pub fn writeback(&self) -> bool {
