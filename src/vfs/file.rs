@@ -174,9 +174,10 @@ impl Vfs {
         // The policy may want each write to be a version: the daemon must
         // then see the writes.
         let every_write = versioned && self.every_write(caller, ino, fd.as_fd());
-        let set_id = sys::fstat(fd.as_fd()).is_ok_and(|st| is_set_id(&st));
+        let st = sys::fstat(fd.as_fd())?;
+        let set_id = is_set_id(&st);
         if set_id {
-            self.await_passthrough_release(ino, caller.uid == 0 && writes(flags));
+            self.await_passthrough_release(ino, caller, flags, &st);
         }
         let passthrough = self.claim_io(
             ino,
@@ -190,6 +191,7 @@ impl Vfs {
                     super::WritePath::Passthrough => true,
                     super::WritePath::Daemon => false,
                 },
+            caller,
         );
         let daemon_path = !passthrough || self.writeback();
         if daemon_path && flags & libc::O_DIRECT != 0 {
@@ -277,11 +279,17 @@ impl Vfs {
 
     /// Joins the I/O mode of `ino`'s open handles, or sets it if there
     /// are none; returns whether this handle may use passthrough.
-    fn claim_io(&self, ino: InodeNo, want_passthrough: bool) -> bool {
+    /// `opener` registers the backing when it is the first (the kernel
+    /// then does every handle's I/O with its credentials).
+    fn claim_io(&self, ino: InodeNo, want_passthrough: bool, opener: &Caller) -> bool {
         let mut modes = self.io_modes.lock();
-        let mode = modes.entry(ino).or_insert((want_passthrough, 0));
-        mode.1 += 1;
-        mode.0
+        let family = modes.entry(ino).or_insert(IoFamily {
+            passthrough: want_passthrough,
+            handles: 0,
+            registrar: *opener,
+        });
+        family.handles += 1;
+        family.passthrough
     }
 
     /// Whether `ino`'s open handles may use kernel passthrough (the
@@ -289,14 +297,18 @@ impl Vfs {
     /// using it).
     pub(super) fn uses_passthrough(&self, ino: InodeNo) -> bool {
         self.passthrough.load(std::sync::atomic::Ordering::Relaxed)
-            && self.io_modes.lock().get(&ino).is_some_and(|m| m.0)
+            && self
+                .io_modes
+                .lock()
+                .get(&ino)
+                .is_some_and(|m| m.passthrough)
     }
 
     pub(super) fn release_io(&self, ino: InodeNo) {
         let mut modes = self.io_modes.lock();
-        if let Some(mode) = modes.get_mut(&ino) {
-            mode.1 -= 1;
-            if mode.1 == 0 {
+        if let Some(family) = modes.get_mut(&ino) {
+            family.handles -= 1;
+            if family.handles == 0 {
                 modes.remove(&ino);
                 self.io_released.notify_all();
             }
@@ -306,21 +318,31 @@ impl Vfs {
     /// Before a set-ID file's handle claims its io mode: a handle with
     /// kernel passthrough still counted is usually a file closed just
     /// before, whose release the kernel sends after close returns (a
-    /// create as root, then chmod to set-ID). Sharing its backing file,
-    /// which carries its opener's credentials, a write by another user
-    /// kept the set-ID bits. Waited for briefly; one really held open
-    /// still decides, as before. Root keeps the bits natively but loses
-    /// them through the shared backing (registered without CAP_FSETID):
-    /// its open for writing waits up to a second, since 100 ms ran out on a loaded
-    /// CI machine. Only a set-ID file held open elsewhere pays the wait.
-    fn await_passthrough_release(&self, ino: InodeNo, privileged: bool) {
-        let wait = match privileged {
-            true => std::time::Duration::from_secs(1),
-            false => std::time::Duration::from_millis(100),
+    /// create as root, then chmod to set-ID). Its backing file carries its
+    /// registrar's credentials, without CAP_FSETID, and a write through it
+    /// clears set-ID bits by those. An open for writing whose writes would
+    /// clear other bits than natively (`clears_otherwise`) waits for that
+    /// release as long as history waits for one: 100 ms ran out on a
+    /// loaded CI machine, and a member's append to a set-group-ID file
+    /// through root's backing lost the bit. Others do not wait (the bits
+    /// come out the same), but a read waits 100 ms, so as not to keep the
+    /// backing alive for the writers after it. One really held open still
+    /// decides after that, as before: only a set-ID file held open
+    /// elsewhere pays the wait.
+    fn await_passthrough_release(&self, ino: InodeNo, opener: &Caller, flags: i32, st: &sys::Stat) {
+        let mut modes = self.io_modes.lock();
+        let wait = match modes.get(&ino) {
+            Some(family) if family.passthrough => match writes(flags) {
+                false => std::time::Duration::from_millis(100),
+                true if clears_otherwise(opener, &family.registrar, st) => {
+                    std::time::Duration::from_secs(2)
+                }
+                true => return,
+            },
+            _ => return,
         };
         let deadline = std::time::Instant::now() + wait;
-        let mut modes = self.io_modes.lock();
-        while modes.get(&ino).is_some_and(|m| m.0) {
+        while modes.get(&ino).is_some_and(|m| m.passthrough) {
             if self
                 .io_released
                 .wait_until(&mut modes, deadline)
@@ -541,6 +563,7 @@ impl Vfs {
         let passthrough = self.claim_io(
             inode.ino,
             !every_write && self.cfg.write_path != super::WritePath::Daemon && !is_set_id(&st),
+            caller,
         );
         if !passthrough || self.writeback() {
             sys::drop_o_direct(fd.as_fd())?;
@@ -941,4 +964,33 @@ const FMODE_EXEC: i32 = 0x20;
 /// asks.
 fn is_set_id(st: &sys::Stat) -> bool {
     st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+}
+
+/// The open handles of one inode: the kernel refuses to mix passthrough
+/// and cached opens of an inode, so the first open chooses for all.
+pub(super) struct IoFamily {
+    pub(super) passthrough: bool,
+    pub(super) handles: u32,
+    /// The first opener, whose credentials a passthrough backing carries.
+    registrar: Caller,
+}
+
+/// Whether `opener`'s writes to a file of `st` through a backing that
+/// `registrar` registered (its credentials less CAP_FSETID, no
+/// supplementary groups) clear other set-ID bits than its own writes do
+/// natively. Root keeps the bits natively; any other writer clears
+/// set-user-ID and a group-executable set-group-ID either way, and a
+/// set-group-ID bit without group execute (which grants nothing) unless it
+/// is a member of the file's group.
+fn clears_otherwise(opener: &Caller, registrar: &Caller, st: &sys::Stat) -> bool {
+    if opener.uid == 0 {
+        return true;
+    }
+    if st.st_mode & (libc::S_ISGID | libc::S_IXGRP) != libc::S_ISGID {
+        return false;
+    }
+    let member = opener.gid == st.st_gid
+        || (opener.pid != 0
+            && creds::supplementary_groups(opener.pid).is_ok_and(|g| g.contains(&st.st_gid)));
+    member != (registrar.gid == st.st_gid)
 }

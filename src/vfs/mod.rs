@@ -257,7 +257,7 @@ pub struct Vfs {
     /// Per inode with open file handles: whether they use passthrough, and
     /// how many there are. The kernel refuses to mix passthrough and cached
     /// opens of one inode, so the first open chooses for all.
-    io_modes: parking_lot::Mutex<std::collections::HashMap<InodeNo, (bool, u32)>>,
+    io_modes: parking_lot::Mutex<std::collections::HashMap<InodeNo, file::IoFamily>>,
     /// Told at each release of a handle counted in `io_modes`.
     io_released: parking_lot::Condvar,
     /// Nodes and handles of the time-travel views.
