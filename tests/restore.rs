@@ -387,6 +387,68 @@ fn undelete_of_a_tree_first_seen_by_its_removal_brings_back_everything() {
     assert_eq!(read_file(&m.p("tree/sub/leaf")), b"leaf");
 }
 
+/// `undelete dir/sub/f` after `rm -rf dir`: f comes back with the
+/// directories on its way as they were then (mode, xattrs, mtime), holding
+/// only f; a sibling undeleted next joins it. A path the tree did not hold
+/// is refused with nothing made. (It said "/dir/sub did not exist".)
+#[test]
+fn undelete_of_a_file_in_a_removed_tree_brings_back_its_directories() {
+    use std::os::unix::fs::MetadataExt;
+    each_versioning_mode(|m| {
+        fs::create_dir_all(m.p("dir/sub")).unwrap();
+        write_file(&m.p("dir/sub/f"), b"f");
+        write_file(&m.p("dir/sub/g"), b"g");
+        write_file(&m.p("dir/h"), b"h");
+        fs::set_permissions(m.p("dir"), fs::Permissions::from_mode(0o750)).unwrap();
+        set_xattr(&m.p("dir"), "user.k", b"v", 0).unwrap();
+        let old = |p: &Path| {
+            let t = filetime_secs(p, 1_500_000_000);
+            assert_eq!(fs::metadata(p).unwrap().mtime(), t);
+        };
+        old(&m.p("dir/sub"));
+        old(&m.p("dir"));
+        fs::remove_dir_all(m.p("dir")).unwrap();
+
+        let nope = chrono_as(m, None, &["undelete", "dir/sub/nope"]);
+        assert!(!nope.status.success());
+        assert!(!m.p("dir").exists(), "a refused undelete made dir");
+
+        chrono_ok(m, &["undelete", "dir/sub/f"]);
+        assert_eq!(read_file(&m.p("dir/sub/f")), b"f");
+        let names = |d: &str| {
+            let mut v: Vec<_> = fs::read_dir(m.p(d))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names("dir"), ["sub"]);
+        assert_eq!(names("dir/sub"), ["f"]);
+        let dir = fs::metadata(m.p("dir")).unwrap();
+        assert_eq!(dir.mode() & 0o7777, 0o750);
+        assert_eq!(dir.mtime(), 1_500_000_000);
+        assert_eq!(fs::metadata(m.p("dir/sub")).unwrap().mtime(), 1_500_000_000);
+        assert_eq!(get_xattr(&m.p("dir"), "user.k").unwrap(), b"v");
+
+        chrono_ok(m, &["undelete", "dir/sub/g"]);
+        assert_eq!(read_file(&m.p("dir/sub/g")), b"g");
+        chrono_ok(m, &["undelete", "dir/h"]);
+        assert_eq!(read_file(&m.p("dir/h")), b"h");
+        no_staging_left(&m.mnt);
+    });
+}
+
+/// Sets `p`'s atime and mtime to `secs`; returns them.
+fn filetime_secs(p: &Path, secs: i64) -> i64 {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64);
+    fs::File::open(p)
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_accessed(t).set_modified(t))
+        .unwrap();
+    secs
+}
+
 /// What a restore cut short by a crash or a power cut leaves (its staging
 /// tree, under a pid no process has) goes with the next restore there; a
 /// live run's stays.

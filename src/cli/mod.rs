@@ -15,6 +15,7 @@ mod restore;
 mod sandbox;
 mod sandbox_host;
 mod template;
+mod undelete;
 mod union_fsck;
 
 use std::ffi::OsString;
@@ -158,6 +159,10 @@ enum Command {
         common: Common,
     },
     /// Bring back a deleted file or tree as it was just before its deletion.
+    ///
+    /// PATH may lie in a directory deleted with it (`rm -rf dir`, then
+    /// `undelete dir/sub/f`): without --to, the directories on its way
+    /// come back too, as they were then, holding only PATH.
     Undelete {
         path: PathBuf,
         #[arg(long, value_name = "DEST")]
@@ -890,19 +895,7 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             restore::run(&t, restore::Verb::Revert, &at, &dest, common.json)
         }
         Command::Undelete { path, to, common } => {
-            let t = tgt(&path, &common)?;
-            let at = restore::before_deletion(&t)?;
-            let dest = match to {
-                Some(d) => h::absolutize(&d)?,
-                None => t.abs.clone(),
-            };
-            if to_exists(&dest) {
-                anyhow::bail!(
-                    "{} exists; use --to DEST to undelete elsewhere",
-                    dest.display()
-                );
-            }
-            restore::run(&t, restore::Verb::Undelete, &at, &dest, common.json)
+            undelete::run(&tgt(&path, &common)?, to, common.json)
         }
         Command::Clone {
             src,

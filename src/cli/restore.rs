@@ -40,17 +40,23 @@ impl Verb {
 /// Runs one verb and reports it (one line, or the JSON documented in the
 /// README).
 pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Result<()> {
-    // Written without a mount, the source would change with nothing in
-    // history: the operation could not be undone.
-    if let Some(src) = t.unmounted_source().filter(|src| dest.starts_with(src)) {
-        bail!(
-            "{} is not mounted: mount it first, or restore --to a path outside it",
-            src.display()
-        );
-    }
+    refuse_unmounted(t, dest)?;
     // The instant as a sequence number, so the report says what was meant.
     let resolved = t.client().resolve(at)?;
     let n = restore(t, at, dest, verb == Verb::Revert)?;
+    report(t, verb, resolved, dest, n, json_out);
+    Ok(())
+}
+
+/// The line (or JSON object) saying what a tree operation did.
+pub(super) fn report(
+    t: &Target,
+    verb: Verb,
+    resolved: Instant,
+    dest: &Path,
+    n: u64,
+    json_out: bool,
+) {
     if json_out {
         let (path, path_raw) = split_bytes(t.abs.as_os_str().as_bytes());
         let (dest, dest_raw) = split_bytes(dest.as_os_str().as_bytes());
@@ -63,7 +69,7 @@ pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Resu
             at: resolved,
             objects: n,
         });
-        return Ok(());
+        return;
     }
     let what = match verb {
         Verb::Restore => "object(s) written",
@@ -79,6 +85,17 @@ pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Resu
         "{done} {} ({n} {what})",
         super::history::shown(&dest.display().to_string())
     );
+}
+
+/// Written without a mount, the source would change with nothing in
+/// history: the operation could not be undone.
+pub(super) fn refuse_unmounted(t: &Target, dest: &Path) -> Result<()> {
+    if let Some(src) = t.unmounted_source().filter(|src| dest.starts_with(src)) {
+        bail!(
+            "{} is not mounted: mount it first, or restore --to a path outside it",
+            src.display()
+        );
+    }
     Ok(())
 }
 
@@ -184,7 +201,7 @@ const NEW_DIR_MODE: u32 = 0o700;
 const NEW_FILE_MODE: u32 = 0o600;
 
 /// Attributes to give an object.
-struct Meta {
+pub(super) struct Meta {
     mode: u32,
     uid: u32,
     gid: u32,
@@ -194,7 +211,7 @@ struct Meta {
 }
 
 impl Meta {
-    fn of_node(node: &NodeInfo) -> Result<Meta> {
+    pub(super) fn of_node(node: &NodeInfo) -> Result<Meta> {
         let mut xattrs = Vec::new();
         for x in node.xattr_values.iter().flatten() {
             let name = crate::control::proto::bytes_or_text(&x.name, x.name_raw.as_deref());
@@ -255,7 +272,7 @@ fn timespec(ns: i64) -> sys::TimeSpec {
 /// set-ID bits, an access ACL sets the group bits, and every change but
 /// the times moves ctime only. Through the descriptor, so the object
 /// changed is the one made or checked, whatever became of its name.
-fn set_meta(
+pub(super) fn set_meta(
     fd: BorrowedFd<'_>,
     shown: &Path,
     m: &Meta,
@@ -1244,25 +1261,4 @@ impl Builder<'_> {
             self.is_root,
         )
     }
-}
-
-/// The instant just before `path`'s last deletion, from its parent's
-/// deleted list.
-pub fn before_deletion(t: &Target) -> Result<At> {
-    let Some((name, parent)) = t.path.split_last() else {
-        bail!("the mount root cannot be deleted");
-    };
-    let v = t.client().list(&parent.to_vec(), &At::Now, true)?;
-    let hit = v
-        .deleted
-        .iter()
-        .find(|e| e.name_bytes() == *name)
-        .ok_or_else(|| {
-            anyhow!(
-                "{} is not a deleted entry of its directory (see `chronofs ls --deleted`)",
-                t.abs.display()
-            )
-        })?;
-    // The instant before the removal (of a tree: before `rm -rf` began).
-    Ok(At::Seq(hit.restore_seq))
 }

@@ -145,7 +145,18 @@ impl Client<'_> {
         self.ask(Request::Tree {
             path: path.clone(),
             at: at.clone(),
+            shallow: false,
         })
+    }
+
+    /// [`Client::tree`] of PATH alone: its attributes and xattr values.
+    pub fn node(&self, path: &Components, at: &At) -> Result<NodeInfo> {
+        let reply: TreeReply = self.ask(Request::Tree {
+            path: path.clone(),
+            at: at.clone(),
+            shallow: true,
+        })?;
+        Ok(reply.root)
     }
 
     /// A file's content (or a symlink's target) into `data`; the reply

@@ -56,6 +56,10 @@ pub enum Request {
     Tree {
         path: Components,
         at: At,
+        /// PATH alone, without its entries (the directories on the way
+        /// to an object undeleted from a removed tree).
+        #[serde(default)]
+        shallow: bool,
     },
     Read {
         path: Components,

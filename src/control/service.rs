@@ -439,7 +439,9 @@ impl Service {
             Request::List { path, at, deleted } => {
                 Answer::List(self.list(path, at, *deleted, peer)?)
             }
-            Request::Tree { path, at } => Answer::Tree(Box::new(self.tree(path, at, peer)?)),
+            Request::Tree { path, at, shallow } => {
+                Answer::Tree(Box::new(self.tree(path, at, *shallow, peer)?))
+            }
             Request::Read { path, at, version } => {
                 Answer::Node(Box::new(self.read(path, at, *version, peer, reply)?))
             }

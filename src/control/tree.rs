@@ -21,12 +21,18 @@ fn hex(bytes: &[u8]) -> String {
 
 impl Service {
     /// `path` and everything under it at `at`, each directory node with
-    /// its entries.
-    pub(super) fn tree(&self, path: &Components, at: &super::At, peer: &Peer) -> Result<TreeReply> {
+    /// its entries (`shallow`: `path` alone).
+    pub(super) fn tree(
+        &self,
+        path: &Components,
+        at: &super::At,
+        shallow: bool,
+        peer: &Peer,
+    ) -> Result<TreeReply> {
         let (seq, time) = self.resolve_at(at)?;
         let node = self.past().node(path, seq)?;
         let mut path = path.clone();
-        let root = self.tree_node(&mut path, node, seq, peer)?;
+        let root = self.tree_node(&mut path, node, seq, !shallow, peer)?;
         Ok(TreeReply {
             seq,
             time_ns: time,
@@ -39,6 +45,7 @@ impl Service {
         path: &mut Components,
         node: Node,
         seq: crate::history::Seq,
+        with_entries: bool,
         peer: &Peer,
     ) -> Result<NodeInfo> {
         // The rule of every past read (docs/ARCHITECTURE.md "Who may read
@@ -69,13 +76,13 @@ impl Service {
             }
         };
         d.xattr_values = Some(xattrs);
-        if node.mode() & libc::S_IFMT == libc::S_IFDIR {
+        if is_dir && with_entries {
             let past = self.past();
             let mut entries = Vec::new();
             for name in past.names(&node, seq, path.is_empty())? {
                 path.push(name);
                 if let Some(child) = past.resolve(path, seq)? {
-                    let mut e = self.tree_node(path, child, seq, peer)?;
+                    let mut e = self.tree_node(path, child, seq, true, peer)?;
                     if let Some(name) = path.last() {
                         e.set_name(name);
                     }
