@@ -181,6 +181,15 @@ fn log_and_cat_are_answered_from_the_store_alone() {
         .read(&path("f"), &At::Now, Some(4), &mut Vec::new())
         .unwrap_err();
     assert!(e.to_string().contains("there is no version 4"), "{e}");
+    // A path never recorded says so (it said "has 0 version(s)").
+    let e = local
+        .client()
+        .read(&path("never"), &At::Now, Some(0), &mut Vec::new())
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("never existed in recorded history"),
+        "{e}"
+    );
 }
 
 #[test]

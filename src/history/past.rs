@@ -582,7 +582,14 @@ impl Past<'_> {
     /// Version `n` of a path as `log` numbers them (1 = oldest; 0 = the
     /// newest, -1 the one before it, ...).
     pub fn nth_version(&self, path: &[Vec<u8>], n: i64) -> Result<Node> {
-        let rows = self.path_versions(&self.incarnations(path)?, None, None)?;
+        let incarnations = self.incarnations(path)?;
+        if incarnations.is_empty() {
+            return Err(Error::NotFound(format!(
+                "{} never existed in recorded history",
+                show_path(path)
+            )));
+        }
+        let rows = self.path_versions(&incarnations, None, None)?;
         let len = rows.len() as i64;
         // Checked: `f;-9223372036854775808` is a name anyone may look up.
         let idx = if n >= 1 {
