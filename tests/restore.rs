@@ -482,8 +482,10 @@ fn signal(pid: u32, sig: &str) {
 }
 
 /// Whether process `pid` is writing a regular file whose path contains
-/// every string of `marker` and that is still shorter than `size` (a
-/// download under way).
+/// every string of `marker` and that has some bytes but fewer than `size`
+/// (a download under way: the daemon is sending the content). An empty
+/// one may still wait for its read to be asked: a file first written
+/// then is read as it was before (its baseline), with no mix to refuse.
 fn downloading(pid: u32, marker: &[&str], size: usize) -> bool {
     let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
@@ -492,7 +494,8 @@ fn downloading(pid: u32, marker: &[&str], size: usize) -> bool {
         fs::read_link(fd.path()).is_ok_and(|l| {
             let l = l.to_string_lossy();
             marker.iter().all(|m| l.contains(m))
-        }) && fs::metadata(fd.path()).is_ok_and(|md| md.is_file() && md.len() < size as u64)
+        }) && fs::metadata(fd.path())
+            .is_ok_and(|md| md.is_file() && (1..size as u64).contains(&md.len()))
     })
 }
 

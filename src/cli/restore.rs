@@ -183,6 +183,25 @@ fn make_durable(t: &Target, dir: BorrowedFd<'_>) -> Result<()> {
     sys::syncfs_dir(dir).context("cannot sync the restored copy")
 }
 
+/// Whether `read`, what the daemon read, is the state `node` (the tree's
+/// answer) describes: the same version, or the baseline history recorded
+/// since of the live file the tree showed. A file history never recorded
+/// is shown live; its first change through the mount (an editor saving it
+/// between the tree and the read) records first the state before it, which
+/// the past then reads: that is the state the tree showed, unless the file
+/// changed behind the mount's back meanwhile (then its attributes differ).
+fn same_state(node: &NodeInfo, read: &NodeInfo) -> bool {
+    if (read.obj, read.seq) == (node.obj, node.seq) {
+        return true;
+    }
+    let attrs = |n: &NodeInfo| (n.kind.clone(), n.mode, n.uid, n.gid, n.size, n.mtime_ns);
+    node.source == "live"
+        && read.source == "history"
+        && read.cause.as_deref() == Some("baseline")
+        && node.obj.is_none_or(|o| read.obj == Some(o))
+        && attrs(node) == attrs(read)
+}
+
 fn unhex(s: &str) -> Result<Vec<u8>> {
     (0..s.len() / 2)
         .map(|i| {
@@ -951,7 +970,7 @@ impl Builder<'_> {
         let mut buf = std::io::BufWriter::with_capacity(1 << 20, Sparse::new(f));
         let read = self.t.client().read(path, self.at, None, &mut buf)?;
         buf.into_inner().map_err(|e| e.into_error())?.finish()?;
-        if (read.obj, read.seq) != (node.obj, node.seq) {
+        if !same_state(node, &read) {
             bail!(
                 "{} changed in history while it was restored (a prune?); run the command again",
                 crate::history::past::show_path(path)
@@ -1260,5 +1279,71 @@ impl Builder<'_> {
             false,
             self.is_root,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{ObjectId, Seq};
+
+    fn live(obj: u64) -> NodeInfo {
+        NodeInfo {
+            obj: Some(ObjectId::new(obj)),
+            source: "live".into(),
+            kind: "file".into(),
+            mode: 0o644,
+            size: 64 << 20,
+            mtime_ns: 1_700_000_000_123_456_789,
+            ..Default::default()
+        }
+    }
+
+    fn recorded(from: &NodeInfo, seq: u64, cause: &str) -> NodeInfo {
+        NodeInfo {
+            source: "history".into(),
+            seq: Some(Seq::new(seq)),
+            cause: Some(cause.into()),
+            ..from.clone()
+        }
+    }
+
+    /// The race of tests/restore.rs's live file written during its
+    /// download: the file's first write-open came between the tree (live,
+    /// no version) and the read (its baseline). The restore failed with
+    /// "changed in history while it was restored".
+    #[test]
+    fn a_baseline_of_the_live_file_the_tree_showed_is_that_file() {
+        let tree = live(2);
+        assert!(same_state(&tree, &tree));
+        assert!(same_state(&tree, &recorded(&tree, 5, "baseline")));
+        let unknown = NodeInfo {
+            obj: None,
+            ..live(2)
+        };
+        assert!(same_state(&unknown, &recorded(&tree, 5, "baseline")));
+    }
+
+    #[test]
+    fn another_state_than_the_tree_showed_is_not_it() {
+        let tree = live(2);
+        let base = recorded(&tree, 5, "baseline");
+        let changed = NodeInfo {
+            mtime_ns: tree.mtime_ns + 1,
+            ..base.clone()
+        };
+        assert!(!same_state(&tree, &changed), "changed behind the mount");
+        let grown = NodeInfo {
+            size: tree.size + 1,
+            ..base.clone()
+        };
+        assert!(!same_state(&tree, &grown));
+        assert!(!same_state(&tree, &recorded(&tree, 5, "write")));
+        assert!(!same_state(&tree, &recorded(&live(3), 5, "baseline")));
+        // A version pruned between the tree and the read (the check's
+        // first purpose) is another version, whatever its attributes.
+        let then = recorded(&tree, 5, "baseline");
+        assert!(!same_state(&then, &recorded(&tree, 6, "write")));
+        assert!(!same_state(&then, &recorded(&tree, 7, "baseline")));
     }
 }
