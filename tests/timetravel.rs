@@ -529,6 +529,27 @@ fn a_bare_number_is_a_sequence_number_never_a_year() {
             assert!(err.contains("cannot be a tag name"), "{name}: {err}");
             assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         }
+        // Nor longer than `.history/@NAME` can name (it was accepted, and
+        // its directory could not be looked up).
+        let long = "t".repeat(255);
+        let out = Command::new(bin())
+            .args(["tag", &long])
+            .current_dir(&m.mnt)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("at most 254 bytes"),
+            "{err}"
+        );
+        let longest = "t".repeat(254);
+        let out = Command::new(bin())
+            .args(["tag", &longest])
+            .current_dir(&m.mnt)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert!(m.p(&format!(".history/@{longest}")).is_dir());
     });
 }
 

@@ -951,6 +951,14 @@ impl Service {
     }
 
     fn tag(&self, name: &str, at: &At, peer: &Peer) -> Result<TagInfo> {
+        // It names `.history/@NAME`, one file name (NAME_MAX bytes).
+        const MAX_TAG: usize = 254;
+        if name.len() > MAX_TAG {
+            return Err(Error::Usage(format!(
+                "a tag name is at most {MAX_TAG} bytes ({} given): it names .history/@NAME",
+                name.len()
+            )));
+        }
         let allowed = |c: char| c.is_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | ':');
         if name.is_empty() || !name.chars().all(allowed) {
             return Err(Error::Usage(format!(
