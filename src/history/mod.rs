@@ -335,7 +335,18 @@ impl History {
         let chunks = Arc::new(store.chunk_store()?);
         let (journal_a, recs_a) = store.journal(0)?;
         let (journal_b, recs_b) = store.journal(1)?;
-        let durable = tables::meta_get(&db, META_DURABLE_SEQ)?.map_or(Seq::ZERO, Seq::new);
+        // Every change up to `next_seq - 1` is in the index, which is all
+        // durable: a durable commit by anyone else (the inode map's flush)
+        // makes history's non-durable applies durable too, without moving
+        // the durable mark. Those changes are not replayed, and above all
+        // not renumbered: a power cut may have taken their journal records,
+        // and a replay of fewer changes would move the next number back
+        // onto them.
+        let applied =
+            tables::meta_get(&db, META_NEXT_SEQ)?.map_or(Seq::ZERO, |n| Seq::new(n).prev());
+        let durable = tables::meta_get(&db, META_DURABLE_SEQ)?
+            .map_or(Seq::ZERO, Seq::new)
+            .max(applied);
         let mut replay = Vec::new();
         for rec in recs_a.iter().chain(recs_b.iter()) {
             let op = Op::decode(rec).map_err(HistoryError::Corrupt)?;
