@@ -513,11 +513,23 @@ fn mode_str(kind: &str, mode: u32) -> String {
         _ => '-',
     };
     let mut s = String::from(k);
-    for shift in [6, 3, 0] {
+    // As ls(1) shows them: a special bit takes the execute place, in
+    // lower case where execute is set too.
+    let special = [
+        (6, libc::S_ISUID, 's'),
+        (3, libc::S_ISGID, 's'),
+        (0, libc::S_ISVTX, 't'),
+    ];
+    for (shift, flag, letter) in special {
         let bits = (mode >> shift) & 7;
         s.push(if bits & 4 != 0 { 'r' } else { '-' });
         s.push(if bits & 2 != 0 { 'w' } else { '-' });
-        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+        s.push(match (bits & 1 != 0, mode & flag != 0) {
+            (true, true) => letter,
+            (false, true) => letter.to_ascii_uppercase(),
+            (true, false) => 'x',
+            (false, false) => '-',
+        });
     }
     s
 }
@@ -960,4 +972,19 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
         }
     );
     Ok(problems == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mode_str;
+
+    #[test]
+    fn modes_show_as_ls_shows_them() {
+        assert_eq!(mode_str("file", 0o644), "-rw-r--r--");
+        assert_eq!(mode_str("file", 0o4755), "-rwsr-xr-x");
+        assert_eq!(mode_str("file", 0o2644), "-rw-r-Sr--");
+        assert_eq!(mode_str("dir", 0o1777), "drwxrwxrwt");
+        assert_eq!(mode_str("dir", 0o1770), "drwxrwx--T");
+        assert_eq!(mode_str("file", 0o6711), "-rws--s--x");
+    }
 }
