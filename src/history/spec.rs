@@ -40,6 +40,15 @@ pub fn parse(s: &str) -> Result<At, String> {
     if let Some(rel) = s.strip_prefix('-') {
         return relative(rel).map(|d| At::Time(now_ns() - d));
     }
+    // No tag starts with '+' (`chronofs tag` refuses one).
+    if let Some(rel) = s.strip_prefix('+') {
+        return Err(match relative(rel) {
+            Ok(_) => {
+                format!("'{s}' is in the future: history holds the past (-{rel} is that long ago)")
+            }
+            Err(_) => format!("cannot read '{s}' as a time, sequence number or tag"),
+        });
+    }
     for (word, days) in [("today", 0), ("yesterday", 1)] {
         if let Some(rest) = s.strip_prefix(word) {
             return day_time(days, rest.trim()).map(At::Time);
@@ -135,11 +144,15 @@ fn day_time(days_back: i64, clock: &str) -> Result<i64, String> {
 }
 
 fn parse_clock(clock: &str) -> Result<jiff::civil::Time, String> {
-    let full = if clock.matches(':').count() == 1 {
+    let mut full = if clock.matches(':').count() == 1 {
         format!("{clock}:00")
     } else {
         clock.to_string()
     };
+    // 9:30 as people write it; ISO 8601 wants 09:30.
+    if full.find(':') == Some(1) {
+        full.insert(0, '0');
+    }
     full.parse::<jiff::civil::Time>()
         .map_err(|_| format!("cannot read '{clock}' as a time of day (HH:MM)"))
 }
@@ -232,6 +245,7 @@ mod tests {
             "-10m",
             "-1.5h",
             "yesterday 14:00",
+            "yesterday 9:30",
             "today",
         ] {
             assert!(matches!(parse(s), Ok(At::Time(_))), "{s}");
@@ -245,9 +259,23 @@ mod tests {
 
     #[test]
     fn rejects_garbage_with_one_line() {
-        for s in ["", "-10x", "2026-13-45", "yesterday 25:99", "a b c", "-"] {
+        for s in [
+            "",
+            "-10x",
+            "2026-13-45",
+            "yesterday 25:99",
+            "a b c",
+            "-",
+            "+x",
+        ] {
             let e = parse(s).unwrap_err();
             assert!(!e.contains('\n'), "{s}: {e}");
         }
+    }
+
+    #[test]
+    fn a_time_from_now_is_refused_as_the_future_not_looked_up_as_a_tag() {
+        let e = parse("+1h").unwrap_err();
+        assert!(e.contains("future") && e.contains("-1h"), "{e}");
     }
 }
