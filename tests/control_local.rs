@@ -241,3 +241,19 @@ fn branch_requests_do_not_wait_for_versions_being_built() {
     local.client().tags().unwrap();
     assert_eq!(settles(), 1);
 }
+
+/// Distinct small files deduplicate nothing: the ratio is 1, not less
+/// (the manifests' bytes were counted as content, 0.08x for one file).
+#[test]
+fn dedup_of_distinct_files_is_one() {
+    let (_dir, src, store) = made_history();
+    let local = open_local(&src, &store);
+    let status = local.client().status().unwrap();
+    assert!(
+        (status.dedup_ratio - 1.0).abs() < 1e-9,
+        "dedup {} (logical {} bytes, chunks {} bytes)",
+        status.dedup_ratio,
+        status.logical_bytes,
+        status.chunk_bytes
+    );
+}

@@ -896,7 +896,7 @@ impl Service {
     fn status(&self) -> Result<StatusReply> {
         let c = self.history.counts()?;
         let bounds = self.history.bounds()?;
-        let logical = self.history.logical_bytes()?;
+        let (logical, manifest_bytes) = self.history.logical_bytes()?;
         let store_bytes = dir_size(&self.store_dir);
         let packs = self
             .history
@@ -922,7 +922,7 @@ impl Service {
             chunk_bytes: c.chunk_raw_bytes,
             stored_bytes: c.chunk_stored_bytes,
             logical_bytes: logical,
-            dedup_ratio: ratio(logical, c.chunk_raw_bytes),
+            dedup_ratio: ratio(logical, c.chunk_raw_bytes.saturating_sub(manifest_bytes)),
             compression_ratio: ratio(c.chunk_raw_bytes, c.chunk_stored_bytes),
             tags: c.tags,
             chain_head: crate::history::chain::head(self.history.db())?.map(|(seq, hash)| {

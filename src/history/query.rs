@@ -448,21 +448,34 @@ impl History {
         Ok(self.versions_first(obj)?.is_some())
     }
 
-    /// Total logical size of all recorded file versions (for the dedup
-    /// ratio in `status`).
-    pub fn logical_bytes(&self) -> Result<u64> {
+    /// For the dedup ratio in `status`: the total logical size of all
+    /// recorded file versions, and the raw bytes of their manifests'
+    /// chunks (bookkeeping, not content: counted as content, they made a
+    /// store of a few small files look worse than no dedup at all).
+    pub fn logical_bytes(&self) -> Result<(u64, u64)> {
         self.settle()?;
         let txn = read_txn(self.db())?;
-        let t = open_or_empty!(txn, VERSIONS, 0);
+        let t = open_or_empty!(txn, VERSIONS, (0, 0));
         let mut total = 0u64;
+        let mut manifests = std::collections::HashSet::new();
         for e in t.iter().map_err(err)? {
             let (_, v) = e.map_err(err)?;
             let v = tables::decode(v.value())?;
-            if matches!(v.content, Content::File { .. }) {
+            // A removal's record repeats the content it ended.
+            if let (Content::File { manifest }, false) = (v.content, v.gone) {
                 total += v.attrs.size;
+                manifests.insert(manifest);
             }
         }
-        Ok(total)
+        let chunks = open_or_empty!(txn, crate::store::chunks::CHUNKS, (total, 0));
+        let mut manifest_bytes = 0u64;
+        for m in &manifests {
+            let loc = chunks.get(m.as_slice()).map_err(err)?;
+            if let Some(loc) = loc.and_then(|l| crate::store::chunks::Location::decode(l.value())) {
+                manifest_bytes += u64::from(loc.raw_len);
+            }
+        }
+        Ok((total, manifest_bytes))
     }
 }
 
