@@ -594,6 +594,16 @@ fn policy_check_reports_errors_by_line() {
         err.contains(&format!("{}:5:", f.display())),
         "the bad glob's line: {err}"
     );
+    // A file that is not there: one line.
+    let missing = dir.path().join("missing.toml");
+    let out = cli_as(None, &["policy", "check", s(&missing)]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("missing.toml") && err.contains("No such file"),
+        "{err}"
+    );
     fs::write(&f, "[[rule]]\npaths = [\"**/*.o\"]\nversion = false\n").unwrap();
     assert!(cli(&["policy", "check", s(&f)]).contains("ok"));
     // A user's file may not set the administrator's bounds.

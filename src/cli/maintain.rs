@@ -303,6 +303,8 @@ pub fn policy_check(file: &Path, user: bool, json: bool) -> Result<()> {
             }
             Ok(())
         }
+        // One problem (a file that cannot be read, say) is one line.
+        Err(errors) if errors.len() == 1 => bail!("{}", errors[0]),
         Err(errors) => {
             for e in &errors {
                 eprintln!("{e}");
