@@ -257,3 +257,33 @@ fn dedup_of_distinct_files_is_one() {
         status.chunk_bytes
     );
 }
+
+/// `ls --deleted`: a name made and deleted twice lists both deletions,
+/// each reading back what that file held (only the last was listed).
+#[test]
+fn each_deletion_of_a_name_is_listed() {
+    let rig = Rig::new();
+    let mut removed = Vec::new();
+    for text in ["first file", "second file"] {
+        rig.write_file("x", 0o644, text.as_bytes()).unwrap();
+        rig.clock.advance(secs(1));
+        rig.vfs
+            .unlink(&rig.caller, chronofs::vfs::InodeNo::ROOT, "x".as_ref())
+            .unwrap();
+        rig.clock.advance(secs(1));
+        removed.push(text);
+    }
+    let (_dir, src, store) = rig.close();
+    let local = open_local(&src, &store);
+    let listing = local.client().list(&Vec::new(), &At::Now, true).unwrap();
+    let gone: Vec<_> = listing
+        .deleted
+        .iter()
+        .filter(|e| e.name_bytes() == b"x")
+        .collect();
+    assert_eq!(gone.len(), 2, "{:?}", listing.deleted);
+    assert!(gone[0].deleted_seq < gone[1].deleted_seq);
+    for (e, text) in gone.iter().zip(removed) {
+        assert_eq!(local.read_at("x", &At::Seq(e.restore_seq)), text.as_bytes());
+    }
+}

@@ -565,12 +565,13 @@ pub fn ls(t: &Target, at: Option<&str>, deleted: bool, long: bool, json: bool) -
     }
     for e in &v.deleted {
         println!(
-            "{:<24} {:<7} {:>10}  deleted {} (#{})",
+            "{:<24} {:<7} {:>10}  deleted {} (#{}; restore --at #{})",
             shown(&e.name),
             e.kind,
             e.size.map_or("-".into(), |n| n.to_string()),
             spec::show(e.deleted_time_ns.unwrap_or(0)),
-            e.deleted_seq
+            e.deleted_seq,
+            e.restore_seq
         );
     }
     Ok(())

@@ -131,7 +131,7 @@ enum Command {
         dir: PathBuf,
         #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         at: Option<String>,
-        /// List what had been deleted from DIR by then.
+        /// List what had been deleted from DIR by then: every deletion of a name gone then.
         #[arg(long)]
         deleted: bool,
         #[arg(short = 'l')]

@@ -594,7 +594,7 @@ impl Service {
         let mut gone = Vec::new();
         if deleted {
             if let Some(d) = hist_dir {
-                for g in past.deleted_in(d, seq, &|n| present.contains(n))? {
+                for g in past.deleted_in(d, seq, &|n| present.contains(n), true)? {
                     let before = g.before.as_ref().map(|(_, v)| v);
                     let (name, name_raw) = proto::split_bytes(&g.name);
                     gone.push(DeletedEntry {

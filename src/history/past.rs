@@ -362,46 +362,52 @@ impl Past<'_> {
     }
 
     /// Names in `dir` that existed at some point up to `seq` but not at
-    /// `seq` (and are not in `present`), sorted by name.
+    /// `seq` (and are not in `present`), sorted by name: each name's last
+    /// deletion, or with `every` each of its deletions, oldest first (a
+    /// name made and deleted again and again named a new file each time).
     pub fn deleted_in(
         &self,
         dir: ObjectId,
         seq: Seq,
         present: &dyn Fn(&[u8]) -> bool,
+        every: bool,
     ) -> Result<Vec<Deleted>> {
-        // name → (last change, what it named then, last object it named)
-        type Last = (Seq, Option<ObjectId>, Option<ObjectId>);
-        let mut last: HashMap<Vec<u8>, Last> = HashMap::new();
+        // name → (what it names at `seq`, its removals: (at, the object
+        // it named until then)), in the order of the changes.
+        type Removals = (Option<ObjectId>, Vec<(Seq, ObjectId)>);
+        let mut names: HashMap<Vec<u8>, Removals> = HashMap::new();
         for (name, s, child) in self.history.names_ever(dir)? {
             if s > seq {
                 continue;
             }
-            let e = last.entry(name).or_insert((s, child, None));
-            if child.is_some() {
-                e.2 = child;
+            let (now, removals) = names.entry(name).or_default();
+            if let (None, Some(was)) = (child, *now) {
+                removals.push((s, was));
             }
-            e.0 = s;
-            e.1 = child;
+            *now = child;
         }
         let mut out = Vec::new();
-        for (name, (s, child, was)) in last {
-            if child.is_some() || present(&name) || name.starts_with(STAGING_PREFIX) {
+        for (name, (now, mut removals)) in names {
+            if now.is_some() || present(&name) || name.starts_with(STAGING_PREFIX) {
                 continue;
             }
-            if let Some(obj) = was {
+            if !every {
+                removals.drain(..removals.len().saturating_sub(1));
+            }
+            for (s, obj) in removals {
                 if !self.removal_deletes(dir, obj, s, seq, present)? {
                     continue;
                 }
                 let before = self.history.object_at(obj, s.prev())?;
                 out.push(Deleted {
-                    name,
+                    name: name.clone(),
                     obj,
                     seq: s,
                     before,
                 });
             }
         }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out.sort_by(|a, b| (&a.name, a.seq).cmp(&(&b.name, b.seq)));
         Ok(out)
     }
 

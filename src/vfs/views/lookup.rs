@@ -318,7 +318,7 @@ impl Vfs {
                     .is_ok()
             };
             let mut out = Vec::new();
-            for d in p.deleted_in(dir, last, &present).map_err(past_err)? {
+            for d in p.deleted_in(dir, last, &present, false).map_err(past_err)? {
                 let at = p.before_removal(&d).map_err(past_err)?;
                 if let Some(node) = p.finish(Cur::Hist(d.obj), at).map_err(past_err)? {
                     out.push((d.name, at, node));
