@@ -63,7 +63,10 @@ fn audit_value(peer: &Peer, action: &str, mut detail: Value) -> Value {
         map.retain(|_, v| !v.is_null());
         for v in map.values_mut() {
             if let Some(inner) = v.as_object_mut() {
-                inner.retain(|_, x| !x.is_null() && *x != json!(0));
+                // Limits not given are null; a limit of 0 is one
+                // (`--max-count 0`). The protection window is no limit
+                // the caller gives, 0 unless a policy set it.
+                inner.retain(|k, x| !x.is_null() && !(k == "protect_secs" && *x == json!(0)));
             }
         }
     }
@@ -442,5 +445,27 @@ impl Service {
             })
             .collect();
         Ok(AuditReply { records })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_audited_limit_of_zero_is_kept() {
+        let keep = Retention {
+            max_count: Some(0),
+            ..Retention::default()
+        };
+        let peer = crate::sys::Peer {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+            groups: None,
+        };
+        let r = audit_value(&peer, "prune", json!({"keep": keep, "versions": 0}));
+        assert_eq!(r["detail"]["keep"], json!({"max_count": 0}));
+        assert_eq!(r["detail"]["versions"], json!(0));
     }
 }
