@@ -66,7 +66,8 @@ fn audit_value(peer: &Peer, action: &str, mut detail: Value) -> Value {
                 // Limits not given are null; a limit of 0 is one
                 // (`--max-count 0`). The protection window is no limit
                 // the caller gives, 0 unless a policy set it.
-                inner.retain(|k, x| !x.is_null() && !(k == "protect_secs" && *x == json!(0)));
+                let no_window = |k: &str, x: &Value| k == "protect_secs" && *x == json!(0);
+                inner.retain(|k, x| !x.is_null() && !no_window(k, x));
             }
         }
     }
