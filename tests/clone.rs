@@ -986,6 +986,20 @@ fn hard_links_stay_one_file(m: Mount) {
     succeeded(chronofs(&["ingest".as_ref(), m.mnt.as_os_str()]));
     succeeded(clone(&m.p("t"), &m.p("c")));
     succeeded(clone(&m.p("t"), &m.p("d")));
+    succeeded(clone(&m.p("t"), &m.p("e")));
+    // The past shows the count the mount shows (not the link index's
+    // entry too), and a name of a directory never listed (looked up in
+    // it, it was missing until a listing had filled it).
+    let past = |p: &str| fs::symlink_metadata(m.mnt.join(".history/@now").join(p)).unwrap();
+    assert_eq!(past("e/sub/a2").nlink(), 3);
+    let listed_links = |dir: &str, name: &str| {
+        let out = chronofs(&["ls".as_ref(), m.p(dir).as_os_str(), "--json".as_ref()]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let entries = v["entries"].as_array().unwrap().clone();
+        let e = entries.iter().find(|e| e["name"] == name).unwrap();
+        e["nlink"].as_u64().unwrap()
+    };
+    assert_eq!(listed_links("e", "a"), 3);
     // Three names before the other directories are even filled.
     assert_eq!(lstat("c/a").nlink(), 3);
     assert_eq!(lstat("c/x").nlink(), 1);
@@ -998,6 +1012,8 @@ fn hard_links_stay_one_file(m: Mount) {
     // the other clone keep theirs.
     fs::write(m.p("c/sub/a2"), b"changed in c").unwrap();
     assert_eq!(fs::read(m.p("c/a")).unwrap(), b"changed in c");
+    assert_eq!(past("c/sub/a2").nlink(), 3, "the version written records");
+    assert_eq!(listed_links("c/sub", "a2"), 3);
     assert_eq!(fs::read(m.p("c/sub/deeper/a3")).unwrap(), b"changed in c");
     assert_eq!(fs::read(m.p("t/a")).unwrap(), b"shared");
     assert_eq!(fs::read(m.p("d/sub/a2")).unwrap(), b"shared");
@@ -1044,11 +1060,11 @@ fn hard_links_stay_one_file(m: Mount) {
     assert!(fs::symlink_metadata(m.p(".chronofs-index")).is_err());
     let index = m.src.join(".chronofs-index");
     let entries = || fs::read_dir(&index).unwrap().count();
-    assert_eq!(entries(), 2, "one entry per clone's linked file");
+    assert_eq!(entries(), 3, "one entry per clone's linked file");
     for p in ["d/sub/a2", "d/sub/deeper/a3"] {
         fs::remove_file(m.p(p)).unwrap();
     }
-    assert_eq!(entries(), 1);
+    assert_eq!(entries(), 2);
     // Identity and counts survive a remount.
     let mut m = m;
     m.remount();

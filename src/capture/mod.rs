@@ -199,6 +199,9 @@ pub struct Capture {
     /// The live name of an object (parent, name), from whoever serves the
     /// tree: for the path a policy rule matches.
     namer: parking_lot::RwLock<Option<Namer>>,
+    /// The link count the mount shows for an object, where it differs
+    /// from its backing file's (a hard-link index's own link).
+    shown_links: parking_lot::RwLock<Option<LinkCount>>,
     /// Owner and group names for policy rules.
     owner_names: Mutex<retention::Names>,
     /// The union's branch changes in this mount, to date what they did.
@@ -230,6 +233,10 @@ enum DirCheck {
 
 /// Finds an object's live name: (parent, name).
 pub type Namer = Box<dyn Fn(ObjectId) -> Option<(ObjectId, Vec<u8>)> + Send + Sync>;
+
+/// The link count an object shows, if the backing file's is not it.
+/// Must not call into capture.
+pub type LinkCount = Box<dyn Fn(ObjectId) -> Option<u32> + Send + Sync>;
 
 /// Converts a stat into recorded attributes.
 pub fn attrs_of(st: &Stat) -> Attrs {
@@ -289,6 +296,7 @@ impl Capture {
             comms: Mutex::new(HashMap::new()),
             policy,
             namer: parking_lot::RwLock::new(None),
+            shown_links: parking_lot::RwLock::new(None),
             owner_names: Mutex::new(retention::Names::default()),
             changes: branch_changes::Changes::default(),
         });
@@ -306,6 +314,26 @@ impl Capture {
     /// How to find objects' live names (for path rules of the policy).
     pub fn set_namer(&self, namer: Namer) {
         *self.namer.write() = Some(namer);
+    }
+
+    /// How to find the link count an object shows: versions record it,
+    /// not the backing file's, which counts a hard-link index's entry
+    /// too (a clone's or a union's file with several names).
+    pub fn set_shown_links(&self, links: LinkCount) {
+        *self.shown_links.write() = Some(links);
+    }
+
+    fn record_shown_links(&self, draft: &mut Draft) {
+        let links = self.shown_links.read();
+        let Some(links) = links.as_ref() else {
+            return;
+        };
+        for (obj, v) in &mut draft.versions {
+            let linked = v.attrs.mode & libc::S_IFMT != libc::S_IFDIR && v.attrs.nlink > 1;
+            if let Some(n) = linked.then(|| links(*obj)).flatten() {
+                v.attrs.nlink = n;
+            }
+        }
     }
 
     /// The object's live path from the mount root, if it can be named:
@@ -430,7 +458,8 @@ impl Capture {
         Ok(Some(k))
     }
 
-    fn commit(&self, draft: Draft) -> Result<()> {
+    fn commit(&self, mut draft: Draft) -> Result<()> {
+        self.record_shown_links(&mut draft);
         let mut remembered = Vec::new();
         for (obj, v) in &draft.versions {
             remembered.push((*obj, v.clone()));

@@ -1093,6 +1093,14 @@ impl control::service::Host for MountHost {
         self.vfs.upgrade().is_some_and(|v| v.config().views.audit)
     }
 
+    fn shown_links(
+        &self,
+        obj: crate::history::ObjectId,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Option<u32> {
+        self.vfs.upgrade()?.shown_links(obj, Some(fd))
+    }
+
     fn settle(&self) {
         if let Some(v) = self.vfs.upgrade() {
             v.settle_capture();

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -39,6 +39,11 @@ pub trait Host: LiveIds {
     /// Only root may see history (`-o audit`).
     fn audit(&self) -> bool {
         false
+    }
+    /// The link count the mount shows for a live object with several
+    /// names, where its backing file's counts a link index's entry too.
+    fn shown_links(&self, _obj: ObjectId, _fd: BorrowedFd<'_>) -> Option<u32> {
+        None
     }
     /// Waits for versions still being built.
     fn settle(&self) {}
@@ -527,6 +532,10 @@ impl Service {
                 n
             }
             Node::Live { obj, fd, st } => {
+                let linked = st.st_mode & libc::S_IFMT != libc::S_IFDIR && st.st_nlink > 1;
+                let shown_links = obj
+                    .filter(|_| linked)
+                    .and_then(|o| self.host.shown_links(o, fd.as_fd()));
                 let mut n = NodeInfo {
                     obj: *obj,
                     source: "live".into(),
@@ -535,7 +544,7 @@ impl Service {
                     uid: st.st_uid,
                     gid: st.st_gid,
                     size: u64::try_from(st.st_size).unwrap_or(0),
-                    nlink: st.st_nlink,
+                    nlink: shown_links.map_or(st.st_nlink, u64::from),
                     rdev: st.st_rdev,
                     mtime_ns: ns(st.st_mtime, st.st_mtime_nsec),
                     atime_ns: ns(st.st_atime, st.st_atime_nsec),

@@ -322,7 +322,7 @@ impl Vfs {
             .map(union::Union::root_layers)
             .unwrap_or_default();
         let inodes = InodeTable::new(id, inomap, root_fd, &root_st, mounts, layers);
-        Ok(Arc::new(Vfs {
+        let vfs = Arc::new(Vfs {
             branch,
             inodes,
             handles: HandleTable::default(),
@@ -341,7 +341,12 @@ impl Vfs {
             set_changed: std::sync::OnceLock::new(),
             tree_lock: parking_lot::RwLock::new(()),
             clones: clone::Clones::default(),
-        }))
+        });
+        if let Some(c) = &vfs.capture {
+            let weak = Arc::downgrade(&vfs);
+            c.set_shown_links(Box::new(move |obj| weak.upgrade()?.shown_links(obj, None)));
+        }
+        Ok(vfs)
     }
 
     /// A union of `branches` (top first); the store, if any, lives in the

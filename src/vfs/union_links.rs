@@ -217,6 +217,31 @@ impl Vfs {
         self.writable_node(caller, ino).map(drop)
     }
 
+    /// The link count the mount shows for `obj` (what history records,
+    /// and `chronofs ls -l` shows), where a link index's entry makes the
+    /// backing file's one more; `None`: the backing file's is right, or
+    /// unknown. `fd`: the backing file, read if the kernel never looked
+    /// the object up.
+    pub fn shown_links(
+        &self,
+        obj: crate::history::ObjectId,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Option<u32> {
+        let union = self.union().is_some();
+        if !union && !self.clones_on() {
+            return None;
+        }
+        let Ok(inode) = self.inodes.get(InodeNo::from(obj)) else {
+            let n = index::nlink(fd?, self.clone_ns()).ok().flatten()?;
+            return Some(n.max(1));
+        };
+        match inode.union_nlink() {
+            Some(n) => Some(n),
+            None if !union && !inode.known_unindexed() => self.clone_links(&inode),
+            None => None,
+        }
+    }
+
     /// The attributes to show for `ino`: the union's link count for an
     /// indexed file; 1 for a merged directory (copies in several branches:
     /// its subdirectories are not counted anywhere, and the top copy's

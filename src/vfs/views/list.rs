@@ -120,9 +120,7 @@ impl Vfs {
                 v: (**v).clone(),
             },
             State::Live { inode } => {
-                if self.clones_on() {
-                    self.fill_if_unfilled(&self.inodes.node_of(inode.clone())?)?;
-                }
+                self.fill_live_dir(state)?;
                 let (fd, st) = self.live_path_fd(inode)?;
                 Node::Live {
                     obj: Some(obj),

@@ -238,6 +238,7 @@ impl Vfs {
                 if node.st.st_mode & libc::S_IFMT != libc::S_IFDIR {
                     return Err(errno(libc::ENOTDIR));
                 }
+                self.fill_live_dir(state)?;
                 let cur = self.cur_of(*obj, state)?;
                 let found = self.with_past(|p| {
                     let Some(next) = p
@@ -254,6 +255,17 @@ impl Vfs {
                 }
             }
         }
+    }
+
+    /// A live directory of a clone is filled before history is asked
+    /// what it holds: until then history has no entries for it (a lookup
+    /// in a fresh clone's directory through `.history/@now/` found
+    /// nothing until a listing had filled it).
+    pub(super) fn fill_live_dir(&self, state: &State) -> Result<()> {
+        if let (State::Live { inode }, true) = (state, self.clones_on()) {
+            self.fill_if_unfilled(&self.inodes.node_of(inode.clone())?)?;
+        }
+        Ok(())
     }
 
     pub(super) fn cur_of(&self, obj: ObjectId, state: &State) -> Result<Cur> {

@@ -448,6 +448,9 @@ impl Vfs {
             Node::Hist { obj, v, .. } => return self.hist_at(at, obj, Arc::new(v)),
             Node::Live { fd, st, .. } => {
                 let inode = self.inodes.acquire_new(fd, &st, false)?;
+                // As the mount shows it: a clone's file with several names
+                // counts them, not its link index's entry too.
+                let st = self.shown(inode.ino, st);
                 (inode.ino.object(), State::Live { inode }, st)
             }
         };
