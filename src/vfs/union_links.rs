@@ -235,11 +235,23 @@ impl Vfs {
             let n = index::nlink(fd?, self.clone_ns()).ok().flatten()?;
             return Some(n.max(1));
         };
-        match inode.union_nlink() {
-            Some(n) => Some(n),
-            None if !union && !inode.known_unindexed() => self.clone_links(&inode),
-            None => None,
+        self.indexed_links(&inode, union)
+    }
+
+    /// The count a file in a link index shows: cached, or read once from
+    /// a clone's index (a file found in none is remembered as such).
+    fn indexed_links(&self, inode: &Arc<Inode>, union: bool) -> Option<u32> {
+        if let Some(n) = inode.union_nlink() {
+            return Some(n);
         }
+        if union || inode.known_unindexed() {
+            return None;
+        }
+        let n = self.clone_links(inode);
+        if n.is_none() {
+            inode.set_unindexed();
+        }
+        n
     }
 
     /// The attributes to show for `ino`: the union's link count for an
@@ -261,12 +273,9 @@ impl Vfs {
             if union && inode.has_layers() {
                 st.st_nlink = 1;
             }
-        } else if let Some(n) = inode.union_nlink() {
-            st.st_nlink = n.into();
-        } else if !union && is_linked(&st, self.clone_ns()) && !inode.known_unindexed() {
-            match self.clone_links(&inode) {
-                Some(n) => st.st_nlink = n.into(),
-                None => inode.set_unindexed(),
+        } else if inode.union_nlink().is_some() || is_linked(&st, self.clone_ns()) {
+            if let Some(n) = self.indexed_links(&inode, union) {
+                st.st_nlink = n.into();
             }
         }
         self.show_base_blocks(&inode, &mut st);
