@@ -193,6 +193,24 @@ impl Vfs {
         c.who(caller.uid, caller.gid, caller.pid)
     }
 
+    /// Before a version name of `name` in `dir` is resolved (`f;0`): the
+    /// object the name shows now gets a version if history has none of
+    /// it, or its live state if it changed unseen. A file an inserted
+    /// branch brought is recorded by the background walk; until it got
+    /// there, `f;0` showed the file the branch hid.
+    pub(super) fn record_shown(&self, dir: &super::inodes::Node, name: &[u8]) {
+        let Some(c) = self.capture() else {
+            return;
+        };
+        let Ok(entry) = self.lookup_in(dir, OsStr::from_bytes(name)) else {
+            return;
+        };
+        if let Err(e) = c.before_change(&Live(self), entry.attr.ino.object()) {
+            tracing::debug!("history: the live state of a versioned name is not recorded: {e}");
+        }
+        self.forget(entry.attr.ino, 1);
+    }
+
     /// Before `ino` changes.
     pub(super) fn before_change(&self, ino: InodeNo) -> Result<()> {
         if let Some(c) = self.capture() {

@@ -145,6 +145,7 @@ impl Vfs {
     fn lookup_version(&self, parent: InodeNo, base: &[u8], suffix: &[u8]) -> Result<Entry> {
         let mut path = self.live_path(parent)?;
         path.push(base.to_vec());
+        self.record_shown(&self.node(parent)?, base);
         self.settle_capture();
         let text = std::str::from_utf8(suffix).map_err(|_| errno(libc::ENOENT))?;
         let number = text.strip_prefix('-').unwrap_or(text);
