@@ -992,6 +992,9 @@ fn hard_links_stay_one_file(m: Mount) {
     // it, it was missing until a listing had filled it).
     let past = |p: &str| fs::symlink_metadata(m.mnt.join(".history/@now").join(p)).unwrap();
     assert_eq!(past("e/sub/a2").nlink(), 3);
+    // d is filled through the past first, its names never looked up live.
+    assert_eq!(past("d/sub/a2").nlink(), 3);
+    assert_eq!(past("d/a").nlink(), 3);
     let listed_links = |dir: &str, name: &str| {
         let out = chronofs(&["ls".as_ref(), m.p(dir).as_os_str(), "--json".as_ref()]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

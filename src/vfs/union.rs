@@ -996,9 +996,12 @@ impl Vfs {
                         inode.mark_recheck();
                     }
                 }
-                if via_index {
+                // Also an inode made elsewhere first (a clone's file a
+                // `.history/` lookup reached): its count must follow links.
+                let unnoted = inode.union_nlink().is_none();
+                if unnoted && (via_index || super::union_links::is_linked(&st, u.ns)) {
                     let node = self.inodes.node_of(inode.clone())?;
-                    self.note_if_indexed(u, &inode, (node.fd(), &st), true);
+                    self.note_if_indexed(u, &inode, (node.fd(), &st), via_index);
                 }
                 return Ok(Entry {
                     attr: Attr {
