@@ -226,6 +226,33 @@ fn the_past_shows_a_clone_from_its_instant() {
     assert_eq!(fs::read(dst.join("sub/deeper/c")).unwrap(), b"changed");
 }
 
+/// A fresh clone's files have a version before anything changes them:
+/// `f;0`, `log` and `cat --version` show what the clone holds (`f;0`
+/// was ENOENT, and `log` said history held none of the file's states).
+#[test]
+fn a_fresh_clone_has_versions_to_show() {
+    let m = Mount::new_with("", populate);
+    succeeded(clone(&m.p("t"), &m.p("c")));
+    let shown = fs::read(m.p("c/a")).unwrap();
+    assert_eq!(fs::read(m.p("c/a;0")).unwrap(), shown);
+    let out = chronofs(&[
+        "log".as_ref(),
+        m.p("c/sub/big").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    succeeded(out.clone());
+    let log: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(log["versions"].as_array().unwrap().len(), 1, "{log}");
+    let out = chronofs(&[
+        "cat".as_ref(),
+        "--version".as_ref(),
+        "1".as_ref(),
+        m.p("c/sub/deeper/c").as_os_str(),
+    ]);
+    succeeded(out.clone());
+    assert_eq!(out.stdout, fs::read(m.p("t/sub/deeper/c")).unwrap());
+}
+
 /// A clone the command reported survives kill -9 of the daemon at once:
 /// the next mount reads it through its marks, whole.
 #[test]

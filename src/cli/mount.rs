@@ -1107,6 +1107,12 @@ impl control::service::Host for MountHost {
         }
     }
 
+    fn record_shown(&self, path: &control::proto::Components) {
+        if let Some(v) = self.vfs.upgrade() {
+            v.record_shown_at(path);
+        }
+    }
+
     fn settle_within(&self, path: &control::proto::Components) {
         if let Some(v) = self.vfs.upgrade() {
             v.settle_capture_within(path);

@@ -45,6 +45,10 @@ pub trait Host: LiveIds {
     fn shown_links(&self, _obj: ObjectId, _fd: BorrowedFd<'_>) -> Option<u32> {
         None
     }
+    /// Before the versions of the file at `path` are asked for: history
+    /// gets a version of what it shows now if it has none (a clone's
+    /// file, one an inserted branch brought).
+    fn record_shown(&self, _path: &Components) {}
     /// Waits for versions still being built.
     fn settle(&self) {}
     /// [`Host::settle`] for a clone of `path`: what lies elsewhere need
@@ -459,6 +463,9 @@ impl Service {
                 let since = self.opt_seq(since.as_ref())?;
                 let until = self.opt_seq(until.as_ref())?;
                 self.past().check_way(&who(peer), path, 0)?;
+                if !*recursive {
+                    self.host.record_shown(path);
+                }
                 if *recursive {
                     Answer::LogTree(self.log_tree(path, since, until, peer)?)
                 } else {
@@ -637,6 +644,8 @@ impl Service {
     ) -> Result<NodeInfo> {
         let (node, seq) = match version {
             Some(n) => {
+                self.past().check_way(&who(peer), path, 0)?;
+                self.host.record_shown(path);
                 let node = self.past().nth_version(path, n)?;
                 let seq = match &node {
                     Node::Hist { seq, .. } => *seq,

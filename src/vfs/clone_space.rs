@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::clone::Mark;
-use super::{errno, InodeNo, Result, Vfs, VfsError};
+use super::{errno, Result, Vfs, VfsError};
 use crate::history::past::Node as PastNode;
 use crate::history::{ObjectId, Seq};
 use crate::sys;
@@ -41,24 +41,10 @@ impl Vfs {
         // Looked up as the mount shows it: in a union the clone lies in
         // whichever branch took it (after a snapshot, the fresh one; the
         // root's branch gave ENOENT).
-        let root = super::Caller {
-            uid: 0,
-            gid: 0,
-            pid: 0,
-        };
-        let mut held = Vec::new();
-        let found = path.iter().try_fold(InodeNo::ROOT, |dir, comp| {
-            let ino = self.lookup(&root, dir, OsStr::from_bytes(comp))?.attr.ino;
-            held.push(ino);
-            Ok::<_, VfsError>(ino)
-        });
-        let fd = found.and_then(|ino| {
+        let fd = self.with_path(path, |ino| {
             let node = self.node(ino)?;
             Ok(sys::reopen(node.fd(), libc::O_PATH | libc::O_NOFOLLOW)?)
         });
-        for ino in held {
-            self.forget(ino, 1);
-        }
         let fd = fd?;
         let mut space = CloneSpace::default();
         let mut seen = Seen::new();

@@ -3,6 +3,7 @@
 
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 
 use super::inodes::Node;
 use super::union_ops::Target;
@@ -18,6 +19,32 @@ impl Vfs {
     /// checked search permission on `parent`.
     pub fn lookup(&self, caller: &Caller, parent: InodeNo, name: &OsStr) -> Result<Entry> {
         self.source_of(parent).lookup(self, caller, name)
+    }
+
+    /// Runs `f` on the inode the mount shows at `path` (components from
+    /// its root), looked up as root (the caller checked its way there);
+    /// the references the walk took are dropped after.
+    pub(super) fn with_path<T>(
+        &self,
+        path: &[Vec<u8>],
+        f: impl FnOnce(InodeNo) -> Result<T>,
+    ) -> Result<T> {
+        let root = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 0,
+        };
+        let mut held = Vec::new();
+        let found = path.iter().try_fold(InodeNo::ROOT, |dir, comp| {
+            let ino = self.lookup(&root, dir, OsStr::from_bytes(comp))?.attr.ino;
+            held.push(ino);
+            Ok(ino)
+        });
+        let out = found.and_then(f);
+        for ino in held {
+            self.forget(ino, 1);
+        }
+        out
     }
 
     /// Lookup in a live directory. A name no real entry has may still be

@@ -197,18 +197,50 @@ impl Vfs {
     /// object the name shows now gets a version if history has none of
     /// it, or its live state if it changed unseen. A file an inserted
     /// branch brought is recorded by the background walk; until it got
-    /// there, `f;0` showed the file the branch hid.
+    /// there, `f;0` showed the file the branch hid, and a clone's file
+    /// had no version until its first change.
     pub(super) fn record_shown(&self, dir: &super::inodes::Node, name: &[u8]) {
-        let Some(c) = self.capture() else {
+        if self.capture().is_none() {
             return;
-        };
+        }
         let Ok(entry) = self.lookup_in(dir, OsStr::from_bytes(name)) else {
             return;
         };
-        if let Err(e) = c.before_change(&Live(self), entry.attr.ino.object()) {
+        if let Err(e) = self.record_live_state(entry.attr.ino) {
             tracing::debug!("history: the live state of a versioned name is not recorded: {e}");
         }
         self.forget(entry.attr.ino, 1);
+    }
+
+    /// [`Vfs::record_shown`] for the object at `path` (components from
+    /// the mount's root), before `chronofs log` or `cat --version` asks
+    /// for its versions.
+    pub fn record_shown_at(&self, path: &[Vec<u8>]) {
+        if self.capture().is_none() || path.is_empty() {
+            return;
+        }
+        if let Err(e) = self.with_path(path, |ino| self.record_live_state(ino)) {
+            tracing::debug!("history: the live state of a path asked about is not recorded: {e}");
+        }
+    }
+
+    /// History holds `ino`'s state now. A clone's file never changed is
+    /// recorded as its base's content (not read whole).
+    fn record_live_state(&self, ino: InodeNo) -> Result<()> {
+        let Some(c) = self.capture() else {
+            return Ok(());
+        };
+        if self.clones_on() {
+            let node = self.node(ino)?;
+            if let Some(mark) = self.base_of_file(&node)? {
+                let base = self.with_past(|p| {
+                    p.resolve(&mark.path, mark.at)
+                        .map_err(super::views::past_err)
+                })?;
+                self.baseline_from_base(&node, &mark, base.as_ref())?;
+            }
+        }
+        Ok(c.before_change(&Live(self), ino.object())?)
     }
 
     /// Before `ino` changes.
