@@ -276,7 +276,9 @@ impl Target {
 pub fn parse_at(s: Option<&str>) -> Result<At> {
     match s {
         None => Ok(At::Now),
-        Some(s) => spec::parse(s).map_err(|e| anyhow!(super::UsageError(e.to_string()))),
+        // `@T` as in `.history/@T/`: no tag or time starts with '@'.
+        Some(s) => spec::parse(s.strip_prefix('@').unwrap_or(s))
+            .map_err(|e| anyhow!(super::UsageError(e.to_string()))),
     }
 }
 
@@ -977,7 +979,19 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::mode_str;
+    use super::{mode_str, parse_at};
+    use crate::control::At;
+    use crate::history::Seq;
+
+    #[test]
+    fn instants_read_as_in_history_dir_names() {
+        let at = |s| parse_at(Some(s)).map_err(|e| e.to_string());
+        assert_eq!(at("@start"), Ok(At::Tag("start".into())));
+        assert_eq!(at("@#3"), at("#3"));
+        assert_eq!(at("@3"), Ok(At::Seq(Seq::new(3))));
+        assert_eq!(at("@now"), Ok(At::Now));
+        assert!(at("@@start").is_err());
+    }
 
     #[test]
     fn modes_show_as_ls_shows_them() {
