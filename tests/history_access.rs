@@ -243,6 +243,23 @@ fn a_directory_made_private_keeps_its_past_listing_and_files_private() {
         assert_reads("root: ls .history/@a/d/", &o, "secret-name");
         let o = cat_as(m, ROOT_IDS, ".history/@a/d/secret-name");
         assert_reads("root: cat .history/@a/d/secret-name", &o, "secret in d");
+
+        // A tree diff goes on past the closed directory, as diff -r does:
+        // what the caller may read is compared, the rest said on stderr,
+        // exit 2 (it was refused whole).
+        write_file(&m.p("d/secret-name"), b"secret two\n");
+        write_file(&m.p("open/visible-name"), b"public two\n");
+        let o = chronofs_as(m, NOBODY_IDS, &["diff", ".", "@a"]);
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+        assert!(out.contains("+public two"), "{}", show(&o));
+        assert!(!out.contains("secret"), "leaked: {}", show(&o));
+        assert!(err.contains("permission denied"), "{}", show(&o));
+        let o = chronofs_as(m, ROOT_IDS, &["diff", ".", "@a"]);
+        assert_differs("root: chronofs diff . @a", &o, "+secret two");
     });
 }
 

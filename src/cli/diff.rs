@@ -9,7 +9,7 @@
 //! id is the file's identity), reported once for the topmost directory
 //! that moved.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 
 use anyhow::{bail, Result};
@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::history::{shown, Target};
 use crate::control::proto::{path_text, Instant, NodeInfo, ObjectId};
-use crate::control::{At, Components};
+use crate::control::{At, Components, ControlError};
 
 /// One side of the comparison: relative path (components below the diffed
 /// path) to the entry's description, as `List`/`Stat` give it.
@@ -33,6 +33,9 @@ struct DiffReply {
     b: Instant,
     differ: bool,
     changes: Vec<Change>,
+    /// What the caller may not read at one instant (left out; exit 2).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unreadable: Vec<String>,
 }
 
 #[derive(Serialize, Clone, Copy)]
@@ -82,6 +85,39 @@ impl Change {
     }
 }
 
+/// What could not be compared, as diff(1) reports it and goes on: a
+/// directory or file the caller may not read at one of the instants (a
+/// non-root user's tree with one closed directory was refused whole).
+#[derive(Default)]
+struct Trouble {
+    /// One line each, for stderr.
+    lines: Vec<String>,
+    /// Directories (relative to the diffed path) whose entries are left
+    /// out on both sides: one side's listing alone would read as adds.
+    closed: BTreeSet<Components>,
+}
+
+impl Trouble {
+    /// `e` is a refusal to let the caller read a path (its text names
+    /// the path and the instant): noted, and the comparison goes on; any
+    /// other error stops it.
+    fn note(&mut self, e: ControlError) -> Result<()> {
+        if !matches!(e.errno(), libc::EACCES | libc::EPERM) {
+            return Err(e.into());
+        }
+        let line = e.to_string();
+        if !self.lines.contains(&line) {
+            self.lines.push(line);
+        }
+        Ok(())
+    }
+
+    /// Whether `rel` lies inside a directory left out.
+    fn hides(&self, rel: &Components) -> bool {
+        (0..rel.len()).any(|n| self.closed.contains(&rel[..n].to_vec()))
+    }
+}
+
 /// The differences, ready to print or to serialize.
 struct Report {
     changes: Vec<Change>,
@@ -89,9 +125,15 @@ struct Report {
     texts: Vec<String>,
 }
 
-/// Diffs `t.path` between `a` and `b`; writes the report; returns whether
-/// they differ.
-pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> Result<bool> {
+/// What a diff found: whether the sides differ, and whether some of
+/// them could not be read (each said on stderr).
+pub struct Outcome {
+    pub differ: bool,
+    pub trouble: bool,
+}
+
+/// Diffs `t.path` between `a` and `b`; writes the report.
+pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> Result<Outcome> {
     // A bad instant is an error, not an absent file.
     let client = t.client();
     let ra = client.resolve(a)?;
@@ -116,12 +158,25 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
         _ => {}
     }
     let (shown_root, shown_root_raw) = path_text(&t.path);
-    let (ta, tb) = match (&na, &nb) {
+    let mut trouble = Trouble::default();
+    let (mut ta, mut tb) = match (&na, &nb) {
         (None, None) => bail!("{} existed at neither instant", shown(&shown_root)),
-        (x, y) => (side(t, a, &pa, x.as_ref())?, side(t, b, &pb, y.as_ref())?),
+        (x, y) => (
+            side(t, a, &pa, x.as_ref(), &mut trouble)?,
+            side(t, b, &pb, y.as_ref(), &mut trouble)?,
+        ),
     };
-    let report = compare(t, (a, &pa), (b, &pb), &ta, &tb, !json_out)?;
+    ta.retain(|rel, _| !trouble.hides(rel));
+    tb.retain(|rel, _| !trouble.hides(rel));
+    let report = compare(t, (a, &pa), (b, &pb), (&ta, &tb), !json_out, &mut trouble)?;
     let differ = !report.changes.is_empty();
+    for line in &trouble.lines {
+        eprintln!("chronofs: {line}");
+    }
+    let outcome = Outcome {
+        differ,
+        trouble: !trouble.lines.is_empty(),
+    };
     if json_out {
         let v = DiffReply {
             path: shown_root,
@@ -130,13 +185,14 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
             b: rb,
             differ,
             changes: report.changes,
+            unreadable: trouble.lines,
         };
         writeln!(
             out,
             "{}",
             serde_json::to_string_pretty(&v).unwrap_or_default()
         )?;
-        return Ok(differ);
+        return Ok(outcome);
     }
     for c in &report.changes {
         // A file's own content change is said by its unified diff alone,
@@ -153,7 +209,7 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
     for text in &report.texts {
         write!(out, "{text}")?;
     }
-    Ok(differ)
+    Ok(outcome)
 }
 
 fn stat(t: &Target, path: &Components, at: &At) -> Option<NodeInfo> {
@@ -166,44 +222,69 @@ fn follow(t: &Target, from: &At, to: &At) -> Option<Components> {
 }
 
 /// Everything at and below `base` at one instant.
-fn side(t: &Target, at: &At, base: &Components, top: Option<&NodeInfo>) -> Result<Tree> {
+fn side(
+    t: &Target,
+    at: &At,
+    base: &Components,
+    top: Option<&NodeInfo>,
+    trouble: &mut Trouble,
+) -> Result<Tree> {
     let mut tree = Tree::new();
     let Some(top) = top else {
         return Ok(tree);
     };
     tree.insert(Vec::new(), top.clone());
     if top.kind == "dir" {
-        walk(t, at, base, &mut Vec::new(), &mut tree)?;
+        let mut walk = Walk {
+            t,
+            at,
+            base,
+            tree: &mut tree,
+            trouble,
+        };
+        walk.dir(&mut Vec::new())?;
     }
     Ok(tree)
 }
 
-fn walk(
-    t: &Target,
-    at: &At,
-    base: &Components,
-    rel: &mut Components,
-    tree: &mut Tree,
-) -> Result<()> {
-    let mut path = base.clone();
-    path.extend(rel.iter().cloned());
-    let v = t.client().list(&path, at, false)?;
-    for e in v.entries {
-        // The bytes, not the lossy text: a name that is not UTF-8 must
-        // still be found when its subtree is listed.
-        let name = e.name_bytes();
-        if name.is_empty() {
-            continue;
+/// One side's listing being gathered.
+struct Walk<'a> {
+    t: &'a Target,
+    at: &'a At,
+    base: &'a Components,
+    tree: &'a mut Tree,
+    trouble: &'a mut Trouble,
+}
+
+impl Walk<'_> {
+    fn dir(&mut self, rel: &mut Components) -> Result<()> {
+        let path = joined(self.base, rel);
+        let v = match self.t.client().list(&path, self.at, false) {
+            // The diffed path itself: nothing to compare at all.
+            Err(e) if !rel.is_empty() => {
+                self.trouble.note(e)?;
+                self.trouble.closed.insert(rel.clone());
+                return Ok(());
+            }
+            other => other?,
+        };
+        for e in v.entries {
+            // The bytes, not the lossy text: a name that is not UTF-8
+            // must still be found when its subtree is listed.
+            let name = e.name_bytes();
+            if name.is_empty() {
+                continue;
+            }
+            rel.push(name);
+            let is_dir = e.kind == "dir";
+            self.tree.insert(rel.clone(), e);
+            if is_dir {
+                self.dir(rel)?;
+            }
+            rel.pop();
         }
-        rel.push(name);
-        let is_dir = e.kind == "dir";
-        tree.insert(rel.clone(), e);
-        if is_dir {
-            walk(t, at, base, rel, tree)?;
-        }
-        rel.pop();
+        Ok(())
     }
-    Ok(())
 }
 
 /// A path for a diff header (one line whatever its bytes).
@@ -247,6 +328,7 @@ fn delta(
     (a, pa, x): (&At, &Components, &NodeInfo),
     (b, pb, y): (&At, &Components, &NodeInfo),
     want_text: bool,
+    trouble: &mut Trouble,
 ) -> Result<Delta> {
     let kx = x.kind.clone();
     let ky = y.kind.clone();
@@ -274,7 +356,11 @@ fn delta(
             } else if x.size != y.size && !want_text {
                 d.content = true;
             } else {
-                let (da, db) = (read(t, pa, a)?, read(t, pb, b)?);
+                let (da, db) = match (read(t, pa, a), read(t, pb, b)) {
+                    (Ok(da), Ok(db)) => (da, db),
+                    (Err(e), _) => return unread(trouble.note(e), d, x, y),
+                    (_, Err(e)) => return unread(trouble.note(e), d, x, y),
+                };
                 if da != db {
                     d.content = true;
                     if want_text {
@@ -288,10 +374,18 @@ fn delta(
     Ok(d)
 }
 
-fn read(t: &Target, path: &Components, at: &At) -> Result<Vec<u8>> {
+fn read(t: &Target, path: &Components, at: &At) -> Result<Vec<u8>, ControlError> {
     let mut buf = Vec::new();
     t.client().read(path, at, None, &mut buf)?;
     Ok(buf)
+}
+
+/// A file whose bytes one side may not read: the attributes say what
+/// they can (`noted`: the refusal was noted, or the error to stop with).
+fn unread(noted: Result<()>, mut d: Delta, x: &NodeInfo, y: &NodeInfo) -> Result<Delta> {
+    noted?;
+    d.content = x.size != y.size || x.mtime_ns != y.mtime_ns;
+    Ok(d)
 }
 
 fn text_diff(pa: &str, pb: &str, da: &[u8], db: &[u8]) -> String {
@@ -316,9 +410,9 @@ fn compare(
     t: &Target,
     (a, base_a): Side,
     (b, base_b): Side,
-    ta: &Tree,
-    tb: &Tree,
+    (ta, tb): (&Tree, &Tree),
     want_text: bool,
+    trouble: &mut Trouble,
 ) -> Result<Report> {
     let mut report = Report {
         changes: Vec::new(),
@@ -357,7 +451,7 @@ fn compare(
         let full_b = joined(base_b, rel);
         if let Some(x) = ta.get(rel) {
             let full_a = joined(base_a, rel);
-            let d = delta(t, (a, &full_a, x), (b, &full_b, y), want_text)?;
+            let d = delta(t, (a, &full_a, x), (b, &full_b, y), want_text, trouble)?;
             if full_a != full_b && rel.is_empty() {
                 entries.push((rel, change_value("renamed", Some(&full_a), &full_b, y, &d)));
                 report.texts.extend(d.text);
@@ -372,7 +466,13 @@ fn compare(
             continue;
         };
         let full_a = joined(base_a, from);
-        let d = delta(t, (a, &full_a, &ta[*from]), (b, &full_b, y), want_text)?;
+        let d = delta(
+            t,
+            (a, &full_a, &ta[*from]),
+            (b, &full_b, y),
+            want_text,
+            trouble,
+        )?;
         // Moved along with its directory, unchanged: the directory's
         // rename says it all.
         let implied = match (from.split_last(), rel.split_last()) {

@@ -722,8 +722,9 @@ pub fn main() -> i32 {
             crate::sys::default_sigpipe();
             // diff(1)'s status: 0 same, 1 different, 2 trouble.
             match run_diff(&path, &a, b.as_deref(), &common) {
-                Ok(true) => exit::FAILURE,
-                Ok(false) => exit::OK,
+                Ok(o) if o.trouble => DIFF_TROUBLE,
+                Ok(o) if o.differ => exit::FAILURE,
+                Ok(_) => exit::OK,
                 Err(e) => {
                     eprintln!("chronofs: {}", one_line(&e));
                     DIFF_TROUBLE
@@ -818,15 +819,15 @@ fn run_diff(
     a: &str,
     b: Option<&str>,
     common: &Common,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<diff::Outcome> {
     let t = history::target(path, common.store.as_deref())?;
     let a = history::parse_at(Some(a))?;
     let b = history::parse_at(b)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let differ = diff::diff(&t, &a, &b, common.json, &mut out)?;
+    let outcome = diff::diff(&t, &a, &b, common.json, &mut out)?;
     std::io::Write::flush(&mut out)?;
-    Ok(differ)
+    Ok(outcome)
 }
 
 fn run_history(cmd: Command) -> anyhow::Result<()> {
