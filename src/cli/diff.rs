@@ -114,7 +114,7 @@ impl Trouble {
 
     /// Whether `rel` lies inside a directory left out.
     fn hides(&self, rel: &Components) -> bool {
-        (0..rel.len()).any(|n| self.closed.contains(&rel[..n].to_vec()))
+        (0..rel.len()).any(|n| self.closed.contains(&rel[..n]))
     }
 }
 
