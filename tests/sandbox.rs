@@ -249,7 +249,10 @@ fn sandbox_refuses_bad_input_in_one_line() {
     let m = Mount::new("plain");
     let mnt = m.mnt.to_str().unwrap();
     let not_mounted = m.root().join("native");
-    // The exit status: 2 for a command line missing a part, 1 otherwise.
+    // The exit status: 2 for a command line missing a part, env(1)'s 127
+    // and 126 for a command not found or not executable, 1 otherwise.
+    let not_exe = m.root().join("not-exe");
+    std::fs::write(&not_exe, b"#!/bin/sh\n").unwrap();
     for (args, want, code) in [
         (
             vec!["sandbox", not_mounted.to_str().unwrap(), "--", "true"],
@@ -270,8 +273,18 @@ fn sandbox_refuses_bad_input_in_one_line() {
         ),
         (
             vec!["sandbox", mnt, "--", "/no/such/program"],
-            "cannot run /no/such/program",
-            1,
+            "cannot run /no/such/program: no such program",
+            127,
+        ),
+        (
+            vec!["sandbox", mnt, "--", "no-such-program-on-path"],
+            "no such program",
+            127,
+        ),
+        (
+            vec!["sandbox", mnt, "--", not_exe.to_str().unwrap()],
+            "not executable",
+            126,
         ),
     ] {
         let out = chronofs_in(m.root(), &args);

@@ -32,7 +32,28 @@ pub mod exit {
     pub const FAILURE: i32 = 1;
     /// The command line was malformed (unknown verb, option or -o value).
     pub const USAGE: i32 = 2;
+    /// `sandbox`'s command was found but could not be run (env(1)'s).
+    pub const CANNOT_RUN: i32 = 126;
+    /// `sandbox`'s command was not found (env(1)'s, the shell's).
+    pub const NOT_FOUND: i32 = 127;
 }
+
+/// A command `chronofs sandbox` was to run that could not run: exits
+/// with `code` ([`exit::NOT_FOUND`] or [`exit::CANNOT_RUN`]), as env(1)
+/// does, so a caller tells it from the command's own failure.
+#[derive(Debug)]
+pub(crate) struct CannotRun {
+    pub code: i32,
+    pub message: String,
+}
+
+impl std::fmt::Display for CannotRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CannotRun {}
 
 /// A malformed value on the command line (a time, a duration, a size)
 /// found after clap's parse: exits with [`exit::USAGE`] like clap's own.
@@ -766,6 +787,9 @@ fn report(r: anyhow::Result<()>) -> i32 {
         Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("chronofs: {}", one_line(&e));
+            if let Some(c) = e.downcast_ref::<CannotRun>() {
+                return c.code;
+            }
             match e.is::<UsageError>() {
                 true => exit::USAGE,
                 false => exit::FAILURE,

@@ -48,8 +48,8 @@ pub fn run(mnt: &Path, id: Option<u32>, cmd: &[OsString]) -> Result<()> {
     };
     let (mnt, socket) = mount_at(mnt)?;
     // Before a sandbox is made for it.
-    if !runnable(prog) {
-        bail!("cannot run {}: no such program", prog.to_string_lossy());
+    if let Some(why) = unrunnable(prog) {
+        return Err(why.into());
     }
     // Resolved again inside the namespace: a directory under the mount
     // point then leads into the sandbox.
@@ -86,20 +86,44 @@ pub fn run(mnt: &Path, id: Option<u32>, cmd: &[OsString]) -> Result<()> {
         row.id
     );
     let e = std::process::Command::new(prog).args(args).exec();
-    Err(anyhow!("cannot run {}: {e}", prog.to_string_lossy()))
+    let code = match e.raw_os_error() {
+        Some(libc::ENOENT) => super::exit::NOT_FOUND,
+        _ => super::exit::CANNOT_RUN,
+    };
+    Err(super::CannotRun {
+        code,
+        message: format!("cannot run {}: {e}", prog.to_string_lossy()),
+    }
+    .into())
 }
 
-/// Whether `prog` names an executable file, as execvp(3) would find it.
-fn runnable(prog: &std::ffi::OsStr) -> bool {
+/// Why `prog` cannot run, as execvp(3) would find it: not found (127),
+/// or found but not executable (126).
+fn unrunnable(prog: &std::ffi::OsStr) -> Option<super::CannotRun> {
     use std::os::unix::fs::PermissionsExt;
-    let is_exe = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    let file = |p: &Path| std::fs::metadata(p).ok().filter(|m| m.is_file());
+    let is_exe = |m: &std::fs::Metadata| m.permissions().mode() & 0o111 != 0;
+    let found: Vec<std::fs::Metadata> = if prog.as_encoded_bytes().contains(&b'/') {
+        file(Path::new(prog)).into_iter().collect()
+    } else {
+        let path =
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        std::env::split_paths(&path)
+            .filter_map(|dir| file(&dir.join(prog)))
+            .collect()
     };
-    if prog.as_encoded_bytes().contains(&b'/') {
-        return is_exe(Path::new(prog));
+    let shown = prog.to_string_lossy();
+    match (found.iter().any(is_exe), found.is_empty()) {
+        (true, _) => None,
+        (false, true) => Some(super::CannotRun {
+            code: super::exit::NOT_FOUND,
+            message: format!("cannot run {shown}: no such program"),
+        }),
+        (false, false) => Some(super::CannotRun {
+            code: super::exit::CANNOT_RUN,
+            message: format!("cannot run {shown}: not executable"),
+        }),
     }
-    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path).any(|dir| is_exe(&dir.join(prog)))
 }
 
 #[derive(Serialize)]
