@@ -613,3 +613,23 @@ fn kept_listings_show_restores_deletions_and_new_tags_at_once() {
         assert!(names(&m.p(".history")).contains(&"@t2".to_string()));
     });
 }
+
+/// A version name of the store's own directory names nobody's file:
+/// looking it up records nothing (`.chronofs;0` recorded the store's
+/// listing as a change of history's own).
+#[test]
+fn version_names_of_the_store_record_nothing() {
+    let m = Mount::new("");
+    write_file(&m.p("a"), b"a");
+    let changes = || {
+        let out = chrono_ok(&m, &["fsck", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["chained_changes"].as_u64().unwrap()
+    };
+    let before = changes();
+    for name in [".chronofs;0", ".chronofs;1", ".chronofs;-1"] {
+        assert_eq!(errno_of(fs::metadata(m.p(name))), libc::ENOENT, "{name}");
+    }
+    assert_eq!(changes(), before);
+    assert_eq!(fs::read(m.p("a;0")).unwrap(), b"a");
+}

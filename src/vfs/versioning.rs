@@ -200,10 +200,12 @@ impl Vfs {
     /// there, `f;0` showed the file the branch hid, and a clone's file
     /// had no version until its first change.
     pub(super) fn record_shown(&self, dir: &super::inodes::Node, name: &[u8]) {
-        if self.capture().is_none() {
+        let name = OsStr::from_bytes(name);
+        // The store and the hidden temporaries are no one's files.
+        if self.capture().is_none() || self.is_own_name(dir.ino == InodeNo::ROOT, name) {
             return;
         }
-        let Ok(entry) = self.lookup_in(dir, OsStr::from_bytes(name)) else {
+        let Ok(entry) = self.lookup_in(dir, name) else {
             return;
         };
         if let Err(e) = self.record_live_state(entry.attr.ino) {
