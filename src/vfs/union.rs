@@ -8,7 +8,7 @@
 use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -209,6 +209,10 @@ pub struct Union {
     /// redirect followed from the upper one passes over the lower one's
     /// whiteouts ([`Union::folded_whiteout`]).
     fold: Mutex<Option<(BranchId, BranchId)>>,
+    /// How many times a fold began or ended: an operation that failed
+    /// because of a fold ending just then finds the fold gone when it
+    /// looks, and must still try again.
+    fold_changes: AtomicU64,
     /// Some member's index holds entries of its own files
     /// (`Member::holds_own`): only then does a lookup of a regular file
     /// with one link look at the member (every lookup passes here).
@@ -265,6 +269,7 @@ impl Union {
             opts,
             set_lock: RwLock::new(()),
             fold: Mutex::new(None),
+            fold_changes: AtomicU64::new(0),
             any_holds_own: AtomicBool::new(any_holds_own),
             copying: Mutex::new(HashSet::new()),
             copied: Condvar::new(),
@@ -278,6 +283,12 @@ impl Union {
 
     pub(super) fn set_fold(&self, fold: Option<(BranchId, BranchId)>) {
         *self.fold.lock() = fold;
+        self.fold_changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A mark to pass to [`Vfs::gone_mid_fold`] (see `fold_changes`).
+    pub(super) fn fold_mark(&self) -> u64 {
+        self.fold_changes.load(Ordering::Acquire)
     }
 
     /// Whether a redirect followed from branch `from` passes over a
@@ -919,9 +930,15 @@ impl Vfs {
         Ok(self.walk(dir, &sys::cstr(name)?)?.is_some())
     }
 
-    /// Whether a snapmerge is folding two branches now.
-    fn gone_mid_fold(&self) -> bool {
-        self.union().is_some_and(|u| u.merging())
+    /// Whether a snapmerge is folding two branches now, or one began or
+    /// ended since `mark` ([`Vfs::fold_mark`]) was taken.
+    fn gone_mid_fold(&self, mark: u64) -> bool {
+        self.union()
+            .is_some_and(|u| u.merging() || u.fold_mark() != mark)
+    }
+
+    fn fold_mark(&self) -> u64 {
+        self.union().map_or(0, |u| u.fold_mark())
     }
 
     /// Whether `e` says a directory copy is gone because a snapmerge
@@ -1103,9 +1120,10 @@ impl Vfs {
     pub(super) fn writable_dir(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
         let mut tries = 0;
         loop {
+            let mark = self.fold_mark();
             match self.writable_dir_once(caller, ino) {
                 // A fold moved or removed a copy it was to copy from.
-                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold() => {
+                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold(mark) => {
                     tries += 1;
                     self.found_again_mid_merge(ino)?;
                 }
@@ -1213,8 +1231,9 @@ impl Vfs {
         // changes where the change goes: never in a read-only branch.
         let mut tries = 0;
         let node = loop {
+            let mark = self.fold_mark();
             match self.writable_in_union(caller, ino, self.node(ino)?, keep) {
-                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold() => {
+                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold(mark) => {
                     tries += 1;
                     self.found_again_mid_merge(ino)?;
                 }
