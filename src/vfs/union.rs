@@ -968,12 +968,14 @@ impl Vfs {
 
     /// Lookup in a union directory.
     pub(super) fn union_lookup(&self, dir: &Node, name: &OsStr) -> Result<Entry> {
-        let merging = || self.union().is_some_and(|u| u.merging());
         let mut tries = 0;
         loop {
+            let mark = self.fold_mark();
             match self.union_lookup_once(dir, name) {
                 // Moved to a lower branch between being found and opened.
-                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && merging() => tries += 1,
+                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold(mark) => {
+                    tries += 1
+                }
                 r => return r,
             }
         }
@@ -1118,16 +1120,33 @@ impl Vfs {
     /// single-branch mount; in a union its copy in the upper branch, made
     /// (with its missing parents) if it has none yet.
     pub(super) fn writable_dir(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
+        self.again_after_fold(ino, || self.writable_dir_once(caller, ino))
+    }
+
+    /// Runs `attempt` (a copy-up of `ino`, or of a directory it needs)
+    /// again when it failed because a snapmerge's fold moved or removed
+    /// what it copies from, once `ino` and its parents are found again
+    /// where the fold put them. Mid-move an object may be found nowhere
+    /// for a moment (ESTALE, ENOENT): the next try looks again. A fold
+    /// that ended before the look still counts (`fold_mark`).
+    fn again_after_fold<T>(&self, ino: InodeNo, attempt: impl Fn() -> Result<T>) -> Result<T> {
+        const TRIES: u32 = 8;
+        let gone = |e: &VfsError| e.errno_is(libc::ENOENT) || e.errno_is(libc::ESTALE);
         let mut tries = 0;
         loop {
             let mark = self.fold_mark();
-            match self.writable_dir_once(caller, ino) {
-                // A fold moved or removed a copy it was to copy from.
-                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold(mark) => {
-                    tries += 1;
-                    self.found_again_mid_merge(ino)?;
-                }
+            let e = match attempt() {
+                Err(e) if gone(&e) => e,
                 r => return r,
+            };
+            if tries >= TRIES || !self.gone_mid_fold(mark) {
+                return Err(e);
+            }
+            tries += 1;
+            let mark = self.fold_mark();
+            match self.found_again_mid_merge(ino) {
+                Err(e) if gone(&e) && tries < TRIES && self.gone_mid_fold(mark) => {}
+                r => r?,
             }
         }
     }
@@ -1229,17 +1248,9 @@ impl Vfs {
     ) -> Result<(Node, Option<std::sync::Arc<super::clone_patch::Patched>>)> {
         // A clone's file copies up with its mark (its own blocks only), and
         // changes where the change goes: never in a read-only branch.
-        let mut tries = 0;
-        let node = loop {
-            let mark = self.fold_mark();
-            match self.writable_in_union(caller, ino, self.node(ino)?, keep) {
-                Err(e) if e.errno_is(libc::ENOENT) && tries < 3 && self.gone_mid_fold(mark) => {
-                    tries += 1;
-                    self.found_again_mid_merge(ino)?;
-                }
-                r => break r?,
-            }
-        };
+        let node = self.again_after_fold(ino, || {
+            self.writable_in_union(caller, ino, self.node(ino)?, keep)
+        })?;
         let made = match self.clones_on() {
             true => self.before_clone_change_for(&node, open)?,
             false => None,
