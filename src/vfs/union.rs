@@ -1017,8 +1017,10 @@ impl Vfs {
                 }
                 // Also an inode made elsewhere first (a clone's file a
                 // `.history/` lookup reached): its count must follow links.
+                // A linked file found in no index is not read again.
                 let unnoted = inode.union_nlink().is_none();
-                if unnoted && (via_index || super::union_links::is_linked(&st, u.ns)) {
+                let linked = super::union_links::is_linked(&st, u.ns) && !inode.known_unindexed();
+                if unnoted && (via_index || linked) {
                     let node = self.inodes.node_of(inode.clone())?;
                     self.note_if_indexed(u, &inode, (node.fd(), &st), via_index);
                 }

@@ -119,6 +119,9 @@ impl Vfs {
         }
         match index::nlink(fd, u.ns) {
             Ok(Some(n)) => inode.set_union_nlink(n.max(1)),
+            // Found by its own key, it never becomes an index's file: a
+            // copy-up that indexes it goes under another key.
+            Ok(None) if !via_index => inode.set_unindexed(),
             Ok(None) => {}
             Err(e) => tracing::debug!("union: link count of inode {} unread: {e}", inode.ino.0),
         }
