@@ -391,6 +391,74 @@ fn a_clone_file_shows_its_bytes_blocks_and_tar_sparse_keeps_them() {
     assert_eq!(fs::read(out.join("p/f")).unwrap(), patched);
 }
 
+/// The data runs of `p` as SEEK_DATA and SEEK_HOLE give them.
+fn layout(p: &Path) -> Vec<(i64, i64)> {
+    let fd = Fd::open(p, libc::O_RDONLY, 0).unwrap();
+    let mut runs = Vec::new();
+    let mut pos = 0;
+    while let Ok(data) = fd.lseek(pos, libc::SEEK_DATA) {
+        let hole = fd.lseek(data, libc::SEEK_HOLE).unwrap();
+        runs.push((data, hole));
+        pos = hole;
+    }
+    runs
+}
+
+/// A clone of a sparse file, and a version of one, lay out as the file
+/// did: SEEK_DATA and SEEK_HOLE find its holes, its block count is its
+/// data's, and `cp` (which looks at both) makes a sparse copy. All of it
+/// was data before, with a whole file's blocks: every copy of a sparse
+/// image from a clone or from history was dense.
+#[test]
+fn a_clone_and_a_version_of_a_sparse_file_keep_its_holes() {
+    const MIB: i64 = 1 << 20;
+    let m = Mount::new_with("", |src| {
+        let f = fs::File::create(src.join("sp")).unwrap();
+        f.set_len(16 << 20).unwrap();
+        f.write_all_at(&pattern(1 << 20, 1), 2 << 20).unwrap();
+        f.write_all_at(&pattern(1 << 20, 2), 9 << 20).unwrap();
+    });
+    let base = vec![(2 * MIB, 3 * MIB), (9 * MIB, 10 * MIB)];
+    assert_eq!(layout(&m.p("sp")), base, "the file itself");
+    succeeded(clone(&m.p("sp"), &m.p("c")));
+    succeeded(clone(&m.p("sp"), &m.p("p")));
+    // Inside a hole of the base and inside its data.
+    write_at(&m.p("p"), 5 << 20, b"own");
+    write_at(&m.p("p"), (9 << 20) + 100, b"own");
+    let own = (5 * MIB, 5 * MIB + 4096);
+    let check = |name: &str, want: &[(i64, i64)]| {
+        if !tmp_shares_blocks() || !name.starts_with('p') {
+            assert_eq!(layout(&m.p(name)), want, "{name}");
+        }
+        let data: i64 = want.iter().map(|(a, b)| b - a).sum();
+        let shown = fs::metadata(m.p(name)).unwrap().blocks() as i64 * 512;
+        assert!(
+            shown >= data - 8192 && shown <= data + (64 << 10),
+            "{name}: {shown} bytes in blocks for {data} of data"
+        );
+        let copy = m.root().join(format!("copy-{}", name.replace('/', "_")));
+        run(
+            m.root(),
+            "cp",
+            &[m.p(name).to_str().unwrap(), copy.to_str().unwrap()],
+        );
+        let copied = fs::metadata(&copy).unwrap().blocks() as i64 * 512;
+        assert!(copied <= data + (64 << 10), "cp of {name}: {copied} bytes");
+        assert!(fs::read(&copy).unwrap() == fs::read(m.p(name)).unwrap());
+    };
+    // History's version is the live file's layout while it is unchanged.
+    for name in ["c", "sp;0", ".history/@now/sp"] {
+        check(name, &base);
+    }
+    check("p", &[base[0], own, base[1]]);
+    // Changed, the file's past and the clone read history's record.
+    write_at(&m.p("sp"), 0, b"changed");
+    for name in ["c", "sp;1"] {
+        check(name, &base);
+    }
+    check("sp;0", &[(0, 4096), base[0], base[1]]);
+}
+
 /// A copy made in a clone's directory inherited that directory's default
 /// ACL (its base's): a named entry then let a third user read a file its
 /// base kept from them. A copy keeps its base's own ACLs only. User

@@ -1305,6 +1305,31 @@ pub fn data_ranges(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<(u64, u64)>>
     Ok(out)
 }
 
+/// The run of `fd`'s layout holding `pos`, for a file shown as `size`
+/// bytes: `(data, end)`, data or a hole from `pos` up to `end` (always
+/// past `pos`); `None` at or past `size`. Where the file system cannot
+/// tell, all of it is data; past the backing file's own end, a hole.
+pub fn layout_run(fd: BorrowedFd<'_>, pos: u64, size: u64) -> io::Result<Option<(bool, u64)>> {
+    if pos >= size {
+        return Ok(None);
+    }
+    let enxio = |e: &io::Error| e.raw_os_error() == Some(libc::ENXIO);
+    let at = pos as i64;
+    match lseek(fd, at, libc::SEEK_HOLE) {
+        Ok(hole) if hole as u64 > pos => Ok(Some((true, (hole as u64).min(size)))),
+        Ok(_) => match lseek(fd, at, libc::SEEK_DATA) {
+            Ok(data) if data as u64 > pos => Ok(Some((false, (data as u64).min(size)))),
+            // Written between the two calls.
+            Ok(_) => Ok(Some((true, size))),
+            Err(e) if enxio(&e) => Ok(Some((false, size))),
+            Err(e) => Err(e),
+        },
+        Err(e) if enxio(&e) => Ok(Some((false, size))),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(Some((true, size))),
+        Err(e) => Err(e),
+    }
+}
+
 /// The extents `FS_IOC_FIEMAP` fills in per call.
 const FIEMAP_BATCH: usize = 64;
 

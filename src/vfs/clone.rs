@@ -267,6 +267,8 @@ pub(super) struct Clones {
     /// Otherwise `tar` (ctime compared around its read) and others saw a
     /// change where the user made none.
     pub(super) kept_ctime: parking_lot::Mutex<HashMap<InodeNo, (Ctime, Ctime)>>,
+    /// What `Vfs::base_blocks` found, by the mark and size it was for.
+    pub(super) base_blocks: parking_lot::Mutex<HashMap<InodeNo, (Mark, u64, i64)>>,
 }
 
 /// A ctime: seconds and nanoseconds.

@@ -26,7 +26,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use super::clone::Mark;
-use super::views::{read_reader_into, Reader};
+use super::views::{data_bytes, read_reader_into, run_at, seek_layout, Reader};
 use super::{errno, Caller, InodeNo, Result, Stat, Vfs};
 use crate::capture::Readable;
 use crate::history::past::Node as PastNode;
@@ -76,6 +76,16 @@ impl Runs {
 
     pub(super) fn total(&self) -> u64 {
         self.pairs().map(|(s, e)| e - s).sum()
+    }
+
+    /// How many bytes of [start, end) the runs hold.
+    pub(super) fn overlap(&self, start: u64, end: u64) -> u64 {
+        let first = self.0.range(..=start).next_back().map(|(s, _)| *s);
+        let from = first.unwrap_or(start);
+        self.0
+            .range(from..end)
+            .map(|(s, e)| (*e).min(end).saturating_sub((*s).max(start)))
+            .sum()
     }
 
     /// Adds [start, end), merging what it overlaps or touches.
@@ -435,16 +445,41 @@ impl Patched {
         }
     }
 
-    /// SEEK_DATA/SEEK_HOLE: all of it is data (the holes of the backing
-    /// file are the base's bytes).
+    /// SEEK_DATA/SEEK_HOLE as the file shows: its own blocks are data,
+    /// elsewhere the base's layout shows (`cp` and `tar` keep a sparse
+    /// base's holes).
     pub(in crate::vfs) fn lseek(&self, offset: i64, whence: i32) -> Result<i64> {
-        let size = self.state.lock().size as i64;
-        match whence {
-            libc::SEEK_DATA if offset < size => Ok(offset),
-            libc::SEEK_HOLE if offset < size => Ok(size),
-            libc::SEEK_DATA | libc::SEEK_HOLE => Err(errno(libc::ENXIO)),
-            _ => Err(errno(libc::EINVAL)),
+        let mut st = self.state.lock();
+        if st.done {
+            return Ok(sys::lseek(self.fd.as_fd(), offset, whence)?);
         }
+        let size = st.size;
+        seek_layout(size, offset, whence, |pos| self.run_at_locked(&mut st, pos))
+    }
+
+    /// The run of the file's layout holding `pos` (as `views::run_at`).
+    pub(in crate::vfs) fn run_at(&self, pos: u64) -> Result<Option<(bool, u64)>> {
+        self.run_at_locked(&mut self.state.lock(), pos)
+    }
+
+    fn run_at_locked(&self, st: &mut State, pos: u64) -> Result<Option<(bool, u64)>> {
+        if st.done {
+            let size = sys::fstat(self.fd.as_fd())?.st_size as u64;
+            return Ok(sys::layout_run(self.fd.as_fd(), pos, size)?);
+        }
+        if pos >= st.base_len {
+            return Ok(sys::layout_run(self.fd.as_fd(), pos, st.size)?);
+        }
+        let limit = match st.own.at(pos) {
+            Ok(end) => return Ok((pos < st.size).then(|| (true, end.min(st.size)))),
+            Err(next) => next.unwrap_or(u64::MAX).min(st.base_len).min(st.size),
+        };
+        if pos >= limit {
+            return Ok(None);
+        }
+        // A base cut short by a crash reads zeros past its end.
+        let run = run_at(&self.history, &mut st.base, pos)?.unwrap_or((false, limit));
+        Ok(Some((run.0, run.1.min(limit))))
     }
 
     /// Bytes still read from the base.
@@ -818,7 +853,27 @@ impl Readable for CloneContent {
     }
 
     fn data_ranges(&self, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
-        Ok(vec![(0, size)])
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < size {
+            let run = match &self.bytes {
+                Bytes::Base { history, reader } => run_at(history, &mut reader.lock(), pos),
+                Bytes::Patched(p) => p.run_at(pos),
+            }
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+            let Some((data, end)) = run else {
+                break;
+            };
+            let end = end.min(size);
+            if end <= pos {
+                break;
+            }
+            if data {
+                out.push((pos, end - pos));
+            }
+            pos = end;
+        }
+        Ok(out)
     }
 
     fn xattrs(&self) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -1014,6 +1069,36 @@ impl Vfs {
 
     /// `ino` was copied up: a patched file known for it reads and writes
     /// the copy left behind, and the next use loads the new one.
+    /// The 512-byte blocks a clone's file (`mark`, `size` bytes) shows
+    /// of its base beside its backing file's own: the base's data, not
+    /// its holes, so that `cp` and `tar -S` find a sparse base sparse.
+    pub(in crate::vfs) fn base_blocks(&self, ino: InodeNo, mark: &Mark, size: u64) -> Result<i64> {
+        if let Some((m, s, blocks)) = self.clones.base_blocks.lock().get(&ino) {
+            if m == mark && *s == size {
+                return Ok(*blocks);
+            }
+        }
+        let history = self.capture().ok_or(super::VfsError::NoHistory)?.history();
+        let mut base = self.base_reader(mark.at, &mark.path)?;
+        let (base_len, own) = match &mark.patch {
+            Some(p) => (p.base_len.min(size), p.own.clone()),
+            None => (size, Runs::default()),
+        };
+        let bytes = data_bytes(
+            0,
+            base_len,
+            |pos| run_at(history, &mut base, pos),
+            |s, e| own.overlap(s, e),
+        )?;
+        let blocks = bytes.div_ceil(512) as i64;
+        let mut known = self.clones.base_blocks.lock();
+        if known.len() >= 4096 {
+            known.clear();
+        }
+        known.insert(ino, (mark.clone(), size, blocks));
+        Ok(blocks)
+    }
+
     pub(in crate::vfs) fn forget_patched(&self, ino: InodeNo) {
         self.clones.patched.lock().remove(&ino);
     }

@@ -304,10 +304,11 @@ impl Vfs {
     }
 
     /// A clone's file that reads its base's bytes has a backing file of
-    /// holes (all of it, or all but its own blocks): its blocks are shown
-    /// as a whole file's, as the base's view shows them and a reflink copy
-    /// would. With the backing file's count, `tar -S` took a file with
-    /// no blocks for all holes and archived zeros, and `du` showed none.
+    /// holes (all of it, or all but its own blocks): its blocks are its
+    /// own and those of the base's data it shows, as a reflink copy's
+    /// would be. With the backing file's count alone, `tar -S` took a file
+    /// with no blocks for all holes and archived zeros, and `du` showed
+    /// none; with a whole file's, `cp` made a copy of a sparse base dense.
     fn show_base_blocks(&self, inode: &Arc<Inode>, st: &mut Stat) {
         let whole = (st.st_size.max(0) as u64).div_ceil(512) as i64;
         if !self.clones_on()
@@ -321,7 +322,15 @@ impl Vfs {
             return;
         };
         match self.mark_of(&node) {
-            Ok(Some(mark)) if !mark.dir => st.st_blocks = whole,
+            Ok(Some(mark)) if !mark.dir => {
+                st.st_blocks = match self.base_blocks(inode.ino, &mark, st.st_size as u64) {
+                    Ok(base) => st.st_blocks + base,
+                    Err(e) => {
+                        tracing::debug!("clone: base blocks of inode {}: {e}", inode.ino.0);
+                        whole
+                    }
+                }
+            }
             Ok(_) => {}
             Err(e) => tracing::debug!("clone: mark of inode {} unread: {e}", inode.ino.0),
         }

@@ -25,7 +25,7 @@ mod list;
 mod lookup;
 mod read;
 
-pub(in crate::vfs) use read::read_reader_into;
+pub(in crate::vfs) use read::{data_bytes, read_reader_into, run_at, seek_layout};
 mod removal;
 
 use std::collections::HashMap;
@@ -472,6 +472,14 @@ impl Vfs {
         let ino = self.view_number(at, obj)?;
         let st = self.hold_view(ino, || {
             let mut st = stat_of(&v, ino);
+            if let Content::File { manifest } = &v.content {
+                // A sparse file's holes hold no blocks: `cp` and `tar -S`
+                // look at the count to decide to look for them.
+                match self.history()?.manifest(manifest) {
+                    Ok(m) => st.st_blocks = read::recorded_data(&m).div_ceil(512) as i64,
+                    Err(e) => tracing::debug!("history view: manifest of {obj} unread: {e}"),
+                }
+            }
             let state = State::Hist { v };
             // A directory's versions are not recorded when entries come
             // and go: its link count is that of its listing, where the

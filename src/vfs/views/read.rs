@@ -374,20 +374,149 @@ impl Vfs {
         let ViewHandle::File { reader, .. } = &*handle else {
             return Err(errno(libc::EISDIR));
         };
-        let size = match &reader.lock().source {
-            ReadFrom::Head { expect, .. } => expect.size as i64,
-            ReadFrom::Patched { file, .. } => file.size() as i64,
-            ReadFrom::Chunks { manifest, .. } => {
-                manifest.extents.iter().map(|e| i64::from(e.len)).sum()
-            }
+        let h = self.history()?;
+        let mut r = reader.lock();
+        let size = match &r.source {
+            ReadFrom::Head { expect, .. } => expect.size,
+            ReadFrom::Patched { file, .. } => file.size(),
+            ReadFrom::Chunks {
+                starts, manifest, ..
+            } => match (starts.last(), manifest.extents.last()) {
+                (Some(s), Some(e)) => s + u64::from(e.len),
+                _ => 0,
+            },
         };
-        match whence {
-            libc::SEEK_DATA if offset < size => Ok(offset),
-            libc::SEEK_HOLE if offset < size => Ok(size),
-            libc::SEEK_DATA | libc::SEEK_HOLE => Err(errno(libc::ENXIO)),
-            _ => Err(errno(libc::EINVAL)),
-        }
+        seek_layout(size, offset, whence, |pos| run_at(h, &mut r, pos))
     }
+}
+
+/// lseek(2)'s SEEK_DATA and SEEK_HOLE in a file of `size` bytes whose
+/// layout `run_at` gives (as [`run_at`] does); other whences are EINVAL.
+pub(in crate::vfs) fn seek_layout(
+    size: u64,
+    offset: i64,
+    whence: i32,
+    mut run_at: impl FnMut(u64) -> Result<Option<(bool, u64)>>,
+) -> Result<i64> {
+    let want_data = match whence {
+        libc::SEEK_DATA => true,
+        libc::SEEK_HOLE => false,
+        _ => return Err(errno(libc::EINVAL)),
+    };
+    let mut pos = match u64::try_from(offset) {
+        Ok(p) if p < size => p,
+        _ => return Err(errno(libc::ENXIO)),
+    };
+    while let Some((data, end)) = run_at(pos)? {
+        if data == want_data {
+            return Ok(pos as i64);
+        }
+        if end <= pos {
+            break;
+        }
+        pos = end;
+    }
+    // Past the last data, the end of the file is a hole.
+    if want_data {
+        Err(errno(libc::ENXIO))
+    } else {
+        Ok(size as i64)
+    }
+}
+
+/// Bytes of data (not holes) in [`from`, `to`) of what `run_at` lays
+/// out, leaving out what `skip` says is counted elsewhere (given a run,
+/// the bytes of it to leave out).
+pub(in crate::vfs) fn data_bytes(
+    from: u64,
+    to: u64,
+    mut run_at: impl FnMut(u64) -> Result<Option<(bool, u64)>>,
+    skip: impl Fn(u64, u64) -> u64,
+) -> Result<u64> {
+    let mut pos = from;
+    let mut total = 0;
+    while pos < to {
+        let Some((data, end)) = run_at(pos)? else {
+            break;
+        };
+        let end = end.min(to);
+        if end <= pos {
+            break;
+        }
+        if data {
+            total += (end - pos) - skip(pos, end);
+        }
+        pos = end;
+    }
+    Ok(total)
+}
+
+/// The run of what `r` reads holding `pos`: `(data, end)`, data or a hole
+/// from `pos` to `end`; `None` at or past its end. Checked as reads are:
+/// a live file that changed since gives way to history's record.
+pub(in crate::vfs) fn run_at(h: &History, r: &mut Reader, pos: u64) -> Result<Option<(bool, u64)>> {
+    if let ReadFrom::Patched { file, generation } = &r.source {
+        let same =
+            |f: &crate::vfs::clone_patch::Patched| f.generation() == *generation && !f.is_done();
+        if same(file) {
+            let run = file.run_at(pos)?;
+            if same(file) {
+                return Ok(run);
+            }
+        }
+        r.source = chunk_source(h, r.obj, r.at)?;
+    }
+    if let ReadFrom::Head {
+        fd,
+        expect,
+        latest,
+        as_of,
+    } = &mut r.source
+    {
+        let run = sys::layout_run(fd.as_fd(), pos, expect.size)?;
+        let now = attrs_of(&sys::fstat(fd.as_fd())?);
+        if expect.same_state(&now) && unchanged_versions(h, r.obj, latest, as_of)? {
+            return Ok(run);
+        }
+        r.source = chunk_source(h, r.obj, r.at)?;
+    }
+    let ReadFrom::Chunks {
+        manifest, starts, ..
+    } = &r.source
+    else {
+        return Err(VfsError::WrongKind);
+    };
+    Ok(chunk_run(manifest, starts, pos))
+}
+
+/// [`run_at`] in recorded extents (`starts`: each one's offset): an
+/// extent without a chunk is a hole.
+fn chunk_run(manifest: &Manifest, starts: &[u64], pos: u64) -> Option<(bool, u64)> {
+    let mut i = starts.partition_point(|s| *s <= pos).checked_sub(1)?;
+    let data = manifest.extents.get(i)?.chunk.is_some();
+    let mut end = starts[i] + u64::from(manifest.extents[i].len);
+    if end <= pos {
+        return None;
+    }
+    // Neighbours of the same kind are one run.
+    while let Some(next) = manifest.extents.get(i + 1) {
+        if next.chunk.is_some() != data {
+            break;
+        }
+        i += 1;
+        end += u64::from(next.len);
+    }
+    Some((data, end))
+}
+
+/// Bytes of data (not holes) a recorded file holds.
+pub(in crate::vfs) fn recorded_data(manifest: &Manifest) -> u64 {
+    manifest
+        .extents
+        .iter()
+        .filter(|e| e.chunk.is_some())
+        .map(|e| u64::from(e.len))
+        .sum()
 }
 
 pub(super) fn chunk_source(h: &History, obj: ObjectId, at: Seq) -> Result<ReadFrom> {
