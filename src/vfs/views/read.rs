@@ -455,30 +455,13 @@ pub(in crate::vfs) fn data_bytes(
 /// from `pos` to `end`; `None` at or past its end. Checked as reads are:
 /// a live file that changed since gives way to history's record.
 pub(in crate::vfs) fn run_at(h: &History, r: &mut Reader, pos: u64) -> Result<Option<(bool, u64)>> {
-    if let ReadFrom::Patched { file, generation } = &r.source {
-        let same =
-            |f: &crate::vfs::clone_patch::Patched| f.generation() == *generation && !f.is_done();
-        if same(file) {
-            let run = file.run_at(pos)?;
-            if same(file) {
-                return Ok(run);
-            }
-        }
-        r.source = chunk_source(h, r.obj, r.at)?;
+    if let Some(run) = on_patched(h, r, |file| file.run_at(pos))? {
+        return Ok(run);
     }
-    if let ReadFrom::Head {
-        fd,
-        expect,
-        latest,
-        as_of,
-    } = &mut r.source
-    {
-        let run = sys::layout_run(fd.as_fd(), pos, expect.size)?;
-        let now = attrs_of(&sys::fstat(fd.as_fd())?);
-        if expect.same_state(&now) && unchanged_versions(h, r.obj, latest, as_of)? {
-            return Ok(run);
-        }
-        r.source = chunk_source(h, r.obj, r.at)?;
+    if let Some(run) = on_head(h, r, |fd, expect| {
+        Ok(sys::layout_run(fd, pos, expect.size)?)
+    })? {
+        return Ok(run);
     }
     let ReadFrom::Chunks {
         manifest, starts, ..
@@ -487,6 +470,66 @@ pub(in crate::vfs) fn run_at(h: &History, r: &mut Reader, pos: u64) -> Result<Op
         return Err(VfsError::WrongKind);
     };
     Ok(chunk_run(manifest, starts, pos))
+}
+
+/// Runs `f` on the live patched file `r` reads, if it does: its answer
+/// if the file did not change meanwhile; else (or once materialised,
+/// when its writes no longer go through it) `r` reads history's record
+/// from now on, and `None`.
+fn on_patched<T>(
+    h: &History,
+    r: &mut Reader,
+    f: impl FnOnce(&crate::vfs::clone_patch::Patched) -> Result<T>,
+) -> Result<Option<T>> {
+    let ReadFrom::Patched { file, generation } = &r.source else {
+        return Ok(None);
+    };
+    let same = |f: &crate::vfs::clone_patch::Patched| f.generation() == *generation && !f.is_done();
+    if same(file) {
+        let out = f(file)?;
+        if same(file) {
+            return Ok(Some(out));
+        }
+    }
+    tracing::debug!(
+        "history view: clone file {} changed; reading history",
+        r.obj
+    );
+    r.source = chunk_source(h, r.obj, r.at)?;
+    Ok(None)
+}
+
+/// Runs `f` on the live file `r` reads, if it does: its answer if the
+/// file still held the instant's bytes afterwards; else `r` reads
+/// history's record from now on, and `None`.
+fn on_head<T>(
+    h: &History,
+    r: &mut Reader,
+    f: impl FnOnce(std::os::fd::BorrowedFd<'_>, &Attrs) -> Result<T>,
+) -> Result<Option<T>> {
+    let ReadFrom::Head {
+        fd,
+        expect,
+        latest,
+        as_of,
+    } = &mut r.source
+    else {
+        return Ok(None);
+    };
+    let out = f(fd.as_fd(), expect)?;
+    // Checked after: a writer through the mount records the old state
+    // before its first write, and any write changes mtime, so unchanged
+    // attributes and versions prove what `f` saw was the instant's.
+    let now = attrs_of(&sys::fstat(fd.as_fd())?);
+    if expect.same_state(&now) && unchanged_versions(h, r.obj, latest, as_of)? {
+        return Ok(Some(out));
+    }
+    tracing::debug!(
+        "history view: object {} changed while read; reading history",
+        r.obj
+    );
+    r.source = chunk_source(h, r.obj, r.at)?;
+    Ok(None)
 }
 
 /// [`run_at`] in recorded extents (`starts`: each one's offset): an
@@ -611,46 +654,10 @@ pub(in crate::vfs) fn read_reader(
     offset: u64,
     size: u32,
 ) -> Result<Vec<u8>> {
-    let obj = r.obj;
-    if let ReadFrom::Patched { .. } = r.source {
-        let mut buf = vec![0u8; size as usize];
-        let n = read_reader_into(h, r, &mut buf, offset)?;
-        buf.truncate(n);
-        return Ok(buf);
-    }
-    if let ReadFrom::Head {
-        fd,
-        expect,
-        latest,
-        as_of,
-    } = &mut r.source
-    {
-        let mut buf = vec![0u8; size as usize];
-        let n = sys::pread(fd.as_fd(), &mut buf, offset)?;
-        buf.truncate(n);
-        // Checked after the read: a writer through the mount records
-        // the old state before its first write, and any write changes
-        // mtime, so unchanged attributes and versions prove the bytes
-        // read were the instant's.
-        let now = attrs_of(&sys::fstat(fd.as_fd())?);
-        if expect.same_state(&now) && unchanged_versions(h, obj, latest, as_of)? {
-            return Ok(buf);
-        }
-        tracing::debug!(
-            "history view: object {} changed while read; reading history",
-            r.obj
-        );
-        r.source = chunk_source(h, r.obj, r.at)?;
-    }
-    let ReadFrom::Chunks {
-        manifest,
-        starts,
-        cached,
-    } = &mut r.source
-    else {
-        return Err(VfsError::WrongKind);
-    };
-    read_chunks(h, manifest, starts, cached, offset, size as usize)
+    let mut buf = vec![0u8; size as usize];
+    let n = read_reader_into(h, r, &mut buf, offset)?;
+    buf.truncate(n);
+    Ok(buf)
 }
 
 pub(super) fn read_chunks(
@@ -730,24 +737,21 @@ pub(in crate::vfs) fn read_reader_into(
     buf: &mut [u8],
     offset: u64,
 ) -> Result<usize> {
-    if let ReadFrom::Patched { file, generation } = &r.source {
-        // Once materialised, its writes no longer go through it.
-        let same =
-            |f: &crate::vfs::clone_patch::Patched| f.generation() == *generation && !f.is_done();
-        if same(file) {
-            let n = file.read_into(buf, offset)?;
-            if same(file) {
-                return Ok(n);
-            }
-        }
-        tracing::debug!(
-            "history view: clone file {} changed; reading history",
-            r.obj
-        );
-        r.source = chunk_source(h, r.obj, r.at)?;
+    if let Some(n) = on_patched(h, r, |file| file.read_into(buf, offset))? {
+        return Ok(n);
     }
-    let size = u32::try_from(buf.len()).unwrap_or(u32::MAX);
-    let got = read_reader(h, r, offset, size)?;
+    if let Some(n) = on_head(h, r, |fd, _| Ok(sys::pread(fd, buf, offset)?))? {
+        return Ok(n);
+    }
+    let ReadFrom::Chunks {
+        manifest,
+        starts,
+        cached,
+    } = &mut r.source
+    else {
+        return Err(VfsError::WrongKind);
+    };
+    let got = read_chunks(h, manifest, starts, cached, offset, buf.len())?;
     buf[..got.len()].copy_from_slice(&got);
     Ok(got.len())
 }
