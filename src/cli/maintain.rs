@@ -137,7 +137,7 @@ pub fn clean(t: &Target, now: Option<&str>, dry_run: bool, json: bool) -> Result
     Ok(())
 }
 
-/// The limits `prune` was given.
+// The limits `prune` was given (a plain comment: see `cli::Common`).
 #[derive(clap::Args, Debug, Default)]
 pub struct KeepArgs {
     /// Keep the N newest versions. A file's newest version always stays,

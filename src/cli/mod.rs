@@ -80,6 +80,7 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 enum Command {
     /// Mount directory SRC (or a union of branches) at MNT.
     Mount {
@@ -395,6 +396,7 @@ enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 enum SandboxVerb {
     /// The sandboxes of the mount at MNT, or of every mount: id, mount,
     /// when made, whether served now, where their changes are.
@@ -431,6 +433,7 @@ enum SandboxVerb {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 enum TemplateVerb {
     /// Make DIR (a file or a tree in a mount with history) template NAME,
     /// as it is now or as it was at TIME.
@@ -469,6 +472,7 @@ enum TemplateVerb {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 enum BranchVerb {
     /// The branches, top first: position, mode, persistent id, path.
     List {
@@ -531,6 +535,7 @@ enum BranchVerb {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 enum PolicyVerb {
     /// Validate a policy file (line-numbered errors).
     Check {
@@ -562,7 +567,8 @@ enum PolicyVerb {
     },
 }
 
-/// Options every history verb takes.
+// Options every history verb takes (a plain comment: with deferred
+// subcommands a doc comment here would become their about text).
 #[derive(clap::Args, Debug)]
 pub(crate) struct Common {
     /// Print machine-readable JSON.
