@@ -1103,6 +1103,14 @@ fn to_exists(p: &std::path::Path) -> bool {
 mod tests {
     use super::*;
 
+    /// Subcommands are built only when run (`defer`), so clap's own
+    /// checks of each (names, conflicts, defaults) run here for all.
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
     fn args(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
     }
