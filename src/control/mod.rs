@@ -236,11 +236,24 @@ pub fn chronofs_mounts() -> Vec<MountEntry> {
 }
 
 /// The innermost chronofs mount containing `path` (absolute, normalized).
+/// The table read is kept for the process's next calls (reading it costs
+/// about 125 µs here, and a command resolves each path it is given); a
+/// path no kept mount holds reads it again.
 pub fn mount_of(path: &Path) -> Option<MountEntry> {
-    chronofs_mounts()
-        .into_iter()
-        .filter(|m| path.starts_with(&m.mount_point))
-        .max_by_key(|m| m.mount_point.components().count())
+    static KEPT: std::sync::Mutex<Vec<MountEntry>> = std::sync::Mutex::new(Vec::new());
+    let innermost = |mounts: &[MountEntry]| {
+        mounts
+            .iter()
+            .filter(|m| path.starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.components().count())
+            .cloned()
+    };
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(m) = innermost(&kept) {
+        return Some(m);
+    }
+    *kept = chronofs_mounts();
+    innermost(&kept)
 }
 
 /// The control socket of a mount, for a client of uid `uid`: the daemon's
