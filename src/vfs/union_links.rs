@@ -309,8 +309,10 @@ impl Vfs {
     /// would be. With the backing file's count alone, `tar -S` took a file
     /// with no blocks for all holes and archived zeros, and `du` showed
     /// none; with a whole file's, `cp` made a copy of a sparse base dense.
+    /// A file under `LAYOUT_MIN` bytes shows a whole file's, as before.
     fn show_base_blocks(&self, inode: &Arc<Inode>, st: &mut Stat) {
-        let whole = (st.st_size.max(0) as u64).div_ceil(512) as i64;
+        let size = st.st_size.max(0) as u64;
+        let whole = size.div_ceil(512) as i64;
         if !self.clones_on()
             || st.st_mode & libc::S_IFMT != libc::S_IFREG
             || st.st_blocks >= whole
@@ -322,8 +324,9 @@ impl Vfs {
             return;
         };
         match self.mark_of(&node) {
+            Ok(Some(mark)) if !mark.dir && size < super::views::LAYOUT_MIN => st.st_blocks = whole,
             Ok(Some(mark)) if !mark.dir => {
-                st.st_blocks = match self.base_blocks(inode.ino, &mark, st.st_size as u64) {
+                st.st_blocks = match self.base_blocks(inode.ino, &mark, size) {
                     Ok(base) => st.st_blocks + base,
                     Err(e) => {
                         tracing::debug!("clone: base blocks of inode {}: {e}", inode.ino.0);

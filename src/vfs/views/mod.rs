@@ -25,7 +25,7 @@ mod list;
 mod lookup;
 mod read;
 
-pub(in crate::vfs) use read::{data_bytes, read_reader_into, run_at, seek_layout};
+pub(in crate::vfs) use read::{data_bytes, read_reader_into, run_at, seek_layout, LAYOUT_MIN};
 mod removal;
 
 use std::collections::HashMap;
@@ -472,7 +472,8 @@ impl Vfs {
         let ino = self.view_number(at, obj)?;
         let st = self.hold_view(ino, || {
             let mut st = stat_of(&v, ino);
-            if let Content::File { manifest } = &v.content {
+            let large = v.attrs.size >= read::LAYOUT_MIN;
+            if let (Content::File { manifest }, true) = (&v.content, large) {
                 // A sparse file's holes hold no blocks: `cp` and `tar -S`
                 // look at the count to decide to look for them.
                 match self.history()?.manifest(manifest) {

@@ -552,6 +552,12 @@ fn chunk_run(manifest: &Manifest, starts: &[u64], pos: u64) -> Option<(bool, u64
     Some((data, end))
 }
 
+/// Smaller files show their size's blocks wherever finding their layout
+/// costs a look at their base or its record (a clone's file, a version):
+/// on a tree of small files that look doubled the first listing's time,
+/// and holes in a file this small save next to nothing.
+pub(in crate::vfs) const LAYOUT_MIN: u64 = 64 << 10;
+
 /// Bytes of data (not holes) a recorded file holds.
 pub(in crate::vfs) fn recorded_data(manifest: &Manifest) -> u64 {
     manifest
