@@ -432,8 +432,10 @@ fn a_clone_and_a_version_of_a_sparse_file_keep_its_holes() {
         }
         let data: i64 = want.iter().map(|(a, b)| b - a).sum();
         let shown = fs::metadata(m.p(name)).unwrap().blocks() as i64 * 512;
+        // Where a clone's file shares blocks, XFS counts the copy-on-write
+        // preallocation of a write (128 KiB each) too.
         assert!(
-            shown >= data - 8192 && shown <= data + (64 << 10),
+            shown >= data - 8192 && shown <= data + MIB,
             "{name}: {shown} bytes in blocks for {data} of data"
         );
         let copy = m.root().join(format!("copy-{}", name.replace('/', "_")));
@@ -442,8 +444,10 @@ fn a_clone_and_a_version_of_a_sparse_file_keep_its_holes() {
             "cp",
             &[m.p(name).to_str().unwrap(), copy.to_str().unwrap()],
         );
+        // A dense copy takes all 16 MiB; right after the copy XFS counts
+        // its speculative preallocation too (up to about twice the data).
         let copied = fs::metadata(&copy).unwrap().blocks() as i64 * 512;
-        assert!(copied <= data + (64 << 10), "cp of {name}: {copied} bytes");
+        assert!(copied <= 2 * data + MIB, "cp of {name}: {copied} bytes");
         assert!(fs::read(&copy).unwrap() == fs::read(m.p(name)).unwrap());
     };
     // History's version is the live file's layout while it is unchanged.
