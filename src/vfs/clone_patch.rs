@@ -26,7 +26,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use super::clone::Mark;
-use super::views::{data_bytes, read_reader_into, run_at, seek_layout, Reader};
+use super::views::{data_runs, read_reader_into, run_at, seek_layout, Reader};
 use super::{errno, Caller, InodeNo, Result, Stat, Vfs};
 use crate::capture::Readable;
 use crate::history::past::Node as PastNode;
@@ -853,27 +853,12 @@ impl Readable for CloneContent {
     }
 
     fn data_ranges(&self, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
-        let mut out = Vec::new();
-        let mut pos = 0;
-        while pos < size {
-            let run = match &self.bytes {
-                Bytes::Base { history, reader } => run_at(history, &mut reader.lock(), pos),
-                Bytes::Patched(p) => p.run_at(pos),
-            }
-            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-            let Some((data, end)) = run else {
-                break;
-            };
-            let end = end.min(size);
-            if end <= pos {
-                break;
-            }
-            if data {
-                out.push((pos, end - pos));
-            }
-            pos = end;
-        }
-        Ok(out)
+        let runs = data_runs(0, size, |pos| match &self.bytes {
+            Bytes::Base { history, reader } => run_at(history, &mut reader.lock(), pos),
+            Bytes::Patched(p) => p.run_at(pos),
+        })
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        Ok(runs.into_iter().map(|(s, e)| (s, e - s)).collect())
     }
 
     fn xattrs(&self) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -1067,8 +1052,6 @@ impl Vfs {
         Ok(())
     }
 
-    /// `ino` was copied up: a patched file known for it reads and writes
-    /// the copy left behind, and the next use loads the new one.
     /// The 512-byte blocks a clone's file (`mark`, `size` bytes) shows
     /// of its base beside its backing file's own: the base's data, not
     /// its holes, so that `cp` and `tar -S` find a sparse base sparse.
@@ -1084,12 +1067,10 @@ impl Vfs {
             Some(p) => (p.base_len.min(size), p.own.clone()),
             None => (size, Runs::default()),
         };
-        let bytes = data_bytes(
-            0,
-            base_len,
-            |pos| run_at(history, &mut base, pos),
-            |s, e| own.overlap(s, e),
-        )?;
+        let bytes: u64 = data_runs(0, base_len, |pos| run_at(history, &mut base, pos))?
+            .into_iter()
+            .map(|(s, e)| e - s - own.overlap(s, e))
+            .sum();
         let blocks = bytes.div_ceil(512) as i64;
         let mut known = self.clones.base_blocks.lock();
         if known.len() >= 4096 {
@@ -1099,6 +1080,8 @@ impl Vfs {
         Ok(blocks)
     }
 
+    /// `ino` was copied up: a patched file known for it reads and writes
+    /// the copy left behind, and the next use loads the new one.
     pub(in crate::vfs) fn forget_patched(&self, ino: InodeNo) {
         self.clones.patched.lock().remove(&ino);
     }

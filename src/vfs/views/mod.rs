@@ -25,7 +25,7 @@ mod list;
 mod lookup;
 mod read;
 
-pub(in crate::vfs) use read::{data_bytes, read_reader_into, run_at, seek_layout, LAYOUT_MIN};
+pub(in crate::vfs) use read::{data_runs, read_reader_into, run_at, seek_layout, LAYOUT_MIN};
 mod removal;
 
 use std::collections::HashMap;

@@ -424,17 +424,15 @@ pub(in crate::vfs) fn seek_layout(
     }
 }
 
-/// Bytes of data (not holes) in [`from`, `to`) of what `run_at` lays
-/// out, leaving out what `skip` says is counted elsewhere (given a run,
-/// the bytes of it to leave out).
-pub(in crate::vfs) fn data_bytes(
+/// The data runs (start, end) in [`from`, `to`) of what `run_at` lays
+/// out, holes left out.
+pub(in crate::vfs) fn data_runs(
     from: u64,
     to: u64,
     mut run_at: impl FnMut(u64) -> Result<Option<(bool, u64)>>,
-    skip: impl Fn(u64, u64) -> u64,
-) -> Result<u64> {
+) -> Result<Vec<(u64, u64)>> {
+    let mut runs = Vec::new();
     let mut pos = from;
-    let mut total = 0;
     while pos < to {
         let Some((data, end)) = run_at(pos)? else {
             break;
@@ -444,11 +442,11 @@ pub(in crate::vfs) fn data_bytes(
             break;
         }
         if data {
-            total += (end - pos) - skip(pos, end);
+            runs.push((pos, end));
         }
         pos = end;
     }
-    Ok(total)
+    Ok(runs)
 }
 
 /// The run of what `r` reads holding `pos`: `(data, end)`, data or a hole
@@ -491,12 +489,7 @@ fn on_patched<T>(
             return Ok(Some(out));
         }
     }
-    tracing::debug!(
-        "history view: clone file {} changed; reading history",
-        r.obj
-    );
-    r.source = chunk_source(h, r.obj, r.at)?;
-    Ok(None)
+    read_history_instead(h, r, "clone file")
 }
 
 /// Runs `f` on the live file `r` reads, if it does: its answer if the
@@ -524,10 +517,13 @@ fn on_head<T>(
     if expect.same_state(&now) && unchanged_versions(h, r.obj, latest, as_of)? {
         return Ok(Some(out));
     }
-    tracing::debug!(
-        "history view: object {} changed while read; reading history",
-        r.obj
-    );
+    read_history_instead(h, r, "object")
+}
+
+/// `r`'s live source changed since its instant: it reads history's
+/// record from now on.
+fn read_history_instead<T>(h: &History, r: &mut Reader, what: &str) -> Result<Option<T>> {
+    tracing::debug!("history view: {what} {} changed; reading history", r.obj);
     r.source = chunk_source(h, r.obj, r.at)?;
     Ok(None)
 }
