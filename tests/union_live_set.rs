@@ -1781,3 +1781,89 @@ fn removing_a_snapshots_fresh_branch_needs_force_and_it_comes_back() {
     );
     assert_eq!(read_file(&m.p("since")), b"made since the snapshot\n");
 }
+
+/// `.history/@now/` asked right after `branch add`, before anything of
+/// the mount is looked up and before the background walk gets there,
+/// shows what the mount shows: a view of a directory a branch change may
+/// have touched compares it with the live view first.
+#[test]
+fn history_now_right_after_an_add_shows_the_added_branch_before_any_lookup() {
+    let m = Mount::union("", 1, |b| {
+        write_file(&b[1].join("a"), b"a");
+        fs::create_dir(b[1].join("d")).unwrap();
+        write_file(&b[1].join("d/old"), b"o");
+        fs::create_dir(b[1].join("e")).unwrap();
+        write_file(&b[1].join("e/old"), b"o");
+    });
+    chronofs_ok(&m, &["ingest"]);
+    // Enough files that the walk after the add is still running when the
+    // views below are read.
+    let mut files: Vec<(String, &[u8])> = vec![
+        ("g".into(), b"g"),
+        ("d/new".into(), b"n"),
+        ("e/new".into(), b"e"),
+    ];
+    for i in 0..20_000 {
+        files.push((format!("nd/s{:02}/f{i:05}", i % 40), b"x"));
+    }
+    files.push(("md/x".into(), b"x"));
+    let files: Vec<(&str, &[u8])> = files.iter().map(|(n, d)| (n.as_str(), *d)).collect();
+    let extra = extra_dir(&m, "extra", &files);
+    // A directory both added branches hold: its copies merge.
+    let below = extra_dir(&m, "below", &[("md/y", b"y"), ("nd/s00/deep", b"d")]);
+    branch_ok(&m, &["add", below.to_str().unwrap(), "--mode", "ro"]);
+    branch_ok(&m, &["add", extra.to_str().unwrap(), "--mode", "ro"]);
+    assert_eq!(
+        fs::read(m.p(".history/@now/e/new")).ok().as_deref(),
+        Some(&b"e"[..]),
+        "looked up by name"
+    );
+    let top = ["a", "d", "e", "g", "md", "nd"];
+    assert_eq!(names(&m.p(".history/@now")), top);
+    assert_eq!(names(&m.p(".history/@now/d")), ["new", "old"]);
+    assert_eq!(names(&m.p(".history/@now/md")), ["x", "y"]);
+    assert_eq!(names(&m.p(".history/@now/nd")).len(), 40);
+    assert_eq!(names(&m.p(".history/@now/nd/s07")).len(), 500);
+    assert_eq!(
+        fs::read(m.p(".history/@now/nd/s00/deep")).ok().as_deref(),
+        Some(&b"d"[..])
+    );
+    assert_eq!(names(&m.mnt), top);
+    chronofs_ok(&m, &["ingest"]);
+    assert_eq!(names(&m.p(".history/@now/d")), ["new", "old"]);
+    assert_eq!(names(&m.p(".history/@now/md")), ["x", "y"]);
+    assert_eq!(names(&m.p(".history/@now/nd/s00")).len(), 501);
+    chronofs_ok(&m, &["fsck"]);
+}
+
+/// A union's first mount: `.history/@now/` shows the lower branch's
+/// files before the first-mount walk has recorded them (read live,
+/// through the union, as the mount shows them).
+#[test]
+fn history_now_at_a_unions_first_mount_shows_every_branch() {
+    let m = Mount::union("", 1, |b| {
+        for d in ["md", "nd"] {
+            fs::create_dir(b[0].join(d)).unwrap();
+            fs::create_dir(b[1].join(d)).unwrap();
+        }
+        for d in 0..40 {
+            fs::create_dir(b[1].join(format!("nd/s{d:02}"))).unwrap();
+            for f in 0..500 {
+                write_file(&b[1].join(format!("nd/s{d:02}/f{f:03}")), b"x");
+            }
+        }
+        write_file(&b[1].join("md/low"), b"low");
+        write_file(&b[0].join("md/top"), b"top");
+    });
+    assert_eq!(names(&m.p(".history/@now")), ["md", "nd"]);
+    assert_eq!(names(&m.p(".history/@now/md")), ["low", "top"]);
+    assert_eq!(names(&m.p(".history/@now/nd")).len(), 40);
+    assert_eq!(names(&m.p(".history/@now/nd/s17")).len(), 500);
+    assert_eq!(
+        fs::read(m.p(".history/@now/md/low")).ok().as_deref(),
+        Some(&b"low"[..])
+    );
+    chronofs_ok(&m, &["ingest"]);
+    assert_eq!(names(&m.p(".history/@now/md")), ["low", "top"]);
+    chronofs_ok(&m, &["fsck"]);
+}

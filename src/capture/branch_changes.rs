@@ -72,6 +72,19 @@ impl Capture {
         Some(self.history.last_seq())
     }
 
+    /// Whether history's listing of `dir` at `at` may lack what a branch
+    /// change at or before `at` did to it: no comparison of the directory
+    /// with the view since that change. (History learns such names only
+    /// at a recheck or when the walk gets there; a view of the past asks
+    /// for a recheck first.)
+    pub fn unconfirmed_at(&self, dir: ObjectId, at: Seq) -> bool {
+        let dated = self.changes.0.lock();
+        let Some(change) = dated.changes.iter().rev().find(|c| c.seq <= at) else {
+            return false;
+        };
+        dated.compared.get(&dir).is_none_or(|s| *s < change.seq)
+    }
+
     /// History now holds `dir`'s listing as the view showed it at `as_of`.
     pub(super) fn compared(&self, dir: ObjectId, as_of: Option<Seq>) {
         if let Some(seq) = as_of {

@@ -147,6 +147,17 @@ pub struct Past<'a> {
 pub trait LiveIds: Send + Sync {
     /// The object id of a live object, if it has one (never assigns).
     fn identify(&self, st: &Stat) -> Option<ObjectId>;
+
+    /// Object `obj` as the mount shows it at `path` now, if it is there,
+    /// where steps through the branch root's directories would not find
+    /// it (a union's lower branches); `None` to take those steps.
+    fn find(
+        &self,
+        _obj: ObjectId,
+        _path: &[Vec<u8>],
+    ) -> Option<io::Result<Option<(OwnedFd, Stat)>>> {
+        None
+    }
 }
 
 impl Past<'_> {
@@ -247,6 +258,9 @@ impl Past<'_> {
     /// changed since it was recorded: a component that is no longer a
     /// directory means `obj` is not there.)
     fn live_at_path(&self, obj: ObjectId, path: &[Vec<u8>]) -> Result<Option<(OwnedFd, Stat)>> {
+        if let Some(found) = self.live.find(obj, path) {
+            return Ok(found?);
+        }
         let mut fd = sys::reopen(self.root, libc::O_PATH)?;
         for (i, comp) in path.iter().enumerate() {
             match self.live_step(fd.as_fd(), i == 0, comp)? {

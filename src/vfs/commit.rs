@@ -326,7 +326,7 @@ impl Vfs {
 
     /// The directories `comps` name from the root, as far as they exist,
     /// each held (the caller releases them).
-    fn hold_path(&self, comps: &[&[u8]]) -> Result<Vec<InodeNo>> {
+    pub(super) fn hold_path(&self, comps: &[&[u8]]) -> Result<Vec<InodeNo>> {
         let mut held = Vec::with_capacity(comps.len());
         let mut dir = InodeNo::ROOT;
         for name in comps {
@@ -337,9 +337,7 @@ impl Vfs {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    for ino in held {
-                        self.release_held(Some(ino));
-                    }
+                    self.release_all(held);
                     return Err(e);
                 }
             }
@@ -350,7 +348,7 @@ impl Vfs {
     /// `name` in directory `dir`, held; `None` if there is none. Found as
     /// a kernel lookup finds it (named, and compared with history), but
     /// never a name of history's own views.
-    fn hold_child(&self, dir: InodeNo, name: &[u8]) -> Result<Option<InodeNo>> {
+    pub(super) fn hold_child(&self, dir: InodeNo, name: &[u8]) -> Result<Option<InodeNo>> {
         let node = self.node(dir)?;
         self.recheck_if_marked(&node);
         let entry = match self.lookup_in(&node, OsStr::from_bytes(name)) {

@@ -34,6 +34,7 @@ mod ingest;
 mod inode_index;
 mod inodes;
 mod namespace;
+mod past_live;
 #[cfg(test)]
 mod powercut;
 mod source;

@@ -174,7 +174,7 @@ impl Live<'_> {
 }
 
 /// Logs a failed after-hook (see the module comment).
-fn logged(what: &str, r: std::result::Result<(), CaptureError>) {
+pub(super) fn logged(what: &str, r: std::result::Result<(), CaptureError>) {
     if let Err(e) = r {
         tracing::error!("history: recording {what} failed: {e}");
     }

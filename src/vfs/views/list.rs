@@ -113,14 +113,17 @@ impl Vfs {
     }
 
     pub(super) fn list_at(&self, at: Seq, obj: ObjectId, state: &State) -> Result<Vec<Listed>> {
-        let dir = match state {
-            State::Hist { v } => Node::Hist {
+        self.fill_live_dir(state)?;
+        let recorded = self.past_dir(at, obj, state)?;
+        let is_recorded = recorded.is_some();
+        let dir = match (recorded, state) {
+            (Some(node), _) => node,
+            (None, State::Hist { v }) => Node::Hist {
                 obj,
                 seq: at,
                 v: (**v).clone(),
             },
-            State::Live { inode } => {
-                self.fill_live_dir(state)?;
+            (None, State::Live { inode }) => {
                 let (fd, st) = self.live_path_fd(inode)?;
                 Node::Live {
                     obj: Some(obj),
@@ -133,7 +136,7 @@ impl Vfs {
             let names = p.names(&dir, at, obj == ROOT).map_err(past_err)?;
             let mut out = Vec::with_capacity(names.len());
             for name in names {
-                let cur = self.cur_of(obj, state)?;
+                let cur = self.dir_cur(obj, state, is_recorded)?;
                 let Some(next) = p.step(cur, &name, at, obj == ROOT).map_err(past_err)? else {
                     continue;
                 };

@@ -240,7 +240,8 @@ impl Vfs {
                     return Err(errno(libc::ENOTDIR));
                 }
                 self.fill_live_dir(state)?;
-                let cur = self.cur_of(*obj, state)?;
+                let recorded = self.past_dir(*at, *obj, state)?.is_some();
+                let cur = self.dir_cur(*obj, state, recorded)?;
                 let found = self.with_past(|p| {
                     let Some(next) = p
                         .step(cur, name.as_bytes(), *at, *obj == ROOT)
@@ -267,6 +268,40 @@ impl Vfs {
             self.fill_if_unfilled(&self.inodes.node_of(inode.clone())?)?;
         }
         Ok(())
+    }
+
+    /// Where the entries of view directory `obj` at `at` come from: with
+    /// `Some`, its recorded state, where `state` must not be read as it
+    /// is; with `None`, `state`. A union directory history has no
+    /// version of is recorded first (its copies merge: the top one's
+    /// entries are not all of them); one history recorded is compared
+    /// with the live one first where a branch change may have changed it
+    /// unseen ([`Vfs::confirm_for_past`]).
+    pub(super) fn past_dir(&self, at: Seq, obj: ObjectId, state: &State) -> Result<Option<Node>> {
+        match state {
+            State::Hist { .. } => {
+                self.confirm_for_past(at, obj);
+                Ok(None)
+            }
+            State::Live { .. } if self.union().is_some() => {
+                if let Err(e) = self.record_listing(obj) {
+                    // The top copy's entries are still better than none.
+                    tracing::warn!("history view: directory {obj} left unrecorded: {e}");
+                    return Ok(None);
+                }
+                let node = self.with_past(|p| p.finish(Cur::Hist(obj), at).map_err(past_err))?;
+                Ok(node.filter(|n| matches!(n, Node::Hist { .. })))
+            }
+            State::Live { .. } => Ok(None),
+        }
+    }
+
+    /// [`Vfs::cur_of`], or `recorded`'s when it is given.
+    pub(super) fn dir_cur(&self, obj: ObjectId, state: &State, recorded: bool) -> Result<Cur> {
+        match recorded {
+            true => Ok(Cur::Hist(obj)),
+            false => self.cur_of(obj, state),
+        }
     }
 
     pub(super) fn cur_of(&self, obj: ObjectId, state: &State) -> Result<Cur> {

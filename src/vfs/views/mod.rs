@@ -293,6 +293,19 @@ impl LiveIds for VfsIds<'_> {
     fn identify(&self, st: &Stat) -> Option<ObjectId> {
         self.0.inodes.object_of(st)
     }
+
+    fn find(
+        &self,
+        obj: ObjectId,
+        path: &[Vec<u8>],
+    ) -> Option<std::io::Result<Option<(OwnedFd, Stat)>>> {
+        self.0.union()?;
+        Some(
+            self.0
+                .find_shown(obj, path)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno())),
+        )
+    }
 }
 
 impl Vfs {
@@ -446,8 +459,13 @@ impl Vfs {
     fn node_at(&self, at: Seq, node: Node) -> Result<Entry> {
         let (obj, state, mut st) = match node {
             Node::Hist { obj, v, .. } => return self.hist_at(at, obj, Arc::new(v)),
-            Node::Live { fd, st, .. } => {
-                let inode = self.inodes.acquire_new(fd, &st, false)?;
+            Node::Live { fd, st, obj } => {
+                let inode = match (self.union(), obj) {
+                    // Its own branch's key, a directory's copies: not the
+                    // branch root's.
+                    (Some(_), Some(o)) => self.hold_object(o, None)?.ok_or(errno(libc::ENOENT))?,
+                    _ => self.inodes.acquire_new(fd, &st, false)?,
+                };
                 // As the mount shows it: a clone's file with several names
                 // counts them, not its link index's entry too.
                 let st = self.shown(inode.ino, st);
