@@ -1855,6 +1855,14 @@ fn history_now_at_a_unions_first_mount_shows_every_branch() {
         write_file(&b[1].join("md/low"), b"low");
         write_file(&b[0].join("md/top"), b"top");
     });
+    let file = m.p("nd/s33/f444");
+    let args = ["cat", file.to_str().unwrap(), "--at", "now"];
+    let out = chronofs_in(m.root(), &args);
+    assert_succeeded(&m, &args, &out);
+    assert_eq!(
+        out.stdout, b"x",
+        "the command reads the past as the views do"
+    );
     assert_eq!(names(&m.p(".history/@now")), ["md", "nd"]);
     assert_eq!(names(&m.p(".history/@now/md")), ["low", "top"]);
     assert_eq!(names(&m.p(".history/@now/nd")).len(), 40);

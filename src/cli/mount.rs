@@ -1086,6 +1086,14 @@ impl crate::history::past::LiveIds for MountHost {
     fn identify(&self, st: &sys::Stat) -> Option<crate::history::ObjectId> {
         self.vfs.upgrade().and_then(|v| v.object_of(st))
     }
+
+    fn find(
+        &self,
+        obj: crate::history::ObjectId,
+        path: &[Vec<u8>],
+    ) -> Option<std::io::Result<Option<(std::os::fd::OwnedFd, sys::Stat)>>> {
+        self.vfs.upgrade()?.live_find(obj, path)
+    }
 }
 
 impl control::service::Host for MountHost {

@@ -299,10 +299,21 @@ impl LiveIds for VfsIds<'_> {
         obj: ObjectId,
         path: &[Vec<u8>],
     ) -> Option<std::io::Result<Option<(OwnedFd, Stat)>>> {
-        self.0.union()?;
+        self.0.live_find(obj, path)
+    }
+}
+
+impl Vfs {
+    /// [`LiveIds::find`] for the mount: in a union, object `obj` found as
+    /// the mount's lookups find it (the control service's past asks too).
+    pub fn live_find(
+        &self,
+        obj: ObjectId,
+        path: &[Vec<u8>],
+    ) -> Option<std::io::Result<Option<(OwnedFd, Stat)>>> {
+        self.union()?;
         Some(
-            self.0
-                .find_shown(obj, path)
+            self.find_shown(obj, path)
                 .map_err(|e| std::io::Error::from_raw_os_error(e.errno())),
         )
     }
