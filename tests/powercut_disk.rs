@@ -256,7 +256,8 @@ fn view_after_cut(root: &Path, opts: &str, shape: Shape, what: &str) -> BTreeMap
     let out = chronofs_in(root, &["fsck", &m.branch_list(), "--repair"]);
     assert!(
         out.status.success(),
-        "{what}: fsck --repair: {}",
+        "{what}: fsck --repair: {}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(union_problems(root, &m, what), [], "{what}: after --repair");

@@ -1397,6 +1397,25 @@ fn fsck_of_a_branch_list_checks_the_set_in_force_snapshots_included() {
     let out = fsck(&["--repair"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!temp.exists());
+
+    // What a crash inside a snapmerge leaves in the branch the snapshot
+    // froze (read-only in the set, written by the fold): removed too. In
+    // the read-only branch the user gave, nothing is touched.
+    let frozen_temp = m.src.join(".chronofs-copyup.00000000000000aa");
+    fs::create_dir_all(frozen_temp.join("sub")).unwrap();
+    write_file(&frozen_temp.join("sub/f"), b"half a fold");
+    let out = fsck(&["--repair"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!frozen_temp.exists());
+    let theirs = m.lowers[0].join(".chronofs-copyup.00000000000000bb");
+    write_file(&theirs, b"not ours");
+    let out = fsck(&["--repair"]);
+    assert!(
+        !out.status.success(),
+        "a user's read-only branch is left as it is"
+    );
+    assert!(theirs.exists());
+    fs::remove_file(&theirs).unwrap();
     m.start();
     assert_eq!(read_file(&m.p("after")), b"in the fresh branch");
     assert_eq!(listed(&m).len(), 3);

@@ -64,12 +64,13 @@ pub fn run(
     }
     let set = live_set(&spec, mounted.map(|(_, mnt)| mnt), store)?;
     let mut branches = Vec::with_capacity(set.len());
-    for (path, writable) in &set {
+    for b in &set {
         let root =
-            std::fs::File::open(path).with_context(|| format!("branch {}", path.display()))?;
+            std::fs::File::open(&b.path).with_context(|| format!("branch {}", b.path.display()))?;
         branches.push(Branch {
             root: OwnedFd::from(root),
-            writable: *writable,
+            writable: b.writable,
+            frozen: b.frozen,
         });
     }
     // The store of a mount lives in its top read-write branch's root.
@@ -79,7 +80,7 @@ pub fn run(
         .iter()
         .map(|f| Problem {
             branch: f.branch + 1,
-            branch_path: set[f.branch].0.display().to_string(),
+            branch_path: set[f.branch].path.display().to_string(),
             path: f.path.display().to_string(),
             problem: f.kind.describe(),
             repaired: f.repaired,
@@ -109,6 +110,15 @@ pub fn run(
     Ok(clean)
 }
 
+/// A branch of the union fsck checks.
+struct SetBranch {
+    path: PathBuf,
+    writable: bool,
+    /// Frozen by a snapshot of the union's store: snapmerge writes it,
+    /// and a crash inside a snapmerge leaves its temporaries there.
+    frozen: bool,
+}
+
 /// The branches a union of `spec` has, top first, with whether each is
 /// read-write: the set in force where it is mounted (asked of the mount at
 /// `mounted`), else the set its store resumes at the next mount (snapshots
@@ -117,12 +127,8 @@ fn live_set(
     spec: &UnionSpec,
     mounted: Option<String>,
     store: Option<&Path>,
-) -> Result<Vec<(PathBuf, bool)>> {
-    let listed: Vec<(PathBuf, bool)> = spec
-        .branches()
-        .iter()
-        .map(|b| (b.path().to_path_buf(), b.mode().is_writable()))
-        .collect();
+) -> Result<Vec<SetBranch>> {
+    let listed = listed_set(spec);
     if let Some(mnt) = mounted {
         let reply = super::history::target(Path::new(&mnt), None)?
             .client()
@@ -130,13 +136,17 @@ fn live_set(
         return Ok(reply
             .branches
             .into_iter()
-            .map(|b| (PathBuf::from(b.path), b.mode == "rw"))
+            .map(|b| SetBranch {
+                path: PathBuf::from(b.path),
+                writable: b.mode == "rw",
+                frozen: false,
+            })
             .collect());
     }
-    let primary = listed.iter().find(|(_, rw)| *rw).or(listed.first());
+    let primary = listed.iter().find(|b| b.writable).or(listed.first());
     let dir = match (store, primary) {
         (Some(dir), _) => dir.to_path_buf(),
-        (None, Some((p, _))) => p.join(super::mount::STORE_DIR_NAME),
+        (None, Some(b)) => b.path.join(super::mount::STORE_DIR_NAME),
         (None, None) => return Ok(listed),
     };
     if !dir.join("index.redb").is_file() {
@@ -145,30 +155,52 @@ fn live_set(
     let store = Store::open(&dir).map_err(|e| anyhow::anyhow!("store {}: {e}", dir.display()))?;
     let known = store.branches()?;
     let mut roots = Vec::with_capacity(listed.len());
-    for (path, _) in &listed {
+    for b in &listed {
         let dir =
-            std::fs::File::open(path).with_context(|| format!("branch {}", path.display()))?;
-        roots.push(crate::store::BranchRoot::of(path.clone(), dir.as_fd())?);
+            std::fs::File::open(&b.path).with_context(|| format!("branch {}", b.path.display()))?;
+        roots.push(crate::store::BranchRoot::of(b.path.clone(), dir.as_fd())?);
     }
     let mut mounted = Vec::with_capacity(listed.len());
-    for ((_, rw), ident) in listed.iter().zip(store.known_idents(&roots)?) {
+    for (listed, ident) in listed.iter().zip(store.known_idents(&roots)?) {
         let Some(b) = ident else {
-            return Ok(listed); // Never mounted with this list.
+            return Ok(listed_set(spec)); // Never mounted with this list.
         };
-        mounted.push((b.id, *rw));
+        mounted.push((b.id, listed.writable));
     }
     let Some(set) = store.branch_set()? else {
         return Ok(listed);
     };
+    let frozen: Vec<u32> = store
+        .branch_set_log()
+        .snapshots()?
+        .iter()
+        .map(|s| s.branch)
+        .collect();
     let mut out = Vec::new();
     for (id, rw) in set.starting(&mounted) {
         let b = known
             .iter()
             .find(|b| b.id == id)
             .with_context(|| format!("store {}: branch id {id} is unknown", dir.display()))?;
-        out.push((b.root.path.clone(), rw));
+        out.push(SetBranch {
+            path: b.root.path.clone(),
+            writable: rw,
+            frozen: frozen.contains(&id),
+        });
     }
     Ok(out)
+}
+
+/// The branches as `spec` lists them.
+fn listed_set(spec: &UnionSpec) -> Vec<SetBranch> {
+    spec.branches()
+        .iter()
+        .map(|b| SetBranch {
+            path: b.path().to_path_buf(),
+            writable: b.mode().is_writable(),
+            frozen: false,
+        })
+        .collect()
 }
 
 /// A repair must not remove the temporary of a copy-up in progress: where

@@ -10,7 +10,8 @@
 //! directory no branch below holds (the lookups it was for find nothing).
 //! A whiteout with nothing below it is harmless and not reported; an
 //! object and a whiteout of one name cannot share a directory. Repairs
-//! happen only in read-write branches: temporaries are removed (none is
+//! happen only in read-write branches, and in read-only ones a snapshot
+//! froze (a snapmerge writes those: their temporaries only): temporaries are removed (none is
 //! ever a name a user made: readers hide them), a dangling redirect is
 //! dropped (the directory then shows exactly what it showed). Run it on
 //! unmounted branches: a copy-up in progress has a temporary too.
@@ -56,6 +57,10 @@ pub struct Finding {
 pub struct Branch {
     pub root: OwnedFd,
     pub writable: bool,
+    /// Read-only in the union, but frozen by one of its snapshots: the
+    /// mount's snapmerge writes there, so a crash can leave its
+    /// temporaries there, which a repair removes (nothing else).
+    pub frozen: bool,
 }
 
 /// Checks every branch (top first); with `repair`, fixes what is found in
@@ -74,6 +79,7 @@ pub fn check(
             index: i,
             ns,
             repair: repair && b.writable,
+            remove_temporaries: repair && (b.writable || b.frozen),
             skip,
         };
         walk.dir(b.root.as_fd(), Path::new(""), &mut out)?;
@@ -86,6 +92,7 @@ struct Walk<'a> {
     index: usize,
     ns: format::XattrNs,
     repair: bool,
+    remove_temporaries: bool,
     skip: Option<&'a OsStr>,
 }
 
@@ -121,7 +128,8 @@ impl Walk<'_> {
                 None
             };
             if let Some(kind) = kind {
-                let repaired = self.repair && super::snapmerge::remove_tree(dir, &cname).is_ok();
+                let repaired =
+                    self.remove_temporaries && super::snapmerge::remove_tree(dir, &cname).is_ok();
                 out.push(self.finding(path, kind, repaired));
                 continue;
             }
