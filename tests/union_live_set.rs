@@ -1855,12 +1855,13 @@ fn history_now_right_after_an_add_shows_the_added_branch_before_any_lookup() {
     chronofs_ok(&m, &["fsck"]);
 }
 
-/// A union's first mount: `.history/@now/` shows the lower branch's
-/// files before the first-mount walk has recorded them (read live,
+/// A union that does not walk its tree (`ingest=off`; the first mount's
+/// walk only narrows the window): `.history/@now/` and `cat --at now`
+/// show the lower branch's files history has not recorded (read live,
 /// through the union, as the mount shows them).
 #[test]
 fn history_now_at_a_unions_first_mount_shows_every_branch() {
-    let m = Mount::union("", 1, |b| {
+    let m = Mount::union("ingest=off", 1, |b| {
         for d in ["md", "nd"] {
             fs::create_dir(b[0].join(d)).unwrap();
             fs::create_dir(b[1].join(d)).unwrap();
@@ -1874,6 +1875,8 @@ fn history_now_at_a_unions_first_mount_shows_every_branch() {
         write_file(&b[1].join("md/low"), b"low");
         write_file(&b[0].join("md/top"), b"top");
     });
+    // History begins with a change (the root's listing is recorded).
+    write_file(&m.p("made"), b"m");
     let file = m.p("nd/s33/f444");
     let args = ["cat", file.to_str().unwrap(), "--at", "now"];
     let out = chronofs_in(m.root(), &args);
@@ -1882,7 +1885,7 @@ fn history_now_at_a_unions_first_mount_shows_every_branch() {
         out.stdout, b"x",
         "the command reads the past as the views do"
     );
-    assert_eq!(names(&m.p(".history/@now")), ["md", "nd"]);
+    assert_eq!(names(&m.p(".history/@now")), ["made", "md", "nd"]);
     assert_eq!(names(&m.p(".history/@now/md")), ["low", "top"]);
     assert_eq!(names(&m.p(".history/@now/nd")).len(), 40);
     assert_eq!(names(&m.p(".history/@now/nd/s17")).len(), 500);

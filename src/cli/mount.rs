@@ -1094,6 +1094,15 @@ impl crate::history::past::LiveIds for MountHost {
     ) -> Option<std::io::Result<Option<(std::os::fd::OwnedFd, sys::Stat)>>> {
         self.vfs.upgrade()?.live_find(obj, path)
     }
+
+    fn find_child(
+        &self,
+        dir: crate::history::ObjectId,
+        name: &[u8],
+    ) -> Option<std::io::Result<Option<(crate::history::ObjectId, std::os::fd::OwnedFd, sys::Stat)>>>
+    {
+        self.vfs.upgrade()?.live_find_child(dir, name)
+    }
 }
 
 impl control::service::Host for MountHost {

@@ -158,6 +158,16 @@ pub trait LiveIds: Send + Sync {
     ) -> Option<io::Result<Option<(OwnedFd, Stat)>>> {
         None
     }
+
+    /// [`LiveIds::find`] for `name` in live directory `dir`: the object
+    /// the mount shows there now, with its id.
+    fn find_child(
+        &self,
+        _dir: ObjectId,
+        _name: &[u8],
+    ) -> Option<io::Result<Option<(ObjectId, OwnedFd, Stat)>>> {
+        None
+    }
 }
 
 impl Past<'_> {
@@ -285,7 +295,7 @@ impl Past<'_> {
                 if self.history.object_at(o, seq)?.is_some() {
                     o
                 } else {
-                    return self.live_step(fd.as_fd(), in_root, comp);
+                    return self.live_child(o, fd.as_fd(), in_root, comp);
                 }
             }
             Cur::Live { obj: None, fd, .. } => return self.live_step(fd.as_fd(), in_root, comp),
@@ -295,9 +305,31 @@ impl Past<'_> {
             Lookup::Found(o) => Ok(Some(Cur::Hist(o))),
             Lookup::Absent => Ok(None),
             Lookup::Live => match self.live_object(dir)? {
-                Some((fd, _)) => self.live_step(fd.as_fd(), in_root, comp),
+                Some((fd, _)) => self.live_child(dir, fd.as_fd(), in_root, comp),
                 None => Ok(None),
             },
+        }
+    }
+
+    /// [`Past::live_step`] in live directory `dir` (`fd`), asking the
+    /// mount first ([`LiveIds::find_child`]: a union's merged directory).
+    fn live_child(
+        &self,
+        dir: ObjectId,
+        fd: BorrowedFd,
+        in_root: bool,
+        name: &[u8],
+    ) -> Result<Option<Cur>> {
+        if in_root && self.is_reserved(name) {
+            return Ok(None);
+        }
+        match self.live.find_child(dir, name) {
+            Some(found) => Ok(found?.map(|(obj, fd, st)| Cur::Live {
+                obj: Some(obj),
+                fd,
+                st,
+            })),
+            None => self.live_step(fd, in_root, name),
         }
     }
 

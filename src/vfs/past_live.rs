@@ -160,6 +160,30 @@ impl Vfs {
         found.map(Some)
     }
 
+    /// `name` in live directory `dir`, if the mount shows one there now:
+    /// its object id, a descriptor of it and its attributes.
+    pub(super) fn find_shown_child(
+        &self,
+        dir: ObjectId,
+        name: &[u8],
+    ) -> Result<Option<(ObjectId, OwnedFd, Stat)>> {
+        let Some(parent) = self.hold_object(dir, None)? else {
+            return Ok(None);
+        };
+        let found = self.hold_child(parent.ino, name);
+        self.release_held(Some(parent.ino));
+        let Some(ino) = found? else {
+            return Ok(None);
+        };
+        let shown = self.node(ino).and_then(|node| {
+            let fd = sys::reopen(node.fd(), libc::O_PATH)?;
+            let st = sys::fstat(fd.as_fd())?;
+            Ok((ino.object(), fd, st))
+        });
+        self.release_held(Some(ino));
+        shown.map(Some)
+    }
+
     /// [`Vfs::hold_path`] where every name must be there (`None` if one
     /// is not).
     fn hold_whole_path(&self, path: &[Vec<u8>]) -> Result<Option<Vec<InodeNo>>> {

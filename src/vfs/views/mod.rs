@@ -301,6 +301,14 @@ impl LiveIds for VfsIds<'_> {
     ) -> Option<std::io::Result<Option<(OwnedFd, Stat)>>> {
         self.0.live_find(obj, path)
     }
+
+    fn find_child(
+        &self,
+        dir: ObjectId,
+        name: &[u8],
+    ) -> Option<std::io::Result<Option<(ObjectId, OwnedFd, Stat)>>> {
+        self.0.live_find_child(dir, name)
+    }
 }
 
 impl Vfs {
@@ -314,6 +322,20 @@ impl Vfs {
         self.union()?;
         Some(
             self.find_shown(obj, path)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno())),
+        )
+    }
+
+    /// [`LiveIds::find_child`] for the mount: in a union, `name` in live
+    /// directory `dir` as the mount's lookups find it.
+    pub fn live_find_child(
+        &self,
+        dir: ObjectId,
+        name: &[u8],
+    ) -> Option<std::io::Result<Option<(ObjectId, OwnedFd, Stat)>>> {
+        self.union()?;
+        Some(
+            self.find_shown_child(dir, name)
                 .map_err(|e| std::io::Error::from_raw_os_error(e.errno())),
         )
     }
