@@ -671,6 +671,22 @@ pub fn fgetxattr(fd: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> io::Result<
     .map_err(os_err)
 }
 
+/// setxattr through an open (not O_PATH) descriptor: no `/proc` path walk.
+pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
+    let flags = rfs::XattrFlags::from_bits_retain(flags as _);
+    rfs::fsetxattr(fd, name, value, flags).map_err(os_err)
+}
+
+/// removexattr through an open (not O_PATH) descriptor.
+pub fn fremovexattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    rfs::fremovexattr(fd, name).map_err(os_err)
+}
+
+/// chmod through an open (not O_PATH) descriptor.
+pub fn fchmod(fd: BorrowedFd<'_>, mode_bits: u32) -> io::Result<()> {
+    rfs::fchmod(fd, mode(mode_bits)).map_err(os_err)
+}
+
 pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &CStr, value: &[u8], flags: i32) -> io::Result<()> {
     let path = proc_fd_path(fd);
     let flags = rfs::XattrFlags::from_bits_retain(flags as _);

@@ -18,21 +18,18 @@
 //! backdates them), so the past shows the clone whole from its start, and
 //! a tag `clone:N` keeps the base's instant from retention.
 
-use std::ffi::CString;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 
 use super::clone_patch::{PatchMeta, Patched};
 use super::inodes::Node;
 use super::{errno, InodeNo, Result, Vfs};
-use crate::history::access::{Who, READ};
-use crate::history::past::{Error as PastError, Node as PastNode};
-use crate::history::{Binding, Content, Seq};
+use crate::history::access::Who;
+use crate::history::Seq;
 use crate::sys::{self, Stat, TimeSpec};
-use crate::union::copyup::{drop_inherited_acls, is_copyup_temp, temp_name};
-use crate::union::format::{self, is_chronofs_xattr, is_overlay_xattr, XattrNs};
+use crate::union::format::{self, XattrNs};
 
 /// The mark's format: its value's first byte. Format 1 (the first
 /// slice) had no clone id and no root depth; it still reads, and its
@@ -189,7 +186,7 @@ impl Mark {
         })
     }
 
-    fn child(&self, name: &[u8], dir: bool) -> Mark {
+    pub(super) fn child(&self, name: &[u8], dir: bool) -> Mark {
         let mut path = self.path.clone();
         path.push(name.to_vec());
         Mark {
@@ -204,7 +201,7 @@ impl Mark {
     /// `None` for root. Their groups are the group database's (the process
     /// that made the clone is gone when it is filled); a uid it does not
     /// know has none.
-    fn maker(&self) -> Option<Who> {
+    pub(super) fn maker(&self) -> Option<Who> {
         if self.by == 0 {
             return None;
         }
@@ -216,12 +213,12 @@ impl Mark {
     /// attribute `name`: not file capabilities of a file its maker (other
     /// than root) does not own, which, like set-ID bits, would give them a
     /// privileged program of their own to keep past its fix.
-    fn keeps_xattr(&self, st: &Stat, name: &[u8]) -> bool {
+    pub(super) fn keeps_xattr(&self, st: &Stat, name: &[u8]) -> bool {
         self.by == 0 || st.st_uid == self.by || name != b"security.capability"
     }
 
     /// The mode a copy of an object with `st` gets in this clone.
-    fn mode_for(&self, st: &Stat) -> u32 {
+    pub(super) fn mode_for(&self, st: &Stat) -> u32 {
         let privileged = libc::S_ISUID | libc::S_ISGID;
         let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
         if self.by != 0 && regular && st.st_uid != self.by {
@@ -361,356 +358,6 @@ impl Vfs {
             return Ok(());
         }
         self.fill_if_unfilled(&self.node(ino)?).map(drop)
-    }
-
-    /// Fills the unfilled directory `dir` with copies of its base's
-    /// entries: each made under a hidden name, complete, then renamed into
-    /// place, so a crash leaves only whole entries (a later fill skips
-    /// them) and hidden leftovers (`fsck` removes them). The mark goes
-    /// only once the entries are durable and recorded.
-    fn fill(&self, dir: &Node, mark: &Mark) -> Result<()> {
-        // Filling is not a change the user made: the times stay the base's.
-        let times = sys::fstat(dir.fd())?;
-        self.fill_live_base(mark)?;
-        let children = self.with_past(|p| {
-            let Some(base) = p
-                .resolve(&mark.path, mark.at)
-                .map_err(super::views::past_err)?
-            else {
-                // Never silently empty: the clone would lose its entries.
-                tracing::error!(
-                    "a clone's base {} at #{} is not in history",
-                    crate::history::past::show_path(&mark.path),
-                    mark.at
-                );
-                return Err(errno(libc::EIO));
-            };
-            let names = p
-                .names(&base, mark.at, mark.path.is_empty())
-                .map_err(super::views::past_err)?;
-            let mut out = Vec::with_capacity(names.len());
-            let maker = mark.maker();
-            for name in names {
-                let mut path = mark.path.clone();
-                path.push(name.clone());
-                let Some(node) = p.resolve(&path, mark.at).map_err(super::views::past_err)? else {
-                    continue;
-                };
-                // Its maker's clone holds what they may read of the past:
-                // an entry closed to them since (or then) stays out.
-                if let Some(who) = &maker {
-                    match p.check(who, &path, mark.at, &node, READ) {
-                        Ok(()) => {}
-                        Err(PastError::Denied(why)) => {
-                            tracing::debug!("clone by uid {}: left out: {why}", mark.by);
-                            continue;
-                        }
-                        Err(e) => return Err(super::views::past_err(e)),
-                    }
-                }
-                out.push((name, node));
-            }
-            Ok(out)
-        })?;
-        self.drop_leftovers(dir.fd())?;
-        let mut made = Vec::with_capacity(children.len());
-        let mut index = None;
-        for (name, base) in children {
-            let cname = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
-            match sys::fstatat(dir.fd(), &cname) {
-                // Made by a fill a crash interrupted.
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    let mark = mark.child(&name, false);
-                    match self.linked_copy(&mark, &base)? {
-                        Some(link) => {
-                            let to = (dir, cname.as_c_str());
-                            self.copy_linked_entry(to, &base, mark, &link, &mut index)?;
-                        }
-                        None => self.copy_entry(dir.fd(), &cname, &base, mark)?,
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-            made.push((name, cname));
-        }
-        let rw = sys::reopen_dir(dir.fd(), libc::O_RDONLY)?;
-        sys::fsync(rw.as_fd(), false)?;
-        self.record_fill(dir, mark.at, &made)?;
-        sys::removexattr_fd(dir.fd(), self.clone_ns().clone_mark())?;
-        dir.inode.set_unmarked();
-        keep_times(dir.fd(), &times)?;
-        if let Some(c) = self.capture() {
-            c.dir_verified(dir.ino.object(), &sys::fstat(dir.fd())?);
-        }
-        // Its link count and times may be cached from before.
-        self.attrs_changed(dir.ino);
-        Ok(())
-    }
-
-    /// A clone of a clone: where `mark`'s base is a live directory of
-    /// another clone not filled yet, that one is filled first, or its
-    /// (empty) listing would be taken for its base's. (The caller holds
-    /// `Clones::busy`; each step goes to an earlier clone, so it ends.)
-    fn fill_live_base(&self, mark: &Mark) -> Result<()> {
-        let base = self.with_past(|p| {
-            p.resolve(&mark.path, mark.at)
-                .map_err(super::views::past_err)
-        })?;
-        let Some(PastNode::Live { fd, st, .. }) = base else {
-            return Ok(());
-        };
-        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Ok(());
-        }
-        let Some(base_mark) = self.read_mark(fd.as_fd())?.filter(|m| m.dir) else {
-            return Ok(());
-        };
-        let inode = self.inodes.acquire_new(fd, &st, false)?;
-        let filled = self
-            .inodes
-            .node_of(inode.clone())
-            .and_then(|node| self.fill(&node, &base_mark));
-        self.inodes.forget(inode.ino, 1);
-        filled
-    }
-
-    /// Removes what an interrupted fill left under hidden names (nobody
-    /// has seen the directory since: every use fills it first).
-    fn drop_leftovers(&self, dir: BorrowedFd<'_>) -> Result<()> {
-        let rd = sys::reopen_dir(dir, libc::O_RDONLY)?;
-        let mut buf = sys::DirBuf::new(64 * 1024);
-        loop {
-            let batch = sys::getdents(rd.as_fd(), &mut buf)?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for e in batch.iter().filter(|e| is_copyup_temp(&e.name)) {
-                let name = CString::new(e.name.clone()).map_err(|_| errno(libc::EINVAL))?;
-                let is_dir = match e.dtype {
-                    libc::DT_UNKNOWN => sys::fstatat(dir, &name)
-                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
-                    t => t == libc::DT_DIR,
-                };
-                let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
-                sys::unlinkat(dir, &name, flags)?;
-            }
-        }
-    }
-
-    /// History learns a fill's entries as of the clone's instant `at`.
-    fn record_fill(&self, dir: &Node, at: Seq, made: &[(Vec<u8>, CString)]) -> Result<()> {
-        let Some(c) = self.capture() else {
-            return Ok(());
-        };
-        let mut entries: Vec<(Vec<u8>, Binding)> = Vec::with_capacity(made.len());
-        // A union's create policy may have put the clone in any branch.
-        let branch = self.inodes.branch_of(&dir.key);
-        for (name, cname) in made {
-            let fd = sys::open_path(dir.fd(), cname)?;
-            let st = sys::fstat(fd.as_fd())?;
-            let inode = self.inodes.acquire_new_in(branch, fd, &st, false)?;
-            let binding = super::versioning::Live(self).binding_of(&inode);
-            inode.set_name(dir.ino, name);
-            self.inodes.forget(inode.ino, 1);
-            entries.push((name.clone(), binding));
-        }
-        c.filled(dir.ino.object(), entries, at)?;
-        Ok(())
-    }
-
-    /// Makes `name` in `dir` a copy of `base` (metadata only: a regular
-    /// file gets its size and a mark, a directory a mark).
-    fn copy_entry(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &std::ffi::CStr,
-        base: &PastNode,
-        mark: Mark,
-    ) -> Result<()> {
-        let prepared = self.prepare_entry(dir, base, mark)?;
-        let published = prepared.publish(dir, name, false);
-        if published.is_err() {
-            prepared.discard(dir);
-        }
-        published
-    }
-
-    /// Where `base` is a non-directory with several names, the index entry
-    /// every name of it in this clone links to (so that they stay one
-    /// file), and the link count the clone shows for it: its names inside
-    /// the clone's source then (all of them, where history does not know
-    /// each). None in a union mount, whose index is the union's, and for
-    /// a mark of format 1, which does not name its clone.
-    fn linked_copy(&self, mark: &Mark, base: &PastNode) -> Result<Option<(CString, u32)>> {
-        if mark.clone_id == 0 {
-            return Ok(None);
-        }
-        let (obj, mode, nlink) = match base {
-            PastNode::Hist { obj, v, .. } => (*obj, v.attrs.mode, v.attrs.nlink),
-            PastNode::Live { obj, st, fd } => {
-                let obj = match obj {
-                    Some(o) => *o,
-                    None => self.inodes.number_for(self.inodes.key_of(st))?.object(),
-                };
-                // A clone's linked copy shows its own count, not the
-                // backing one (which counts its index entry).
-                let shown = match st.st_nlink > 1 {
-                    true => crate::union::index::nlink(fd.as_fd(), self.clone_ns())?,
-                    false => None,
-                };
-                (obj, st.st_mode, shown.unwrap_or(st.st_nlink as u32))
-            }
-        };
-        // Symlinks, devices and FIFOs too, where their index xattrs can
-        // be set (`trusted.`): else each name becomes an object of its own.
-        if !super::union_links::indexable_kind(mode, self.clone_ns()) || nlink < 2 {
-            return Ok(None);
-        }
-        let source = &mark.path[..usize::from(mark.depth)];
-        let within = self.with_past(|p| {
-            p.history
-                .names_within(obj, mark.at, source, nlink)
-                .map_err(|e| super::views::past_err(e.into()))
-        })?;
-        // Its only name in the clone needs no index.
-        if within == Some(1) {
-            return Ok(None);
-        }
-        let entry = format!("clone{}-{:x}", mark.clone_id, obj.get());
-        let entry = CString::new(entry).map_err(|_| errno(libc::EINVAL))?;
-        Ok(Some((entry, within.unwrap_or(nlink).max(1))))
-    }
-
-    /// The hard-link index that takes the linked copies of a clone's
-    /// directory `dir` (made if there is none): that of the branch `dir` is
-    /// in (a link cannot cross branches), else the one in the mount's root.
-    fn clone_link_index(&self, dir: &Node) -> Result<Arc<OwnedFd>> {
-        match self.union() {
-            Some(u) => u.index_or_make_in(self.inodes.branch_of(&dir.key)),
-            None => Ok(Arc::new(crate::union::index::open_or_make(
-                self.branch.root_fd(),
-            )?)),
-        }
-    }
-
-    /// Makes `name` in `dir` a name of the clone's copy of `base`, a file
-    /// with several names: a link to its index entry, made (a copy with
-    /// the link count to show) by the first of its names to be filled.
-    /// The entry is durable before any name links to it, so a name never
-    /// outlives a crash without it.
-    fn copy_linked_entry(
-        &self,
-        (dir_node, name): (&Node, &std::ffi::CStr),
-        base: &PastNode,
-        mark: Mark,
-        (entry, links): &(CString, u32),
-        index: &mut Option<Arc<OwnedFd>>,
-    ) -> Result<()> {
-        let ix = match index {
-            Some(fd) => fd,
-            None => index.insert(self.clone_link_index(dir_node)?),
-        };
-        let ix = ix.as_fd();
-        let dir = dir_node.fd();
-        let prepared = match sys::open_path(ix, entry) {
-            Ok(copy) => {
-                let hidden = temp_name();
-                sys::link_fd(copy.as_fd(), dir, &hidden)?;
-                Prepared {
-                    hidden,
-                    is_dir: false,
-                }
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let prepared = self.prepare_entry(dir, base, mark)?;
-                let ns = self.clone_ns();
-                let indexed = (|| -> Result<()> {
-                    let copy = sys::open_path(dir, &prepared.hidden)?;
-                    crate::union::index::set_entry(copy.as_fd(), ns, entry)?;
-                    crate::union::index::set_nlink(copy.as_fd(), ns, *links)?;
-                    sys::link_fd(copy.as_fd(), ix, entry)?;
-                    let ix = sys::reopen_dir(ix, libc::O_RDONLY)?;
-                    Ok(sys::fsync(ix.as_fd(), false)?)
-                })();
-                if let Err(e) = indexed {
-                    prepared.discard(dir);
-                    return Err(e);
-                }
-                prepared
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let published = prepared.publish(dir, name, false);
-        if published.is_err() {
-            prepared.discard(dir);
-        }
-        published
-    }
-
-    /// Makes a copy of `base` (metadata only: a regular file gets its size
-    /// and a mark, a directory a mark) under a hidden name in `dir`.
-    pub(super) fn prepare_entry(
-        &self,
-        dir: BorrowedFd<'_>,
-        base: &PastNode,
-        mark: Mark,
-    ) -> Result<Prepared> {
-        let (mut st, mut xattrs, target) = describe(base)?;
-        xattrs.retain(|(name, _)| mark.keeps_xattr(&st, name));
-        st.st_mode = mark.mode_for(&st);
-        let kind = st.st_mode & libc::S_IFMT;
-        let prepared = Prepared {
-            hidden: temp_name(),
-            is_dir: kind == libc::S_IFDIR,
-        };
-        let hidden = &prepared.hidden;
-        let mut made_mark = None;
-        match kind {
-            libc::S_IFDIR => {
-                sys::mkdirat(dir, hidden, 0o700)?;
-                made_mark = Some(Mark { dir: true, ..mark });
-            }
-            libc::S_IFREG => {
-                let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW;
-                let fd = sys::openat(dir, hidden, flags, 0o600)?;
-                sys::ftruncate(fd.as_fd(), st.st_size as u64)?;
-                made_mark = Some(mark);
-            }
-            libc::S_IFLNK => {
-                let t =
-                    CString::new(target.unwrap_or_default()).map_err(|_| errno(libc::EINVAL))?;
-                sys::symlinkat(&t, dir, hidden)?;
-            }
-            _ => sys::mknodat(dir, hidden, kind | 0o600, st.st_rdev)?,
-        }
-        let done = (|| -> Result<()> {
-            let fd = sys::open_path(dir, hidden)?;
-            if let Some(m) = made_mark {
-                sys::setxattr_fd(fd.as_fd(), self.clone_ns().clone_mark(), &m.encode(), 0)?;
-            }
-            let ns = self.clone_ns();
-            let union = self.union().is_some();
-            // In a union the namespace's overlay markers are the union's
-            // (a copied one would hide or redirect); elsewhere they are
-            // the user's (a layer tree kept in the mount), but for the
-            // mount's own.
-            xattrs.retain(|(name, _)| {
-                if union {
-                    !is_overlay_xattr(name, ns)
-                } else {
-                    !is_chronofs_xattr(name, ns)
-                }
-            });
-            set_meta(fd.as_fd(), &st, &xattrs)
-        })();
-        match done {
-            Ok(()) => Ok(prepared),
-            Err(e) => {
-                prepared.discard(dir);
-                Err(e)
-            }
-        }
     }
 
     /// For a read-only open of `node`: if it is a clone's file that still
@@ -912,89 +559,6 @@ pub(super) fn keep_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
         at(st.st_mtime, st.st_mtime_nsec),
     )?;
     Ok(())
-}
-
-/// A copy made under a hidden name, not yet in place.
-pub(super) struct Prepared {
-    pub(super) hidden: CString,
-    pub(super) is_dir: bool,
-}
-
-impl Prepared {
-    /// Gives it `name` (replacing what is there only if `replace`).
-    pub(super) fn publish(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &std::ffi::CStr,
-        replace: bool,
-    ) -> Result<()> {
-        let flags = if replace { 0 } else { libc::RENAME_NOREPLACE };
-        Ok(sys::renameat2(dir, &self.hidden, dir, name, flags)?)
-    }
-
-    pub(super) fn discard(&self, dir: BorrowedFd<'_>) {
-        let flags = if self.is_dir { libc::AT_REMOVEDIR } else { 0 };
-        let _ = sys::unlinkat(dir, &self.hidden, flags);
-    }
-}
-
-/// A base object's attributes, xattrs and symlink target.
-type Described = (Stat, Vec<(Vec<u8>, Vec<u8>)>, Option<Vec<u8>>);
-
-fn describe(base: &PastNode) -> Result<Described> {
-    match base {
-        PastNode::Hist { v, .. } => {
-            let a = &v.attrs;
-            let mut st = sys::zeroed_stat();
-            st.st_mode = a.mode;
-            st.st_uid = a.uid;
-            st.st_gid = a.gid;
-            st.st_rdev = a.rdev;
-            st.st_size = a.size as i64;
-            (st.st_atime, st.st_atime_nsec) = (a.atime.sec, i64::from(a.atime.nsec));
-            (st.st_mtime, st.st_mtime_nsec) = (a.mtime.sec, i64::from(a.mtime.nsec));
-            let target = match &v.content {
-                Content::Symlink { target } => Some(target.clone()),
-                _ => None,
-            };
-            Ok((st, v.xattrs.clone(), target))
-        }
-        PastNode::Live { fd, st, .. } => {
-            let target = (st.st_mode & libc::S_IFMT == libc::S_IFLNK)
-                .then(|| sys::readlink_fd(fd.as_fd()))
-                .transpose()?;
-            let xattrs = if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-                Vec::new()
-            } else {
-                sys::xattrs_of(fd.as_fd())?
-            };
-            Ok((*st, xattrs, target))
-        }
-    }
-}
-
-/// Owner, xattrs, mode, times: the order in which none undoes another
-/// (chown clears set-id bits; times last). Without the privilege to give
-/// an object away, the daemon's own ownership stays.
-fn set_meta(fd: BorrowedFd<'_>, st: &Stat, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
-    match sys::chown_fd(fd, st.st_uid, st.st_gid) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) && sys::geteuid() != 0 => {}
-        other => other?,
-    }
-    let symlink = st.st_mode & libc::S_IFMT == libc::S_IFLNK;
-    if !symlink {
-        for (name, value) in xattrs {
-            let name = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
-            sys::setxattr_fd(fd, &name, value, 0)?;
-        }
-        // The copy was made in a directory of the clone that already has
-        // its base's default ACL, which the copy inherited: its base's
-        // own ACLs are the only ones it may keep (an inherited named
-        // entry let a third user read a file its base kept from them).
-        drop_inherited_acls(fd, xattrs)?;
-        sys::chmod_fd(fd, st.st_mode & 0o7777)?;
-    }
-    keep_times(fd, st)
 }
 
 #[cfg(test)]

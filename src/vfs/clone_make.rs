@@ -12,7 +12,8 @@ use std::ffi::{CStr, OsStr};
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 
-use super::clone::{Cloned, Mark, Prepared};
+use super::clone::{Cloned, Mark};
+use super::clone_fill::Prepared;
 use super::inodes::Node;
 use super::namespace::is_last_name;
 use super::union::is_absent;

@@ -22,6 +22,7 @@ mod attr;
 mod branch_modes;
 mod branch_set;
 mod clone;
+mod clone_fill;
 mod clone_make;
 pub(crate) mod clone_patch;
 mod clone_space;
