@@ -2,7 +2,8 @@
 //! first use*): its base's entries copied in as marked objects
 //! (metadata only), recorded in history as of the clone's instant.
 
-use std::ffi::CString;
+use std::collections::HashSet;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
@@ -13,15 +14,17 @@ use crate::history::access::READ;
 use crate::history::past::{Error as PastError, Node as PastNode};
 use crate::history::{Binding, Content, Seq};
 use crate::sys::{self, Stat};
-use crate::union::copyup::{drop_inherited_acls, is_copyup_temp, temp_name};
-use crate::union::format::{is_chronofs_xattr, is_overlay_xattr};
+use crate::union::copyup::{is_copyup_temp, temp_name};
+use crate::union::format::{is_chronofs_xattr, is_overlay_xattr, XattrNs};
 
 impl Vfs {
     /// Fills the unfilled directory `dir` with copies of its base's
-    /// entries: each made under a hidden name, complete, then renamed into
-    /// place, so a crash leaves only whole entries (a later fill skips
-    /// them) and hidden leftovers (`fsck` removes them). The mark goes
-    /// only once the entries are durable and recorded.
+    /// entries, each made under its own name. Nothing sees them before
+    /// the fill ends (every use of the directory fills it first), so a
+    /// crash may leave an entry half made: the next fill completes each
+    /// entry it finds (`complete_entry`) and removes hidden leftovers
+    /// (the copies of linked files are made under a hidden name). The
+    /// mark goes only once the entries are durable and recorded.
     pub(super) fn fill(&self, dir: &Node, mark: &Mark) -> Result<()> {
         // Filling is not a change the user made: the times stay the base's.
         let times = sys::fstat(dir.fd())?;
@@ -66,30 +69,29 @@ impl Vfs {
             }
             Ok(out)
         })?;
-        self.drop_leftovers(dir.fd())?;
+        let rd = sys::reopen_dir(dir.fd(), libc::O_RDONLY)?;
+        let found = drop_leftovers(dir.fd(), rd.as_fd())?;
+        let inherits = Inherits::of(rd.as_fd())?;
         let mut made = Vec::with_capacity(children.len());
         let mut index = None;
         for (name, base) in children {
             let cname = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
-            match sys::fstatat(dir.fd(), &cname) {
-                // Made by a fill a crash interrupted.
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    let mark = mark.child(&name, false);
-                    match self.linked_copy(&mark, &base)? {
-                        Some(link) => {
-                            let to = (dir, cname.as_c_str());
-                            self.copy_linked_entry(to, &base, mark, &link, &mut index)?;
-                        }
-                        None => self.copy_entry(dir.fd(), &cname, &base, mark)?,
-                    }
+            let mark = mark.child(&name, false);
+            let linked = self.linked_copy(&mark, &base)?;
+            match (linked, found.contains(&name)) {
+                // A linked name is made by link(2): whole once there.
+                (Some(_), true) => {}
+                (Some(link), false) => {
+                    let to = (dir, cname.as_c_str());
+                    self.copy_linked_entry(to, &base, mark, &link, &mut index)?;
                 }
-                Err(e) => return Err(e.into()),
+                // Made, perhaps in part, by a fill a crash interrupted.
+                (None, true) => self.complete_entry(dir.fd(), &cname, &base, mark)?,
+                (None, false) => self.make_entry(dir.fd(), &cname, &base, mark, inherits)?,
             }
             made.push((name, cname));
         }
-        let rw = sys::reopen_dir(dir.fd(), libc::O_RDONLY)?;
-        sys::fsync(rw.as_fd(), false)?;
+        sys::fsync(rd.as_fd(), false)?;
         self.record_fill(dir, mark.at, &made)?;
         sys::removexattr_fd(dir.fd(), self.clone_ns().clone_mark())?;
         dir.inode.set_unmarked();
@@ -129,29 +131,6 @@ impl Vfs {
         filled
     }
 
-    /// Removes what an interrupted fill left under hidden names (nobody
-    /// has seen the directory since: every use fills it first).
-    fn drop_leftovers(&self, dir: BorrowedFd<'_>) -> Result<()> {
-        let rd = sys::reopen_dir(dir, libc::O_RDONLY)?;
-        let mut buf = sys::DirBuf::new(64 * 1024);
-        loop {
-            let batch = sys::getdents(rd.as_fd(), &mut buf)?;
-            if batch.is_empty() {
-                return Ok(());
-            }
-            for e in batch.iter().filter(|e| is_copyup_temp(&e.name)) {
-                let name = CString::new(e.name.clone()).map_err(|_| errno(libc::EINVAL))?;
-                let is_dir = match e.dtype {
-                    libc::DT_UNKNOWN => sys::fstatat(dir, &name)
-                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
-                    t => t == libc::DT_DIR,
-                };
-                let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
-                sys::unlinkat(dir, &name, flags)?;
-            }
-        }
-    }
-
     /// History learns a fill's entries as of the clone's instant `at`.
     fn record_fill(&self, dir: &Node, at: Seq, made: &[(Vec<u8>, CString)]) -> Result<()> {
         let Some(c) = self.capture() else {
@@ -174,20 +153,74 @@ impl Vfs {
     }
 
     /// Makes `name` in `dir` a copy of `base` (metadata only: a regular
-    /// file gets its size and a mark, a directory a mark).
-    fn copy_entry(
+    /// file gets its size and a mark, a directory a mark), through an
+    /// open descriptor where it can (no `/proc` path walks). A failure
+    /// removes what it made.
+    fn make_entry(
         &self,
         dir: BorrowedFd<'_>,
-        name: &std::ffi::CStr,
+        name: &CStr,
+        base: &PastNode,
+        mark: Mark,
+        inherits: Inherits,
+    ) -> Result<()> {
+        let copy = self.copy_of(base, mark)?;
+        let handle = copy.make(dir, name)?;
+        let done = copy.apply(&handle, self.clone_ns(), inherits);
+        if done.is_err() {
+            let _ = sys::unlinkat(dir, name, copy.unlink_flags());
+        }
+        done
+    }
+
+    /// Completes `name` in `dir`, which a fill a crash interrupted made
+    /// as a copy of `base`, perhaps in part (again, all of it but the
+    /// object itself: nobody has seen it, and history may know it).
+    fn complete_entry(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
         base: &PastNode,
         mark: Mark,
     ) -> Result<()> {
-        let prepared = self.prepare_entry(dir, base, mark)?;
-        let published = prepared.publish(dir, name, false);
-        if published.is_err() {
-            prepared.discard(dir);
+        let copy = self.copy_of(base, mark)?;
+        let fd = sys::open_path(dir, name)?;
+        let kind = sys::fstat(fd.as_fd())?.st_mode & libc::S_IFMT;
+        if kind != copy.kind() {
+            tracing::error!("a clone's half-made entry is not of its base's type");
+            return Err(errno(libc::EIO));
         }
-        published
+        if kind == libc::S_IFREG {
+            sys::truncate_fd_path(fd.as_fd(), copy.st.st_size as u64)?;
+        }
+        copy.apply(&Handle::Path(fd), self.clone_ns(), Inherits::Maybe)
+    }
+
+    /// What a copy of `base` in this clone gets.
+    fn copy_of(&self, base: &PastNode, mark: Mark) -> Result<Copy> {
+        let (mut st, mut xattrs, target) = describe(base)?;
+        xattrs.retain(|(name, _)| mark.keeps_xattr(&st, name));
+        st.st_mode = mark.mode_for(&st);
+        let ns = self.clone_ns();
+        let union = self.union().is_some();
+        // In a union the namespace's overlay markers are the union's (a
+        // copied one would hide or redirect); elsewhere they are the
+        // user's (a layer tree kept in the mount), but for the mount's own.
+        xattrs.retain(|(name, _)| match union {
+            true => !is_overlay_xattr(name, ns),
+            false => !is_chronofs_xattr(name, ns),
+        });
+        let mark = match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => Some(Mark { dir: true, ..mark }),
+            libc::S_IFREG => Some(mark),
+            _ => None,
+        };
+        Ok(Copy {
+            st,
+            xattrs,
+            target,
+            mark,
+        })
     }
 
     /// Where `base` is a non-directory with several names, the index entry
@@ -310,55 +343,13 @@ impl Vfs {
         base: &PastNode,
         mark: Mark,
     ) -> Result<Prepared> {
-        let (mut st, mut xattrs, target) = describe(base)?;
-        xattrs.retain(|(name, _)| mark.keeps_xattr(&st, name));
-        st.st_mode = mark.mode_for(&st);
-        let kind = st.st_mode & libc::S_IFMT;
+        let copy = self.copy_of(base, mark)?;
         let prepared = Prepared {
             hidden: temp_name(),
-            is_dir: kind == libc::S_IFDIR,
+            is_dir: copy.kind() == libc::S_IFDIR,
         };
-        let hidden = &prepared.hidden;
-        let mut made_mark = None;
-        match kind {
-            libc::S_IFDIR => {
-                sys::mkdirat(dir, hidden, 0o700)?;
-                made_mark = Some(Mark { dir: true, ..mark });
-            }
-            libc::S_IFREG => {
-                let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW;
-                let fd = sys::openat(dir, hidden, flags, 0o600)?;
-                sys::ftruncate(fd.as_fd(), st.st_size as u64)?;
-                made_mark = Some(mark);
-            }
-            libc::S_IFLNK => {
-                let t =
-                    CString::new(target.unwrap_or_default()).map_err(|_| errno(libc::EINVAL))?;
-                sys::symlinkat(&t, dir, hidden)?;
-            }
-            _ => sys::mknodat(dir, hidden, kind | 0o600, st.st_rdev)?,
-        }
-        let done = (|| -> Result<()> {
-            let fd = sys::open_path(dir, hidden)?;
-            if let Some(m) = made_mark {
-                sys::setxattr_fd(fd.as_fd(), self.clone_ns().clone_mark(), &m.encode(), 0)?;
-            }
-            let ns = self.clone_ns();
-            let union = self.union().is_some();
-            // In a union the namespace's overlay markers are the union's
-            // (a copied one would hide or redirect); elsewhere they are
-            // the user's (a layer tree kept in the mount), but for the
-            // mount's own.
-            xattrs.retain(|(name, _)| {
-                if union {
-                    !is_overlay_xattr(name, ns)
-                } else {
-                    !is_chronofs_xattr(name, ns)
-                }
-            });
-            set_meta(fd.as_fd(), &st, &xattrs)
-        })();
-        match done {
+        let handle = copy.make(dir, &prepared.hidden)?;
+        match copy.apply(&handle, self.clone_ns(), Inherits::Maybe) {
             Ok(()) => Ok(prepared),
             Err(e) => {
                 prepared.discard(dir);
@@ -427,26 +418,189 @@ fn describe(base: &PastNode) -> Result<Described> {
     }
 }
 
-/// Owner, xattrs, mode, times: the order in which none undoes another
-/// (chown clears set-id bits; times last). Without the privilege to give
-/// an object away, the daemon's own ownership stays.
-fn set_meta(fd: BorrowedFd<'_>, st: &Stat, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
-    match sys::chown_fd(fd, st.st_uid, st.st_gid) {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) && sys::geteuid() != 0 => {}
-        other => other?,
+/// A copy of a base object as a clone's entry: its attributes (the mode
+/// the clone gives it), the xattrs it keeps, its symlink target, its own
+/// mark (files and directories).
+struct Copy {
+    st: Stat,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    target: Option<Vec<u8>>,
+    mark: Option<Mark>,
+}
+
+impl Copy {
+    fn kind(&self) -> u32 {
+        self.st.st_mode & libc::S_IFMT
     }
-    let symlink = st.st_mode & libc::S_IFMT == libc::S_IFLNK;
-    if !symlink {
-        for (name, value) in xattrs {
-            let name = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
-            sys::setxattr_fd(fd, &name, value, 0)?;
+
+    fn unlink_flags(&self) -> i32 {
+        match self.kind() == libc::S_IFDIR {
+            true => libc::AT_REMOVEDIR,
+            false => 0,
         }
-        // The copy was made in a directory of the clone that already has
-        // its base's default ACL, which the copy inherited: its base's
-        // own ACLs are the only ones it may keep (an inherited named
-        // entry let a third user read a file its base kept from them).
-        drop_inherited_acls(fd, xattrs)?;
-        sys::chmod_fd(fd, st.st_mode & 0o7777)?;
     }
-    keep_times(fd, st)
+
+    /// Makes the object `name` in `dir`, private to the daemon until
+    /// `apply` gives it its attributes (removed again if this fails).
+    fn make(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<Handle> {
+        let made = match self.kind() {
+            libc::S_IFDIR => {
+                sys::mkdirat(dir, name, 0o700)?;
+                let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+                sys::openat(dir, name, flags, 0).map(Handle::Open)
+            }
+            libc::S_IFREG => {
+                let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW;
+                let fd = sys::openat(dir, name, flags, 0o600)?;
+                sys::ftruncate(fd.as_fd(), self.st.st_size as u64).map(|()| Handle::Open(fd))
+            }
+            libc::S_IFLNK => {
+                let target = self.target.clone().unwrap_or_default();
+                let target = CString::new(target).map_err(|_| errno(libc::EINVAL))?;
+                sys::symlinkat(&target, dir, name)?;
+                sys::open_path(dir, name).map(Handle::Path)
+            }
+            kind => {
+                sys::mknodat(dir, name, kind | 0o600, self.st.st_rdev)?;
+                sys::open_path(dir, name).map(Handle::Path)
+            }
+        };
+        if made.is_err() {
+            let _ = sys::unlinkat(dir, name, self.unlink_flags());
+        }
+        Ok(made?)
+    }
+
+    /// Its mark, then owner, xattrs, mode, times: the order in which none
+    /// undoes another (chown clears set-id bits; times last). Without the
+    /// privilege to give an object away, the daemon's own ownership stays.
+    fn apply(&self, to: &Handle, ns: XattrNs, inherits: Inherits) -> Result<()> {
+        if let Some(m) = &self.mark {
+            to.setxattr(ns.clone_mark(), &m.encode())?;
+        }
+        let st = &self.st;
+        match sys::chown_fd(to.fd(), st.st_uid, st.st_gid) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) && sys::geteuid() != 0 => {}
+            other => other?,
+        }
+        if self.kind() != libc::S_IFLNK {
+            for (name, value) in &self.xattrs {
+                let name = CString::new(name.clone()).map_err(|_| errno(libc::EINVAL))?;
+                to.setxattr(&name, value)?;
+            }
+            // The copy was made in a directory of the clone that may have
+            // its base's default ACL, which the copy inherited: its base's
+            // own ACLs are the only ones it may keep (an inherited named
+            // entry let a third user read a file its base kept from them).
+            if inherits == Inherits::Maybe {
+                drop_inherited_acls(to, &self.xattrs)?;
+            }
+            to.chmod(st.st_mode & 0o7777)?;
+        }
+        keep_times(to.fd(), st)
+    }
+}
+
+/// An object being made: open where its kind allows (its xattrs and mode
+/// set through the descriptor), else an O_PATH handle (through `/proc`).
+enum Handle {
+    Open(OwnedFd),
+    Path(OwnedFd),
+}
+
+impl Handle {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Handle::Open(fd) | Handle::Path(fd) => fd.as_fd(),
+        }
+    }
+
+    fn setxattr(&self, name: &CStr, value: &[u8]) -> std::io::Result<()> {
+        match self {
+            Handle::Open(fd) => sys::fsetxattr(fd.as_fd(), name, value, 0),
+            Handle::Path(fd) => sys::setxattr_fd(fd.as_fd(), name, value, 0),
+        }
+    }
+
+    fn removexattr(&self, name: &CStr) -> std::io::Result<()> {
+        match self {
+            Handle::Open(fd) => sys::fremovexattr(fd.as_fd(), name),
+            Handle::Path(fd) => sys::removexattr_fd(fd.as_fd(), name),
+        }
+    }
+
+    fn chmod(&self, mode: u32) -> std::io::Result<()> {
+        match self {
+            Handle::Open(fd) => sys::fchmod(fd.as_fd(), mode),
+            Handle::Path(fd) => sys::chmod_fd(fd.as_fd(), mode),
+        }
+    }
+}
+
+/// Whether objects made in a directory may inherit ACLs from it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Inherits {
+    Nothing,
+    Maybe,
+}
+
+impl Inherits {
+    /// Only a directory with a default ACL passes ACLs on (acl(5)).
+    fn of(dir: BorrowedFd<'_>) -> Result<Inherits> {
+        match sys::fgetxattr(dir, c"system.posix_acl_default", &mut []) {
+            Ok(_) => Ok(Inherits::Maybe),
+            Err(e)
+                if [libc::ENODATA, libc::EOPNOTSUPP].contains(&e.raw_os_error().unwrap_or(0)) =>
+            {
+                Ok(Inherits::Nothing)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Removes every ACL `to` holds that its base's xattrs do not list.
+fn drop_inherited_acls(to: &Handle, base: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    for acl in [c"system.posix_acl_access", c"system.posix_acl_default"] {
+        if base.iter().any(|(n, _)| n.as_slice() == acl.to_bytes()) {
+            continue;
+        }
+        match to.removexattr(acl) {
+            Err(e)
+                if ![libc::ENODATA, libc::EOPNOTSUPP].contains(&e.raw_os_error().unwrap_or(0)) =>
+            {
+                return Err(e.into())
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Removes what an interrupted fill left under hidden names in `dir`
+/// (`rd` open on it; nobody has seen the directory since: every use fills
+/// it first), and returns the other names it holds.
+fn drop_leftovers(dir: BorrowedFd<'_>, rd: BorrowedFd<'_>) -> Result<HashSet<Vec<u8>>> {
+    let mut found = HashSet::new();
+    let mut buf = sys::DirBuf::new(64 * 1024);
+    loop {
+        let batch = sys::getdents(rd, &mut buf)?;
+        if batch.is_empty() {
+            return Ok(found);
+        }
+        for e in batch.iter().filter(|e| e.name != b"." && e.name != b"..") {
+            if !is_copyup_temp(&e.name) {
+                found.insert(e.name.clone());
+                continue;
+            }
+            let name = CString::new(e.name.clone()).map_err(|_| errno(libc::EINVAL))?;
+            let is_dir = match e.dtype {
+                libc::DT_UNKNOWN => sys::fstatat(dir, &name)
+                    .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
+                t => t == libc::DT_DIR,
+            };
+            let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+            sys::unlinkat(dir, &name, flags)?;
+        }
+    }
 }
