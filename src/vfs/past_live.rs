@@ -150,14 +150,7 @@ impl Vfs {
         let Some(inode) = self.hold_object(obj, Some(path))? else {
             return Ok(None);
         };
-        let ino = inode.ino;
-        let found = self.inodes.node_of(inode).and_then(|node| {
-            let fd = sys::reopen(node.fd(), libc::O_PATH)?;
-            let st = sys::fstat(fd.as_fd())?;
-            Ok((fd, st))
-        });
-        self.release_held(Some(ino));
-        found.map(Some)
+        self.let_go_of(inode.ino).map(Some)
     }
 
     /// `name` in live directory `dir`, if the mount shows one there now:
@@ -175,13 +168,20 @@ impl Vfs {
         let Some(ino) = found? else {
             return Ok(None);
         };
-        let shown = self.node(ino).and_then(|node| {
+        let (fd, st) = self.let_go_of(ino)?;
+        Ok(Some((ino.object(), fd, st)))
+    }
+
+    /// A descriptor of the held inode `ino` and its attributes, once it
+    /// is released (the caller keeps the descriptor, not the inode).
+    fn let_go_of(&self, ino: InodeNo) -> Result<(OwnedFd, Stat)> {
+        let found = self.node(ino).and_then(|node| {
             let fd = sys::reopen(node.fd(), libc::O_PATH)?;
             let st = sys::fstat(fd.as_fd())?;
-            Ok((ino.object(), fd, st))
+            Ok((fd, st))
         });
         self.release_held(Some(ino));
-        shown.map(Some)
+        found
     }
 
     /// [`Vfs::hold_path`] where every name must be there (`None` if one
