@@ -79,8 +79,14 @@ impl Vfs {
             let mark = mark.child(&name, false);
             let linked = self.linked_copy(&mark, &base)?;
             match (linked, found.contains(&name)) {
-                // A linked name is made by link(2): whole once there.
-                (Some(_), true) => {}
+                // A linked name is made by link(2): whole once there. (Its
+                // base's link count may have changed since the fill a
+                // crash cut short made it as a file of its own.)
+                (Some(link), true) => {
+                    if !self.links_to_index(dir, &cname, &link.0, &mut index)? {
+                        self.complete_entry(dir.fd(), &cname, &base, mark)?;
+                    }
+                }
                 (Some(link), false) => {
                     let to = (dir, cname.as_c_str());
                     self.copy_linked_entry(to, &base, mark, &link, &mut index)?;
@@ -278,6 +284,26 @@ impl Vfs {
             None => Ok(Arc::new(crate::union::index::open_or_make(
                 self.branch.root_fd(),
             )?)),
+        }
+    }
+
+    /// Whether `name` in `dir` is a name of hard-link index entry `entry`.
+    fn links_to_index(
+        &self,
+        dir: &Node,
+        name: &CStr,
+        entry: &CStr,
+        index: &mut Option<Arc<OwnedFd>>,
+    ) -> Result<bool> {
+        let ix = match index {
+            Some(fd) => fd,
+            None => index.insert(self.clone_link_index(dir)?),
+        };
+        let named = sys::fstatat(dir.fd(), name)?;
+        match sys::fstatat(ix.as_fd(), entry) {
+            Ok(st) => Ok((st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -154,6 +154,17 @@ impl Tree for Walk<'_> {
 }
 
 impl Vfs {
+    /// Whether `dir` is a clone's directory not filled yet: the walk leaves
+    /// it to its fill, which records its entries (as of the clone's
+    /// instant), and whose entries are half made while it runs or where a
+    /// crash cut it short.
+    fn unfilled(&self, dir: BorrowedFd<'_>) -> super::Result<bool> {
+        if !self.clones_on() {
+            return Ok(false);
+        }
+        Ok(self.read_mark(dir)?.is_some_and(|m| m.dir))
+    }
+
     /// Whether the mount records history (not `-o plain`).
     pub fn keeps_history(&self) -> bool {
         self.capture.is_some()
@@ -352,6 +363,15 @@ impl Vfs {
                 },
             };
             let in_root = dir == InodeNo::ROOT.object();
+            match self.unfilled(fd.as_fd()) {
+                Ok(false) => {}
+                Ok(true) => continue,
+                Err(e) => {
+                    tracing::warn!("ingest: directory {dir}: its clone mark: {e}");
+                    p.errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             let listing = match self.listing_of(&walk, (&fd, &copies), in_root) {
                 Ok(l) => l,
                 Err(e) => {
