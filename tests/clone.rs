@@ -2106,3 +2106,22 @@ fn an_entry_a_crashed_fill_left_half_made_is_completed_by_the_next_fill() {
     write_file(&m.p("c/f"), b"mine");
     assert_eq!(read_file(&m.p("d/f")), data, "the source changed");
 }
+
+/// The history walk (`chronofs ingest`, a first mount's) leaves a clone's
+/// directory that no use has filled yet to its fill, which records it.
+/// It recorded the empty listing it found there: `.history/@now/` then
+/// showed the clone empty.
+#[test]
+fn the_history_walk_leaves_an_unfilled_clone_to_its_fill() {
+    let m = Mount::new("");
+    fs::create_dir_all(m.p("d/sub")).unwrap();
+    write_file(&m.p("d/f"), b"hi\n");
+    write_file(&m.p("d/sub/x"), b"x\n");
+    succeeded(clone(&m.p("d"), &m.p("c")));
+    succeeded(chronofs(&["ingest".as_ref(), m.mnt.as_os_str()]));
+    assert_eq!(names(&m.p(".history/@now/c")), ["f", "sub"]);
+    assert_eq!(names(&m.p(".history/@now/c/sub")), ["x"]);
+    assert_eq!(read_file(&m.p(".history/@now/c/sub/x")), b"x\n");
+    let view = |root: &Path| snapshot(root, SNAP_NO_TIMES);
+    assert_eq!(view(&m.p("c")), view(&m.p("d")));
+}
