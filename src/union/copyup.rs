@@ -638,11 +638,20 @@ fn copy_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
 /// A default ACL on the upper parent gives the new object ACLs the lower
 /// one does not have; the copy must have exactly the lower's.
 pub fn drop_inherited_acls(to: BorrowedFd<'_>, lower: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
+    drop_inherited_acls_with(lower, |acl| sys::removexattr_fd(to, acl))
+}
+
+/// [`drop_inherited_acls`] through `remove` (an open descriptor's
+/// `fremovexattr`, say).
+pub fn drop_inherited_acls_with(
+    lower: &[(Vec<u8>, Vec<u8>)],
+    remove: impl Fn(&CStr) -> io::Result<()>,
+) -> io::Result<()> {
     for acl in [c"system.posix_acl_access", c"system.posix_acl_default"] {
         if lower.iter().any(|(n, _)| n.as_slice() == acl.to_bytes()) {
             continue;
         }
-        match sys::removexattr_fd(to, acl) {
+        match remove(acl) {
             Err(e) if ![libc::ENODATA, libc::EOPNOTSUPP].contains(&errno(&e)) => return Err(e),
             _ => {}
         }

@@ -14,7 +14,7 @@ use crate::history::access::READ;
 use crate::history::past::{Error as PastError, Node as PastNode};
 use crate::history::{Binding, Content, Seq};
 use crate::sys::{self, Stat};
-use crate::union::copyup::{is_copyup_temp, temp_name};
+use crate::union::copyup::{drop_inherited_acls_with, is_copyup_temp, temp_name};
 use crate::union::format::{is_chronofs_xattr, is_overlay_xattr, XattrNs};
 
 impl Vfs {
@@ -519,7 +519,7 @@ impl Copy {
             // own ACLs are the only ones it may keep (an inherited named
             // entry let a third user read a file its base kept from them).
             if inherits == Inherits::Maybe {
-                drop_inherited_acls(to, &self.xattrs)?;
+                drop_inherited_acls_with(&self.xattrs, |acl| to.removexattr(acl))?;
             }
             to.chmod(st.st_mode & 0o7777)?;
         }
@@ -583,24 +583,6 @@ impl Inherits {
             Err(e) => Err(e.into()),
         }
     }
-}
-
-/// Removes every ACL `to` holds that its base's xattrs do not list.
-fn drop_inherited_acls(to: &Handle, base: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
-    for acl in [c"system.posix_acl_access", c"system.posix_acl_default"] {
-        if base.iter().any(|(n, _)| n.as_slice() == acl.to_bytes()) {
-            continue;
-        }
-        match to.removexattr(acl) {
-            Err(e)
-                if ![libc::ENODATA, libc::EOPNOTSUPP].contains(&e.raw_os_error().unwrap_or(0)) =>
-            {
-                return Err(e.into())
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 /// Removes what an interrupted fill left under hidden names in `dir`
