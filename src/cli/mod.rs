@@ -10,6 +10,7 @@ mod diff;
 mod history;
 mod maintain;
 mod mount;
+mod mount_host;
 mod options;
 mod restore;
 mod sandbox;
