@@ -42,6 +42,7 @@ mod source;
 mod union;
 mod union_links;
 mod union_ops;
+mod union_redirect;
 mod union_rename;
 mod versioning;
 mod views;
