@@ -128,6 +128,9 @@ enum FdSlot {
 pub struct Node {
     pub inode: Arc<Inode>,
     fd: Arc<OwnedFd>,
+    /// Reached through another of its copies (`with_fd`): `fd` is not
+    /// the copy in the inode's own branch.
+    through_copy: bool,
 }
 
 impl Node {
@@ -142,7 +145,16 @@ impl Node {
     /// The inode reached through another of its copies (a union
     /// directory's upper one).
     pub fn with_fd(inode: Arc<Inode>, fd: Arc<OwnedFd>) -> Node {
-        Node { inode, fd }
+        Node {
+            inode,
+            fd,
+            through_copy: true,
+        }
+    }
+
+    /// Whether `fd` is another copy than the one of the inode's branch.
+    pub fn through_copy(&self) -> bool {
+        self.through_copy
     }
 }
 
@@ -557,7 +569,11 @@ impl InodeTable {
 
     pub fn node_of(&self, inode: Arc<Inode>) -> Result<Node> {
         let fd = self.fd(&inode)?;
-        Ok(Node { inode, fd })
+        Ok(Node {
+            inode,
+            fd,
+            through_copy: false,
+        })
     }
 
     /// An O_PATH descriptor of the inode's backing object, re-opened from

@@ -526,6 +526,14 @@ impl Vfs {
     /// copy may be in a branch that left the set with its objects moved
     /// to another (snapmerge), and would otherwise be dropped here.
     pub(super) fn layers_of(&self, dir: &Node) -> Result<Vec<Layer>> {
+        // A directory reached through its upper copy (the root, once a
+        // snapshot moved the upper branch off its own): its own copy is
+        // one of its layers too. Taking the upper copy for it left the
+        // own copy out, and a name living only there was not seen below
+        // the upper branch (a rename left it showing, no whiteout).
+        if dir.through_copy() {
+            return self.layers_of(&self.node(dir.ino)?);
+        }
         if self.union.is_some() && dir.generation() != self.inodes.generation() {
             let fresh = self.node(dir.ino)?;
             if fresh.generation() == self.inodes.generation() {
