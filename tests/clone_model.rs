@@ -812,7 +812,7 @@ fn vfs_shown(rig: &Rig, root: &str) -> Result<(Shown, BTreeSet<u64>), TestCaseEr
                     Seen::Dir { mode }
                 }
                 libc::S_IFLNK => {
-                    let t = vfs_ok(format!("readlink {path}"), vfs.readlink(ino))?;
+                    let t = vfs_ok(format!("readlink {path}"), vfs.readlink(&rig.caller, ino))?;
                     Seen::Symlink {
                         target: String::from_utf8_lossy(&t).into_owned(),
                     }

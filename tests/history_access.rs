@@ -585,3 +585,51 @@ fn log_shows_nothing_below_a_directory_closed_to_the_caller() {
         assert_reads("root: chronofs log -r .", &o, "secret-name");
     });
 }
+
+/// A view is read as a `nosuid,nodev` mount is: a set-user-ID program
+/// whose bit was taken away (or which was deleted) gives no privilege
+/// from the past, and a device node made private now opens for root
+/// only; a symlink's target is read only along a way open now, however
+/// the kernel cached it.
+#[test]
+fn the_past_gives_no_set_id_no_device_and_no_link_behind_a_closed_way() {
+    each_versioning_mode(|m| {
+        fs::copy("/usr/bin/id", m.p("id")).unwrap();
+        chmod(&m.p("id"), 0o4755);
+        fs::create_dir(m.p("d")).unwrap();
+        chmod(&m.p("d"), 0o755);
+        std::os::unix::fs::symlink("old-secret", m.p("d/sl")).unwrap();
+        let made = Command::new("mknod")
+            .args([m.p("z").to_str().unwrap(), "c", "1", "5"])
+            .status()
+            .unwrap();
+        assert!(made.success());
+        chmod(&m.p("z"), 0o666);
+        tag(m, "a");
+        chmod(&m.p("id"), 0o755);
+        chmod(&m.p("z"), 0o600);
+        chmod(&m.p("d"), 0o700);
+
+        use std::os::unix::fs::MetadataExt;
+        for p in [".history/@a/id", "id;1"] {
+            let mode = fs::metadata(m.p(p)).unwrap().mode();
+            assert_eq!(mode & 0o7777, 0o755, "{p}: shown without set-ID bits");
+            let o = run_as(&m.mnt, NOBODY_IDS, &m.p(p), &["-u"]);
+            assert_reads(p, &o, &NOBODY.to_string());
+        }
+        for p in [".history/@a/z", "z;1"] {
+            let o = run_as(&m.mnt, NOBODY_IDS, Path::new("/usr/bin/head"), &["-c4", p]);
+            assert!(!o.status.success(), "{p}: {}", show(&o));
+            let o = run_as(&m.mnt, ROOT_IDS, Path::new("/usr/bin/head"), &["-c4", p]);
+            assert_eq!(o.stdout, [0u8; 4], "root: {p}: {}", show(&o));
+        }
+        let link = ".history/@a/d/sl";
+        let readlink = |ids| run_as(&m.mnt, ids, Path::new("/usr/bin/readlink"), &[link]);
+        let o = readlink(NOBODY_IDS);
+        assert!(!o.status.success() && o.stdout.is_empty(), "{}", show(&o));
+        // Read (and cached by the kernel) for root, still closed to nobody.
+        assert_reads("root: readlink", &readlink(ROOT_IDS), "old-secret");
+        let o = readlink(NOBODY_IDS);
+        assert!(!o.status.success() && o.stdout.is_empty(), "{}", show(&o));
+    });
+}

@@ -564,11 +564,21 @@ impl fuser::Filesystem for ChronoFuse {
         }
     }
 
-    fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
         self.counts.add(Req::Readlink);
-        match self.vfs.readlink(ino(i)) {
+        match self.vfs.readlink(&caller(req), ino(i)) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(err(e)),
+        }
+        if self.vfs.is_view(ino(i)) {
+            // The kernel caches link targets (CACHE_SYMLINKS) and would
+            // give this one to the next caller unasked, whoever it is: a
+            // view's is checked per caller (`view_readlink`). Dropped
+            // after the reply, whose page the reader fills and unlocks
+            // without the daemon.
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(i, 0, 0);
+            }
         }
     }
 

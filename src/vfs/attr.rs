@@ -243,8 +243,8 @@ impl Vfs {
         Ok(())
     }
 
-    pub fn readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
-        self.source_of(ino).readlink(self)
+    pub fn readlink(&self, caller: &Caller, ino: InodeNo) -> Result<Vec<u8>> {
+        self.source_of(ino).readlink(self, caller)
     }
 
     pub(super) fn live_readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {

@@ -49,6 +49,11 @@ impl Vfs {
         }
     }
 
+    /// Whether `ino` is a node of the past (a history view).
+    pub fn is_view(&self, ino: InodeNo) -> bool {
+        matches!(self.source_of(ino), Source::Past(_))
+    }
+
     /// The one place a handle's source is decided (handle numbers are
     /// partitioned as inode numbers are).
     pub(super) fn handle_source(&self, fh: u64) -> HandleSource {
@@ -115,10 +120,10 @@ impl Source {
         }
     }
 
-    pub fn readlink(self, vfs: &Vfs) -> Result<Vec<u8>> {
+    pub fn readlink(self, vfs: &Vfs, caller: &Caller) -> Result<Vec<u8>> {
         match self {
             Source::Live(ino) => vfs.live_readlink(ino),
-            Source::Past(ino) => vfs.view_readlink(ino),
+            Source::Past(ino) => vfs.view_readlink(caller, ino),
         }
     }
 

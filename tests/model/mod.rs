@@ -391,7 +391,7 @@ pub fn vfs_tree(rig: &Rig, model: &BTreeMap<String, Seen>) -> BTreeMap<String, S
             let seen = match attr.kind() {
                 libc::S_IFDIR => Seen::Dir { mode },
                 libc::S_IFLNK => Seen::Symlink {
-                    target: String::from_utf8(vfs.readlink(ino).unwrap()).unwrap(),
+                    target: String::from_utf8(vfs.readlink(&rig.caller, ino).unwrap()).unwrap(),
                 },
                 _ => {
                     let fh = vfs.open(&rig.caller, ino, libc::O_RDONLY).unwrap().fh;

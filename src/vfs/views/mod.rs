@@ -243,6 +243,21 @@ pub(in crate::vfs) fn past_err(e: past::Error) -> VfsError {
     }
 }
 
+/// The mode a view shows for a past object's `mode`. A view is read as a
+/// `nosuid,nodev` mount is: a program run from the past never gains the
+/// set-user-ID or set-group-ID privileges its file had then (they may have
+/// been taken away since, or the file deleted for it), and a device node
+/// shows no permission bits, since opening one reaches the driver without
+/// the daemon's check of the node as it is now; root opens it regardless.
+/// A directory keeps its set-group-ID bit: views make nothing in it.
+pub(super) fn shown_mode(mode: u32) -> u32 {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => mode,
+        libc::S_IFCHR | libc::S_IFBLK => mode & (libc::S_IFMT | libc::S_ISVTX),
+        _ => mode & !(libc::S_ISUID | libc::S_ISGID),
+    }
+}
+
 /// A directory's link count: itself, its entry in its parent, and each
 /// subdirectory's `..`.
 fn dir_nlink(kinds: impl Iterator<Item = u32>) -> libc::nlink_t {
@@ -412,7 +427,8 @@ impl Vfs {
             }
         }
         let epoch = self.history().map_or(0, |h| h.removal_epoch());
-        let (what, st) = make()?;
+        let (what, mut st) = make()?;
+        st.st_mode = shown_mode(st.st_mode);
         let mut nodes = self.views.nodes.write();
         let mut nlookup = 1;
         if let Some(n) = nodes.get(&ino) {
@@ -554,8 +570,12 @@ impl Vfs {
         Ok(Attr { ino, st: node.st })
     }
 
-    pub(super) fn view_readlink(&self, ino: InodeNo) -> Result<Vec<u8>> {
+    /// A link's target is read with no permission on the link itself, but
+    /// only along a way the caller may search now, as every other read of
+    /// the past (`view_permits` with nothing wanted of the link).
+    pub(super) fn view_readlink(&self, caller: &Caller, ino: InodeNo) -> Result<Vec<u8>> {
         let node = self.view(ino)?;
+        self.view_permits(caller, &node, 0)?;
         match &node.what {
             What::At {
                 state: State::Hist { v },
