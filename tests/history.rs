@@ -1967,3 +1967,39 @@ fn writes_after_a_removal_make_no_version() {
         }
     });
 }
+
+/// `touch -m` and `touch -a` set one time each: a change of its own, as
+/// `touch` setting both is, so the past (and a clone of it) shows it; a
+/// write's own mtime (flushed by the kernel's writeback cache) is none.
+#[test]
+fn setting_one_time_alone_is_a_version_and_a_write_s_flush_is_not() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("f"), b"x\n");
+        write_file(&m.p("g"), b"y\n");
+        let run = |args: &[&str]| {
+            let st = std::process::Command::new("touch")
+                .args(args)
+                .env("TZ", "UTC")
+                .current_dir(&m.mnt)
+                .status()
+                .unwrap();
+            assert!(st.success(), "touch {args:?}");
+        };
+        run(&["-m", "-d", "2006-06-06 06:06:06", "f"]);
+        run(&["-a", "-d", "2007-07-07 07:07:07", "g"]);
+        assert_eq!(causes(&versions(m, "f")), ["create", "utimes"]);
+        assert_eq!(causes(&versions(m, "g")), ["create", "utimes"]);
+        use std::os::unix::fs::MetadataExt;
+        let past = |rel: &str| fs::metadata(m.p(&format!(".history/@now/{rel}"))).unwrap();
+        assert_eq!(past("f").mtime(), 1_149_573_966);
+        assert_eq!(past("g").atime(), 1_183_792_027);
+        // Writes in place, through a descriptor open a while: no version
+        // for the times alone.
+        let mut h = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        use std::io::Write;
+        h.write_all(b"z").unwrap();
+        h.sync_all().unwrap();
+        drop(h);
+        assert_eq!(causes(&versions(m, "f")), ["create", "utimes", "fsync"]);
+    });
+}

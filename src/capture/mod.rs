@@ -1682,7 +1682,10 @@ impl Capture {
         // A session that set times (touch, cp -p, rsync -t) made a change
         // even if its bytes are the same.
         let retimed = job.retimed
-            && known.is_some_and(|k| k.attrs.mtime != v.attrs.mtime && k.same_content_and_meta(&v));
+            && known.is_some_and(|k| {
+                let times = k.attrs.mtime != v.attrs.mtime || k.attrs.atime != v.attrs.atime;
+                times && k.same_content_and_meta(&v)
+            });
         if retimed {
             v.cause = Cause::Utimes;
         }

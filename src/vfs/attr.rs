@@ -157,9 +157,16 @@ impl Vfs {
             self.before_change(ino)?;
         }
         let attr = self.apply_setattr(caller, ino, &set)?;
-        // Both times set: utimensat by a program. The kernel's writeback
-        // cache flushes mtime alone.
-        let set_times = set.atime.is_some() && set.mtime.is_some();
+        // Times set by a program (utimensat: touch, touch -m, cp -p, tar),
+        // a change of its own. The kernel's writeback cache also sends
+        // mtime alone as it flushes the times of its writes, always through
+        // a write handle (FATTR_FH), which utimensat never names.
+        let by_program = set.fh.is_none() && set.size.is_none();
+        let set_times = match (set.atime.is_some(), set.mtime.is_some()) {
+            (true, true) => true,
+            (false, false) => false,
+            _ => by_program,
+        };
         self.after_change_times(caller, ino, cause, set_times);
         Ok(attr)
     }
