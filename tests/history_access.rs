@@ -633,3 +633,41 @@ fn the_past_gives_no_set_id_no_device_and_no_link_behind_a_closed_way() {
         assert!(!o.status.success() && o.stdout.is_empty(), "{}", show(&o));
     });
 }
+
+/// A file readable then but private now is as private in a diff: left
+/// out on both sides, named as unreadable, exit 2, in both forms, even
+/// where its sizes alone would say it changed.
+#[test]
+fn diff_leaves_out_a_file_made_private_since() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("s"), b"secret\n");
+        chmod(&m.p("s"), 0o644);
+        write_file(&m.p("pub"), b"one\n");
+        chmod(&m.p("pub"), 0o644);
+        tag(m, "a");
+        write_file(&m.p("s"), b"secret, longer now\n");
+        chmod(&m.p("s"), 0o600);
+        write_file(&m.p("pub"), b"two\n");
+        for json in [true, false] {
+            let mut args = vec!["diff", ".", "@a"];
+            if json {
+                args.push("--json");
+            }
+            let o = chronofs_as(m, NOBODY_IDS, &args);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(o.status.code(), Some(2), "json {json}: {}", show(&o));
+            assert!(out.contains("pub"), "json {json}: {}", show(&o));
+            let named = match json {
+                true => out.contains("\"path\": \"/s\""),
+                false => out.contains("/s"),
+            };
+            assert!(!named, "json {json}: {}", show(&o));
+            if json {
+                assert!(out.contains("\"unreadable\""), "{}", show(&o));
+            }
+        }
+        let o = chronofs_as(m, ROOT_IDS, &["diff", ".", "@a", "--json"]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("\"path\": \"/s\""), "{}", show(&o));
+    });
+}

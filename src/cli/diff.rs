@@ -311,6 +311,9 @@ fn same_version(x: &NodeInfo, y: &NodeInfo) -> bool {
 /// How two entries of the same object or path differ: (content differs,
 /// mode change, kind change), plus the text of a content diff.
 struct Delta {
+    /// The caller may not read the file at one instant: it is left out on
+    /// both sides (the refusal noted), as `diff -r` leaves it out.
+    left_out: bool,
     content: bool,
     mode: Option<(u32, u32)>,
     kind: Option<(String, String)>,
@@ -333,6 +336,7 @@ fn delta(
     let kx = x.kind.clone();
     let ky = y.kind.clone();
     let mut d = Delta {
+        left_out: false,
         content: false,
         mode: None,
         kind: None,
@@ -354,12 +358,18 @@ fn delta(
                 // No bytes to compare: only what the attributes say.
                 d.content = x.size != y.size || x.mtime_ns != y.mtime_ns;
             } else if x.size != y.size && !want_text {
+                // Differing sizes say it changed, but only to a caller who
+                // may read it at both instants.
+                for (p, at) in [(pa, a), (pb, b)] {
+                    if let Err(e) = t.client().read(p, at, None, &mut std::io::sink()) {
+                        return unread(trouble.note(e), d);
+                    }
+                }
                 d.content = true;
             } else {
                 let (da, db) = match (read(t, pa, a), read(t, pb, b)) {
                     (Ok(da), Ok(db)) => (da, db),
-                    (Err(e), _) => return unread(trouble.note(e), d, x, y),
-                    (_, Err(e)) => return unread(trouble.note(e), d, x, y),
+                    (Err(e), _) | (_, Err(e)) => return unread(trouble.note(e), d),
                 };
                 if da != db {
                     d.content = true;
@@ -380,11 +390,11 @@ fn read(t: &Target, path: &Components, at: &At) -> Result<Vec<u8>, ControlError>
     Ok(buf)
 }
 
-/// A file whose bytes one side may not read: the attributes say what
-/// they can (`noted`: the refusal was noted, or the error to stop with).
-fn unread(noted: Result<()>, mut d: Delta, x: &NodeInfo, y: &NodeInfo) -> Result<Delta> {
+/// A file whose bytes one side may not read: left out (`noted`: the
+/// refusal was noted, or the error to stop with).
+fn unread(noted: Result<()>, mut d: Delta) -> Result<Delta> {
     noted?;
-    d.content = x.size != y.size || x.mtime_ns != y.mtime_ns;
+    d.left_out = true;
     Ok(d)
 }
 
@@ -452,6 +462,9 @@ fn compare(
         if let Some(x) = ta.get(rel) {
             let full_a = joined(base_a, rel);
             let d = delta(t, (a, &full_a, x), (b, &full_b, y), want_text, trouble)?;
+            if d.left_out {
+                continue;
+            }
             if full_a != full_b && rel.is_empty() {
                 entries.push((rel, change_value("renamed", Some(&full_a), &full_b, y, &d)));
                 report.texts.extend(d.text);
@@ -485,7 +498,7 @@ fn compare(
             }
             _ => false,
         };
-        if implied && !d.any() {
+        if d.left_out || (implied && !d.any()) {
             continue;
         }
         entries.push((rel, change_value("renamed", Some(&full_a), &full_b, y, &d)));
