@@ -2125,3 +2125,44 @@ fn the_history_walk_leaves_an_unfilled_clone_to_its_fill() {
     let view = |root: &Path| snapshot(root, SNAP_NO_TIMES);
     assert_eq!(view(&m.p("c")), view(&m.p("d")));
 }
+
+/// A file system mounted inside the mount (a tmpfs over `MNT/ov`) is not
+/// chronofs's: neither a clone's source nor its place, though its path
+/// begins with the mount's (the hidden file below it was cloned, and a
+/// clone made under it out of sight); refused in one line, nothing made.
+#[test]
+fn paths_on_a_file_system_mounted_inside_the_mount_are_refused() {
+    let m = Mount::new("");
+    fs::create_dir(m.p("ov")).unwrap();
+    fs::create_dir(m.p("w")).unwrap();
+    fs::write(m.p("ov/file"), b"hidden").unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs", m.p("ov").to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let _unmount = Defer(|| {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", m.p("ov").to_str().unwrap()])
+            .status();
+    });
+    fs::write(m.p("ov/file"), b"visible").unwrap();
+    refused_saying(clone(&m.p("ov/file"), &m.p("c")), "inside a chronofs mount");
+    refused_saying(clone(&m.p("w"), &m.p("ov/c")), "inside a chronofs mount");
+    refused_saying(
+        clone(&m.p("w"), &m.p("ov/new/c")),
+        "inside a chronofs mount",
+    );
+    assert!(!m.p("c").exists());
+    assert!(!m.p("ov/c").exists());
+    succeeded(clone(&m.p("w"), &m.p("w2")));
+}
+
+/// Runs its closure when dropped (teardown that a failed assert must not skip).
+struct Defer<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Defer<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}

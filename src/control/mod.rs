@@ -249,11 +249,40 @@ pub fn mount_of(path: &Path) -> Option<MountEntry> {
             .cloned()
     };
     let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(m) = innermost(&kept) {
-        return Some(m);
+    let found = match innermost(&kept) {
+        Some(m) => Some(m),
+        None => {
+            *kept = chronofs_mounts();
+            innermost(&kept)
+        }
+    };
+    found.filter(|m| !covered_below(path, m))
+}
+
+/// Whether another file system mounted below `m`'s mount point holds
+/// `path` (or the nearest of its ancestors that exists): its name then
+/// leads there, not into chronofs (a tmpfs over `MNT/dir`), whatever the
+/// path's prefix says. A path that cannot be looked at (a mount whose
+/// daemon is gone) is left to the request to report.
+fn covered_below(path: &Path, m: &MountEntry) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mut cur = path;
+    loop {
+        match std::fs::symlink_metadata(cur) {
+            Ok(md) => {
+                let dev = md.dev();
+                let shown = format!("{}:{}", libc::major(dev), libc::minor(dev));
+                return shown != m.dev;
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                match cur.parent() {
+                    Some(p) if cur != m.mount_point => cur = p,
+                    _ => return false,
+                }
+            }
+            Err(_) => return false,
+        }
     }
-    *kept = chronofs_mounts();
-    innermost(&kept)
 }
 
 /// The control socket of a mount, for a client of uid `uid`: the daemon's
