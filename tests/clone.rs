@@ -2166,3 +2166,21 @@ impl<F: FnMut()> Drop for Defer<F> {
         (self.0)()
     }
 }
+
+/// Symlinks in DST's directories lead where the kernel would take them,
+/// as for SRC (`cp` follows them too): into the mount, or out of it.
+#[test]
+fn symlinks_in_the_destination_s_directories_are_followed() {
+    let m = Mount::new("");
+    fs::create_dir(m.p("w")).unwrap();
+    fs::write(m.p("w/new"), b"n").unwrap();
+    std::os::unix::fs::symlink("w", m.p("wl")).unwrap();
+    succeeded(clone(&m.p("w/new"), &m.p("wl/c")));
+    assert_eq!(fs::read(m.p("w/c")).unwrap(), b"n");
+    // `w/up` leads above the mount: refused, nothing made.
+    std::os::unix::fs::symlink("../..", m.p("w/up")).unwrap();
+    refused_saying(
+        clone(&m.p("w/new"), &m.p("w/up/x")),
+        "inside a chronofs mount",
+    );
+}

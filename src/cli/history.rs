@@ -64,12 +64,21 @@ pub fn absolutize(p: &Path) -> Result<PathBuf> {
     let mut rest = Vec::new();
     loop {
         if std::fs::symlink_metadata(&existing).is_ok() {
-            // Resolve symlinks in the ancestors, never the last component.
-            let base = match (existing.parent(), existing.file_name()) {
-                (Some(parent), Some(name)) if !rest.is_empty() || existing == norm => {
-                    parent.canonicalize()?.join(name)
+            // Resolve symlinks in the ancestors, as the kernel would, never
+            // the last component (a symlink is itself the object named). An
+            // ancestor that is a dangling symlink is kept as written.
+            let keep_last = |existing: &Path| -> Result<PathBuf> {
+                match (existing.parent(), existing.file_name()) {
+                    (Some(parent), Some(name)) => Ok(parent.canonicalize()?.join(name)),
+                    _ => Ok(existing.canonicalize()?),
                 }
-                _ => existing.canonicalize()?,
+            };
+            let base = match rest.is_empty() {
+                true => keep_last(&existing)?,
+                false => match existing.canonicalize() {
+                    Ok(resolved) => resolved,
+                    Err(_) => keep_last(&existing)?,
+                },
             };
             let mut out = base;
             for r in rest.iter().rev() {
