@@ -7,6 +7,7 @@ mod common;
 
 use common::*;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 fn union_modes() -> [&'static str; 2] {
@@ -53,5 +54,73 @@ fn a_file_of_the_frozen_root_renamed_away_leaves_its_old_name() {
         m.remount();
         assert_eq!(names(&m.mnt), ["a2", "ndir"], "mode {mode:?}: remounted");
         assert_eq!(read_file(&m.p("ndir/c")), b"c");
+    }
+}
+
+/// How the upper branch gets frozen under a new top branch.
+#[derive(Clone, Copy, Debug)]
+enum Freeze {
+    Snapshot,
+    /// `branch add` on top, then `branch mode` of the old upper `ro`.
+    AddAndMode,
+}
+
+fn freeze(m: &Mount, how: Freeze) {
+    match how {
+        Freeze::Snapshot => snapshot(m),
+        Freeze::AddAndMode => {
+            let top = m.root().join("top");
+            fs::create_dir(&top).unwrap();
+            branch_ok(m, &["add", top.to_str().unwrap()]);
+            branch_ok(m, &["mode", m.src.to_str().unwrap(), "ro"]);
+        }
+    }
+}
+
+/// A lower file with a name at the root and one in `c/`, which the
+/// upper branch has no copy of until something is made in it.
+fn linked_in_two_dirs(b: &[std::path::PathBuf]) {
+    fs::create_dir(b[1].join("c")).unwrap();
+    write_file(&b[1].join("h1"), b"H\n");
+    fs::hard_link(b[1].join("h1"), b[1].join("c/h3")).unwrap();
+}
+
+/// A hard link copied up (into the upper branch's index) before that
+/// branch froze: a change through a name whose directory the frozen
+/// branch lacks copies the frozen entry up. It failed with ESTALE: the
+/// copy-up looked for the name's directory in the frozen branch.
+#[test]
+fn a_hard_link_copied_up_before_a_freeze_changes_through_its_other_names() {
+    let cases = [
+        ("plain", Freeze::Snapshot),
+        ("", Freeze::Snapshot),
+        ("", Freeze::AddAndMode),
+    ];
+    for (mode, how) in cases {
+        let mut m = Mount::union(mode, 1, linked_in_two_dirs);
+        append_all(&m.p("h1"), b"1\n");
+        freeze(&m, how);
+        append_all(&m.p("c/h3"), b"3\n");
+        fs::set_permissions(m.p("c/h3"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::hard_link(m.p("c/h3"), m.p("h4")).unwrap();
+        fs::rename(m.p("c/h3"), m.p("c/h5")).unwrap();
+        fs::remove_file(m.p("h4")).unwrap();
+        let check = |m: &Mount, when: &str| {
+            for n in ["h1", "c/h5"] {
+                assert_eq!(
+                    read_file(&m.p(n)),
+                    b"H\n1\n3\n",
+                    "{how:?} {mode:?} {when}: {n}"
+                );
+                let mode_bits = fs::metadata(m.p(n)).unwrap().permissions().mode();
+                assert_eq!(mode_bits & 0o7777, 0o600, "{how:?} {mode:?} {when}: {n}");
+            }
+            let s = shape(m, &["h1", "c/h5"]);
+            assert_eq!(s[0], (6, 2, s[0].2), "{how:?} {mode:?} {when}");
+            assert_eq!(s[0], s[1], "{how:?} {mode:?} {when}: one file");
+        };
+        check(&m, "");
+        m.remount();
+        check(&m, "remounted");
     }
 }

@@ -1064,16 +1064,20 @@ impl Vfs {
         }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
         let upper_parent = self.writable_dir(caller, parent)?;
-        let lower_parent = self.copy_in(parent, self.inodes.branch_of(&node.key))?;
+        let node_branch = self.inodes.branch_of(&node.key);
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
         let owner = u.opts.owner.resolve(caller.uid, caller.gid);
         let lower_st = sys::fstat(node.fd())?;
-        // An index entry of a read-write branch below (the upper one
-        // before a branch was added) goes on through the index: its other
-        // names reach it there, and follow its copy.
+        // An index entry of a branch below (the upper one before a
+        // snapshot or a branch was added) goes on through the index: its
+        // other names reach it there, and follow its copy.
         let indexed = node.inode.union_nlink().is_some();
         if indexed || super::union_links::is_linked(&lower_st, u.ns) {
-            let at = (lower_parent.as_fd(), cname.as_c_str());
+            // Asked for only when the copy is not of an index entry: the
+            // name the node was reached by need not exist in the entry's
+            // branch (a name of the lower file the index resolved).
+            let lower_parent = || self.copy_in(parent, node_branch);
+            let at = (&lower_parent as &dyn Fn() -> _, cname.as_c_str());
             let (fd, st) = self.copy_up_linked(u, &node, at, &upper_parent, &owner)?;
             let n = crate::union::index::nlink(fd.as_fd(), u.ns)?;
             let inode = self.inodes.rebind_linked(ino, upper, fd, &st)?;
@@ -1082,6 +1086,7 @@ impl Vfs {
             self.forget_patched(ino);
             return self.inodes.node_of(inode);
         }
+        let lower_parent = self.copy_in(parent, node_branch)?;
         let keep = keep.filter(|_| !self.clones_on());
         if self.name_shows_other(upper_parent.fd(), &cname)? {
             // Open, but no name shows it any more (removed, or renamed

@@ -127,24 +127,31 @@ impl Vfs {
         }
     }
 
-    /// Copy-up of `node`, a linked lower object named `name` in
-    /// `lower_parent`: its copy becomes the index entry (or is one
-    /// already, made through another name), then `name` in
-    /// `upper_parent` links to it.
+    /// Copy-up of `node`, a linked lower object named `name` in the
+    /// directory `lower_parent` gives: its copy becomes the index entry (or
+    /// is one already, made through another name), then `name` in
+    /// `upper_parent` links to it. An entry of a lower branch's index is
+    /// copied from the index, and `lower_parent` is not asked: the name's
+    /// directory may have no copy in the entry's branch.
     pub(super) fn copy_up_linked(
         &self,
         u: &Union,
         node: &Node,
-        (lower_parent, name): (BorrowedFd<'_>, &std::ffi::CStr),
+        (lower_parent, name): (&dyn Fn() -> Result<Arc<OwnedFd>>, &std::ffi::CStr),
         upper_parent: &Node,
         owner: &copyup::Owner,
     ) -> Result<(OwnedFd, Stat)> {
         let index = u.index_or_make()?;
         let entry = entry_of(&node.key);
         let own = self.own_index_entry(u, node)?;
+        let lower_dir;
         let (from, lower_links) = match &own {
             Some((dir, own, links)) => ((dir.as_fd(), own.as_c_str()), *links),
-            None => ((lower_parent, name), sys::fstat(node.fd())?.st_nlink as u32),
+            None => {
+                lower_dir = lower_parent()?;
+                let links = sys::fstat(node.fd())?.st_nlink as u32;
+                ((lower_dir.as_fd(), name), links)
+            }
         };
         let upper = u.upper().ok_or(errno(libc::EROFS))?;
         // The entry is whole (its marks, its number) before it has its
