@@ -6,7 +6,7 @@
 //! shows the copied-up object, and st_nlink counts the names a user can
 //! reach.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
@@ -137,7 +137,7 @@ impl Vfs {
         &self,
         u: &Union,
         node: &Node,
-        (lower_parent, name): (&dyn Fn() -> Result<Arc<OwnedFd>>, &std::ffi::CStr),
+        (lower_parent, name): (&dyn Fn() -> Result<Arc<OwnedFd>>, &CStr),
         upper_parent: &Node,
         owner: &copyup::Owner,
     ) -> Result<(OwnedFd, Stat)> {
@@ -412,6 +412,153 @@ impl Vfs {
         node.set_union_nlink(0);
         if let Some((branch, dev, ino)) = index::key_of_entry(&entry) {
             self.inodes.retire(&BackingKey { branch, dev, ino })?;
+        }
+        Ok(())
+    }
+}
+
+/// An index entry named after an object of a branch a snapmerge folds
+/// away, and its name after the same object in the branch it lands in.
+struct Renamed {
+    index: Arc<OwnedFd>,
+    /// The root of the branch holding `index` (synced before the swap).
+    root: Arc<OwnedFd>,
+    old: CString,
+    new: CString,
+}
+
+impl Vfs {
+    /// Before branch `from` is folded into `to`: every index entry named
+    /// after one of `from`'s objects (a copy made over it after a
+    /// snapshot) is given a second name, after the key the object has in
+    /// `to`, where it keeps its inode. Lookups reach the entry by either
+    /// key, during the fold and after it: the entry named only after
+    /// `from` was found by no name once the object had moved, and every
+    /// name showed the older copy below. Refused before anything changes
+    /// where the second name stands for another file already.
+    pub(super) fn name_entries_for_fold(
+        &self,
+        u: &Union,
+        moves: (BranchId, BranchId),
+    ) -> Result<()> {
+        let renamed = self.entries_named_after(u, moves)?;
+        for r in &renamed {
+            if self.twin_of(r)? == Some(false) {
+                return Err(super::VfsError::BranchBusy(format!(
+                    "hard-link index entries {} and {} stand for one file with two copies \
+                     (`chronofs fsck` the branch list); nothing was merged",
+                    r.old.to_string_lossy(),
+                    r.new.to_string_lossy()
+                )));
+            }
+        }
+        renamed.iter().try_for_each(|r| self.link_twin(u, r))
+    }
+
+    /// Once the fold is done, the names after `from`'s keys go (a name
+    /// made meanwhile, by a copy-up during the fold, is given its twin
+    /// first); returns the roots of the branches whose index changed.
+    pub(super) fn drop_folded_entry_names(
+        &self,
+        u: &Union,
+        moves: (BranchId, BranchId),
+    ) -> Result<Vec<Arc<OwnedFd>>> {
+        let mut roots = Vec::new();
+        for r in self.entries_named_after(u, moves)? {
+            match self.twin_of(&r)? {
+                Some(false) => {
+                    tracing::warn!(
+                        "snapmerge: index entries {} and {} are two copies of one file; both kept",
+                        r.old.to_string_lossy(),
+                        r.new.to_string_lossy()
+                    );
+                    continue;
+                }
+                Some(true) => {}
+                None => self.link_twin(u, &r)?,
+            }
+            // The entry names itself by its new name now (`link_twin`).
+            match sys::unlinkat(r.index.as_fd(), &r.old, 0) {
+                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e.into()),
+                _ => roots.push(r.root),
+            }
+        }
+        Ok(roots)
+    }
+
+    /// The entries of every member's index named after an object of
+    /// `from`, with their names after the same object in `to`.
+    fn entries_named_after(
+        &self,
+        u: &Union,
+        (from, to): (BranchId, BranchId),
+    ) -> Result<Vec<Renamed>> {
+        let mut out = Vec::new();
+        for m in u.set().members.iter() {
+            let Some(index) = m.index() else {
+                continue;
+            };
+            // A folded branch's index is removed once emptied (reading a
+            // removed directory fails with ENOENT).
+            let listed = sys::reopen_dir(index.as_fd(), libc::O_RDONLY)
+                .and_then(|dir| crate::union::format::entries(dir.as_fd()));
+            let entries = match listed {
+                Ok(entries) => entries,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for e in entries {
+                let Ok(old) = CString::new(e.name) else {
+                    continue;
+                };
+                if let Some(new) = self.entry_moved_to(&old, (from, to)) {
+                    let (index, root) = (index.clone(), m.root.clone());
+                    out.push(Renamed {
+                        index,
+                        root,
+                        old,
+                        new,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `entry`'s name after the same object in branch `to`, where it names
+    /// an object of `from` (both on one file system: the device number
+    /// goes through each branch's key device).
+    fn entry_moved_to(&self, entry: &CStr, (from, to): (BranchId, BranchId)) -> Option<CString> {
+        let (branch, dev, ino) = index::key_of_entry(entry)?;
+        if branch != from.0 {
+            return None;
+        }
+        let live = self.inodes.key_dev(from, dev);
+        Some(index::entry_name(to.0, self.inodes.key_dev(to, live), ino))
+    }
+
+    /// Whether `r`'s new name exists: `Some(true)` as the same file,
+    /// `Some(false)` as another one.
+    fn twin_of(&self, r: &Renamed) -> Result<Option<bool>> {
+        let new = match sys::fstatat(r.index.as_fd(), &r.new) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let old = sys::fstatat(r.index.as_fd(), &r.old)?;
+        Ok(Some((old.st_dev, old.st_ino) == (new.st_dev, new.st_ino)))
+    }
+
+    /// Links `r`'s new name to its entry, then has the entry name itself
+    /// by it (its removal with the last name unlinks that one).
+    fn link_twin(&self, u: &Union, r: &Renamed) -> Result<()> {
+        match sys::linkat(r.index.as_fd(), &r.old, r.index.as_fd(), &r.new) {
+            Err(e) if e.raw_os_error() != Some(libc::EEXIST) => return Err(e.into()),
+            _ => {}
+        }
+        let fd = sys::open_path(r.index.as_fd(), &r.new)?;
+        if index::entry(fd.as_fd(), u.ns)?.as_deref() == Some(r.old.as_c_str()) {
+            index::set_entry(fd.as_fd(), u.ns, &r.new)?;
         }
         Ok(())
     }
