@@ -176,3 +176,77 @@ fn snapmerge_keeps_what_was_written_to_hard_links_since_the_last_snapshot() {
         one_file(&m, &["q", "p"], b"p\nq\n", &when);
     }
 }
+
+/// `chronofs sandbox MNT -- sh -c SCRIPT`, run in the mount point, which
+/// must succeed.
+fn in_sandbox(m: &Mount, script: &str) {
+    let mnt = m.mnt.to_str().unwrap();
+    let script = format!("cd {mnt} && {script}");
+    let out = chronofs_in(m.root(), &["sandbox", mnt, "--", "sh", "-c", &script]);
+    assert!(
+        out.status.success(),
+        "sandbox: {}\n{}",
+        stderr(&out),
+        m.log_tail()
+    );
+}
+
+/// A sandbox lies over the mount's branches as a snapshot's fresh branch
+/// over the frozen one; its union has ids of its own, and the mount's
+/// index names copies by the mount's. Its lookups looked for the mount's
+/// copy of a hard-linked file under its own ids and found none: the
+/// names not copied up showed the lower file, a change through one made
+/// a second copy (what the mount had written to the file was gone), and
+/// the commit refused it as a conflict on an internal path.
+#[test]
+fn a_sandbox_over_a_copied_up_hard_link_changes_the_one_copy() {
+    for mode in union_modes() {
+        let m = Mount::union(mode, 1, |b| {
+            fs::create_dir(b[1].join("c")).unwrap();
+            write_file(&b[1].join("h1"), b"H\n");
+            fs::hard_link(b[1].join("h1"), b[1].join("h2")).unwrap();
+            fs::hard_link(b[1].join("h1"), b[1].join("c/h3")).unwrap();
+        });
+        append_all(&m.p("h1"), b"0\n");
+        let names = ["h1", "h2", "c/h3"];
+        let (stats, data) = (m.root().join("stats"), m.root().join("data"));
+        in_sandbox(
+            &m,
+            &format!(
+                "echo 1 >> c/h3 && stat -c '%i %s %h' h1 h2 c/h3 > {} && cat h1 h2 c/h3 > {}",
+                stats.display(),
+                data.display()
+            ),
+        );
+        // One number, 6 bytes and 3 links under each name.
+        let stats = String::from_utf8(read_file(&stats)).unwrap();
+        let lines: Vec<&str> = stats.lines().collect();
+        assert_eq!(lines.len(), 3, "mode {mode:?}: {stats}");
+        assert!(
+            lines.iter().all(|l| *l == lines[0]),
+            "mode {mode:?}: {stats}"
+        );
+        assert!(lines[0].ends_with(" 6 3"), "mode {mode:?}: {stats}");
+        let data = read_file(&data);
+        assert_eq!(
+            data,
+            b"H\n0\n1\n".repeat(3),
+            "mode {mode:?}: in the sandbox"
+        );
+        let mnt = m.mnt.to_str().unwrap();
+        let out = chronofs_in(m.root(), &["sandbox", "commit", "1", "--mount", mnt]);
+        assert!(
+            out.status.success(),
+            "mode {mode:?}: commit: {}\n{}",
+            stderr(&out),
+            m.log_tail()
+        );
+        one_file(
+            &m,
+            &names,
+            b"H\n0\n1\n",
+            &format!("mode {mode:?}: committed"),
+        );
+        assert_eq!(shape(&m, &names)[0].1, 3, "mode {mode:?}");
+    }
+}

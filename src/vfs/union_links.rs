@@ -46,8 +46,40 @@ pub(super) fn is_linked(st: &Stat, ns: XattrNs) -> bool {
 /// name, its stat).
 pub(super) type Indexed = (BranchId, Arc<OwnedFd>, CString, Stat);
 
-fn entry_of(key: &BackingKey) -> CString {
-    index::entry_name(key.branch, key.dev, key.ino)
+impl Union {
+    /// The name of the entry for the object keyed `key` in branch `b`'s
+    /// index, as the union that wrote the index names it; `None`: it
+    /// cannot hold one.
+    pub(super) fn entry_name_in(&self, b: BranchId, key: &BackingKey) -> Option<CString> {
+        let set = self.set();
+        let named = match set.member(b) {
+            Some(m) => m.named_id(BranchId(key.branch))?,
+            None => key.branch,
+        };
+        Some(index::entry_name(named, key.dev, key.ino))
+    }
+}
+
+impl Vfs {
+    /// The branches `ids` lists (by this union's id) hold indexes another
+    /// union wrote, whose entries name each branch by the id `ids` pairs
+    /// with it: a sandbox's union over its mount's branches, whose own
+    /// ids are its store's. A lookup there looked for names with the
+    /// sandbox's ids, found none of the mount's copies, and a change
+    /// through another name made a second copy. Call before serving.
+    pub fn indexes_written_with(&self, ids: &[(u32, u32)]) {
+        let Some(u) = self.union() else {
+            return;
+        };
+        let names: std::collections::HashMap<u32, u32> = ids.iter().copied().collect();
+        let set = u.set();
+        for (ours, _) in ids {
+            if let Some(m) = set.member(BranchId(*ours)) {
+                m.set_names(names.clone());
+            }
+        }
+        u.note_holds_own();
+    }
 }
 
 impl Vfs {
@@ -89,8 +121,12 @@ impl Vfs {
     /// The index entry of `st` (found in `branch`) in the branches over it
     /// and its own, the highest first.
     fn entry_over(&self, u: &Union, (branch, st): (BranchId, Stat)) -> Result<Option<Indexed>> {
-        let name = entry_of(&self.inodes.key_in(branch, &st));
+        let key = self.inodes.key_in(branch, &st);
         for (b, index) in u.indexes_over(branch) {
+            // Each index names the object as the union that wrote it does.
+            let Some(name) = u.entry_name_in(b, &key) else {
+                continue;
+            };
             match sys::fstatat(index.as_fd(), &name) {
                 Ok(found) => return Ok(Some((b, index, name, found))),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -142,7 +178,10 @@ impl Vfs {
         owner: &copyup::Owner,
     ) -> Result<(OwnedFd, Stat)> {
         let index = u.index_or_make()?;
-        let entry = entry_of(&node.key);
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
+        let entry = u
+            .entry_name_in(upper, &node.key)
+            .ok_or(errno(libc::EROFS))?;
         let own = self.own_index_entry(u, node)?;
         let lower_dir;
         let (from, lower_links) = match &own {
@@ -153,7 +192,6 @@ impl Vfs {
                 ((lower_dir.as_fd(), name), links)
             }
         };
-        let upper = u.upper().ok_or(errno(libc::EROFS))?;
         // The entry is whole (its marks, its number) before it has its
         // name: a crash or a lookup of another name in between finds it so.
         let whole_first = |fd: BorrowedFd<'_>, st: &Stat| -> std::io::Result<()> {
