@@ -130,10 +130,12 @@ impl MountHost {
     }
 
     /// The directories a sandbox lies over: the mount's branches, top
-    /// first, each with the device number the mount's keys carry for it.
-    fn sandbox_base(&self, vfs: &Vfs) -> control::service::Result<Vec<(PathBuf, u64)>> {
+    /// first, each with the device number the mount's keys carry for it
+    /// and its id.
+    fn sandbox_base(&self, vfs: &Vfs) -> control::service::Result<Vec<(PathBuf, u64, u32)>> {
         if let Some(src) = &self.src {
-            return Ok(vec![(src.clone(), vfs.root_key_dev(0)?)]);
+            // A single directory's keys carry id 0.
+            return Ok(vec![(src.clone(), vfs.root_key_dev(0)?, 0)]);
         }
         let paths = self.paths.lock();
         let mut base = Vec::new();
@@ -141,7 +143,7 @@ impl MountHost {
             let path = paths.get(&b.id).cloned().ok_or_else(|| {
                 control::service::Error::NotFound(format!("branch id {}: no path", b.id))
             })?;
-            base.push((path, vfs.root_key_dev(b.id)?));
+            base.push((path, vfs.root_key_dev(b.id)?, b.id));
         }
         Ok(base)
     }
@@ -151,7 +153,7 @@ impl MountHost {
         Ok(self
             .sandbox_base(vfs)?
             .into_iter()
-            .map(|(p, _)| p)
+            .map(|(p, ..)| p)
             .collect())
     }
 

@@ -255,11 +255,14 @@ impl Sandboxes {
     pub(super) fn start(
         &self,
         id: Option<u32>,
-        base: Vec<(PathBuf, u64)>,
+        base: Vec<(PathBuf, u64, u32)>,
         holds_clones: bool,
         uid: u32,
     ) -> Result<SandboxRow> {
-        let (base, key_devs): (Vec<PathBuf>, Vec<u64>) = base.into_iter().unzip();
+        let (base, keys): (Vec<PathBuf>, Vec<(u64, u32)>) = base
+            .into_iter()
+            .map(|(path, dev, id)| (path, (dev, id)))
+            .unzip();
         if let Some(why) = &self.refused {
             return Err(Error::Usage(why.clone()));
         }
@@ -292,7 +295,7 @@ impl Sandboxes {
             }
         };
         if !self.served.lock().contains_key(&manifest.id) {
-            self.serve(&manifest, &key_devs)?;
+            self.serve(&manifest, &keys)?;
         }
         Ok(self.row(&manifest))
     }
@@ -374,10 +377,11 @@ impl Sandboxes {
         Ok(SandboxIds::new(own.get(1..).unwrap_or_default(), &mount))
     }
 
-    /// `key_devs`: the device number the mount's keys carry for each base
+    /// `keys`: the device number the mount's keys carry for each base
     /// branch, which the sandbox's keys must carry too (its index entries
-    /// become the mount's at commit).
-    fn serve(&self, m: &Manifest, key_devs: &[u64]) -> Result<()> {
+    /// become the mount's at commit), and the mount's id of the branch,
+    /// which names it in the indexes the mount wrote.
+    fn serve(&self, m: &Manifest, keys: &[(u64, u32)]) -> Result<()> {
         let fail = |e: String| Error::Io(std::io::Error::other(e));
         let dir = self.dir.join(m.id.to_string());
         let mut list = vec![UnionBranch {
@@ -403,13 +407,20 @@ impl Sandboxes {
             b.id = ident.id;
             b.branch.set_key_dev(ident.key_dev);
         }
-        for (b, dev) in list[1..].iter_mut().zip(key_devs) {
+        for (b, (dev, _)) in list[1..].iter_mut().zip(keys) {
             b.branch.set_key_dev(*dev);
         }
         let inomap = store.inode_map().map_err(|e| fail(e.to_string()))?;
         let r = &self.recipe;
         let vfs = Vfs::new_union(list, inomap, r.vfs.clone(), None, r.union)
             .map_err(|e| fail(e.to_string()))?;
+        // The mount's copies of hard-linked files are found under its ids.
+        let named: Vec<(u32, u32)> = idents[1..]
+            .iter()
+            .zip(keys)
+            .map(|(ours, (_, mount))| (ours.id, *mount))
+            .collect();
+        vfs.indexes_written_with(&named);
         let fs = ChronoFuse::new(Arc::clone(&vfs), r.adapter.clone())
             .map_err(|e| fail(e.to_string()))?;
         let mountpoint = self.run_dir.join(m.id.to_string());

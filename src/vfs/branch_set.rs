@@ -382,7 +382,9 @@ impl Vfs {
             // The fold may bring marks down into it.
             self.stamp_branch(lower.id, lower.root.as_fd());
         }
-        u.set_fold(Some((upper.id, lower.id)));
+        let moves = (upper.id, lower.id);
+        self.name_entries_for_fold(u, moves)?;
+        u.set_fold(Some(moves));
         let merged = snapmerge::merge_into(
             upper.root.as_fd(),
             lower.root.as_fd(),
@@ -398,8 +400,14 @@ impl Vfs {
             // entries in a branch the next mount leaves out
             // (tests/powercut_disk.rs). A registry commit's fdatasync does
             // not carry them: it need not commit ext4's journal.
-            sys::syncfs_dirs([upper.root.as_fd(), lower.root.as_fd()])?;
+            let renamed = self.drop_folded_entry_names(u, moves)?;
+            let roots = [&upper.root, &lower.root].into_iter().chain(&renamed);
+            sys::syncfs_dirs(roots.map(|r| r.as_fd()))?;
             let _all = u.set_lock.write();
+            // A copy-up since may have named an entry after the folded
+            // branch; none can now.
+            let late = self.drop_folded_entry_names(u, moves)?;
+            sys::syncfs_dirs(late.iter().map(|r| r.as_fd()))?;
             let old = u.set();
             let mut members = old.members.clone();
             members.retain(|m| m.id != upper.id);

@@ -48,11 +48,16 @@ pub(super) struct Member {
     holds_own: AtomicBool,
     /// Keeps other chronofs mounts from folding it (`branch::claim`).
     claim: Option<crate::branch::claim::Claim>,
+    /// Its index was written by another union, whose ids its entries'
+    /// names carry (this union's id -> that one's): a sandbox's view of
+    /// its mount's branches (`Vfs::indexes_written_with`). Unset: this
+    /// union's own ids.
+    names: std::sync::OnceLock<std::collections::HashMap<u32, u32>>,
 }
 
 impl Member {
     pub(super) fn new(id: BranchId, root: Arc<OwnedFd>, writable: bool) -> Arc<Member> {
-        let (index, holds_own) = Self::existing_index(id, &root);
+        let (index, holds_own) = Self::existing_index(id, Some(id.0), &root);
         let claim = crate::branch::claim::claim(root.as_fd())
             .map_err(|e| tracing::warn!("branch id {}: not claimed: {e}", id.0))
             .ok();
@@ -63,6 +68,7 @@ impl Member {
             index: RwLock::new(index),
             holds_own: AtomicBool::new(holds_own),
             claim,
+            names: std::sync::OnceLock::new(),
         })
     }
 
@@ -97,7 +103,13 @@ impl Member {
         Ok(held)
     }
 
-    fn existing_index(id: BranchId, root: &OwnedFd) -> (Option<Arc<OwnedFd>>, bool) {
+    /// Its index, and whether that holds entries of its own files, which
+    /// the index's names call `named` (`None`: never).
+    fn existing_index(
+        id: BranchId,
+        named: Option<u32>,
+        root: &OwnedFd,
+    ) -> (Option<Arc<OwnedFd>>, bool) {
         // Any branch may be read: one that is not a union's upper branch
         // may hold anything under that name (a copy-up into it would fail
         // and say so).
@@ -106,9 +118,11 @@ impl Member {
         };
         match crate::union::index::open_existing(root.as_fd()) {
             Ok(Some(index)) => {
-                let own = crate::union::index::holds_own(index.as_fd(), id.0)
-                    .map_err(unreadable)
-                    .unwrap_or(false);
+                let own = named.is_some_and(|named| {
+                    crate::union::index::holds_own(index.as_fd(), named)
+                        .map_err(unreadable)
+                        .unwrap_or(false)
+                });
                 (Some(Arc::new(index)), own)
             }
             Ok(None) => (None, false),
@@ -122,7 +136,7 @@ impl Member {
     /// The branch's index was given entries by something else than a
     /// copy-up (a snapmerge's fold, a sandbox's commit): found again.
     pub(super) fn reopen_index(&self) {
-        let (index, own) = Self::existing_index(self.id, &self.root);
+        let (index, own) = Self::existing_index(self.id, self.named_id(self.id), &self.root);
         *self.index.write() = index;
         self.holds_own.store(own, Ordering::Release);
     }
@@ -143,6 +157,24 @@ impl Member {
 
     pub(super) fn index(&self) -> Option<Arc<OwnedFd>> {
         self.index.read().clone()
+    }
+
+    /// The id branch `b`'s objects go by in this branch's index entries'
+    /// names; `None`: the union that wrote them does not have `b`, so
+    /// none names its objects.
+    pub(super) fn named_id(&self, b: BranchId) -> Option<u32> {
+        match self.names.get() {
+            Some(names) => names.get(&b.0).copied(),
+            None => Some(b.0),
+        }
+    }
+
+    /// Its index names branches as another union's ids `names` do.
+    pub(super) fn set_names(&self, names: std::collections::HashMap<u32, u32>) {
+        if self.names.set(names).is_err() {
+            tracing::warn!("union: branch {}: index names given twice", self.id.0);
+        }
+        self.reopen_index();
     }
 }
 
@@ -326,6 +358,13 @@ impl Union {
             if m.holds_own() {
                 self.any_holds_own.store(true, Ordering::Release);
             }
+        }
+    }
+
+    /// Some member's index was found to hold entries of its own files.
+    pub(super) fn note_holds_own(&self) {
+        if self.set().members.iter().any(|m| m.holds_own()) {
+            self.any_holds_own.store(true, Ordering::Release);
         }
     }
 
@@ -1064,16 +1103,20 @@ impl Vfs {
         }
         let (parent, name) = node.name().ok_or(errno(libc::ESTALE))?;
         let upper_parent = self.writable_dir(caller, parent)?;
-        let lower_parent = self.copy_in(parent, self.inodes.branch_of(&node.key))?;
+        let node_branch = self.inodes.branch_of(&node.key);
         let cname = sys::cstr(OsStr::from_bytes(&name))?;
         let owner = u.opts.owner.resolve(caller.uid, caller.gid);
         let lower_st = sys::fstat(node.fd())?;
-        // An index entry of a read-write branch below (the upper one
-        // before a branch was added) goes on through the index: its other
-        // names reach it there, and follow its copy.
+        // An index entry of a branch below (the upper one before a
+        // snapshot or a branch was added) goes on through the index: its
+        // other names reach it there, and follow its copy.
         let indexed = node.inode.union_nlink().is_some();
         if indexed || super::union_links::is_linked(&lower_st, u.ns) {
-            let at = (lower_parent.as_fd(), cname.as_c_str());
+            // Asked for only when the copy is not of an index entry: the
+            // name the node was reached by need not exist in the entry's
+            // branch (a name of the lower file the index resolved).
+            let lower_parent = || self.copy_in(parent, node_branch);
+            let at = (&lower_parent as &dyn Fn() -> _, cname.as_c_str());
             let (fd, st) = self.copy_up_linked(u, &node, at, &upper_parent, &owner)?;
             let n = crate::union::index::nlink(fd.as_fd(), u.ns)?;
             let inode = self.inodes.rebind_linked(ino, upper, fd, &st)?;
@@ -1082,6 +1125,7 @@ impl Vfs {
             self.forget_patched(ino);
             return self.inodes.node_of(inode);
         }
+        let lower_parent = self.copy_in(parent, node_branch)?;
         let keep = keep.filter(|_| !self.clones_on());
         if self.name_shows_other(upper_parent.fd(), &cname)? {
             // Open, but no name shows it any more (removed, or renamed

@@ -6,7 +6,7 @@
 //! shows the copied-up object, and st_nlink counts the names a user can
 //! reach.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
@@ -46,8 +46,40 @@ pub(super) fn is_linked(st: &Stat, ns: XattrNs) -> bool {
 /// name, its stat).
 pub(super) type Indexed = (BranchId, Arc<OwnedFd>, CString, Stat);
 
-fn entry_of(key: &BackingKey) -> CString {
-    index::entry_name(key.branch, key.dev, key.ino)
+impl Union {
+    /// The name of the entry for the object keyed `key` in branch `b`'s
+    /// index, as the union that wrote the index names it; `None`: it
+    /// cannot hold one.
+    pub(super) fn entry_name_in(&self, b: BranchId, key: &BackingKey) -> Option<CString> {
+        let set = self.set();
+        let named = match set.member(b) {
+            Some(m) => m.named_id(BranchId(key.branch))?,
+            None => key.branch,
+        };
+        Some(index::entry_name(named, key.dev, key.ino))
+    }
+}
+
+impl Vfs {
+    /// The branches `ids` lists (by this union's id) hold indexes another
+    /// union wrote, whose entries name each branch by the id `ids` pairs
+    /// with it: a sandbox's union over its mount's branches, whose own
+    /// ids are its store's. A lookup there looked for names with the
+    /// sandbox's ids, found none of the mount's copies, and a change
+    /// through another name made a second copy. Call before serving.
+    pub fn indexes_written_with(&self, ids: &[(u32, u32)]) {
+        let Some(u) = self.union() else {
+            return;
+        };
+        let names: std::collections::HashMap<u32, u32> = ids.iter().copied().collect();
+        let set = u.set();
+        for (ours, _) in ids {
+            if let Some(m) = set.member(BranchId(*ours)) {
+                m.set_names(names.clone());
+            }
+        }
+        u.note_holds_own();
+    }
 }
 
 impl Vfs {
@@ -89,8 +121,12 @@ impl Vfs {
     /// The index entry of `st` (found in `branch`) in the branches over it
     /// and its own, the highest first.
     fn entry_over(&self, u: &Union, (branch, st): (BranchId, Stat)) -> Result<Option<Indexed>> {
-        let name = entry_of(&self.inodes.key_in(branch, &st));
+        let key = self.inodes.key_in(branch, &st);
         for (b, index) in u.indexes_over(branch) {
+            // Each index names the object as the union that wrote it does.
+            let Some(name) = u.entry_name_in(b, &key) else {
+                continue;
+            };
             match sys::fstatat(index.as_fd(), &name) {
                 Ok(found) => return Ok(Some((b, index, name, found))),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -127,26 +163,35 @@ impl Vfs {
         }
     }
 
-    /// Copy-up of `node`, a linked lower object named `name` in
-    /// `lower_parent`: its copy becomes the index entry (or is one
-    /// already, made through another name), then `name` in
-    /// `upper_parent` links to it.
+    /// Copy-up of `node`, a linked lower object named `name` in the
+    /// directory `lower_parent` gives: its copy becomes the index entry (or
+    /// is one already, made through another name), then `name` in
+    /// `upper_parent` links to it. An entry of a lower branch's index is
+    /// copied from the index, and `lower_parent` is not asked: the name's
+    /// directory may have no copy in the entry's branch.
     pub(super) fn copy_up_linked(
         &self,
         u: &Union,
         node: &Node,
-        (lower_parent, name): (BorrowedFd<'_>, &std::ffi::CStr),
+        (lower_parent, name): (&dyn Fn() -> Result<Arc<OwnedFd>>, &CStr),
         upper_parent: &Node,
         owner: &copyup::Owner,
     ) -> Result<(OwnedFd, Stat)> {
         let index = u.index_or_make()?;
-        let entry = entry_of(&node.key);
+        let upper = u.upper().ok_or(errno(libc::EROFS))?;
+        let entry = u
+            .entry_name_in(upper, &node.key)
+            .ok_or(errno(libc::EROFS))?;
         let own = self.own_index_entry(u, node)?;
+        let lower_dir;
         let (from, lower_links) = match &own {
             Some((dir, own, links)) => ((dir.as_fd(), own.as_c_str()), *links),
-            None => ((lower_parent, name), sys::fstat(node.fd())?.st_nlink as u32),
+            None => {
+                lower_dir = lower_parent()?;
+                let links = sys::fstat(node.fd())?.st_nlink as u32;
+                ((lower_dir.as_fd(), name), links)
+            }
         };
-        let upper = u.upper().ok_or(errno(libc::EROFS))?;
         // The entry is whole (its marks, its number) before it has its
         // name: a crash or a lookup of another name in between finds it so.
         let whole_first = |fd: BorrowedFd<'_>, st: &Stat| -> std::io::Result<()> {
@@ -405,6 +450,153 @@ impl Vfs {
         node.set_union_nlink(0);
         if let Some((branch, dev, ino)) = index::key_of_entry(&entry) {
             self.inodes.retire(&BackingKey { branch, dev, ino })?;
+        }
+        Ok(())
+    }
+}
+
+/// An index entry named after an object of a branch a snapmerge folds
+/// away, and its name after the same object in the branch it lands in.
+struct Renamed {
+    index: Arc<OwnedFd>,
+    /// The root of the branch holding `index` (synced before the swap).
+    root: Arc<OwnedFd>,
+    old: CString,
+    new: CString,
+}
+
+impl Vfs {
+    /// Before branch `from` is folded into `to`: every index entry named
+    /// after one of `from`'s objects (a copy made over it after a
+    /// snapshot) is given a second name, after the key the object has in
+    /// `to`, where it keeps its inode. Lookups reach the entry by either
+    /// key, during the fold and after it: the entry named only after
+    /// `from` was found by no name once the object had moved, and every
+    /// name showed the older copy below. Refused before anything changes
+    /// where the second name stands for another file already.
+    pub(super) fn name_entries_for_fold(
+        &self,
+        u: &Union,
+        moves: (BranchId, BranchId),
+    ) -> Result<()> {
+        let renamed = self.entries_named_after(u, moves)?;
+        for r in &renamed {
+            if self.twin_of(r)? == Some(false) {
+                return Err(super::VfsError::BranchBusy(format!(
+                    "hard-link index entries {} and {} stand for one file with two copies \
+                     (`chronofs fsck` the branch list); nothing was merged",
+                    r.old.to_string_lossy(),
+                    r.new.to_string_lossy()
+                )));
+            }
+        }
+        renamed.iter().try_for_each(|r| self.link_twin(u, r))
+    }
+
+    /// Once the fold is done, the names after `from`'s keys go (a name
+    /// made meanwhile, by a copy-up during the fold, is given its twin
+    /// first); returns the roots of the branches whose index changed.
+    pub(super) fn drop_folded_entry_names(
+        &self,
+        u: &Union,
+        moves: (BranchId, BranchId),
+    ) -> Result<Vec<Arc<OwnedFd>>> {
+        let mut roots = Vec::new();
+        for r in self.entries_named_after(u, moves)? {
+            match self.twin_of(&r)? {
+                Some(false) => {
+                    tracing::warn!(
+                        "snapmerge: index entries {} and {} are two copies of one file; both kept",
+                        r.old.to_string_lossy(),
+                        r.new.to_string_lossy()
+                    );
+                    continue;
+                }
+                Some(true) => {}
+                None => self.link_twin(u, &r)?,
+            }
+            // The entry names itself by its new name now (`link_twin`).
+            match sys::unlinkat(r.index.as_fd(), &r.old, 0) {
+                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e.into()),
+                _ => roots.push(r.root),
+            }
+        }
+        Ok(roots)
+    }
+
+    /// The entries of every member's index named after an object of
+    /// `from`, with their names after the same object in `to`.
+    fn entries_named_after(
+        &self,
+        u: &Union,
+        (from, to): (BranchId, BranchId),
+    ) -> Result<Vec<Renamed>> {
+        let mut out = Vec::new();
+        for m in u.set().members.iter() {
+            let Some(index) = m.index() else {
+                continue;
+            };
+            // A folded branch's index is removed once emptied (reading a
+            // removed directory fails with ENOENT).
+            let listed = sys::reopen_dir(index.as_fd(), libc::O_RDONLY)
+                .and_then(|dir| crate::union::format::entries(dir.as_fd()));
+            let entries = match listed {
+                Ok(entries) => entries,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for e in entries {
+                let Ok(old) = CString::new(e.name) else {
+                    continue;
+                };
+                if let Some(new) = self.entry_moved_to(&old, (from, to)) {
+                    let (index, root) = (index.clone(), m.root.clone());
+                    out.push(Renamed {
+                        index,
+                        root,
+                        old,
+                        new,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `entry`'s name after the same object in branch `to`, where it names
+    /// an object of `from` (both on one file system: the device number
+    /// goes through each branch's key device).
+    fn entry_moved_to(&self, entry: &CStr, (from, to): (BranchId, BranchId)) -> Option<CString> {
+        let (branch, dev, ino) = index::key_of_entry(entry)?;
+        if branch != from.0 {
+            return None;
+        }
+        let live = self.inodes.key_dev(from, dev);
+        Some(index::entry_name(to.0, self.inodes.key_dev(to, live), ino))
+    }
+
+    /// Whether `r`'s new name exists: `Some(true)` as the same file,
+    /// `Some(false)` as another one.
+    fn twin_of(&self, r: &Renamed) -> Result<Option<bool>> {
+        let new = match sys::fstatat(r.index.as_fd(), &r.new) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let old = sys::fstatat(r.index.as_fd(), &r.old)?;
+        Ok(Some((old.st_dev, old.st_ino) == (new.st_dev, new.st_ino)))
+    }
+
+    /// Links `r`'s new name to its entry, then has the entry name itself
+    /// by it (its removal with the last name unlinks that one).
+    fn link_twin(&self, u: &Union, r: &Renamed) -> Result<()> {
+        match sys::linkat(r.index.as_fd(), &r.old, r.index.as_fd(), &r.new) {
+            Err(e) if e.raw_os_error() != Some(libc::EEXIST) => return Err(e.into()),
+            _ => {}
+        }
+        let fd = sys::open_path(r.index.as_fd(), &r.new)?;
+        if index::entry(fd.as_fd(), u.ns)?.as_deref() == Some(r.old.as_c_str()) {
+            index::set_entry(fd.as_fd(), u.ns, &r.new)?;
         }
         Ok(())
     }
