@@ -618,6 +618,11 @@ impl control::service::Host for MountHost {
             let e = vfs.lookup(&caller, dir, std::ffi::OsStr::from_bytes(comp))?;
             held.push(e.attr.ino);
             dir = e.attr.ino;
+            // As a path walk says of `file/x`, before any permission of it.
+            if e.attr.kind() != libc::S_IFDIR {
+                let not_dir = std::io::Error::from_raw_os_error(libc::ENOTDIR);
+                return Err(crate::vfs::VfsError::Io(not_dir));
+            }
             Ok::<_, crate::vfs::VfsError>(())
         });
         let made = found.and_then(|()| {
