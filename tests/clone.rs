@@ -2183,4 +2183,7 @@ fn symlinks_in_the_destination_s_directories_are_followed() {
         clone(&m.p("w/new"), &m.p("w/up/x")),
         "inside a chronofs mount",
     );
+    // A file (no search bit) on the way: ENOTDIR, as a path walk says.
+    fs::write(m.p("plain"), b"p").unwrap();
+    refused_saying(clone(&m.p("w"), &m.p("plain/x")), "Not a directory");
 }
