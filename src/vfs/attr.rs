@@ -159,13 +159,17 @@ impl Vfs {
         let attr = self.apply_setattr(caller, ino, &set)?;
         // Times set by a program (utimensat: touch, touch -m, cp -p, tar),
         // a change of its own. The kernel's writeback cache also sends
-        // mtime alone as it flushes the times of its writes, always through
-        // a write handle (FATTR_FH), which utimensat never names.
+        // mtime alone as it flushes the times of its writes: through a
+        // write handle (FATTR_FH, which utimensat never names) while one
+        // is open, but with none after a rename or unlink of a file no one
+        // holds open; there mtime alone stays ambiguous and counts as a
+        // flush. The kernel never flushes atime.
         let by_program = set.fh.is_none() && set.size.is_none();
         let set_times = match (set.atime.is_some(), set.mtime.is_some()) {
             (true, true) => true,
             (false, false) => false,
-            _ => by_program,
+            (true, false) => by_program,
+            (false, true) => by_program && !self.writeback(),
         };
         self.after_change_times(caller, ino, cause, set_times);
         Ok(attr)

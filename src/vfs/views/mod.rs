@@ -604,6 +604,9 @@ impl Vfs {
         // The mount's own names are no more the file's in the past.
         self.refuse_union_xattr(name)?;
         let node = self.view(ino)?;
+        if withheld_xattr(&node.st, name.as_bytes()) {
+            return Err(errno(libc::ENODATA));
+        }
         if name.as_bytes().starts_with(b"user.") {
             // Reading a user attribute needs read permission (the kernel
             // checked it as then): now too, as an open of the view does.
@@ -633,7 +636,8 @@ impl Vfs {
             } => self.listxattr_shown(caller, self.inodes.fd(inode)?.as_fd(), size),
             what => {
                 let mut list = Vec::new();
-                let shown = recorded_xattrs(what, caller).filter(|(n, _)| !self.hidden_xattr(n));
+                let shown = recorded_xattrs(what, caller)
+                    .filter(|(n, _)| !self.hidden_xattr(n) && !withheld_xattr(&node.st, n));
                 for (name, _) in shown {
                     list.extend_from_slice(name);
                     list.push(0);
@@ -642,6 +646,15 @@ impl Vfs {
             }
         }
     }
+}
+
+/// The attributes a view withholds as a `nosuid,nodev` mount ignores
+/// them (`shown_mode`): file capabilities, which exec would grant as
+/// set-ID bits would, and a device node's access ACL, which the kernel
+/// checks instead of the mode bits shown.
+fn withheld_xattr(st: &Stat, name: &[u8]) -> bool {
+    let device = matches!(st.st_mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK);
+    name == b"security.capability" || (device && name == b"system.posix_acl_access")
 }
 
 /// The xattrs a version recorded that `caller` may see (`trusted.*` is
