@@ -623,10 +623,12 @@ impl Mount {
         let mut problems = Vec::new();
         if self.child.is_some() {
             // Every handle the tests opened has been closed by now; RELEASE is
-            // asynchronous, so poll briefly.
+            // asynchronous, and so is the work a release starts (a version,
+            // a clone's flattening), which a loaded machine runs late: poll
+            // (a leak stays for good).
             let t0 = Instant::now();
             let mut leaked = self.daemon_open_files();
-            while !leaked.is_empty() && t0.elapsed() < Duration::from_secs(3) {
+            while !leaked.is_empty() && t0.elapsed() < Duration::from_secs(15) {
                 std::thread::sleep(Duration::from_millis(20));
                 leaked = self.daemon_open_files();
             }
