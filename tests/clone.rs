@@ -2187,3 +2187,37 @@ fn symlinks_in_the_destination_s_directories_are_followed() {
     fs::write(m.p("plain"), b"p").unwrap();
     refused_saying(clone(&m.p("w"), &m.p("plain/x")), "Not a directory");
 }
+
+/// A file with several names in an unfilled clone counts once in
+/// `status --clones`, before and after its directories are listed.
+#[test]
+fn a_hard_linked_file_counts_once_in_a_clone_s_space() {
+    let m = Mount::new("");
+    fs::create_dir_all(m.p("s/a")).unwrap();
+    fs::create_dir_all(m.p("s/b")).unwrap();
+    fs::write(m.p("s/a/f"), vec![0u8; 1000]).unwrap();
+    fs::hard_link(m.p("s/a/f"), m.p("s/b/g")).unwrap();
+    fs::hard_link(m.p("s/a/f"), m.p("s/b/h")).unwrap();
+    succeeded(clone(&m.p("s"), &m.p("c")));
+    let shared = || {
+        let out = chronofs(&[
+            "status".as_ref(),
+            "--clones".as_ref(),
+            "--json".as_ref(),
+            m.mnt.as_os_str(),
+        ]);
+        succeeded(out.clone());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rows = v["clones"].as_array().unwrap().clone();
+        let row = rows.iter().find(|c| c["path"] == "/c").expect("listed");
+        let n = |k: &str| row["space"][k].as_u64().unwrap();
+        (n("shared_files"), n("shared_bytes"))
+    };
+    assert_eq!(shared(), (1, 1000), "unfilled");
+    fs::read_dir(m.p("c")).unwrap().for_each(drop);
+    assert_eq!(shared(), (1, 1000), "top filled");
+    for d in ["c/a", "c/b"] {
+        fs::read_dir(m.p(d)).unwrap().for_each(drop);
+    }
+    assert_eq!(shared(), (1, 1000), "all filled");
+}

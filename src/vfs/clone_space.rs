@@ -242,7 +242,7 @@ impl Vfs {
             libc::S_IFDIR => match self.read_mark(fd.as_fd())? {
                 Some(mark) if mark.dir => {
                     space.unfilled_dirs += 1;
-                    self.count_base(&mark, space)?;
+                    self.count_base(&mark, space, seen)?;
                 }
                 _ => {
                     let dir = sys::reopen_dir(fd.as_fd(), libc::O_RDONLY)?;
@@ -262,18 +262,25 @@ impl Vfs {
     }
 
     /// Counts an unfilled directory's base tree, every file of it shared.
-    fn count_base(&self, mark: &Mark, space: &mut CloneSpace) -> Result<()> {
+    /// A file with several names counts once, also across the clone's
+    /// unfilled directories and when history knows it by no name yet (a
+    /// live file is then known by its backing inode).
+    fn count_base(&self, mark: &Mark, space: &mut CloneSpace, seen: &mut Seen) -> Result<()> {
         self.with_past(|p| {
             let err = super::views::past_err;
-            let mut seen = HashSet::new();
             let mut stack = vec![mark.path.clone()];
             while let Some(path) = stack.pop() {
                 let Some(node) = p.resolve(&path, mark.at).map_err(err)? else {
                     continue;
                 };
-                let (obj, size) = match &node {
-                    PastNode::Hist { obj, v, .. } => (Some(*obj), v.attrs.size),
-                    PastNode::Live { obj, st, .. } => (*obj, st.st_size as u64),
+                // Object ids and backing inodes in one set: no device is
+                // numbered u64::MAX.
+                let (key, size) = match &node {
+                    PastNode::Hist { obj, v, .. } => ((u64::MAX, obj.get()), v.attrs.size),
+                    PastNode::Live { obj, st, .. } => {
+                        let key = obj.map_or((st.st_dev, st.st_ino), |o| (u64::MAX, o.get()));
+                        (key, st.st_size as u64)
+                    }
                 };
                 match node.mode() & libc::S_IFMT {
                     libc::S_IFDIR => {
@@ -283,7 +290,7 @@ impl Vfs {
                             stack.push(child);
                         }
                     }
-                    libc::S_IFREG if obj.is_none_or(|o| seen.insert(o)) => {
+                    libc::S_IFREG if seen.insert(key) => {
                         space.shared_files += 1;
                         space.shared_bytes += size;
                     }
