@@ -90,17 +90,19 @@ pub fn gc(t: &Target, dry_run: bool, json: bool) -> Result<()> {
         r.versions,
         r.live_chunks,
     );
-    if !dry_run {
-        println!(
-            "packs: {} deleted, {} rewritten ({} moved); {} -> {} in {:.1} s",
-            r.packs_deleted,
-            r.packs_rewritten,
-            mib(r.moved_bytes),
-            mib(r.pack_bytes_before),
-            mib(r.pack_bytes_after),
-            r.elapsed_ms as f64 / 1000.0
-        );
-    }
+    let (deleted, rewritten) = match dry_run {
+        true => ("would be deleted", "rewritten"),
+        false => ("deleted", "rewritten"),
+    };
+    println!(
+        "packs: {} {deleted}, {} {rewritten} ({} moved); {} -> {} in {:.1} s",
+        r.packs_deleted,
+        r.packs_rewritten,
+        mib(r.moved_bytes),
+        mib(r.pack_bytes_before),
+        mib(r.pack_bytes_after),
+        r.elapsed_ms as f64 / 1000.0
+    );
     Ok(())
 }
 

@@ -156,7 +156,7 @@ impl History {
             let removed: HashSet<Hash> = removed.iter().map(|d| d.hash).collect();
             let outcome = scrub.outcome(&plan, &removed, &freed, &packs);
             (report.scrubbed_chunks, report.scrub_pending) = outcome.counts();
-            report.pack_bytes_after = report.pack_bytes_before;
+            self.foresee_compaction(&packs, &plan.forced, &mut report)?;
             report.elapsed_ms = started.elapsed().as_millis() as u64;
             return Ok(report);
         }
@@ -451,21 +451,11 @@ impl History {
         progress: Progress,
     ) -> Result<HashSet<u32>> {
         let in_use = self.chunks().packs_in_use();
-        let mut chosen = Vec::new();
-        for (&id, usage) in packs {
-            if in_use.contains(&id) {
-                continue;
-            }
-            let size = self.chunks().pack_size(id)?;
-            let payload = size.saturating_sub(PACK_HEADER_LEN);
-            if (usage.live_bytes as f64) < payload as f64 * COMPACT_LIVE_SHARE
-                || payload == 0
-                || forced.contains(&id)
-            {
-                chosen.push((usage.live_bytes, id));
-            }
-        }
-        chosen.sort_unstable();
+        let chosen: Vec<(u64, u32)> = self
+            .compaction_choice(packs, forced, &in_use)?
+            .into_iter()
+            .map(|(live, id, _)| (live, id))
+            .collect();
         let total = chosen.len() as u64;
         let (dead, live): (Vec<_>, Vec<_>) = chosen.into_iter().partition(|(b, _)| *b == 0);
         let mut rounds: Vec<Vec<u32>> = vec![dead.into_iter().map(|(_, id)| id).collect()];
@@ -488,6 +478,60 @@ impl History {
             progress("compacting", done, total);
         }
         Ok(freed)
+    }
+
+    /// The packs a compaction takes, fewest live bytes first: (live
+    /// bytes, pack id, pack size). A pack mostly dead, empty, or `forced`
+    /// (holding purged bytes); never one `in_use`.
+    fn compaction_choice(
+        &self,
+        packs: &HashMap<u32, PackUse>,
+        forced: &HashSet<u32>,
+        in_use: &HashSet<u32>,
+    ) -> Result<Vec<(u64, u32, u64)>> {
+        let mut chosen = Vec::new();
+        for (&id, usage) in packs {
+            if in_use.contains(&id) {
+                continue;
+            }
+            let size = self.chunks().pack_size(id)?;
+            let payload = size.saturating_sub(PACK_HEADER_LEN);
+            if (usage.live_bytes as f64) < payload as f64 * COMPACT_LIVE_SHARE
+                || payload == 0
+                || forced.contains(&id)
+            {
+                chosen.push((usage.live_bytes, id, size));
+            }
+        }
+        chosen.sort_unstable();
+        Ok(chosen)
+    }
+
+    /// What the compaction of a real run would do, for a dry run: the
+    /// packs it deletes and rewrites, the bytes it moves, the size after.
+    fn foresee_compaction(
+        &self,
+        packs: &HashMap<u32, PackUse>,
+        forced: &HashSet<u32>,
+        report: &mut GcReport,
+    ) -> Result<()> {
+        // A real run ends the pack being written first: it may be chosen.
+        let in_use = self.chunks().packs_unindexed();
+        let mut after = report.pack_bytes_before;
+        for (live, _, size) in self.compaction_choice(packs, forced, &in_use)? {
+            match live {
+                0 => report.packs_deleted += 1,
+                _ => report.packs_rewritten += 1,
+            }
+            report.moved_bytes += live;
+            after = after.saturating_sub(size) + live;
+        }
+        // The moved chunks go to a fresh pack (the real run rotated).
+        if report.moved_bytes > 0 {
+            after += PACK_HEADER_LEN;
+        }
+        report.pack_bytes_after = after;
+        Ok(())
     }
 
     /// Copies the chunks the index still locates in `round`'s packs to
@@ -682,6 +726,11 @@ mod tests {
         let r = collect(h, false);
         assert_eq!(r.removed_chunks, freed.len() as u64);
         assert!(r.removed_bytes > 0);
+        // The dry run foresaw the real run's compaction.
+        assert_eq!(
+            (dry.packs_deleted, dry.packs_rewritten, dry.pack_bytes_after),
+            (r.packs_deleted, r.packs_rewritten, r.pack_bytes_after)
+        );
         for c in &freed {
             assert!(!h.chunks().contains(c).unwrap(), "unreferenced chunk kept");
         }
