@@ -1879,21 +1879,7 @@ fn on_btrfs_a_read_clone_shares_its_base_s_blocks_and_is_read_by_the_kernel() {
     assert!(!marked, "h is still marked");
     let frag = must(Command::new("filefrag").arg("-v").arg(m.src.join("h")));
     assert!(frag.contains("shared"), "extents not shared:\n{frag}");
-    let out = chronofs(&[
-        "status".as_ref(),
-        "--clones".as_ref(),
-        "--json".as_ref(),
-        m.mnt.as_os_str(),
-    ]);
-    succeeded(out.clone());
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let row = v["clones"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["path"] == "/h")
-        .expect("h listed")
-        .clone();
+    let row = clone_row(&m, "/h");
     assert_eq!(row["space"]["shared_bytes"], data.len() as u64, "{row}");
     assert_eq!(row["space"]["own_bytes"], 0, "{row}");
     // Independent both ways; `later` was cloned before the source changed
@@ -2200,16 +2186,7 @@ fn a_hard_linked_file_counts_once_in_a_clone_s_space() {
     fs::hard_link(m.p("s/a/f"), m.p("s/b/h")).unwrap();
     succeeded(clone(&m.p("s"), &m.p("c")));
     let shared = || {
-        let out = chronofs(&[
-            "status".as_ref(),
-            "--clones".as_ref(),
-            "--json".as_ref(),
-            m.mnt.as_os_str(),
-        ]);
-        succeeded(out.clone());
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let rows = v["clones"].as_array().unwrap().clone();
-        let row = rows.iter().find(|c| c["path"] == "/c").expect("listed");
+        let row = clone_row(&m, "/c");
         let n = |k: &str| row["space"][k].as_u64().unwrap();
         (n("shared_files"), n("shared_bytes"))
     };
@@ -2220,4 +2197,21 @@ fn a_hard_linked_file_counts_once_in_a_clone_s_space() {
         fs::read_dir(m.p(d)).unwrap().for_each(drop);
     }
     assert_eq!(shared(), (1, 1000), "all filled");
+}
+
+/// The row of `chronofs status --clones --json` for the clone at `path`
+/// (as the mount shows it, `/c`).
+fn clone_row(m: &Mount, path: &str) -> serde_json::Value {
+    let out = chronofs(&[
+        "status".as_ref(),
+        "--clones".as_ref(),
+        "--json".as_ref(),
+        m.mnt.as_os_str(),
+    ]);
+    succeeded(out.clone());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["clones"].as_array().unwrap();
+    let row = rows.iter().find(|c| c["path"] == path);
+    row.unwrap_or_else(|| panic!("{path} not listed: {v}"))
+        .clone()
 }
