@@ -255,3 +255,25 @@ fn tree_verbs_work_on_a_directory_named_with_byte_ff() {
         assert!(p["objects"].as_u64().unwrap() >= 3, "purge --json: {p}");
     });
 }
+
+/// A backslash in a name is doubled in text output, as `ls -b` does: a
+/// name holding `\n` (two characters) and one holding a newline print
+/// apart (both printed `a\nb`).
+#[test]
+fn a_backslash_in_a_name_prints_apart_from_a_newline() {
+    let m = Mount::new(&versioning_modes().remove(0));
+    fs::create_dir(m.mnt.join("d")).unwrap();
+    fs::write(m.mnt.join("d").join(r"a\nb"), b"1").unwrap();
+    fs::write(m.mnt.join("d").join("a\nb"), b"2").unwrap();
+    let text = String::from_utf8(ok(&m, &[os(b"ls"), os(b"d")])).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.contains(&r"a\\nb"), "ls: {text:?}");
+    assert!(lines.contains(&r"a\nb"), "ls: {text:?}");
+    let log = String::from_utf8(ok(&m, &[os(b"log"), os(b"-r"), os(b"d")])).unwrap();
+    for name in [r"/a\\nb", r"/a\nb"] {
+        assert!(
+            log.lines().any(|l| l.trim_end().ends_with(name)),
+            "log -r: no row of {name}: {log:?}"
+        );
+    }
+}

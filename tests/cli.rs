@@ -283,6 +283,15 @@ fn unknown_mount_option() {
         t.path(),
         "history-dir as the store",
     );
+    // Names that read as version names would hide the versions they name
+    // (found by a bug hunt; test fails with the build before).
+    for opts in [
+        "history-dir=x;1",
+        "history-dir=;deleted",
+        "history-dir=x@@@now,version-sep=@@",
+    ] {
+        expect_mount_failure(&src, &mnt, &["-o", opts], t.path(), opts);
+    }
     // History's options where -o plain keeps none.
     for opts in [
         "plain,ingest=on",
@@ -517,6 +526,94 @@ fn daemonized_mount_and_cli_umount() {
     );
 }
 
+/// The daemon's threads of a process (`Threads:` in its status; 0 once
+/// it is gone).
+fn thread_count(pid: u32) -> usize {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn control_threads(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter(|t| {
+                    fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "control-conn")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// History commands in flight kept the daemon exiting for a second or two
+/// after `chronofs umount` returned (its socket closed first); umount now
+/// waits for its last thread. The commands say the mount was unmounted.
+#[test]
+fn cli_umount_waits_for_the_daemon_while_commands_run() {
+    let t = tempdir();
+    let src = t.path().join("src");
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&src).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    for d in 0..100 {
+        let dir = src.join(format!("d{d}"));
+        fs::create_dir(&dir).unwrap();
+        for f in 0..100 {
+            write_file(&dir.join(format!("f{f}")), b"x");
+        }
+    }
+    let _g = Guard(vec![mnt.clone()]);
+    let mut args = os(&[&"mount", &src, &mnt]);
+    args.extend(mode_opts().into_iter().map(OsString::from));
+    let (st, err, _) = run_cli(&args, t.path());
+    assert!(st.success(), "daemonizing mount failed: {st}: {err}");
+    let pid = daemon_pids_for(&mnt)[0];
+    let logs: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new(bin())
+                .args(["log", "-r"])
+                .arg(&mnt)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Every client connected: one still starting resolves its path
+    // through the mount, and a lookup in flight makes the unmount EBUSY
+    // (as a stat on a disk being unmounted does).
+    let t0 = Instant::now();
+    while control_threads(pid) < logs.len() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (st, err, _) = run_cli(&os(&[&"umount", &mnt]), t.path());
+    assert!(st.success(), "chronofs umount failed: {st}: {err}");
+    // A zombie (the test does not reap it) has its leader thread alone.
+    assert!(
+        thread_count(pid) <= 1,
+        "daemon {pid} still has {} threads after umount returned",
+        thread_count(pid)
+    );
+    for c in logs {
+        let out = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            // One started after the unmount finds no mount.
+            out.status.success()
+                || err.contains("the mount was unmounted")
+                || err.contains("is not inside a chronofs mount"),
+            "log -r: {err}"
+        );
+    }
+}
+
 #[test]
 fn unmount_while_file_open_is_refused_or_lazy_but_never_crashes() {
     let mut m = Mount::new(&first_mode());
@@ -568,6 +665,51 @@ fn store_option_and_timeouts_are_honoured() {
     assert_eq!(fs::read(m.src.join("f")).unwrap(), b"with external store");
     m.start();
     assert_eq!(fs::read(m.p("f")).unwrap(), b"with external store");
+}
+
+/// `--store DIR` with a path (or working directory) inside a mount is
+/// refused in one line: the mount answers from its own store, and the
+/// command acted on that one with exit 0 (found by a bug hunt: `gc
+/// --store /nonexistent` inside a mount collected the mount's store).
+#[test]
+fn store_flag_inside_a_mount_is_refused() {
+    let m = Mount::new(&first_mode());
+    write_file(&m.p("x"), b"x");
+    let other = tempdir();
+    let other = other.path().to_str().unwrap().to_string();
+    for args in [
+        &["status", "--store", "/nonexistent"][..],
+        &["fsck", "--store", "/nonexistent"],
+        &["gc", "--dry-run", "--store", "/nonexistent"],
+        &["log", "x", "--store", &other],
+    ] {
+        let out = chronofs_in(&m.mnt, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded: {err}");
+        assert!(err.contains("--store"), "{args:?}: {err}");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: not one line: {err}"
+        );
+    }
+    let out = chronofs_in(&m.mnt, &["status"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// `ingest PATH` walks the whole mount: a missing PATH or a file is
+/// refused in one line instead of read as one (found by a bug hunt: both
+/// walked the mount, exit 0).
+#[test]
+fn ingest_refuses_a_missing_path_or_a_file() {
+    let m = Mount::new(&first_mode());
+    write_file(&m.p("f"), b"x");
+    for path in ["does/not/exist", "f"] {
+        let out = chronofs_in(&m.mnt, &["ingest", path]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "ingest {path} succeeded: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{path}: not one line: {err}");
+    }
 }
 
 /// The README's MNT = SRC form: a directory mounted over itself records
@@ -820,4 +962,73 @@ fn umount_refuses_what_is_not_a_chronofs_mount() {
     let (st, err, _) = run_cli(&os(&[&"umount", &tmp.path()]), tmp.path());
     assert_eq!(st.code(), Some(1), "{err}");
     assert!(err.contains("not a mount point"), "{err}");
+}
+
+/// `tag --help` says who may delete a tag: its maker or root (it said
+/// root only, which the daemon never held to).
+#[test]
+fn tag_help_names_who_may_delete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (st, err, out) = run_cli(&os(&[&"tag", &"--help"]), tmp.path());
+    assert_eq!(st.code(), Some(0), "{err}");
+    let line = out.lines().find(|l| l.contains("--delete")).unwrap_or("");
+    let text = out.split("--delete").nth(1).unwrap_or("");
+    assert!(text.contains("its maker or root"), "{line}\n{out}");
+    assert!(!text.contains("root only"), "{out}");
+}
+
+/// The verbs `chronofs --help` lists (clap's own `help` left out).
+fn help_verbs(tmp: &Path) -> Vec<String> {
+    let (st, err, out) = run_cli(&os(&[&"--help"]), tmp);
+    assert_eq!(st.code(), Some(0), "{err}");
+    let commands = out.split("Commands:").nth(1).unwrap_or("");
+    let verbs: Vec<String> = commands
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|v| v != "help")
+        .collect();
+    assert!(verbs.len() > 20, "{out}");
+    verbs
+}
+
+/// `chronofs completions SHELL` names every verb and real options; `man
+/// --dir` writes a page for the command and one per (nested) verb.
+#[test]
+fn completions_and_man_pages_cover_every_verb() {
+    let tmp = tempfile::tempdir().unwrap();
+    let verbs = help_verbs(tmp.path());
+    for shell in ["bash", "zsh", "fish"] {
+        let (st, err, script) = run_cli(&os(&[&"completions", &shell]), tmp.path());
+        assert_eq!(st.code(), Some(0), "{shell}: {err}");
+        for word in verbs
+            .iter()
+            .map(String::as_str)
+            .chain(["keep-daily", "instantiate", "dry-run"])
+        {
+            assert!(script.contains(word), "{shell}: no {word}");
+        }
+    }
+    let (st, err, _) = run_cli(&os(&[&"completions", &"tcsh"]), tmp.path());
+    assert_eq!(st.code(), Some(2), "{err}");
+    let dir = tmp.path().join("man/man1");
+    let (st, err, _) = run_cli(&os(&[&"man", &"--dir", &dir]), tmp.path());
+    assert_eq!(st.code(), Some(0), "{err}");
+    let top = fs::read_to_string(dir.join("chronofs.1")).unwrap();
+    assert!(
+        top.starts_with(".ie") || top.contains(".TH chronofs 1"),
+        "{top}"
+    );
+    for verb in &verbs {
+        let page = fs::read_to_string(dir.join(format!("chronofs-{verb}.1")))
+            .unwrap_or_else(|e| panic!("chronofs-{verb}.1: {e}"));
+        assert!(page.contains(&format!(".TH chronofs-{verb} 1")), "{page}");
+        assert!(top.contains(verb.as_str()), "chronofs.1 lacks {verb}");
+    }
+    let page = fs::read_to_string(dir.join("chronofs-template-create.1")).unwrap();
+    assert!(page.contains("NAME"), "{page}");
+    let (st, err, out) = run_cli(&os(&[&"man"]), tmp.path());
+    assert_eq!(st.code(), Some(0), "{err}");
+    assert_eq!(out, top);
 }

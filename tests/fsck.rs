@@ -303,3 +303,64 @@ fn repair_rebuilds_newest_versions_after_a_pack_is_lost() {
     assert_eq!(again["problems"], Value::Array(vec![]), "{again:#}");
     assert_eq!(again["lost_versions"], 2, "{again:#}");
 }
+
+/// FORMAT.md: a pack's wrong magic is damage. fsck names what it costs
+/// (it aborted, calling the pack a "store index"), `--repair` recovers the
+/// newest versions from the live files and marks the rest lost, and gc
+/// then goes ahead.
+#[test]
+fn a_pack_with_a_damaged_header_is_damage_that_repair_handles() {
+    let mut m = mount();
+    let files = ["a.bin", "b.bin"];
+    for (i, f) in files.iter().enumerate() {
+        write_file(&m.p(f), &pattern(40 << 10, 40 + i as u64));
+        write_file(&m.p(f), &pattern(60 << 10, 50 + i as u64));
+    }
+    offline(&mut m, |src| {
+        for e in std::fs::read_dir(src.join(".chronofs/packs")).unwrap() {
+            let path = e.unwrap().path();
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[..4].copy_from_slice(b"XXXX");
+            std::fs::write(&path, &bytes).unwrap();
+        }
+    });
+    let report = json(&["fsck", s(&m.mnt)]);
+    assert_eq!(
+        report["unreadable"].as_array().unwrap().len(),
+        4,
+        "{report:#}"
+    );
+    let text = format!("{report}");
+    assert!(!text.contains("store index"), "{report:#}");
+    // Through the mount: EIO, as for flipped bytes.
+    let read = std::fs::read(m.p("a.bin;1")).map_err(|e| e.raw_os_error());
+    assert_eq!(read.err(), Some(Some(libc::EIO)));
+
+    let repaired = json(&["fsck", s(&m.mnt), "--repair"]);
+    let rep = &repaired["repair"];
+    assert_eq!(rep["restored"].as_array().unwrap().len(), 2, "{repaired:#}");
+    assert_eq!(rep["lost"].as_array().unwrap().len(), 2, "{repaired:#}");
+    let again = json(&["fsck", s(&m.mnt)]);
+    assert_eq!(again["unreadable"], Value::Array(vec![]), "{again:#}");
+    cli(&["gc", s(&m.mnt)]);
+}
+
+/// A version whose pack is gone reads back EIO through the mount, as a
+/// damaged chunk does (it was ENOENT while stat succeeded).
+#[test]
+fn a_version_whose_pack_is_missing_reads_eio() {
+    let mut m = mount();
+    write_file(&m.p("f"), &pattern(200 << 10, 61));
+    write_file(&m.p("f"), &pattern(200 << 10, 62));
+    offline(&mut m, |src| {
+        for e in std::fs::read_dir(src.join(".chronofs/packs")).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+    });
+    assert!(std::fs::metadata(m.p("f;1")).is_ok());
+    let read = std::fs::read(m.p("f;1")).map_err(|e| e.raw_os_error());
+    assert_eq!(read.err(), Some(Some(libc::EIO)));
+    let out = cat_version(&m.p("f"), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is damaged: it is missing"), "{err}");
+}

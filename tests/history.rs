@@ -713,6 +713,37 @@ fn rm_rf_tree_is_undeleted_byte_for_byte() {
 }
 
 #[test]
+fn listings_racing_rm_rf_log_no_history_errors() {
+    // A directory opened while another process removes it (or an entry
+    // of it) cannot be compared with history; its removal records itself.
+    // The daemon logged each such race as a failed recording (ERROR).
+    each_versioning_mode(|m| {
+        let d = m.p("d");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..300 {
+                    let _ = fs::create_dir_all(d.join("a/b"));
+                    let _ = fs::write(d.join(format!("a/f{i}")), b"x");
+                    let _ = fs::write(d.join("a/b/g"), b"y");
+                }
+            });
+            s.spawn(|| {
+                for _ in 0..300 {
+                    let _ = Command::new("rm").arg("-rf").arg(&d).output();
+                }
+            });
+            s.spawn(|| {
+                for _ in 0..600 {
+                    let _ = Command::new("ls").arg("-R").arg(&d).output();
+                }
+            });
+        });
+        let log = fs::read_to_string(&m.log).unwrap();
+        assert!(!log.contains("ERROR"), "{}", m.log_tail());
+    });
+}
+
+#[test]
 fn rm_rf_tree_is_restored_from_a_tag_and_files_are_undeleted() {
     each_versioning_mode(|m| {
         build_tree(&m.p("tree"));
@@ -1349,6 +1380,81 @@ fn a_new_tag_resolves_in_the_next_command() {
     });
 }
 
+/// `.history/@NAME` looked up (absent) just before `chronofs tag NAME`
+/// is there right after: the kernel is told to forget the negative entry
+/// (found by a bug hunt: absent for up to a second; test fails with the
+/// build before).
+#[test]
+fn a_new_tag_shows_in_the_history_dir_right_after_a_failed_lookup() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("g"), b"g\n");
+        for i in 0..5 {
+            let name = format!("neg{i}");
+            let view = m.p(&format!(".history/@{name}"));
+            assert!(fs::symlink_metadata(&view).is_err(), "{name} before");
+            chrono_ok(m, &["tag", &name]);
+            assert!(
+                fs::symlink_metadata(&view).is_ok(),
+                "iteration {i}: .history/@{name} still absent"
+            );
+            assert_eq!(fs::read(view.join("g")).unwrap(), b"g\n");
+        }
+    });
+}
+
+/// `.history/@template:NAME` looked up (absent) just before `chronofs
+/// template create NAME DIR` is there right after, as for a tag (found by
+/// a bug hunt: absent for up to a second; test fails with the build
+/// before).
+#[test]
+fn a_new_template_shows_in_the_history_dir_right_after_a_failed_lookup() {
+    each_versioning_mode(|m| {
+        fs::create_dir(m.p("d")).unwrap();
+        write_file(&m.p("d/g"), b"g\n");
+        for i in 0..3 {
+            let name = format!("neg{i}");
+            let view = m.p(&format!(".history/@template:{name}"));
+            assert!(fs::symlink_metadata(&view).is_err(), "{name} before");
+            chrono_ok(m, &["template", "create", &name, "d"]);
+            assert!(
+                fs::symlink_metadata(&view).is_ok(),
+                "iteration {i}: .history/@template:{name} still absent"
+            );
+            assert_eq!(fs::read(view.join("d/g")).unwrap(), b"g\n");
+        }
+    });
+}
+
+/// Every verb resolves a path as the kernel does, and says what a view's
+/// path is (found by a bug hunt; test fails with the build before): a
+/// symlink outside the mount leading into it stands for its target,
+/// `file/..` is ENOTDIR, and `.history/@now/f` or `f;1` are named as
+/// views, not as paths that "never existed".
+#[test]
+fn history_verbs_resolve_paths_as_the_kernel_does() {
+    each_versioning_mode(|m| {
+        write_file(&m.p("a"), b"one\n");
+        write_file(&m.p("a"), b"two\n");
+        let outside = m.root().join("lnk");
+        std::os::unix::fs::symlink(m.p("a"), &outside).unwrap();
+        let o = chrono_in(m, &m.mnt, &["log", outside.to_str().unwrap()]);
+        assert!(o.status.success(), "log LNK: {}", s(&o.stderr));
+        let o = chrono_in(m, &m.mnt, &["log", "a/.."]);
+        assert!(!o.status.success(), "log a/..: {}", s(&o.stdout));
+        assert!(s(&o.stderr).contains("Not a directory"), "{}", s(&o.stderr));
+        for view in [".history/@now/a", "a;1"] {
+            let o = chrono_in(m, &m.mnt, &["log", view]);
+            assert!(!o.status.success(), "log {view}: {}", s(&o.stdout));
+            let err = s(&o.stderr);
+            assert!(
+                err.contains("view of the past") && !err.contains("never existed"),
+                "log {view}: {err}"
+            );
+        }
+        fs::remove_file(&outside).unwrap();
+    });
+}
+
 #[test]
 fn query_right_after_a_rename_sees_it() {
     each_versioning_mode(|m| {
@@ -1705,8 +1811,48 @@ fn a_disk_filled_through_the_mount_can_be_emptied_with_rm() {
     // SRC and its store on one small file system, filled through the
     // mount: deleting must still work, and so must status and fsck.
     let _serial = history_mount_lock();
+    let (mut m, _tmpfs) = mount_on_small_tmpfs();
+    let written = fill_through_mount(&m);
+    let status = chrono_str(&m, &["status"]);
+    assert!(status.contains("health:       ok"), "{status}");
+    let fsck = chrono_str(&m, &["fsck"]);
+    assert!(fsck.contains("consistent"), "{fsck}");
+    for name in &written {
+        fs::remove_file(m.p(name)).unwrap_or_else(|e| panic!("rm {name} on a full disk: {e}"));
+    }
+    assert!(fs::read_dir(&m.mnt).unwrap().next().is_none(), "files left");
+    // Room again: history records again.
+    write_file(&m.p("after"), b"after\n");
+    assert_eq!(s(&cat_version(&m, "after", 1)), "after\n");
+    let fsck = chrono_str(&m, &["fsck"]);
+    assert!(fsck.contains("consistent"), "{fsck}");
+    m.unmount();
+}
+
+/// SRC (and its store) on a 48 MiB tmpfs, filled through the mount with
+/// incompressible files: the names written (with any the filling left).
+fn fill_through_mount(m: &Mount) -> Vec<String> {
+    let mut written = Vec::new();
+    for i in 0..20 {
+        let name = format!("f{i}");
+        match fs::write(m.p(&name), pattern(6 << 20, i + 1)) {
+            Ok(()) => written.push(name),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                if m.p(&name).exists() {
+                    written.push(name);
+                }
+                return written;
+            }
+        }
+    }
+    panic!("the file system never filled up");
+}
+
+/// A mount whose SRC is a fresh 48 MiB tmpfs, and the tmpfs's unmounter.
+fn mount_on_small_tmpfs() -> (Mount, Unmounts) {
     let tmpfs = std::cell::RefCell::new(None);
-    let mut m = Mount::new_with("", |src| {
+    let m = Mount::new_with("", |src| {
         run(
             Path::new("/"),
             "mount",
@@ -1721,38 +1867,88 @@ fn a_disk_filled_through_the_mount_can_be_emptied_with_rm() {
         );
         *tmpfs.borrow_mut() = Some(Unmounts(src.to_path_buf()));
     });
-    let _tmpfs = tmpfs.into_inner();
+    let tmpfs = tmpfs.into_inner().unwrap();
     m.wait_history_ready();
-    let mut written = Vec::new();
-    let mut full = false;
-    for i in 0..20 {
-        let name = format!("f{i}");
-        match fs::write(m.p(&name), pattern(6 << 20, i + 1)) {
-            Ok(()) => written.push(name),
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
-                if m.p(&name).exists() {
-                    written.push(name);
-                }
-                full = true;
-                break;
-            }
-        }
-    }
-    assert!(full, "the file system never filled up");
-    let status = chrono_str(&m, &["status"]);
-    assert!(status.contains("health:       ok"), "{status}");
-    let fsck = chrono_str(&m, &["fsck"]);
-    assert!(fsck.contains("consistent"), "{fsck}");
+    (m, tmpfs)
+}
+
+#[test]
+fn a_full_store_lets_an_o_trunc_open_empty_a_file() {
+    // README: truncation to zero goes ahead on a full store; `: > f`
+    // (O_WRONLY|O_CREAT|O_TRUNC) is the shell's way to do it.
+    let _serial = history_mount_lock();
+    let (mut m, _tmpfs) = mount_on_small_tmpfs();
+    let written = fill_through_mount(&m);
     for name in &written {
-        fs::remove_file(m.p(name)).unwrap_or_else(|e| panic!("rm {name} on a full disk: {e}"));
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC;
+        Fd::open(&m.p(name), flags, 0o644)
+            .unwrap_or_else(|e| panic!(": > {name} on a full store: {e}"));
+        assert_eq!(fs::metadata(m.p(name)).unwrap().len(), 0, "{name}");
     }
-    assert!(fs::read_dir(&m.mnt).unwrap().next().is_none(), "files left");
+    // Whether a truncated file's content went unrecorded depends on how
+    // far history got while the disk filled (the MNT = SRC run of CI
+    // recorded all of it): `status` is not asked here.
     // Room again: history records again.
     write_file(&m.p("after"), b"after\n");
     assert_eq!(s(&cat_version(&m, "after", 1)), "after\n");
-    let fsck = chrono_str(&m, &["fsck"]);
-    assert!(fsck.contains("consistent"), "{fsck}");
+    m.unmount();
+}
+
+#[test]
+fn history_verbs_answer_through_a_bind_mount_of_a_directory_in_the_mount() {
+    // A bind mount (into a container's tree, say) has no control socket
+    // of its own: the commands said "no control socket (mounted with -o
+    // plain?)". The daemon it was bound from answers, for the paths
+    // within its mount.
+    let m = Mount::new("");
+    fs::create_dir(m.p("d")).unwrap();
+    write_file(&m.p("d/f"), b"one\n");
+    write_file(&m.p("d/f"), b"two\n");
+    let bind = tempdir();
+    let at = bind.path().to_str().unwrap();
+    run(
+        Path::new("/"),
+        "mount",
+        &["--bind", m.p("d").to_str().unwrap(), at],
+    );
+    let _bound = Unmounts(bind.path().to_path_buf());
+    let out = chronofs_in(bind.path(), &["cat", "f", "--version=1"]);
+    assert!(out.status.success(), "{}", s(&out.stderr));
+    assert_eq!(s(&out.stdout), "one\n");
+    let out = chronofs_in(Path::new("/"), &["log", &format!("{at}/f")]);
+    assert!(out.status.success(), "{}", s(&out.stderr));
+    assert!(s(&out.stdout).contains(" create "), "{}", s(&out.stdout));
+    let out = chronofs_in(Path::new("/"), &["sandbox", at, "--", "true"]);
+    assert!(
+        s(&out.stderr).contains("a bind mount of a chronofs mount"),
+        "{}",
+        s(&out.stderr)
+    );
+}
+
+#[test]
+fn a_file_written_until_the_store_fills_counts_as_unrecorded() {
+    // Created while there was room, then written until the disk filled:
+    // its version cannot be recorded, and status must say so (it said
+    // nothing; only the daemon's log did).
+    let _serial = history_mount_lock();
+    let (mut m, _tmpfs) = mount_on_small_tmpfs();
+    write_file(&m.p("keep"), b"keep\n");
+    let f = Fd::open(&m.p("big"), libc::O_WRONLY | libc::O_CREAT, 0o644).unwrap();
+    let block = pattern(1 << 20, 7);
+    let mut full = false;
+    for _ in 0..64 {
+        if let Err(e) = f.write(&block) {
+            assert_eq!(e, libc::ENOSPC);
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "the file system never filled up");
+    drop(f);
+    let status = chrono_str(&m, &["status"]);
+    assert!(status.contains("unrecorded"), "{status}");
+    fs::remove_file(m.p("big")).unwrap();
     m.unmount();
 }
 
@@ -1878,6 +2074,78 @@ fn time_arguments_take_relative_times_and_ranges_are_clamped_to_history() {
         let (rc, _, err) = chrono_rc(m, &["diff", "f", "#1", "-0s"]);
         assert!(rc == Some(0) || rc == Some(1), "{err}");
     });
+}
+
+#[test]
+fn a_time_from_now_is_in_the_future_like_an_iso_time_past_now() {
+    let m = Mount::new(&versioning_modes().remove(0));
+    write_file(&m.p("f"), b"1\n");
+    let all = count(&m, "f");
+    // As a range's bound: clamped to now, said in one line (was exit 2).
+    let (rc, out, err) = chrono_rc(&m, &["log", "f", "--until", "+1h", "--json"]);
+    assert_eq!(rc, Some(0), "{err}");
+    assert_eq!(Json::parse(&out).get("versions").arr().len(), all);
+    assert!(err.contains("in the future"), "{err}");
+    // As an instant: not found (exit 1), as `--at 2099-01-01` is.
+    for at in ["+1h", "2099-01-01"] {
+        let (rc, _, err) = chrono_rc(&m, &["cat", "f", "--at", at]);
+        assert_eq!(rc, Some(1), "--at {at}: {err}");
+        assert!(err.contains("in the future"), "--at {at}: {err}");
+    }
+    // Malformed: a usage error naming what was typed, its sign included.
+    let (rc, _, err) = chrono_rc(&m, &["cat", "f", "--at", "+1x"]);
+    assert_eq!(rc, Some(2), "{err}");
+    assert!(err.contains("'+1x'"), "{err}");
+}
+
+#[test]
+fn clean_now_takes_every_form_of_time_and_refuses_a_malformed_one_as_usage() {
+    let m = Mount::new(&versioning_modes().remove(0));
+    write_file(&m.p("f"), b"1\n");
+    write_file(&m.p("f"), b"2\n");
+    chrono_ok(&m, &["tag", "cleantag"]);
+    let seq = log_json(&m, "f").get("versions").arr()[0].get("seq").u64();
+    for now in [
+        "cleantag",
+        "@cleantag",
+        &seq.to_string(),
+        "+30d",
+        "-1m",
+        "now",
+    ] {
+        let (rc, _, err) = chrono_rc(&m, &["clean", "--dry-run", "--now", now]);
+        assert_eq!(rc, Some(0), "--now {now}: {err}");
+    }
+    for (now, named) in [("+1x", "'+1x'"), ("2026-13-01", "2026-13-01")] {
+        let (rc, _, err) = chrono_rc(&m, &["clean", "--dry-run", "--now", now]);
+        assert_eq!(rc, Some(2), "--now {now}: {err}");
+        assert!(err.contains(named), "--now {now}: {err}");
+    }
+    // A tag that does not exist is not malformed: it is not found.
+    let (rc, _, err) = chrono_rc(&m, &["clean", "--dry-run", "--now", "no-such-tag"]);
+    assert_eq!(rc, Some(1), "{err}");
+}
+
+#[test]
+fn status_names_a_store_given_by_a_relative_path_absolutely() {
+    let dir = tempdir();
+    let store = dir.path().join("kept-store");
+    let mut m = Mount::new_in(
+        Root::Kept(dir.path().to_path_buf()),
+        &format!("store={}", store.display()),
+        |_| {},
+    );
+    write_file(&m.p("f"), b"1\n");
+    m.unmount();
+    let src = m.src.to_str().unwrap().to_string();
+    let out = chrono_in(
+        &m,
+        m.root(),
+        &["status", &src, "--store", "kept-store", "--json"],
+    );
+    assert!(out.status.success(), "{}", s(&out.stderr));
+    let v = Json::parse(&s(&out.stdout));
+    assert_eq!(v.get("store").str(), store.to_str().unwrap());
 }
 
 #[test]
@@ -2013,4 +2281,46 @@ fn setting_one_time_alone_is_a_version_and_a_write_s_flush_is_not() {
         f_now.push("fsync");
         assert_eq!(causes(&versions(m, "f")), f_now);
     });
+}
+
+/// A file held open for writing across a lazy detach: the kernel may drop
+/// the release it has not yet delivered when the connection ends with the
+/// last close, so the daemon records every session still open as it stops
+/// (creation and content were lost, "never existed in recorded history").
+/// That was a race the daemon mostly lost: a few rounds show it.
+#[test]
+fn a_file_closed_after_a_lazy_detach_is_recorded() {
+    each_versioning_mode(|m| {
+        for round in 0..4 {
+            held_across_a_lazy_detach(m, &format!("held-{round}.bin"));
+        }
+    });
+}
+
+fn held_across_a_lazy_detach(m: &mut Mount, name: &str) {
+    let mut f = fs::File::create(m.p(name)).unwrap();
+    f.write_all(&pattern(100_000, 7)).unwrap();
+    let out = Command::new("umount")
+        .arg("-l")
+        .arg(&m.mnt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "umount -l: {out:?}");
+    f.write_all(b"tail").unwrap();
+    drop(f);
+    let st = m.signal_and_wait(0);
+    assert!(st.success(), "exit status {st}\n{}", m.log_tail());
+    let log = chrono_in(m, &m.src, &["log", name, "--json"]);
+    assert_succeeded(m, &["log", name, "--json"], &log);
+    let vs = Json::parse(&String::from_utf8_lossy(&log.stdout))
+        .get("versions")
+        .arr()
+        .to_vec();
+    assert_eq!(causes(&vs), ["create"], "{}", m.log_tail());
+    let cat = chrono_in(m, &m.src, &["cat", name]);
+    assert_succeeded(m, &["cat", name], &cat);
+    let mut want = pattern(100_000, 7);
+    want.extend_from_slice(b"tail");
+    assert!(cat.stdout == want, "recorded content differs");
+    m.start();
 }

@@ -439,6 +439,54 @@ fn undelete_of_a_file_in_a_removed_tree_brings_back_its_directories() {
     });
 }
 
+/// The deleted entries of a directory renamed since (`DIR/;deleted`,
+/// `ls --deleted`) come back into it: `undelete` and the `restore --at`
+/// that `ls --deleted` prints find them where the directory was then, a
+/// file, a tree, and a file of a tree removed whole.
+#[test]
+fn undelete_from_a_directory_renamed_since_brings_it_back_there() {
+    each_versioning_mode(|m| {
+        fs::create_dir_all(m.p("ud/sub")).unwrap();
+        write_file(&m.p("ud/f"), b"f");
+        write_file(&m.p("ud/sub/g"), b"g");
+        fs::create_dir_all(m.p("ud/gone/deep")).unwrap();
+        write_file(&m.p("ud/gone/deep/h"), b"h");
+        fs::remove_file(m.p("ud/f")).unwrap();
+        fs::remove_dir_all(m.p("ud/sub")).unwrap();
+        fs::remove_dir_all(m.p("ud/gone")).unwrap();
+        fs::rename(m.p("ud"), m.p("ud2")).unwrap();
+
+        // The old path names a directory that lives on: no second copy.
+        let old = chrono_as(m, None, &["undelete", "ud/f"]);
+        let err = String::from_utf8_lossy(&old.stderr);
+        assert!(!old.status.success() && err.contains("ud2/f"), "{err}");
+        assert!(!m.p("ud").exists(), "an undelete made the old name again");
+
+        chrono_ok(m, &["undelete", "ud2/f"]);
+        assert_eq!(read_file(&m.p("ud2/f")), b"f");
+        chrono_ok(m, &["undelete", "ud2/sub"]);
+        assert_eq!(read_file(&m.p("ud2/sub/g")), b"g");
+        chrono_ok(m, &["undelete", "ud2/gone/deep/h"]);
+        assert_eq!(read_file(&m.p("ud2/gone/deep/h")), b"h");
+        assert!(!m.p("ud").exists(), "an undelete made the old name again");
+
+        // The hint `ls --deleted` prints works as printed.
+        fs::remove_file(m.p("ud2/f")).unwrap();
+        fs::rename(m.p("ud2"), m.p("ud3")).unwrap();
+        let out = chrono_as(m, None, &["ls", "ud3", "--deleted"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text.lines().find(|l| l.starts_with("f ")).unwrap_or("");
+        let at = line
+            .split("restore --at ")
+            .nth(1)
+            .and_then(|r| r.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("no hint for f in: {text}"));
+        chrono_ok(m, &["restore", "ud3/f", "--at", at]);
+        assert_eq!(read_file(&m.p("ud3/f")), b"f");
+        no_staging_left(&m.mnt);
+    });
+}
+
 /// Sets `p`'s atime and mtime to `secs`; returns them.
 fn filetime_secs(p: &Path, secs: i64) -> i64 {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64);

@@ -637,6 +637,77 @@ fn a_killed_daemons_dead_sandbox_mount_is_cleared_by_the_next_one() {
     assert_eq!(ok(out, "served again", &m), "x\n");
 }
 
+/// A clean unmount takes the daemon's directory of sandbox mounts with
+/// it (an empty `/run/chronofs/sandboxes/PID` stayed behind).
+#[test]
+fn a_clean_unmount_leaves_no_sandbox_run_directory() {
+    let mut m = Mount::new("plain");
+    let out = in_sandbox(&m, None, "echo x > MNT/x");
+    ok(out, "sandbox", &m);
+    let pid = m.pid().unwrap();
+    let run = format!("/run/chronofs/sandboxes/{pid}");
+    assert!(Path::new(&run).exists(), "{run} while served");
+    m.unmount();
+    assert!(!Path::new(&run).exists(), "{run} left after the unmount");
+}
+
+/// A running sandbox sees what the mount changes in the branches it lies
+/// over within its session's short timeouts for them (a second), not the
+/// mount's (a day): a file removed outside stayed readable inside, one
+/// made outside stayed absent, and a rewritten file kept its old size.
+#[test]
+fn a_running_sandbox_sees_changes_made_outside_within_seconds() {
+    each_kind(|m| {
+        let work = tempdir();
+        let turns = Turns::new(work.path());
+        write_file(&m.p("gone"), b"gone\n");
+        let script = format!(
+            "cat MNT/top MNT/gone >/dev/null; stat -c %s MNT/top >/dev/null; \
+             ls MNT/d >/dev/null; test -e MNT/later; echo ready > {r}; read x < {g}; \
+             i=0; while [ $i -lt 100 ]; do \
+               if [ \"$(stat -c %s MNT/top)\" = 9 ] && [ ! -e MNT/gone ] && \
+                  [ -e MNT/later ] && ls MNT/d | grep -qx y; then echo seen; exit 0; fi; \
+               sleep 0.1; i=$((i+1)); done; \
+             echo stale: $(stat -c %s MNT/top) $(ls MNT) / $(ls MNT/d)",
+            r = turns.ready.display(),
+            g = turns.go.display()
+        );
+        let mnt = m.mnt.to_str().unwrap().to_string();
+        let child = spawn_as(
+            0,
+            bin(),
+            &[
+                "sandbox",
+                &mnt,
+                "--",
+                "sh",
+                "-c",
+                &script.replace("MNT", &mnt),
+            ],
+        );
+        assert_eq!(turns.said(), "ready\n");
+        write_file(&m.p("top"), b"new top\n\n");
+        fs::remove_file(m.p("gone")).unwrap();
+        write_file(&m.p("later"), b"later\n");
+        fs::create_dir_all(m.p("d")).unwrap();
+        write_file(&m.p("d/y"), b"y\n");
+        turns.go();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "seen\n",
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            m.log_tail()
+        );
+        ok(
+            chronofs_in(m.root(), &["sandbox", "discard", "1", "--mount", &mnt]),
+            "discard",
+            m,
+        );
+    });
+}
+
 /// `chronofs sandbox commit ID --mount MNT --json [--force]`.
 fn commit(m: &Mount, id: u32, force: bool) -> Output {
     let id = id.to_string();
@@ -765,6 +836,44 @@ fn a_commit_over_changes_made_since_is_refused_unless_forced() {
             assert!(sizes.contains(&7), "{sizes:?}");
         }
     });
+}
+
+/// A change the mount makes in a read-write branch below its top one
+/// (in place: nothing is copied up) conflicts as one in the top branch
+/// does: committed, the sandbox's copy would hide it. Before, only the top
+/// branch was weighed and the mount's edit was hidden without a word
+/// (found by a bug hunt).
+#[test]
+fn a_change_in_a_lower_read_write_branch_conflicts() {
+    let m = Mount::union("plain", 1, |b| {
+        write_file(&b[1].join("shared"), b"orig\n");
+        fs::create_dir(b[1].join("dd")).unwrap();
+        write_file(&b[1].join("dd/o"), b"o\n");
+        write_file(&b[1].join("kept"), b"k\n");
+    });
+    branch_ok(&m, &["mode", "1", "rw"]);
+    let out = in_sandbox(
+        &m,
+        None,
+        "echo mine > MNT/shared && echo mine > MNT/dd/o && echo mine > MNT/kept",
+    );
+    ok(out, "sandbox", &m);
+    append_all(&m.p("shared"), b"theirs\n");
+    write_file(&m.p("dd/o"), b"theirs\n");
+    assert!(!m.src.join("shared").exists(), "changed in place below");
+    let out = commit(&m, 1, false);
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let reply = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(reply["applied"], false);
+    let mut conflicts: Vec<_> = reply["conflicts"].as_array().unwrap().to_vec();
+    conflicts.sort_by_key(|c| c.to_string());
+    assert_eq!(conflicts, ["/dd/o", "/shared"]);
+    assert_eq!(read_file(&m.p("shared")), b"orig\ntheirs\n");
+    assert_eq!(read_file(&m.p("kept")), b"k\n");
+    let reply = json(&ok(commit(&m, 1, true), "commit --force", &m));
+    assert_eq!(reply["applied"], true);
+    assert_eq!(read_file(&m.p("shared")), b"mine\n");
+    assert_eq!(read_file(&m.p("kept")), b"mine\n");
 }
 
 /// A commit a crash interrupted (its journal written, part of it applied)

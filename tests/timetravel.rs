@@ -228,12 +228,20 @@ fn version_names_resolve_by_lookup_and_are_never_listed() {
             ],
         );
         assert_eq!(out, "v1\n1\n");
-        // A real file with such a name wins (renamed into place: a new
-        // file cannot be created under a name that reads as a version).
-        write_file(&m.p("tmp"), b"real\n");
-        fs::rename(m.p("tmp"), m.p("r.txt;1")).unwrap();
-        assert_eq!(read(&m.p("r.txt;1")), "real\n");
-        assert_eq!(names(&m.mnt), ["r.txt", "r.txt;1"]);
+        // A real file with such a name wins (made before its base has
+        // that version: a new file cannot take a name that shows one).
+        write_file(&m.p("q;1"), b"real\n");
+        write_file(&m.p("q"), b"q1\n");
+        assert_eq!(read(&m.p("q;1")), "real\n");
+        // Nor can a rename (found by a bug hunt: it hid the version).
+        write_file(&m.p("tmp"), b"tmp\n");
+        assert_eq!(
+            errno_of(fs::rename(m.p("tmp"), m.p("r.txt;1"))),
+            libc::EROFS
+        );
+        assert_eq!(read(&m.p("r.txt;1")), "v1\n");
+        fs::rename(m.p("tmp"), m.p("r.txt;99")).unwrap();
+        assert_eq!(names(&m.mnt), ["q", "q;1", "r.txt", "r.txt;99"]);
         assert_eq!(read(&m.p("r.txt;2")), "v2\n");
         // In subdirectories too, and by instant.
         fs::create_dir(m.p("sub")).unwrap();

@@ -528,6 +528,11 @@ fn copy_up_ownership_follows_the_copyup_owner_option() {
         write_file(&f, b"x");
         fs::set_permissions(&f, fs::Permissions::from_mode(0o666)).unwrap();
         std::os::unix::fs::chown(&f, Some(1234), Some(1234)).unwrap();
+        let tmp = bottom(b).join("tmp");
+        fs::create_dir(&tmp).unwrap();
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).unwrap();
+        write_file(&tmp.join("theirs"), b"t");
+        std::os::unix::fs::chown(tmp.join("theirs"), Some(1234), Some(1234)).unwrap();
     };
     // keep (the default): the lower file's owner and mode.
     let m = Mount::union("plain", 1, setup);
@@ -554,6 +559,14 @@ fn copy_up_ownership_follows_the_copyup_owner_option() {
     let st = fs::metadata(m.src.join("f")).unwrap();
     assert_eq!((st.uid(), st.mode() & 0o7777), (NOBODY, 0o666));
     assert_eq!(read_file(&m.p("f")), b"xy");
+    // A directory copied up keeps its owner: the caller's own would let
+    // them remove others' files from a sticky directory.
+    let (mine, theirs) = (m.p("tmp/mine"), m.p("tmp/theirs"));
+    assert_eq!(as_nobody(|| rc(e(fs::write(&mine, b"m")))), 0);
+    let st = fs::metadata(m.src.join("tmp")).unwrap();
+    assert_eq!((st.uid(), st.mode() & 0o7777), (0, 0o1777));
+    assert_eq!(as_nobody(|| rc(e(fs::remove_file(&theirs)))), libc::EPERM);
+    assert_eq!(fs::metadata(m.src.join("tmp/mine")).unwrap().uid(), NOBODY);
 }
 
 /// The mount helper's form (`chronofs SRC MNT -o OPTS`, as mount.fuse3 and
@@ -611,6 +624,74 @@ fn undelete_and_restore_work_on_a_union() {
         cli_ok(&["cat", p.to_str().unwrap(), "--version", "1"]),
         b"lower data\n"
     );
+}
+
+/// `DIR/;deleted/` of a union lists the lower names the union removed:
+/// the upper copy of the directory holds their whiteouts, which counted
+/// as the names being there (only names made and removed in the upper
+/// branch were listed, and `cat DIR/;deleted/NAME` was ENOENT).
+#[test]
+fn the_deleted_view_lists_lower_names_a_whiteout_hides() {
+    let m = Mount::union("", 2, lower_tree);
+    m.wait_history_ready();
+    fs::remove_file(m.p("tree/top")).unwrap();
+    fs::remove_file(m.p("data")).unwrap();
+    assert!(is_whiteout(&m.src.join("tree/top")));
+    assert_eq!(names(&m.p("tree/;deleted")), vec!["top"]);
+    assert!(names(&m.p(";deleted")).contains(&"data".to_string()));
+    assert_eq!(read_file(&m.p("tree/;deleted/top")), b"top");
+    assert_eq!(read_file(&m.p(";deleted/data")), b"lower data\n");
+}
+
+/// Marks `rel` in branch `br` as overlayfs (`metacopy=on`) leaves a file
+/// whose metadata alone it copied up: a hole of `len` bytes carrying
+/// `overlay.metacopy`, its data the lower file's.
+fn metacopy_file(br: &Path, rel: &str, len: u64) {
+    let f = fs::File::create(br.join(rel)).unwrap();
+    f.set_len(len).unwrap();
+    set_xattr(&br.join(rel), "trusted.overlay.metacopy", b"", 0).unwrap();
+}
+
+/// A branch overlayfs wrote with `metacopy=on` holds files whose data
+/// is a lower file's. chronofs does not follow it: such a file read as
+/// zeros of the right size, and a change (or a copy-up of one in a
+/// read-only branch) kept the zeros as its data. Now opens and copy-ups
+/// of it fail with EIO, and fsck names it.
+#[test]
+fn overlayfs_metacopy_files_are_refused_not_read_as_zeros() {
+    let mut m = Mount::union("plain", 2, |b| {
+        lower_tree(b);
+        metacopy_file(&b[0], "data", 11);
+        write_file(&b[2].join("meta"), b"lowest\n");
+        metacopy_file(&b[1], "meta", 7);
+    });
+    assert_eq!(fs::metadata(m.p("data")).unwrap().len(), 11);
+    assert_eq!(e(fs::read(m.p("data"))).unwrap_err(), libc::EIO);
+    assert_eq!(e(append(&m.p("data"), b"+")).unwrap_err(), libc::EIO);
+    let chmod = fs::set_permissions(m.p("meta"), fs::Permissions::from_mode(0o600));
+    assert_eq!(e(chmod).unwrap_err(), libc::EIO, "no copy of the hole");
+    assert!(!m.src.join("meta").exists());
+    assert_eq!(e(fs::read(m.p("meta"))).unwrap_err(), libc::EIO);
+    assert_eq!(fs::metadata(m.src.join("data")).unwrap().len(), 11);
+    assert!(get_xattr(&m.src.join("data"), "trusted.overlay.metacopy").is_ok());
+    m.unmount();
+    let list = format!(
+        "{}=rw:{}=ro:{}=ro",
+        m.src.display(),
+        m.lowers[0].display(),
+        m.lowers[1].display()
+    );
+    let out = Command::new(bin()).args(["fsck", &list]).output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "{report}");
+    for name in ["data", "meta"] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.contains(&format!(": {name}: ")) && l.contains("metacopy")),
+            "{report}"
+        );
+    }
 }
 
 /// A lower file with two names, copied up through the union's index: its
@@ -1890,4 +1971,21 @@ fn sorted_names(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// RENAME_WHITEOUT leaves a 0/0 character device behind, which in a union
+/// is a whiteout: the name vanished instead (the rename succeeded and
+/// nothing showed where it had been). Refused with EINVAL, as overlayfs
+/// refuses it; nothing moves.
+#[test]
+fn rename_whiteout_is_refused_in_a_union() {
+    each_union(lower_tree, |m| {
+        write_file(&m.p("up"), b"up");
+        for from in ["up", "data"] {
+            let r = sys::renameat2(&cstr(m.p(from)), &cstr(m.p("to")), libc::RENAME_WHITEOUT);
+            assert_eq!(r, Err(libc::EINVAL), "{from}");
+            assert!(m.p(from).exists(), "{from} went");
+            assert!(!m.p("to").exists(), "{from} arrived");
+        }
+    });
 }

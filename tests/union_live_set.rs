@@ -309,6 +309,18 @@ fn a_snapshot_freezes_the_upper_branch_and_changes_go_to_a_fresh_one_on_top() {
         );
         assert!(!dup.status.success());
         assert!(stderr(&dup).contains("exists already"), "{}", stderr(&dup));
+        // A control character would split `branch list`'s lines (found by
+        // a bug hunt).
+        let ctl = chronofs_in(
+            m.root(),
+            &["snapshot", m.mnt.to_str().unwrap(), "--name", "a\nb"],
+        );
+        assert!(!ctl.status.success());
+        assert!(
+            stderr(&ctl).contains("control characters"),
+            "{}",
+            stderr(&ctl)
+        );
         assert!(branch_snapshot(&m, &[]).contains("snapshot-2"));
         assert_eq!(tree(&m.mnt), after);
         m.remount();
@@ -1060,7 +1072,7 @@ fn snapmerge_while_walked(
 fn snapmerge_across_file_systems_is_refused_before_anything_moves() {
     let store = tempdir();
     let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs"])
         .arg(store.path())
         .status()
         .unwrap();
@@ -1200,6 +1212,140 @@ fn changes_that_copy_up_go_on_while_a_snapmerge_folds() {
             for f in 0..per_dir {
                 let data = read_file(&m.p(&format!("d{d}/f{f}")));
                 assert_eq!(data.len(), 1 + rounds, "mode {mode:?}: d{d}/f{f}");
+            }
+        }
+    }
+}
+
+/// The files of round `r` in directory `a{w}` of the branch that round's
+/// snapshot froze, by number, in the order a fold moves them (its listing's).
+fn fold_order(m: &Mount, w: usize, r: usize) -> Vec<usize> {
+    let dir = m.src.join(format!(".chronofs/branches/over-r{r}/a{w}"));
+    let prefix = format!("r{r}f");
+    fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_prefix(&prefix).and_then(|i| i.parse().ok())
+        })
+        .collect()
+}
+
+/// One worker's renames and removals of objects of the branch a fold
+/// moves, in directories `a{w}` and `b{w}` (round `r`): a file moved to
+/// a new name in the other directory, one moved over a file there, a file
+/// and an empty directory removed. Each file is taken once, those about
+/// to be moved first (found between its move and the change, the one
+/// that failed), the rest after. The failures, with their paths.
+fn rename_and_remove_during_fold(m: &Mount, w: usize, r: usize, order: &[usize]) -> Vec<String> {
+    let frozen = m.src.join(format!(".chronofs/branches/over-r{r}/a{w}"));
+    let up = |i: usize| frozen.join(format!("r{r}f{i}")).exists();
+    // Ready once the fold has begun moving this directory's files down.
+    let first_down = m.src.join(format!("a{w}/r{r}f{}", order[0]));
+    for _ in 0..200_000 {
+        if first_down.exists() {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    let mut failed = Vec::new();
+    let mut note = |what: &str, p: &Path, res: std::io::Result<()>| {
+        if let Err(e) = res {
+            failed.push(format!("{what} {}: {e}", p.display()));
+        }
+    };
+    let mut done = vec![false; order.len()];
+    let mut front = 0;
+    for _ in 0..order.len() {
+        while front < order.len() && (done[front] || !up(order[front])) {
+            front += 1;
+        }
+        // The file after the one being moved now, else the first left.
+        let at = match (front..order.len()).filter(|&j| !done[j]).nth(1) {
+            Some(j) => j,
+            None => (0..order.len()).find(|&j| !done[j]).unwrap(),
+        };
+        done[at] = true;
+        let i = order[at];
+        let f = m.p(&format!("a{w}/r{r}f{i}"));
+        match i % 3 {
+            0 => note("mv", &f, fs::rename(&f, m.p(&format!("b{w}/r{r}m{i}")))),
+            1 => note("mvover", &f, fs::rename(&f, m.p(&format!("b{w}/r{r}t{i}")))),
+            _ => {
+                note("unlink", &f, fs::remove_file(&f));
+                let d = m.p(&format!("a{w}/r{r}e{i}"));
+                note("rmdir", &d, fs::remove_dir(&d));
+            }
+        }
+    }
+    failed
+}
+
+/// Renames across directories (to a new name and over an existing file)
+/// and removals of files and directories of the branches a snapmerge
+/// folds go on during the fold: they start over with their objects found
+/// again where the fold moved them (they failed with ENOENT or ESTALE
+/// once the fold had moved a file down, or emptied and removed its
+/// directory's copy).
+#[test]
+fn renames_and_removals_go_on_while_a_snapmerge_folds() {
+    const WORKERS: usize = 3;
+    const PER_WORKER: usize = 300;
+    const ROUNDS: usize = 2;
+    let m = Mount::union("", 1, |_| {});
+    for w in 0..WORKERS {
+        fs::create_dir(m.p(&format!("a{w}"))).unwrap();
+        fs::create_dir(m.p(&format!("b{w}"))).unwrap();
+    }
+    branch_snapshot(&m, &["--name", "r0"]);
+    for r in 0..ROUNDS {
+        for w in 0..WORKERS {
+            for i in 0..PER_WORKER {
+                write_file(&m.p(&format!("a{w}/r{r}f{i}")), format!("{i}").as_bytes());
+                match i % 3 {
+                    1 => write_file(&m.p(&format!("b{w}/r{r}t{i}")), b"old"),
+                    2 => fs::create_dir(m.p(&format!("a{w}/r{r}e{i}"))).unwrap(),
+                    _ => {}
+                }
+            }
+        }
+        branch_snapshot(&m, &["--name", &format!("r{}", r + 1)]);
+        let orders: Vec<Vec<usize>> = (0..WORKERS).map(|w| fold_order(&m, w, r)).collect();
+        let (out, failed) = std::thread::scope(|s| {
+            let workers: Vec<_> = orders
+                .iter()
+                .enumerate()
+                .map(|(w, order)| {
+                    let m = &m;
+                    s.spawn(move || rename_and_remove_during_fold(m, w, r, order))
+                })
+                .collect();
+            let out = snapmerge(&m, &[]);
+            let failed: Vec<String> = workers
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect();
+            (out, failed)
+        });
+        assert!(out.status.success(), "round {r}: {}", stderr(&out));
+        assert!(
+            failed.is_empty(),
+            "round {r}: {failed:#?}\n{}",
+            m.log_tail()
+        );
+    }
+    for w in 0..WORKERS {
+        let mut names: Vec<String> = fs::read_dir(m.p(&format!("a{w}")))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert!(names.is_empty(), "a{w} left {names:?}");
+        for r in 0..ROUNDS {
+            for i in (0..PER_WORKER).filter(|i| i % 3 != 2) {
+                let to = if i % 3 == 0 { "m" } else { "t" };
+                let p = m.p(&format!("b{w}/r{r}{to}{i}"));
+                assert_eq!(read_file(&p), format!("{i}").as_bytes(), "{}", p.display());
             }
         }
     }

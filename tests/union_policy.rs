@@ -657,6 +657,13 @@ fn fsck_of_a_branch_list_repairs_union_leftovers() {
     fs::create_dir_all(u.br("c/kept")).unwrap();
     fs::create_dir(u.br("a/ok")).unwrap();
     set_xattr(&u.br("a/ok"), "trusted.overlay.redirect", b"/kept", 0).unwrap();
+    // Overlayfs's relative redirects, `mv d/sub d/sub2; mv d dren`: sub2's
+    // names a directory beside its parent's lower copy (d), not beside
+    // dren.
+    fs::create_dir_all(u.br("c/d/sub")).unwrap();
+    fs::create_dir_all(u.br("a/dren/sub2")).unwrap();
+    set_xattr(&u.br("a/dren"), "trusted.overlay.redirect", b"d", 0).unwrap();
+    set_xattr(&u.br("a/dren/sub2"), "trusted.overlay.redirect", b"sub", 0).unwrap();
     write_file(&u.br("c/.chronofs-wh.9.9"), b"");
     let mknod = Command::new("mknod")
         .arg(u.br("a/lone"))
@@ -712,6 +719,10 @@ fn fsck_of_a_branch_list_repairs_union_leftovers() {
     assert_eq!(
         get_xattr(&u.br("a/ok"), "trusted.overlay.redirect").unwrap(),
         b"/kept"
+    );
+    assert_eq!(
+        get_xattr(&u.br("a/dren/sub2"), "trusted.overlay.redirect").unwrap(),
+        b"sub"
     );
     assert!(is_whiteout(&u.br("a/lone")) && u.br("c/.chronofs-wh.9.9").exists());
     fs::remove_file(u.br("c/.chronofs-wh.9.9")).unwrap();

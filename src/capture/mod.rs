@@ -83,6 +83,11 @@ impl CaptureError {
     }
 }
 
+/// The store's file system has no room (or the quota is spent).
+fn is_full(errno: i32) -> bool {
+    errno == libc::ENOSPC || errno == libc::EDQUOT
+}
+
 #[cfg(test)]
 mod errno {
     use super::*;
@@ -1247,7 +1252,15 @@ impl Capture {
     /// open, which may truncate): its prior state must be in history.
     /// The opening holds a session it joins open until `session_opened`
     /// takes it (or it is dropped: the open failed).
-    pub fn session_opening(&self, tree: &dyn Tree, obj: ObjectId) -> Result<Opening<'_>> {
+    /// `truncates`: the open empties the file (O_TRUNC), which frees space
+    /// like truncate(2) to zero, so a full store does not refuse it (what
+    /// could not be recorded is counted unrecorded).
+    pub fn session_opening(
+        &self,
+        tree: &dyn Tree,
+        obj: ObjectId,
+        truncates: bool,
+    ) -> Result<Opening<'_>> {
         // A session may still be open only because the kernel has not sent
         // the release of a handle already closed: record what it wrote
         // before this open (which may truncate) joins it. That session
@@ -1263,7 +1276,12 @@ impl Capture {
             job.deferrable = true;
             self.run_job(job)?;
         }
-        self.before_change(tree, obj)?;
+        match self.before_change(tree, obj) {
+            Err(e) if truncates && is_full(e.errno()) => self
+                .history
+                .note_unrecorded(&format!("the state of object {obj} before an O_TRUNC open")),
+            other => other?,
+        }
         Ok(opening)
     }
 
@@ -1407,12 +1425,21 @@ impl Capture {
     }
 
     fn queue(&self, job: state::Job) {
-        let obj = job.obj;
         if let Err(job) = self.jobs.push(job) {
             // No worker, or it is behind: build it here.
-            if let Err(e) = self.run_job(*job) {
-                tracing::error!("recording the version of inode {obj} failed: {e}");
-            }
+            self.run_unwaited_job(*job);
+        }
+    }
+
+    /// A version could not be recorded. For lack of space it is counted
+    /// unrecorded (`chronofs status`), as every change a full store lets
+    /// through is.
+    pub(crate) fn job_failed(&self, obj: ObjectId, e: &CaptureError) {
+        match is_full(e.errno()) {
+            true => self
+                .history
+                .note_unrecorded(&format!("the version of inode {obj} ({e})")),
+            false => tracing::error!("recording the version of inode {obj} failed: {e}"),
         }
     }
 
@@ -1461,6 +1488,21 @@ impl Capture {
         match job {
             Some(job) => self.run_job(job),
             None => Ok(()),
+        }
+    }
+
+    /// Before a clone of the files `relevant` picks: each still open for
+    /// writing that a writer closed since its last version gets one now.
+    /// Only the last writer's close makes a version, so a file a logger
+    /// keeps open would otherwise be cloned without writes other processes
+    /// closed; recording every such close would cost a version per close
+    /// to files nothing clones.
+    pub fn version_closed_writes(&self, relevant: &dyn Fn(ObjectId) -> bool) {
+        let closed = self.state.lock().closed_since_version();
+        for obj in closed.into_iter().filter(|o| relevant(*o)) {
+            if let Err(e) = self.flush_session(obj) {
+                self.job_failed(obj, &e);
+            }
         }
     }
 
@@ -1561,6 +1603,17 @@ impl Capture {
 
     /// Builds and commits the version of a session job.
     fn run_job(&self, job: Job) -> Result<()> {
+        self.build(job, false)
+    }
+
+    /// [`Capture::run_job`] for a job nobody waits on: a failure is noted
+    /// ([`Capture::job_failed`]) before the job counts as done, so a
+    /// settled `status` already counts a version a full store refused.
+    fn run_unwaited_job(&self, job: Job) {
+        let _ = self.build(job, true);
+    }
+
+    fn build(&self, job: Job, note_failure: bool) -> Result<()> {
         // A collection must not remove a chunk this build reuses.
         let _building = self.history.building();
         {
@@ -1571,6 +1624,9 @@ impl Capture {
             st.building.insert(job.obj);
         }
         let result = self.ingest_job(&job);
+        if let (true, Err(e)) = (note_failure, &result) {
+            self.job_failed(job.obj, e);
+        }
         {
             let mut st = self.state.lock();
             st.building.remove(&job.obj);
@@ -1761,10 +1817,11 @@ impl Capture {
 }
 
 impl Capture {
-    /// At unmount: builds every queued version, then stops the worker.
+    /// At unmount: builds every queued version, then the version of every
+    /// write session still open (whose release the kernel may never
+    /// send), and stops the worker.
     pub fn finish(&self) {
         self.jobs.disable();
-        self.end_watches(true);
         let held = self.state.lock().due_deferred(None);
         for job in held {
             if let Err(e) = self.run_job(job) {
@@ -1776,6 +1833,11 @@ impl Capture {
                 tracing::error!("recording a version at unmount failed: {e}");
             }
         }
+        let open = self.state.lock().end_all_sessions();
+        for job in open {
+            self.run_unwaited_job(job);
+        }
+        self.end_watches(true);
         self.settle();
     }
 }

@@ -89,6 +89,10 @@ pub struct Session {
     /// Some writer wrote through FUSE passthrough, so a shared mapping of
     /// the backing file may outlive its last handle (`close_session`).
     passthrough: bool,
+    /// A writer closed since the last version while others keep the file
+    /// open: that close made no version, so a clone asks for one
+    /// (`Capture::version_closed_writes`), as of when it is made.
+    closed_since_version: bool,
 }
 
 impl Session {
@@ -371,6 +375,7 @@ impl Objects {
                         flushed_writers: 0,
                         every_write,
                         passthrough,
+                        closed_since_version: false,
                     },
                 );
             }
@@ -393,6 +398,7 @@ impl Objects {
     ) -> Option<Job> {
         let s = self.sessions.get_mut(&obj)?;
         s.writers -= 1;
+        s.closed_since_version = true;
         if flushed {
             s.flushed_writers = s.flushed_writers.saturating_sub(1);
         }
@@ -457,6 +463,22 @@ impl Objects {
         self.watched.remove(&obj);
     }
 
+    /// At unmount: the jobs ending every session still open. After a lazy
+    /// detach the kernel drops the releases it has not delivered when it
+    /// tears the connection down, so a file closed then would otherwise
+    /// never be recorded (nor, if the session created it, its creation).
+    /// They are built at once: nothing is held back past the mount's end.
+    pub fn end_all_sessions(&mut self) -> Vec<Job> {
+        let open: Vec<ObjectId> = self.sessions.keys().copied().collect();
+        open.into_iter()
+            .filter_map(|obj| self.end_session(obj))
+            .map(|job| Job {
+                deferrable: false,
+                ..job
+            })
+            .collect()
+    }
+
     fn end_session(&mut self, obj: ObjectId) -> Option<Job> {
         let s = self.sessions.remove(&obj)?;
         *self.ingesting.entry(obj).or_default() += 1;
@@ -505,6 +527,7 @@ impl Objects {
     pub fn snapshot_job(&mut self, obj: ObjectId, cause: Cause, now: Duration) -> Option<Job> {
         let s = self.sessions.get_mut(&obj)?;
         s.last_version = now;
+        s.closed_since_version = false;
         let dirty = std::mem::take(&mut s.dirty);
         let retimed = std::mem::take(&mut s.retimed);
         Some(Job {
@@ -518,6 +541,15 @@ impl Objects {
             deferrable: false,
             after_session: false,
         })
+    }
+
+    /// The open sessions a writer closed since their last version.
+    pub fn closed_since_version(&self) -> Vec<ObjectId> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| s.closed_since_version)
+            .map(|(o, _)| *o)
+            .collect()
     }
 
     pub fn due_sessions(&mut self, now: Duration, interval: Duration) -> Vec<Job> {
@@ -650,10 +682,7 @@ pub fn worker_loop(capture: Weak<Capture>) {
             return;
         };
         if let Some(job) = c.jobs.pop_wait(Duration::from_millis(200)) {
-            let obj = job.obj;
-            if let Err(e) = c.run_job(job) {
-                tracing::error!("recording the version of inode {obj} failed: {e}");
-            }
+            c.run_unwaited_job(job);
         }
         if last_watch.elapsed() >= WATCH_CHECK {
             last_watch = Instant::now();

@@ -139,19 +139,19 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
     let ra = client.resolve(a)?;
     let rb = client.resolve(b)?;
     let (mut pa, mut pb) = (t.path.clone(), t.path.clone());
-    let (mut na, mut nb) = (stat(t, &pa, a), stat(t, &pb, b));
+    let (mut na, mut nb) = (stat(t, &pa, a)?, stat(t, &pb, b)?);
     // The path names nothing at one instant: that side follows what it
     // names at the other through renames, as history does.
     match (&na, &nb) {
-        (None, Some(_)) => {
+        (Top::Absent, Top::Found(_)) => {
             if let Some(p) = follow(t, b, a) {
-                na = stat(t, &p, a);
+                na = stat(t, &p, a)?;
                 pa = p;
             }
         }
-        (Some(_), None) => {
+        (Top::Found(_), Top::Absent) => {
             if let Some(p) = follow(t, a, b) {
-                nb = stat(t, &p, b);
+                nb = stat(t, &p, b)?;
                 pb = p;
             }
         }
@@ -159,11 +159,22 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
     }
     let (shown_root, shown_root_raw) = path_text(&t.path);
     let mut trouble = Trouble::default();
-    let (mut ta, mut tb) = match (&na, &nb) {
-        (None, None) => bail!("{} existed at neither instant", shown(&shown_root)),
+    let (mut ta, mut tb) = match (na, nb) {
+        (Top::Absent, Top::Absent) => {
+            bail!("{} existed at neither instant", shown(&shown_root))
+        }
+        // As diff(1) on a file it may not open: said, nothing compared.
+        (x, y) if x.denied() || y.denied() => {
+            for top in [x, y] {
+                if let Top::Denied(e) = top {
+                    trouble.note(e)?;
+                }
+            }
+            (Tree::new(), Tree::new())
+        }
         (x, y) => (
-            side(t, a, &pa, x.as_ref(), &mut trouble)?,
-            side(t, b, &pb, y.as_ref(), &mut trouble)?,
+            side(t, a, &pa, x.found(), &mut trouble)?,
+            side(t, b, &pb, y.found(), &mut trouble)?,
         ),
     };
     ta.retain(|rel, _| !trouble.hides(rel));
@@ -212,8 +223,36 @@ pub fn diff(t: &Target, a: &At, b: &At, json_out: bool, out: &mut dyn Write) -> 
     Ok(outcome)
 }
 
-fn stat(t: &Target, path: &Components, at: &At) -> Option<NodeInfo> {
-    t.client().stat(path, at).ok()
+/// What the diffed path is at one instant.
+enum Top {
+    Found(Box<NodeInfo>),
+    Absent,
+    /// The caller may not look at it then (the refusal, to be said).
+    Denied(ControlError),
+}
+
+impl Top {
+    fn found(&self) -> Option<&NodeInfo> {
+        match self {
+            Top::Found(n) => Some(n.as_ref()),
+            _ => None,
+        }
+    }
+
+    fn denied(&self) -> bool {
+        matches!(self, Top::Denied(_))
+    }
+}
+
+/// Only ENOENT means nothing was there: a refusal is not an absence
+/// (it read as "added"), and any other error stops the diff.
+fn stat(t: &Target, path: &Components, at: &At) -> Result<Top> {
+    match t.client().stat(path, at) {
+        Ok(n) => Ok(Top::Found(Box::new(n))),
+        Err(e) if e.errno() == libc::ENOENT => Ok(Top::Absent),
+        Err(e) if matches!(e.errno(), libc::EACCES | libc::EPERM) => Ok(Top::Denied(e)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Where the object `t.path` names at `from` was at `to`.

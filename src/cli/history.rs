@@ -8,11 +8,12 @@
 //! permissions are the file system's own and, through a mount, every change
 //! they make is itself a version that can be undone.
 
+use std::ffi::OsStr;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::control::{self, spec, At, Client, Components};
@@ -42,58 +43,60 @@ pub struct Target {
     pub abs: PathBuf,
 }
 
-/// Absolute and normalized, without needing the path to exist: the
-/// deepest existing ancestor is canonicalized, the rest kept as written.
+/// Absolute, resolved as the kernel resolves a path, without needing it
+/// to exist: each existing directory on the way has its symlinks followed
+/// before a `..` after it applies (`s/..` is the parent of where `s`
+/// leads), the last name is the object itself (a symlink is not
+/// followed) unless a trailing `/` or `.` asks for a directory; from the
+/// first name that does not exist (or a dangling symlink) on, the rest is
+/// kept as written.
 pub fn absolutize(p: &Path) -> Result<PathBuf> {
     let joined = if p.is_absolute() {
         p.to_path_buf()
     } else {
         std::env::current_dir()?.join(p)
     };
-    let mut norm = PathBuf::new();
-    for c in joined.components() {
-        match c {
-            Component::ParentDir => {
-                norm.pop();
+    let raw = joined.as_os_str().as_bytes();
+    let names: Vec<&[u8]> = raw
+        .split(|b| *b == b'/')
+        .filter(|n| !n.is_empty())
+        .collect();
+    let wants_dir = raw.ends_with(b"/") || names.last().is_some_and(|n| *n == b"." || *n == b"..");
+    let mut out = PathBuf::from("/");
+    let mut resolved = true;
+    // The last name resolved exists and is no directory: `.` or `..`
+    // after it is ENOTDIR, as for the kernel (`file/..` is no path).
+    let mut not_dir = false;
+    for (i, name) in names.iter().enumerate() {
+        match *name {
+            b"." | b".." if not_dir => bail!("{}: Not a directory", p.display()),
+            b"." => continue,
+            b".." => {
+                out.pop();
+                continue;
             }
-            Component::CurDir => {}
-            other => norm.push(other),
+            _ => out.push(OsStr::from_bytes(name)),
         }
-    }
-    let mut existing = norm.clone();
-    let mut rest = Vec::new();
-    loop {
-        if std::fs::symlink_metadata(&existing).is_ok() {
-            // Resolve symlinks in the ancestors, as the kernel would, never
-            // the last component (a symlink is itself the object named). An
-            // ancestor that is a dangling symlink is kept as written.
-            let keep_last = |existing: &Path| -> Result<PathBuf> {
-                match (existing.parent(), existing.file_name()) {
-                    (Some(parent), Some(name)) => Ok(parent.canonicalize()?.join(name)),
-                    _ => Ok(existing.canonicalize()?),
+        let follow = i + 1 < names.len() || wants_dir;
+        if !resolved || !follow {
+            continue;
+        }
+        match std::fs::symlink_metadata(&out) {
+            Ok(m) if m.file_type().is_symlink() => match out.canonicalize() {
+                Ok(target) => {
+                    not_dir = !target.is_dir();
+                    out = target
                 }
-            };
-            let base = match rest.is_empty() {
-                true => keep_last(&existing)?,
-                false => match existing.canonicalize() {
-                    Ok(resolved) => resolved,
-                    Err(_) => keep_last(&existing)?,
-                },
-            };
-            let mut out = base;
-            for r in rest.iter().rev() {
-                out.push(r);
-            }
-            return Ok(out);
-        }
-        match (existing.file_name(), existing.parent()) {
-            (Some(name), Some(parent)) => {
-                rest.push(name.to_os_string());
-                existing = parent.to_path_buf();
-            }
-            _ => return Ok(norm),
+                Err(_) => resolved = false,
+            },
+            Ok(m) => not_dir = !m.is_dir(),
+            Err(_) => resolved = false,
         }
     }
+    if wants_dir && resolved && std::fs::metadata(&out).is_ok_and(|m| !m.is_dir()) {
+        bail!("{}: Not a directory", p.display());
+    }
+    Ok(out)
 }
 
 fn components(rel: &Path) -> Components {
@@ -107,9 +110,19 @@ fn components(rel: &Path) -> Components {
 
 /// Finds who answers for `path`: a mount's daemon, or a store directly.
 pub fn target(path: &Path, store: Option<&Path>) -> Result<Target> {
-    let abs = absolutize(path)?;
+    let abs = leading_into_a_mount(absolutize(path)?);
     if let Some(m) = control::mount_of(&abs) {
-        let socket = control::socket_of(&m, sys::geteuid()).ok_or_else(|| {
+        // The mount answers from its own store: another one named would
+        // silently not be the one read (or collected).
+        if let Some(s) = store {
+            anyhow::bail!(
+                "--store {}: {} is inside the chronofs mount at {}, which answers from its own store; --store is for a store with nothing mounted over it (run from outside the mount, or drop --store)",
+                s.display(),
+                abs.display(),
+                m.mount_point.display()
+            );
+        }
+        let (socket, root) = control::served_at(&m, sys::geteuid()).ok_or_else(|| {
             anyhow!(
                 "the chronofs mount at {} has no control socket (mounted with -o plain?)",
                 m.mount_point.display()
@@ -118,7 +131,7 @@ pub fn target(path: &Path, store: Option<&Path>) -> Result<Target> {
         let rel = abs.strip_prefix(&m.mount_point).unwrap_or(Path::new(""));
         return Ok(Target {
             backend: Backend::Daemon(socket),
-            path: components(rel),
+            path: components(&root.join(rel)),
             abs,
         });
     }
@@ -136,14 +149,26 @@ pub fn target(path: &Path, store: Option<&Path>) -> Result<Target> {
             let src = find_src(&abs, None).ok_or_else(|| {
                 anyhow!("with --store, PATH must lie inside the source directory it belongs to")
             })?;
-            (src, s.to_path_buf())
+            // Absolute: `status` names it, and a relative name says
+            // nothing once read elsewhere.
+            let store = s
+                .canonicalize()
+                .with_context(|| format!("store {}", s.display()))?;
+            (src, store)
         }
         None => {
             let src = find_src(&abs, Some(".chronofs")).ok_or_else(|| {
-                anyhow!(
-                    "{} is not inside a chronofs mount or a directory with a .chronofs store",
-                    abs.display()
-                )
+                match unreadable_store(&abs) {
+                    Some(store) => anyhow!(
+                        "{}: permission denied (the store is root's; a path inside the mount over {} is answered by its daemon)",
+                        store.display(),
+                        store.parent().unwrap_or(Path::new("/")).display()
+                    ),
+                    None => anyhow!(
+                        "{} is not inside a chronofs mount or a directory with a .chronofs store",
+                        abs.display()
+                    ),
+                }
             })?;
             let store = src.join(".chronofs");
             (src, store)
@@ -154,6 +179,30 @@ pub fn target(path: &Path, store: Option<&Path>) -> Result<Target> {
         backend: Backend::Local(Box::new(open_local(&src, &store_dir)?)),
         path: components(rel),
         abs,
+    })
+}
+
+/// A symlink outside every mount has no history of its own: named last,
+/// it stands for where it leads inside a mount (`log LNK` as `log LNK/a`
+/// already did).
+fn leading_into_a_mount(abs: PathBuf) -> PathBuf {
+    let is_link = std::fs::symlink_metadata(&abs).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link || control::mount_of(&abs).is_some() {
+        return abs;
+    }
+    match abs.canonicalize() {
+        Ok(target) if control::mount_of(&target).is_some() => target,
+        _ => abs,
+    }
+}
+
+/// The nearest `.chronofs` store above `abs` that this user may not
+/// look into (a store directory is 0700): it is there, not absent.
+fn unreadable_store(abs: &Path) -> Option<PathBuf> {
+    abs.ancestors().map(|p| p.join(".chronofs")).find(|s| {
+        s.is_dir()
+            && std::fs::metadata(s.join(crate::store::INDEX_FILE))
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
     })
 }
 
@@ -341,11 +390,23 @@ fn user_name(uid: u32) -> String {
 /// A name or path for a terminal: the text, with bytes that are not
 /// UTF-8 shown as U+FFFD and control characters (a newline in a name)
 /// escaped (`\n`, `\u{1b}`) so that one entry stays on one line and
-/// cannot drive the terminal. Quotes and backslashes stay as they are.
+/// cannot drive the terminal. A backslash is doubled, as `ls -b` does:
+/// else a name holding `\n` and one holding a newline print the same.
 pub(super) fn shown(text: &str) -> String {
+    escaped(text, |c| c.is_control() || c == '\\')
+}
+
+/// An error message for a terminal: control characters escaped (a name
+/// in it may hold a newline), backslashes as they are (a message quotes
+/// what the user typed, as `a\:b` of a branch list, to be read back).
+pub(super) fn message_shown(text: &str) -> String {
+    escaped(text, char::is_control)
+}
+
+fn escaped(text: &str, escape: impl Fn(char) -> bool) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() {
+        if escape(c) {
             out.extend(c.escape_debug());
         } else {
             out.push(c);
@@ -789,12 +850,6 @@ pub fn tag(t: &Target, name: &str, at: Option<&str>, delete: bool, json: bool) -
 /// mount's daemon, so a path outside any mount is refused at once, its
 /// store never opened).
 pub fn clone(src: &Path, dst: &Path, at: Option<&str>, common: &super::Common) -> Result<()> {
-    for p in [src, dst] {
-        let abs = absolutize(p)?;
-        if control::mount_of(&abs).is_none() {
-            anyhow::bail!("{}: clones are made inside a chronofs mount", abs.display());
-        }
-    }
     // A trailing slash names a directory, as for cp(1) and rename(2).
     let slashed = |p: &Path| p.as_os_str().as_bytes().ends_with(b"/");
     let src_is_dir = std::fs::metadata(src).is_ok_and(|m| m.is_dir());
@@ -806,6 +861,12 @@ pub fn clone(src: &Path, dst: &Path, at: Option<&str>, common: &super::Common) -
             dst.display(),
             named.display()
         );
+    }
+    for p in [src, dst] {
+        let abs = absolutize(p)?;
+        if control::mount_of(&abs).is_none() {
+            anyhow::bail!("{}: clones are made inside a chronofs mount", abs.display());
+        }
     }
     let (src_arg, dst_arg) = (src, dst);
     let src = &target(src, common.store.as_deref())?;
@@ -988,9 +1049,45 @@ pub fn fsck(t: &Target, repair: bool, json: bool) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use super::{mode_str, parse_at};
+    use super::{absolutize, mode_str, parse_at};
     use crate::control::At;
     use crate::history::Seq;
+    use std::path::Path;
+
+    /// Paths resolve as the kernel resolves them (`ls`, `cat` agree).
+    #[test]
+    fn paths_resolve_as_the_kernel_resolves_them() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("d/sub")).unwrap();
+        std::fs::write(root.join("x"), "top").unwrap();
+        std::fs::write(root.join("d/x"), "inner").unwrap();
+        std::os::unix::fs::symlink("d/sub", root.join("s")).unwrap();
+        std::os::unix::fs::symlink("d", root.join("lnk")).unwrap();
+        let abs = |p: &str| absolutize(&root.join(p)).map_err(|e| e.to_string());
+        let at = |p: &str| Ok(root.join(p));
+        // `..` after a symlink: the parent of where it leads.
+        assert_eq!(abs("s/../x"), at("d/x"));
+        assert_eq!(
+            std::fs::read_to_string(root.join("s/../x")).unwrap(),
+            "inner"
+        );
+        // The last name is the symlink itself, unless `/` or `.` follows.
+        assert_eq!(abs("lnk"), at("lnk"));
+        assert_eq!(abs("lnk/"), at("d"));
+        assert_eq!(abs("lnk/."), at("d"));
+        assert_eq!(abs("d/./sub/.."), at("d"));
+        // A file named as a directory is not one.
+        assert!(abs("x/").unwrap_err().contains("Not a directory"));
+        assert!(abs("x/.").is_err());
+        // `..` after a file is ENOTDIR, not its parent (bug hunt).
+        assert!(abs("x/..").unwrap_err().contains("Not a directory"));
+        assert!(abs("d/x/../sub").unwrap_err().contains("Not a directory"));
+        // Names that do not exist (yet) are kept as written.
+        assert_eq!(abs("new/a/../b"), at("new/b"));
+        assert_eq!(abs("s/new/"), at("d/sub/new"));
+        assert_eq!(absolutize(Path::new("/")).unwrap(), Path::new("/"));
+    }
 
     #[test]
     fn instants_read_as_in_history_dir_names() {

@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Result};
 
 use super::history::{print_json, Target};
 use crate::control::proto::CleanReport;
-use crate::control::spec;
+use crate::control::{spec, At, Client};
 use crate::policy::{self, Level, Retention};
 
 fn mib(bytes: u64) -> String {
@@ -129,14 +129,26 @@ fn print_clean(r: &CleanReport) {
 }
 
 pub fn clean(t: &Target, now: Option<&str>, dry_run: bool, json: bool) -> Result<()> {
-    let now_ns = now.map(spec::clock).transpose().map_err(|e| anyhow!(e))?;
-    let r = t.client().clean(now_ns, dry_run)?;
+    let client = t.client();
+    let now_ns = now.map(|s| clock(&client, s)).transpose()?.flatten();
+    let r = client.clean(now_ns, dry_run)?;
     if json {
         print_json(&r);
     } else {
         print_clean(&r);
     }
     Ok(())
+}
+
+/// `clean --now`'s clock: any instant, a sequence number or a tag
+/// standing for the time of its change; `None` for now. A malformed one
+/// is a usage error, as everywhere a time goes.
+fn clock(client: &Client, s: &str) -> Result<Option<i64>> {
+    Ok(match super::history::parse_at(Some(s))? {
+        At::Now => None,
+        At::Time(t) => Some(t),
+        at => Some(client.resolve(&at)?.time_ns),
+    })
 }
 
 // The limits `prune` was given (a plain comment: see `cli::Common`).

@@ -7,6 +7,7 @@
 
 mod branch;
 mod diff;
+mod generate;
 mod history;
 mod maintain;
 mod mount;
@@ -228,7 +229,7 @@ enum Command {
         name: String,
         #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
         at: Option<String>,
-        /// Remove the tag instead (root only).
+        /// Remove the tag instead (its maker or root).
         #[arg(long, conflicts_with = "at")]
         delete: bool,
         /// A path in the mount (default: the current directory).
@@ -393,6 +394,25 @@ enum Command {
         /// The command and its arguments, after --.
         #[arg(last = true)]
         cmd: Vec<std::ffi::OsString>,
+    },
+    /// Print a shell completion script to standard output.
+    ///
+    /// bash: `chronofs completions bash >
+    /// /usr/local/share/bash-completion/completions/chronofs` (what
+    /// scripts/install does).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages: chronofs(1) and one per subcommand.
+    ///
+    /// Pages are named after the verb: chronofs-log(1),
+    /// chronofs-template-create(1)...
+    Man {
+        /// Write every page into DIR, made if missing (default: chronofs.1
+        /// alone, to standard output).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -607,6 +627,8 @@ const VERBS: &[&str] = &[
     "snapshot",
     "snapmerge",
     "sandbox",
+    "completions",
+    "man",
     "help",
     "--help",
     "-h",
@@ -821,7 +843,7 @@ pub(crate) fn one_line(e: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     // A name in the message (a tag's, a path's) may hold a newline.
-    history::shown(&line)
+    history::message_shown(&line)
 }
 
 /// A usage error from clap as one line: its message (clap's may span
@@ -918,13 +940,15 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                     dest.display()
                 );
             }
-            restore::run(&t, restore::Verb::Restore, &at, &dest, common.json)
+            let src = restore::source(&t, &at)?;
+            restore::run(&t, &src, restore::Verb::Restore, &at, &dest, common.json)
         }
         Command::Revert { dir, at, common } => {
             let t = tgt(&dir, &common)?;
             let at = h::parse_at(Some(&at))?;
             let dest = t.abs.clone();
-            restore::run(&t, restore::Verb::Revert, &at, &dest, common.json)
+            let src = restore::source(&t, &at)?;
+            restore::run(&t, &src, restore::Verb::Revert, &at, &dest, common.json)
         }
         Command::Undelete { path, to, common } => {
             undelete::run(&tgt(&path, &common)?, to, common.json)
@@ -978,7 +1002,19 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
             path,
             no_wait,
             common,
-        } => h::ingest(&tgt(&path, &common)?, !no_wait, common.json),
+        } => {
+            // The walk covers the whole mount whatever PATH names: a
+            // missing path or a file would read as a narrower request.
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => anyhow::bail!(
+                    "ingest {}: not a directory; ingest records the whole tree of the mount a directory lies in",
+                    path.display()
+                ),
+                Err(e) => anyhow::bail!("ingest {}: {e}", path.display()),
+            }
+            h::ingest(&tgt(&path, &common)?, !no_wait, common.json)
+        }
         Command::Fsck {
             path,
             repair,
@@ -1092,6 +1128,8 @@ fn run_history(cmd: Command) -> anyhow::Result<()> {
                 "give the mount point: chronofs sandbox MNT -- CMD ARGS...".into()
             ))),
         },
+        Command::Completions { shell } => generate::completions(shell),
+        Command::Man { dir } => generate::man(dir.as_deref()),
         Command::Mount { .. } | Command::Umount { .. } | Command::Diff { .. } => Ok(()),
     }
 }

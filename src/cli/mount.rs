@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -738,8 +739,14 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
         negative_timeout: timeouts.negative,
         write_path: opts.write_path,
         views: opts.views.clone(),
+        lower_timeout: None,
     };
-    let sandbox_vfs_cfg = vfs_cfg.clone();
+    // A sandbox's session reads the branches this mount writes: what it
+    // caches of them is trusted as briefly as with external-changes.
+    let sandbox_vfs_cfg = VfsConfig {
+        lower_timeout: Some(super::options::EXTERNAL_TIMEOUT),
+        ..vfs_cfg.clone()
+    };
     let vfs = match branches {
         Branches::One(branch) => Vfs::new(branch, inomap, vfs_cfg, capture.clone()),
         Branches::Union(list) => Vfs::new_union(list, inomap, vfs_cfg, capture.clone(), opts.union),
@@ -844,7 +851,7 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
     let control = match (&history, &policy) {
         (Some(h), Some(p)) => {
             let ctx = (&vfs, &store, counts, session.transport(), sandboxes.clone());
-            start_control(plan, src_root, h, ctx, p.clone())?
+            start_control(plan, src_root, h, ctx, p.clone(), opts.allow_other)?
         }
         // Without history a mount still answers `chronofs branch` and
         // `chronofs sandbox`.
@@ -856,7 +863,8 @@ fn prepare(plan: &Plan, opts: &MountOptions, daemon: bool) -> Result<Prepared> {
                 session.transport(),
                 sandboxes.clone(),
             )?;
-            serve_control(plan, Arc::new(control::service::HostOnly(host)))?
+            let answerer = Arc::new(control::service::HostOnly(host));
+            serve_control(plan, answerer, opts.allow_other)?
         }
     };
     let cleaner = match (&history, &policy) {
@@ -963,6 +971,7 @@ fn start_control(
         Arc<super::sandbox_host::Sandboxes>,
     ),
     policy: control::PolicyHolder,
+    allow_other: bool,
 ) -> Result<Option<control::Server>> {
     let service = control::Service::new(
         Arc::clone(history),
@@ -972,7 +981,7 @@ fn start_control(
         store.dir().to_path_buf(),
         policy,
     );
-    serve_control(plan, Arc::new(service))
+    serve_control(plan, Arc::new(service), allow_other)
 }
 
 fn mount_host(
@@ -1038,11 +1047,20 @@ fn sandbox_refusal(plan: &Plan) -> Option<String> {
     None
 }
 
-/// The mount's control socket, answered by `answerer`.
+/// The mount's control socket, answered by `answerer`; without
+/// `allow_other` only for the users the mount itself serves.
 fn serve_control(
     plan: &Plan,
     answerer: Arc<dyn control::service::Answerer>,
+    allow_other: bool,
 ) -> Result<Option<control::Server>> {
+    let answerer: Arc<dyn control::service::Answerer> = match allow_other {
+        true => answerer,
+        false => Arc::new(control::service::OwnerOnly {
+            inner: answerer,
+            owner: sys::geteuid(),
+        }),
+    };
     let canon = plan.mnt.canonicalize().unwrap_or_else(|_| plan.mnt.clone());
     let Some(entry) = control::chronofs_mounts()
         .into_iter()
@@ -1102,32 +1120,56 @@ pub fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
     let c = sys::cstr(mnt.as_os_str())?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     explain_unmount(mnt, sys::umount2(&c, flags))?;
-    if let Some(conn) = daemon {
-        await_daemon_exit(conn, mnt);
+    if let Some(daemon) = daemon {
+        await_daemon_exit(daemon, mnt);
     }
     Ok(())
 }
 
-/// A connection to the control socket of the daemon serving `mnt`, if
-/// it can be reached.
-fn daemon_connection(mnt: &Path) -> Option<std::os::unix::net::UnixStream> {
-    let entry = control::mount_of(mnt).filter(|m| m.mount_point == mnt)?;
-    let socket = control::socket_of(&entry, sys::geteuid())?;
-    std::os::unix::net::UnixStream::connect(socket).ok()
+/// The daemon serving a mount, as `chronofs umount` waits for it.
+struct Daemon {
+    conn: std::os::unix::net::UnixStream,
+    /// Readable once every thread of the daemon has exited: its end of
+    /// `conn` closes while the exit still releases other files (a command
+    /// in flight held them), and the process lingered up to 2 s after.
+    /// `None`: it runs in another pid namespace (or the kernel is older).
+    pidfd: Option<std::os::fd::OwnedFd>,
 }
 
-/// Returns once the daemon has exited (its end of `conn` closed): after
-/// an unmount it still writes down the history of the last changes and
-/// releases the branches and the store, and a script that remounts,
-/// checks or copies them next must find that done, as after `umount` of
-/// a disk. Says so when that takes a while.
-fn await_daemon_exit(mut conn: std::os::unix::net::UnixStream, mnt: &Path) {
-    const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
+/// A connection to the control socket of the daemon serving `mnt`, if
+/// it can be reached.
+fn daemon_connection(mnt: &Path) -> Option<Daemon> {
+    let entry = control::mount_of(mnt).filter(|m| m.mount_point == mnt)?;
+    let socket = control::socket_of(&entry, sys::geteuid())?;
+    let conn = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    let pidfd = sys::peer_credentials(&conn)
+        .ok()
+        .filter(|p| p.pid != 0)
+        .and_then(|p| sys::pidfd_open(p.pid).ok());
+    Some(Daemon { conn, pidfd })
+}
+
+/// Returns once the daemon has exited (its end of the connection closed,
+/// then its last thread gone): after an unmount it still writes down the
+/// history of the last changes and releases the branches and the store,
+/// and a script that remounts, checks or copies them next must find that
+/// done, as after `umount` of a disk. Says so when that takes a while.
+fn await_daemon_exit(mut daemon: Daemon, mnt: &Path) {
+    let t0 = std::time::Instant::now();
+    let mut said = false;
+    let mut say = || {
+        if !std::mem::replace(&mut said, true) {
+            eprintln!(
+                "chronofs: unmounted {}; waiting for its daemon to finish recording history",
+                mnt.display()
+            );
+        }
+    };
     let mut byte = [0u8; 1];
-    let _ = conn.set_read_timeout(Some(QUIET));
+    let _ = daemon.conn.set_read_timeout(Some(QUIET));
     loop {
-        match conn.read(&mut byte) {
-            Ok(0) => return,
+        match daemon.conn.read(&mut byte) {
+            Ok(0) => break,
             Ok(_) => continue,
             Err(e)
                 if matches!(
@@ -1135,17 +1177,23 @@ fn await_daemon_exit(mut conn: std::os::unix::net::UnixStream, mnt: &Path) {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                eprintln!(
-                    "chronofs: unmounted {}; waiting for its daemon to finish recording history",
-                    mnt.display()
-                );
-                let _ = conn.set_read_timeout(None);
+                say();
+                let _ = daemon.conn.set_read_timeout(None);
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
+            Err(_) => break,
         }
     }
+    let Some(pidfd) = daemon.pidfd else { return };
+    let left = QUIET.saturating_sub(t0.elapsed());
+    if let Ok(false) = sys::wait_readable(pidfd.as_fd(), Some(left)) {
+        say();
+        let _ = sys::wait_readable(pidfd.as_fd(), None);
+    }
 }
+
+/// How long `chronofs umount` waits for the daemon before saying so.
+const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// An unmount's outcome, with a message a user can act on.
 fn explain_unmount(mnt: &Path, result: std::io::Result<()>) -> Result<()> {

@@ -185,6 +185,52 @@ impl MountHost {
     }
 }
 
+/// Walks DST's directories from the mount's root as `caller`, each
+/// reference taken pushed on `held`. The daemon's lookups check nothing
+/// (the kernel searched the way to a request's inode), so the search
+/// permission a path walk needs is checked here, as the caller, on each
+/// directory walked through (DST's own directory's write and search are
+/// `Vfs::clone_path`'s): a writable directory inside one its maker may
+/// not search must stay out of reach, as it is natively.
+fn walk_dst_dirs(
+    vfs: &Vfs,
+    caller: &crate::vfs::Caller,
+    dirs: &[Vec<u8>],
+    held: &mut Vec<crate::vfs::InodeNo>,
+) -> control::service::Result<crate::vfs::InodeNo> {
+    use control::service::Error;
+    let mut dir = crate::vfs::InodeNo::ROOT;
+    for (depth, comp) in dirs.iter().enumerate() {
+        let shown = || crate::history::past::show_path(&dirs[..depth]);
+        match vfs.access(caller, dir, libc::X_OK) {
+            Err(e) if e.errno() == libc::EACCES => {
+                return Err(Error::Denied(format!(
+                    "{} could not be searched by uid {}",
+                    shown(),
+                    caller.uid
+                )))
+            }
+            other => other?,
+        }
+        let e = match vfs.lookup(caller, dir, std::ffi::OsStr::from_bytes(comp)) {
+            Err(e) if e.errno() == libc::ENOENT => {
+                let missing = crate::history::past::show_path(&dirs[..=depth]);
+                return Err(Error::NotFound(format!(
+                    "{missing}: No such file or directory"
+                )));
+            }
+            other => other?,
+        };
+        held.push(e.attr.ino);
+        dir = e.attr.ino;
+        // As a path walk says of `file/x`, before any permission of it.
+        if e.attr.kind() != libc::S_IFDIR {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR).into());
+        }
+    }
+    Ok(dir)
+}
+
 fn shutting_down() -> control::service::Error {
     control::service::Error::Usage("the mount is shutting down".into())
 }
@@ -228,6 +274,22 @@ impl control::service::Host for MountHost {
     fn settle(&self) {
         if let Some(v) = self.vfs.upgrade() {
             v.settle_capture();
+        }
+    }
+
+    fn names_a_view(&self, path: &control::proto::Components) -> bool {
+        let Some(vfs) = self.vfs.upgrade() else {
+            return false;
+        };
+        let views = &vfs.config().views;
+        path.first()
+            .is_some_and(|n| n.as_slice() == views.dir_name.as_bytes())
+            || path.iter().any(|n| views.holds_sep(n))
+    }
+
+    fn tag_made(&self, name: &str) {
+        if let Some(v) = self.vfs.upgrade() {
+            v.tag_made(name);
         }
     }
 
@@ -612,21 +674,11 @@ impl control::service::Host for MountHost {
                 "DST is the mount itself".into(),
             ));
         };
-        let mut dir = crate::vfs::InodeNo::ROOT;
         let mut held = Vec::new();
-        let found = parents.iter().try_for_each(|comp| {
-            let e = vfs.lookup(&caller, dir, std::ffi::OsStr::from_bytes(comp))?;
-            held.push(e.attr.ino);
-            dir = e.attr.ino;
-            // As a path walk says of `file/x`, before any permission of it.
-            if e.attr.kind() != libc::S_IFDIR {
-                let not_dir = std::io::Error::from_raw_os_error(libc::ENOTDIR);
-                return Err(crate::vfs::VfsError::Io(not_dir));
-            }
-            Ok::<_, crate::vfs::VfsError>(())
-        });
-        let made = found.and_then(|()| {
+        let found = walk_dst_dirs(&vfs, &caller, parents, &mut held);
+        let made = found.and_then(|dir| {
             vfs.clone_path(&caller, src, seq, dir, std::ffi::OsStr::from_bytes(name))
+                .map_err(Into::into)
         });
         for ino in held {
             vfs.forget(ino, 1);
@@ -771,19 +823,21 @@ fn record_new_view(vfs: &Arc<Vfs>) {
 }
 
 /// A snapshot's name as given: a plain file name, since it names the
-/// fresh branch's directory too.
+/// fresh branch's directory too; without control characters, which
+/// `branch list` prints a line per branch of (a newline made two).
 fn snapshot_name(name: &str) -> control::service::Result<&str> {
     let plain = !name.is_empty()
         && name.len() <= 200
         && name != "."
         && name != ".."
         && !name.contains('/')
-        && !name.contains('\0');
+        && !name.chars().any(char::is_control);
     if plain {
         Ok(name)
     } else {
         Err(control::service::Error::Usage(format!(
-            "snapshot name {name:?}: give a plain name (no '/', at most 200 bytes)"
+            "snapshot name {name:?}: give a plain name (no '/' or control characters, at most \
+             200 bytes)"
         )))
     }
 }

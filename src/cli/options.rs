@@ -213,6 +213,7 @@ impl MountOptions {
     /// history's options on a mount that keeps none did nothing (or
     /// failed only after the mount was made).
     pub fn check(&self) -> Result<(), String> {
+        self.check_history_dir()?;
         if !self.plain {
             return Ok(());
         }
@@ -227,6 +228,23 @@ impl MountOptions {
             )),
             None => Ok(()),
         }
+    }
+
+    /// A history directory named with the version separator reads as a
+    /// version name (`x;1`, `x;@T`, `;deleted`) and hides the version it
+    /// names. Checked once all options are in: `version-sep` may come
+    /// after `history-dir`.
+    fn check_history_dir(&self) -> Result<(), String> {
+        use std::os::unix::ffi::OsStrExt;
+        let name = self.views.dir_name.as_bytes();
+        if self.views.holds_sep(name) {
+            return Err(format!(
+                "option history-dir={}: must not contain the version separator {} (it would read as a version name)",
+                String::from_utf8_lossy(name),
+                String::from_utf8_lossy(&self.views.sep)
+            ));
+        }
+        Ok(())
     }
 
     /// Applies a comma-separated option list (one `-o` argument).
@@ -270,6 +288,15 @@ impl MountOptions {
                 {
                     return Err(format!(
                         "option version-sep={sep}: must be non-empty, without '/', letters or digits"
+                    ));
+                }
+                // Ordinary names hold these between a name and a number
+                // (prog.1, logrotate's syslog.1, app-2, v_3): such a name
+                // beside its base would read as a version, and creating or
+                // renaming onto it fail EROFS.
+                if matches!(sep, "." | "-" | "_") {
+                    return Err(format!(
+                        "option version-sep={sep}: ordinary names such as prog{sep}1 would read as versions; choose a separator names do not use"
                     ));
                 }
                 self.views.sep = sep.as_bytes().to_vec();
@@ -439,6 +466,30 @@ mod tests {
         assert!(o.views.audit);
     }
 
+    /// Found by a bug hunt: `history-dir=x;1` hid version 1 of x.
+    #[test]
+    fn refuses_a_history_dir_that_reads_as_a_version_name() {
+        for (bad, sep) in [
+            ("history-dir=x;1", None),
+            ("history-dir=;deleted", None),
+            ("history-dir=x;@now", None),
+            ("history-dir=x@@2,version-sep=@@", Some("@@")),
+            ("version-sep=@@,history-dir=x@@2", Some("@@")),
+        ] {
+            let mut o = MountOptions::default();
+            o.apply(bad).unwrap();
+            let e = o.check().unwrap_err();
+            assert!(
+                e.contains("version separator") && !e.contains('\n'),
+                "{bad}: {e}"
+            );
+            assert_eq!(o.views.sep, sep.unwrap_or(";").as_bytes(), "{bad}");
+        }
+        let mut o = MountOptions::default();
+        o.apply("history-dir=x;1,version-sep=@@").unwrap();
+        assert!(o.check().is_ok());
+    }
+
     #[test]
     fn external_changes_shortens_only_the_timeouts_not_given() {
         let mut o = MountOptions::default();
@@ -487,6 +538,9 @@ mod tests {
             "store",
             "version-sep=",
             "version-sep=v",
+            "version-sep=.",
+            "version-sep=-",
+            "version-sep=_",
             "history-dir=a/b",
         ] {
             let mut o = MountOptions::default();

@@ -39,11 +39,20 @@ impl Verb {
 
 /// Runs one verb and reports it (one line, or the JSON documented in the
 /// README).
-pub fn run(t: &Target, verb: Verb, at: &At, dest: &Path, json_out: bool) -> Result<()> {
+/// `src` is the path of what is brought back as it was at `at` (where
+/// `t.path` was then: [`source`]).
+pub fn run(
+    t: &Target,
+    src: &Components,
+    verb: Verb,
+    at: &At,
+    dest: &Path,
+    json_out: bool,
+) -> Result<()> {
     refuse_unmounted(t, dest)?;
     // The instant as a sequence number, so the report says what was meant.
     let resolved = t.client().resolve(at)?;
-    let n = restore(t, at, dest, verb == Verb::Revert)?;
+    let n = restore(t, src, at, dest, verb == Verb::Revert)?;
     report(t, verb, resolved, dest, n, json_out);
     Ok(())
 }
@@ -147,7 +156,21 @@ impl Progress {
     }
 }
 
-/// Restores `t.path` as of `at` to `dest`. `prune`: also remove what did
+/// The path `restore PATH --at T` reads at T: PATH's own, or, where PATH
+/// named nothing then, where what it names now (or its nearest directory)
+/// was then: history follows renames, as `f;@T` and `diff` do, so a file
+/// of a directory renamed since comes back as `ls --deleted` shows it.
+pub fn source(t: &Target, at: &At) -> Result<Components> {
+    match t.client().stat(&t.path, at) {
+        Err(e) if e.errno() == libc::ENOENT => {}
+        // Another error is the tree request's to report.
+        _ => return Ok(t.path.clone()),
+    }
+    let then = t.client().follow(&t.path, &At::Now, at).ok();
+    Ok(then.and_then(|f| f.path).unwrap_or_else(|| t.path.clone()))
+}
+
+/// Restores `src` as of `at` to `dest`. `prune`: also remove what did
 /// not exist then (revert); otherwise (restore) what exists only live is
 /// kept. Returns how many objects were written or removed.
 ///
@@ -155,11 +178,12 @@ impl Progress {
 /// file system, so the last step is a rename) and swapped into place only
 /// when complete: a failure anywhere leaves the live tree as it was and
 /// the operation can simply be run again.
-pub fn restore(t: &Target, at: &At, dest: &Path, prune: bool) -> Result<u64> {
-    let tree = t.client().tree(&t.path, at)?;
+pub fn restore(t: &Target, src: &Components, at: &At, dest: &Path, prune: bool) -> Result<u64> {
+    let tree = t.client().tree(src, at)?;
     let root = &tree.root;
     let mut b = Builder {
         t,
+        src,
         at,
         prune,
         seen: HashMap::new(),
@@ -793,6 +817,8 @@ fn unnamed_file(dir: &Path) -> std::io::Result<std::fs::File> {
 
 struct Builder<'a> {
     t: &'a Target,
+    /// What is brought back, as history names it at `at`.
+    src: &'a Components,
     at: &'a At,
     prune: bool,
     /// Objects already written, by object id, and where (below the
@@ -838,7 +864,7 @@ impl Builder<'_> {
         if root.kind != "dir"
             && live
                 .as_ref()
-                .is_some_and(|l| self.unchanged(&self.t.path, root, l))
+                .is_some_and(|l| self.unchanged(self.src, root, l))
         {
             return Ok(());
         }
@@ -872,9 +898,8 @@ impl Builder<'_> {
         let parent = dest.parent().unwrap_or(dest);
         let stage = Staging::make(pdir, parent)?;
         let spot = stage.spot(name.to_bytes())?;
-        let path = self.t.path.clone();
         if let Err(e) = self
-            .node(&path, root, &spot, live.as_ref())
+            .node(self.src, root, &spot, live.as_ref())
             .and_then(|()| make_durable(self.t, pdir))
         {
             return Err(stage.abandon(e));
@@ -925,7 +950,7 @@ impl Builder<'_> {
         let mut received = unnamed_file_at(pdir)
             .or_else(|_| unnamed_file(&std::env::temp_dir()))
             .context("cannot make a temporary file for the content")?;
-        self.content(&self.t.path, node, &mut received)?;
+        self.content(self.src, node, &mut received)?;
         // The download takes time, and whoever may write DEST's directory
         // may have put something else (a symlink to a file of the caller's)
         // at its name: only the file checked is written, through the
@@ -994,7 +1019,7 @@ impl Builder<'_> {
         // what only it has: that stays where it is (restore) or goes below
         // (revert), and the staging directory in it is not an entry.
         let names = match self
-            .fill(&self.t.path.clone(), root, &top, Some(dest), false)
+            .fill(self.src, root, &top, Some(dest), false)
             .and_then(|n| make_durable(self.t, dest.fd.as_fd()).map(|()| n))
         {
             Ok(n) => n,

@@ -29,12 +29,18 @@ fn mount_at(path: &Path) -> Result<(PathBuf, PathBuf)> {
                 path.display()
             )
         })?;
-    let socket = control::socket_of(&m, sys::geteuid()).ok_or_else(|| {
-        anyhow!(
+    let Some(socket) = control::socket_of(&m, sys::geteuid()) else {
+        if control::served_at(&m, sys::geteuid()).is_some() {
+            bail!(
+                "{}: a bind mount of a chronofs mount; give the mount point the daemon mounted",
+                abs.display()
+            );
+        }
+        bail!(
             "the chronofs mount at {} has no control socket",
             abs.display()
-        )
-    })?;
+        );
+    };
     Ok((abs, socket))
 }
 

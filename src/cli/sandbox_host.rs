@@ -879,6 +879,13 @@ impl Sandboxes {
         for (_, served) in std::mem::take(&mut *self.served.lock()) {
             stop(served);
         }
+        // Left only while a session could not be ended (its mount point
+        // is still in it): the next daemon clears it then.
+        if let Err(e) = std::fs::remove_dir(&self.run_dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::debug!("{}: {e}", self.run_dir.display());
+            }
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::history::{parse_at, print_json, target};
+use super::history::{parse_at, print_json, shown, target};
 use super::Common;
 use crate::control;
 use crate::history::spec;
@@ -30,7 +30,7 @@ pub fn create(name: &str, dir: &Path, at: Option<&str>, common: &Common) -> Resu
         println!(
             "template {} is {} as of #{} ({})",
             v.name,
-            t.abs.display(),
+            shown(&t.abs.to_string_lossy()),
             v.seq,
             spec::show(v.time_ns.unwrap_or(0))
         );
@@ -49,7 +49,7 @@ pub fn instantiate(name: &str, dst: &Path, common: &Common) -> Result<()> {
     } else {
         println!(
             "made {} from template {name} (#{}, {})",
-            t.abs.display(),
+            shown(&t.abs.to_string_lossy()),
             v.seq,
             spec::show(v.time_ns)
         );
@@ -70,7 +70,7 @@ pub fn list(path: &Path, common: &Common) -> Result<()> {
             e.name,
             e.seq,
             spec::show(e.time_ns.unwrap_or(0)),
-            e.path
+            shown(&e.path)
         );
     }
     Ok(())
@@ -99,7 +99,8 @@ pub fn clones(path: &Path, common: &Common) -> Result<()> {
         let at = format!("#{} ({})", c.seq, spec::show(c.time_ns.unwrap_or(0)));
         match (&c.path, &c.space) {
             (Some(p), Some(s)) => println!(
-                "{p}: {} as of {at}; shared {} in {}, own {} ({} wholly its own){}",
+                "{}: {} as of {at}; shared {} in {}, own {} ({} wholly its own){}",
+                shown(p),
                 c.tag,
                 indicatif::HumanBytes(s.shared_bytes),
                 files(s.shared_files),

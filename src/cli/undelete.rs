@@ -11,13 +11,16 @@ use anyhow::{bail, Context, Result};
 
 use super::history::Target;
 use super::restore::{self, Meta, Verb};
-use crate::control::At;
+use crate::control::proto::NodeInfo;
+use crate::control::{At, Components};
 use crate::sys;
 
-/// Where `undelete` finds PATH: the instant just before its removal, and
-/// how many of the directories on its way were removed with it (gone now).
+/// Where `undelete` finds PATH: the instant just before its removal, its
+/// path then (its directory may have been renamed since), and how many of
+/// the directories on its way were removed with it (gone now).
 struct Deleted {
     at: At,
+    src: Components,
     gone_dirs: usize,
 }
 
@@ -32,12 +35,13 @@ fn before_deletion(t: &Target) -> Result<Deleted> {
     };
     let gone_dirs = gone_ancestors(&t.abs, parent.len());
     for level in (0..=parent.len() - gone_dirs).rev() {
-        if let Some(at) = deleted_in(t, level)? {
-            return Ok(Deleted { at, gone_dirs });
+        if let Some((at, src)) = deleted_in(t, level)? {
+            return Ok(Deleted { at, src, gone_dirs });
         }
     }
     if let Some(at) = before_unlink(t)? {
-        return Ok(Deleted { at, gone_dirs });
+        let src = t.path.clone();
+        return Ok(Deleted { at, src, gone_dirs });
     }
     bail!(
         "{} is not a deleted entry of its directory, nor was it in a directory deleted since \
@@ -65,8 +69,8 @@ fn before_unlink(t: &Target) -> Result<Option<At>> {
 }
 
 /// The instant before the last deletion of `t.path[level]` from its
-/// directory, where `t.path` then existed.
-fn deleted_in(t: &Target, level: usize) -> Result<Option<At>> {
+/// directory, where `t.path` then existed, and `t.path` as it was then.
+fn deleted_in(t: &Target, level: usize) -> Result<Option<(At, Components)>> {
     let dir = t.path[..level].to_vec();
     let name = &t.path[level];
     let listing = match t.client().list(&dir, &At::Now, true) {
@@ -83,11 +87,23 @@ fn deleted_in(t: &Target, level: usize) -> Result<Option<At>> {
     hits.sort_by_key(|e| std::cmp::Reverse(e.deleted_seq));
     for hit in hits {
         let at = At::Seq(hit.restore_seq);
-        if level + 1 == t.path.len() || t.client().stat(&t.path, &at).is_ok() {
-            return Ok(Some(at));
+        let mut src = dir_then(t, &dir, &at);
+        src.extend(t.path[level..].iter().cloned());
+        if level + 1 == t.path.len() || t.client().stat(&src, &at).is_ok() {
+            return Ok(Some((at, src)));
         }
     }
     Ok(None)
+}
+
+/// The path directory `dir` (its path now) had at `at`: the deleted list
+/// is that directory's, whatever its name was then. As it is now if
+/// history cannot tell (the read of the entry then says what is wrong).
+fn dir_then(t: &Target, dir: &Components, at: &At) -> Components {
+    match t.client().follow(dir, &At::Now, at) {
+        Ok(f) => f.path.unwrap_or_else(|| dir.clone()),
+        Err(_) => dir.clone(),
+    }
 }
 
 /// How many of the `parents` directories directly above `abs` are gone.
@@ -95,6 +111,34 @@ fn gone_ancestors(abs: &Path, parents: usize) -> usize {
     (1..=parents)
         .take_while(|&up| std::fs::symlink_metadata(ancestor(abs, up)).is_err())
         .count()
+}
+
+/// Refuses to make `t.path[..=i]` again where the directory it was (at
+/// `path` at `at`) lives on under another name: a second copy of a live
+/// directory is not what was deleted.
+fn refuse_moved(t: &Target, path: &Components, node: &NodeInfo, at: &At, i: usize) -> Result<()> {
+    let Some(now) = moved_to(t, path, node, at) else {
+        return Ok(());
+    };
+    let mut there = ancestor(&t.abs, t.path.len());
+    there.extend(now.iter().map(|n| OsStr::from_bytes(n)));
+    let rest: PathBuf = t.path[i + 1..]
+        .iter()
+        .map(|n| OsStr::from_bytes(n))
+        .collect();
+    bail!(
+        "{} was not deleted: it is {} now; undelete {} (or use --to DEST)",
+        ancestor(&t.abs, t.path.len() - 1 - i).display(),
+        there.display(),
+        there.join(rest).display()
+    )
+}
+
+/// Where directory `node`, at `path` at `at`, is now, if it still is.
+fn moved_to(t: &Target, path: &Components, node: &NodeInfo, at: &At) -> Option<Components> {
+    let now = t.client().follow(path, at, &At::Now).ok()?.path?;
+    let live = t.client().stat(&now, &At::Now).ok()?;
+    (node.obj.is_some() && live.obj == node.obj && live.kind == "dir").then_some(now)
 }
 
 fn ancestor(abs: &Path, up: usize) -> PathBuf {
@@ -113,12 +157,15 @@ fn into_gone_dirs(t: &Target, d: &Deleted, json_out: bool) -> Result<()> {
     restore::refuse_unmounted(t, &t.abs)?;
     let resolved = t.client().resolve(&d.at)?;
     let top = t.path.len() - 1 - d.gone_dirs;
-    // What each directory was, asked before anything is made.
-    t.client().stat(&t.path, &d.at)?;
+    // What each directory was, asked before anything is made; below the
+    // level whose deleted list held PATH, its names then are its names now.
+    t.client().stat(&d.src, &d.at)?;
     let mut dirs = Vec::new();
     for i in top..t.path.len() - 1 {
-        let node = t.client().node(&t.path[..=i].to_vec(), &d.at)?;
+        let then = d.src.len() - (t.path.len() - i);
+        let node = t.client().node(&d.src[..=then].to_vec(), &d.at)?;
         let shown = ancestor(&t.abs, t.path.len() - 1 - i);
+        refuse_moved(t, &d.src[..=then].to_vec(), &node, &d.at, i)?;
         if node.kind != "dir" {
             bail!(
                 "{} was a {} then, not a directory; undelete it first",
@@ -149,7 +196,7 @@ fn into_gone_dirs(t: &Target, d: &Deleted, json_out: bool) -> Result<()> {
                 .with_context(|| format!("cannot open {}", shown.display()))?;
             made.push((parent, name.clone(), fd));
         }
-        let n = restore::restore(t, &d.at, &t.abs, false)?;
+        let n = restore::restore(t, &d.src, &d.at, &t.abs, false)?;
         let is_root = sys::geteuid() == 0;
         // Innermost first: setting a directory's times comes after the
         // changes made in it.
@@ -196,5 +243,5 @@ pub fn run(t: &Target, to: Option<PathBuf>, json_out: bool) -> Result<()> {
     if dest == t.abs && d.gone_dirs > 0 {
         return into_gone_dirs(t, &d, json_out);
     }
-    restore::run(t, Verb::Undelete, &d.at, &dest, json_out)
+    restore::run(t, &d.src, Verb::Undelete, &d.at, &dest, json_out)
 }

@@ -348,6 +348,18 @@ fn transport(what: &str) -> impl Fn(io::Error) -> ControlError + '_ {
     move |e| ControlError::Transport(format!("{what}: {e}"))
 }
 
+/// The daemon's end closed before the answer was whole.
+fn cut_off(e: io::Error) -> ControlError {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => ControlError::Transport(
+            "the daemon stopped before it answered: the mount was unmounted (or its daemon \
+             died) while this command ran"
+                .into(),
+        ),
+        _ => transport("reading the daemon's answer")(e),
+    }
+}
+
 /// One request over the socket: the reply's JSON, data frames to `data`.
 fn exchange(socket: &Path, request: &Request, data: &mut dyn Write) -> Result<Vec<u8>> {
     let mut conn = UnixStream::connect(socket).map_err(|e| {
@@ -366,14 +378,10 @@ fn exchange(socket: &Path, request: &Request, data: &mut dyn Write) -> Result<Ve
     let mut reader = BufReader::new(conn);
     loop {
         let mut head = [0u8; 5];
-        reader
-            .read_exact(&mut head)
-            .map_err(transport("the daemon closed the connection"))?;
+        reader.read_exact(&mut head).map_err(cut_off)?;
         let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
         let mut payload = vec![0u8; len];
-        reader
-            .read_exact(&mut payload)
-            .map_err(transport("the daemon closed the connection"))?;
+        reader.read_exact(&mut payload).map_err(cut_off)?;
         match head[0] {
             b'D' => data
                 .write_all(&payload)

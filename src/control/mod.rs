@@ -26,7 +26,7 @@ pub use proto::{Components, Envelope, ErrorReply, Request, PROTOCOL};
 
 pub use crate::history::spec;
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -107,15 +107,31 @@ pub fn serve(path: &Path, service: Arc<dyn service::Answerer>) -> io::Result<Ser
     let listener = UnixListener::bind(path)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    let held = Arc::new(Held::default());
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
             for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                let svc = service.clone();
+                let conn = match conn {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // Out of descriptors (EMFILE), accept fails at
+                        // once for as long as the connection waits: a
+                        // pause, not a spin on a CPU the mount needs.
+                        tracing::warn!("control: cannot accept a connection: {e}");
+                        std::thread::sleep(ACCEPT_BACKOFF);
+                        continue;
+                    }
+                };
+                let (svc, held) = (service.clone(), held.clone());
                 let spawned = std::thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || handle(conn, svc.as_ref()));
+                    .spawn(move || {
+                        handle(conn, svc.as_ref(), &held);
+                        // A long answer (`log -r` of a big tree) grew
+                        // this thread's arena: give it back.
+                        crate::sys::release_free_memory();
+                    });
                 if let Err(e) = spawned {
                     tracing::error!("control: cannot start a connection thread: {e}");
                 }
@@ -129,7 +145,55 @@ pub fn serve(path: &Path, service: Arc<dyn service::Answerer>) -> io::Result<Ser
     })
 }
 
-fn handle(conn: UnixStream, svc: &dyn service::Answerer) {
+/// How long a connection may take to send its request line.
+const REQUEST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The longest request line read (a path list or a policy is far less).
+const MAX_REQUEST: u64 = 1 << 20;
+/// Connections one user other than root may hold open at once, and all
+/// such users together: the socket is every user's (mode 0666), and
+/// each connection costs the daemon a thread and two descriptors, which
+/// the mount's files need too.
+const PER_USER: usize = 32;
+const ALL_USERS: usize = 256;
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The connections open now, by user (root's are not counted).
+#[derive(Default)]
+struct Held {
+    by_uid: parking_lot::Mutex<std::collections::HashMap<u32, usize>>,
+}
+
+/// One counted connection; uncounted when dropped.
+struct Slot<'h> {
+    held: &'h Held,
+    uid: u32,
+}
+
+impl Held {
+    fn take(&self, uid: u32) -> Option<Slot<'_>> {
+        let mut by_uid = self.by_uid.lock();
+        let all: usize = by_uid.values().sum();
+        if by_uid.get(&uid).is_some_and(|n| *n >= PER_USER) || all >= ALL_USERS {
+            return None;
+        }
+        *by_uid.entry(uid).or_default() += 1;
+        Some(Slot { held: self, uid })
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut by_uid = self.held.by_uid.lock();
+        if let Some(n) = by_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
+
+fn handle(conn: UnixStream, svc: &dyn service::Answerer, held: &Held) {
     let peer = match crate::sys::peer_credentials(&conn) {
         Ok(p) => p,
         Err(e) => {
@@ -137,16 +201,44 @@ fn handle(conn: UnixStream, svc: &dyn service::Answerer) {
             return;
         }
     };
+    let refuse = |errno, message| ErrorReply { errno, message };
+    let _slot = match peer.uid {
+        0 => None,
+        uid => match held.take(uid) {
+            Some(slot) => Some(slot),
+            None => {
+                let busy = refuse(
+                    libc::EAGAIN,
+                    format!(
+                        "the mount's daemon is answering too many requests at once (at most \
+                         {PER_USER} per user, {ALL_USERS} in all); try again"
+                    ),
+                );
+                let mut out = io::BufWriter::new(conn);
+                let sent = serde_json::to_vec(&busy)
+                    .map_err(io::Error::other)
+                    .and_then(|v| frame(&mut out, b'E', &v))
+                    .and_then(|()| out.flush());
+                if let Err(e) = sent {
+                    tracing::debug!("control: client went away: {e}");
+                }
+                return;
+            }
+        },
+    };
     let mut line = String::new();
+    if conn.set_read_timeout(Some(REQUEST_WAIT)).is_err() {
+        return;
+    }
     let mut reader = BufReader::new(match conn.try_clone() {
         Ok(c) => c,
         Err(_) => return,
-    });
+    })
+    .take(MAX_REQUEST);
     if reader.read_line(&mut line).is_err() {
         return;
     }
     let mut out = FrameWriter(io::BufWriter::new(conn));
-    let refuse = |errno, message| ErrorReply { errno, message };
     let result = match serde_json::from_str::<Envelope>(&line) {
         Ok(env) if env.protocol == PROTOCOL => svc
             .answer(&env.request, &peer, &mut out)
@@ -193,6 +285,9 @@ pub struct MountEntry {
     pub mount_point: PathBuf,
     /// "major:minor" of the mount's device.
     pub dev: String,
+    /// The directory of the mounted tree shown at the mount point: `/`,
+    /// or a subdirectory for a bind mount of one.
+    pub root: PathBuf,
 }
 
 fn unescape(field: &str) -> String {
@@ -230,6 +325,7 @@ pub fn chronofs_mounts() -> Vec<MountEntry> {
                 id: l[0].parse().ok()?,
                 mount_point: PathBuf::from(unescape(l[4])),
                 dev: l[2].to_string(),
+                root: PathBuf::from(unescape(l[3])),
             })
         })
         .collect()
@@ -295,8 +391,54 @@ pub fn socket_of(m: &MountEntry, uid: u32) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
+/// Where requests about paths under `m` go: the control socket of the
+/// daemon serving it, and the path within that daemon's mount of `m`'s
+/// root. A bind mount of a chronofs mount, or of a directory in one, has
+/// no socket of its own (sockets are named after the daemon's mount):
+/// the mount it was bound from answers, the one of the same device that
+/// shows the whole tree.
+pub fn served_at(m: &MountEntry, uid: u32) -> Option<(PathBuf, PathBuf)> {
+    let root = m.root.strip_prefix("/").unwrap_or(&m.root).to_path_buf();
+    if let Some(socket) = socket_of(m, uid) {
+        return Some((socket, root));
+    }
+    chronofs_mounts()
+        .into_iter()
+        .filter(|o| o.dev == m.dev && o.root == Path::new("/"))
+        .find_map(|o| socket_of(&o, uid))
+        .map(|socket| (socket, root))
+}
+
 #[cfg(test)]
 mod tests {
+    use super::{Held, ALL_USERS, PER_USER};
+
+    /// A user holds at most `PER_USER` connections, all users together
+    /// `ALL_USERS`; a closed one frees its place.
+    #[test]
+    fn connections_are_counted_per_user_and_in_all() {
+        let held = Held::default();
+        let mine: Vec<_> = (0..PER_USER).map(|_| held.take(1000)).collect();
+        assert!(mine.iter().all(Option::is_some));
+        assert!(held.take(1000).is_none(), "one past the user's limit");
+        drop(mine);
+        assert!(
+            held.take(1000).is_some(),
+            "a closed connection frees its place"
+        );
+        let mut all = Vec::new();
+        for uid in 0.. {
+            match held.take(2000 + uid / PER_USER as u32) {
+                Some(slot) => all.push(slot),
+                None => break,
+            }
+        }
+        assert_eq!(all.len(), ALL_USERS);
+        assert!(held.by_uid.lock().len() > 1);
+        drop(all);
+        assert!(held.by_uid.lock().is_empty());
+    }
+
     use super::*;
     use service::Error;
 

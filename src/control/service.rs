@@ -21,7 +21,7 @@ use super::proto::{
 };
 use super::spec::{self, At};
 use super::{Components, Reply, Request};
-use crate::history::access::{self, Who};
+use crate::history::access::{self, Who, Whom};
 use crate::history::content;
 use crate::history::past::{
     kind_name, name_str, show_path, Error as PastError, LiveIds, Node, Past,
@@ -82,6 +82,14 @@ pub trait Host: LiveIds {
     }
     /// History rewrote versions of these objects behind the capture.
     fn history_rewritten(&self, _objs: &[ObjectId]) {}
+    /// Tag `name` was made: a view of it may be cached as absent.
+    fn tag_made(&self, _name: &str) {}
+    /// Whether `path` goes through the mount's views of the past (the
+    /// history directory, or a name holding the version separator): not a
+    /// path history records.
+    fn names_a_view(&self, _path: &Components) -> bool {
+        false
+    }
     /// Starts the eager baseline of the whole tree.
     fn start_ingest(&self) -> std::result::Result<(), String> {
         Err("nothing is mounted: mount the directory, then run `chronofs ingest` on it".into())
@@ -192,6 +200,26 @@ pub trait Host: LiveIds {
 /// `HostOnly` for a mount that keeps none.
 pub trait Answerer: Send + Sync {
     fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Answer>;
+}
+
+/// The control service of a mount made without `allow_other`: the
+/// kernel lets only root and the mounting user use the mount, and its
+/// history must not show others what the mount refuses them.
+pub struct OwnerOnly {
+    pub inner: Arc<dyn Answerer>,
+    /// The mounting user (the daemon's effective uid).
+    pub owner: u32,
+}
+
+impl Answerer for OwnerOnly {
+    fn answer(&self, req: &Request, peer: &Peer, reply: &mut dyn Reply) -> Result<Answer> {
+        if peer.uid != 0 && peer.uid != self.owner {
+            return Err(Error::Denied(
+                "this mount serves only root and its owner (mounted with -o noallow_other)".into(),
+            ));
+        }
+        self.inner.answer(req, peer, reply)
+    }
 }
 
 impl Answerer for Service {
@@ -610,7 +638,15 @@ impl Service {
         let mut gone = Vec::new();
         if deleted {
             if let Some(d) = hist_dir {
+                let who = who(peer);
                 for g in past.deleted_in(d, seq, &|n| present.contains(n), true)? {
+                    // A name is the caller's to learn only where they could
+                    // list the directory just before its removal (as `log
+                    // -r` shows its rows; the directory at `seq` and now
+                    // was checked above).
+                    if who.uid != 0 && !past.listable_then(Whom::One(&who), d, g.seq.prev())? {
+                        continue;
+                    }
                     let before = g.before.as_ref().map(|(_, v)| v);
                     let (name, name_raw) = proto::split_bytes(&g.name);
                     gone.push(DeletedEntry {
@@ -745,10 +781,7 @@ impl Service {
         let past = self.past();
         let incarnations = past.incarnations(path)?;
         if incarnations.is_empty() {
-            return Err(Error::NotFound(format!(
-                "{} never existed in recorded history",
-                show_path(path)
-            )));
+            return Err(self.never_existed(path));
         }
         // Numbers count every version, whatever the range shown.
         let all = past.path_versions(&incarnations, None, None)?;
@@ -819,10 +852,7 @@ impl Service {
                 .collect()
         };
         if roots.is_empty() {
-            return Err(Error::NotFound(format!(
-                "{} never existed in recorded history",
-                show_path(path)
-            )));
+            return Err(self.never_existed(path));
         }
         let mut seen = HashSet::new();
         let mut out = Vec::new();
@@ -968,6 +998,21 @@ impl Service {
         Ok(TagsReply { tags })
     }
 
+    /// `path` has no history: a view's path (`.history/@T/f`, `f;1`) is
+    /// said to be one, since it names what a live path showed.
+    fn never_existed(&self, path: &Components) -> Error {
+        if self.host.names_a_view(path) {
+            return Error::NotFound(format!(
+                "{} is a view of the past, not a path history records: name the live path, with --at or --version",
+                show_path(path)
+            ));
+        }
+        Error::NotFound(format!(
+            "{} never existed in recorded history",
+            show_path(path)
+        ))
+    }
+
     fn tag(&self, name: &str, at: &At, peer: &Peer) -> Result<TagInfo> {
         // It names `.history/@NAME`, one file name (NAME_MAX bytes).
         const MAX_TAG: usize = 254;
@@ -1012,6 +1057,7 @@ impl Service {
             ..Default::default()
         })?;
         self.history.set_tag_owner(name, Some(peer.uid))?;
+        self.host.tag_made(name);
         Ok(TagInfo {
             name: name.to_string(),
             seq,

@@ -65,6 +65,8 @@ impl Service {
                     .into(),
             ));
         }
+        // As for a clone: closes other writers outlived count.
+        self.host().settle_within(path);
         let (seq, _) = self.resolve_at(at)?;
         let node = self.past().node(path, seq)?;
         self.past()
@@ -82,6 +84,7 @@ impl Service {
             ..Default::default()
         })?;
         self.history().set_tag_owner(&tag, Some(peer.uid))?;
+        self.host().tag_made(&tag);
         self.history().sync()?;
         self.template_info(name.to_string(), path, seq)
     }

@@ -124,6 +124,16 @@ impl ChronoFuse {
 }
 
 impl ChronoFuse {
+    fn setattr_as(&self, req: &Request, i: INodeNo, set: SetAttr, reply: ReplyAttr) {
+        self.counts.add(Req::Setattr);
+        match self.vfs.setattr(&caller(req), ino(i), set) {
+            Ok(a) => reply.attr(&self.vfs.attr_ttl(&a), &to_file_attr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+}
+
+impl ChronoFuse {
     /// The vfs changed attributes the kernel may cache (for a day, by
     /// default) with no reply to carry them: it must fetch them again.
     /// Attributes only, so it is safe inside the request that made the
@@ -267,6 +277,26 @@ fn to_file_attr(a: &Attr) -> FileAttr {
         rdev: st.st_rdev as u32,
         blksize: st.st_blksize as u32,
         flags: 0,
+    }
+}
+
+/// What a SETATTR asks, from fuser's arguments (its plain and its
+/// kill-suidgid forms carry the same ones).
+fn set_attr(
+    mode: Option<u32>,
+    (uid, gid): (Option<u32>, Option<u32>),
+    size: Option<u64>,
+    (atime, mtime): (Option<TimeOrNow>, Option<TimeOrNow>),
+    fh: Option<FileHandle>,
+) -> SetAttr {
+    SetAttr {
+        mode,
+        uid,
+        gid,
+        size,
+        atime: atime.map(time_spec),
+        mtime: mtime.map(time_spec),
+        fh: fh.map(|f| f.0),
     }
 }
 
@@ -548,20 +578,34 @@ impl fuser::Filesystem for ChronoFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.counts.add(Req::Setattr);
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(time_spec),
-            mtime: mtime.map(time_spec),
-            fh: fh.map(|f| f.0),
-        };
-        match self.vfs.setattr(&caller(req), ino(i), set) {
-            Ok(a) => reply.attr(&self.vfs.attr_ttl(&a), &to_file_attr(&a)),
-            Err(e) => reply.error(err(e)),
-        }
+        let set = set_attr(mode, (uid, gid), size, (atime, mtime), fh);
+        self.setattr_as(req, i, set, reply);
+    }
+
+    fn setattr_kill_suidgid(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = set_attr(mode, (uid, gid), size, (atime, mtime), fh);
+        // A chown carries the flag whoever asks (it clears set-user-ID
+        // for everyone); only a truncation's tells the caller lacks
+        // CAP_FSETID.
+        let truncates = set.size.is_some() && set.uid.is_none() && set.gid.is_none();
+        creds::lacking_fsetid(truncates, || self.setattr_as(req, i, set, reply));
     }
 
     fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
@@ -673,6 +717,10 @@ impl fuser::Filesystem for ChronoFuse {
         self.reply_entry(reply, r);
     }
 
+    fn open_kill_suidgid(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        creds::lacking_fsetid(true, || self.open(req, i, flags, reply));
+    }
+
     fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.counts.add(Req::Open);
         let who = caller(req);
@@ -720,7 +768,10 @@ impl fuser::Filesystem for ChronoFuse {
     ) {
         self.counts.add(Req::Write);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.vfs.write(&caller(req), fh.0, offset, data, kill) {
+        let wrote = creds::lacking_fsetid(kill, || {
+            self.vfs.write(&caller(req), fh.0, offset, data, kill)
+        });
+        match wrote {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }

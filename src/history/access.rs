@@ -190,6 +190,32 @@ impl Perms {
     fn in_owning_group(&self, who: &Who) -> bool {
         who.in_group(self.gid)
     }
+
+    /// Whether every caller has every bit of `want`, whoever they are: no
+    /// ACL, and the bits in each class (the owner's included: an owner
+    /// without them is denied natively too).
+    pub fn open_to_all(&self, want: u32) -> bool {
+        let all = want | (want << 3) | (want << 6);
+        self.acl.is_none() && self.mode & all == all
+    }
+}
+
+/// Whom a check is made for: one caller, or every caller at once (whether
+/// a verdict may be cached by the kernel, which shares it among callers).
+#[derive(Clone, Copy)]
+pub enum Whom<'a> {
+    One(&'a Who),
+    Anyone,
+}
+
+impl Whom<'_> {
+    /// Whether this has `want` on an object with permissions `p`.
+    pub fn has(&self, p: &Perms, want: u32) -> bool {
+        match self {
+            Whom::One(who) => p.permits(who, want),
+            Whom::Anyone => p.open_to_all(want),
+        }
+    }
 }
 
 /// The entries of an ACL xattr value: (tag, permission bits, id). Empty
@@ -349,6 +375,16 @@ impl Past<'_> {
         obj: ObjectId,
         (at, gone): (Seq, bool),
     ) -> Result<bool> {
+        self.way_then_open(Whom::One(who), obj, (at, gone))
+    }
+
+    /// [`Past::way_then_permits`] for `whom`.
+    pub fn way_then_open(
+        &self,
+        whom: Whom<'_>,
+        obj: ObjectId,
+        (at, gone): (Seq, bool),
+    ) -> Result<bool> {
         let named = if gone { at.prev() } else { at };
         let names = self.history.names_at(obj, named)?;
         if names.is_empty() {
@@ -363,13 +399,27 @@ impl Past<'_> {
             path.push(name);
             for depth in 0..path.len() {
                 match self.resolve(&path[..depth], named)? {
-                    Some(dir) if Self::then_of(&dir)?.permits(who, SEARCH) => {}
+                    Some(dir) if whom.has(&Self::then_of(&dir)?, SEARCH) => {}
                     _ => continue 'names,
                 }
             }
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// Whether the names in directory `dir` were `whom`'s to learn at
+    /// `seq`: read on it as it was then, search on its way then (a
+    /// deleted entry's name is shown only where the directory could be
+    /// listed just before the removal). An owner then passes the mode, as
+    /// in [`may`].
+    pub fn listable_then(&self, whom: Whom<'_>, dir: ObjectId, seq: Seq) -> Result<bool> {
+        let Some(node) = self.finish(Cur::Hist(dir), seq)? else {
+            return Ok(false);
+        };
+        let then = Self::then_of(&node)?;
+        let owner = matches!(whom, Whom::One(who) if who.uid == then.uid);
+        Ok((owner || whom.has(&then, READ)) && self.way_then_open(whom, dir, (seq, false))?)
     }
 
     /// The state now of `node`, which history knows no way to (never

@@ -23,6 +23,20 @@ use crate::sys::{self, Stat};
 /// it was before the revert, not a deletion worth listing.
 pub const STAGING_PREFIX: &[u8] = b".chronofs-staging-";
 
+/// Whether `name` has the form of a tree operation's staging directory,
+/// `.chronofs-staging-PID-N` (`cli/restore.rs`): a user's own
+/// `.chronofs-staging-notes` is an ordinary name. The tools run as the
+/// user, so a directory a user named exactly so cannot be told apart.
+pub fn is_staging_name(name: &[u8]) -> bool {
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    name.strip_prefix(STAGING_PREFIX)
+        .and_then(|rest| {
+            let dash = rest.iter().position(|&b| b == b'-')?;
+            Some(digits(&rest[..dash]) && digits(&rest[dash + 1..]))
+        })
+        .unwrap_or(false)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0}")]
@@ -78,6 +92,14 @@ impl Node {
         match self {
             Node::Hist { v, .. } => v.attrs.mode,
             Node::Live { st, .. } => st.st_mode,
+        }
+    }
+
+    /// The object, where history knows it.
+    pub fn obj(&self) -> Option<ObjectId> {
+        match self {
+            Node::Hist { obj, .. } => Some(*obj),
+            Node::Live { obj, .. } => *obj,
         }
     }
 }
@@ -434,7 +456,7 @@ impl Past<'_> {
         }
         let mut out = Vec::new();
         for (name, (now, mut removals)) in names {
-            if now.is_some() || present(&name) || name.starts_with(STAGING_PREFIX) {
+            if now.is_some() || present(&name) {
                 continue;
             }
             if !every {
@@ -445,6 +467,10 @@ impl Past<'_> {
                     continue;
                 }
                 let before = self.history.object_at(obj, s.prev())?;
+                let dir = |(_, v): &(Seq, Version)| v.attrs.mode & libc::S_IFMT == libc::S_IFDIR;
+                if is_staging_name(&name) && before.as_ref().is_none_or(dir) {
+                    continue;
+                }
                 out.push(Deleted {
                     name: name.clone(),
                     obj,
@@ -522,13 +548,30 @@ impl Past<'_> {
     /// nearest directory that did, with the rest of `path` below it.
     /// `None` if nothing of it existed at `to`.
     pub fn follow(&self, path: &[Vec<u8>], at: Seq, to: Seq) -> Result<Option<Vec<Vec<u8>>>> {
-        if self.resolve(path, to)?.is_some() {
+        let here = self.resolve(path, to)?;
+        // The object's own path first: `path` may name another one at `to`
+        // (a directory renamed since, and another made at its old name).
+        if let Some(obj) = self.resolve(path, at)?.as_ref().and_then(Node::obj) {
+            // Its own name, not another hard link's.
+            if here.as_ref().and_then(Node::obj) == Some(obj) {
+                return Ok(Some(path.to_vec()));
+            }
+            if let Some(then) = self.history.path_at(obj, to)? {
+                if self.resolve(&then, to)?.is_some() {
+                    return Ok(Some(then));
+                }
+            }
+        }
+        if here.is_some() {
             return Ok(Some(path.to_vec()));
         }
-        for keep in (1..=path.len()).rev() {
-            let obj = match self.resolve(&path[..keep], at)? {
-                Some(Node::Hist { obj, .. }) | Some(Node::Live { obj: Some(obj), .. }) => obj,
-                _ => continue,
+        for keep in (1..path.len()).rev() {
+            let Some(obj) = self
+                .resolve(&path[..keep], at)?
+                .as_ref()
+                .and_then(Node::obj)
+            else {
+                continue;
             };
             let Some(mut then) = self.history.path_at(obj, to)? else {
                 continue;

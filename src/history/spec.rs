@@ -1,6 +1,6 @@
 //! Instants as users write them: ISO 8601 (`2026-11-21T10:00`, with or
 //! without seconds, fraction or zone; a date alone means its midnight),
-//! relative (`-10m`, `-2h`, `-3d`, `-1w`), `now`, `today 14:00`,
+//! relative (`-10m`, `-2h`, `-3d`, `-1w`; `+1h` from now), `now`, `today 14:00`,
 //! `yesterday 14:00`, a sequence number (`1234` or `#1234`), or a tag name.
 //! A bare number is always a sequence number, never a year.
 
@@ -37,17 +37,14 @@ pub fn parse(s: &str) -> Result<At, String> {
             .map(|n| At::Seq(Seq::new(n)))
             .map_err(|_| format!("sequence number {s} is too large"));
     }
+    // A time from now is in the future: a range clamps it to now, a
+    // single instant is not found, as an ISO time past now is. No tag
+    // starts with '+' or '-' (`chronofs tag` refuses one).
     if let Some(rel) = s.strip_prefix('-') {
-        return relative(rel).map(|d| At::Time(now_ns() - d));
+        return relative('-', rel).map(|d| At::Time(now_ns().saturating_sub(d)));
     }
-    // No tag starts with '+' (`chronofs tag` refuses one).
     if let Some(rel) = s.strip_prefix('+') {
-        return Err(match relative(rel) {
-            Ok(_) => {
-                format!("'{s}' is in the future: history holds the past (-{rel} is that long ago)")
-            }
-            Err(_) => format!("cannot read '{s}' as a time, sequence number or tag"),
-        });
+        return relative('+', rel).map(|d| At::Time(now_ns().saturating_add(d)));
     }
     for (word, days) in [("today", 0), ("yesterday", 1)] {
         if let Some(rest) = s.strip_prefix(word) {
@@ -67,24 +64,9 @@ pub fn parse(s: &str) -> Result<At, String> {
     ))
 }
 
-/// An evaluation clock for retention (`chronofs clean --now`): any
-/// instant `parse` reads as a time, or `+10m`, `+30d`... from now.
-pub fn clock(s: &str) -> Result<i64, String> {
-    let s = s.trim();
-    if let Some(rel) = s.strip_prefix('+') {
-        return relative(rel).map(|d| now_ns().saturating_add(d));
-    }
-    match parse(s)? {
-        At::Time(t) => Ok(t),
-        At::Now => Ok(now_ns()),
-        _ => Err(format!(
-            "'{s}' is not a time (e.g. 2026-12-01T10:00, -2h, +30d)"
-        )),
-    }
-}
-
-fn relative(rel: &str) -> Result<i64, String> {
-    let bad = || format!("cannot read '-{rel}' as a relative time (e.g. -10m, -2h, -3d)");
+/// The length of `rel`, a relative time after its `sign`.
+fn relative(sign: char, rel: &str) -> Result<i64, String> {
+    let bad = || format!("cannot read '{sign}{rel}' as a relative time (e.g. -10m, -2h, -3d, +1w)");
     let split = rel
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .ok_or_else(bad)?;
@@ -274,8 +256,20 @@ mod tests {
     }
 
     #[test]
-    fn a_time_from_now_is_refused_as_the_future_not_looked_up_as_a_tag() {
-        let e = parse("+1h").unwrap_err();
-        assert!(e.contains("future") && e.contains("-1h"), "{e}");
+    fn a_time_from_now_is_a_time_in_the_future_not_a_tag() {
+        let before = now_ns();
+        let Ok(At::Time(t)) = parse("+1h") else {
+            panic!("+1h: {:?}", parse("+1h"));
+        };
+        assert!(t >= before + 3_600_000_000_000, "{t} {before}");
+        assert!(parse("+1.5d").is_ok());
+    }
+
+    #[test]
+    fn a_malformed_relative_time_is_named_with_its_own_sign() {
+        for s in ["+1x", "-1x", "+", "+x"] {
+            let e = parse(s).unwrap_err();
+            assert!(e.contains(&format!("'{s}'")), "{s}: {e}");
+        }
     }
 }

@@ -110,13 +110,14 @@ struct Scan {
 }
 
 /// What a chunk read's error says of the chunk. Only a missing entry,
-/// bytes that fail their check, or a pack gone or cut short are damage:
-/// any other error (permissions, a failing disk) may pass, and must not
-/// get versions marked lost, so it ends the check.
+/// bytes that fail their check, or a pack gone, cut short or with a wrong
+/// header are damage: any other error (permissions, a failing disk) may
+/// pass, and must not get versions marked lost, so it ends the check.
 fn damage(e: StoreError) -> std::result::Result<Bad, StoreError> {
     match e {
         StoreError::MissingChunk(_) => Ok(Bad::Missing),
         StoreError::CorruptChunk { detail, .. } => Ok(Bad::Damaged(detail)),
+        StoreError::DamagedPack { .. } => Ok(Bad::Damaged(e.to_string())),
         StoreError::Io { ref source, .. }
             if matches!(
                 source.kind(),

@@ -6,16 +6,20 @@
 //! warning: that user keeps the file loaded before (or none), so one
 //! user's typo never stops the mount or changes anyone else's policy.
 
-use std::os::unix::fs::MetadataExt;
+use std::fs::{File, Metadata, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{check_file, Level, Policy, PolicyError, PolicyFile};
+use super::{check_file, check_text, Level, Policy, PolicyError, PolicyFile};
 
 /// The administrator's file when none is named.
 pub const ADMIN_DEFAULT: &str = "/etc/chronofs/policy.toml";
 /// A user's own file, relative to their home directory.
 pub const USER_FILE: &str = ".config/chronofs/policy.toml";
 const PASSWD: &str = "/etc/passwd";
+/// The largest policy file read. Real ones are a few KiB.
+pub const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Clone, Debug, Default)]
 pub struct Source {
@@ -66,30 +70,72 @@ impl Source {
 }
 
 /// A user's file if it exists and is theirs; `Err` says why it is unusable.
+/// Owner and mode are checked on the opened file, so what is read is what
+/// was checked.
 fn load_user(path: &Path, uid: u32) -> Result<Option<PolicyFile>, String> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+    let (file, meta) = match open_file(path) {
+        Ok(opened) => opened,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}; ignored", path.display())),
     };
-    if !meta.is_file() {
-        return Err(format!("{}: not a regular file; ignored", path.display()));
-    }
     // Someone else able to write it could widen this user's retention
-    // or turn versioning off for them.
-    if (meta.uid() != uid && meta.uid() != 0) || meta.mode() & 0o022 != 0 {
+    // or turn versioning off for them. Root's file counts only if every
+    // user may read it: the path may be a symlink to a file the user may
+    // not read (/etc/shadow), whose lines a parse error would quote.
+    let roots_and_public = meta.uid() == 0 && meta.mode() & 0o004 != 0;
+    if (meta.uid() != uid && !roots_and_public) || meta.mode() & 0o022 != 0 {
         return Err(format!(
-            "{}: must belong to its user and not be writable by others; ignored",
+            "{}: must belong to its user (or be root's and readable by all) and not be \
+             writable by others; ignored",
             path.display()
         ));
     }
-    match check_file(path, Level::User) {
+    match check_text(path, read_capped(file, &meta), Level::User) {
         Ok(f) => Ok(Some(f)),
         Err(errors) => Err(format!(
             "{} (the user's previous policy stays in force)",
             errors.first().map_or_else(String::new, ToString::to_string)
         )),
     }
+}
+
+/// Opens a policy file for reading and checks it is a regular file no
+/// larger than `MAX_BYTES`. The daemon runs as root and reads files users
+/// name or own: a FIFO must not block it (hence O_NONBLOCK, and the checks
+/// on the opened file, not on the path, which could be swapped between),
+/// and a device or huge sparse file must not fill its memory.
+pub(super) fn open_file(path: &Path) -> io::Result<(File, Metadata)> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    if meta.len() > MAX_BYTES {
+        return Err(too_big());
+    }
+    Ok((file, meta))
+}
+
+/// The text of a file `open_file` opened; at most one byte past the cap is
+/// read, in case it grew since.
+pub(super) fn read_capped(file: File, meta: &Metadata) -> io::Result<String> {
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(MAX_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_BYTES {
+        return Err(too_big());
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not valid UTF-8"))
+}
+
+fn too_big() -> io::Error {
+    io::Error::other(format!(
+        "larger than {} KiB, the most a policy file may be",
+        MAX_BYTES / 1024
+    ))
 }
 
 /// (uid, home) of every account in the passwd file.
@@ -108,4 +154,35 @@ fn passwd_homes() -> Vec<(u32, PathBuf)> {
             Some((uid, PathBuf::from(home)))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_user;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A user's file is theirs, or root's and readable by all: a symlink
+    /// to a root file the user may not read (/etc/shadow) is not read.
+    #[test]
+    fn a_user_file_is_theirs_or_roots_and_public() {
+        if crate::sys::geteuid() != 0 {
+            return; // chown
+        }
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("policy.toml");
+        std::fs::write(&file, "").unwrap();
+        let mode = |m| std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m)).unwrap();
+        let link = t.path().join("link.toml");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        mode(0o640);
+        assert!(load_user(&link, 1000).is_err(), "root's, private");
+        mode(0o644);
+        assert!(load_user(&link, 1000).is_ok(), "root's, readable by all");
+        std::os::unix::fs::chown(&file, Some(1000), None).unwrap();
+        mode(0o600);
+        assert!(load_user(&file, 1000).is_ok(), "the user's own");
+        assert!(load_user(&file, 1001).is_err(), "another user's");
+        mode(0o620);
+        assert!(load_user(&file, 1000).is_err(), "writable by others");
+    }
 }

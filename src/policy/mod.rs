@@ -108,8 +108,18 @@ struct Rule {
 /// Reads and parses a policy file; a read failure is one error without a
 /// position.
 pub fn check_file(path: &Path, level: Level) -> Result<PolicyFile, Vec<PolicyError>> {
+    let read = load::open_file(path).and_then(|(file, meta)| load::read_capped(file, &meta));
+    check_text(path, read, level)
+}
+
+/// Parses what reading `path` gave.
+fn check_text(
+    path: &Path,
+    read: std::io::Result<String>,
+    level: Level,
+) -> Result<PolicyFile, Vec<PolicyError>> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = read.map_err(|e| {
         vec![PolicyError::whole_file(
             &origin,
             format!("cannot read: {e}"),

@@ -266,6 +266,22 @@ impl ChunkStore {
         StoreError::from_io(self.dir(), source)
     }
 
+    /// A failed open or read of a pack the index points into: a pack gone
+    /// or ending before the chunk is damage, not an I/O error of its own
+    /// (reads of it fail with EIO, as for flipped bytes; fsck counts it).
+    fn pack_err(&self, pack: u32, source: std::io::Error) -> StoreError {
+        let path = self.io.path(&pack_path(pack));
+        let detail = match source.kind() {
+            std::io::ErrorKind::NotFound => "it is missing",
+            std::io::ErrorKind::UnexpectedEof => "it is cut short",
+            _ => return StoreError::from_io(path, source),
+        };
+        StoreError::DamagedPack {
+            path,
+            detail: detail.into(),
+        }
+    }
+
     #[cfg(test)]
     pub fn set_pack_limit(&self, bytes: u64) {
         self.pack_limit
@@ -423,7 +439,7 @@ impl ChunkStore {
         let mut prefix = [0u8; DELTA_PREFIX_LEN];
         let file = self.reader(loc.pack)?;
         file.read_exact_at(&mut prefix, loc.offset + ENTRY_HEADER_LEN as u64)
-            .map_err(|e| self.io_err(e))?;
+            .map_err(|e| self.pack_err(loc.pack, e))?;
         let mut base = [0u8; 32];
         base.copy_from_slice(&prefix[..32]);
         let n = u32::from_be_bytes([prefix[32], prefix[33], prefix[34], prefix[35]]);
@@ -511,7 +527,7 @@ impl ChunkStore {
         let file = self.reader(loc.pack)?;
         let mut entry = vec![0u8; ENTRY_HEADER_LEN + loc.stored_len as usize];
         file.read_exact_at(&mut entry, loc.offset)
-            .map_err(|e| self.io_err(e))?;
+            .map_err(|e| self.pack_err(loc.pack, e))?;
         if entry[..4] != ENTRY_MAGIC.to_be_bytes() || &entry[13..45] != h.as_slice() {
             return Err(StoreError::CorruptChunk {
                 hash: *h,
@@ -773,7 +789,7 @@ impl ChunkStore {
         let file = self
             .io
             .open(&name, Create::No)
-            .map_err(|source| StoreError::from_io(self.io.path(&name), source))?;
+            .map_err(|e| self.pack_err(pack, e))?;
         self.check_pack_header(pack, &*file)?;
         self.readers.write().insert(pack, file.clone());
         Ok(file)
@@ -785,10 +801,10 @@ impl ChunkStore {
         let path = self.io.path(&pack_path(pack));
         let mut header = [0u8; PACK_HEADER_LEN as usize];
         file.read_exact_at(&mut header, 0)
-            .map_err(|source| StoreError::from_io(path.clone(), source))?;
+            .map_err(|e| self.pack_err(pack, e))?;
         let format = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
         let id = u32::from_be_bytes([header[12], header[13], header[14], header[15]]);
-        let corrupt = |detail: String| StoreError::Corrupt {
+        let corrupt = |detail: String| StoreError::DamagedPack {
             path: path.clone(),
             detail,
         };
@@ -812,11 +828,12 @@ impl ChunkStore {
     pub fn get(&self, h: &Hash) -> Result<Vec<u8>, StoreError> {
         let loc = self.locate(h)?.ok_or(StoreError::MissingChunk(*h))?;
         match self.read_at(h, &loc) {
-            // A collection moved it and removed its old pack meanwhile.
-            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                let moved = self.locate(h)?.ok_or(StoreError::MissingChunk(*h))?;
-                self.read_at(h, &moved)
-            }
+            // A collection may have moved it and removed its old pack
+            // meanwhile.
+            Err(e @ StoreError::DamagedPack { .. }) => match self.locate(h)? {
+                Some(moved) if moved != loc => self.read_at(h, &moved),
+                _ => Err(e),
+            },
             other => other,
         }
     }
@@ -833,7 +850,7 @@ impl ChunkStore {
         let file = self.reader(loc.pack)?;
         let mut buf = vec![0u8; ENTRY_HEADER_LEN + loc.stored_len as usize];
         file.read_exact_at(&mut buf, loc.offset)
-            .map_err(|e| self.io_err(e))?;
+            .map_err(|e| self.pack_err(loc.pack, e))?;
         let corrupt = |what: &str| StoreError::CorruptChunk {
             hash: *h,
             detail: what.to_string(),
@@ -1043,7 +1060,10 @@ mod tests {
         bytes[8..12].copy_from_slice(&PACK_FORMAT.to_be_bytes());
         bytes[12..16].copy_from_slice(&(loc.pack + 7).to_be_bytes());
         std::fs::write(&path, &bytes).unwrap();
-        assert!(matches!(header_of(&store), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            header_of(&store),
+            Err(StoreError::DamagedPack { .. })
+        ));
     }
 
     #[test]

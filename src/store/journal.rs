@@ -55,9 +55,9 @@ impl Journal {
             return Ok((journal, Vec::new()));
         }
         if bytes.len() < HEADER_LEN as usize || bytes[..8] != header[..8] {
-            return Err(StoreError::Corrupt {
+            return Err(StoreError::DamagedJournal {
                 path,
-                detail: "not a chronofs journal".into(),
+                detail: "its header is not a chronofs journal's".into(),
             });
         }
         let format = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
@@ -72,6 +72,15 @@ impl Journal {
         // Cut a torn tail so new records follow the last intact one.
         journal.end = HEADER_LEN + intact_len as u64;
         if journal.end < len {
+            // A crash's torn last record, usually; damage in the middle
+            // drops every record after it, which is worth a line.
+            tracing::warn!(
+                "journal {}: bytes {}-{len} hold no intact record (a record a crash cut short, \
+                 or damage); cut there, {} intact records kept",
+                path.display(),
+                journal.end,
+                records.len()
+            );
             journal.file.set_len(journal.end).map_err(io_err)?;
         }
         Ok((journal, records))
@@ -191,7 +200,7 @@ mod tests {
         let io = io(tmp.path());
         assert!(matches!(
             Journal::open(&io, "journal"),
-            Err(StoreError::Corrupt { .. })
+            Err(StoreError::DamagedJournal { .. })
         ));
     }
 }

@@ -103,6 +103,12 @@ pub enum StoreError {
     /// The store directory is a symbolic link (see `Store::open`).
     #[error("store {path} is a symbolic link; refusing to follow it")]
     Symlink { path: PathBuf },
+    /// The store directory is writable by other users (see `Store::open`).
+    #[error(
+        "store {path} is writable by users other than its owner (mode {mode:04o}): any of them \
+         could replace its files; `chmod go-w` it or give another directory"
+    )]
+    OpenToOthers { path: PathBuf, mode: u32 },
     #[error("store {path} is in use by another chronofs process")]
     InUse { path: PathBuf },
     #[error("store {path} has format version {found}; this chronofs reads version {supported}")]
@@ -165,6 +171,19 @@ pub enum StoreError {
     MissingChunk(Hash),
     #[error("chunk {hash} is damaged: {detail}")]
     CorruptChunk { hash: Hash, detail: String },
+    /// A pack the index points into is gone, cut short, or not what its
+    /// header must say: the chunks read from it are damaged (`fsck
+    /// --repair` recovers them from live files or marks their versions
+    /// lost).
+    #[error("pack {path} is damaged: {detail}")]
+    DamagedPack { path: PathBuf, detail: String },
+    /// A journal whose header is not a chronofs journal's: the changes in
+    /// it cannot be replayed.
+    #[error(
+        "journal {path} is damaged: {detail}; the changes it holds that the index lacks \
+         cannot be replayed: move it aside to mount without them, then run `chronofs fsck`"
+    )]
+    DamagedJournal { path: PathBuf, detail: String },
 }
 
 impl StoreError {
@@ -174,6 +193,7 @@ impl StoreError {
         match self {
             StoreError::Io { source, .. } => io_errno(source),
             StoreError::Symlink { .. } => libc::ELOOP,
+            StoreError::OpenToOthers { .. } => libc::EPERM,
             StoreError::InUse { .. } => libc::EBUSY,
             StoreError::UnsupportedFormat { .. } => libc::EPROTO,
             StoreError::Corrupt { .. } => libc::EUCLEAN,
@@ -192,7 +212,10 @@ impl StoreError {
             StoreError::Poisoned(_) => libc::EIO,
             StoreError::Spawn { source, .. } => io_errno(source),
             // Damaged data reads as a failed read, as a bad disk block does.
-            StoreError::MissingChunk(_) | StoreError::CorruptChunk { .. } => libc::EIO,
+            StoreError::MissingChunk(_)
+            | StoreError::CorruptChunk { .. }
+            | StoreError::DamagedPack { .. } => libc::EIO,
+            StoreError::DamagedJournal { .. } => libc::EUCLEAN,
         }
     }
 
@@ -669,6 +692,18 @@ impl Store {
                 path: dir.to_path_buf(),
             });
         }
+        use std::os::unix::fs::MetadataExt;
+        if let Some(meta) = std::fs::metadata(dir)
+            .ok()
+            .filter(|m| m.mode() & 0o022 != 0)
+        {
+            // The daemon, as root, would trust files anyone may put there
+            // (`-o store=/tmp` used /tmp itself).
+            return Err(StoreError::OpenToOthers {
+                path: dir.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+            });
+        }
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(io_err)?;
             use std::os::unix::fs::PermissionsExt;
@@ -727,10 +762,34 @@ impl Store {
     fn open_db(io: &Arc<Guarded>, names: &[String], file: DbFile) -> Result<Index, StoreError> {
         if !names.iter().any(|n| n == file.name) {
             Self::create_index(io, file)?;
+        } else {
+            Self::refuse_empty(io, file)?;
         }
         let write_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let db = Self::open_index(io, file, &write_failed)?;
         Ok(Index::new(io.clone(), file, db, write_failed))
+    }
+
+    /// An index file of no bytes is damage (one is made whole under
+    /// another name before it takes its name: `create_index`), not a new
+    /// index: taken as one, it would make every chunk garbage to gc.
+    fn refuse_empty(io: &Guarded, file: DbFile) -> Result<(), StoreError> {
+        let io_err = |e| StoreError::from_io(io.path(file.name), e);
+        if io
+            .open(file.name, io::Create::No)
+            .map_err(io_err)?
+            .len()
+            .map_err(io_err)?
+            > 0
+        {
+            return Ok(());
+        }
+        Err(StoreError::Corrupt {
+            path: io.path(file.name),
+            detail: "it is empty (0 bytes); nothing was changed (bring it back from a backup, \
+                     or move the store aside to begin a new history)"
+                .into(),
+        })
     }
 
     /// Creates an empty index of the current format. It is built under
@@ -923,6 +982,50 @@ mod tests {
         assert!(!tmp.path().join(INDEX_FILE).exists(), "an index was made");
     }
 
+    /// A store directory others may write to is refused, unchanged.
+    #[test]
+    fn a_store_directory_others_may_write_to_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        for mode in [0o777, 0o1777, 0o770] {
+            std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            match Store::open(tmp.path()) {
+                Err(e @ StoreError::OpenToOthers { .. }) => assert!(e.to_string().contains("go-w")),
+                Err(other) => panic!("unexpected error {other}"),
+                Ok(_) => panic!("mode {mode:o}: opened"),
+            }
+            assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+        }
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        drop(Store::open(tmp.path()).unwrap());
+    }
+
+    /// An index emptied (a copy or restore cut short) is refused, not
+    /// taken as a new one: fsck called the store consistent, and gc then
+    /// deleted every pack.
+    #[test]
+    fn an_empty_index_file_is_refused_and_left_as_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(Store::open(tmp.path()).unwrap());
+        for file in [INDEX_FILE, registry::REGISTRY_FILE] {
+            let path = tmp.path().join(file);
+            let kept = std::fs::read(&path).unwrap();
+            std::fs::write(&path, b"").unwrap();
+            match Store::open(tmp.path()) {
+                Err(e @ StoreError::Corrupt { .. }) => assert!(e.to_string().contains("empty")),
+                Err(other) => panic!("unexpected error {other}"),
+                Ok(_) => panic!("{file}: an empty file opened as an index"),
+            }
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().len(),
+                0,
+                "{file} was written"
+            );
+            std::fs::write(&path, kept).unwrap();
+        }
+        drop(Store::open(tmp.path()).unwrap());
+    }
+
     #[test]
     fn every_store_error_has_its_errno() {
         let p = || PathBuf::from("/x");
@@ -936,6 +1039,13 @@ mod tests {
                 libc::EDQUOT,
             ),
             (StoreError::Symlink { path: p() }, libc::ELOOP),
+            (
+                StoreError::OpenToOthers {
+                    path: p(),
+                    mode: 0o777,
+                },
+                libc::EPERM,
+            ),
             (StoreError::InUse { path: p() }, libc::EBUSY),
             (
                 StoreError::UnsupportedFormat {
@@ -982,6 +1092,20 @@ mod tests {
                     detail: String::new(),
                 },
                 libc::EIO,
+            ),
+            (
+                StoreError::DamagedPack {
+                    path: p(),
+                    detail: String::new(),
+                },
+                libc::EIO,
+            ),
+            (
+                StoreError::DamagedJournal {
+                    path: p(),
+                    detail: String::new(),
+                },
+                libc::EUCLEAN,
             ),
         ];
         for (e, errno) in table {

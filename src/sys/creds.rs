@@ -26,6 +26,44 @@ pub struct Caller {
 
 thread_local! {
     static FS_UNSHARED: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread serves a request whose caller lacks
+    /// CAP_FSETID (see [`lacking_fsetid`]).
+    static WITHOUT_FSETID: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `request` for a caller the kernel reports as lacking CAP_FSETID
+/// (its kill-set-ID flags on write, truncate and O_TRUNC open) when
+/// `lacks`: calls made as that caller then drop CAP_FSETID, so the
+/// backing file system clears set-ID bits as it would for the caller. A
+/// non-zero fsuid drops it anyway; this is for root without capabilities,
+/// which the ids alone do not tell apart from root.
+pub fn lacking_fsetid<T>(lacks: bool, request: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            WITHOUT_FSETID.with(|w| w.set(self.0));
+        }
+    }
+    let _restore = Restore(WITHOUT_FSETID.with(|w| w.replace(lacks)));
+    request()
+}
+
+/// The capabilities a root caller's calls run without.
+fn root_caller_drops() -> CapabilitySet {
+    match WITHOUT_FSETID.with(|w| w.get()) {
+        true => CapabilitySet::FSETID,
+        false => CapabilitySet::empty(),
+    }
+}
+
+/// Runs `op` as the daemon's root, less what the caller lacks.
+fn as_root_caller<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let drops = root_caller_drops();
+    let _without = match drops.is_empty() {
+        true => None,
+        false => Some(WithoutCaps::drop(drops)?),
+    };
+    op()
 }
 
 fn raw_setfsuid(uid: u32) {
@@ -136,7 +174,7 @@ fn switch_to(caller: &Caller, groups: Option<&[u32]>, keep: CapabilitySet) -> io
     let drop_caps = if caller.uid != 0 {
         PRIVILEGE_CAPS & !keep
     } else {
-        CapabilitySet::empty()
+        root_caller_drops()
     };
     if !drop_caps.is_empty() {
         guard.dropped_caps = Some(WithoutCaps::drop(drop_caps)?);
@@ -211,7 +249,7 @@ fn as_caller_keeping<T>(
     mut op: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
     if caller.uid == 0 && caller.gid == 0 {
-        return op();
+        return as_root_caller(op);
     }
     let first = {
         let _guard = switch_to(caller, None, keep)?;
@@ -239,7 +277,7 @@ pub fn as_caller_with_groups<T>(
     mut op: impl FnMut() -> io::Result<T>,
 ) -> io::Result<T> {
     if caller.uid == 0 && caller.gid == 0 {
-        return op();
+        return as_root_caller(op);
     }
     let groups = if caller.pid != 0 {
         supplementary_groups(caller.pid).unwrap_or_default()

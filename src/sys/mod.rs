@@ -753,6 +753,33 @@ pub fn raise_fd_limit() -> io::Result<u64> {
     Ok(max)
 }
 
+/// A pidfd of process `pid` (readable once it has exited).
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(pid as i32)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).map_err(os_err)
+}
+
+/// Waits up to `timeout` (`None`: for good) for `fd` to become readable;
+/// whether it did. For a pidfd that is when every thread of the process
+/// has exited, its last files released.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+    let ms = timeout.map_or(-1, |t| i32::try_from(t.as_millis()).unwrap_or(i32::MAX));
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: pfd is one valid pollfd, and the count passed is 1.
+        match check(unsafe { libc::poll(&mut pfd, 1, ms) }) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+            Ok(n) => return Ok(n > 0),
+        }
+    }
+}
+
 pub fn geteuid() -> u32 {
     rustix::process::geteuid().as_raw()
 }

@@ -22,7 +22,11 @@
 //!
 //! A change **conflicts** when the target's entry at its path was made or
 //! changed since the sandbox was (its ctime is not older): applying it
-//! would throw away what the mount's users did meanwhile. A removal made
+//! would throw away what the mount's users did meanwhile. Where the target
+//! holds nothing there, the entry the union shows from a branch below it
+//! counts the same: the mount changes a read-write lower branch's file in
+//! place (a branch's mode may change while the sandbox lives), and the
+//! sandbox's copy would hide it. A removal made
 //! on the mount since is not seen (nothing is left to date it); it is
 //! documented (docs/CLI.md, `sandbox commit`).
 
@@ -50,13 +54,15 @@ pub struct Changes {
 
 /// The changes `upper` (a sandbox's branch) would make to `lower` (the
 /// mount's read-write branch), and those that conflict with what changed
-/// in `lower` at or after `since_ns` (`deeper`: branches lie below
-/// `lower`). What the fold cannot apply (copied-up hard links) is refused
-/// here, before anything changes: `UnionError::Unmergeable`.
+/// at or after `since_ns` in `lower` or, where `lower` holds nothing, in
+/// the branch below that shows the path (`under`: the roots of the
+/// branches below `lower`, top first). What the fold cannot apply
+/// (copied-up hard links) is refused here, before anything changes:
+/// `UnionError::Unmergeable`.
 pub fn changes(
     upper: BorrowedFd<'_>,
     lower: BorrowedFd<'_>,
-    (since_ns, deeper): (u64, bool),
+    (since_ns, under): (u64, &[BorrowedFd<'_>]),
     ns: XattrNs,
     into: Into<'_>,
 ) -> Result<Changes> {
@@ -80,13 +86,17 @@ pub fn changes(
         renamed,
         target: low.as_fd(),
         since_ns,
-        deeper,
+        deeper: !under.is_empty(),
         ns,
         clash,
         out: Changes::default(),
     };
     scan.out.linked_both = !scan.clash.is_empty();
-    scan.dir(up.as_fd(), Some(low.as_fd()), b"", true)?;
+    let under = under
+        .iter()
+        .map(|fd| sys::reopen_dir(*fd, libc::O_RDONLY))
+        .collect::<io::Result<Vec<_>>>()?;
+    scan.dir(up.as_fd(), (Some(low.as_fd()), &under), b"", true)?;
     // A clashing copy no name of which was met (a name in a directory that
     // moves whole): reported by its entry.
     for name in scan.clash.into_values().flatten() {
@@ -269,7 +279,7 @@ fn index_clashes(
     let Some(low_ix) = index::open_existing(low)? else {
         return Ok(out);
     };
-    for (name, _) in snapmerge::clashing(low_ix.as_fd(), &entries)? {
+    for (name, _) in snapmerge::clashing(ix.as_fd(), low_ix.as_fd(), &entries)? {
         let st = sys::fstatat(ix.as_fd(), &cname(name)?)?;
         out.insert((st.st_dev, st.st_ino), Some(name.clone()));
     }
@@ -293,13 +303,15 @@ struct Scan<'t> {
 
 impl Scan<'_> {
     /// The entries of `up` (at `path`) against `low`, the target's
-    /// directory there if it has one. `changes`: record them (a renamed
+    /// directory there if it has one, and `deep`, the directories of the
+    /// branches below it there that the union merges in. `changes`:
+    /// record them (a renamed
     /// directory is one change; what lies in it is only checked for
     /// conflicts against the target's directory it was renamed from).
     fn dir(
         &mut self,
         up: BorrowedFd<'_>,
-        low: Option<BorrowedFd<'_>>,
+        (low, deep): (Option<BorrowedFd<'_>>, &[Deep]),
         path: &[u8],
         changes: bool,
     ) -> Result<()> {
@@ -314,7 +326,12 @@ impl Scan<'_> {
                 continue;
             }
             // Below nothing, only renamed directories can conflict.
-            if low.is_none() && !changes && e.dtype != libc::DT_DIR && e.dtype != libc::DT_UNKNOWN {
+            if low.is_none()
+                && deep.is_empty()
+                && !changes
+                && e.dtype != libc::DT_DIR
+                && e.dtype != libc::DT_UNKNOWN
+            {
                 continue;
             }
             let c = cname(&name)?;
@@ -373,6 +390,26 @@ impl Scan<'_> {
                     self.out.conflicts.push(child.clone());
                 }
             }
+            let opaque = dir && (renamed.is_some() || format::is_opaque(fd.as_fd(), ns)?);
+            let shown = match below {
+                Some(_) => None,
+                None => shown_below(deep, &c)?,
+            };
+            if let Some((i, b)) = shown.as_ref() {
+                // The target holds nothing here: what the union shows is
+                // a lower branch's, which the mount changes in place.
+                let merged = dir && !opaque && is_dir(b);
+                let removed = whiteout && format::is_whiteout(b);
+                let changed = || {
+                    changed_since(b, self.since_ns)
+                        || (is_dir(b)
+                            && !self.origins.contains(&child)
+                            && changed_within(deep[*i].as_fd(), &c, self.since_ns).unwrap_or(true))
+                };
+                if !merged && !removed && changed() {
+                    self.out.conflicts.push(child.clone());
+                }
+            }
             if changes && !walked {
                 self.out.paths.push(child.clone());
             }
@@ -400,11 +437,24 @@ impl Scan<'_> {
                 (None, true, Some(l)) => Some(sys::openat(l, &c, DIR_FLAGS, 0)?),
                 _ => None,
             };
+            // What the branches below merge into it: their copies hide
+            // behind the sandbox's names.
+            let sub_deep = match (opaque, &below) {
+                (false, None) => deep_at(deep, &c, ns)?,
+                (false, Some(_)) if walked => match low {
+                    Some(l) if !format::is_opaque(sys::open_path(l, &c)?.as_fd(), ns)? => {
+                        deep_at(deep, &c, ns)?
+                    }
+                    _ => Vec::new(),
+                },
+                _ => Vec::new(),
+            };
             // A directory moving whole holds no change of its own to
-            // record, but may hold renamed directories to check.
+            // record, but may hold renamed directories to check, and
+            // names over what a branch below changed.
             self.dir(
                 sub_up.as_fd(),
-                sub_low.as_ref().map(|f| f.as_fd()),
+                (sub_low.as_ref().map(|f| f.as_fd()), &sub_deep),
                 &child,
                 changes && walked,
             )?;
@@ -430,6 +480,45 @@ impl Scan<'_> {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// A directory of a branch below the target.
+type Deep = OwnedFd;
+
+/// The entry at `name` the union shows from the directories `deep` (top
+/// first): the first that holds one, by its index in `deep`.
+fn shown_below(deep: &[Deep], name: &std::ffi::CStr) -> Result<Option<(usize, Stat)>> {
+    for (i, d) in deep.iter().enumerate() {
+        match sys::fstatat(d.as_fd(), name) {
+            Ok(st) => return Ok(Some((i, st))),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+/// The directories at `name` in `deep` the union merges: down to the
+/// first opaque one, or to a non-directory, which hides the rest.
+fn deep_at(deep: &[Deep], name: &std::ffi::CStr, ns: XattrNs) -> Result<Vec<Deep>> {
+    let mut out = Vec::new();
+    for d in deep {
+        let st = match sys::fstatat(d.as_fd(), name) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if !is_dir(&st) {
+            break;
+        }
+        let sub = sys::openat(d.as_fd(), name, DIR_FLAGS, 0)?;
+        let opaque = format::is_opaque(sub.as_fd(), ns)?;
+        out.push(sub);
+        if opaque {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// A regular file in `upper` that some process still has open for
@@ -677,7 +766,7 @@ mod tests {
         let c = changes(
             open_dir(&up).as_fd(),
             open_dir(&low).as_fd(),
-            (since, false),
+            (since, &[]),
             XattrNs::for_daemon(),
             Into::Directory(None, DevAlias::default()),
         )

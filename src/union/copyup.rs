@@ -79,7 +79,8 @@ pub enum Owner {
     /// gets search permission for every class that may read it, so that
     /// `fixed:…:644` does not make copied-up parents untraversable.
     Fixed { uid: u32, gid: u32, mode: u32 },
-    /// The caller's ids, the lower object's mode.
+    /// The caller's ids, the lower object's mode; a directory keeps its
+    /// owner.
     Caller { uid: u32, gid: u32 },
 }
 
@@ -171,6 +172,11 @@ impl Owner {
         let lower_mode = st.st_mode & 0o7777;
         match *self {
             Owner::Keep => (st.st_uid, st.st_gid, lower_mode),
+            // A directory keeps its owner: owning a sticky or shared
+            // directory would let the caller remove others' files in it.
+            Owner::Caller { .. } if is_kind(st, libc::S_IFDIR) => {
+                (st.st_uid, st.st_gid, lower_mode)
+            }
             Owner::Caller { uid, gid } => (uid, gid, lower_mode),
             Owner::Fixed { uid, gid, mode } if is_kind(st, libc::S_IFDIR) => {
                 (uid, gid, (mode & 0o7777) | ((mode & 0o444) >> 2))
@@ -814,6 +820,7 @@ fn copy_regular(
     before_visible: BeforeVisible<'_>,
 ) -> io::Result<OwnedFd> {
     let src = open_for_read(lower)?;
+    refuse_metacopy(src.as_fd(), name)?;
     // An append-only or immutable file refuses a truncation (the copy
     // would be the truncated file, visible); otherwise its copy takes its
     // flags, so the change is refused by the copy as natively (EPERM).
@@ -844,6 +851,25 @@ fn copy_regular(
         }
     }
     Ok(copy)
+}
+
+/// An overlayfs metacopy file holds none of its bytes (a hole of its
+/// size): its copy would make those zeros its data for good. Either
+/// namespace: copy-up is not told the union's, and a file marked in
+/// either has no bytes of its own.
+fn refuse_metacopy(src: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    for ns in [
+        super::format::XattrNs::Trusted,
+        super::format::XattrNs::User,
+    ] {
+        if super::format::is_metacopy(src, ns)? {
+            tracing::warn!(
+                "copy-up of {name:?} refused (EIO): an overlayfs metacopy file, its data in a lower layer chronofs does not follow"
+            );
+            return Err(err(libc::EIO));
+        }
+    }
+    Ok(())
 }
 
 /// A clone's file keeps its shared bytes in history, and its backing

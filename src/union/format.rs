@@ -96,6 +96,15 @@ impl XattrNs {
         }
     }
 
+    /// On a regular file overlayfs (`metacopy=on`) copied up without its
+    /// data: the bytes are still the lower file's ([`is_metacopy`]).
+    pub fn metacopy(self) -> &'static CStr {
+        match self {
+            XattrNs::Trusted => c"trusted.overlay.metacopy",
+            XattrNs::User => c"user.overlay.metacopy",
+        }
+    }
+
     /// chronofs's own: a clone's object that still shows its base
     /// (`vfs/clone.rs`). Under the overlay prefix so that it is hidden
     /// and refused as the union's markers are.
@@ -235,6 +244,15 @@ pub fn is_whiteout_in(
     }
     let fd = sys::open_path(dir, name)?;
     is_xattr_whiteout(fd.as_fd(), st, ns)
+}
+
+/// Whether the regular file `fd` is an overlayfs metacopy file: its
+/// metadata copied up, its data left in a lower layer (at its
+/// `overlay.redirect` or the same path below), its own blocks a hole of
+/// the right size. chronofs cannot read such data from where it is, and
+/// serving the hole would show (and a change would keep) zeros.
+pub fn is_metacopy(fd: BorrowedFd<'_>, ns: XattrNs) -> io::Result<bool> {
+    Ok(read_xattr(fd, ns.metacopy())?.is_some())
 }
 
 /// What a directory's `overlay.opaque` says.

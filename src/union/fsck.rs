@@ -8,6 +8,8 @@
 //! temporaries (`.chronofs-wh.*`, a crash inside `replace_with_whiteout`);
 //! in read-write branches, a directory whose `overlay.redirect` names a
 //! directory no branch below holds (the lookups it was for find nothing).
+//! In every branch, overlayfs metacopy files (their data elsewhere: a
+//! chronofs mount refuses to open them; not repairable here).
 //! A whiteout with nothing below it is harmless and not reported; an
 //! object and a whiteout of one name cannot share a directory. Repairs
 //! happen only in read-write branches, and in read-only ones a snapshot
@@ -31,6 +33,11 @@ pub enum Kind {
     CopyupTemporary,
     WhiteoutTemporary,
     DanglingRedirect,
+    /// An overlayfs metacopy file: its data is in a lower layer, which a
+    /// chronofs mount does not follow (it refuses to open it). Nothing
+    /// here can repair it: overlayfs (`metacopy=on`) copies the data up
+    /// at an open for writing.
+    Metacopy,
 }
 
 impl Kind {
@@ -39,6 +46,9 @@ impl Kind {
             Kind::CopyupTemporary => "copy-up temporary left by a crash",
             Kind::WhiteoutTemporary => "whiteout temporary left by a crash",
             Kind::DanglingRedirect => "directory redirect pointing nowhere",
+            Kind::Metacopy => {
+                "overlayfs metacopy file, its data in a lower layer: chronofs refuses to open it (EIO); open it for writing once under overlayfs with metacopy=on to copy its data up"
+            }
         }
     }
 }
@@ -82,7 +92,7 @@ pub fn check(
             remove_temporaries: repair && (b.writable || b.frozen),
             skip,
         };
-        walk.dir(b.root.as_fd(), Path::new(""), &mut out)?;
+        walk.dir(b.root.as_fd(), (Path::new(""), Path::new("")), &mut out)?;
     }
     Ok(out)
 }
@@ -97,7 +107,14 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
-    fn dir(&self, dir: BorrowedFd<'_>, rel: &Path, out: &mut Vec<Finding>) -> io::Result<()> {
+    /// Checks directory `dir`, at `rel` in its branch and at `lower` in
+    /// the branches below (where the redirects of its parents lead).
+    fn dir(
+        &self,
+        dir: BorrowedFd<'_>,
+        (rel, lower): (&Path, &Path),
+        out: &mut Vec<Finding>,
+    ) -> io::Result<()> {
         let readable = sys::openat(
             dir,
             c".",
@@ -134,14 +151,31 @@ impl Walk<'_> {
                 continue;
             }
             let st = sys::fstatat(dir, &cname)?;
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                let fd = sys::open_path(dir, &cname)?;
+                if format::is_metacopy(fd.as_fd(), self.ns)? {
+                    out.push(self.finding(path, Kind::Metacopy, false));
+                }
+                continue;
+            }
             if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
                 continue;
             }
             let sub = sys::open_path(dir, &cname)?;
-            if let Some(finding) = self.redirect(sub.as_fd(), rel, &path)? {
+            let below = match format::redirect(sub.as_fd(), self.ns)? {
+                // An absolute redirect names a path from the root; a
+                // relative one (overlayfs's, for a rename within one
+                // directory) a name beside the parent's lower copy.
+                Some(origin) => match origin.strip_prefix(b"/") {
+                    Some(abs) => PathBuf::from(OsStr::from_bytes(abs)),
+                    None => lower.join(OsStr::from_bytes(&origin)),
+                },
+                None => lower.join(name),
+            };
+            if let Some(finding) = self.redirect(sub.as_fd(), &below, &path)? {
                 out.push(finding);
             }
-            self.dir(sub.as_fd(), &path, out)?;
+            self.dir(sub.as_fd(), (&path, &below), out)?;
         }
         Ok(())
     }
@@ -155,25 +189,19 @@ impl Walk<'_> {
         }
     }
 
-    /// A directory's redirect that no lower branch resolves.
+    /// A directory's redirect (to `target` in the branches below) that no
+    /// lower branch resolves.
     fn redirect(
         &self,
         fd: BorrowedFd<'_>,
-        parent: &Path,
+        target: &Path,
         path: &Path,
     ) -> io::Result<Option<Finding>> {
-        if !self.branches[self.index].writable {
+        if !self.branches[self.index].writable || format::redirect(fd, self.ns)?.is_none() {
             return Ok(None);
         }
-        let Some(origin) = format::redirect(fd, self.ns)? else {
-            return Ok(None);
-        };
-        let target = match origin.strip_prefix(b"/") {
-            Some(abs) => PathBuf::from(OsStr::from_bytes(abs)),
-            None => parent.join(OsStr::from_bytes(&origin)),
-        };
         for lower in &self.branches[self.index + 1..] {
-            if resolves(lower.root.as_fd(), &target) {
+            if resolves(lower.root.as_fd(), target) {
                 return Ok(None);
             }
         }

@@ -529,6 +529,11 @@ impl snapmerge::Live for Folding<'_> {
 
     fn absorbed(&mut self, from: &sys::Stat, to: &sys::Stat) {
         self.keep_number((self.lower, from), (self.upper, to));
+        // The link follows at once: durable first, or a crash leaves the
+        // upper copy, which the union shows, without the number.
+        if let Err(e) = self.vfs.inodes.flush() {
+            tracing::warn!("snapmerge: an inode number may change after a crash: {e}");
+        }
     }
 
     fn refind(&mut self) -> crate::union::Result<()> {
@@ -554,5 +559,13 @@ impl snapmerge::Live for Folding<'_> {
 
     fn release(&mut self) {
         self.held = None;
+    }
+
+    fn durable(&mut self) -> crate::union::Result<()> {
+        self.vfs.inodes.flush().map_err(|e| {
+            crate::union::UnionError::Io(std::io::Error::other(format!(
+                "the inode map could not keep the fold's numbers: {e}"
+            )))
+        })
     }
 }

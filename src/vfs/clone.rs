@@ -512,21 +512,38 @@ impl Vfs {
         Ok(())
     }
 
+    /// Copies the base's data into `to` (which has the base's size and no
+    /// bytes of its own): only its data runs, so a sparse base keeps its
+    /// holes and they cost no reads (a 4 GiB base with 8 KiB of data took
+    /// 16 s to copy whole, zeros and all, at a clone's first fallocate).
     fn copy_base(&self, fh: u64, to: BorrowedFd<'_>) -> Result<()> {
         let out = sys::reopen(to, libc::O_WRONLY)?;
-        let mut off = 0u64;
+        let mut off = 0i64;
         loop {
-            let buf = self.view_read(fh, off, COPY_STEP as u32)?;
+            let data = match self.view_lseek(fh, off, libc::SEEK_DATA) {
+                Ok(at) => at,
+                Err(e) if e.errno() == libc::ENXIO => break,
+                Err(e) => return Err(e),
+            };
+            let hole = self.view_lseek(fh, data, libc::SEEK_HOLE)?;
+            self.copy_base_run(fh, out.as_fd(), data as u64, hole as u64)?;
+            off = hole;
+        }
+        sys::fsync(out.as_fd(), false)?;
+        Ok(())
+    }
+
+    fn copy_base_run(&self, fh: u64, out: BorrowedFd<'_>, from: u64, to: u64) -> Result<()> {
+        let mut off = from;
+        while off < to {
+            let step = (to - off).min(COPY_STEP as u64) as u32;
+            let buf = self.view_read(fh, off, step)?;
             if buf.is_empty() {
                 break;
             }
-            let mut done = 0;
-            while done < buf.len() {
-                done += sys::pwrite(out.as_fd(), &buf[done..], off + done as u64)?;
-            }
+            super::clone_patch::write_all(out, &buf, off)?;
             off += buf.len() as u64;
         }
-        sys::fsync(out.as_fd(), false)?;
         Ok(())
     }
 }

@@ -329,7 +329,8 @@ impl Vfs {
         replaced_here: Option<Stat>,
     ) -> Result<()> {
         let binding = self.binding_of(old.ino);
-        let cause = crate::history::Cause::Rename;
+        // As rename(2)'s target: `chronofs log` says it was overwritten.
+        let cause = crate::history::Cause::Overwritten;
         let oname = OsStr::from_bytes(name.to_bytes());
         let gone = is_last_name(&old.shown);
         self.after_remove(caller, parent, oname, old.ino, binding, gone, cause);

@@ -650,6 +650,16 @@ impl Patched {
             let Some((from, to, _)) = next else {
                 break;
             };
+            // A hole of the base is punched whole, not read: a sparse
+            // 4 GiB base took 16 s to fill, zeros read and checked.
+            if let Some((false, end)) = run_at(&self.history, &mut st.base, from)? {
+                let end = end.min(to);
+                if end > from {
+                    punch(self.fd.as_fd(), from, end)?;
+                    st.own.insert(from, end);
+                    continue;
+                }
+            }
             let step = (to - from).min(COPY_STEP) as usize;
             let got = read_base_into(&self.history, &mut st.base, &mut buf[..step], from)?;
             if got != step {
@@ -768,10 +778,27 @@ fn read_base_into(h: &History, base: &mut Reader, buf: &mut [u8], offset: u64) -
     Ok(done)
 }
 
-fn write_all(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> std::io::Result<()> {
+pub(super) fn write_all(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> std::io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
         done += sys::pwrite(fd, &buf[done..], offset + done as u64)?;
+    }
+    Ok(())
+}
+
+/// Zeros from `from` to `to` in the file: a hole punched, or zeros
+/// written where the file system punches none.
+fn punch(fd: BorrowedFd<'_>, from: u64, to: u64) -> std::io::Result<()> {
+    let flags = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    if sys::fallocate(fd, flags, from, to - from).is_ok() {
+        return Ok(());
+    }
+    let zeros = vec![0u8; (to - from).min(COPY_STEP) as usize];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64) as usize;
+        write_all(fd, &zeros[..n], at)?;
+        at += n as u64;
     }
     Ok(())
 }

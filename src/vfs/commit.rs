@@ -54,10 +54,6 @@ struct Target {
 }
 
 impl Target {
-    fn deeper(&self) -> bool {
-        !self.under.is_empty()
-    }
-
     fn under(&self) -> Vec<BorrowedFd<'_>> {
         self.under.iter().map(|fd| fd.as_fd()).collect()
     }
@@ -141,7 +137,7 @@ impl Vfs {
         Ok(commit::changes(
             upper,
             t.root.as_fd(),
-            (since_ns, t.deeper()),
+            (since_ns, &t.under()),
             t.ns,
             into,
         )?)

@@ -116,11 +116,12 @@ impl Vfs {
     }
 
     pub(super) fn live_open(&self, caller: &Caller, ino: InodeNo, flags: i32) -> Result<Opened> {
+        self.refuse_metacopy(ino)?;
         let truncates = flags & libc::O_TRUNC != 0;
         // An O_TRUNC open of a file a read-only branch holds copies none
         // of its bytes up; history secures them from that copy first.
         let early = match truncates && writes(flags) && self.capture.is_some() {
-            true if self.copies_up_truncated(ino)? => self.before_write_open(ino)?,
+            true if self.copies_up_truncated(ino)? => self.before_write_open(ino, true)?,
             _ => None,
         };
         let (inode, made) = if writes(flags) || truncates {
@@ -148,7 +149,7 @@ impl Vfs {
         let versioned = self.capture.is_some() && inode.kind == libc::S_IFREG && writes(flags);
         let opening = match (versioned, early) {
             (true, Some(early)) => Some(early),
-            (true, None) => self.before_write_open(ino)?,
+            (true, None) => self.before_write_open(ino, truncates)?,
             (false, _) => None,
         };
         let reopen = || self.open_as_caller(caller, |f| sys::reopen(inode.fd(), f), flags, 0);
@@ -458,7 +459,7 @@ impl Vfs {
         let ino = entry.attr.ino;
         let mut opening = None;
         if !created {
-            opening = self.before_write_open(ino)?;
+            opening = self.before_write_open(ino, flags & libc::O_TRUNC != 0)?;
             if flags & libc::O_TRUNC != 0 {
                 self.with_file(opened.fh, |fd, _| {
                     Ok(creds::as_caller(caller, || sys::ftruncate(fd, 0))?)
@@ -686,7 +687,9 @@ impl Vfs {
 
     /// Writes at `offset`, with the opener's identity. `kill_priv` (the
     /// kernel's request to clear set-id bits, as an unprivileged writer
-    /// would) makes an unprivileged writer's own identity count instead.
+    /// would) makes an unprivileged writer's own identity count instead;
+    /// for root without CAP_FSETID the request thread already runs
+    /// without it (`creds::lacking_fsetid`).
     pub fn write(
         &self,
         caller: &Caller,

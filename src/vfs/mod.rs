@@ -177,6 +177,11 @@ pub struct VfsConfig {
     pub write_path: WritePath,
     /// `.history/`, version names, audit (with history on).
     pub views: ViewConfig,
+    /// How long the kernel may trust names, absent names and attributes
+    /// a union's read-only branches give, when another mount writes those
+    /// branches (a sandbox's session over its mount's branches); `None`:
+    /// the timeouts above.
+    pub lower_timeout: Option<Duration>,
 }
 
 impl Default for VfsConfig {
@@ -187,6 +192,7 @@ impl Default for VfsConfig {
             negative_timeout: Duration::from_secs(1),
             write_path: WritePath::Auto,
             views: ViewConfig::default(),
+            lower_timeout: None,
         }
     }
 }
@@ -433,9 +439,21 @@ impl Vfs {
             ttl
         } else if attr.has_setid() {
             Duration::ZERO
+        } else if let Some(ttl) = self.lower_ttl(attr.ino) {
+            ttl.min(self.cfg.attr_timeout)
         } else {
             self.cfg.attr_timeout
         }
+    }
+
+    /// [`VfsConfig::lower_timeout`] for an inode whose copy in use lies
+    /// in a read-only branch of the union (another mount may change it).
+    fn lower_ttl(&self, ino: InodeNo) -> Option<Duration> {
+        let ttl = self.cfg.lower_timeout?;
+        let u = self.union()?;
+        let inode = self.inodes.get(ino).ok()?;
+        let branch = self.inodes.branch_of(&inode.key);
+        (!u.writable(branch)).then_some(ttl)
     }
 
     /// The timeout for replies that give the name and the attributes one

@@ -471,6 +471,12 @@ impl Vfs {
         if self.is_own_name(parent == InodeNo::ROOT, name) {
             return Err(errno(libc::ENOENT));
         }
+        // The whiteout RENAME_WHITEOUT leaves is a union's own mark (a 0/0
+        // character device hides what lies below): refused as overlayfs
+        // does, rather than the name vanishing.
+        if flags & libc::RENAME_WHITEOUT != 0 && self.union().is_some() {
+            return Err(errno(libc::EINVAL));
+        }
         self.check_name(newparent, newname)?;
         self.fill_held(parent)?;
         self.fill_held(newparent)?;
@@ -497,6 +503,12 @@ impl Vfs {
                 return Err(e);
             }
         };
+        // As create: a name that shows a version is read-only, and the
+        // renamed file would hide the version.
+        if target.is_none() && self.names_a_version(caller, newparent, newname) {
+            self.release_held(moved);
+            return Err(errno(libc::EROFS));
+        }
         // A clone's directory replaced by the rename must be as empty as
         // it looks: its base's entries count.
         let result = match target.map(|t| self.fill_held(t)) {

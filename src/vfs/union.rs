@@ -803,7 +803,7 @@ impl Vfs {
                         ino: inode.ino,
                         st: self.shown(inode.ino, st),
                     },
-                    entry_ttl: splits_at_copy_up(u, branch, &st),
+                    entry_ttl: self.union_entry_ttl(u, branch, &st),
                 });
             }
             self.inodes.forget(inode.ino, 1);
@@ -851,8 +851,20 @@ impl Vfs {
                 ino: inode.ino,
                 st: self.shown(inode.ino, st),
             },
-            entry_ttl: splits_at_copy_up(u, branch, &st),
+            entry_ttl: self.union_entry_ttl(u, branch, &st),
         })
+    }
+
+    /// How long the kernel may trust a name found in `branch`: shorter
+    /// where a copy-up may renumber it, or where another mount writes the
+    /// branch ([`super::VfsConfig::lower_timeout`]).
+    fn union_entry_ttl(&self, u: &Union, branch: BranchId, st: &Stat) -> Option<Duration> {
+        let lower = self.cfg.lower_timeout.filter(|_| !u.writable(branch));
+        match (splits_at_copy_up(u, branch, st), lower) {
+            (Some(split), _) => Some(split),
+            (None, Some(ttl)) => Some(ttl.min(self.cfg.entry_timeout)),
+            (None, None) => None,
+        }
     }
 
     /// A directory whose top copy is now in `branch` (in `at`) because the
@@ -906,6 +918,17 @@ impl Vfs {
     /// for a moment (ESTALE, ENOENT): the next try looks again. A fold
     /// that ended before the look still counts (`fold_mark`).
     fn again_after_fold<T>(&self, ino: InodeNo, attempt: impl Fn() -> Result<T>) -> Result<T> {
+        self.again_after_fold_of(&[ino], attempt)
+    }
+
+    /// [`Vfs::again_after_fold`] for an operation using several objects
+    /// (a rename's directories, moved object and target): each is found
+    /// again before the next try. Costs one atomic load when it succeeds.
+    pub(super) fn again_after_fold_of<T>(
+        &self,
+        inos: &[InodeNo],
+        attempt: impl Fn() -> Result<T>,
+    ) -> Result<T> {
         const TRIES: u32 = 8;
         let gone = |e: &VfsError| e.errno_is(libc::ENOENT) || e.errno_is(libc::ESTALE);
         let mut tries = 0;
@@ -920,9 +943,11 @@ impl Vfs {
             }
             tries += 1;
             let mark = self.fold_mark();
-            match self.found_again_mid_merge(ino) {
-                Err(e) if gone(&e) && tries < TRIES && self.gone_mid_fold(mark) => {}
-                r => r?,
+            for &ino in inos {
+                match self.found_again_mid_merge(ino) {
+                    Err(e) if gone(&e) && tries < TRIES && self.gone_mid_fold(mark) => {}
+                    r => r?,
+                }
             }
         }
     }
@@ -1050,6 +1075,46 @@ impl Vfs {
         self.upper_node_keeping(caller, ino, keep)
     }
 
+    /// An overlayfs metacopy file is not opened (EIO): its bytes are a
+    /// lower file's, which chronofs does not follow, and its own are a
+    /// hole of its size, zeros that a change would keep for good.
+    pub(super) fn refuse_metacopy(&self, ino: InodeNo) -> Result<()> {
+        let Some(u) = self.union.as_ref() else {
+            return Ok(());
+        };
+        let node = self.node(ino)?;
+        if node.kind != libc::S_IFREG {
+            return Ok(());
+        }
+        // Such a file has no blocks (overlayfs only sizes it): the xattr
+        // read, a path walk, is for those alone, not every open.
+        let st = sys::fstat(node.fd())?;
+        if st.st_blocks != 0 || st.st_size == 0 || !format::is_metacopy(node.fd(), u.ns)? {
+            return Ok(());
+        }
+        tracing::warn!(
+            "open of {} refused (EIO): an overlayfs metacopy file, its data in a lower layer chronofs does not follow",
+            self.shown_path(ino)
+        );
+        Err(errno(libc::EIO))
+    }
+
+    /// The path the kernel last reached `ino` by, for a log line.
+    fn shown_path(&self, mut ino: InodeNo) -> String {
+        let mut parts = Vec::new();
+        // Bounded: a log line must not hang on a parent loop.
+        while ino != InodeNo::ROOT && parts.len() < 4096 {
+            let Some((parent, name)) = self.node(ino).ok().and_then(|n| n.name()) else {
+                parts.push(b"?".to_vec());
+                break;
+            };
+            parts.push(name);
+            ino = parent;
+        }
+        parts.reverse();
+        format!("/{}", String::from_utf8_lossy(&parts.join(&b'/')))
+    }
+
     /// Whether a change to `ino` would copy it up from a read-only branch
     /// and could copy only what a truncation keeps of it (a plain regular
     /// file: a clone's file copies up with its mark).
@@ -1067,7 +1132,7 @@ impl Vfs {
     /// number) if it lives in any other branch, read-write ones included:
     /// what a move across branches needs.
     pub(super) fn upper_node(&self, caller: &super::Caller, ino: InodeNo) -> Result<Node> {
-        self.upper_node_keeping(caller, ino, None)
+        self.again_after_fold(ino, || self.upper_node_keeping(caller, ino, None))
     }
 
     /// [`Vfs::upper_node`] for a change that keeps only `keep` bytes of

@@ -334,7 +334,22 @@ impl Vfs {
     /// Removes `name` from union directory `parent` as the delete policy
     /// says. rmdir refuses a directory whose merged listing is not empty.
     /// Returns the attributes of the object the user saw.
+    /// A snapmerge's fold may move or remove the copies it uses meanwhile:
+    /// then it starts over with `parent` found again (the removal the user
+    /// sees is its last step).
     pub(super) fn union_remove(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+        flags: i32,
+    ) -> Result<Option<Stat>> {
+        self.again_after_fold_of(&[parent], || {
+            self.union_remove_once(caller, parent, name, flags)
+        })
+    }
+
+    fn union_remove_once(
         &self,
         caller: &Caller,
         parent: InodeNo,

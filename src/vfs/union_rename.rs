@@ -27,7 +27,26 @@ impl Vfs {
     /// target) brought into the upper branch first, the rename done there,
     /// and a whiteout left where the old name lives on below. Returns the
     /// replaced object's attributes, if the target name existed.
+    /// A snapmerge's fold may move or remove any copy it uses meanwhile:
+    /// then it starts over with them found again (its one visible step is
+    /// the last that can fail; what comes before it is done again or
+    /// found done).
     pub(super) fn union_rename(
+        &self,
+        caller: &Caller,
+        here: (InodeNo, &OsStr),
+        there: (InodeNo, &OsStr),
+        flags: u32,
+        (moved, target): (InodeNo, Option<InodeNo>),
+    ) -> Result<Option<Stat>> {
+        let mut used = vec![here.0, there.0, moved];
+        used.extend(target);
+        self.again_after_fold_of(&used, || {
+            self.union_rename_once(caller, here, there, flags, (moved, target))
+        })
+    }
+
+    fn union_rename_once(
         &self,
         caller: &Caller,
         (parent, name): (InodeNo, &OsStr),

@@ -348,16 +348,25 @@ impl Vfs {
             return;
         };
         let recheck = self.inodes.get(dir).is_ok_and(|i| i.take_recheck());
-        match sys::fstat(fd) {
-            Ok(st) if recheck => logged(
-                "a directory's entries",
-                c.dir_recheck(&Live(self), dir.object(), &st),
-            ),
-            Ok(st) => logged(
-                "a directory's entries",
-                c.dir_seen(&Live(self), dir.object(), &st, true),
-            ),
-            Err(e) => tracing::error!("history: directory {} cannot be checked: {e}", dir.object()),
+        let checked = match sys::fstat(fd) {
+            Ok(st) if recheck => c.dir_recheck(&Live(self), dir.object(), &st),
+            Ok(st) => c.dir_seen(&Live(self), dir.object(), &st, true),
+            Err(e) => {
+                tracing::error!("history: directory {} cannot be checked: {e}", dir.object());
+                return;
+            }
+        };
+        match checked {
+            // Removed (or an entry of it) while being compared: the removal
+            // through the mount records itself, and a removal behind it is
+            // found at the next open.
+            Err(e) if matches!(e.errno(), libc::ENOENT | libc::ESTALE) => {
+                tracing::debug!(
+                    "history: directory {} went while compared: {e}",
+                    dir.object()
+                )
+            }
+            r => logged("a directory's entries", r),
         }
     }
 
@@ -596,9 +605,18 @@ impl Vfs {
 
     /// Opening `ino` for writing: secure its prior state first. The
     /// opening goes to `after_write_open` once the handle is open.
-    pub(super) fn before_write_open(&self, ino: InodeNo) -> Result<Option<Opening<'_>>> {
+    /// `truncates`: an O_TRUNC open, which a full store lets through.
+    pub(super) fn before_write_open(
+        &self,
+        ino: InodeNo,
+        truncates: bool,
+    ) -> Result<Option<Opening<'_>>> {
         match self.capture() {
-            Some(c) => Ok(Some(c.session_opening(&Live(self), ino.object())?)),
+            Some(c) => Ok(Some(c.session_opening(
+                &Live(self),
+                ino.object(),
+                truncates,
+            )?)),
             None => Ok(None),
         }
     }
@@ -668,10 +686,16 @@ impl Vfs {
             .ingest_progress()
             .running
             .load(std::sync::atomic::Ordering::Acquire);
+        let relevant = |obj| !self.known_apart_from(obj, src);
         if walking || !self.ingest_complete() {
-            return c.settle();
+            c.settle();
+        } else {
+            c.settle_where(&relevant);
         }
-        c.settle_where(&|obj| !self.known_apart_from(obj, src));
+        // After the wait, which lets the releases of closes that returned
+        // arrive: "as of its last close" counts closes other writers
+        // outlived.
+        c.version_closed_writes(&relevant);
     }
 
     /// Whether `obj` has one name only, known to lie neither in `src` nor

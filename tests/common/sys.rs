@@ -589,6 +589,23 @@ fn child_exit(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Empties the calling thread's capability sets, keeping its ids: root
+/// without capabilities, as `setpriv --bounding-set=-all` runs a program
+/// as root. For [`in_child`]: no allocation.
+pub fn drop_all_capabilities() -> io::Result<()> {
+    // struct __user_cap_header_struct, _LINUX_CAPABILITY_VERSION_3.
+    let mut header = [0x2008_0522u32, 0];
+    // Two struct __user_cap_data_struct (effective, permitted, inheritable).
+    let data = [0u32; 6];
+    // SAFETY: capset reads a header and two data structs of the sizes
+    // given here; dropping capabilities needs no privilege.
+    let r = unsafe { libc::syscall(libc::SYS_capset, header.as_mut_ptr(), data.as_ptr()) };
+    match r {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// Runs `f` in a forked child after switching to uid/gid (`None` keeps
 /// root) and returns `f`'s value, which must fit in 0..=253 (use errno
 /// values; 0 = success). The test process is multi-threaded, so `f` must

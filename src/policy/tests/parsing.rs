@@ -1,5 +1,7 @@
 use super::{errors, file, ORIGIN};
 use crate::policy::settings::{Capture, Key, Value};
+use std::path::Path;
+
 use crate::policy::{check_file, Level};
 
 const FULL: &str = r#"format = 1
@@ -357,5 +359,32 @@ fn check_file_reads_and_parses() -> std::io::Result<()> {
             path.display()
         )
     );
+    Ok(())
+}
+
+/// The root daemon reads files users own: none may block it or fill its
+/// memory.
+#[test]
+fn refuses_special_and_huge_files() -> std::io::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fifo = dir.path().join("fifo.toml");
+    crate::sys::mkfifo(&fifo, 0o600)?;
+    let huge = dir.path().join("huge.toml");
+    std::fs::File::create(&huge)?.set_len(300 << 20)?;
+    let cases = [
+        (fifo.as_path(), "not a regular file"),
+        (Path::new("/dev/zero"), "not a regular file"),
+        (
+            huge.as_path(),
+            "larger than 1024 KiB, the most a policy file may be",
+        ),
+    ];
+    for (path, why) in cases {
+        let errors = check_file(path, Level::Admin).map(|_| ()).unwrap_err();
+        assert_eq!(
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [format!("{}: cannot read: {why}", path.display())]
+        );
+    }
     Ok(())
 }

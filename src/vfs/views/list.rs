@@ -67,6 +67,7 @@ impl Vfs {
                                 ino: e.attr.ino,
                                 kind: libc::S_IFDIR,
                                 hist: None,
+                                ttl: e.entry_ttl.unwrap_or(IMMUTABLE_TTL),
                             });
                         }
                         Err(e) => {
@@ -78,8 +79,8 @@ impl Vfs {
             }
             What::Deleted { dir } => {
                 let mut out = Vec::new();
-                for (name, at, node) in self.deleted_entries(*dir)? {
-                    out.push(self.listed(name, at, node)?);
+                for (name, at, node, ttl) in self.deleted_shown(caller, *dir)? {
+                    out.push(self.listed(name, at, node, ttl)?);
                 }
                 out
             }
@@ -87,14 +88,25 @@ impl Vfs {
                 if node.st.st_mode & libc::S_IFMT != libc::S_IFDIR {
                     return Err(errno(libc::ENOTDIR));
                 }
-                self.list_at(*at, *obj, state)?
+                // What readdirplus gives the kernel is kept as a lookup's
+                // would be (`view_search`): a caller who may list but not
+                // search gets the names only, as natively.
+                let ttl = match self.view_search(caller, &node) {
+                    Err(e) if e.errno_is(libc::EACCES) => Duration::ZERO,
+                    ttl => ttl?,
+                };
+                let mut entries = self.list_at(*at, *obj, state)?;
+                for l in &mut entries {
+                    l.ttl = ttl;
+                }
+                entries
             }
         };
         Ok(self.insert_view_handle(ViewHandle::Dir { ino, entries }))
     }
 
     /// A directory entry for `node`, shown at `at`.
-    fn listed(&self, name: Vec<u8>, at: Seq, node: Node) -> Result<Listed> {
+    fn listed(&self, name: Vec<u8>, at: Seq, node: Node, ttl: Duration) -> Result<Listed> {
         let kind = node.mode() & libc::S_IFMT;
         let (obj, hist) = match node {
             Node::Hist { obj, v, .. } => (obj, Some((at, obj, Arc::new(v)))),
@@ -109,6 +121,7 @@ impl Vfs {
             ino: self.view_number(at, obj)?,
             kind,
             hist,
+            ttl,
         })
     }
 
@@ -143,7 +156,7 @@ impl Vfs {
                 let Some(child) = p.finish(next, at).map_err(past_err)? else {
                     continue;
                 };
-                out.push(self.listed(name, at, child)?);
+                out.push(self.listed(name, at, child, IMMUTABLE_TTL)?);
             }
             Ok(out)
         })
@@ -166,11 +179,11 @@ impl Vfs {
         let start = offset.max(0) as usize;
         let dots = [b".".as_slice(), b"..".as_slice()];
         for i in start..entries.len() + 2 {
-            let (name, ino, kind, hist) = match i {
-                0 | 1 => (dots[i], *dir, libc::S_IFDIR, None),
+            let (name, ino, kind, hist, ttl) = match i {
+                0 | 1 => (dots[i], *dir, libc::S_IFDIR, None, Duration::ZERO),
                 _ => {
                     let l = &entries[i - 2];
-                    (l.name.as_slice(), l.ino, l.kind, l.hist.as_ref())
+                    (l.name.as_slice(), l.ino, l.kind, l.hist.as_ref(), l.ttl)
                 }
             };
             let dirent = DirEntry {
@@ -187,8 +200,9 @@ impl Vfs {
             }
             let found = match hist {
                 Some((at, obj, v)) => self.hist_at(*at, *obj, v.clone()),
-                None => self.view_lookup(caller, *dir, OsStr::from_bytes(name)),
+                None => self.plus_lookup(caller, *dir, OsStr::from_bytes(name)),
             }
+            .map(|e| kept_at_most(e, ttl))
             .inspect(|e| self.note_view_name(*dir, OsStr::from_bytes(name), e.attr.ino));
             let e = match found {
                 Ok(e) => e,
@@ -201,5 +215,16 @@ impl Vfs {
             }
         }
         Ok(())
+    }
+
+    /// A listed name looked up for readdirplus: what opendir granted
+    /// (the listing) needs no search, which a lookup would ask; the
+    /// entry's timeout says whether others may use it.
+    fn plus_lookup(&self, caller: &Caller, dir: InodeNo, name: &OsStr) -> Result<Entry> {
+        let node = self.view(dir)?;
+        match node.what {
+            What::At { .. } => self.lookup_at(&node, name),
+            _ => self.view_lookup(caller, dir, name),
+        }
     }
 }

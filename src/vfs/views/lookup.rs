@@ -3,10 +3,15 @@
 //! directories, and names inside view directories.
 
 use super::*;
+use crate::history::access::{Who, Whom};
 
 /// How long an absent name in a view directory may be remembered at most:
 /// a tag or a version made later can give it a meaning.
 const VIEW_NEGATIVE_TTL: Duration = Duration::from_secs(1);
+
+/// A deleted entry: its name, the instant it is shown at, its state
+/// there, and `T` (the change that removed it, or the entry's timeout).
+pub(super) type Gone<T> = (Vec<u8>, Seq, Node, T);
 
 impl Vfs {
     /// How long the kernel may remember that `name` is absent from
@@ -20,12 +25,14 @@ impl Vfs {
         if matches!(self.source_of(parent), crate::vfs::source::Source::Past(_)) {
             return self.cfg.negative_timeout.min(VIEW_NEGATIVE_TTL);
         }
-        let sep = self.cfg.views.sep.as_slice();
         let historic = self.views_on()
             && ((parent == InodeNo::ROOT && name == self.cfg.views.dir_name)
-                || (!sep.is_empty() && name.as_bytes().windows(sep.len()).any(|w| w == sep)));
+                || self.cfg.views.holds_sep(name.as_bytes()));
         if historic {
             Duration::ZERO
+        } else if let (Some(ttl), Some(_)) = (self.cfg.lower_timeout, self.union()) {
+            // Another mount may make the name in a read-only branch.
+            ttl.min(self.cfg.negative_timeout)
         } else {
             self.cfg.negative_timeout
         }
@@ -142,7 +149,41 @@ impl Vfs {
         Ok(parts)
     }
 
+    /// Whether `name`, which the live directory `parent` lacks, shows a
+    /// version (or `;deleted`) to `caller`: then no new entry may take the
+    /// name (a create there opens the read-only version), a rename's
+    /// included.
+    pub(in crate::vfs) fn names_a_version(
+        &self,
+        caller: &Caller,
+        parent: InodeNo,
+        name: &OsStr,
+    ) -> bool {
+        if !self.is_past_name(parent, name) || self.hidden_from(caller) {
+            return false;
+        }
+        let sep = self.cfg.views.sep.as_slice();
+        let bytes = name.as_bytes();
+        let Some(cut) = bytes.windows(sep.len()).rposition(|w| w == sep) else {
+            return false;
+        };
+        let (base, suffix) = (&bytes[..cut], &bytes[cut + sep.len()..]);
+        base.is_empty() || self.past_version(parent, base, suffix).is_ok()
+    }
+
     fn lookup_version(&self, parent: InodeNo, base: &[u8], suffix: &[u8]) -> Result<Entry> {
+        let (at, node) = self.past_version(parent, base, suffix)?;
+        // The name's meaning moves as versions are added, and a real file
+        // created with the name must win at once: never cached.
+        let e = self.node_at(at, node)?;
+        Ok(Entry {
+            entry_ttl: Some(Duration::ZERO),
+            ..e
+        })
+    }
+
+    /// The instant and node a version name's `base` and `suffix` show.
+    fn past_version(&self, parent: InodeNo, base: &[u8], suffix: &[u8]) -> Result<(Seq, Node)> {
         let mut path = self.live_path(parent)?;
         path.push(base.to_vec());
         self.record_shown(&self.node(parent)?, base);
@@ -182,13 +223,7 @@ impl Vfs {
         } else {
             return enoent(format!("'{text}' is not a version or an instant"));
         };
-        // The name's meaning moves as versions are added, and a real file
-        // created with the name must win at once: never cached.
-        let e = self.node_at(at, node)?;
-        Ok(Entry {
-            entry_ttl: Some(Duration::ZERO),
-            ..e
-        })
+        Ok((at, node))
     }
 
     fn lookup_deleted_dir(&self, parent: InodeNo) -> Result<Entry> {
@@ -217,7 +252,7 @@ impl Vfs {
         st.st_ino = ino.0;
         st.st_mode = libc::S_IFDIR | (live.st_mode & 0o555);
         let deleted = self.deleted_entries(dir.object())?;
-        st.st_nlink = dir_nlink(deleted.iter().map(|(_, _, n)| n.mode() & libc::S_IFMT));
+        st.st_nlink = dir_nlink(deleted.iter().map(|(_, _, n, _)| n.mode() & libc::S_IFMT));
         Ok(st)
     }
 
@@ -234,7 +269,23 @@ impl Vfs {
         let node = self.view(parent)?;
         match &node.what {
             What::Top => self.lookup_instant(name.as_bytes()),
-            What::Deleted { dir } => self.lookup_deleted(*dir, name.as_bytes()),
+            What::Deleted { dir } => self.lookup_deleted(caller, *dir, name.as_bytes()),
+            What::At { .. } => {
+                if node.st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                    return Err(errno(libc::ENOTDIR));
+                }
+                // Before the name is looked for: a closed directory
+                // answers EACCES whether the name exists or not.
+                let ttl = self.view_search(caller, &node)?;
+                Ok(kept_at_most(self.lookup_at(&node, name)?, ttl))
+            }
+        }
+    }
+
+    /// `name` in the view directory `node`, whoever asks (the caller's
+    /// check is [`Vfs::view_search`]).
+    pub(super) fn lookup_at(&self, node: &ViewNode, name: &OsStr) -> Result<Entry> {
+        match &node.what {
             What::At { at, obj, state } => {
                 if node.st.st_mode & libc::S_IFMT != libc::S_IFDIR {
                     return Err(errno(libc::ENOTDIR));
@@ -256,6 +307,7 @@ impl Vfs {
                     None => Err(errno(libc::ENOENT)),
                 }
             }
+            _ => Err(errno(libc::ENOTDIR)),
         }
     }
 
@@ -350,9 +402,40 @@ impl Vfs {
         })
     }
 
+    /// What was deleted in the live directory `dir` that `caller` may
+    /// learn of, with how long the kernel may keep each entry. A name is
+    /// shown only to a caller who could list `dir` just before its
+    /// removal (as `log -r` shows its rows): a file made and deleted in a
+    /// directory private then stays unknown after the directory is
+    /// opened. The "now" half is the kernel's: `;deleted` shows the live
+    /// directory's permissions.
+    pub(super) fn deleted_shown(
+        &self,
+        caller: &Caller,
+        dir: ObjectId,
+    ) -> Result<Vec<Gone<Duration>>> {
+        let entries = self.deleted_entries(dir)?;
+        let who = Who::new(caller.uid, caller.gid, caller.pid);
+        self.with_past(|p| {
+            let mut out = Vec::with_capacity(entries.len());
+            for (name, at, node, removed) in entries {
+                let ttl = self.deleted_ttl(p, dir, removed)?;
+                let shown = caller.uid == 0
+                    || !ttl.is_zero()
+                    || p.listable_then(Whom::One(&who), dir, removed.prev())
+                        .map_err(past_err)?;
+                if shown {
+                    out.push((name, at, node, ttl));
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// What was deleted in the live directory `dir`: each name's last
-    /// object, as it was just before its removal began.
-    pub(super) fn deleted_entries(&self, dir: ObjectId) -> Result<Vec<(Vec<u8>, Seq, Node)>> {
+    /// object, as it was just before its removal began, and the change
+    /// that removed it.
+    pub(super) fn deleted_entries(&self, dir: ObjectId) -> Result<Vec<Gone<Seq>>> {
         let live = self.node(dir.into())?;
         self.settle_capture();
         self.with_past(|p| {
@@ -360,26 +443,37 @@ impl Vfs {
             else {
                 return Ok(Vec::new());
             };
-            let present = |n: &[u8]| {
-                sys::cstr(OsStr::from_bytes(n))
+            // In a union the name is present as the merged lookup finds
+            // it: the upper copy may hold only its whiteout (which a stat
+            // there found, so the name was never listed as deleted), and
+            // a name only a lower copy holds is not deleted.
+            let present = |n: &[u8]| match self.union() {
+                Some(_) => self
+                    .lookup_exists(&live, OsStr::from_bytes(n))
+                    .unwrap_or(true),
+                None => sys::cstr(OsStr::from_bytes(n))
                     .and_then(|c| sys::fstatat(live.fd(), &c))
-                    .is_ok()
+                    .is_ok(),
             };
             let mut out = Vec::new();
             for d in p.deleted_in(dir, last, &present, false).map_err(past_err)? {
                 let at = p.before_removal(&d).map_err(past_err)?;
                 if let Some(node) = p.finish(Cur::Hist(d.obj), at).map_err(past_err)? {
-                    out.push((d.name, at, node));
+                    out.push((d.name, at, node, d.seq));
                 }
             }
             Ok(out)
         })
     }
 
-    fn lookup_deleted(&self, dir: ObjectId, name: &[u8]) -> Result<Entry> {
-        for (n, at, node) in self.deleted_entries(dir)? {
+    fn lookup_deleted(&self, caller: &Caller, dir: ObjectId, name: &[u8]) -> Result<Entry> {
+        for (n, at, node, ttl) in self.deleted_shown(caller, dir)? {
             if n == name {
-                return self.node_at(at, node);
+                let e = self.node_at(at, node)?;
+                return Ok(Entry {
+                    entry_ttl: Some(ttl),
+                    ..e
+                });
             }
         }
         Err(errno(libc::ENOENT))

@@ -78,6 +78,24 @@ pub struct ViewConfig {
     pub audit: bool,
 }
 
+/// `e`, kept by the kernel no longer than `ttl` (what a caller's check
+/// allows others to reuse: [`Vfs::view_search`]).
+fn kept_at_most(e: Entry, ttl: Duration) -> Entry {
+    Entry {
+        entry_ttl: Some(e.entry_ttl.map_or(ttl, |t| t.min(ttl))),
+        ..e
+    }
+}
+
+impl ViewConfig {
+    /// Whether `name` holds the version separator: it reads as a version
+    /// name (`f;1`, `f;@T`, `;deleted`).
+    pub fn holds_sep(&self, name: &[u8]) -> bool {
+        let sep = self.sep.as_slice();
+        !sep.is_empty() && name.windows(sep.len()).any(|w| w == sep)
+    }
+}
+
 impl Default for ViewConfig {
     fn default() -> Self {
         ViewConfig {
@@ -177,6 +195,9 @@ struct Listed {
     /// The entry's recorded version and the instant it is shown at, if
     /// it has one (saves resolving the name again for readdirplus).
     hist: Option<(Seq, ObjectId, Arc<Version>)>,
+    /// How long the kernel may keep the entry readdirplus gives it
+    /// (`view_search`, `deleted_shown`).
+    ttl: Duration,
 }
 
 pub(in crate::vfs) struct Reader {

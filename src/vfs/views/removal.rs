@@ -63,4 +63,13 @@ impl Vfs {
             h.on_removal(hook);
         }
     }
+
+    /// A tag was made: a lookup of `.history/@NAME` just before left the
+    /// kernel caching it as absent (for the negative timeout), which it
+    /// must forget.
+    pub fn tag_made(&self, name: &str) {
+        let mut entry = b"@".to_vec();
+        entry.extend_from_slice(name.as_bytes());
+        self.name_made(TOP, &entry);
+    }
 }

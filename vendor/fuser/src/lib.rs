@@ -445,6 +445,34 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// chronofs patch: [`Filesystem::setattr`] when the kernel asks the
+    /// server to clear the set-user-ID and set-group-ID bits as it does
+    /// so (FATTR_KILL_SUIDGID, with FUSE_HANDLE_KILLPRIV_V2: a truncation
+    /// by a caller without CAP_FSETID). Defaults to `setattr`.
+    fn setattr_kill_suidgid(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        crtime: Option<SystemTime>,
+        chgtime: Option<SystemTime>,
+        bkuptime: Option<SystemTime>,
+        flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.setattr(
+            req, ino, mode, uid, gid, size, atime, mtime, ctime, fh, crtime, chgtime, bkuptime,
+            flags, reply,
+        );
+    }
+
     /// Set file attributes.
     fn setattr(
         &self,
@@ -582,6 +610,14 @@ pub trait Filesystem: Send + Sync + 'static {
     /// structure in <`fuse_common.h`> for more details.
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    /// chronofs patch: [`Filesystem::open`] with FUSE_OPEN_KILL_SUIDGID:
+    /// an O_TRUNC open by a caller without CAP_FSETID, whose truncation
+    /// must clear the set-user-ID and set-group-ID bits (with
+    /// FUSE_HANDLE_KILLPRIV_V2). Defaults to `open`.
+    fn open_kill_suidgid(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.open(req, ino, flags, reply);
     }
 
     /// Read data.

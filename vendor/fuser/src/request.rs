@@ -159,6 +159,26 @@ impl<'a> RequestWithSender<'a> {
                     self.reply(),
                 );
             }
+            // chronofs patch: the kill-set-ID variant when the kernel asks.
+            ll::Operation::SetAttr(x) if x.kill_suidgid() => {
+                filesystem.setattr_kill_suidgid(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.mode(),
+                    x.uid(),
+                    x.gid(),
+                    x.size(),
+                    x.atime(),
+                    x.mtime(),
+                    x.ctime(),
+                    x.file_handle(),
+                    x.crtime(),
+                    x.chgtime(),
+                    x.bkuptime(),
+                    x.flags(),
+                    self.reply(),
+                );
+            }
             ll::Operation::SetAttr(x) => {
                 filesystem.setattr(
                     self.request_header(),
@@ -244,6 +264,15 @@ impl<'a> RequestWithSender<'a> {
                     x.inode_no(),
                     self.request.nodeid(),
                     x.dest().name.as_ref(),
+                    self.reply(),
+                );
+            }
+            // chronofs patch: the kill-set-ID variant when the kernel asks.
+            ll::Operation::Open(x) if x.kill_suidgid() => {
+                filesystem.open_kill_suidgid(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.flags(),
                     self.reply(),
                 );
             }

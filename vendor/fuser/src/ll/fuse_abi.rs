@@ -353,7 +353,8 @@ pub(crate) struct fuse_open_in {
     // NOTE: this field is defined as u32 in fuse_kernel.h in libfuse. However, it is then cast
     // to an i32 when invoking the filesystem's open method and this matches the open() syscall
     pub(crate) flags: i32,
-    pub(crate) unused: u32,
+    /// chronofs patch: `unused` before protocol 7.33, then FUSE_OPEN_*.
+    pub(crate) open_flags: u32,
 }
 
 #[repr(C)]
@@ -516,6 +517,10 @@ pub(crate) struct fuse_init_in {
     pub(crate) flags2: u32,
     pub(crate) unused: [u32; 11],
 }
+
+/// chronofs patch: in `fuse_open_in.open_flags`, an O_TRUNC open by a
+/// caller without CAP_FSETID (protocol 7.33, FUSE_HANDLE_KILLPRIV_V2).
+pub(crate) const FUSE_OPEN_KILL_SUIDGID: u32 = 1 << 0;
 
 pub(crate) const FUSE_COMPAT_INIT_OUT_SIZE: usize = 8;
 pub(crate) const FUSE_COMPAT_22_INIT_OUT_SIZE: usize = 24;

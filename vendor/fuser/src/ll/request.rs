@@ -373,6 +373,11 @@ mod op {
                 None
             }
         }
+        /// chronofs patch: the kernel asks the server to clear the set-ID
+        /// bits (FATTR_KILL_SUIDGID).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn size(&self) -> Option<u64> {
             if self.valid().contains(FattrFlags::FATTR_SIZE) {
                 Some(self.arg.size)
@@ -664,6 +669,11 @@ mod op {
     impl Open<'_> {
         pub(crate) fn flags(&self) -> OpenFlags {
             OpenFlags(self.arg.flags)
+        }
+        /// chronofs patch: FUSE_OPEN_KILL_SUIDGID in `open_flags`: an
+        /// O_TRUNC open by a caller without CAP_FSETID.
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.arg.open_flags & crate::ll::fuse_abi::FUSE_OPEN_KILL_SUIDGID != 0
         }
     }
 
