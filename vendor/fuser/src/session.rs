@@ -646,7 +646,11 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                         ));
                     }
                 },
-                Err(nix::errno::Errno::ENODEV) => return Ok(()),
+                // chronofs patch: without FUSE_ABORT_ERROR (never asked
+                // for), ECONNABORTED means only that the connection ended
+                // while this read was taking a request off its queue (an
+                // unmount racing the read): the same end as ENODEV.
+                Err(nix::errno::Errno::ENODEV | nix::errno::Errno::ECONNABORTED) => return Ok(()),
                 Err(err) => return Err(err.into()),
             }
         }
