@@ -64,27 +64,42 @@ pub fn parse(s: &str) -> Result<At, String> {
     ))
 }
 
-/// The length of `rel`, a relative time after its `sign`.
+/// The length of `rel`, a relative time after its `sign`: one or more
+/// number-and-unit parts (`10m`, `1.5d`, `1h30m`, `2d12h`).
 fn relative(sign: char, rel: &str) -> Result<i64, String> {
-    let bad = || format!("cannot read '{sign}{rel}' as a relative time (e.g. -10m, -2h, -3d, +1w)");
-    let split = rel
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .ok_or_else(bad)?;
-    let (num, unit) = rel.split_at(split);
-    let n: f64 = num.parse().map_err(|_| bad())?;
-    let secs = match unit {
+    let bad = || {
+        format!("cannot read '{sign}{rel}' as a relative time (e.g. -10m, -2h, -1h30m, -3d, +1w)")
+    };
+    let mut rest = rel;
+    let mut ns = 0.0_f64;
+    while !rest.is_empty() {
+        let unit_at = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        let (num, after) = rest.split_at(unit_at);
+        let unit_len = after
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let n: f64 = num.parse().map_err(|_| bad())?;
+        ns += n * unit_secs(unit).ok_or_else(bad)? * 1e9;
+        rest = next;
+    }
+    if rel.is_empty() || !ns.is_finite() || ns > 1e19 {
+        return Err(bad());
+    }
+    Ok(ns as i64)
+}
+
+fn unit_secs(unit: &str) -> Option<f64> {
+    Some(match unit {
         "s" | "sec" | "secs" => 1.0,
         "m" | "min" | "mins" => 60.0,
         "h" | "hour" | "hours" => 3600.0,
         "d" | "day" | "days" => 86400.0,
         "w" | "week" | "weeks" => 604800.0,
-        _ => return Err(bad()),
-    };
-    let ns = n * secs * 1e9;
-    if !ns.is_finite() || ns > 1e19 {
-        return Err(bad());
-    }
-    Ok(ns as i64)
+        _ => return None,
+    })
 }
 
 /// The local time zone as jiff's `TimeZone::system` finds it, but read
@@ -266,8 +281,21 @@ mod tests {
     }
 
     #[test]
+    fn a_relative_time_may_combine_units() {
+        let t = |s: &str| match parse(s) {
+            Ok(At::Time(t)) => t,
+            other => panic!("{s}: {other:?}"),
+        };
+        let (a, b) = (t("-90m"), t("-1h30m"));
+        assert!((a - b).abs() < 1_000_000_000, "{a} {b}");
+        let (a, b) = (t("-2.5d"), t("-2d12h"));
+        assert!((a - b).abs() < 1_000_000_000, "{a} {b}");
+        assert!(t("+1w2d") > t("+1w"));
+    }
+
+    #[test]
     fn a_malformed_relative_time_is_named_with_its_own_sign() {
-        for s in ["+1x", "-1x", "+", "+x"] {
+        for s in ["+1x", "-1x", "+", "+x", "-1h30", "-h", "-1h-2m", "-1..2h", "-1h 2m"] {
             let e = parse(s).unwrap_err();
             assert!(e.contains(&format!("'{s}'")), "{s}: {e}");
         }
