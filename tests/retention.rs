@@ -574,6 +574,39 @@ fn a_failed_reload_keeps_the_policy_in_force() {
 }
 
 #[test]
+fn policy_check_refuses_users_and_groups_the_system_does_not_know() {
+    // A typo in a name makes a rule that never matches: check said "ok".
+    let dir = tempdir();
+    let f = dir.path().join("p.toml");
+    fs::write(
+        &f,
+        "[[rule]]\nusers = [\"root\", \"no-such-user-cfs\", 0]\n\
+         groups = [\"root\", \"no-such-group-cfs\"]\nversion = false\n",
+    )
+    .unwrap();
+    let out = cli_as(None, &["policy", "check", s(&f)]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{}:2:", f.display()))
+            && err.contains("no user named 'no-such-user-cfs'"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{}:3:", f.display()))
+            && err.contains("no group named 'no-such-group-cfs'"),
+        "{err}"
+    );
+    assert!(!err.contains("'root'"), "{err}");
+    fs::write(
+        &f,
+        "[[rule]]\nusers = [\"root\"]\ngroups = [\"root\"]\nversion = false\n",
+    )
+    .unwrap();
+    assert!(cli(&["policy", "check", s(&f)]).contains("ok"));
+}
+
+#[test]
 fn policy_check_reports_errors_by_line() {
     let dir = tempdir();
     let f = dir.path().join("p.toml");

@@ -306,7 +306,17 @@ pub fn purge(t: &Target, dry_run: bool, json: bool) -> Result<()> {
 
 pub fn policy_check(file: &Path, user: bool, json: bool) -> Result<()> {
     let level = if user { Level::User } else { Level::Admin };
-    match policy::check_file(file, level) {
+    // Names the system does not know are problems here (likely typos),
+    // though a mount only warns of them.
+    let checked = policy::check_file(file, level).and_then(|f| {
+        let unknown = f.unknown_names();
+        if unknown.is_empty() {
+            Ok(f)
+        } else {
+            Err(unknown)
+        }
+    });
+    match checked {
         Ok(f) => {
             if json {
                 print_json(

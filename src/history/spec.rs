@@ -295,7 +295,9 @@ mod tests {
 
     #[test]
     fn a_malformed_relative_time_is_named_with_its_own_sign() {
-        for s in ["+1x", "-1x", "+", "+x", "-1h30", "-h", "-1h-2m", "-1..2h", "-1h 2m"] {
+        for s in [
+            "+1x", "-1x", "+", "+x", "-1h30", "-h", "-1h-2m", "-1..2h", "-1h 2m",
+        ] {
             let e = parse(s).unwrap_err();
             assert!(e.contains(&format!("'{s}'")), "{s}: {e}");
         }

@@ -48,13 +48,20 @@ impl Source {
             Some(p) => Some(check_file(&p, Level::Admin)?),
             None => None,
         };
-        let mut warnings = Vec::new();
+        let mut warnings: Vec<String> = admin
+            .iter()
+            .flat_map(|f| f.unknown_names())
+            .map(|e| e.to_string())
+            .collect();
         let mut users = Vec::new();
         if self.users {
             for (uid, home) in passwd_homes() {
                 let path = home.join(USER_FILE);
                 match load_user(&path, uid) {
-                    Ok(Some(f)) => users.push((uid, f)),
+                    Ok(Some(f)) => {
+                        warnings.extend(f.unknown_names().iter().map(|e| e.to_string()));
+                        users.push((uid, f));
+                    }
                     Ok(None) => {}
                     Err(why) => {
                         warnings.push(why);
@@ -158,7 +165,35 @@ fn passwd_homes() -> Vec<(u32, PathBuf)> {
 
 #[cfg(test)]
 mod tests {
-    use super::load_user;
+    use super::{load_user, Source};
+
+    /// A name the system does not know loads (a directory service may be
+    /// down at boot) with a warning that names it and its line.
+    #[test]
+    fn an_unknown_user_in_the_administrator_file_is_a_warning() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("policy.toml");
+        std::fs::write(
+            &file,
+            "[[rule]]\nusers = [\"no-such-user-cfs\"]\nversion = false\n",
+        )
+        .unwrap();
+        let source = Source {
+            admin: Some(file.clone()),
+            users: false,
+        };
+        let Ok((policy, warnings)) = source.load(None) else {
+            panic!("refused");
+        };
+        assert_eq!(policy.rule_count(), 1);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(&format!("{}:2:", file.display()))
+                && warnings[0].contains("no-such-user-cfs"),
+            "{warnings:?}"
+        );
+    }
+
     use std::os::unix::fs::PermissionsExt;
 
     /// A user's file is theirs, or root's and readable by all: a symlink

@@ -22,6 +22,7 @@ mod units;
 #[cfg(test)]
 mod tests;
 
+use crate::sys;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -79,9 +80,45 @@ pub struct PolicyFile {
     defaults: Settings,
     bounds: Settings,
     rules: Vec<Rule>,
+    /// The users and groups the rules name by name, where they are named:
+    /// a name the system does not know is a likely typo (the rule would
+    /// never match), reported by `unknown_names`.
+    names: Vec<NamedPrincipal>,
+}
+
+#[derive(Clone, Debug)]
+struct NamedPrincipal {
+    group: bool,
+    name: String,
+    at: settings::Pos,
 }
 
 impl PolicyFile {
+    /// The users and groups named that the user and group databases do
+    /// not know now. Not a parse error: a directory service down at boot
+    /// must not stop a mount; `policy check` refuses them, the mount and
+    /// `policy reload` warn.
+    pub fn unknown_names(&self) -> Vec<PolicyError> {
+        self.names
+            .iter()
+            .filter(|p| match p.group {
+                true => sys::group_id(&p.name).is_none(),
+                false => sys::user_id(&p.name).is_none(),
+            })
+            .map(|p| {
+                let kind = if p.group { "group" } else { "user" };
+                PolicyError::at(
+                    &self.origin,
+                    p.at,
+                    format!(
+                        "no {kind} named '{}' on this system: the rule never matches it",
+                        p.name
+                    ),
+                )
+            })
+            .collect()
+    }
+
     /// The name the file was parsed under.
     pub fn origin(&self) -> &str {
         &self.origin

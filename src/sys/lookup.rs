@@ -93,6 +93,11 @@ pub fn user_home(user: &str) -> Option<(u32, PathBuf)> {
     passwd_entry(user.parse().map_err(|_| user)).map(|(_, uid, home, _)| (uid, home))
 }
 
+/// The uid of the user with login name `name` (never read as a number).
+pub fn user_id(name: &str) -> Option<u32> {
+    passwd_entry(Err(name)).map(|(_, uid, ..)| uid)
+}
+
 /// A passwd entry (login name, uid, home, primary group), by uid or by
 /// name.
 fn passwd_entry(user: Result<u32, &str>) -> Option<(String, u32, PathBuf, u32)> {
@@ -165,6 +170,28 @@ pub fn group_name(gid: u32) -> Option<String> {
             let name = unsafe { CStr::from_ptr(grp.gr_name) };
             name.to_string_lossy().into_owned()
         })
+    })
+}
+
+/// The gid of the group named `name`, from the group database.
+pub fn group_id(name: &str) -> Option<u32> {
+    let name = CString::new(name).ok()?;
+    with_growing_buffer(INITIAL, |buf| {
+        // SAFETY: zeroed group is a valid out-parameter.
+        let mut grp: libc::group = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: name is NUL-terminated; grp, buf and result are valid for
+        // the call; buf's length is passed.
+        let rc = unsafe {
+            libc::getgrnam_r(
+                name.as_ptr(),
+                &mut grp,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut result,
+            )
+        };
+        outcome(rc, !result.is_null(), || grp.gr_gid)
     })
 }
 

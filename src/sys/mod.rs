@@ -27,7 +27,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 
-pub use lookup::{group_name, user_groups, user_home, user_name};
+pub use lookup::{group_id, group_name, user_groups, user_home, user_id, user_name};
 
 /// The current directory, for the `*at()` calls that take a path.
 pub const CWD: BorrowedFd<'static> = rfs::CWD;

@@ -19,7 +19,7 @@ use super::select::Selector;
 use super::settings::{
     Capture, Key, Kind, Pos, Setting, Settings, Value, BOUND_KEYS, MIN_MAX_PAIRS,
 };
-use super::{Level, PolicyFile, Rule};
+use super::{Level, NamedPrincipal, PolicyFile, Rule};
 use value::describe;
 
 const FORMAT: u64 = 1;
@@ -42,8 +42,10 @@ pub fn parse(text: &str, origin: &str, level: Level) -> Result<PolicyFile, Vec<P
         lines,
         origin,
         errors: Vec::new(),
+        names: Vec::new(),
     };
-    let file = parser.document(doc.get_ref(), level);
+    let mut file = parser.document(doc.get_ref(), level);
+    file.names = std::mem::take(&mut parser.names);
     if parser.errors.is_empty() {
         Ok(file)
     } else {
@@ -57,6 +59,7 @@ struct Parser<'t> {
     lines: Lines<'t>,
     origin: &'t str,
     errors: Vec<PolicyError>,
+    names: Vec<NamedPrincipal>,
 }
 
 impl Parser<'_> {
@@ -66,6 +69,7 @@ impl Parser<'_> {
             defaults: Settings::default(),
             bounds: Settings::default(),
             rules: Vec::new(),
+            names: Vec::new(),
         };
         for (key, value) in doc {
             match (key.get_ref().as_ref(), level) {

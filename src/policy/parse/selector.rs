@@ -7,6 +7,7 @@ use toml::Spanned;
 use super::Parser;
 use crate::policy::select::{Minute, Principal, Selector, SizeRange, TimeWindow};
 use crate::policy::units::format_size;
+use crate::policy::NamedPrincipal;
 
 pub(super) const KEYS: [&str; 9] = [
     "paths",
@@ -105,7 +106,14 @@ impl Parser<'_> {
         let mut ok = true;
         for item in self.array(key, value)? {
             let principal = match item.get_ref() {
-                DeValue::String(name) => Some(Principal::Name(name.to_string())),
+                DeValue::String(name) => {
+                    self.names.push(NamedPrincipal {
+                        group: key == "groups",
+                        name: name.to_string(),
+                        at: self.lines.pos(item.span().start),
+                    });
+                    Some(Principal::Name(name.to_string()))
+                }
                 DeValue::Integer(id) => self.id(key, item, id).map(Principal::Id),
                 _ => self.type_error(key, item, "a name or a numeric id"),
             };
