@@ -308,6 +308,63 @@ fn a_tree_operation_that_fails_halfway_changes_nothing_and_can_be_retried() {
     });
 }
 
+/// In a sticky directory nobody may not replace or remove root's files:
+/// a revert that would is refused before it changes anything, and says
+/// why (it swapped nobody's own entries in, then failed on root's and
+/// said to run it again, which could never finish).
+#[test]
+fn a_revert_in_a_sticky_directory_refuses_what_it_may_not_replace() {
+    each_versioning_mode(|m| {
+        let t = m.p("t");
+        fs::create_dir(&t).unwrap();
+        fs::set_permissions(&t, fs::Permissions::from_mode(0o1777)).unwrap();
+        for name in ["a-mine", "b-roots", "c-mine"] {
+            write_file(&t.join(name), b"old\n");
+        }
+        for name in ["a-mine", "c-mine"] {
+            std::os::unix::fs::chown(t.join(name), Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+        chrono_ok(m, &["tag", "orig"]);
+        for name in ["a-mine", "b-roots", "c-mine"] {
+            write_file(&t.join(name), b"new\n");
+        }
+        let changed = snapshot(&t, SNAP);
+        let changed_names = all_names(&t);
+        let out = chrono_as(m, Some(NOBODY), &["revert", "t", "--at", "orig"]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        failed_revert_changed_nothing(m, &t, &out, &changed, &changed_names);
+        assert!(
+            err.contains("t/b-roots") && err.contains("sticky") && !err.contains("again"),
+            "{err}"
+        );
+        no_staging_left(&t);
+        // Root's file made since: a revert would remove it.
+        let u = m.p("u");
+        fs::create_dir(&u).unwrap();
+        fs::set_permissions(&u, fs::Permissions::from_mode(0o1777)).unwrap();
+        write_file(&u.join("mine"), b"old\n");
+        std::os::unix::fs::chown(u.join("mine"), Some(NOBODY), Some(NOBODY)).unwrap();
+        chrono_ok(m, &["tag", "u-orig"]);
+        write_file(&u.join("d-roots"), b"since\n");
+        // Root's revert replaces `u` itself. Its past stays nobody's to
+        // read: the old `u` was removed inside a 0700 staging directory,
+        // and history then refused nobody all of `u`'s past.
+        chrono_ok(m, &["revert", "u", "--at", "u-orig"]);
+        let out = chrono_as(m, Some(NOBODY), &["cat", "u/mine", "--at", "u-orig"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "old\n", "{out:?}");
+        write_file(&u.join("d-roots"), b"since\n");
+        write_file(&u.join("mine"), b"new\n");
+        let out = chrono_as(m, Some(NOBODY), &["revert", "u", "--at", "u-orig"]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success() && err.contains("cannot remove") && err.contains("u/d-roots"),
+            "{err}"
+        );
+        assert_eq!(read_file(&u.join("mine")), b"new\n");
+        no_staging_left(&u);
+    });
+}
+
 /// A revert that failed left `t` as it was before it.
 fn failed_revert_changed_nothing(
     m: &Mount,

@@ -679,6 +679,15 @@ impl<'a> Staging<'a> {
     fn commit(&self, name: &CStr, to_dir: BorrowedFd<'_>, to: &CStr, shown: &Path) -> Result<()> {
         let exchange = sys::fstatat(to_dir, to).is_ok();
         let flags = if exchange {
+            // The replaced object's last way runs through this directory
+            // (it is removed from here), and history lets a user read its
+            // past only along a way they may search: made 0700, it hid a
+            // shared directory's whole past from everyone but root after
+            // root reverted it. Opened up no further than where it was.
+            let open = sys::fstat(to_dir).map(|d| d.st_mode & 0o755 | 0o700);
+            if let Err(e) = open.and_then(|mode| sys::chmod_fd(self.fd.as_fd(), mode)) {
+                tracing::debug!("{}: {e}", self.shown.display());
+            }
             libc::RENAME_EXCHANGE
         } else {
             libc::RENAME_NOREPLACE
@@ -1004,6 +1013,46 @@ impl Builder<'_> {
         Ok(())
     }
 
+    /// In a sticky directory only a file's owner (or the directory's,
+    /// or root) may replace it: the swap of another user's file would
+    /// fail half-way.
+    fn check_replaceable(&self, names: &[Vec<u8>], stage: &Staging, dest: &Live<'_>) -> Result<()> {
+        let euid = sys::geteuid();
+        if self.is_root || dest.st.st_mode & libc::S_ISVTX == 0 || euid == dest.st.st_uid {
+            return Ok(());
+        }
+        let others = |name: &[u8], verb: &str| -> Result<()> {
+            bail!(
+                "cannot {verb} {}: another user's, in a sticky directory",
+                dest.shown.join(OsStr::from_bytes(name)).display()
+            )
+        };
+        for name in names {
+            let c = cname(name)?;
+            let (Ok(staged), Ok(live)) = (
+                sys::fstatat(stage.fd.as_fd(), &c),
+                sys::fstatat(dest.fd.as_fd(), &c),
+            ) else {
+                continue;
+            };
+            if live.st_uid != euid && !same_object(&live, &staged) {
+                others(name, "replace")?;
+            }
+        }
+        if !self.prune {
+            return Ok(());
+        }
+        for n in names_in(dest.fd.as_fd())? {
+            if n == stage.name.to_bytes() || names.contains(&n) {
+                continue;
+            }
+            if sys::fstatat(dest.fd.as_fd(), &cname(&n)?).is_ok_and(|l| l.st_uid != euid) {
+                others(&n, "remove")?;
+            }
+        }
+        Ok(())
+    }
+
     fn run_in_root(&mut self, root: &NodeInfo, dest: &Live<'_>) -> Result<()> {
         let stage = Staging::make(dest.fd.as_fd(), &dest.shown)?;
         let top = Spot {
@@ -1025,6 +1074,11 @@ impl Builder<'_> {
             Ok(n) => n,
             Err(e) => return Err(stage.abandon(e)),
         };
+        // Found before anything is swapped, so that nothing changes:
+        // running again could not finish it.
+        if let Err(e) = self.check_replaceable(&names, &stage, dest) {
+            return Err(stage.abandon(e));
+        }
         let swap = |name: &Vec<u8>| -> Result<()> {
             let c = cname(name)?;
             let Ok(staged) = sys::fstatat(stage.fd.as_fd(), &c) else {
