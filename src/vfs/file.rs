@@ -165,7 +165,7 @@ impl Vfs {
         // its version 4 MiB of chunking).
         let track_from = match patched.is_some() || inode.inode.shared_at_change() {
             true => 0,
-            false => crate::capture::TRACK_MIN,
+            false => crate::capture::track_min(),
         };
         let trackable = versioned
             && flags & libc::O_TRUNC == 0
