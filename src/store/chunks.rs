@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::io::{Create, Guarded, StoreFile};
 use super::{index_error, Index, Space, StoreError, PACK_DIR};
+use crate::sys;
 
 /// A chunk's BLAKE3 hash: its name in the store. Serialized as the bare
 /// 32 bytes (journal records and version records predate the type).
@@ -358,7 +359,7 @@ impl ChunkStore {
             // Clearly small: not worth a second compression to compare.
             Some(d) if d.len() <= data.len() / 8 => (Encoding::Delta, d),
             delta => {
-                let full = zstd::bulk::compress(data, level).map_err(|e| self.io_err(e))?;
+                let full = sys::zstd::compress(data, None, level).map_err(|e| self.io_err(e))?;
                 match delta {
                     Some(d) if d.len() < full.len() && d.len() < data.len() => (Encoding::Delta, d),
                     _ if full.len() < data.len() => (Encoding::Zstd, full),
@@ -410,7 +411,8 @@ impl ChunkStore {
         if n.count_ones() > max_chain(base_data.len()) {
             return Ok(None);
         }
-        let frame = compress_with_prefix(data, &base_data, level).map_err(|e| self.io_err(e))?;
+        let frame =
+            sys::zstd::compress(data, Some(&base_data), level).map_err(|e| self.io_err(e))?;
         let mut body = Vec::with_capacity(DELTA_PREFIX_LEN + frame.len());
         body.extend_from_slice(base.as_slice());
         body.extend_from_slice(&n.to_be_bytes());
@@ -862,7 +864,7 @@ impl ChunkStore {
         let (data, n) = match loc.encoding {
             Encoding::Raw => (body.to_vec(), 0),
             Encoding::Zstd => (
-                zstd::bulk::decompress(body, loc.raw_len as usize)
+                sys::zstd::decompress(body, None, loc.raw_len as usize)
                     .map_err(|e| corrupt(&format!("cannot decompress: {e}")))?,
                 0,
             ),
@@ -886,7 +888,7 @@ impl ChunkStore {
                 if base_n != skip_base(n) {
                     return Err(corrupt("delta base has the wrong lineage number"));
                 }
-                let data = decompress_with_prefix(frame, &base_data, loc.raw_len as usize)
+                let data = sys::zstd::decompress(frame, Some(&base_data), loc.raw_len as usize)
                     .map_err(|e| corrupt(&format!("cannot decompress delta: {e}")))?;
                 (data, n)
             }
@@ -930,7 +932,7 @@ impl ChunkStore {
                 _ => None,
             };
             if let Some(base_data) = base_data {
-                let frame = compress_with_prefix(data, &base_data, ZSTD_LEVEL)
+                let frame = sys::zstd::compress(data, Some(&base_data), ZSTD_LEVEL)
                     .map_err(|e| self.io_err(e))?;
                 let body = [base.as_slice(), &n.to_be_bytes(), &frame].concat();
                 let loc = self.append(h, Encoding::Delta, data.len(), &body)?;
@@ -953,7 +955,7 @@ impl ChunkStore {
     }
 
     fn append_whole(&self, h: &Hash, data: &[u8], unchecked: bool) -> Result<Location, StoreError> {
-        let full = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(|e| self.io_err(e))?;
+        let full = sys::zstd::compress(data, None, ZSTD_LEVEL).map_err(|e| self.io_err(e))?;
         let (encoding, body) = if full.len() < data.len() {
             (Encoding::Zstd, full.as_slice())
         } else {
@@ -988,33 +990,6 @@ fn split_delta(body: &[u8]) -> Option<(Hash, u32, &[u8])> {
     base.copy_from_slice(&body[..32]);
     let n = u32::from_be_bytes([body[32], body[33], body[34], body[35]]);
     Some((Hash(base), n, &body[DELTA_PREFIX_LEN..]))
-}
-
-fn zstd_error(code: usize) -> std::io::Error {
-    std::io::Error::other(zstd::zstd_safe::get_error_name(code))
-}
-
-/// zstd with `prefix` as a raw-content reference (never parsed as a
-/// dictionary, whatever its first bytes), so content shared with the base
-/// costs a few bytes per match.
-fn compress_with_prefix(data: &[u8], prefix: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
-    use zstd::zstd_safe::{CCtx, CParameter};
-    let mut cctx = CCtx::create();
-    cctx.set_parameter(CParameter::CompressionLevel(level))
-        .map_err(zstd_error)?;
-    cctx.ref_prefix(prefix).map_err(zstd_error)?;
-    let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(data.len()));
-    cctx.compress2(&mut out, data).map_err(zstd_error)?;
-    Ok(out)
-}
-
-fn decompress_with_prefix(frame: &[u8], prefix: &[u8], len: usize) -> std::io::Result<Vec<u8>> {
-    use zstd::zstd_safe::DCtx;
-    let mut dctx = DCtx::create();
-    dctx.ref_prefix(prefix).map_err(zstd_error)?;
-    let mut out = Vec::with_capacity(len);
-    dctx.decompress(&mut out, frame).map_err(zstd_error)?;
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 
 pub mod creds;
 mod lookup;
+pub mod zstd;
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
