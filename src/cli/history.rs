@@ -256,6 +256,7 @@ fn open_local(src: &Path, store_dir: &Path) -> Result<LocalStore> {
     let source = crate::policy::load::Source {
         admin: None,
         users: true,
+        known: None,
     };
     // Only the verbs that apply the policy need it; they report a problem.
     let (policy, broken) = match source.load(None) {

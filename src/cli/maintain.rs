@@ -304,12 +304,20 @@ pub fn purge(t: &Target, dry_run: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Whether the user or group database knows `name`.
+pub fn known_name(group: bool, name: &str) -> bool {
+    match group {
+        true => crate::sys::group_id(name).is_some(),
+        false => crate::sys::user_id(name).is_some(),
+    }
+}
+
 pub fn policy_check(file: &Path, user: bool, json: bool) -> Result<()> {
     let level = if user { Level::User } else { Level::Admin };
     // Names the system does not know are problems here (likely typos),
     // though a mount only warns of them.
     let checked = policy::check_file(file, level).and_then(|f| {
-        let unknown = f.unknown_names();
+        let unknown = f.unknown_names(known_name);
         if unknown.is_empty() {
             Ok(f)
         } else {

@@ -920,6 +920,7 @@ fn load_policy(opts: &MountOptions) -> Result<control::PolicyHolder> {
     let source = crate::policy::load::Source {
         admin: opts.policy.clone(),
         users: opts.user_policies,
+        known: Some(crate::cli::maintain::known_name),
     };
     let (policy, warnings) = source.load(None).map_err(|errors| {
         anyhow!(

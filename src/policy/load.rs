@@ -27,6 +27,9 @@ pub struct Source {
     pub admin: Option<PathBuf>,
     /// Read users' own files.
     pub users: bool,
+    /// Names the rules give that this says the system does not know are
+    /// warned of; `None`: not checked.
+    pub known: Option<super::KnownName>,
 }
 
 impl Source {
@@ -48,18 +51,24 @@ impl Source {
             Some(p) => Some(check_file(&p, Level::Admin)?),
             None => None,
         };
-        let mut warnings: Vec<String> = admin
-            .iter()
-            .flat_map(|f| f.unknown_names())
-            .map(|e| e.to_string())
-            .collect();
+        let unknown = |f: &PolicyFile| -> Vec<String> {
+            match self.known {
+                Some(known) => f
+                    .unknown_names(known)
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect(),
+                None => Vec::new(),
+            }
+        };
+        let mut warnings: Vec<String> = admin.iter().flat_map(unknown).collect();
         let mut users = Vec::new();
         if self.users {
             for (uid, home) in passwd_homes() {
                 let path = home.join(USER_FILE);
                 match load_user(&path, uid) {
                     Ok(Some(f)) => {
-                        warnings.extend(f.unknown_names().iter().map(|e| e.to_string()));
+                        warnings.extend(unknown(&f));
                         users.push((uid, f));
                     }
                     Ok(None) => {}
@@ -181,6 +190,7 @@ mod tests {
         let source = Source {
             admin: Some(file.clone()),
             users: false,
+            known: Some(|group, name| !group && name == "root"),
         };
         let Ok((policy, warnings)) = source.load(None) else {
             panic!("refused");
