@@ -84,6 +84,7 @@ fn open_local(src: &Path, store_dir: &Path) -> Local {
             source: chronofs::policy::load::Source {
                 admin: None,
                 users: false,
+                known: None,
             },
             broken: None,
         },
