@@ -362,6 +362,38 @@ fn a_revert_in_a_sticky_directory_refuses_what_it_may_not_replace() {
         );
         assert_eq!(read_file(&u.join("mine")), b"new\n");
         no_staging_left(&u);
+        // Every entry nobody's own: the revert goes through; the
+        // directory's own mode and times stay root's to set (it failed
+        // there, after swapping everything in).
+        fs::remove_file(u.join("d-roots")).unwrap();
+        let out = chrono_as(m, Some(NOBODY), &["revert", "u", "--at", "u-orig"]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success() && err.contains("left as they are"),
+            "{err}"
+        );
+        assert_eq!(read_file(&u.join("mine")), b"old\n");
+        no_staging_left(&u);
+        // Root's revert of a directory in nobody's 0700 one: the past
+        // stays nobody's to read (the staging directory was root's, so
+        // its way was closed to nobody).
+        let home = m.p("home");
+        fs::create_dir_all(home.join("proj")).unwrap();
+        write_file(&home.join("proj/f"), b"old\n");
+        for p in [&home, &home.join("proj"), &home.join("proj/f")] {
+            std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+        fs::set_permissions(&home, fs::Permissions::from_mode(0o700)).unwrap();
+        chrono_ok(m, &["tag", "home-orig"]);
+        write_file(&home.join("proj/f"), b"new\n");
+        write_file(&home.join("proj/g"), b"since\n");
+        chrono_ok(m, &["revert", "home/proj", "--at", "home-orig"]);
+        let out = chrono_as(
+            m,
+            Some(NOBODY),
+            &["cat", "home/proj/f", "--at", "home-orig"],
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "old\n", "{out:?}");
     });
 }
 

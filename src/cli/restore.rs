@@ -684,8 +684,16 @@ impl<'a> Staging<'a> {
             // past only along a way they may search: made 0700, it hid a
             // shared directory's whole past from everyone but root after
             // root reverted it. Opened up no further than where it was.
-            let open = sys::fstat(to_dir).map(|d| d.st_mode & 0o755 | 0o700);
-            if let Err(e) = open.and_then(|mode| sys::chmod_fd(self.fd.as_fd(), mode)) {
+            // Root gives it the parent's owner and group too: a way
+            // through a root-owned copy of alice's 0700 home would be
+            // closed to alice.
+            let open = sys::fstat(to_dir).and_then(|d| {
+                if sys::geteuid() == 0 {
+                    sys::chown_fd(self.fd.as_fd(), d.st_uid, d.st_gid)?;
+                }
+                sys::chmod_fd(self.fd.as_fd(), d.st_mode & 0o755 | 0o700)
+            });
+            if let Err(e) = open {
                 tracing::debug!("{}: {e}", self.shown.display());
             }
             libc::RENAME_EXCHANGE
@@ -1117,6 +1125,16 @@ impl Builder<'_> {
                     self.progress.add(1, &dest.shown);
                 }
             }
+        }
+        // Only its owner may set a directory's mode and times: another
+        // user's revert of a shared (sticky) directory swapped its own
+        // entries in, then failed here.
+        if !self.is_root && sys::geteuid() != dest.st.st_uid {
+            eprintln!(
+                "chronofs: {}: its own mode and times are left as they are (only its owner may set them)",
+                dest.shown.display()
+            );
+            return Ok(());
         }
         set_meta(
             dest.fd.as_fd(),
