@@ -396,6 +396,18 @@ fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> std::io::Result<OwnedFd> {
 }
 
 /// The names in directory `dir`, without "." and "..".
+/// The names in `dest` that the staged tree does not hold (revert removes
+/// them), the staging directory aside.
+fn live_only(
+    dest: &Live<'_>,
+    stage: &Staging,
+    staged: &[Vec<u8>],
+) -> std::io::Result<Vec<Vec<u8>>> {
+    let mut names = names_in(dest.fd.as_fd())?;
+    names.retain(|n| n != stage.name.to_bytes() && !staged.contains(n));
+    Ok(names)
+}
+
 fn names_in(dir: BorrowedFd<'_>) -> std::io::Result<Vec<Vec<u8>>> {
     let d = sys::reopen_dir(dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
     let mut buf = sys::DirBuf::new(32 << 10);
@@ -679,23 +691,6 @@ impl<'a> Staging<'a> {
     fn commit(&self, name: &CStr, to_dir: BorrowedFd<'_>, to: &CStr, shown: &Path) -> Result<()> {
         let exchange = sys::fstatat(to_dir, to).is_ok();
         let flags = if exchange {
-            // The replaced object's last way runs through this directory
-            // (it is removed from here), and history lets a user read its
-            // past only along a way they may search: made 0700, it hid a
-            // shared directory's whole past from everyone but root after
-            // root reverted it. Opened up no further than where it was.
-            // Root gives it the parent's owner and group too: a way
-            // through a root-owned copy of alice's 0700 home would be
-            // closed to alice.
-            let open = sys::fstat(to_dir).and_then(|d| {
-                if sys::geteuid() == 0 {
-                    sys::chown_fd(self.fd.as_fd(), d.st_uid, d.st_gid)?;
-                }
-                sys::chmod_fd(self.fd.as_fd(), d.st_mode & 0o755 | 0o700)
-            });
-            if let Err(e) = open {
-                tracing::debug!("{}: {e}", self.shown.display());
-            }
             libc::RENAME_EXCHANGE
         } else {
             libc::RENAME_NOREPLACE
@@ -712,6 +707,27 @@ impl<'a> Staging<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Called once the tree is built, before the swaps. A replaced
+    /// object's last way runs through this directory (it is removed from
+    /// here), and history lets a user read its past only along a way they
+    /// may search: made 0700, it hid a shared directory's whole past from
+    /// everyone but root after root reverted it. It gets the mode of
+    /// `like` (the directory the swaps go to), no further open than 0755,
+    /// and when root runs the command its owner and group too: a way
+    /// through a root-owned copy of alice's 0700 home would be closed to
+    /// alice.
+    fn open_up_like(&self, like: BorrowedFd<'_>) {
+        let open = sys::fstat(like).and_then(|d| {
+            if sys::geteuid() == 0 {
+                sys::chown_fd(self.fd.as_fd(), d.st_uid, d.st_gid)?;
+            }
+            sys::chmod_fd(self.fd.as_fd(), d.st_mode & 0o755 | 0o700)
+        });
+        if let Err(e) = open {
+            tracing::debug!("{}: {e}", self.shown.display());
+        }
     }
 
     /// Removes the (emptied) staging directory; its name only if it is
@@ -921,6 +937,7 @@ impl Builder<'_> {
         {
             return Err(stage.abandon(e));
         }
+        stage.open_up_like(pdir);
         if let Err(e) = stage.commit(name, pdir, name, dest) {
             return Err(stage.abandon(e));
         }
@@ -1050,10 +1067,7 @@ impl Builder<'_> {
         if !self.prune {
             return Ok(());
         }
-        for n in names_in(dest.fd.as_fd())? {
-            if n == stage.name.to_bytes() || names.contains(&n) {
-                continue;
-            }
+        for n in live_only(dest, stage, names)? {
             if sys::fstatat(dest.fd.as_fd(), &cname(&n)?).is_ok_and(|l| l.st_uid != euid) {
                 others(&n, "remove")?;
             }
@@ -1087,6 +1101,7 @@ impl Builder<'_> {
         if let Err(e) = self.check_replaceable(&names, &stage, dest) {
             return Err(stage.abandon(e));
         }
+        stage.open_up_like(dest.fd.as_fd());
         let swap = |name: &Vec<u8>| -> Result<()> {
             let c = cname(name)?;
             let Ok(staged) = sys::fstatat(stage.fd.as_fd(), &c) else {
@@ -1113,17 +1128,15 @@ impl Builder<'_> {
         }
         stage.remove().ok();
         if self.prune {
-            for n in names_in(dest.fd.as_fd())? {
-                if n != stage.name.to_bytes() && !names.contains(&n) {
-                    let c = cname(&n)?;
-                    remove_tree_at(dest.fd.as_fd(), &c).with_context(|| {
-                        format!(
-                            "cannot remove {}",
-                            dest.shown.join(OsStr::from_bytes(&n)).display()
-                        )
-                    })?;
-                    self.progress.add(1, &dest.shown);
-                }
+            for n in live_only(dest, &stage, &names)? {
+                let c = cname(&n)?;
+                remove_tree_at(dest.fd.as_fd(), &c).with_context(|| {
+                    format!(
+                        "cannot remove {}",
+                        dest.shown.join(OsStr::from_bytes(&n)).display()
+                    )
+                })?;
+                self.progress.add(1, &dest.shown);
             }
         }
         // Only its owner may set a directory's mode and times: another
